@@ -1,0 +1,103 @@
+"""What a backend really enforces, and the fail-closed check against a request."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .errors import CapabilityError
+from .models import RunProgramSpec
+
+__all__ = ["LIMIT_NAMES", "Capabilities", "Isolation"]
+
+#: Every limit name a backend may declare in ``Capabilities.enforced_limits``.
+LIMIT_NAMES = frozenset(
+    {"timeout", "memory_bytes", "pids", "cpu_seconds", "file_size_bytes", "output_bytes", "disk_bytes"}
+)
+
+
+class Isolation(enum.StrEnum):
+    """The boundary between the program and the host."""
+
+    NONE = "none"
+    """Runs as the caller on the host: no boundary at all."""
+    PROCESS = "process"
+    """OS sandbox (namespaces, seccomp, Seatbelt) around a host process."""
+    CONTAINER = "container"
+    MICROVM = "microvm"
+    REMOTE = "remote"
+    """Runs on another machine; the host is out of reach, the remote's own boundary applies."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """An honest statement of what one backend enforces on this host.
+
+    Upper layers check a request against it with :meth:`require` before doing
+    anything; nothing here is aspirational.
+    """
+
+    backend: str
+    isolation: Isolation
+    network_control: bool
+    """The backend can turn the network off for a run."""
+    network_default: bool
+    """Whether runs reach the network when the caller does not say."""
+    clean_env: bool
+    """Runs can start from an empty environment (``clean_env=True`` honoured)."""
+    read_only_mounts: bool
+    """Staged directories can be made read-only to the program."""
+    streaming: bool
+    """``start_program`` streams output as it comes and accepts stdin."""
+    persistent_state: bool = False
+    """Interpreter state (variables, imports) persists between code executions."""
+    host_paths: bool = False
+    """Workspaces are host directories the caller can open."""
+    enforced_limits: frozenset[str] = frozenset()
+    """Subset of :data:`LIMIT_NAMES` that the backend applies when asked."""
+    max_disk_bytes: int | None = None
+    """Default disk cap per workspace, when the backend enforces one."""
+    languages: tuple[str, ...] = ()
+    """Code-block languages with a runtime on this backend."""
+    does_not_protect: tuple[str, ...] = ()
+    """Plain statements of what this backend does not protect against."""
+    details: dict[str, str] = field(default_factory=dict)
+    """Backend-specific facts (versions, mode), for display only."""
+
+    def require(self, spec: RunProgramSpec) -> None:
+        """Raise :class:`CapabilityError` if ``spec`` asks for something this backend cannot enforce."""
+        missing = sorted(spec.limits.requested() - self.enforced_limits)
+        if missing:
+            raise CapabilityError(
+                f"resource limit(s) {', '.join(missing)}",
+                self.backend,
+                "Drop the limit, or use a backend that enforces it (see `execspace doctor`).",
+            )
+        if spec.timeout is not None and "timeout" not in self.enforced_limits:
+            raise CapabilityError("a timeout", self.backend, "Set timeout=None or choose another backend.")
+        if spec.clean_env and not self.clean_env:
+            raise CapabilityError("a clean environment", self.backend)
+        if spec.network == "off" and not self.network_control:
+            raise CapabilityError(
+                "network off",
+                self.backend,
+                "Use the sandbox or container backend, or allow the network explicitly (network='on').",
+            )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "backend": self.backend,
+            "isolation": str(self.isolation),
+            "network_control": self.network_control,
+            "network_default": self.network_default,
+            "clean_env": self.clean_env,
+            "read_only_mounts": self.read_only_mounts,
+            "streaming": self.streaming,
+            "persistent_state": self.persistent_state,
+            "host_paths": self.host_paths,
+            "enforced_limits": sorted(self.enforced_limits),
+            "max_disk_bytes": self.max_disk_bytes,
+            "languages": list(self.languages),
+            "does_not_protect": list(self.does_not_protect),
+            "details": dict(self.details),
+        }

@@ -1,0 +1,164 @@
+"""The execspace exception tree.
+
+Every error execspace raises derives from :class:`ExecspaceError`. A non-zero exit
+code of the program is *not* an error: it is a :class:`~execspace.models.RunResult`.
+
+::
+
+    ExecspaceError
+    ├── UsageError                  misuse of the API: bad argument, engine closed
+    │   └── InvalidSpec             a spec/model that cannot be valid (empty cmd, negative limit)
+    ├── PolicyViolation             a request that the active policy forbids
+    │   ├── CapabilityError         the backend cannot enforce what was asked: fails closed
+    │   └── UnsupportedLanguage     no runtime for a code block's language
+    ├── PathDenied                  a path leaves the workspace or breaks a file rule (also PermissionError)
+    ├── LimitExceeded               a file-count / byte cap on staging or collection was hit
+    ├── SetupFailed                 the backend cannot start here (missing binary, daemon, kernel…)
+    ├── UnsupportedBackend          unknown backend, or one that cannot exist on this platform
+    ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
+    ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
+    ├── InputError                  an input reference that cannot be resolved (bad scheme, missing source)
+    ├── ExecutionTimeout            a run exceeded its deadline (also TimeoutError); carries the partial result
+    ├── ProgramFailed               raised only on request (check=True); carries the result
+    └── BackendError                the backend failed while running (daemon died, kernel crashed…)
+        └── PartialOutputCommit     outputs were collected but their record could not be written
+
+Each message says what happened and what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import OutputManifest, RunResult
+
+__all__ = [
+    "ArtifactNotFound",
+    "BackendError",
+    "CapabilityError",
+    "ExecspaceError",
+    "ExecutionTimeout",
+    "InputError",
+    "InvalidSpec",
+    "LimitExceeded",
+    "PartialOutputCommit",
+    "PathDenied",
+    "PolicyViolation",
+    "ProgramFailed",
+    "SetupFailed",
+    "UnsupportedBackend",
+    "UnsupportedLanguage",
+    "UsageError",
+    "WorkspaceNotFound",
+]
+
+
+class ExecspaceError(Exception):
+    """Root of every error raised by execspace."""
+
+
+class UsageError(ExecspaceError):
+    """The API was used in a way that can never work (wrong argument, closed engine)."""
+
+
+class InvalidSpec(UsageError, ValueError):
+    """A model or spec holds a value that cannot be valid."""
+
+
+class PolicyViolation(ExecspaceError):
+    """The request is forbidden by the active policy (command policy, file rule, profile)."""
+
+
+class CapabilityError(PolicyViolation):
+    """The backend cannot enforce a requested policy, so nothing was run.
+
+    Raised *before* any side effect. ``capability`` names what is missing and
+    ``backend`` which backend lacks it.
+    """
+
+    def __init__(self, capability: str, backend: str, hint: str = "") -> None:
+        self.capability = capability
+        self.backend = backend
+        msg = f"backend {backend!r} cannot enforce {capability}; refusing to run without it"
+        if hint:
+            msg += f". {hint}"
+        super().__init__(msg)
+
+
+class UnsupportedLanguage(PolicyViolation):
+    """No runtime is known (or installed) for a code block's language."""
+
+
+class PathDenied(ExecspaceError, PermissionError):
+    """A path would leave the workspace (``..``, absolute, symlink) or breaks a file rule."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"path {path!r} denied: {reason}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LimitExceeded(ExecspaceError):
+    """A cap on staging or collection (file count, bytes) was reached."""
+
+
+class SetupFailed(ExecspaceError):
+    """The backend cannot work on this host; the message names the cause and the fix."""
+
+    def __init__(self, backend: str, cause: str, fix: str = "") -> None:
+        self.backend = backend
+        self.cause = cause
+        self.fix = fix
+        msg = f"backend {backend!r} is not usable here: {cause}"
+        if fix:
+            msg += f". Fix: {fix}"
+        super().__init__(msg)
+
+
+class UnsupportedBackend(ExecspaceError):
+    """Unknown backend name, or a backend that cannot exist on this platform."""
+
+
+class WorkspaceNotFound(ExecspaceError, LookupError):
+    """No workspace exists for that id or path."""
+
+
+class ArtifactNotFound(ExecspaceError, LookupError):
+    """No artifact with that name (and version) in the given scope."""
+
+
+class InputError(ExecspaceError):
+    """An input reference cannot be resolved (unknown scheme, missing source, root not allowed)."""
+
+
+class ExecutionTimeout(ExecspaceError, TimeoutError):
+    """The run exceeded its deadline. The program tree was killed; ``result`` keeps its partial output."""
+
+    def __init__(self, message: str, result: RunResult | None = None) -> None:
+        self.result = result
+        super().__init__(message)
+
+
+class ProgramFailed(ExecspaceError):
+    """The program exited non-zero and the caller asked for ``check=True``."""
+
+    def __init__(self, result: RunResult) -> None:
+        self.result = result
+        super().__init__(f"program exited with code {result.exit_code}: {result.stderr[-500:]!r}")
+
+
+class BackendError(ExecspaceError):
+    """The backend failed while working (daemon gone, kernel died, transport broke)."""
+
+
+class PartialOutputCommit(BackendError):
+    """Outputs were collected (and maybe saved) but recording them in metadata failed."""
+
+    def __init__(self, message: str, manifest: OutputManifest, cause: Any = None) -> None:
+        self.manifest = manifest
+        self.cause = cause
+        super().__init__(message)

@@ -1,0 +1,350 @@
+"""Typed values that cross the Engine seam.
+
+All models are frozen dataclasses with snake_case fields. Sizes are bytes, durations
+seconds (floats); ``None`` means "no limit" / "not set", never ``0``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .errors import ExecutionTimeout, InvalidSpec, ProgramFailed
+
+__all__ = [
+    "DEFAULT_MAX_FILES",
+    "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_TOTAL_BYTES",
+    "DEFAULT_OUTPUT_BYTES",
+    "DEFAULT_TIMEOUT",
+    "BlockResult",
+    "CodeBlock",
+    "CodeExecutionInput",
+    "CodeExecutionResult",
+    "File",
+    "FileRef",
+    "InputSpec",
+    "OutputChunk",
+    "OutputManifest",
+    "OutputSpec",
+    "Persistence",
+    "PutFile",
+    "ResourceLimits",
+    "RunProgramSpec",
+    "RunResult",
+    "Workspace",
+    "WorkspacePolicy",
+]
+
+#: Default wall-clock deadline of one run, in seconds.
+DEFAULT_TIMEOUT = 60.0
+#: Default bytes kept per output stream (head + tail); the rest is counted and dropped.
+DEFAULT_OUTPUT_BYTES = 1024 * 1024
+#: Default caps on collection: files, bytes per file, bytes in all.
+DEFAULT_MAX_FILES = 100
+DEFAULT_MAX_FILE_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise InvalidSpec(f"{name} must be positive or None (no limit), got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """Per-run resource limits. ``None`` leaves a resource unlimited.
+
+    A backend that cannot enforce a limit that is set raises
+    :class:`~execspace.errors.CapabilityError` instead of running without it.
+    """
+
+    memory_bytes: int | None = None
+    """Memory the program may use (address space or cgroup memory, per backend)."""
+    pids: int | None = None
+    """Processes/threads the program may have at once (fork bombs stop here)."""
+    cpu_seconds: float | None = None
+    """CPU time, summed over the program's processes where the backend can."""
+    file_size_bytes: int | None = None
+    """Largest file the program may write."""
+    output_bytes: int | None = DEFAULT_OUTPUT_BYTES
+    """Bytes kept per output stream: the first and last halves; the middle is dropped and counted."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "pids", "cpu_seconds", "file_size_bytes", "output_bytes"):
+            _positive(name, getattr(self, name))
+
+    def requested(self) -> frozenset[str]:
+        """Names of the limits that are set (the ones a backend must enforce)."""
+        names = ("memory_bytes", "pids", "cpu_seconds", "file_size_bytes", "output_bytes")
+        return frozenset(n for n in names if getattr(self, n) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgramSpec:
+    """One program to run in a workspace."""
+
+    cmd: str
+    """Program: a bare name (looked up on the *run's* PATH) or a path."""
+    args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added on top of the backend's environment policy (workspace variables still win)."""
+    clean_env: bool = False
+    """Start from an empty environment: only a minimal PATH, the workspace variables and ``env``."""
+    cwd: str = "work"
+    """Working directory, relative to the workspace root ("" is the root)."""
+    stdin: bytes | str | None = None
+    timeout: float | None = DEFAULT_TIMEOUT
+    """Wall-clock deadline in seconds; ``None`` for none. On expiry the whole process tree is killed."""
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    network: Literal["off", "on"] | None = None
+    """Network access for this run; ``None`` keeps the engine's default."""
+
+    def __post_init__(self) -> None:
+        if not self.cmd:
+            raise InvalidSpec("cmd must not be empty")
+        if isinstance(self.args, str):
+            raise InvalidSpec("args must be a sequence of strings, not one string")
+        _positive("timeout", self.timeout)
+        for key in self.env:
+            if not key or "=" in key or "\0" in key:
+                raise InvalidSpec(f"invalid environment variable name {key!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a finished (or killed) run produced. A non-zero exit is data, not an error."""
+
+    exit_code: int
+    """Exit status; negative ``-N`` when killed by signal N."""
+    stdout: str
+    """Standard output decoded as UTF-8 (invalid bytes replaced), capped head+tail."""
+    stderr: str
+    duration: float
+    """Wall-clock seconds from start to exit."""
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_total_bytes: int = 0
+    """Bytes the program wrote to stdout, including the dropped part."""
+    stderr_total_bytes: int = 0
+    limit_hit: str | None = None
+    """Which limit stopped the program, when one did: ``timeout``, ``memory_bytes``, ``cpu_seconds``…"""
+    raw_stdout: bytes = b""
+    """Kept stdout bytes (with the truncation marker), undecoded."""
+    raw_stderr: bytes = b""
+    run_dir: str = ""
+    """Workspace-relative directory of this run (``runs/…``)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def signal(self) -> int | None:
+        return -self.exit_code if self.exit_code < 0 else None
+
+    def check(self) -> RunResult:
+        """Return ``self`` when the run succeeded; raise otherwise.
+
+        Raises:
+            ExecutionTimeout: the run hit its deadline (``.result`` is this result).
+            ProgramFailed: the program exited non-zero.
+        """
+        if self.timed_out:
+            raise ExecutionTimeout(f"program timed out after {self.duration:.1f}s", self)
+        if self.exit_code != 0:
+            raise ProgramFailed(self)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """A piece of output from a streaming program, as it came."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class Persistence(enum.StrEnum):
+    """How long a workspace lives."""
+
+    SESSION = "session"
+    """One workspace per logical id, reused by every call with that id until cleanup."""
+    TURN = "turn"
+    """A fresh workspace for each creation; the caller cleans it up after the turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspacePolicy:
+    """Policy attached to a workspace at creation."""
+
+    persistence: Persistence = Persistence.SESSION
+    max_disk_bytes: int | None = None
+    """Disk the workspace may use; checked after each run where the backend says so."""
+
+    def __post_init__(self) -> None:
+        _positive("max_disk_bytes", self.max_disk_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """A handle to a workspace. Cheap to copy; the backend owns the real thing."""
+
+    id: str
+    """Logical id (e.g. ``app/user/session``), stable across calls."""
+    path: str
+    """The workspace root as the *program* sees it."""
+    backend: str
+    host_path: Path | None = None
+    """The workspace root on this host, when the host can see it (local, sandbox)."""
+    policy: WorkspacePolicy = field(default_factory=WorkspacePolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class PutFile:
+    """A file to write into a workspace."""
+
+    path: str
+    """Workspace-relative path; ``..``, absolute paths and symlinked components are refused."""
+    content: bytes | str
+    mode: int = 0o644
+
+    @property
+    def data(self) -> bytes:
+        return self.content.encode() if isinstance(self.content, str) else self.content
+
+
+@dataclass(frozen=True, slots=True)
+class File:
+    """A file read out of a workspace."""
+
+    name: str
+    """Workspace-relative path."""
+    content: bytes
+    mime_type: str
+    size_bytes: int
+    """Size of the file in the workspace (``content`` may be shorter when truncated)."""
+    truncated: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """An input to stage into a workspace.
+
+    ``src`` is one of ``artifact://name[@version]``, ``host:///abs/path`` (only under
+    roots the caller allowed), ``workspace://rel/path``, ``skill://name[/rel]``, or raw
+    ``bytes`` (then ``dest`` is required).
+    """
+
+    src: str | bytes
+    dest: str | None = None
+    """Workspace-relative target; default ``work/inputs/<basename>``."""
+    mode: Literal["copy", "link"] = "copy"
+    pin: bool = False
+    """For artifacts without a version: reuse the version staged last time to the same dest."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("copy", "link"):
+            raise InvalidSpec(f"input mode must be 'copy' or 'link', got {self.mode!r}")
+        if isinstance(self.src, bytes) and not self.dest:
+            raise InvalidSpec("raw-bytes inputs need a dest path")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpec:
+    """Which files to collect after a run, with caps."""
+
+    globs: Sequence[str] = ("out/**",)
+    max_files: int = DEFAULT_MAX_FILES
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES
+    save: bool = False
+    """Save each collected file as an artifact (a truncated file is refused)."""
+    name_prefix: str = ""
+    """Prefix of the artifact names when saving (name = prefix + workspace path)."""
+    inline: bool = False
+    """Put the content into each FileRef."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_files", "max_file_bytes", "max_total_bytes"):
+            _positive(name, getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    """One collected output, maybe saved as an artifact."""
+
+    name: str
+    mime_type: str
+    size_bytes: int
+    truncated: bool = False
+    content: bytes | None = None
+    saved_as: str | None = None
+    """``artifact://name@version`` when saved."""
+    version: int | None = None
+    host_path: Path | None = None
+    """Where the file is on this host, when the host can see the workspace."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputManifest:
+    files: tuple[FileRef, ...] = ()
+    limits_hit: bool = False
+    """A cap (count, per-file or total bytes) cut the collection short."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodeBlock:
+    language: str
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
+class CodeExecutionInput:
+    code_blocks: Sequence[CodeBlock]
+    execution_id: str | None = None
+    """Workspace id to run in (state and files persist per id); ``None`` for a fresh one."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockResult:
+    """The result of one code block."""
+
+    index: int
+    language: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+    error: str | None = None
+    """Why the block did not run (unsupported language, setup error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodeExecutionResult:
+    """Text and files of a code execution; the text is kept even when files exist."""
+
+    output: str
+    output_files: tuple[File, ...] = ()
+    blocks: tuple[BlockResult, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(b.exit_code == 0 and not b.timed_out and b.error is None for b in self.blocks)
+
+    def __str__(self) -> str:
+        parts = ["Code execution result:"]
+        parts.append(self.output.rstrip("\n") if self.output else "(no output)")
+        if self.output_files:
+            parts.append("Output files:")
+            parts.extend(f"- {f.name} ({f.mime_type}, {f.size_bytes} bytes)" for f in self.output_files)
+        return "\n".join(parts) + "\n"

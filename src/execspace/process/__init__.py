@@ -1,0 +1,1 @@
+"""Host processes: spawn, supervise, capture output within bounds, kill the whole tree."""

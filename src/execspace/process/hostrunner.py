@@ -1,0 +1,165 @@
+"""ProgramRunner for programs started as host processes (local, and wrapped by the sandbox).
+
+A subclass only changes how the prepared command is wrapped (``wrap``) and what
+the program sees as its workspace path; the spawn, supervision, environment
+policy and post-run checks are shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..capabilities import Capabilities
+from ..envpolicy import EnvPolicy
+from ..errors import PathDenied, UsageError
+from ..models import RunProgramSpec, RunResult, Workspace
+from ..workspace.confine import ConfinedRoot, split_relpath
+from ..workspace.layout import new_run_name, workspace_env
+from .rlimits import classify_rlimit_exit, rlimit_preexec
+from .supervisor import RUN_MARKER_VAR, Launch, SupervisedProcess, spawn
+
+__all__ = ["HostRunner", "Prepared"]
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A run after policy checks, before wrapping: everything a wrapper needs."""
+
+    ws: Workspace
+    root: Path
+    spec: RunProgramSpec
+    argv: list[str]
+    env: dict[str, str]
+    host_cwd: str
+    run_dir: str
+    marker: str
+
+
+class HostRunner:
+    """Runs programs as supervised host processes in host-directory workspaces."""
+
+    def __init__(
+        self,
+        capabilities: Callable[[], Capabilities],
+        env_policy: EnvPolicy | None = None,
+        *,
+        host_env: Mapping[str, str] | None = None,
+        kill_grace: float = 2.0,
+    ) -> None:
+        self._caps = capabilities
+        self.env_policy = env_policy or EnvPolicy()
+        self._host_env = host_env
+        self.kill_grace = kill_grace
+
+    # -- hooks for wrapping backends -------------------------------------------------------
+
+    def program_root(self, ws: Workspace) -> str:
+        """The workspace root as the program sees it."""
+        return str(ws.host_path)
+
+    def wrap(self, prep: Prepared) -> Launch:
+        """Turn a prepared run into what to spawn. The local backend spawns it as is."""
+        return self._launch(prep, prep.argv, prep.env, prep.host_cwd)
+
+    def after_run(self, prep: Prepared, result: RunResult) -> RunResult:
+        return result
+
+    # -- ProgramRunner -----------------------------------------------------------------
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        prep = self.prepare(ws, spec)
+        if isinstance(prep, RunResult):
+            return prep
+        async with await spawn(self.wrap(prep)) as proc:
+            result = await proc.wait()
+        return await self._post_run(prep, result)
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        prep = self.prepare(ws, spec)
+        if isinstance(prep, RunResult):
+            raise FileNotFoundError(prep.stderr.strip())
+        launch = self.wrap(prep)
+        launch.interactive = True
+        return await spawn(launch)
+
+    # -- shared steps ------------------------------------------------------------------
+
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> Prepared | RunResult:
+        """Check the spec against capabilities, set up cwd and run dir, build env and argv.
+
+        Returns a 127 :class:`RunResult` when the command does not exist, as a shell would.
+        """
+        self._caps().require(spec)
+        if ws.host_path is None:
+            raise UsageError(f"workspace {ws.id!r} is not a host workspace")
+        root = ws.host_path
+        host_cwd = self._host_cwd(root, spec.cwd)
+        run_dir = new_run_name()
+        os.mkdir(root / run_dir, 0o755)
+        marker = secrets.token_hex(8)
+        env = self.env_policy.build(
+            self._host_env if self._host_env is not None else os.environ,
+            spec.env,
+            workspace_env(self.program_root(ws), run_dir),
+            clean=spec.clean_env,
+        )
+        env[RUN_MARKER_VAR] = marker
+        program = self.resolve_program(spec.cmd, env["PATH"], host_cwd)
+        if program is None:
+            msg = f"execspace: command not found: {spec.cmd!r} (searched PATH={env['PATH']})\n"
+            return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
+        return Prepared(ws, root, spec, [program, *spec.args], env, host_cwd, run_dir, marker)
+
+    def resolve_program(self, cmd: str, path: str, cwd: str) -> str | None:
+        """Look a bare name up on the *run's* PATH, never the caller's."""
+        if "/" in cmd:
+            return cmd
+        return shutil.which(cmd, path=path)
+
+    @staticmethod
+    def _host_cwd(root: Path, cwd: str) -> str:
+        if not cwd or cwd in (".", "./"):
+            return str(root)
+        try:
+            parts = split_relpath(cwd)
+        except PathDenied as exc:
+            raise PathDenied(cwd, f"cwd must stay inside the workspace ({exc.reason})") from exc
+        with ConfinedRoot(str(root)) as cr:
+            os.close(cr.open_dir(parts, create=True))
+        return str(root.joinpath(*parts))
+
+    def _launch(self, prep: Prepared, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
+        spec = prep.spec
+        return Launch(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            marker=prep.marker,
+            stdin=spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin,
+            timeout=spec.timeout,
+            output_limit=spec.limits.output_bytes,
+            kill_grace=self.kill_grace,
+            preexec_fn=rlimit_preexec(spec.limits),
+            run_dir=prep.run_dir,
+            classify_exit=classify_rlimit_exit,
+        )
+
+    async def _post_run(self, prep: Prepared, result: RunResult) -> RunResult:
+        result = self.after_run(prep, result)
+        cap = prep.ws.policy.max_disk_bytes
+        if cap is not None:
+            used = await asyncio.to_thread(_disk_usage, str(prep.root))
+            if used > cap and result.limit_hit is None:
+                result = replace(result, limit_hit="disk_bytes")
+        return result
+
+
+def _disk_usage(root: str) -> int:
+    with ConfinedRoot(root) as cr:
+        return cr.disk_usage()

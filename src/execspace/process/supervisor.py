@@ -1,0 +1,342 @@
+"""Start a host process, capture its output within bounds, and make sure it dies.
+
+Backends that run host processes (local, sandbox) describe *what* to launch in a
+:class:`Launch`; :class:`SupervisedProcess` does the rest:
+
+* the program gets its own session and process group, so the whole group is
+  killed on timeout (SIGTERM, then SIGKILL after a grace period) and whatever is
+  left of the group when the main process exits is killed too: a run leaves
+  nothing behind;
+* every process carries a per-run marker in its environment; a descendant that
+  escaped the group (``setsid``, double fork) is found by that marker in ``/proc``
+  and killed when the run is torn down (Linux; the sandbox backend's PID namespace
+  makes this moot there);
+* stdout and stderr are read by an asyncio protocol straight into head+tail
+  buffers, so memory stays bounded whatever the program prints;
+* the output produced before a timeout or kill is kept in the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+from ..errors import UsageError
+from ..models import OutputChunk, RunResult
+from .capture import HeadTailBuffer
+
+__all__ = ["RUN_MARKER_VAR", "Launch", "SupervisedProcess", "kill_marked_processes", "spawn"]
+
+#: Environment variable carrying the per-run marker used to find escaped descendants.
+RUN_MARKER_VAR = "EXECSPACE_RUN"
+_STREAM_QUEUE_HIGH = 64  # chunks buffered for a slow stream consumer before the pipe is paused
+_DRAIN_AFTER_EXIT = 0.5  # seconds to wait for pipes held by leftovers after the main process exits
+
+
+@dataclass(slots=True)
+class Launch:
+    """Everything needed to start one supervised process."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    marker: str
+    stdin: bytes | None = None
+    interactive: bool = False
+    """Keep stdin open for ``write_stdin`` (otherwise it is fed ``stdin`` and closed)."""
+    timeout: float | None = None
+    output_limit: int | None = None
+    kill_grace: float = 2.0
+    preexec_fn: Callable[[], None] | None = None
+    pass_fds: Sequence[int] = ()
+    user: int | None = None
+    group: int | None = None
+    run_dir: str = ""
+    classify_exit: Callable[[int], str | None] | None = None
+    """Maps an exit code to the name of the limit that caused it (e.g. SIGXCPU → cpu_seconds)."""
+    on_exit: list[Callable[[], None]] = field(default_factory=list)
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, owner: SupervisedProcess) -> None:
+        self.owner = owner
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        self.owner._on_data(fd, data if isinstance(data, bytes) else data.encode())
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.owner._on_pipe_closed(fd)
+
+    def process_exited(self) -> None:
+        self.owner._on_exit()
+
+
+async def spawn(launch: Launch) -> SupervisedProcess:
+    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot."""
+    proc = SupervisedProcess(launch)
+    await proc._start()
+    return proc
+
+
+class SupervisedProcess:
+    """A running program under supervision; implements the ``ProgramHandle`` protocol."""
+
+    def __init__(self, launch: Launch) -> None:
+        self._launch = launch
+        self._out = HeadTailBuffer(launch.output_limit)
+        self._err = HeadTailBuffer(launch.output_limit)
+        self._open_pipes = {1, 2}
+        self._pipes_closed = asyncio.Event()
+        self._exited = asyncio.Event()
+        self._queue: asyncio.Queue[OutputChunk | None] | None = None
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._done: asyncio.Future[RunResult] | None = None
+        self._kill_reason: Literal["timeout", "killed"] | None = None
+        self._t0 = 0.0
+        self._stdin_task: asyncio.Task[None] | None = None
+
+    # -- start ---------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        la = self._launch
+        kwargs: dict[str, Any] = {}
+        if la.user is not None:
+            kwargs.update(user=la.user, group=la.group, extra_groups=[])
+        if la.preexec_fn is not None:
+            kwargs["preexec_fn"] = la.preexec_fn
+        self._t0 = time.monotonic()
+        transport, _ = await loop.subprocess_exec(
+            lambda: _Protocol(self),
+            *la.argv,
+            stdin=asyncio.subprocess.PIPE if (la.stdin is not None or la.interactive) else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(la.env),
+            cwd=la.cwd,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(la.pass_fds),
+            **kwargs,
+        )
+        self._transport = transport
+        if transport.get_returncode() is not None:  # exited before the protocol was wired
+            self._exited.set()
+        if la.stdin is not None:
+            self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
+        self._done = asyncio.ensure_future(self._supervise())
+
+    @property
+    def pid(self) -> int | None:
+        return self._transport.get_pid() if self._transport else None
+
+    # -- protocol callbacks ----------------------------------------------------------
+
+    def _on_data(self, fd: int, data: bytes) -> None:
+        (self._out if fd == 1 else self._err).write(data)
+        if self._queue is not None:
+            self._queue.put_nowait(OutputChunk("stdout" if fd == 1 else "stderr", data))
+            if self._queue.qsize() >= _STREAM_QUEUE_HIGH:
+                self._pause_pipes(True)
+
+    def _on_pipe_closed(self, fd: int) -> None:
+        self._open_pipes.discard(fd)
+        if not self._open_pipes & {1, 2}:
+            self._pipes_closed.set()
+            if self._queue is not None:
+                self._queue.put_nowait(None)
+
+    def _on_exit(self) -> None:
+        self._exited.set()
+
+    def _pause_pipes(self, pause: bool) -> None:
+        if self._transport is None:
+            return
+        for fd in (1, 2):
+            pipe = self._transport.get_pipe_transport(fd)
+            if pipe is not None and not pipe.is_closing():
+                if pause:
+                    pipe.pause_reading()  # type: ignore[attr-defined]
+                else:
+                    pipe.resume_reading()  # type: ignore[attr-defined]
+
+    # -- supervision -----------------------------------------------------------------
+
+    async def _supervise(self) -> RunResult:
+        la = self._launch
+        timed_out = False
+        try:
+            async with asyncio.timeout(la.timeout):
+                await self._exited.wait()
+        except TimeoutError:
+            timed_out = True
+            self._kill_reason = "timeout"
+            await self._kill_tree()
+        # leftovers of the group (background children) do not outlive the run
+        self._signal_group(signal.SIGKILL)
+        try:
+            async with asyncio.timeout(_DRAIN_AFTER_EXIT):
+                await self._pipes_closed.wait()
+        except TimeoutError:
+            # something that left the group still holds our pipes: find it by marker
+            await asyncio.to_thread(kill_marked_processes, la.marker)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_DRAIN_AFTER_EXIT):
+                    await self._pipes_closed.wait()
+        if timed_out:
+            await asyncio.to_thread(kill_marked_processes, la.marker)
+        if self._stdin_task is not None:
+            self._stdin_task.cancel()
+        assert self._transport is not None
+        code = self._transport.get_returncode()
+        self._transport.close()
+        for hook in la.on_exit:
+            hook()
+        return self._result(-signal.SIGKILL if code is None else code, timed_out)
+
+    def _result(self, code: int, timed_out: bool) -> RunResult:
+        out, err = self._out.getvalue(), self._err.getvalue()
+        limit = "timeout" if timed_out else None
+        if limit is None and self._launch.classify_exit is not None:
+            limit = self._launch.classify_exit(code)
+        return RunResult(
+            exit_code=code,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            duration=time.monotonic() - self._t0,
+            timed_out=timed_out,
+            stdout_truncated=self._out.truncated,
+            stderr_truncated=self._err.truncated,
+            stdout_total_bytes=self._out.total,
+            stderr_total_bytes=self._err.total,
+            limit_hit=limit,
+            raw_stdout=out,
+            raw_stderr=err,
+            run_dir=self._launch.run_dir,
+        )
+
+    def _signal_group(self, sig: int) -> None:
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    async def _kill_tree(self) -> None:
+        self._signal_group(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._launch.kill_grace):
+                await self._exited.wait()
+        self._signal_group(signal.SIGKILL)
+        await self._exited.wait()
+
+    # -- ProgramHandle -------------------------------------------------------------------
+
+    async def stream(self) -> AsyncIterator[OutputChunk]:
+        """Yield output as it arrives. Call before the program produces much output
+        to see all of it; chunks that came earlier are only in the final result."""
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            if self._pipes_closed.is_set():
+                self._queue.put_nowait(None)
+        while True:
+            chunk = await self._queue.get()
+            if chunk is None:
+                return
+            if self._queue.qsize() < _STREAM_QUEUE_HIGH // 2:
+                self._pause_pipes(False)
+            yield chunk
+
+    async def _feed_stdin(self, data: bytes, close: bool) -> None:
+        await self.write_stdin(data)
+        if close:
+            await self.close_stdin()
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        pipe = self._stdin_pipe()
+        if pipe is None:
+            raise UsageError("stdin is not open: start the program with interactive=True or stdin data")
+        pipe.write(data.encode() if isinstance(data, str) else data)
+        # respect flow control so that huge stdin does not pile up in memory
+        with contextlib.suppress(ConnectionError, BrokenPipeError):
+            while pipe.get_write_buffer_size() > 256 * 1024:
+                await asyncio.sleep(0.005)
+                if pipe.is_closing():
+                    return
+
+    async def close_stdin(self) -> None:
+        pipe = self._stdin_pipe()
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def _stdin_pipe(self) -> asyncio.WriteTransport | None:
+        if self._transport is None:
+            return None
+        pipe = self._transport.get_pipe_transport(0)
+        if pipe is None or pipe.is_closing():
+            return None
+        return pipe  # type: ignore[return-value]
+
+    async def kill(self) -> None:
+        if self._kill_reason is None:
+            self._kill_reason = "killed"
+        await self._kill_tree()
+        await asyncio.to_thread(kill_marked_processes, self._launch.marker)
+
+    async def wait(self) -> RunResult:
+        assert self._done is not None
+        return await asyncio.shield(self._done)
+
+    async def __aenter__(self) -> SupervisedProcess:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._done is not None
+        if not self._done.done():
+            # leaving early (error, cancellation): kill and reap even if we are being cancelled
+            await asyncio.shield(self._teardown())
+
+    async def _teardown(self) -> None:
+        if not self._exited.is_set():
+            await self.kill()
+        assert self._done is not None
+        with contextlib.suppress(Exception):
+            await self._done
+
+
+def kill_marked_processes(marker: str) -> int:
+    """SIGKILL every process whose environment carries ``marker``; return how many (Linux only)."""
+    needle = f"{RUN_MARKER_VAR}={marker}\0".encode()
+    me = os.getpid()
+    killed = 0
+    for _ in range(3):  # a dying parent may fork once more; sweep until quiet
+        found = 0
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return killed
+        for name in names:
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if needle in env:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(name), signal.SIGKILL)
+                    found += 1
+        killed += found
+        if not found:
+            break
+    return killed

@@ -1,0 +1,159 @@
+"""The Engine seam: what every backend implements.
+
+These protocols are the specification for backend authors. Each method documents
+what it must return and what it must raise; the conformance suite in
+``tests/conformance`` checks the behaviour on every backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from .capabilities import Capabilities
+from .models import (
+    File,
+    InputSpec,
+    OutputChunk,
+    OutputManifest,
+    OutputSpec,
+    PutFile,
+    RunProgramSpec,
+    RunResult,
+    Workspace,
+    WorkspacePolicy,
+)
+
+__all__ = ["Engine", "ProgramHandle", "ProgramRunner", "WorkspaceFS", "WorkspaceManager"]
+
+
+@runtime_checkable
+class WorkspaceManager(Protocol):
+    """Creates, finds and removes workspaces."""
+
+    async def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        """Return the workspace for ``exec_id``, creating it with the standard layout.
+
+        With session persistence the same id yields the same workspace, created once
+        even under concurrent calls. ``path`` adopts that host directory as the
+        workspace (backends without host paths raise ``UnsupportedBackend``).
+        """
+        ...
+
+    async def get_workspace(self, exec_id: str) -> Workspace:
+        """Return an existing workspace; raise ``WorkspaceNotFound`` if there is none."""
+        ...
+
+    async def cleanup(self, ws: Workspace) -> None:
+        """Remove the workspace and everything in it. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class WorkspaceFS(Protocol):
+    """Moves files into and out of workspaces, confined to the workspace root."""
+
+    async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
+        """Write files; raise ``PathDenied`` for paths that leave the workspace."""
+        ...
+
+    async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
+        """Copy a host directory tree into ``dest`` (no symlinks followed out of ``src``)."""
+        ...
+
+    async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
+        """Read one file; raise ``PathDenied`` on escape, ``FileNotFoundError`` if absent."""
+        ...
+
+    async def collect(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = ...,
+        max_file_bytes: int = ...,
+        max_total_bytes: int = ...,
+    ) -> list[File]:
+        """Read the regular files matching the globs (``**`` allowed), never through a symlink."""
+        ...
+
+    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+        """Stage inputs (artifact, host, workspace, skill, bytes); return the workspace paths written."""
+        ...
+
+    async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
+        """Collect outputs with caps, optionally saving them as artifacts, and record them in metadata."""
+        ...
+
+
+@runtime_checkable
+class ProgramHandle(Protocol):
+    """A started program: stream its output, feed stdin, kill it, wait for its result.
+
+    Usable as an async context manager; leaving the block kills and reaps the program.
+    """
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def stream(self) -> AsyncIterator[OutputChunk]:
+        """Yield output chunks as they arrive, until both streams close."""
+        ...
+
+    async def write_stdin(self, data: bytes | str) -> None: ...
+
+    async def close_stdin(self) -> None: ...
+
+    async def kill(self) -> None:
+        """Kill the whole program tree (TERM, then KILL after a grace period)."""
+        ...
+
+    async def wait(self) -> RunResult:
+        """Wait for exit (or the deadline) and return the result with the output so far."""
+        ...
+
+    async def __aenter__(self) -> ProgramHandle: ...
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class ProgramRunner(Protocol):
+    """Runs programs inside workspaces."""
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        """Run to completion or deadline. Raise ``CapabilityError`` before running if the
+        spec asks for what the backend cannot enforce. Timeouts are reported in the
+        result (``timed_out``), never by leaving processes behind."""
+        ...
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
+        """Start a program for streaming/interactive use."""
+        ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One backend: manager + fs + runner + an honest capability statement."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def manager(self) -> WorkspaceManager: ...
+
+    @property
+    def fs(self) -> WorkspaceFS: ...
+
+    @property
+    def runner(self) -> ProgramRunner: ...
+
+    def describe(self) -> Capabilities: ...
+
+    async def aclose(self) -> None: ...

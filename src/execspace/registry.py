@@ -1,0 +1,146 @@
+"""Backend registry: name → lazily imported factory, with install hints.
+
+Third-party backends register through the ``execspace.backends`` entry-point
+group (value ``"module:Factory"``); built-in names cannot be overridden.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from .engine import BaseEngine
+from .errors import SetupFailed, UnsupportedBackend
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_ORDER",
+    "BackendFactory",
+    "BackendInfo",
+    "Probe",
+    "choose_default_backend",
+    "load_backend",
+    "probe_backend",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Whether a backend works on this host, and if not, why and how to fix it."""
+
+    ok: bool
+    reason: str = ""
+    fix: str = ""
+
+
+class BackendFactory(Protocol):
+    name: str
+
+    @classmethod
+    async def probe(cls, **options: Any) -> Probe: ...
+
+    @classmethod
+    async def open(cls, **options: Any) -> BaseEngine: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    name: str
+    target: str
+    """``"module:Factory"``, imported on first use."""
+    install_hint: str
+    summary: str
+
+
+_BUILTIN = {
+    "container": BackendInfo(
+        "container",
+        "execspace.backends.container:ContainerBackend",
+        "pip install 'execspace[docker]' and run a Docker or Podman daemon",
+        "one hardened container per workspace (Docker Engine API / Podman)",
+    ),
+    "e2b": BackendInfo(
+        "e2b",
+        "execspace.backends.e2b:E2BBackend",
+        "pip install 'execspace[e2b]' and set E2B_API_KEY / E2B_API_URL",
+        "remote microVM sandboxes over the E2B protocol",
+    ),
+    "jupyter": BackendInfo(
+        "jupyter",
+        "execspace.backends.jupyter:JupyterBackend",
+        "pip install 'execspace[jupyter]'",
+        "stateful Jupyter kernels with rich outputs",
+    ),
+    "local": BackendInfo(
+        "local",
+        "execspace.backends.local:LocalBackend",
+        "built in",
+        "runs on this host as you: NO isolation, for trusted code only",
+    ),
+    "sandbox": BackendInfo(
+        "sandbox",
+        "execspace.backends.sandbox:SandboxBackend",
+        "apt-get install bubblewrap (Linux) or use macOS's sandbox-exec",
+        "OS sandbox: bubblewrap + seccomp on Linux, Seatbelt on macOS",
+    ),
+}
+
+#: Order in which ``backend=None`` looks for a working backend: safest first, never ``local``.
+DEFAULT_ORDER = ("sandbox", "container")
+
+
+def _all_backends() -> dict[str, BackendInfo]:
+    found = dict(_BUILTIN)
+    for ep in entry_points(group="execspace.backends"):
+        if ep.name not in found:  # built-ins are never silently replaced
+            found[ep.name] = BackendInfo(ep.name, ep.value, f"installed by {ep.dist.name if ep.dist else '?'}", "")
+    return dict(sorted(found.items()))
+
+
+#: Read-only view of the known backends.
+BACKENDS: Mapping[str, BackendInfo] = MappingProxyType(_all_backends())
+
+
+def load_backend(name: str) -> BackendFactory:
+    """Import and return the factory of backend ``name``."""
+    info = BACKENDS.get(name)
+    if info is None:
+        raise UnsupportedBackend(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    module_name, _, attr = info.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SetupFailed(name, f"cannot import {module_name} ({exc})", info.install_hint) from exc
+    factory: BackendFactory = getattr(module, attr)
+    return factory
+
+
+async def probe_backend(name: str, **options: Any) -> Probe:
+    """Probe one backend without raising."""
+    try:
+        factory = load_backend(name)
+    except SetupFailed as exc:
+        return Probe(False, exc.cause, exc.fix)
+    try:
+        return await factory.probe(**options)
+    except Exception as exc:  # a probe must never take the caller down
+        return Probe(False, f"probe failed: {exc}", BACKENDS[name].install_hint)
+
+
+async def choose_default_backend() -> str:
+    """The safest backend that works here; ``SetupFailed`` listing why each failed."""
+    reasons = []
+    for name in DEFAULT_ORDER:
+        probe = await probe_backend(name)
+        if probe.ok:
+            return name
+        reasons.append(f"{name}: {probe.reason}" + (f" (fix: {probe.fix})" if probe.fix else ""))
+    raise SetupFailed(
+        "default",
+        "no isolating backend works on this host [" + "; ".join(reasons) + "]",
+        "fix one of the above, or pass backend='local' (CLI: --backend local) to run WITHOUT isolation",
+    )

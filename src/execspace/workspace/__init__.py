@@ -1,0 +1,1 @@
+"""Workspaces: layout, confined file access, metadata, staging."""

@@ -1,0 +1,330 @@
+"""WorkspaceFS for backends whose workspaces are host directories (local, sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wcmatch import glob as wglob
+
+from ..errors import LimitExceeded, PathDenied, UsageError
+from ..mime import SNIFF_BYTES, guess_mime
+from ..models import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    File,
+    InputSpec,
+    OutputManifest,
+    OutputSpec,
+    PutFile,
+    Workspace,
+)
+from .confine import ConfinedRoot, split_relpath
+from .metadata import is_metadata_temp
+
+if TYPE_CHECKING:
+    from ..artifacts import ArtifactService
+    from .staging import MetadataLocks
+
+__all__ = ["GLOB_FLAGS", "HostWorkspaceFS", "glob_base", "normalize_globs"]
+
+#: ``**`` crosses directories, dotfiles match, no brace/extglob surprises.
+GLOB_FLAGS = wglob.GLOBSTAR | wglob.DOTGLOB | wglob.NEGATE
+
+_VAR_PREFIXES = {
+    "$WORKSPACE_DIR": "",
+    "$WORK_DIR": "work",
+    "$OUTPUT_DIR": "out",
+    "$SKILLS_DIR": "skills",
+    "$RUN_DIR": "runs",
+}
+
+
+def normalize_globs(patterns: Sequence[str]) -> list[str]:
+    """Trim patterns, drop blanks, and rewrite a leading ``$OUTPUT_DIR``-style variable
+    (also ``${OUTPUT_DIR}``) into the workspace-relative directory, on a word boundary."""
+    out: list[str] = []
+    for raw in patterns:
+        p = raw.strip()
+        if not p:
+            continue
+        if p.startswith("${"):
+            end = p.find("}")
+            if end > 0:
+                p = "$" + p[2:end] + p[end + 1 :]
+        for var, rel in _VAR_PREFIXES.items():
+            if p == var or p.startswith(var + "/"):
+                tail = p[len(var) :].lstrip("/")
+                p = f"{rel}/{tail}" if rel and tail else (rel or tail)
+                break
+        if p.startswith("./"):
+            p = p[2:]
+        out.append(p)
+    return out
+
+
+def glob_base(pattern: str) -> list[str]:
+    """The literal leading directories of a glob: where a walk must start."""
+    parts = pattern.split("/")[:-1]
+    base: list[str] = []
+    for part in parts:
+        if wglob.is_magic(part, flags=GLOB_FLAGS) or part in ("", ".", ".."):
+            break
+        base.append(part)
+    return base
+
+
+class HostWorkspaceFS:
+    """File operations on host-directory workspaces, confined with fd-relative walks.
+
+    ``host_roots`` are the host directories ``host://`` inputs and ``stage_directory``
+    may read from; nothing else on the host is reachable through this object.
+    """
+
+    def __init__(
+        self,
+        artifacts: ArtifactService | None = None,
+        host_roots: Sequence[Path] = (),
+        *,
+        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
+    ) -> None:
+        self.artifacts = artifacts
+        # uid/gid for what we create, per workspace (the sandbox uid when we run as root)
+        self._owner = owner
+        self.host_roots = tuple(Path(r).resolve() for r in host_roots)
+        self._locks: MetadataLocks | None = None
+
+    @property
+    def locks(self) -> MetadataLocks:
+        """Per-workspace locks serialising metadata read-modify-write."""
+        if self._locks is None:
+            from .staging import MetadataLocks  # staging builds on this module
+
+            self._locks = MetadataLocks()
+        return self._locks
+
+    def owner(self, ws: Workspace) -> tuple[int, int] | None:
+        return self._owner(ws) if self._owner is not None else None
+
+    @staticmethod
+    def _root(ws: Workspace) -> str:
+        if ws.host_path is None:
+            raise UsageError(f"workspace {ws.id!r} has no host path; it belongs to backend {ws.backend!r}")
+        return str(ws.host_path)
+
+    # -- primitives ------------------------------------------------------------------
+
+    async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
+        root = self._root(ws)
+        for f in files:
+            split_relpath(f.path)  # refuse bad paths before writing anything
+
+        def write_all() -> None:
+            with ConfinedRoot(root, self.owner(ws)) as cr:
+                for f in files:
+                    cr.write_file(f.path, f.data, f.mode)
+
+        await asyncio.to_thread(write_all)
+
+    async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
+        root = self._root(ws)
+
+        def read() -> File:
+            with ConfinedRoot(root) as cr:
+                data, size = cr.read_file(path, max_bytes)
+            return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
+
+        return await asyncio.to_thread(read)
+
+    async def collect(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = DEFAULT_MAX_FILES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> list[File]:
+        files, _ = await self.collect_with_limits(
+            ws, patterns, max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_total_bytes
+        )
+        return files
+
+    async def collect_with_limits(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = DEFAULT_MAX_FILES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> tuple[list[File], bool]:
+        """Like :meth:`collect`, also telling whether a cap cut the result short."""
+        root = self._root(ws)
+        globs = normalize_globs(patterns)
+        for g in globs:
+            if g.startswith("/") or ".." in g.split("/"):
+                raise PathDenied(g, "collect patterns must be relative to the workspace and stay inside it")
+        return await asyncio.to_thread(_collect, root, globs, max_files, max_file_bytes, max_total_bytes)
+
+    async def list_files(self, ws: Workspace, patterns: Sequence[str]) -> list[tuple[str, int]]:
+        """Paths and sizes of regular files matching the globs (no content read)."""
+        root = self._root(ws)
+        globs = normalize_globs(patterns)
+
+        def walk() -> list[tuple[str, int]]:
+            with ConfinedRoot(root) as cr:
+                return [(e.relpath, e.size) for e in _matching(cr, globs)]
+
+        return await asyncio.to_thread(walk)
+
+    async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
+        src = Path(src)
+        if not src.is_absolute():
+            raise PathDenied(str(src), "stage_directory needs an absolute host path")
+        self.check_host_path(src)
+        root = self._root(ws)
+        await asyncio.to_thread(_copy_tree, str(src), root, dest, read_only, self.owner(ws))
+
+    async def remove(self, ws: Workspace, path: str) -> None:
+        root = self._root(ws)
+
+        def rm() -> None:
+            with ConfinedRoot(root) as cr:
+                cr.remove(path)
+
+        await asyncio.to_thread(rm)
+
+    def check_host_path(self, src: Path) -> Path:
+        """Return the real path of ``src`` if it lies inside an allowed host root."""
+        real = Path(os.path.realpath(src))
+        if not any(real == r or real.is_relative_to(r) for r in self.host_roots):
+            allowed = ", ".join(str(r) for r in self.host_roots) or "none"
+            raise PathDenied(
+                str(src),
+                f"host path is outside the allowed host roots ({allowed}); "
+                "pass host_roots=[...] to open_engine (CLI: inputs given on the command line are allowed)",
+            )
+        return real
+
+    async def link_host(self, ws: Workspace, src: Path, dest: str) -> None:
+        """Make ``dest`` a symlink to the allowed host path ``src`` (mode='link')."""
+        real = self.check_host_path(src)
+        root = self._root(ws)
+
+        def link() -> None:
+            with ConfinedRoot(root, self.owner(ws)) as cr:
+                cr.symlink(str(real), dest)
+
+        await asyncio.to_thread(link)
+
+    # -- derived operations (written once in staging.py) ---------------------------------
+
+    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+        from .staging import stage_inputs
+
+        return await stage_inputs(self, ws, inputs, artifacts=self.artifacts, host_roots=self.host_roots)
+
+    async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
+        from .staging import collect_outputs
+
+        return await collect_outputs(self, ws, spec, artifacts=self.artifacts)
+
+    async def disk_usage(self, ws: Workspace) -> int:
+        root = self._root(ws)
+
+        def du() -> int:
+            with ConfinedRoot(root) as cr:
+                return cr.disk_usage()
+
+        return await asyncio.to_thread(du)
+
+
+def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-def]
+    include = [g for g in globs if not g.startswith("!")]
+    starts = sorted({tuple(glob_base(g)) for g in include})
+    # walking a parent covers its children: drop bases nested in another base
+    starts = [s for s in starts if not any(s[: len(o)] == o and s != o for o in starts)]
+    seen: set[str] = set()
+    for start in starts:
+        for entry in cr.walk(list(start)):
+            if entry.relpath in seen:
+                continue
+            if "/" not in entry.relpath and (is_metadata_temp(entry.relpath)):
+                continue
+            if wglob.globmatch(entry.relpath, globs, flags=GLOB_FLAGS):
+                seen.add(entry.relpath)
+                yield entry
+
+
+def _collect(
+    root: str, globs: list[str], max_files: int, max_file_bytes: int, max_total_bytes: int
+) -> tuple[list[File], bool]:
+    files: list[File] = []
+    budget = max_total_bytes
+    limits_hit = False
+    with ConfinedRoot(root) as cr:
+        for entry in _matching(cr, globs):
+            if len(files) >= max_files:
+                limits_hit = True
+                break
+            if entry.nlink > 1:
+                continue  # may alias a host file; read_file would refuse it too
+            cap = min(max_file_bytes, budget)
+            try:
+                data, size = cr.read_file(entry.relpath, cap)
+            except (PathDenied, FileNotFoundError):
+                continue  # swapped for a link or removed since the walk: skip, never follow
+            truncated = len(data) < size
+            limits_hit = limits_hit or truncated
+            budget -= len(data)
+            files.append(File(entry.relpath, data, guess_mime(entry.relpath, data[:SNIFF_BYTES]), size, truncated))
+            if budget <= 0:
+                limits_hit = True
+                break
+    return files, limits_hit
+
+
+def _copy_tree(src: str, root: str, dest: str, read_only: bool, owner: tuple[int, int] | None) -> None:
+    """Copy the host tree ``src`` to workspace path ``dest``; symlinks in the source are skipped."""
+    dest_parts = split_relpath(dest)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    src_fd = os.open(src, flags)
+    count = 0
+    with ConfinedRoot(root, owner) as cr:
+
+        def copy_dir(dfd: int, rel: list[str]) -> None:
+            nonlocal count
+            with os.scandir(dfd) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            for e in entries:
+                st = e.stat(follow_symlinks=False)
+                target = "/".join([*dest_parts, *rel, e.name])
+                if stat.S_ISDIR(st.st_mode):
+                    sub = os.open(e.name, flags | os.O_NOFOLLOW, dir_fd=dfd)
+                    try:
+                        os.close(cr.open_dir(split_relpath(target), create=True))
+                        copy_dir(sub, [*rel, e.name])
+                    finally:
+                        os.close(sub)
+                elif stat.S_ISREG(st.st_mode):
+                    count += 1
+                    if count > 1_000_000:
+                        raise LimitExceeded(f"{src} has more than 1,000,000 files; stage a smaller tree")
+                    fd = os.open(e.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                    try:
+                        mode = st.st_mode & (0o555 if read_only else 0o755)
+                        cr.write_file(target, fd, mode)
+                    finally:
+                        os.close(fd)
+
+        try:
+            os.close(cr.open_dir(dest_parts, create=True))
+            copy_dir(src_fd, [])
+        finally:
+            os.close(src_fd)

@@ -1,0 +1,154 @@
+"""WorkspaceManager for host-directory workspaces (local, sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import PathDenied, SetupFailed, WorkspaceNotFound
+from ..models import Persistence, Workspace, WorkspacePolicy
+from .layout import METADATA_FILE, ensure_layout, sanitize_id
+from .metadata import WorkspaceMetadata, save_metadata
+
+__all__ = ["HostWorkspaceManager", "default_workspace_root"]
+
+
+def default_workspace_root() -> Path:
+    """``$TMPDIR/execspace-<uid>/workspaces``: private to this user."""
+    return Path(tempfile.gettempdir()) / f"execspace-{os.getuid()}" / "workspaces"
+
+
+def _private_dir(path: Path, mode: int = 0o700) -> None:
+    """Create ``path`` with ``mode`` (0700, or 0711 when a sandbox uid must traverse it)
+    and check that nobody else planted or owns it. A parent named ``execspace-<uid>``
+    is kept at 0711: traversable, not listable, shared by the backends' roots."""
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    checks = [(path, mode)]
+    if path.parent.name.startswith("execspace-"):
+        checks.insert(0, (path.parent, 0o711))
+    # a shared /tmp lets another user pre-create our directory: refuse to use it
+    for p, want in checks:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise SetupFailed("workspace root", f"{p} is a symlink or not a directory", "remove it and retry")
+        if st.st_uid != os.getuid():
+            raise SetupFailed("workspace root", f"{p} is owned by uid {st.st_uid}", "remove it or pick another root")
+        if st.st_mode & 0o777 != want:
+            os.chmod(p, want)
+
+
+class HostWorkspaceManager:
+    """Workspaces as directories under ``root``; one per id (session) or per call (turn)."""
+
+    def __init__(
+        self,
+        backend: str,
+        root: Path | None = None,
+        *,
+        prepare: Callable[[Path], None] | None = None,
+        program_path: Callable[[Path], str] = str,
+        private_root: bool = True,
+    ) -> None:
+        self.backend = backend
+        self._program_path = program_path
+        self._private_root = private_root
+        self.root = Path(root) if root is not None else default_workspace_root()
+        self._prepare = prepare
+        self._known: dict[str, Workspace] = {}
+        self._creating: dict[str, asyncio.Future[Workspace]] = {}
+        self._root_ready = False
+
+    async def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        policy = policy or WorkspacePolicy()
+        if path is None and policy.persistence is Persistence.SESSION and exec_id in self._known:
+            return self._known[exec_id]
+        key = f"{exec_id}\0{path}" if path is not None else exec_id
+        if policy.persistence is Persistence.SESSION and key in self._creating:
+            return await asyncio.shield(self._creating[key])
+        fut: asyncio.Future[Workspace] = asyncio.get_running_loop().create_future()
+        if policy.persistence is Persistence.SESSION:
+            self._creating[key] = fut
+        try:
+            ws = await asyncio.to_thread(self._create, exec_id, policy, path)
+            fut.set_result(ws)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # the failure is raised below; mark it retrieved for waiters-less futures
+            raise
+        finally:
+            self._creating.pop(key, None)
+        if policy.persistence is Persistence.SESSION and path is None:
+            self._known[exec_id] = ws
+        return ws
+
+    def _create(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
+        if path is not None:
+            ws_dir = Path(path).absolute()
+            if ws_dir.is_symlink():
+                raise PathDenied(str(ws_dir), "the workspace directory must not be a symlink")
+            ws_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        else:
+            if not self._root_ready:
+                _private_dir(self.root, 0o700 if self._private_root else 0o711)
+                self._root_ready = True
+            name = sanitize_id(exec_id)
+            if policy.persistence is Persistence.TURN:
+                name = f"{name}-{secrets.token_hex(4)}"
+            ws_dir = self.root / name
+            ws_dir.mkdir(mode=0o755, exist_ok=True)
+        ensure_layout(ws_dir)
+        if not (ws_dir / METADATA_FILE).exists():
+            save_metadata(ws_dir, WorkspaceMetadata(id=exec_id))
+        if self._prepare is not None:
+            self._prepare(ws_dir)
+        return Workspace(
+            id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir, policy=policy
+        )
+
+    async def get_workspace(self, exec_id: str) -> Workspace:
+        if exec_id in self._known:
+            return self._known[exec_id]
+        ws_dir = self.root / sanitize_id(exec_id)
+        if not (ws_dir / METADATA_FILE).exists():
+            raise WorkspaceNotFound(
+                f"no workspace for id {exec_id!r} under {self.root}; create it with create_workspace()"
+            )
+        ws = Workspace(id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir)
+        self._known[exec_id] = ws
+        return ws
+
+    async def cleanup(self, ws: Workspace) -> None:
+        if self._known.get(ws.id) == ws:
+            del self._known[ws.id]
+        if ws.host_path is None:
+            return
+        await asyncio.to_thread(_remove_tree, ws.host_path)
+
+
+def _remove_tree(path: Path) -> None:
+    def make_writable(func: object, p: str, exc: BaseException) -> None:
+        # read-only staged trees: give the owner write access back, then retry once
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+
+    if not (path.exists() or path.is_symlink()):
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=make_writable)
+    else:
+        shutil.rmtree(path, onerror=make_writable)

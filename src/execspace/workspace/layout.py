@@ -1,0 +1,79 @@
+"""The standard workspace layout and the variables a run sees.
+
+::
+
+    <root>/
+      work/            the program's working directory
+      work/inputs/     staged inputs
+      out/             outputs to collect
+      runs/<run>/      one directory per run (RUN_DIR)
+      skills/          staged skills (read-only to programs where the backend can)
+      src/             code blocks written by the code executor
+      home/            HOME
+      tmp/             TMPDIR
+      metadata.json    what was staged and collected (atomic writes, corruption tolerated)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+__all__ = [
+    "LAYOUT_DIRS",
+    "METADATA_FILE",
+    "ensure_layout",
+    "new_run_name",
+    "sanitize_id",
+    "workspace_env",
+]
+
+LAYOUT_DIRS = ("work", "work/inputs", "out", "runs", "skills", "src", "home", "tmp")
+METADATA_FILE = "metadata.json"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def sanitize_id(exec_id: str) -> str:
+    """Turn a logical id (``app/user/session``) into one safe directory name.
+
+    Components are kept readable; a short hash keeps distinct ids distinct even
+    when sanitising maps them to the same text (``a/b`` vs ``a_b``).
+    """
+    if not exec_id:
+        raise ValueError("workspace id must not be empty")
+    readable = "_".join(p for p in (_UNSAFE.sub("_", c).strip("._") for c in exec_id.split("/")) if p)
+    digest = hashlib.sha256(exec_id.encode()).hexdigest()[:10]
+    return f"{readable[:80] or 'ws'}-{digest}"
+
+
+def ensure_layout(root: Path) -> None:
+    """Create the layout directories under ``root`` (which must exist)."""
+    for d in LAYOUT_DIRS:
+        (root / d).mkdir(mode=0o755, exist_ok=True)
+
+
+def new_run_name() -> str:
+    """A fresh, sortable run directory name under ``runs/``."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    return f"runs/{stamp}-{secrets.token_hex(3)}"
+
+
+def workspace_env(root: str, run_dir: str) -> dict[str, str]:
+    """The variables every run gets; ``root`` is the workspace path as the program sees it."""
+    tmp = os.path.join(root, "tmp")
+    return {
+        "WORKSPACE_DIR": root,
+        "WORK_DIR": os.path.join(root, "work"),
+        "OUTPUT_DIR": os.path.join(root, "out"),
+        "RUN_DIR": os.path.join(root, run_dir),
+        "SKILLS_DIR": os.path.join(root, "skills"),
+        "HOME": os.path.join(root, "home"),
+        "TMPDIR": tmp,
+        "TMP": tmp,
+        "TEMP": tmp,
+    }
