@@ -1,0 +1,38 @@
+"""Binds the conformance suite to every backend that works on this host.
+
+A backend that cannot run here is skipped with its reason, so the log shows which ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace.registry import probe_backend
+
+BACKENDS = ["local", "sandbox"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
+    name = request.param
+    probe = await probe_backend(name)
+    if not probe.ok:
+        pytest.skip(f"backend {name} unavailable here: {probe.reason} (fix: {probe.fix})")
+    root = tmp_path / "ws"
+    if name == "sandbox":
+        # the per-workspace sandbox uid must be able to traverse down to the workspace
+        for p in (tmp_path, *tmp_path.parents):
+            if p == Path("/"):
+                break
+            p.chmod(p.stat().st_mode | 0o011)
+    async with execspace.open_engine(name, workspace_root=root, host_roots=[tmp_path / "host"]) as engine:
+        yield engine
+
+
+@pytest.fixture
+async def any_ws(any_engine: execspace.BaseEngine) -> execspace.Workspace:
+    return await any_engine.manager.create_workspace("conf/user/session")

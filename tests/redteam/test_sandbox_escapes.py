@@ -1,0 +1,183 @@
+"""Attacks on the sandbox backend, judged by what the host can observe.
+
+Each test tries one escape and checks the host side. Attacks are bounded (a few
+hundred forks at most, floods stop by themselves). Runs as root in CI, which is
+the hard case for bubblewrap.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import ResourceLimits, RunProgramSpec
+from execspace.registry import probe_backend
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def sandbox(tmp_path: Path) -> AsyncIterator[tuple[execspace.BaseEngine, execspace.Workspace]]:
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+    for p in (tmp_path, *tmp_path.parents):
+        if p != Path("/"):
+            p.chmod(p.stat().st_mode | 0o011)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
+        yield engine, await engine.manager.create_workspace("red/team/s")
+
+
+async def sh(box: tuple[execspace.BaseEngine, execspace.Workspace], script: str, **kw: object) -> execspace.RunResult:
+    engine, ws = box
+    return await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script], **kw))  # type: ignore[arg-type]
+
+
+async def test_cannot_read_root_only_files(sandbox) -> None:  # type: ignore[no-untyped-def]
+    secret = Path("/etc/execspace-redteam-secret")
+    secret.write_text("root-only")
+    secret.chmod(0o600)
+    try:
+        r = await sh(sandbox, f"cat {secret}; cat /etc/shadow; ls /root")
+    finally:
+        secret.unlink()
+    assert "root-only" not in r.stdout
+    if Path("/etc/shadow").exists():
+        assert "root:" not in r.stdout
+
+
+async def test_cannot_write_outside_grants(sandbox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    canary = tmp_path / "canary"
+    canary.write_text("intact")
+    canary.chmod(0o666)  # world-writable on the host: only the mount table can protect it
+    r = await sh(sandbox, f"echo x > /usr/pwned; echo x > {canary}; echo x > /etc/pwned; touch /pwned; echo done")
+    assert "done" in r.stdout
+    assert canary.read_text() == "intact"
+    assert not Path("/usr/pwned").exists() and not Path("/etc/pwned").exists() and not Path("/pwned").exists()
+
+
+async def test_no_capabilities_and_not_root(sandbox) -> None:  # type: ignore[no-untyped-def]
+    r = await sh(sandbox, "id -u; grep CapEff /proc/self/status")
+    uid, capline = r.stdout.splitlines()
+    assert uid != "0"
+    assert capline.split()[1] == "0000000000000000"
+
+
+async def test_remount_and_mount_tricks_fail(sandbox) -> None:  # type: ignore[no-untyped-def]
+    r = await sh(
+        sandbox,
+        "mount -o remount,rw / 2>&1; mount -t tmpfs x /usr 2>&1; unshare -U true 2>&1; echo rc=$?",
+    )
+    assert not Path("/usr").joinpath("x").exists()
+    assert "rc=0" not in r.stdout  # nested user namespaces are disabled
+
+
+async def test_network_is_off(sandbox) -> None:  # type: ignore[no-untyped-def]
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    got: list[bytes] = []
+
+    def accept() -> None:
+        server.settimeout(5)
+        try:
+            conn, _ = server.accept()
+            got.append(conn.recv(100))
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        r = await sh(
+            sandbox,
+            f"python3 -c \"import socket; s=socket.create_connection(('127.0.0.1',{port}),2); s.send(b'leak')\" 2>&1; "
+            "python3 -c \"import socket; socket.getaddrinfo('pypi.org', 443)\" 2>&1 | tail -1",
+        )
+    finally:
+        t.join()
+        server.close()
+    assert got == []
+    assert "Error" in r.stdout
+
+
+async def test_abstract_unix_socket_of_host_unreachable(sandbox) -> None:  # type: ignore[no-untyped-def]
+    name = f"\0execspace-redteam-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(name)
+    server.listen(1)
+    try:
+        r = await sh(
+            sandbox,
+            "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
+            f"s.connect('\\0execspace-redteam-{os.getpid()}'); print('CONNECTED')\" 2>&1",
+        )
+    finally:
+        server.close()
+    assert "CONNECTED" not in r.stdout
+
+
+async def test_host_home_and_run_hidden(sandbox) -> None:  # type: ignore[no-untyped-def]
+    r = await sh(sandbox, "ls /home /root /run /mnt 2>&1; ls /tmp | wc -l")
+    assert "No such file" in r.stdout
+    assert r.stdout.strip().endswith("0")  # the host's /tmp is not visible
+
+
+async def test_other_processes_invisible(sandbox) -> None:  # type: ignore[no-untyped-def]
+    r = await sh(sandbox, "ls /proc | grep -c '^[0-9]'")
+    assert int(r.stdout.strip()) < 10  # only the sandbox's own processes
+    assert str(os.getpid()) not in (await sh(sandbox, "ls /proc")).stdout.split()
+
+
+async def test_fork_bomb_contained(sandbox) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = sandbox
+    if "pids" not in engine.describe().enforced_limits:
+        pytest.skip("pids limit is enforced only when running as root")
+    r = await sh(
+        sandbox,
+        "i=0; while [ $i -lt 300 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null; echo spawned",
+        limits=ResourceLimits(pids=50),
+        timeout=20,
+    )
+    assert "Cannot fork" in r.stderr or "fork" in r.stderr.lower() or r.exit_code != 0
+
+
+async def test_daemon_does_not_outlive_timeout(sandbox) -> None:  # type: ignore[no-untyped-def]
+    engine, ws = sandbox
+    assert ws.host_path is not None
+    log = ws.host_path / "out" / "daemon.log"
+    r = await sh(
+        sandbox,
+        "(setsid sh -c 'while true; do echo x >> $OUTPUT_DIR/daemon.log; sleep 0.05; done' &); sleep 30",
+        timeout=1,
+    )
+    assert r.timed_out
+    import asyncio
+
+    await asyncio.sleep(0.3)
+    size = log.stat().st_size
+    await asyncio.sleep(0.5)
+    assert log.stat().st_size == size
+
+
+async def test_env_values_not_on_command_line(sandbox) -> None:  # type: ignore[no-untyped-def]
+    r = await sh(sandbox, "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $TOKENISH", env={"TOKENISH": "v4lue-xyz"})
+    cmdline, value = r.stdout.splitlines()[:2]
+    assert value == "v4lue-xyz"
+    assert "v4lue-xyz" not in cmdline
+
+
+async def test_metadata_and_skills_read_only(sandbox) -> None:  # type: ignore[no-untyped-def]
+    engine, ws = sandbox
+    assert ws.host_path is not None
+    before = (ws.host_path / "metadata.json").read_bytes()
+    await sh(sandbox, "echo x > $WORKSPACE_DIR/metadata.json; rm -f $WORKSPACE_DIR/metadata.json; touch $SKILLS_DIR/x")
+    assert (ws.host_path / "metadata.json").read_bytes() == before
+    assert not (ws.host_path / "skills" / "x").exists()
