@@ -37,6 +37,7 @@ __all__ = ["RUN_MARKER_VAR", "Launch", "SupervisedProcess", "kill_marked_process
 #: Environment variable carrying the per-run marker used to find escaped descendants.
 RUN_MARKER_VAR = "EXECSPACE_RUN"
 _STREAM_QUEUE_HIGH = 64  # chunks buffered for a slow stream consumer before the pipe is paused
+_STREAM_BACKLOG = 1024 * 1024  # bytes kept for stream() from before it is first called
 _DRAIN_AFTER_EXIT = 0.5  # seconds to wait for pipes held by leftovers after the main process exits
 
 
@@ -96,11 +97,16 @@ class SupervisedProcess:
         self._pipes_closed = asyncio.Event()
         self._exited = asyncio.Event()
         self._queue: asyncio.Queue[OutputChunk | None] | None = None
+        # output that arrives before stream() is called (even during spawn) is kept for it, bounded;
+        # interactive handles only: run_program never streams
+        self._backlog: list[OutputChunk] | None = [] if launch.interactive else None
+        self._backlog_room = _STREAM_BACKLOG
         self._transport: asyncio.SubprocessTransport | None = None
         self._done: asyncio.Future[RunResult] | None = None
         self._kill_reason: Literal["timeout", "killed"] | None = None
         self._t0 = 0.0
         self._stdin_task: asyncio.Task[None] | None = None
+        self._streaming = False
 
     # -- start ---------------------------------------------------------------------
 
@@ -127,6 +133,9 @@ class SupervisedProcess:
             **kwargs,
         )
         self._transport = transport
+        if la.interactive:
+            # queue from the start so that a stream() opened right after spawn misses nothing
+            self._queue = asyncio.Queue()
         if transport.get_returncode() is not None:  # exited before the protocol was wired
             self._exited.set()
         if la.stdin is not None:
@@ -141,10 +150,17 @@ class SupervisedProcess:
 
     def _on_data(self, fd: int, data: bytes) -> None:
         (self._out if fd == 1 else self._err).write(data)
-        if self._queue is not None:
-            self._queue.put_nowait(OutputChunk("stdout" if fd == 1 else "stderr", data))
-            if self._queue.qsize() >= _STREAM_QUEUE_HIGH:
-                self._pause_pipes(True)
+        chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
+        if self._queue is None:
+            if self._backlog is not None and len(data) <= self._backlog_room:
+                self._backlog.append(chunk)
+                self._backlog_room -= len(data)
+            else:
+                self._backlog_room = -1  # full: keep the stream a clean prefix, never a gapped one
+            return
+        self._queue.put_nowait(chunk)
+        if self._queue.qsize() >= _STREAM_QUEUE_HIGH:
+            self._pause_pipes(True)
 
     def _on_pipe_closed(self, fd: int) -> None:
         self._open_pipes.discard(fd)
@@ -190,8 +206,8 @@ class SupervisedProcess:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_DRAIN_AFTER_EXIT):
                     await self._pipes_closed.wait()
-        if timed_out:
-            await asyncio.to_thread(kill_marked_processes, la.marker)
+        # a descendant that left the group and let go of our pipes is only found by its marker
+        await asyncio.to_thread(kill_marked_processes, la.marker)
         if self._stdin_task is not None:
             self._stdin_task.cancel()
         assert self._transport is not None
@@ -239,10 +255,13 @@ class SupervisedProcess:
     # -- ProgramHandle -------------------------------------------------------------------
 
     async def stream(self) -> AsyncIterator[OutputChunk]:
-        """Yield output as it arrives. Call before the program produces much output
-        to see all of it; chunks that came earlier are only in the final result."""
+        """Yield output as it arrives, starting with what came before the first call
+        (up to 1 MiB of it; beyond that, early chunks are only in the final result)."""
         if self._queue is None:
             self._queue = asyncio.Queue()
+            for early in self._backlog or ():
+                self._queue.put_nowait(early)
+            self._backlog = None
             if self._pipes_closed.is_set():
                 self._queue.put_nowait(None)
         while True:
@@ -292,6 +311,10 @@ class SupervisedProcess:
 
     async def wait(self) -> RunResult:
         assert self._done is not None
+        if self._queue is not None and not self._streaming:
+            # nobody streams: the capture buffers keep the output, unblock the program
+            self._queue = None
+            self._pause_pipes(False)
         return await asyncio.shield(self._done)
 
     async def __aenter__(self) -> SupervisedProcess:
