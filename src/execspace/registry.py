@@ -85,7 +85,7 @@ _BUILTIN = {
         "sandbox",
         "execspace.backends.sandbox:SandboxBackend",
         "apt-get install bubblewrap (Linux) or use macOS's sandbox-exec",
-        "OS sandbox: bubblewrap + seccomp on Linux, Seatbelt on macOS",
+        "OS sandbox: bubblewrap namespaces on Linux (seccomp and macOS Seatbelt planned)",
     ),
 }
 
@@ -113,6 +113,14 @@ def load_backend(name: str) -> BackendFactory:
     module_name, _, attr = info.target.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name and name in _BUILTIN:
+            raise SetupFailed(
+                name,
+                "not implemented in this version of execspace yet",
+                "see docs/backends.md for what is planned; use 'sandbox' (or 'local' for trusted code)",
+            ) from exc
+        raise SetupFailed(name, f"cannot import {module_name} ({exc})", info.install_hint) from exc
     except ImportError as exc:
         raise SetupFailed(name, f"cannot import {module_name} ({exc})", info.install_hint) from exc
     factory: BackendFactory = getattr(module, attr)

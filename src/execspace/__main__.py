@@ -1,0 +1,8 @@
+"""``python -m execspace``: the same as the ``execspace`` command."""
+
+from __future__ import annotations
+
+from .cli.main import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

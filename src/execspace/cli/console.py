@@ -1,0 +1,113 @@
+"""Writing to the terminal: errors with a next step, warnings, progress, sizes, JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..capabilities import Capabilities, Isolation
+from ..errors import (
+    ArtifactNotFound,
+    CapabilityError,
+    ExecspaceError,
+    InputError,
+    LimitExceeded,
+    PathDenied,
+    UnsupportedBackend,
+    UnsupportedLanguage,
+    UsageError,
+    WorkspaceNotFound,
+)
+
+__all__ = [
+    "EXIT_EXECSPACE_ERROR",
+    "error",
+    "error_message",
+    "human_size",
+    "print_json",
+    "progress",
+    "warn",
+    "warn_if_unisolated",
+    "workspace_dir",
+]
+
+#: Exit status for execspace's own failures (as ``docker run`` does), distinct from the program's.
+EXIT_EXECSPACE_ERROR = 125
+
+# Errors whose message says what went wrong but not always what to type next.
+_HINTS: tuple[tuple[type[ExecspaceError], str], ...] = (
+    (UnsupportedBackend, "Run `execspace doctor` to see which backends work here."),
+    (PathDenied, "Use a path relative to the workspace that stays inside it."),
+    (
+        InputError,
+        "Check the --input source: a host path that exists, or artifact://name with --artifacts DIR.",
+    ),
+    (ArtifactNotFound, "List what exists in the --artifacts directory, or drop the @version."),
+    (LimitExceeded, "Narrow the --collect globs or stage fewer/smaller inputs."),
+    (WorkspaceNotFound, "Pass --workspace DIR to create one there."),
+    (UnsupportedLanguage, "Pass --language with one of the supported languages."),
+)
+
+
+# The library's own hints speak Python (network='on'); say the same in flags.
+_CAPABILITY_FLAGS = {
+    "network off": "On the command line: --network on allows the network; --backend sandbox can turn it off.",
+    "a timeout": "On the command line: --timeout none.",
+}
+
+
+def _hint(exc: ExecspaceError) -> str:
+    if isinstance(exc, CapabilityError):
+        return _CAPABILITY_FLAGS.get(exc.capability, "")
+    return next((hint for kind, hint in _HINTS if isinstance(exc, kind)), "")
+
+
+def error_message(exc: ExecspaceError) -> str:
+    """The error's own message, plus what to do next when the message lacks it."""
+    msg = str(exc) or type(exc).__name__
+    hint = _hint(exc)
+    if not hint or hint in msg:
+        return msg
+    return f"{msg} {hint}" if msg.endswith(".") else f"{msg}. {hint}"
+
+
+def workspace_dir(path: Path, flag: str) -> Path:
+    """``path`` as an absolute directory to adopt as a workspace; refused when a file is in the way."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a directory; pass a new or existing directory")
+    return path.absolute()
+
+
+def error(message: str) -> None:
+    print(f"execspace: error: {message}", file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def progress(message: str) -> None:
+    print(f"execspace: {message}", file=sys.stderr, flush=True)
+
+
+def warn_if_unisolated(caps: Capabilities) -> None:
+    if caps.isolation is Isolation.NONE:
+        warn(f"backend {caps.backend!r} runs WITHOUT isolation: the program acts as you on this host")
+
+
+def human_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = size / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,128 @@
+"""``execspace doctor``: which backends work here, why the others do not, and what each enforces."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import sys
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..engine import open_engine
+from ..errors import SetupFailed
+from ..registry import BACKENDS, choose_default_backend, load_backend, probe_backend
+from .console import print_json, progress
+
+__all__ = ["add_parser", "backend_capabilities", "command"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check which backends work on this host",
+        description="Probe every backend: does it work here, why not and how to fix it, what it enforces.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=command)
+
+
+async def backend_capabilities(name: str) -> Capabilities:
+    """The backend's capability statement, without opening it when it can say so up front."""
+    factory = load_backend(name)
+    declared = getattr(factory, "capabilities", None)
+    if callable(declared):
+        caps = declared()
+        if inspect.isawaitable(caps):
+            caps = await caps
+        if isinstance(caps, Capabilities):
+            return caps
+    async with open_engine(name) as engine:
+        return engine.describe()
+
+
+async def _inspect(name: str) -> dict[str, Any]:
+    info = BACKENDS[name]
+    probe = await probe_backend(name)
+    entry: dict[str, Any] = {
+        "name": name,
+        "summary": info.summary,
+        "ok": probe.ok,
+        "reason": probe.reason,
+        "fix": probe.fix or ("" if probe.ok else info.install_hint),
+        "capabilities": None,
+    }
+    if probe.ok:
+        try:
+            entry["capabilities"] = (await backend_capabilities(name)).as_dict()
+        except Exception as exc:  # one broken backend must not hide the others' report
+            entry["capabilities_error"] = f"{type(exc).__name__}: {exc}"
+    return entry
+
+
+async def _default() -> dict[str, Any]:
+    try:
+        return {"backend": await choose_default_backend(), "reason": ""}
+    except SetupFailed as exc:
+        return {"backend": None, "reason": str(exc)}
+
+
+async def command(args: argparse.Namespace) -> int:
+    progress(f"probing backends ({', '.join(BACKENDS)})...")
+    *entries, default = await asyncio.gather(*(_inspect(n) for n in BACKENDS), _default())
+    if args.json:
+        print_json({"backends": entries, "default": default})
+    else:
+        sys.stdout.write(render(entries, default))
+        sys.stdout.flush()
+    return 0
+
+
+# -- text ---------------------------------------------------------------------------------
+
+
+def _yes(flag: object) -> str:
+    return "yes" if flag else "no"
+
+
+def _caps_lines(caps: dict[str, Any]) -> list[str]:
+    network = "on by default" if caps["network_default"] else "off by default"
+    network += "; can be turned off per run" if caps["network_control"] else "; cannot be turned off"
+    lines = [
+        f"isolation: {caps['isolation']}",
+        f"network:   {network}",
+        f"limits:    {', '.join(caps['enforced_limits']) or 'none'}",
+        f"languages: {', '.join(caps['languages']) or 'none found'}",
+        f"streaming: {_yes(caps['streaming'])}   clean env: {_yes(caps['clean_env'])}   "
+        f"read-only mounts: {_yes(caps['read_only_mounts'])}   host paths: {_yes(caps['host_paths'])}",
+    ]
+    if caps["does_not_protect"]:
+        lines.append("does not protect against:")
+        lines.extend(f"  - {item}" for item in caps["does_not_protect"])
+    return lines
+
+
+def _entry_lines(entry: dict[str, Any]) -> list[str]:
+    lines = [f"{entry['name']}: {'OK' if entry['ok'] else 'NOT AVAILABLE'}"]
+    body = [f"about:     {entry['summary']}"] if entry["summary"] else []
+    if not entry["ok"]:
+        body.append(f"why:       {entry['reason']}")
+        if entry["fix"]:
+            body.append(f"fix:       {entry['fix']}")
+    elif entry["capabilities"] is not None:
+        body.extend(_caps_lines(entry["capabilities"]))
+    else:
+        body.append(f"capabilities unavailable: {entry.get('capabilities_error', '?')}")
+    return lines + [f"  {line}" for line in body]
+
+
+def render(entries: list[dict[str, Any]], default: dict[str, Any]) -> str:
+    working = [e["name"] for e in entries if e["ok"]]
+    out = [f"execspace doctor: {len(entries)} backends, working here: {', '.join(working) or 'none'}", ""]
+    for entry in entries:
+        out.extend([*_entry_lines(entry), ""])
+    if default["backend"]:
+        out.append(f"default backend (when --backend is not given): {default['backend']}")
+    else:
+        out.append(f"default backend (when --backend is not given): none: {default['reason']}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,126 @@
+"""``execspace exec-code``: run a file of code, or the fenced blocks of a Markdown text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..executor import code_executor, extract_code_blocks
+from ..languages import LANGUAGES
+from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionInput, CodeExecutionResult
+from .console import human_size, print_json, progress, warn_if_unisolated
+from .run import parse_timeout
+
+__all__ = ["add_parser", "code_blocks", "command"]
+
+EXIT_BLOCK_FAILED = 1
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "exec-code",
+        help="run code blocks (a Markdown text) or a code file in a fresh workspace",
+        description=(
+            "Run the fenced code blocks of FILE in order; a file without fences (or named like code: "
+            ".py, .sh, .js, .ts) is one block. Exit status: 0 when every block succeeded, 1 otherwise, "
+            "125 when execspace itself failed."
+        ),
+    )
+    p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
+    p.add_argument(
+        "--language", "-l", help="language of an unfenced file (default: from its extension, else python)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=parse_timeout,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"seconds per block; 'none' for no limit (default {DEFAULT_TIMEOUT:g})",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("file", metavar="FILE|-", help="file to run, or - for stdin")
+    p.set_defaults(handler=command)
+
+
+def _language_of(suffix: str) -> str | None:
+    return next((lang.name for lang in LANGUAGES if suffix and lang.extension == suffix.lower()), None)
+
+
+def read_source(name: str) -> tuple[str, str]:
+    """The text to run and the file's extension ('' for stdin)."""
+    if name == "-":
+        return sys.stdin.read(), ""
+    path = Path(name)
+    try:
+        return path.read_text(encoding="utf-8"), path.suffix
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {name}: {exc}; pass a readable UTF-8 file, or - for stdin") from exc
+
+
+def code_blocks(text: str, suffix: str, language: str | None) -> list[CodeBlock]:
+    """Fenced blocks of ``text``; else all of it as one block.
+
+    A file named like code is never searched for fences: a ``` inside a Python
+    string must not turn the program into a fragment of itself.
+    """
+    by_extension = _language_of(suffix)
+    if by_extension is None:
+        fenced = extract_code_blocks(text)
+        if fenced:
+            return fenced
+    return [CodeBlock(language or by_extension or "python", text)]
+
+
+async def command(args: argparse.Namespace) -> int:
+    text, suffix = read_source(args.file)
+    blocks = code_blocks(text, suffix, args.language)
+    if args.backend is None and sys.stderr.isatty():
+        progress("looking for an isolating backend...")
+    async with code_executor(args.backend, timeout=args.timeout) as ex:
+        assert ex.engine is not None  # entering the executor opened it
+        caps = ex.engine.describe()
+        warn_if_unisolated(caps)
+        result = await ex.execute_code(CodeExecutionInput(blocks, execution_id=None))
+    if args.json:
+        print_json({"backend": caps.backend, "isolation": str(caps.isolation), **as_json(result)})
+    else:
+        sys.stdout.write(result.output)
+        sys.stdout.flush()
+        _report_files(result)
+    return 0 if result.ok else EXIT_BLOCK_FAILED
+
+
+def as_json(result: CodeExecutionResult) -> dict[str, Any]:
+    return {
+        "ok": result.ok,
+        "output": result.output,
+        "blocks": [
+            {
+                "index": b.index,
+                "language": b.language,
+                "exit_code": b.exit_code,
+                "timed_out": b.timed_out,
+                "duration_s": round(b.duration, 3),
+                "error": b.error,
+                "stdout": b.stdout,
+                "stderr": b.stderr,
+            }
+            for b in result.blocks
+        ],
+        "files": [
+            {"name": f.name, "mime": f.mime_type, "size": f.size_bytes, "truncated": f.truncated}
+            for f in result.output_files
+        ],
+    }
+
+
+def _report_files(result: CodeExecutionResult) -> None:
+    if not result.output_files:
+        return
+    progress(f"{len(result.output_files)} output file(s) (the workspace was removed):")
+    for f in result.output_files:
+        print(f"  {f.name}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
+    sys.stderr.flush()

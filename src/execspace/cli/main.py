@@ -1,0 +1,81 @@
+"""Argument parsing and dispatch for the ``execspace`` command.
+
+Exit status 125 means execspace itself failed (bad arguments, a backend that
+cannot start, a policy it cannot enforce), so that it is never confused with
+the status of the program that ``execspace run`` passes through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
+
+from .. import __version__
+from ..errors import ExecspaceError
+from . import demo, doctor, execcode, run
+from .console import EXIT_EXECSPACE_ERROR, error, error_message
+
+__all__ = ["build_parser", "main"]
+
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_EXECSPACE_ERROR, f"execspace: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="execspace",
+        description="A controlled place to run code: workspaces on backends that say what they enforce.",
+    )
+    parser.add_argument("--version", action="version", version=f"execspace {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
+    for module in (run, execcode, doctor, demo):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], Awaitable[int]] = args.handler
+    try:
+        return asyncio.run(_call(handler, args))
+    except ExecspaceError as exc:
+        error(error_message(exc))
+        return EXIT_EXECSPACE_ERROR
+    except OSError as exc:  # a host operation of ours failed (a path in the way, a full disk)
+        error(f"{exc}; check the path and its permissions, then retry")
+        return EXIT_EXECSPACE_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+async def _call(handler: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
+    """Run the command; SIGTERM cancels it like Ctrl-C does, so that the program
+    (in its own session, out of reach of our signals) is killed and the workspace removed."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    terminated = False
+
+    def on_term() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    try:
+        return await handler(args)
+    except asyncio.CancelledError:
+        if terminated:
+            return 128 + signal.SIGTERM
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)

@@ -1,0 +1,375 @@
+"""``execspace run``: one program in a workspace, inputs staged in, outputs collected out."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import FileArtifactService
+from ..capabilities import Capabilities
+from ..engine import BaseEngine, open_engine
+from ..errors import ExecspaceError, InputError, PathDenied, UsageError
+from ..models import (
+    DEFAULT_TIMEOUT,
+    InputSpec,
+    OutputManifest,
+    OutputSpec,
+    Persistence,
+    ResourceLimits,
+    RunProgramSpec,
+    RunResult,
+    Workspace,
+    WorkspacePolicy,
+)
+from .console import human_size, print_json, progress, warn_if_unisolated, workspace_dir
+from .streaming import stream_program
+
+__all__ = [
+    "EXIT_NOT_EXECUTABLE",
+    "EXIT_NOT_FOUND",
+    "EXIT_TIMEOUT",
+    "add_parser",
+    "exit_status",
+    "parse_input",
+]
+
+EXIT_TIMEOUT = 124
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+DEFAULT_ID = "execspace/cli/run"
+DEFAULT_COLLECT = ("out/**",)
+_URI_SCHEMES = ("artifact://", "host://", "workspace://", "skill://")
+
+_EPILOG = """\
+exit status: the program's own; 128+N when killed by signal N; 124 on timeout;
+126 not executable; 127 command not found; 125 when execspace itself failed.
+
+examples:
+  execspace run --backend local -- python3 -c 'print(1)'
+  execspace run --input plot.py --input data.csv --collect 'out/*.png' --keep -- python3 inputs/plot.py
+  execspace run --input ./src:work/src --network off --memory 512 -- make -C src
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a program in a fresh workspace",
+        description="Run CMD in a workspace: stage --input files, run, collect --collect outputs.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
+    p.add_argument("--workspace", metavar="DIR", type=Path, help="use DIR as the workspace and keep it")
+    p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
+    p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
+    p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
+    p.add_argument(
+        "--timeout",
+        type=parse_timeout,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"seconds before the program is killed; 'none': no limit (default {DEFAULT_TIMEOUT:g})",
+    )
+    p.add_argument("--memory", type=_positive, metavar="MB", help="memory limit in MiB")
+    p.add_argument("--pids", type=int, metavar="N", help="limit on processes/threads at once")
+    p.add_argument("--cpu", type=_positive, metavar="SECONDS", help="CPU time limit")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="SRC[:DEST]",
+        help="stage a host file/dir or artifact://name[@v] at DEST (default work/inputs/<name>); repeatable",
+    )
+    p.add_argument(
+        "--collect",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="workspace glob of outputs to collect (default out/**); repeatable",
+    )
+    p.add_argument(
+        "--artifacts", type=Path, metavar="DIR", help="artifact store directory for artifact:// inputs"
+    )
+    p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="K=V", help="set a variable")
+    p.add_argument(
+        "--cwd", default="work", metavar="REL", help="working directory in the workspace (default work)"
+    )
+    p.add_argument(
+        "--no-stdin", action="store_true", help="do not read our stdin (otherwise read unless a TTY)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming output")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p.set_defaults(handler=command)
+
+
+# -- argument types -----------------------------------------------------------------------
+
+
+def parse_timeout(text: str) -> float | None:
+    if text.strip().lower() in ("none", "off", "0"):
+        return None
+    return _positive(text)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected K=V, got {text!r}")
+    return key, value
+
+
+# -- inputs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InputArg:
+    spec: InputSpec
+    host_root: Path | None
+    """Host directory the engine must allow for this input (``None``: not a host input)."""
+
+
+def _looks_relative(path: str) -> bool:
+    return bool(path) and not path.startswith(("/", "~")) and "://" not in path
+
+
+def _split_dest(value: str) -> tuple[str, str | None]:
+    """``SRC:DEST`` → (SRC, DEST), splitting only where DEST is clearly meant.
+
+    A host path may itself contain ':'; so the split needs an existing SRC
+    (or a URI source) and a relative-looking DEST after the last ':'.
+    """
+    head, sep, tail = value.rpartition(":")
+    if not sep or not _looks_relative(tail):
+        return value, None
+    if head.startswith(_URI_SCHEMES) or Path(head).exists():
+        return head, tail
+    return value, None
+
+
+def parse_input(value: str) -> InputArg:
+    """Turn one ``--input`` value into an :class:`InputSpec` and the host root it needs."""
+    src, dest = _split_dest(value)
+    if src.startswith(_URI_SCHEMES):
+        host = Path(src[len("host://") :]) if src.startswith("host://") else None
+        return InputArg(InputSpec(src, dest), _root_of(host) if host else None)
+    path = Path(src).absolute()
+    if not path.exists():
+        raise InputError(f"--input {value!r}: {path} does not exist")
+    return InputArg(InputSpec(f"host://{path}", dest), _root_of(path))
+
+
+def _root_of(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def collect_globs(patterns: Sequence[str]) -> list[str]:
+    """The ``--collect`` globs, refused before the run when they could never match inside the workspace."""
+    globs = list(patterns) or list(DEFAULT_COLLECT)
+    for g in globs:
+        if g.startswith("/") or ".." in g.split("/"):
+            raise PathDenied(g, "--collect globs are relative to the workspace (e.g. 'out/**')")
+    return globs
+
+
+def program_argv(words: Sequence[str]) -> list[str]:
+    argv = list(words[1:] if words[:1] == ["--"] else words)
+    if not argv:
+        raise UsageError("no command given: execspace run [options] -- CMD [ARGS...]")
+    return argv
+
+
+def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
+    limits = ResourceLimits(
+        memory_bytes=int(args.memory * 2**20) if args.memory else None,
+        pids=args.pids,
+        cpu_seconds=args.cpu,
+    )
+    return RunProgramSpec(
+        cmd=argv[0],
+        args=argv[1:],
+        env=dict(args.env),
+        cwd=args.cwd,
+        timeout=args.timeout,
+        limits=limits,
+        network=args.network,
+    )
+
+
+def read_stdin(disabled: bool) -> bytes | None:
+    """All of our stdin when it is a pipe or file; ``None`` for a terminal or when disabled."""
+    if disabled or sys.stdin is None:
+        return None
+    try:
+        if os.isatty(sys.stdin.fileno()):
+            return None
+    except (OSError, ValueError):
+        return None
+    return sys.stdin.buffer.read()
+
+
+def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    roots = sorted({i.host_root for i in inputs if i.host_root is not None})
+    if roots:
+        options["host_roots"] = roots
+    if args.artifacts is not None:
+        options["artifacts"] = FileArtifactService(args.artifacts)
+    return options
+
+
+async def open_workspace(engine: BaseEngine, args: argparse.Namespace) -> tuple[Workspace, bool]:
+    """The workspace to run in, and whether to remove it afterwards."""
+    if args.workspace is not None:
+        path = workspace_dir(args.workspace, "--workspace")
+        return await engine.manager.create_workspace(args.id, path=path), False
+    ws = await engine.manager.create_workspace(args.id, WorkspacePolicy(persistence=Persistence.TURN))
+    return ws, not args.keep
+
+
+def exit_status(result: RunResult) -> int:
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    if result.exit_code < 0:
+        return 128 - result.exit_code
+    return result.exit_code
+
+
+async def execute(
+    engine: BaseEngine, ws: Workspace, spec: RunProgramSpec, stdin: bytes | None, *, live: bool
+) -> RunResult:
+    """Run the program; a command that cannot be started is a 127/126 result, as in a shell."""
+    try:
+        if live:
+            return await stream_program(engine.runner, ws, spec, stdin)
+        return await engine.runner.run_program(ws, replace(spec, stdin=stdin))
+    except ExecspaceError:
+        raise
+    except (FileNotFoundError, PermissionError) as exc:
+        code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+        text = str(exc) if str(exc).startswith("execspace:") else f"execspace: cannot run {spec.cmd!r}: {exc}"
+        if live:
+            print(text, file=sys.stderr, flush=True)
+        return RunResult(code, "", text + "\n", 0.0, raw_stderr=(text + "\n").encode())
+
+
+async def command(args: argparse.Namespace) -> int:
+    spec = build_spec(args, program_argv(args.command))
+    globs = collect_globs(args.collect)
+    inputs = [parse_input(v) for v in args.input]
+    stdin = read_stdin(args.no_stdin)
+    if args.backend is None and sys.stderr.isatty():
+        progress("looking for an isolating backend...")
+    async with open_engine(args.backend, **engine_options(args, inputs)) as engine:
+        caps = engine.describe()
+        warn_if_unisolated(caps)
+        caps.require(spec)  # refuse before creating or staging anything
+        ws, remove = await open_workspace(engine, args)
+        try:
+            await engine.fs.stage_inputs(ws, [i.spec for i in inputs])
+            result = await execute(engine, ws, spec, stdin, live=not args.json)
+            manifest = await engine.fs.collect_outputs(ws, OutputSpec(globs=globs))
+        finally:
+            if remove:
+                await engine.manager.cleanup(ws)
+        report(args, caps, ws, result, manifest, kept=not remove)
+    return exit_status(result)
+
+
+# -- reporting ----------------------------------------------------------------------------
+
+
+def _outputs(manifest: OutputManifest, kept: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "path": f.name,
+            "size": f.size_bytes,
+            "mime": f.mime_type,
+            "host_path": str(f.host_path) if kept and f.host_path is not None else None,
+        }
+        for f in manifest.files
+    ]
+
+
+def report(
+    args: argparse.Namespace,
+    caps: Capabilities,
+    ws: Workspace,
+    result: RunResult,
+    manifest: OutputManifest,
+    *,
+    kept: bool,
+) -> None:
+    outputs = _outputs(manifest, kept)
+    workspace = str(ws.host_path or ws.path) if kept else None
+    if args.json:
+        print_json(
+            {
+                "exit_code": result.exit_code,
+                "signal": result.signal,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "timed_out": result.timed_out,
+                "duration_s": round(result.duration, 3),
+                "stdout_truncated": result.stdout_truncated,
+                "stderr_truncated": result.stderr_truncated,
+                "limit_hit": result.limit_hit,
+                "backend": caps.backend,
+                "isolation": str(caps.isolation),
+                "workspace": workspace,
+                "outputs": outputs,
+                "outputs_limits_hit": manifest.limits_hit,
+            }
+        )
+        return
+    _report_text(args, result, outputs, manifest.limits_hit, workspace)
+
+
+def _report_text(
+    args: argparse.Namespace,
+    result: RunResult,
+    outputs: list[dict[str, Any]],
+    limits_hit: bool,
+    workspace: str | None,
+) -> None:
+    if result.timed_out:
+        progress(f"program timed out after {result.duration:.1f}s and was killed (exit status 124)")
+    elif result.limit_hit:
+        progress(f"program stopped by the {result.limit_hit} limit")
+    if outputs:
+        where = "" if workspace else " (workspace removed: pass --keep or --workspace DIR to keep them)"
+        progress(f"{len(outputs)} output file(s){where}:")
+        _print_table(outputs)
+    elif args.collect:
+        progress(f"no output matched --collect {' '.join(args.collect)}")
+    if limits_hit:
+        progress("output collection was cut short by its caps (files or bytes); narrow --collect")
+    if args.keep and workspace and args.workspace is None:
+        progress(f"workspace kept at {workspace}")
+
+
+def _print_table(outputs: list[dict[str, Any]]) -> None:
+    rows = [(o["path"], human_size(o["size"]), o["mime"], o["host_path"] or "") for o in outputs]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(3)] + [row[3]]
+        print("  " + "  ".join(cells).rstrip(), file=sys.stderr)
+    sys.stderr.flush()

@@ -1,0 +1,548 @@
+"""The ``execspace`` command, run as a real subprocess: exit codes, JSON, files on the host, streams."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from execspace.cli.run import parse_input
+from execspace.errors import InputError
+
+EXECSPACE = str(Path(sys.executable).with_name("execspace"))
+BUILTIN_BACKENDS = {"container", "e2b", "jupyter", "local", "sandbox"}
+SVG = "{http://www.w3.org/2000/svg}"
+
+Cli = Callable[..., subprocess.CompletedProcess[bytes]]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir(exist_ok=True)
+    # default workspaces go under $TMPDIR: keep them inside the test's directory
+    return {**os.environ, "TMPDIR": str(tmp), **extra}
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    def run(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None, timeout: float = 60):
+        return subprocess.run(
+            [EXECSPACE, *args],
+            input=stdin,
+            capture_output=True,
+            cwd=tmp_path,
+            env=env or _env(tmp_path),
+            timeout=timeout,
+        )
+
+    return run
+
+
+def _default_backend(env: dict[str, str]) -> str | None:
+    """What ``backend=None`` picks in ``env``, asked in a separate process; None when nothing isolates."""
+    code = (
+        "import asyncio; from execspace.registry import choose_default_backend as c; print(asyncio.run(c()))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def _path_without_sandbox(tmp_path: Path) -> str:
+    """A PATH with python3 and sh but no bwrap: the sandbox backend cannot work under it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sh = shutil.which("sh")
+    assert sh is not None
+    (bin_dir / "sh").symlink_to(os.path.realpath(sh))
+    # the real interpreter, not a wrapper script (pyenv shims need bash on PATH)
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
+    return str(bin_dir)
+
+
+# -- exit status --------------------------------------------------------------------------
+
+
+def test_program_exit_code_passes_through(cli: Cli) -> None:
+    proc = cli("run", "--backend", "local", "--", "sh", "-c", "echo out; exit 3")
+    assert proc.returncode == 3
+    assert proc.stdout == b"out\n"
+    assert b"runs WITHOUT isolation" in proc.stderr
+
+
+def test_killed_by_signal_exits_128_plus_n(cli: Cli) -> None:
+    proc = cli("run", "--backend", "local", "--", "sh", "-c", "kill -9 $$")
+    assert proc.returncode == 128 + 9
+
+
+def test_timeout_exits_124_and_kills_the_program(cli: Cli) -> None:
+    t0 = time.monotonic()
+    proc = cli("run", "--backend", "local", "--timeout", "1", "--", "sleep", "30")
+    assert proc.returncode == 124
+    assert time.monotonic() - t0 < 20
+    assert b"timed out" in proc.stderr
+
+
+def test_unknown_command_exits_127(cli: Cli) -> None:
+    proc = cli("run", "--backend", "local", "--", "no-such-command-xyz")
+    assert proc.returncode == 127
+    assert b"command not found" in proc.stderr
+    as_json = cli("run", "--backend", "local", "--json", "--", "no-such-command-xyz")
+    assert as_json.returncode == 127
+    assert json.loads(as_json.stdout)["exit_code"] == 127
+
+
+def test_unknown_backend_exits_125_with_next_step(cli: Cli) -> None:
+    proc = cli("run", "--backend", "nosuch", "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(b"execspace: error: unknown backend 'nosuch'")
+    assert b"execspace doctor" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(["--pids", "5"], b"pids"), (["--network", "off"], b"--network on")],
+)
+def test_unenforceable_policy_on_local_is_refused_before_running(
+    cli: Cli, tmp_path: Path, flags: list[str], expected: bytes
+) -> None:
+    marker = tmp_path / "ran"
+    proc = cli("run", "--backend", "local", *flags, "--", "touch", str(marker))
+    assert proc.returncode == 125
+    assert b"execspace: error: backend 'local' cannot enforce" in proc.stderr
+    assert expected in proc.stderr
+    assert not marker.exists()
+
+
+def test_collect_glob_leaving_the_workspace_is_refused_before_running(cli: Cli, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    proc = cli("run", "--backend", "local", "--collect", "../*", "--", "touch", str(marker))
+    assert proc.returncode == 125
+    assert not marker.exists()
+
+
+def test_bad_arguments_exit_125(cli: Cli) -> None:
+    proc = cli("run", "--timeout", "soon", "--", "true")
+    assert proc.returncode == 125
+    assert b"execspace: error:" in proc.stderr
+    assert cli("run", "--backend", "local").returncode == 125  # no command
+
+
+def test_workspace_path_in_the_way_exits_125(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    for args in (
+        ["run", "--backend", "local", "--workspace", "a-file", "--", "true"],
+        ["demo", "--keep-dir", "a-file"],
+    ):
+        proc = cli(*args)
+        assert proc.returncode == 125
+        assert b"a-file: exists and is not a directory" in proc.stderr
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+
+
+# -- JSON ---------------------------------------------------------------------------------
+
+
+def test_json_reports_the_run(cli: Cli) -> None:
+    proc = cli("run", "--backend", "local", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 2")
+    assert proc.returncode == 2
+    report = json.loads(proc.stdout)  # exactly one JSON document, nothing else on stdout
+    assert set(report) >= {
+        "exit_code", "stdout", "stderr", "timed_out", "duration_s", "stdout_truncated",
+        "stderr_truncated", "limit_hit", "backend", "isolation", "workspace", "outputs",
+    }  # fmt: skip
+    assert report["exit_code"] == 2
+    assert report["stdout"] == "out\n"
+    assert report["stderr"] == "err\n"
+    assert report["timed_out"] is False
+    assert report["limit_hit"] is None
+    assert report["backend"] == "local"
+    assert report["isolation"] == "none"
+    assert report["workspace"] is None  # a fresh workspace is removed
+    assert report["outputs"] == []
+    assert 0 <= report["duration_s"] < 30
+
+
+def test_json_timeout(cli: Cli) -> None:
+    proc = cli(
+        "run", "--backend", "local", "--json", "--timeout", "0.5", "--", "sh", "-c", "echo a; sleep 30"
+    )
+    assert proc.returncode == 124
+    report = json.loads(proc.stdout)
+    assert report["timed_out"] is True
+    assert report["limit_hit"] == "timeout"
+    assert report["stdout"] == "a\n"  # output before the kill is kept
+
+
+def test_fresh_workspace_is_removed_and_keep_keeps_it(cli: Cli) -> None:
+    gone = cli("run", "--backend", "local", "--json", "--", "sh", "-c", "echo $WORKSPACE_DIR")
+    ws = Path(json.loads(gone.stdout)["stdout"].strip())
+    assert ws.name and not ws.exists()
+
+    kept = cli("run", "--backend", "local", "--keep", "--", "sh", "-c", "echo kept > ../out/k.txt")
+    assert kept.returncode == 0
+    line = next(x for x in kept.stderr.decode().splitlines() if "workspace kept at" in x)
+    ws = Path(line.split("workspace kept at ", 1)[1])
+    assert (ws / "out" / "k.txt").read_text() == "kept\n"
+    assert str(ws / "out" / "k.txt") in kept.stderr.decode()  # the outputs summary shows the host path
+
+
+# -- inputs and outputs -------------------------------------------------------------------
+
+
+def test_input_is_staged_and_output_collected_to_the_host(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("hello data\n")
+    ws = tmp_path / "ws"
+    proc = cli(
+        "run", "--backend", "local", "--json", "--workspace", str(ws),
+        "--input", "data.txt:work/in/d.txt", "--collect", "out/*.txt",
+        "--", "sh", "-c", "tr a-z A-Z < in/d.txt > ../out/up.txt; echo no > ../out/skip.md",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["workspace"] == str(ws)
+    assert [o["path"] for o in report["outputs"]] == ["out/up.txt"]
+    out = report["outputs"][0]
+    assert out["size"] == len("HELLO DATA\n")
+    assert out["mime"] == "text/plain"
+    assert Path(out["host_path"]).read_text() == "HELLO DATA\n"
+    assert (ws / "work" / "in" / "d.txt").read_text() == "hello data\n"
+
+
+def test_input_directory_and_default_destination(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.txt").write_text("in a dir\n")
+    (tmp_path / "single.csv").write_text("a,b\n")
+    proc = cli(
+        "run", "--backend", "local", "--input", "pkg", "--input", str(tmp_path / "single.csv"),
+        "--", "sh", "-c", "cat inputs/pkg/m.txt inputs/single.csv",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"in a dir\na,b\n"
+
+
+def test_input_name_with_colon_is_not_split(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "a:b.txt").write_text("colon\n")
+    proc = cli("run", "--backend", "local", "--input", "a:b.txt", "--", "cat", "inputs/a:b.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"colon\n"
+
+
+def test_missing_input_exits_125(cli: Cli) -> None:
+    proc = cli("run", "--backend", "local", "--input", "nope.csv", "--", "true")
+    assert proc.returncode == 125
+    assert b"nope.csv" in proc.stderr
+
+
+def test_parse_input_splits_only_a_meant_destination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("x.csv").write_text("1")
+    spec = parse_input("x.csv:work/a.csv")
+    assert (spec.spec.src, spec.spec.dest, spec.host_root) == (
+        f"host://{tmp_path / 'x.csv'}",
+        "work/a.csv",
+        tmp_path,
+    )
+    assert parse_input("artifact://rep@2:work/r.txt").spec.src == "artifact://rep@2"
+    assert parse_input("artifact://rep@2:work/r.txt").spec.dest == "work/r.txt"
+    assert parse_input("artifact://rep").spec.dest is None
+    assert parse_input(f"host://{tmp_path}/x.csv").host_root == tmp_path
+    with pytest.raises(InputError):
+        parse_input("missing:work/a.csv")
+
+
+def test_env_and_cwd(cli: Cli) -> None:
+    proc = cli(
+        "run",
+        "--backend",
+        "local",
+        "--env",
+        "FOO=bar baz",
+        "--cwd",
+        "out",
+        "--",
+        "sh",
+        "-c",
+        "echo $FOO; pwd",
+    )
+    assert proc.returncode == 0, proc.stderr
+    foo, cwd = proc.stdout.decode().splitlines()
+    assert foo == "bar baz"
+    assert cwd.endswith("/out")
+
+
+# -- streams ------------------------------------------------------------------------------
+
+
+def test_output_is_streamed_while_the_program_runs(tmp_path: Path) -> None:
+    code = "import time; print('first', flush=True); time.sleep(2); print('second')"
+    with subprocess.Popen(
+        [EXECSPACE, "run", "--backend", "local", "--", "python3", "-c", code],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    ) as proc:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no output within 30 s"
+        assert proc.stdout.readline() == b"first\n"
+        assert proc.poll() is None  # still sleeping: the line came live, not at exit
+        rest, _ = proc.communicate(timeout=30)
+    assert rest == b"second\n"
+    assert proc.returncode == 0
+
+
+def test_output_of_a_fast_program_is_not_lost(cli: Cli) -> None:
+    for _ in range(5):
+        proc = cli("run", "--backend", "local", "--", "sh", "-c", "echo quick; echo fast >&2")
+        assert proc.stdout == b"quick\n"
+        assert proc.stderr.endswith(b"fast\n")
+
+
+def test_stdin_is_passed_to_the_program(cli: Cli) -> None:
+    data = b"line one\nline two\n"
+    proc = cli("run", "--backend", "local", "--", "sh", "-c", "cat; echo end", stdin=data)
+    assert proc.stdout == data + b"end\n"
+    as_json = cli("run", "--backend", "local", "--json", "--", "wc", "-l", stdin=data)
+    assert json.loads(as_json.stdout)["stdout"].strip() == "2"
+    no_stdin = cli("run", "--backend", "local", "--no-stdin", "--", "cat", stdin=data)
+    assert no_stdin.stdout == b""
+
+
+def test_closed_stdout_stops_the_program(tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [EXECSPACE, "run", "--backend", "local", "--timeout", "60", "--", "yes"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline() == b"y\n"
+        proc.stdout.close()  # like `| head -1`
+        t0 = time.monotonic()
+        errors = proc.stderr.read()  # EOF when the CLI exits
+        proc.wait(timeout=30)
+    assert time.monotonic() - t0 < 30  # not the 60 s timeout: the program was stopped
+    assert b"Traceback" not in errors
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupting_the_cli_kills_the_program_and_removes_the_workspace(
+    tmp_path: Path, sig: signal.Signals, status: int
+) -> None:
+    pid_file = tmp_path / "pid"
+    with subprocess.Popen(
+        [EXECSPACE, "run", "--backend", "local", "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    ) as proc:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline, "the program never started"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == status
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # in its own session, the program gets no signal of ours
+        os.kill(pid, 0)
+    workspaces = tmp_path / "tmpdir" / f"execspace-{os.getuid()}" / "workspaces"
+    assert list(workspaces.iterdir()) == []
+
+
+# -- default backend ----------------------------------------------------------------------
+
+
+def test_default_backend_runs_or_refuses_with_a_next_step(cli: Cli, tmp_path: Path) -> None:
+    default = _default_backend(_env(tmp_path))
+    proc = cli("run", "--json", "--", "sh", "-c", "echo isolated")
+    if default is None:
+        assert proc.returncode == 125
+        assert b"--backend local" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["backend"] == default != "local"
+        assert report["stdout"] == "isolated\n"
+
+
+def test_without_a_sandbox_the_default_is_refused(cli: Cli, tmp_path: Path) -> None:
+    env = _env(tmp_path, PATH=_path_without_sandbox(tmp_path))
+    default = _default_backend(env)
+    proc = cli("run", "--", "sh", "-c", "echo ran", env=env)
+    if default is not None:  # another isolating backend (a container daemon) works here
+        assert proc.returncode == 0
+        return
+    assert proc.returncode == 125
+    assert proc.stdout == b""
+    assert b"no isolating backend works" in proc.stderr
+    assert b"--backend local" in proc.stderr
+
+
+# -- doctor -------------------------------------------------------------------------------
+
+
+def test_doctor_json_lists_every_backend(cli: Cli, tmp_path: Path) -> None:
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0
+    report = json.loads(proc.stdout)
+    names = [b["name"] for b in report["backends"]]
+    assert names == sorted(names)
+    assert set(names) >= BUILTIN_BACKENDS
+    by_name = {b["name"]: b for b in report["backends"]}
+    local = by_name["local"]
+    assert local["ok"] is True
+    assert local["capabilities"]["isolation"] == "none"
+    assert "timeout" in local["capabilities"]["enforced_limits"]
+    for entry in report["backends"]:
+        if not entry["ok"]:
+            assert entry["reason"] and entry["capabilities"] is None
+    assert report["default"]["backend"] == _default_backend(_env(tmp_path))
+    if report["default"]["backend"] is None:
+        assert "--backend local" in report["default"]["reason"]
+    assert b"probing backends" in proc.stderr
+
+
+def test_doctor_text(cli: Cli) -> None:
+    proc = cli("doctor")
+    assert proc.returncode == 0
+    text = proc.stdout.decode()
+    assert "local: OK" in text
+    assert "isolation: none" in text
+    for name in BUILTIN_BACKENDS:
+        assert f"{name}: " in text
+    assert "default backend" in text
+
+
+# -- demo ---------------------------------------------------------------------------------
+
+
+def _check_demo_outputs(ws: Path) -> None:
+    with (ws / "work" / "inputs" / "sales.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    sales = [int(r["sales"]) for r in rows]
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r["region"]] = totals.get(r["region"], 0) + int(r["sales"])
+
+    summary = json.loads((ws / "out" / "summary.json").read_text())
+    assert summary["count"] == len(rows) == 60
+    assert summary["mean"] == pytest.approx(sum(sales) / len(sales), abs=1e-3)
+    assert (summary["min"], summary["max"]) == (min(sales), max(sales))
+    assert summary["by_region"] == totals
+
+    root = ET.parse(ws / "out" / "chart.svg").getroot()
+    assert root.tag == f"{SVG}svg"
+    line = root.find(f"{SVG}polyline")
+    assert line is not None and len(line.get("points", "").split()) == 60
+    bars = [r for r in root.iter(f"{SVG}rect") if r.find(f"{SVG}title") is not None]
+    assert len(bars) == len(totals)
+    heights = {r.findtext(f"{SVG}title", "").split(":")[0]: float(r.get("height", "0")) for r in bars}
+    assert max(heights, key=heights.__getitem__) == max(totals, key=totals.__getitem__)
+
+
+def test_demo_produces_summary_and_chart(cli: Cli, tmp_path: Path) -> None:
+    proc = cli("demo", "--backend", "local", "--keep-dir", "demo-ws")
+    assert proc.returncode == 0, proc.stderr
+    ws = tmp_path / "demo-ws"
+    _check_demo_outputs(ws)
+    out = proc.stdout.decode()
+    assert "backend 'local', isolation: none" in out
+    assert "out/summary.json" in out and "application/json" in out
+    assert str(ws / "out" / "chart.svg") in out
+
+
+def test_demo_default_keep_dir_and_backend(cli: Cli, tmp_path: Path) -> None:
+    proc = cli("demo")
+    assert proc.returncode == 0, proc.stderr
+    _check_demo_outputs(tmp_path / "execspace-demo")
+    default = _default_backend(_env(tmp_path))
+    assert f"backend {default or 'local'!r}" in proc.stdout.decode()
+
+
+def test_demo_falls_back_to_local_without_a_sandbox(cli: Cli, tmp_path: Path) -> None:
+    env = _env(tmp_path, PATH=_path_without_sandbox(tmp_path))
+    default = _default_backend(env)
+    proc = cli("demo", "--keep-dir", "fallback", env=env)
+    assert proc.returncode == 0, proc.stderr
+    _check_demo_outputs(tmp_path / "fallback")
+    if default is None:
+        assert b"no isolating backend works" in proc.stderr  # the reason
+        assert b"falls back to --backend local" in proc.stderr
+        assert "isolation: none" in proc.stdout.decode()
+
+
+# -- exec-code ----------------------------------------------------------------------------
+
+MARKDOWN = """\
+Two blocks:
+```python
+print("block one")
+open("../out/r.txt", "w").write("from python")
+```
+```bash
+echo block two; exit 4
+```
+"""
+
+
+def test_exec_code_runs_fenced_blocks(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "reply.md").write_text(MARKDOWN)
+    proc = cli("exec-code", "--backend", "local", "--json", "reply.md")
+    assert proc.returncode == 1  # one block failed
+    report = json.loads(proc.stdout)
+    assert [(b["language"], b["exit_code"]) for b in report["blocks"]] == [("python", 0), ("bash", 4)]
+    assert report["output"].startswith("block one\nblock two\n")
+    assert [(f["name"], f["size"]) for f in report["files"]] == [("out/r.txt", len("from python"))]
+    assert report["ok"] is False
+
+
+def test_exec_code_whole_file_and_stdin(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text('print("```")\nprint(6 * 7)\n')  # a fence inside code is code
+    proc = cli("exec-code", "--backend", "local", "prog.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"```\n42\n"
+    piped = cli("exec-code", "--backend", "local", "--language", "bash", "-", stdin=b"echo piped; exit 0\n")
+    assert (piped.returncode, piped.stdout) == (0, b"piped\n")
+
+
+def test_exec_code_errors_exit_125(cli: Cli) -> None:
+    assert cli("exec-code", "--backend", "nosuch", "-", stdin=b"print(1)").returncode == 125
+    missing = cli("exec-code", "--backend", "local", "nope.py")
+    assert missing.returncode == 125
+    assert b"nope.py" in missing.stderr
+
+
+# -- entry points -------------------------------------------------------------------------
+
+
+def test_python_dash_m(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "execspace", "run", "--backend", "local", "--", "sh", "-c", "exit 5"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=60,
+    )
+    assert proc.returncode == 5
+    version = subprocess.run(
+        [sys.executable, "-m", "execspace", "--version"], capture_output=True, timeout=60
+    )
+    assert version.stdout.startswith(b"execspace ")
