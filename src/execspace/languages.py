@@ -35,8 +35,26 @@ LANGUAGES: tuple[Language, ...] = (
 
 #: Languages that are data or prose, never run (the response processor refuses them by name).
 NON_EXECUTABLE = frozenset(
-    {"", "json", "yaml", "yml", "toml", "xml", "markdown", "md", "html", "css", "text", "txt", "plain",
-     "csv", "diff", "ini", "output", "console"}
+    {
+        "",
+        "json",
+        "yaml",
+        "yml",
+        "toml",
+        "xml",
+        "markdown",
+        "md",
+        "html",
+        "css",
+        "text",
+        "txt",
+        "plain",
+        "csv",
+        "diff",
+        "ini",
+        "output",
+        "console",
+    }
 )
 
 

@@ -74,7 +74,9 @@ async def test_timeout_kills_tree_and_keeps_output(any_engine: Engine, any_ws: W
 
 
 async def test_output_is_capped(any_engine: Engine, any_ws: Ws) -> None:
-    r = await run(any_engine, any_ws, "head -c 3000000 /dev/zero | tr '\\0' x", limits=ResourceLimits(output_bytes=1000))
+    r = await run(
+        any_engine, any_ws, "head -c 3000000 /dev/zero | tr '\\0' x", limits=ResourceLimits(output_bytes=1000)
+    )
     assert r.stdout_truncated and r.stdout_total_bytes == 3_000_000
     assert "bytes omitted" in r.stdout and len(r.raw_stdout) < 1200
 

@@ -116,7 +116,7 @@ async def test_abstract_unix_socket_of_host_unreachable(sandbox) -> None:  # typ
     try:
         r = await sh(
             sandbox,
-            "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
+            'python3 -c "import socket; s=socket.socket(socket.AF_UNIX); '
             f"s.connect('\\0execspace-redteam-{os.getpid()}'); print('CONNECTED')\" 2>&1",
         )
     finally:

@@ -131,7 +131,8 @@ class SandboxBackend:
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
             does_not_protect=DOES_NOT_PROTECT,
             details={
-                "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, no host /home /root /run",
+                "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, "
+                "no host /home /root /run",
                 "uid": "per-workspace unprivileged uid" if _is_root() else "your uid, without capabilities",
                 "pids": "RLIMIT_NPROC of the per-workspace uid" if _is_root() else "not enforced (not root)",
             },
@@ -209,14 +210,16 @@ def _probe_boundary(bwrap: str) -> Probe:
         uid = sandbox_uid(ws)
         kwargs: dict[str, Any] = {}
         if _is_root():
-            os.chmod(tmp, 0o711)
+            os.chmod(tmp, 0o711)  # noqa: S103 - the sandbox uid must traverse to the workspace
             os.chown(ws, uid, uid)
             kwargs = {"user": uid, "group": uid, "extra_groups": []}
         cfg = BwrapConfig(bwrap, network=False, tmp_size=None)
         check = "id -u; grep CapEff /proc/self/status"
         argv = build_argv(cfg, ws, "", ["/bin/sh", "-c", check], as_root_host=_is_root())
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, env={"PATH": MINIMAL_PATH}, **kwargs)
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=10, env={"PATH": MINIMAL_PATH}, **kwargs
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Probe(False, f"bwrap could not start: {exc}", "check that bwrap is executable")
     if proc.returncode != 0:

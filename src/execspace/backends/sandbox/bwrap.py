@@ -39,8 +39,20 @@ HIDDEN_TOP = frozenset(
 
 #: Credential stores masked wherever they would be visible (relative to the host HOME).
 CREDENTIAL_PATHS = (
-    ".ssh", ".aws", ".config/gcloud", ".kube", ".docker", ".netrc", ".gnupg", ".azure",
-    ".git-credentials", ".npmrc", ".pypirc", ".config/gh", ".password-store", ".vault-token",
+    ".ssh",
+    ".aws",
+    ".config/gcloud",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".gnupg",
+    ".azure",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".config/gh",
+    ".password-store",
+    ".vault-token",
 )
 
 _UID_BASE = 1_500_000_000
@@ -80,11 +92,13 @@ def _top_level_binds() -> list[str]:
 
 
 def _credential_masks(home: str | None) -> list[str]:
-    if not home or home == "/" or Path(home).parts[1:2] and Path(home).parts[1] in HIDDEN_TOP:
+    parts = Path(home).parts if home else ()
+    # a home under a hidden top-level dir (/root, /home) is not in the sandbox at all
+    if len(parts) < 2 or parts[1] in HIDDEN_TOP:
         return []
     args: list[str] = []
     for rel in CREDENTIAL_PATHS:
-        p = os.path.join(home, rel)
+        p = os.path.join(str(home), rel)
         if os.path.isdir(p) and not os.path.islink(p):
             args += ["--tmpfs", p]
         elif os.path.lexists(p):
@@ -102,9 +116,7 @@ def _network_files(network: bool) -> list[str]:
     return []
 
 
-def build_argv(
-    cfg: BwrapConfig, ws_root: Path, cwd_rel: str, argv: Sequence[str], *, as_root_host: bool
-) -> list[str]:
+def build_argv(cfg: BwrapConfig, ws_root: Path, cwd_rel: str, argv: Sequence[str], *, as_root_host: bool) -> list[str]:
     """The complete bwrap command line for one run. No environment values appear in it."""
     args = [
         cfg.bwrap,
