@@ -36,6 +36,7 @@ from .errors import (
     UsageError,
     WorkspaceNotFound,
 )
+from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
 from .models import (
     BlockResult,
     CodeBlock,
@@ -67,8 +68,10 @@ __all__ = [
     "Capabilities",
     "CapabilityError",
     "CodeBlock",
+    "CodeBlockDelimiter",
     "CodeExecutionInput",
     "CodeExecutionResult",
+    "CodeExecutor",
     "Engine",
     "EnvPolicy",
     "ExecspaceError",
@@ -104,5 +107,7 @@ __all__ = [
     "WorkspaceNotFound",
     "WorkspacePolicy",
     "__version__",
+    "code_executor",
+    "extract_code_blocks",
     "open_engine",
 ]

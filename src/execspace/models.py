@@ -108,10 +108,15 @@ class RunProgramSpec:
             raise InvalidSpec("cmd must not be empty")
         if isinstance(self.args, str):
             raise InvalidSpec("args must be a sequence of strings, not one string")
+        # exec cannot carry NUL bytes or non-strings: say so here, not as a ValueError from spawn
+        if "\0" in self.cmd or any(not isinstance(a, str) or "\0" in a for a in self.args):
+            raise InvalidSpec("cmd and args must be strings without NUL bytes")
         _positive("timeout", self.timeout)
-        for key in self.env:
+        for key, value in self.env.items():
             if not key or "=" in key or "\0" in key:
                 raise InvalidSpec(f"invalid environment variable name {key!r}")
+            if not isinstance(value, str) or "\0" in value:
+                raise InvalidSpec(f"environment variable {key!r} must be a string without NUL bytes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ policy and post-run checks are shared.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import secrets
 import shutil
@@ -76,7 +77,14 @@ class HostRunner:
         prep = self.prepare(ws, spec)
         if isinstance(prep, RunResult):
             return prep
-        async with await spawn(self.wrap(prep)) as proc:
+        try:
+            proc = await spawn(self.wrap(prep))
+        except OSError as exc:
+            failed = _exec_failure(prep, exc)
+            if failed is None:
+                raise
+            return failed
+        async with proc:
             result = await proc.wait()
         return await self._post_run(prep, result)
 
@@ -101,7 +109,9 @@ class HostRunner:
         root = ws.host_path
         host_cwd = self._host_cwd(root, spec.cwd)
         run_dir = new_run_name()
-        os.mkdir(root / run_dir, 0o755)
+        with ConfinedRoot(str(root)) as cr:
+            # fd-relative: a program that swapped runs/ for a symlink cannot make us create dirs elsewhere
+            os.close(cr.open_dir(split_relpath(run_dir), create=True))
         marker = secrets.token_hex(8)
         env = self.env_policy.build(
             self._host_env if self._host_env is not None else os.environ,
@@ -158,6 +168,18 @@ class HostRunner:
             if used > cap and result.limit_hit is None:
                 result = replace(result, limit_hit="disk_bytes")
         return result
+
+
+def _exec_failure(prep: Prepared, exc: OSError) -> RunResult | None:
+    """A program that cannot be executed is a 127/126 result, as a shell reports it."""
+    if exc.errno == errno.ENOENT:
+        code, hint = 127, " (if the file exists, the interpreter on its #! line is missing)"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR):
+        code, hint = 126, " (is it executable, with a valid #! line?)"
+    else:
+        return None
+    msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}\n"
+    return RunResult(code, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=prep.run_dir)
 
 
 def _disk_usage(root: str) -> int:

@@ -134,8 +134,12 @@ class SupervisedProcess:
         )
         self._transport = transport
         if la.interactive:
-            # queue from the start so that a stream() opened right after spawn misses nothing
+            # queue from the start so that a stream() opened right after spawn misses nothing,
+            # including what arrived while the pipes were being connected (kept in the backlog)
             self._queue = asyncio.Queue()
+            for early in self._backlog or ():
+                self._queue.put_nowait(early)
+            self._backlog = None
         if transport.get_returncode() is not None:  # exited before the protocol was wired
             self._exited.set()
         if la.stdin is not None:
@@ -156,7 +160,7 @@ class SupervisedProcess:
                 self._backlog.append(chunk)
                 self._backlog_room -= len(data)
             else:
-                self._backlog_room = -1  # full: keep the stream a clean prefix, never a gapped one
+                self._backlog_room = -1  # full: stop here so the backlog stays a prefix of the output
             return
         self._queue.put_nowait(chunk)
         if self._queue.qsize() >= _STREAM_QUEUE_HIGH:
@@ -257,6 +261,7 @@ class SupervisedProcess:
     async def stream(self) -> AsyncIterator[OutputChunk]:
         """Yield output as it arrives, starting with what came before the first call
         (up to 1 MiB of it; beyond that, early chunks are only in the final result)."""
+        self._streaming = True  # wait() must not drop the queue under a consumer
         if self._queue is None:
             self._queue = asyncio.Queue()
             for early in self._backlog or ():

@@ -107,7 +107,7 @@ class ConfinedRoot:
                     os.chown(name, *self.owner, dir_fd=fd, follow_symlinks=False)
             nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
         except OSError as exc:
-            os.close(fd)
+            # ``fd`` stays open here: open_dir owns it and closes it exactly once
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise PathDenied(display, f"component {name!r} is a symlink or not a directory") from exc
             raise
@@ -247,7 +247,10 @@ class ConfinedRoot:
                 if budget[0] < 0:
                     return
                 rel = f"{prefix}/{e.name}" if prefix else e.name
-                st = e.stat(follow_symlinks=False)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed since the listing (a leftover process at work)
                 if stat.S_ISDIR(st.st_mode):
                     try:
                         sub = os.open(e.name, _DIR_FLAGS, dir_fd=fd)

@@ -270,7 +270,8 @@ def _collect(
     limits_hit = False
     with ConfinedRoot(root) as cr:
         for entry in _matching(cr, globs):
-            if len(files) >= max_files:
+            # a cap is "hit" only when another matching file is left out, not when it is met exactly
+            if len(files) >= max_files or budget <= 0:
                 limits_hit = True
                 break
             if entry.nlink > 1:
@@ -284,9 +285,6 @@ def _collect(
             limits_hit = limits_hit or truncated
             budget -= len(data)
             files.append(File(entry.relpath, data, guess_mime(entry.relpath, data[:SNIFF_BYTES]), size, truncated))
-            if budget <= 0:
-                limits_hit = True
-                break
     return files, limits_hit
 
 

@@ -30,12 +30,15 @@ def _private_dir(path: Path, mode: int = 0o700) -> None:
     """Create ``path`` with ``mode`` (0700, or 0711 when a sandbox uid must traverse it)
     and check that nobody else planted or owns it. A parent named ``execspace-<uid>``
     is kept at 0711: traversable, not listable, shared by the backends' roots."""
-    path.mkdir(mode=mode, parents=True, exist_ok=True)
     checks = [(path, mode)]
     if path.parent.name.startswith("execspace-"):
         checks.insert(0, (path.parent, 0o711))
-    # a shared /tmp lets another user pre-create our directory: refuse to use it
+    checks[0][0].parent.mkdir(parents=True, exist_ok=True)
+    # a shared /tmp lets another user pre-create our directory: refuse to use it, and
+    # check each level before creating the next so nothing is made through a planted link
     for p, want in checks:
+        with contextlib.suppress(FileExistsError):
+            p.mkdir(mode=want)
         st = p.lstat()
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
             raise SetupFailed("workspace root", f"{p} is a symlink or not a directory", "remove it and retry")
@@ -70,24 +73,28 @@ class HostWorkspaceManager:
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
     ) -> Workspace:
         policy = policy or WorkspacePolicy()
-        if path is None and policy.persistence is Persistence.SESSION and exec_id in self._known:
+        if path is None and policy.persistence is Persistence.SESSION and self._cached(exec_id):
             return self._known[exec_id]
+        session = policy.persistence is Persistence.SESSION
         key = f"{exec_id}\0{path}" if path is not None else exec_id
-        if policy.persistence is Persistence.SESSION and key in self._creating:
-            return await asyncio.shield(self._creating[key])
-        fut: asyncio.Future[Workspace] = asyncio.get_running_loop().create_future()
-        if policy.persistence is Persistence.SESSION:
-            self._creating[key] = fut
+        task = self._creating.get(key) if session else None
+        if task is None:
+            task = asyncio.ensure_future(self._create_shared(key, exec_id, policy, path))
+            # if every caller was cancelled, nobody reads a failure: mark it retrieved
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            if session:
+                self._creating[key] = task
+        # the creation runs in its own task: a cancelled caller stops waiting, the others still get it
+        return await asyncio.shield(task)
+
+    async def _create_shared(self, key: str, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
+        session = policy.persistence is Persistence.SESSION
         try:
             ws = await asyncio.to_thread(self._create, exec_id, policy, path)
-            fut.set_result(ws)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # the failure is raised below; mark it retrieved for waiters-less futures
-            raise
         finally:
-            self._creating.pop(key, None)
-        if policy.persistence is Persistence.SESSION and path is None:
+            if session:
+                self._creating.pop(key, None)
+        if session and path is None:
             self._known[exec_id] = ws
         return ws
 
@@ -115,8 +122,19 @@ class HostWorkspaceManager:
             id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir, policy=policy
         )
 
+    def _cached(self, exec_id: str) -> bool:
+        """Whether a cached handle exists and its directory is still there (another
+        engine on the same root may have cleaned it up)."""
+        ws = self._known.get(exec_id)
+        if ws is None:
+            return False
+        if ws.host_path is not None and not ws.host_path.is_dir():
+            del self._known[exec_id]
+            return False
+        return True
+
     async def get_workspace(self, exec_id: str) -> Workspace:
-        if exec_id in self._known:
+        if self._cached(exec_id):
             return self._known[exec_id]
         ws_dir = self.root / sanitize_id(exec_id)
         if not (ws_dir / METADATA_FILE).exists():
@@ -136,7 +154,7 @@ class HostWorkspaceManager:
 
 
 def _remove_tree(path: Path) -> None:
-    def make_writable(func: object, p: str, exc: BaseException) -> None:
+    def make_writable(func: object, p: str, exc: object) -> None:
         # read-only staged trees: give the owner write access back, then retry once
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(p), 0o700)

@@ -23,6 +23,9 @@ import secrets
 import time
 from pathlib import Path
 
+from ..errors import InvalidSpec
+from .confine import ConfinedRoot
+
 __all__ = [
     "LAYOUT_DIRS",
     "METADATA_FILE",
@@ -45,16 +48,21 @@ def sanitize_id(exec_id: str) -> str:
     when sanitising maps them to the same text (``a/b`` vs ``a_b``).
     """
     if not exec_id:
-        raise ValueError("workspace id must not be empty")
+        raise InvalidSpec("workspace id must not be empty")
     readable = "_".join(p for p in (_UNSAFE.sub("_", c).strip("._") for c in exec_id.split("/")) if p)
     digest = hashlib.sha256(exec_id.encode()).hexdigest()[:10]
     return f"{readable[:80] or 'ws'}-{digest}"
 
 
 def ensure_layout(root: Path) -> None:
-    """Create the layout directories under ``root`` (which must exist)."""
-    for d in LAYOUT_DIRS:
-        (root / d).mkdir(mode=0o755, exist_ok=True)
+    """Create the layout directories under ``root`` (which must exist).
+
+    Raises ``PathDenied`` when a program replaced one of them with a symlink: nothing
+    is ever created through it.
+    """
+    with ConfinedRoot(str(root)) as cr:
+        for d in LAYOUT_DIRS:
+            os.close(cr.open_dir(d.split("/"), create=True))
 
 
 def new_run_name() -> str:

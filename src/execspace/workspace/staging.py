@@ -100,9 +100,7 @@ class StagingFS(Protocol):
         max_total_bytes: int = ...,
     ) -> list[File]: ...
 
-    async def stage_directory(
-        self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False
-    ) -> None: ...
+    async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None: ...
 
 
 @runtime_checkable
@@ -341,9 +339,7 @@ class Stager:
         path = prefix + "/".join(parts)
         return _Plan("workspace", src, _dest(spec.dest, parts[-1]), spec.mode, name=path)
 
-    async def _stage(
-        self, ws: Workspace, plan: _Plan, scope: ArtifactScope, meta: WorkspaceMetadata
-    ) -> InputRecord:
+    async def _stage(self, ws: Workspace, plan: _Plan, scope: ArtifactScope, meta: WorkspaceMetadata) -> InputRecord:
         fs = self.fs
         if plan.kind == "bytes":
             await fs.put_files(ws, [PutFile(plan.dest, plan.data, 0o644)])
