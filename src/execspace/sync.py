@@ -1,0 +1,471 @@
+"""A blocking facade over the async API, for code that has no event loop.
+
+The objects behind it are the async ones: every call is sent to an event loop that
+runs in a thread owned by the facade (started when it is entered, stopped when it
+is closed), in the manner of anyio's ``BlockingPortal``. No loop is shared
+between facades or kept at module level.
+
+::
+
+    import execspace.sync
+    from execspace import PutFile, RunProgramSpec
+
+    with execspace.sync.open_engine("local") as engine:
+        ws = engine.manager.create_workspace("demo")
+        engine.fs.put_files(ws, [PutFile("work/hi.py", "print('hi')")])
+        print(engine.runner.run_program(ws, RunProgramSpec("python3", ["hi.py"])).stdout)
+
+Calling the facade from inside its own loop thread (e.g. from a coroutine given to
+:meth:`SyncEngine.call`) would deadlock, so it raises :class:`UsageError` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from .capabilities import Capabilities
+from .engine import open_engine as _open_async_engine
+from .errors import UsageError
+from .executor import CodeExecutor
+from .executor import code_executor as _async_code_executor
+from .models import (
+    CodeExecutionInput,
+    CodeExecutionResult,
+    File,
+    InputSpec,
+    OutputChunk,
+    OutputManifest,
+    OutputSpec,
+    PutFile,
+    RunProgramSpec,
+    RunResult,
+    Workspace,
+    WorkspacePolicy,
+)
+from .protocols import Engine, ProgramHandle
+
+__all__ = [
+    "STREAM_BUFFER_BYTES",
+    "SyncCodeExecutor",
+    "SyncEngine",
+    "SyncProgramHandle",
+    "SyncProgramRunner",
+    "SyncWorkspaceFS",
+    "SyncWorkspaceManager",
+    "code_executor",
+    "open_engine",
+]
+
+#: Unread output a started program may pile up for ``iter_output`` before chunks are dropped.
+STREAM_BUFFER_BYTES = 16 * 1024 * 1024
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running in a thread of its own; blocking calls are submitted to it."""
+
+    def __init__(self, name: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        loop = self._loop
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() == self._thread.ident:
+            raise UsageError(
+                "a blocking execspace.sync call was made from inside its own event loop thread, "
+                "where it would deadlock; use the async API (await …) there"
+            )
+
+    def call(self, func: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``func(*args, **kwargs)`` on the loop and block until it returns or raises."""
+        self._check_thread()
+        with self._lock:  # no submission may slip in after close() stopped the loop
+            if self._closed:
+                raise UsageError("this execspace.sync object is closed; open a new one")
+            future = asyncio.run_coroutine_threadsafe(_invoke(func, *args, **kwargs), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt in the waiting thread: stop the work too
+            raise
+
+    def close(self) -> None:
+        """Stop the loop (cancelling what still runs on it) and join its thread. Idempotent."""
+        self._check_thread()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+
+async def _invoke(func: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    # calling func here, not in the caller's thread, keeps every async object on its loop
+    return await func(*args, **kwargs)
+
+
+class _Proxy:
+    """Blocking versions of one engine part's coroutine methods.
+
+    The typed methods cover the protocol; other coroutine methods a backend adds
+    (``list_files``…) are proxied by name.
+    """
+
+    def __init__(self, owner: SyncEngine) -> None:
+        self._owner = owner
+
+    def _part(self, engine: Engine) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        method = getattr(self._part(self._owner.async_engine), name)
+        if not inspect.iscoroutinefunction(method):
+            raise AttributeError(f"{type(self).__name__} proxies coroutine methods only, and {name!r} is not one")
+        portal = self._owner._portal
+
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            return portal.call(method, *args, **kwargs)
+
+        return blocking
+
+
+class SyncWorkspaceManager(_Proxy):
+    """Blocking :class:`~execspace.protocols.WorkspaceManager`."""
+
+    def _part(self, engine: Engine) -> Any:
+        return engine.manager
+
+    def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        return self._owner.call(lambda e: e.manager.create_workspace(exec_id, policy, path=path))
+
+    def get_workspace(self, exec_id: str) -> Workspace:
+        return self._owner.call(lambda e: e.manager.get_workspace(exec_id))
+
+    def cleanup(self, ws: Workspace) -> None:
+        self._owner.call(lambda e: e.manager.cleanup(ws))
+
+
+class SyncWorkspaceFS(_Proxy):
+    """Blocking :class:`~execspace.protocols.WorkspaceFS`."""
+
+    def _part(self, engine: Engine) -> Any:
+        return engine.fs
+
+    def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
+        self._owner.call(lambda e: e.fs.put_files(ws, files))
+
+    def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
+        self._owner.call(lambda e: e.fs.stage_directory(ws, src, dest, read_only=read_only))
+
+    def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
+        return self._owner.call(lambda e: e.fs.read_file(ws, path, max_bytes=max_bytes))
+
+    def collect(self, ws: Workspace, patterns: Sequence[str], **caps: int) -> list[File]:
+        """Like the async ``collect``; ``caps`` are its ``max_files``, ``max_file_bytes``
+        and ``max_total_bytes``."""
+        return self._owner.call(lambda e: e.fs.collect(ws, patterns, **caps))
+
+    def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+        return self._owner.call(lambda e: e.fs.stage_inputs(ws, inputs))
+
+    def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
+        return self._owner.call(lambda e: e.fs.collect_outputs(ws, spec))
+
+
+class SyncProgramRunner(_Proxy):
+    """Blocking :class:`~execspace.protocols.ProgramRunner`."""
+
+    def _part(self, engine: Engine) -> Any:
+        return engine.runner
+
+    def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        return self._owner.call(lambda e: e.runner.run_program(ws, spec))
+
+    def start_program(
+        self, ws: Workspace, spec: RunProgramSpec, *, buffer_bytes: int | None = STREAM_BUFFER_BYTES
+    ) -> SyncProgramHandle:
+        """Start a program; its output is gathered from the start for :meth:`SyncProgramHandle.iter_output`,
+        keeping up to ``buffer_bytes`` unread (``None``: no cap)."""
+
+        async def start(e: Engine) -> tuple[ProgramHandle, _OutputPump]:
+            handle = await e.runner.start_program(ws, spec)
+            return handle, _OutputPump(handle, buffer_bytes)
+
+        handle, pump = self._owner.call(start)
+        sync_handle = SyncProgramHandle(handle, pump, self._owner)
+        self._owner._handles.add(sync_handle)
+        return sync_handle
+
+
+class _OutputPump:
+    """Reads a handle's output stream from the moment it starts, without ever blocking the program.
+
+    Chunks wait here for the blocking reader. Past ``budget`` unread bytes new
+    chunks are dropped (and counted); the final :class:`RunResult` still has the
+    output, capped as usual.
+    """
+
+    def __init__(self, handle: ProgramHandle, budget: int | None) -> None:
+        self._chunks: collections.deque[OutputChunk] = collections.deque()
+        self._budget = budget
+        self._buffered = 0
+        self.dropped_bytes = 0
+        self._changed = asyncio.Event()
+        self._done = False
+        # created in the same step as the start, so it subscribes before the next pipe read
+        self._task = asyncio.create_task(self._drain(handle))
+
+    async def _drain(self, handle: ProgramHandle) -> None:
+        try:
+            async for chunk in handle.stream():
+                size = len(chunk.data)
+                if self._budget is not None and self._buffered + size > self._budget:
+                    self.dropped_bytes += size
+                    continue
+                self._chunks.append(chunk)
+                self._buffered += size
+                self._changed.set()
+        finally:
+            self._done = True
+            self._changed.set()
+
+    async def next(self) -> OutputChunk | None:
+        """The next chunk, or None when the program's output has ended."""
+        while not self._chunks:
+            if self._done:
+                return None
+            self._changed.clear()
+            await self._changed.wait()
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk.data)
+        return chunk
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class SyncProgramHandle:
+    """Blocking :class:`~execspace.protocols.ProgramHandle`; a context manager that kills and
+    reaps the program on exit. Output is gathered from the start, so :meth:`iter_output`
+    sees it all even when called late."""
+
+    def __init__(self, handle: ProgramHandle, pump: _OutputPump, owner: SyncEngine) -> None:
+        self._handle = handle
+        self._pump = pump
+        self._owner = owner
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._handle.pid
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Output bytes not kept for :meth:`iter_output` because too much was left unread."""
+        return self._pump.dropped_bytes
+
+    def iter_output(self) -> Iterator[OutputChunk]:
+        """Yield output chunks as they come, until the program's output ends."""
+        while (chunk := self._owner._portal.call(self._pump.next)) is not None:
+            yield chunk
+
+    def write_stdin(self, data: bytes | str) -> None:
+        self._owner._portal.call(self._handle.write_stdin, data)
+
+    def close_stdin(self) -> None:
+        self._owner._portal.call(self._handle.close_stdin)
+
+    def kill(self) -> None:
+        self._owner._portal.call(self._handle.kill)
+
+    def wait(self) -> RunResult:
+        result = self._owner._portal.call(self._handle.wait)
+        self._owner._handles.discard(self)  # finished: the engine need not reap it, nor keep it alive
+        return result
+
+    def close(self) -> None:
+        """Kill the program if it still runs and reap it. Idempotent."""
+        if self._closed or self._owner.closed:  # closing the engine reaped it already
+            return
+        self._closed = True
+        self._owner._handles.discard(self)
+        self._owner._portal.call(self._aclose)
+
+    async def _aclose(self) -> None:
+        try:
+            await self._handle.__aexit__(None, None, None)
+        finally:
+            await self._pump.aclose()
+
+    def __enter__(self) -> SyncProgramHandle:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class SyncEngine:
+    """Blocking view of one Engine, with ``manager``, ``fs`` and ``runner`` proxies.
+
+    Closing it kills programs started through it that still run, closes the
+    engine and stops the loop thread.
+    """
+
+    def __init__(self, engine: Engine, portal: _LoopThread, stack: contextlib.AsyncExitStack) -> None:
+        self._engine = engine
+        self._portal = portal
+        self._stack = stack
+        self._handles: set[SyncProgramHandle] = set()
+        self.manager = SyncWorkspaceManager(self)
+        self.fs = SyncWorkspaceFS(self)
+        self.runner = SyncProgramRunner(self)
+
+    @property
+    def name(self) -> str:
+        return self._engine.name
+
+    @property
+    def async_engine(self) -> Engine:
+        """The async engine behind this facade. Use it only from coroutines run by :meth:`call`."""
+        return self._engine
+
+    @property
+    def closed(self) -> bool:
+        return self._portal.closed
+
+    def describe(self) -> Capabilities:
+        return self._engine.describe()
+
+    def call(self, func: Callable[[Engine], Awaitable[T]]) -> T:
+        """Run ``await func(engine)`` on this facade's loop and return its result."""
+        return self._portal.call(func, self._engine)
+
+    def code_executor(self, **options: Any) -> SyncCodeExecutor:
+        """A blocking code executor over this engine (``options`` as for :class:`CodeExecutor`)."""
+        return SyncCodeExecutor(CodeExecutor(self._engine, **options), self._portal, owns_portal=False)
+
+    def close(self) -> None:
+        """Kill leftover programs, close the engine, stop the loop thread. Idempotent."""
+        if self._portal.closed:
+            return
+        try:
+            self._portal.call(self._shutdown)
+        finally:
+            self._portal.close()
+
+    async def _shutdown(self) -> None:
+        handles, self._handles = list(self._handles), set()
+        try:
+            for handle in handles:
+                handle._closed = True
+                await handle._aclose()
+        finally:
+            await self._stack.aclose()
+
+    def __enter__(self) -> SyncEngine:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SyncEngine {self._engine!r}{' closed' if self.closed else ''}>"
+
+
+@contextlib.contextmanager
+def open_engine(backend: str | None = None, **options: Any) -> Iterator[SyncEngine]:
+    """Blocking :func:`execspace.open_engine`: same arguments, yields a :class:`SyncEngine`.
+
+    The loop thread starts on entering the ``with`` block and stops on leaving it,
+    after the engine is closed.
+    """
+    portal = _LoopThread(f"execspace-sync-{backend or 'default'}")
+    stack = contextlib.AsyncExitStack()
+    try:
+        engine = portal.call(stack.enter_async_context, _open_async_engine(backend, **options))
+    except BaseException:
+        portal.close()
+        raise
+    with SyncEngine(engine, portal, stack) as sync_engine:
+        yield sync_engine
+
+
+class SyncCodeExecutor:
+    """Blocking :class:`~execspace.executor.CodeExecutor`; a context manager."""
+
+    def __init__(self, executor: CodeExecutor, portal: _LoopThread, *, owns_portal: bool) -> None:
+        self._executor = executor
+        self._portal = portal
+        self._owns_portal = owns_portal
+        self._closed = False
+
+    def execute_code(self, input: CodeExecutionInput) -> CodeExecutionResult:
+        if self._closed:
+            raise UsageError("this code executor is closed; create a new one")
+        return self._portal.call(self._executor.execute_code, input)
+
+    def close(self) -> None:
+        """Close the executor (and its engine and loop thread when it owns them). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._portal.closed:
+                self._portal.call(self._executor.close)
+        finally:
+            if self._owns_portal:
+                self._portal.close()
+
+    def __enter__(self) -> SyncCodeExecutor:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def code_executor(backend: str | None = None, **options: Any) -> SyncCodeExecutor:
+    """Blocking :func:`execspace.code_executor`: same arguments. Its loop thread starts now
+    and stops on :meth:`SyncCodeExecutor.close` (or leaving the ``with`` block)."""
+    executor = _async_code_executor(backend, **options)
+    return SyncCodeExecutor(executor, _LoopThread(f"execspace-sync-executor-{backend or 'default'}"), owns_portal=True)

@@ -1,0 +1,249 @@
+"""The blocking facade: the same async objects, driven from a loop thread it owns."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import execspace.sync
+from execspace import (
+    CodeBlock,
+    CodeExecutionInput,
+    Engine,
+    PathDenied,
+    PutFile,
+    RunProgramSpec,
+    UsageError,
+    Workspace,
+)
+from execspace.sync import SyncEngine
+
+
+def loop_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("execspace-sync")}
+
+
+def pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_run_program_put_and_collect_files(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        assert engine.describe().backend == "local" and engine.name == "local"
+        ws = engine.manager.create_workspace("sync/run")
+        assert engine.manager.get_workspace("sync/run") == ws
+        engine.fs.put_files(
+            ws,
+            [
+                PutFile(
+                    "work/hi.py",
+                    "import os\nopen(os.environ['OUTPUT_DIR'] + '/r.txt', 'w').write('R')\nprint('hi')",
+                )
+            ],
+        )
+        result = engine.runner.run_program(ws, RunProgramSpec("python3", ["hi.py"]))
+        assert result.exit_code == 0 and result.stdout == "hi\n"
+        files = engine.fs.collect(ws, ["out/**"])
+        assert [(f.name, f.content) for f in files] == [("out/r.txt", b"R")]
+        assert engine.fs.read_file(ws, "work/hi.py").text.endswith("print('hi')")
+        manifest = engine.fs.collect_outputs(ws)
+        assert [f.name for f in manifest.files] == ["out/r.txt"]
+        assert (tmp_path / Path(ws.path).name / "out" / "r.txt").read_text() == "R"
+
+
+def test_errors_cross_the_thread_unchanged(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/errors")
+        with pytest.raises(FileNotFoundError):
+            engine.fs.read_file(ws, "work/missing.txt")
+        with pytest.raises(PathDenied):
+            engine.fs.put_files(ws, [PutFile("../escape.txt", "x")])
+        assert not (tmp_path / "escape.txt").exists()
+
+
+def test_backend_specific_coroutine_methods_are_proxied_by_name(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/extra")
+        engine.fs.put_files(ws, [PutFile("out/a.txt", "abc")])
+        assert engine.fs.list_files(ws, ["out/**"]) == [("out/a.txt", 3)]
+        with pytest.raises(AttributeError):
+            _ = engine.fs.host_roots  # plain attributes of the async object are not exposed
+
+
+def test_start_program_streams_and_takes_stdin(tmp_path: Path) -> None:
+    upper = (
+        "import sys\nfor line in sys.stdin:\n    print(line.strip().upper(), flush=True)\nprint('bye', file=sys.stderr)"
+    )
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/stream")
+        with engine.runner.start_program(ws, RunProgramSpec("python3", ["-u", "-c", upper], timeout=30)) as handle:
+            assert handle.pid is not None
+            chunks = handle.iter_output()
+            handle.write_stdin("hello\n")
+            seen = b""
+            while not seen.endswith(b"\n"):  # arrives while the program still waits for more stdin
+                chunk = next(chunks)
+                assert chunk.stream == "stdout"
+                seen += chunk.data
+            assert seen == b"HELLO\n"
+            assert pid_alive(handle.pid)
+            handle.write_stdin(b"world\n")
+            handle.close_stdin()
+            rest = list(chunks)
+            result = handle.wait()
+        assert b"".join(c.data for c in rest if c.stream == "stdout") == b"WORLD\n"
+        assert b"".join(c.data for c in rest if c.stream == "stderr") == b"bye\n"
+        assert result.exit_code == 0 and result.stdout == "HELLO\nWORLD\n"
+
+
+def test_output_produced_before_iteration_is_not_lost(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/late")
+        handle = engine.runner.start_program(ws, RunProgramSpec("python3", ["-c", "print('early')"]))
+        result = handle.wait()
+        assert result.stdout == "early\n"
+        assert b"".join(c.data for c in handle.iter_output()) == b"early\n"
+        handle.close()
+
+
+def test_kill_stops_a_started_program(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/kill")
+        handle = engine.runner.start_program(ws, RunProgramSpec("sleep", ["30"], timeout=60))
+        started = time.monotonic()
+        handle.kill()
+        result = handle.wait()
+        assert time.monotonic() - started < 10
+        assert result.exit_code < 0
+        handle.close()
+
+
+def test_leaving_the_block_kills_programs_still_running(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/leftover")
+        handle = engine.runner.start_program(ws, RunProgramSpec("sleep", ["30"], timeout=60))
+        pid = handle.pid
+        assert pid is not None and pid_alive(pid)
+    assert not pid_alive(pid)
+    handle.close()  # already reaped by the engine: a no-op
+
+
+def test_sync_api_refuses_to_run_inside_its_own_loop_thread(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+
+        async def reenter(_: Engine) -> Workspace:
+            return engine.manager.create_workspace("sync/inner")
+
+        with pytest.raises(UsageError, match="deadlock"):
+            engine.call(reenter)
+        # the loop survives the refused call
+        assert engine.manager.create_workspace("sync/after").id == "sync/after"
+
+
+def test_call_runs_coroutines_on_the_engine(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+
+        async def make(e: Engine) -> Workspace:
+            return await e.manager.create_workspace("sync/call")
+
+        ws = engine.call(make)
+        assert Path(ws.path).is_dir()
+
+
+def test_engine_and_loop_thread_are_closed_after_the_block(tmp_path: Path) -> None:
+    before = loop_threads()
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        assert len(loop_threads() - before) == 1
+        ws = engine.manager.create_workspace("sync/closed")
+    assert engine.closed
+    assert loop_threads() == before
+    with pytest.raises(UsageError):
+        _ = engine.async_engine.manager  # the async engine itself was closed
+    with pytest.raises(UsageError, match="closed"):
+        engine.manager.create_workspace("again")
+    with pytest.raises(UsageError, match="closed"):
+        engine.fs.put_files(ws, [PutFile("work/x", "x")])
+    engine.close()  # idempotent
+
+
+def test_engine_is_closed_when_the_block_raises(tmp_path: Path) -> None:
+    before = loop_threads()
+    holder: list[SyncEngine] = []
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        execspace.sync.open_engine("local", workspace_root=tmp_path) as engine,
+    ):
+        holder.append(engine)
+        raise RuntimeError("boom")
+    assert holder[0].closed and loop_threads() == before
+
+
+def test_failed_open_leaves_no_thread() -> None:
+    before = loop_threads()
+    with pytest.raises(execspace.UnsupportedBackend), execspace.sync.open_engine("no-such-backend"):
+        pass
+    assert loop_threads() == before
+
+
+def test_two_engines_have_separate_loops(tmp_path: Path) -> None:
+    with (
+        execspace.sync.open_engine("local", workspace_root=tmp_path / "a") as a,
+        execspace.sync.open_engine("local", workspace_root=tmp_path / "b") as b,
+    ):
+        assert len(loop_threads()) == 2
+        ws_a = a.manager.create_workspace("x")
+        b.close()
+        assert a.runner.run_program(ws_a, RunProgramSpec("sh", ["-c", "echo still"])).stdout == "still\n"
+
+
+def test_sync_code_executor(tmp_path: Path) -> None:
+    before = loop_threads()
+    with execspace.sync.code_executor("local", workspace_root=tmp_path, timeout=20) as ex:
+        blocks = [
+            CodeBlock(
+                "python",
+                "import os\nopen(os.environ['OUTPUT_DIR'] + '/f.txt', 'w').write('F')\nprint('sync')",
+            )
+        ]
+        result = ex.execute_code(CodeExecutionInput(blocks, execution_id="s"))
+        assert result.output == "sync\n"
+        assert [(f.name, f.content) for f in result.output_files] == [("out/f.txt", b"F")]
+    assert loop_threads() == before
+    with pytest.raises(UsageError):
+        ex.execute_code(CodeExecutionInput(blocks))
+
+
+def test_sync_code_executor_close_without_use(tmp_path: Path) -> None:
+    before = loop_threads()
+    ex = execspace.sync.code_executor("local", workspace_root=tmp_path)
+    ex.close()
+    ex.close()
+    assert loop_threads() == before
+
+
+def test_code_executor_over_a_sync_engine_shares_its_loop(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        with engine.code_executor(timeout=20) as ex:
+            result = ex.execute_code(CodeExecutionInput([CodeBlock("sh", "echo $((1+2)) > state")], "shared"))
+            assert result.ok
+        # the executor did not own the engine: it still works, and sees the same workspace
+        ws = engine.manager.create_workspace("shared")
+        assert engine.fs.read_file(ws, "work/state").content == b"3\n"
+    assert os.path.isdir(tmp_path)
+
+
+def test_unread_output_never_blocks_the_program_and_is_capped(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/flood")
+        spec = RunProgramSpec("python3", ["-c", "import sys; sys.stdout.write('x' * 5_000_000)"], timeout=30)
+        with engine.runner.start_program(ws, spec, buffer_bytes=100_000) as handle:
+            result = handle.wait()  # nobody iterates: the program must still run to the end
+            kept = sum(len(c.data) for c in handle.iter_output())
+        assert result.exit_code == 0 and not result.timed_out
+        assert result.stdout_total_bytes == 5_000_000
+        assert kept <= 100_000
+        assert kept + handle.dropped_bytes == 5_000_000
