@@ -157,9 +157,7 @@ async def test_delete_all_versions(service: ArtifactService) -> None:
 # -- names ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name", ["", "a\0b", "../x", "a/../b", "a/..", "/abs", "user:", "user:/abs", "user:../x"]
-)
+@pytest.mark.parametrize("name", ["", "a\0b", "../x", "a/../b", "a/..", "/abs", "user:", "user:/abs", "user:../x"])
 async def test_invalid_names_are_refused(service: ArtifactService, name: str) -> None:
     with pytest.raises(InvalidSpec):
         await service.save(S1, name, b"x")
@@ -167,9 +165,7 @@ async def test_invalid_names_are_refused(service: ArtifactService, name: str) ->
         await service.load(S1, name)
 
 
-@pytest.mark.parametrize(
-    "name", ["a..b", "..x", ".", "dir/.hidden", "user:x/y.txt", "ü n i c o d e", "a@b@3"]
-)
+@pytest.mark.parametrize("name", ["a..b", "..x", ".", "dir/.hidden", "user:x/y.txt", "ü n i c o d e", "a@b@3"])
 async def test_unusual_but_valid_names(service: ArtifactService, name: str) -> None:
     assert await service.save(S1, name, name.encode()) == 1
     assert (await service.load(S1, name)).data == name.encode()
@@ -357,9 +353,7 @@ def test_scope_from_workspace_id(ws_id: str, expected: tuple[str, str, str]) -> 
     assert (scope.app, scope.user, scope.session) == expected
 
 
-@pytest.mark.parametrize(
-    "make", [lambda: ArtifactScope("", "u", "s"), lambda: ArtifactScope("a", "u\0", "s")]
-)
+@pytest.mark.parametrize("make", [lambda: ArtifactScope("", "u", "s"), lambda: ArtifactScope("a", "u\0", "s")])
 def test_scope_refuses_empty_or_nul(make: Callable[[], ArtifactScope]) -> None:
     with pytest.raises(InvalidSpec):
         make()

@@ -51,9 +51,7 @@ def cli(tmp_path: Path) -> Cli:
 
 def _default_backend(env: dict[str, str]) -> str | None:
     """What ``backend=None`` picks in ``env``, asked in a separate process; None when nothing isolates."""
-    code = (
-        "import asyncio; from execspace.registry import choose_default_backend as c; print(asyncio.run(c()))"
-    )
+    code = "import asyncio; from execspace.registry import choose_default_backend as c; print(asyncio.run(c()))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
     return proc.stdout.decode().strip() if proc.returncode == 0 else None
 
@@ -174,9 +172,7 @@ def test_json_reports_the_run(cli: Cli) -> None:
 
 
 def test_json_timeout(cli: Cli) -> None:
-    proc = cli(
-        "run", "--backend", "local", "--json", "--timeout", "0.5", "--", "sh", "-c", "echo a; sleep 30"
-    )
+    proc = cli("run", "--backend", "local", "--json", "--timeout", "0.5", "--", "sh", "-c", "echo a; sleep 30")
     assert proc.returncode == 124
     report = json.loads(proc.stdout)
     assert report["timed_out"] is True
@@ -542,7 +538,5 @@ def test_python_dash_m(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 5
-    version = subprocess.run(
-        [sys.executable, "-m", "execspace", "--version"], capture_output=True, timeout=60
-    )
+    version = subprocess.run([sys.executable, "-m", "execspace", "--version"], capture_output=True, timeout=60)
     assert version.stdout.startswith(b"execspace ")

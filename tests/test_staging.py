@@ -111,9 +111,7 @@ def meta_of(root: Path) -> Any:
     return json.loads((root / "metadata.json").read_text())
 
 
-async def stage(
-    fs: HostWorkspaceFS, ws: Workspace, *inputs: InputSpec, host_root: Path | None = None
-) -> list[str]:
+async def stage(fs: HostWorkspaceFS, ws: Workspace, *inputs: InputSpec, host_root: Path | None = None) -> list[str]:
     return await stage_inputs(
         fs,
         ws,
@@ -182,9 +180,7 @@ async def test_missing_artifact(fs: HostWorkspaceFS, ws: Workspace) -> None:
 
 async def test_artifact_input_without_service(ws: Workspace, host_root: Path) -> None:
     fs = HostWorkspaceFS(host_roots=[host_root])
-    with pytest.raises(
-        InputError, match=r"no artifact service configured: pass artifacts=\.\.\. to open_engine"
-    ):
+    with pytest.raises(InputError, match=r"no artifact service configured: pass artifacts=\.\.\. to open_engine"):
         await stage_inputs(fs, ws, [InputSpec("artifact://doc")])
 
 
@@ -215,14 +211,10 @@ async def test_link_mode_refused_for_artifacts(fs: HostWorkspaceFS, ws: Workspac
 # -- host inputs ------------------------------------------------------------------------------
 
 
-async def test_host_file_inside_allowed_root(
-    fs: HostWorkspaceFS, ws: Workspace, root: Path, host_root: Path
-) -> None:
+async def test_host_file_inside_allowed_root(fs: HostWorkspaceFS, ws: Workspace, root: Path, host_root: Path) -> None:
     (host_root / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (host_root / "run.sh").chmod(0o755)
-    assert await stage(fs, ws, InputSpec(f"host://{host_root}/run.sh"), host_root=host_root) == [
-        "work/inputs/run.sh"
-    ]
+    assert await stage(fs, ws, InputSpec(f"host://{host_root}/run.sh"), host_root=host_root) == ["work/inputs/run.sh"]
     staged = root / "work/inputs/run.sh"
     assert staged.read_text() == "#!/bin/sh\necho hi\n"
     assert not staged.is_symlink()
@@ -314,9 +306,7 @@ async def test_host_file_cap(ws: Workspace, root: Path, host_root: Path) -> None
     assert not (root / "work/inputs/big").exists()
 
 
-async def test_link_mode_makes_a_symlink(
-    fs: HostWorkspaceFS, ws: Workspace, root: Path, host_root: Path
-) -> None:
+async def test_link_mode_makes_a_symlink(fs: HostWorkspaceFS, ws: Workspace, root: Path, host_root: Path) -> None:
     (host_root / "shared").mkdir()
     await stage(fs, ws, InputSpec(f"host://{host_root}/shared", mode="link"), host_root=host_root)
     link = root / "work/inputs/shared"
@@ -325,15 +315,11 @@ async def test_link_mode_makes_a_symlink(
     assert meta_of(root)["inputs"][0]["mode"] == "link"
 
 
-async def test_link_mode_needs_host_paths(
-    fs: HostWorkspaceFS, ws: Workspace, root: Path, host_root: Path
-) -> None:
+async def test_link_mode_needs_host_paths(fs: HostWorkspaceFS, ws: Workspace, root: Path, host_root: Path) -> None:
     (host_root / "f").write_text("x")
     remote = RemoteLikeFS(fs, root)
     with pytest.raises(UsageError, match="link mode needs a backend with host paths; use mode='copy'"):
-        await stage_inputs(
-            remote, ws, [InputSpec(f"host://{host_root}/f", mode="link")], host_roots=[host_root]
-        )
+        await stage_inputs(remote, ws, [InputSpec(f"host://{host_root}/f", mode="link")], host_roots=[host_root])
     assert not (root / "work/inputs/f").exists()
 
 
@@ -362,9 +348,7 @@ async def test_workspace_file_and_directory_copy(fs: HostWorkspaceFS, ws: Worksp
     assert (copied / "deep/b.sh").stat().st_mode & 0o111  # scripts stay runnable
 
 
-async def test_workspace_path_with_glob_characters_is_literal(
-    fs: HostWorkspaceFS, ws: Workspace, root: Path
-) -> None:
+async def test_workspace_path_with_glob_characters_is_literal(fs: HostWorkspaceFS, ws: Workspace, root: Path) -> None:
     (root / "work/[x]").mkdir()
     (root / "work/[x]/f.txt").write_text("bracket")
     (root / "work/x").mkdir()
@@ -467,9 +451,7 @@ async def test_corrupt_metadata_is_recovered_and_kept(fs: HostWorkspaceFS, ws: W
     assert oct((root / "metadata.json").stat().st_mode & 0o777) == oct(0o600)
 
 
-async def test_metadata_with_wrong_types_counts_as_corrupt(
-    fs: HostWorkspaceFS, ws: Workspace, root: Path
-) -> None:
+async def test_metadata_with_wrong_types_counts_as_corrupt(fs: HostWorkspaceFS, ws: Workspace, root: Path) -> None:
     bad = json.dumps({"inputs": [{"src": "s", "dest": "d", "resolved": "r", "mode": "copy", "version": "3"}]})
     (root / "metadata.json").write_text(bad)
     meta = await load_ws_metadata(fs, ws)
@@ -564,9 +546,7 @@ async def test_save_outputs_as_artifacts(
     art = await artifacts.load(SCOPE, "run1/out/r.csv")
     assert (art.data, art.mime_type) == (b"a,b\n", "text/csv")
     (root / "out/r.csv").write_bytes(b"changed")
-    m2 = await collect_outputs(
-        fs, ws, OutputSpec(globs=["out/*.csv"], save=True), artifacts=artifacts, scope=SCOPE
-    )
+    m2 = await collect_outputs(fs, ws, OutputSpec(globs=["out/*.csv"], save=True), artifacts=artifacts, scope=SCOPE)
     assert [f.saved_as for f in m2.files] == ["artifact://out/r.csv@1"]
     m3 = await collect_outputs(fs, ws, spec, artifacts=artifacts, scope=SCOPE)
     assert m3.files[1].saved_as == "artifact://run1/out/r.csv@2"
@@ -581,13 +561,9 @@ async def test_save_of_truncated_file_fails_before_saving_anything(
 ) -> None:
     write_outputs(root, {"out/a.txt": b"small", "out/b.txt": b"x" * 50})
     with pytest.raises(LimitExceeded, match=r"'out/b\.txt' \(50 bytes\).*max_file_bytes \(now 10\)"):
-        await collect_outputs(
-            fs, ws, OutputSpec(save=True, max_file_bytes=10), artifacts=artifacts, scope=SCOPE
-        )
+        await collect_outputs(fs, ws, OutputSpec(save=True, max_file_bytes=10), artifacts=artifacts, scope=SCOPE)
     with pytest.raises(LimitExceeded, match=r"'out/b\.txt'.*max_total_bytes \(now 20\)"):
-        await collect_outputs(
-            fs, ws, OutputSpec(save=True, max_total_bytes=20), artifacts=artifacts, scope=SCOPE
-        )
+        await collect_outputs(fs, ws, OutputSpec(save=True, max_total_bytes=20), artifacts=artifacts, scope=SCOPE)
     assert await artifacts.list_names(SCOPE) == []
     assert not (root / "metadata.json").exists()
 
@@ -603,9 +579,7 @@ async def test_invalid_saved_name_fails_before_saving(
 ) -> None:
     write_outputs(root, {"out/a.txt": b"a"})
     with pytest.raises(InvalidSpec):
-        await collect_outputs(
-            fs, ws, OutputSpec(save=True, name_prefix="/"), artifacts=artifacts, scope=SCOPE
-        )
+        await collect_outputs(fs, ws, OutputSpec(save=True, name_prefix="/"), artifacts=artifacts, scope=SCOPE)
     assert await artifacts.list_names(SCOPE) == []
 
 

@@ -63,9 +63,7 @@ class ArtifactScope:
         for label in ("app", "user", "session"):
             value = getattr(self, label)
             if not isinstance(value, str) or not value or "\0" in value or not _utf8(value):
-                raise InvalidSpec(
-                    f"artifact scope {label} must be a non-empty string without NUL, got {value!r}"
-                )
+                raise InvalidSpec(f"artifact scope {label} must be a non-empty string without NUL, got {value!r}")
 
     @classmethod
     def from_workspace_id(cls, ws_id: str) -> ArtifactScope:

@@ -38,9 +38,7 @@ def add_parser(sub: Any) -> None:
         help="analyse a small CSV in a workspace and collect the results",
         description="Stage a CSV, analyse it in a workspace, collect out/summary.json and out/chart.svg.",
     )
-    p.add_argument(
-        "--backend", help="backend to use (default: the safest that works; local if none isolates)"
-    )
+    p.add_argument("--backend", help="backend to use (default: the safest that works; local if none isolates)")
     p.add_argument(
         "--keep-dir",
         type=Path,

@@ -30,9 +30,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
-    p.add_argument(
-        "--language", "-l", help="language of an unfenced file (default: from its extension, else python)"
-    )
+    p.add_argument("--language", "-l", help="language of an unfenced file (default: from its extension, else python)")
     p.add_argument(
         "--timeout",
         type=parse_timeout,

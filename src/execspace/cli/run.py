@@ -93,16 +93,10 @@ def add_parser(sub: Any) -> None:
         metavar="GLOB",
         help="workspace glob of outputs to collect (default out/**); repeatable",
     )
-    p.add_argument(
-        "--artifacts", type=Path, metavar="DIR", help="artifact store directory for artifact:// inputs"
-    )
+    p.add_argument("--artifacts", type=Path, metavar="DIR", help="artifact store directory for artifact:// inputs")
     p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="K=V", help="set a variable")
-    p.add_argument(
-        "--cwd", default="work", metavar="REL", help="working directory in the workspace (default work)"
-    )
-    p.add_argument(
-        "--no-stdin", action="store_true", help="do not read our stdin (otherwise read unless a TTY)"
-    )
+    p.add_argument("--cwd", default="work", metavar="REL", help="working directory in the workspace (default work)")
+    p.add_argument("--no-stdin", action="store_true", help="do not read our stdin (otherwise read unless a TTY)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming output")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(handler=command)

@@ -90,9 +90,7 @@ async def _feed(handle: ProgramHandle, data: bytes | None) -> None:
         await handle.close_stdin()
 
 
-async def stream_program(
-    runner: ProgramRunner, ws: Workspace, spec: RunProgramSpec, stdin: bytes | None
-) -> RunResult:
+async def stream_program(runner: ProgramRunner, ws: Workspace, spec: RunProgramSpec, stdin: bytes | None) -> RunResult:
     """Run ``spec``, copying its output to our stdout/stderr live; return the result.
 
     ``stdin`` is written to the program and then closed (``None``: closed at once).
