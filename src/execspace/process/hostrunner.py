@@ -23,7 +23,7 @@ from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layout import new_run_name, workspace_env
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import RUN_MARKER_VAR, Launch, SupervisedProcess, spawn
+from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, SupervisedProcess, spawn
 
 __all__ = ["HostRunner", "Prepared"]
 
@@ -57,6 +57,7 @@ class HostRunner:
         self.env_policy = env_policy or EnvPolicy()
         self._host_env = host_env
         self.kill_grace = kill_grace
+        self._sweeper = MarkerSweeper()
 
     # -- hooks for wrapping backends -------------------------------------------------------
 
@@ -158,6 +159,7 @@ class HostRunner:
             preexec_fn=rlimit_preexec(spec.limits),
             run_dir=prep.run_dir,
             classify_exit=classify_rlimit_exit,
+            sweeper=self._sweeper,
         )
 
     async def _post_run(self, prep: Prepared, result: RunResult) -> RunResult:
