@@ -313,9 +313,9 @@ class SupervisedProcess:
     async def _sweep(self) -> None:
         sweeper = self._launch.sweeper
         if sweeper is not None:
-            await sweeper.sweep(self._launch.marker)
+            await sweeper.sweep(self._launch.marker, self.pid)
         else:
-            await asyncio.to_thread(kill_marked_processes, self._launch.marker)
+            await asyncio.to_thread(kill_marked_processes, self._launch.marker, self.pid)
 
     async def kill(self) -> None:
         if self._kill_reason is None:
@@ -350,15 +350,37 @@ class SupervisedProcess:
             await self._done
 
 
-def kill_marked_processes(marker: str) -> int:
-    """SIGKILL every process whose environment carries ``marker``; return how many (Linux only)."""
-    return kill_marked_processes_many({marker}).get(marker, 0)
+def kill_marked_processes(marker: str, after_pid: int | None = None) -> int:
+    """SIGKILL every process whose environment carries ``marker``; return how many (Linux only).
+
+    ``after_pid`` (the run's own pid) lets the scan skip every process that is older.
+    """
+    return kill_marked_processes_many({marker: after_pid}).get(marker, 0)
 
 
-def kill_marked_processes_many(markers: set[str]) -> dict[str, int]:
-    """One /proc scan for several markers at once; return kills per marker."""
+def _scan_floor(pids: Mapping[str, int | None]) -> int:
+    """Pids at or below the floor cannot be descendants of these runs: they are older.
+
+    Valid while the pid counter has not wrapped since the oldest run started;
+    ``ns_last_pid`` below the floor means it has, and then everything is scanned.
+    """
+    known = [p for p in pids.values() if p is not None]
+    if len(known) < len(pids):
+        return 0
+    floor = min(known)
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        return 0
+    return floor if last >= floor else 0
+
+
+def kill_marked_processes_many(markers: Mapping[str, int | None]) -> dict[str, int]:
+    """One /proc scan for several runs at once (marker → the run's pid); return kills per marker."""
     prefix = f"{RUN_MARKER_VAR}=".encode()
     wanted = {m.encode() for m in markers}
+    floor = _scan_floor(markers)
     me = os.getpid()
     killed: dict[str, int] = {}
     for _ in range(3):  # a dying parent may fork once more; sweep until quiet
@@ -368,7 +390,7 @@ def kill_marked_processes_many(markers: set[str]) -> dict[str, int]:
         except OSError:
             return killed
         for name in names:
-            if not name.isdigit() or int(name) == me:
+            if not name.isdigit() or int(name) <= floor or int(name) == me:
                 continue
             try:
                 with open(f"/proc/{name}/environ", "rb") as f:
@@ -397,27 +419,30 @@ class MarkerSweeper:
     """
 
     def __init__(self) -> None:
-        self._pending: dict[str, asyncio.Future[int]] = {}
+        self._pending: dict[str, tuple[int | None, asyncio.Future[int]]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    async def sweep(self, marker: str) -> int:
+    async def sweep(self, marker: str, after_pid: int | None = None) -> int:
         loop = asyncio.get_running_loop()
-        fut = self._pending.get(marker) or loop.create_future()
-        self._pending[marker] = fut
+        entry = self._pending.get(marker)
+        fut = entry[1] if entry else loop.create_future()
+        self._pending[marker] = (after_pid, fut)
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(self._drain())
         return await asyncio.shield(fut)
 
     async def _drain(self) -> None:
         while self._pending:
+            await asyncio.sleep(0)  # let runs that end in the same loop turn join this scan
             batch, self._pending = self._pending, {}
             try:
-                counts = await asyncio.to_thread(kill_marked_processes_many, set(batch))
+                # older processes are skipped, so a scan reads few files: cheaper inline than in a thread
+                counts = kill_marked_processes_many({m: pid for m, (pid, _) in batch.items()})
             except BaseException as exc:
-                for fut in batch.values():
+                for _, fut in batch.values():
                     if not fut.done():
                         fut.set_exception(exc)
                 raise
-            for marker, fut in batch.items():
+            for marker, (_, fut) in batch.items():
                 if not fut.done():
                     fut.set_result(counts.get(marker, 0))
