@@ -355,8 +355,9 @@ async def test_executor_runs_over_another_engine_with_its_own_path_view(tmp_path
     probe = await probe_backend("sandbox")
     if not probe.ok:
         pytest.skip(f"sandbox backend unavailable: {probe.reason}")
-    for p in (tmp_path, *tmp_path.parents[:-1]):  # the sandbox uid must traverse down to the workspace
-        p.chmod(p.stat().st_mode | 0o011)
+    from tests.support import make_traversable
+
+    make_traversable(tmp_path)  # the sandbox uid must traverse down to the workspace
     async with execspace.code_executor("sandbox", workspace_root=tmp_path, timeout=30) as ex:
         assert ex.engine is not None
         ws = await ex.engine.manager.create_workspace("sb")

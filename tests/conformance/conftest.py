@@ -12,6 +12,7 @@ import pytest
 
 import execspace
 from execspace.registry import probe_backend
+from tests.support import make_traversable
 
 BACKENDS = ["local", "sandbox"]
 
@@ -24,11 +25,7 @@ async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         pytest.skip(f"backend {name} unavailable here: {probe.reason} (fix: {probe.fix})")
     root = tmp_path / "ws"
     if name == "sandbox":
-        # the per-workspace sandbox uid must be able to traverse down to the workspace
-        for p in (tmp_path, *tmp_path.parents):
-            if p == Path("/"):
-                break
-            p.chmod(p.stat().st_mode | 0o011)
+        make_traversable(tmp_path)  # the per-workspace sandbox uid must reach the workspace
     async with execspace.open_engine(name, workspace_root=root, host_roots=[tmp_path / "host"]) as engine:
         yield engine
 
