@@ -191,6 +191,7 @@ async def test_symlink_swapped_in_during_operations(engine: BaseEngine, ws: Work
         while not stop.is_set():
             swap(str(out / "a"), str(out / "b"))
             swaps[0] += 1
+            time.sleep(0)  # give the GIL back so the operations under attack make progress too
 
     thread = threading.Thread(target=swapper, daemon=True)
     thread.start()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["HeadTailBuffer", "truncation_marker"]
+__all__ = ["HeadTailBuffer", "clip_text", "truncation_marker"]
 
 
 def truncation_marker(omitted: int) -> bytes:
@@ -58,6 +58,17 @@ class HeadTailBuffer:
         tail = _cut_utf8_start(tail)
         omitted = self.total - len(head) - len(tail)
         return head + truncation_marker(omitted) + tail
+
+
+def clip_text(text: str, limit: int) -> tuple[str, bool, int]:
+    """Cut ``text`` to ``limit`` UTF-8 bytes as output is captured: head + marker + tail.
+
+    Returns the kept text (with the marker when cut), whether it was cut, and the
+    UTF-8 size of the whole ``text``. Characters are never split.
+    """
+    buf = HeadTailBuffer(limit)
+    buf.write(text.encode("utf-8", "replace"))
+    return buf.getvalue().decode("utf-8", "replace"), buf.truncated, buf.total
 
 
 def _cut_utf8_end(data: bytes) -> bytes:

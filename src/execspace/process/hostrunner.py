@@ -52,14 +52,20 @@ class HostRunner:
         *,
         host_env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
+        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
     ) -> None:
         self._caps = capabilities
+        # uid/gid for the directories we create for a run (the sandbox uid when we run as root)
+        self._owner_of = owner
         self.env_policy = env_policy or EnvPolicy()
         self._host_env = host_env
         self.kill_grace = kill_grace
         self._sweeper = MarkerSweeper()
 
     # -- hooks for wrapping backends -------------------------------------------------------
+
+    def _owner(self, ws: Workspace) -> tuple[int, int] | None:
+        return self._owner_of(ws) if self._owner_of is not None else None
 
     def program_root(self, ws: Workspace) -> str:
         """The workspace root as the program sees it."""
@@ -108,9 +114,9 @@ class HostRunner:
         if ws.host_path is None:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
         root = ws.host_path
-        host_cwd = self._host_cwd(root, spec.cwd)
+        host_cwd = self._host_cwd(ws, spec.cwd)
         run_dir = new_run_name()
-        with ConfinedRoot(str(root)) as cr:
+        with ConfinedRoot(str(root), self._owner(ws)) as cr:
             # fd-relative: a program that swapped runs/ for a symlink cannot make us create dirs elsewhere
             os.close(cr.open_dir(split_relpath(run_dir), create=True))
         marker = secrets.token_hex(8)
@@ -133,15 +139,16 @@ class HostRunner:
             return cmd
         return shutil.which(cmd, path=path)
 
-    @staticmethod
-    def _host_cwd(root: Path, cwd: str) -> str:
+    def _host_cwd(self, ws: Workspace, cwd: str) -> str:
+        root = ws.host_path
+        assert root is not None
         if not cwd or cwd in (".", "./"):
             return str(root)
         try:
             parts = split_relpath(cwd)
         except PathDenied as exc:
             raise PathDenied(cwd, f"cwd must stay inside the workspace ({exc.reason})") from exc
-        with ConfinedRoot(str(root)) as cr:
+        with ConfinedRoot(str(root), self._owner(ws)) as cr:
             os.close(cr.open_dir(parts, create=True))
         return str(root.joinpath(*parts))
 

@@ -63,6 +63,8 @@ class Launch:
     classify_exit: Callable[[int], str | None] | None = None
     """Maps an exit code to the name of the limit that caused it (e.g. SIGXCPU → cpu_seconds)."""
     on_exit: list[Callable[[], None]] = field(default_factory=list)
+    after_spawn: list[Callable[[], None]] = field(default_factory=list)
+    """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
 
@@ -84,7 +86,11 @@ class _Protocol(asyncio.SubprocessProtocol):
 async def spawn(launch: Launch) -> SupervisedProcess:
     """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot."""
     proc = SupervisedProcess(launch)
-    await proc._start()
+    try:
+        await proc._start()
+    finally:
+        for hook in launch.after_spawn:
+            hook()
     return proc
 
 

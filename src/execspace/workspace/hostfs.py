@@ -7,7 +7,7 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from wcmatch import glob as wglob
 
@@ -31,7 +31,11 @@ if TYPE_CHECKING:
     from ..artifacts import ArtifactService
     from .staging import MetadataLocks
 
-__all__ = ["GLOB_FLAGS", "HostWorkspaceFS", "glob_base", "normalize_globs"]
+__all__ = ["GLOB_FLAGS", "AccessHook", "HostWorkspaceFS", "glob_base", "normalize_globs"]
+
+#: A backend's file rule, run before each access: ``(ws, path, mode)`` raises ``PathDenied`` when
+#: ``mode`` is not allowed at ``path`` (workspace-relative, or an absolute host path being read).
+AccessHook = Callable[[Workspace, str, Literal["read", "write"]], None]
 
 #: ``**`` crosses directories, dotfiles match, no brace/extglob surprises.
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.DOTGLOB | wglob.NEGATE
@@ -84,6 +88,9 @@ class HostWorkspaceFS:
 
     ``host_roots`` are the host directories ``host://`` inputs and ``stage_directory``
     may read from; nothing else on the host is reachable through this object.
+    ``access`` is the backend's file rule (the sandbox's policy): writes it refuses raise
+    ``PathDenied`` before anything is written, reads it refuses raise too, and ``collect``
+    and staged host trees skip what it hides.
     """
 
     def __init__(
@@ -92,8 +99,10 @@ class HostWorkspaceFS:
         host_roots: Sequence[Path] = (),
         *,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
+        access: AccessHook | None = None,
     ) -> None:
         self.artifacts = artifacts
+        self._access = access
         # uid/gid for what we create, per workspace (the sandbox uid when we run as root)
         self._owner = owner
         self.host_roots = tuple(Path(r).resolve() for r in host_roots)
@@ -111,6 +120,21 @@ class HostWorkspaceFS:
     def owner(self, ws: Workspace) -> tuple[int, int] | None:
         return self._owner(ws) if self._owner is not None else None
 
+    def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:
+        """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path``."""
+        if self._access is not None:
+            self._access(ws, path, mode)
+
+    def _readable(self, ws: Workspace) -> Callable[[str], bool]:
+        def readable(path: str) -> bool:
+            try:
+                self.check(ws, path, "read")
+            except PathDenied:
+                return False
+            return True
+
+        return readable
+
     @staticmethod
     def _root(ws: Workspace) -> str:
         if ws.host_path is None:
@@ -123,6 +147,7 @@ class HostWorkspaceFS:
         root = self._root(ws)
         for f in files:
             split_relpath(f.path)  # refuse bad paths before writing anything
+            self.check(ws, f.path, "write")
 
         def write_all() -> None:
             with ConfinedRoot(root, self.owner(ws)) as cr:
@@ -133,6 +158,7 @@ class HostWorkspaceFS:
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         root = self._root(ws)
+        self.check(ws, path, "read")
 
         def read() -> File:
             with ConfinedRoot(root) as cr:
@@ -170,16 +196,19 @@ class HostWorkspaceFS:
         for g in globs:
             if g.startswith("/") or ".." in g.split("/"):
                 raise PathDenied(g, "collect patterns must be relative to the workspace and stay inside it")
-        return await asyncio.to_thread(_collect, root, globs, max_files, max_file_bytes, max_total_bytes)
+        limits = (max_files, max_file_bytes, max_total_bytes)
+        return await asyncio.to_thread(_collect, root, globs, *limits, self._readable(ws))
 
     async def list_files(self, ws: Workspace, patterns: Sequence[str]) -> list[tuple[str, int]]:
         """Paths and sizes of regular files matching the globs (no content read)."""
         root = self._root(ws)
         globs = normalize_globs(patterns)
 
+        readable = self._readable(ws)
+
         def walk() -> list[tuple[str, int]]:
             with ConfinedRoot(root) as cr:
-                return [(e.relpath, e.size) for e in _matching(cr, globs)]
+                return [(e.relpath, e.size) for e in _matching(cr, globs) if readable(e.relpath)]
 
         return await asyncio.to_thread(walk)
 
@@ -188,11 +217,24 @@ class HostWorkspaceFS:
         if not src.is_absolute():
             raise PathDenied(str(src), "stage_directory needs an absolute host path")
         self.check_host_path(src)
+        self.check(ws, str(src), "read")
+        self.check(ws, dest, "write")
         root = self._root(ws)
-        await asyncio.to_thread(_copy_tree, str(src), root, dest, read_only, self.owner(ws))
+
+        def rules(host_src: str, target: str) -> bool:
+            """Copy this entry? Host entries the rule hides are skipped; refused targets raise."""
+            try:
+                self.check(ws, host_src, "read")
+            except PathDenied:
+                return False
+            self.check(ws, target, "write")
+            return True
+
+        await asyncio.to_thread(_copy_tree, str(src), root, dest, read_only, self.owner(ws), rules)
 
     async def remove(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
+        self.check(ws, path, "write")
 
         def rm() -> None:
             with ConfinedRoot(root) as cr:
@@ -215,6 +257,8 @@ class HostWorkspaceFS:
     async def link_host(self, ws: Workspace, src: Path, dest: str) -> None:
         """Make ``dest`` a symlink to the allowed host path ``src`` (mode='link')."""
         real = self.check_host_path(src)
+        self.check(ws, str(real), "read")
+        self.check(ws, dest, "write")
         root = self._root(ws)
 
         def link() -> None:
@@ -263,13 +307,20 @@ def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-de
 
 
 def _collect(
-    root: str, globs: list[str], max_files: int, max_file_bytes: int, max_total_bytes: int
+    root: str,
+    globs: list[str],
+    max_files: int,
+    max_file_bytes: int,
+    max_total_bytes: int,
+    readable: Callable[[str], bool],
 ) -> tuple[list[File], bool]:
     files: list[File] = []
     budget = max_total_bytes
     limits_hit = False
     with ConfinedRoot(root) as cr:
         for entry in _matching(cr, globs):
+            if not readable(entry.relpath):
+                continue  # hidden by the backend's file rule: as if absent
             # a cap is "hit" only when another matching file is left out, not when it is met exactly
             if len(files) >= max_files or budget <= 0:
                 limits_hit = True
@@ -288,8 +339,16 @@ def _collect(
     return files, limits_hit
 
 
-def _copy_tree(src: str, root: str, dest: str, read_only: bool, owner: tuple[int, int] | None) -> None:
-    """Copy the host tree ``src`` to workspace path ``dest``; symlinks in the source are skipped."""
+def _copy_tree(
+    src: str,
+    root: str,
+    dest: str,
+    read_only: bool,
+    owner: tuple[int, int] | None,
+    rules: Callable[[str, str], bool],
+) -> None:
+    """Copy the host tree ``src`` to workspace path ``dest``; symlinks in the source are skipped,
+    and so are entries ``rules(host_path, target)`` declines."""
     dest_parts = split_relpath(dest)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     src_fd = os.open(src, flags)
@@ -303,6 +362,8 @@ def _copy_tree(src: str, root: str, dest: str, read_only: bool, owner: tuple[int
             for e in entries:
                 st = e.stat(follow_symlinks=False)
                 target = "/".join([*dest_parts, *rel, e.name])
+                if not rules(os.path.join(src, *rel, e.name), target):
+                    continue
                 if stat.S_ISDIR(st.st_mode):
                     sub = os.open(e.name, flags | os.O_NOFOLLOW, dir_fd=dfd)
                     try:

@@ -1,39 +1,55 @@
 """The ``sandbox`` backend: programs run on this host inside an OS sandbox.
 
-Linux: bubblewrap (see :mod:`.bwrap` for the exact boundary). macOS (Seatbelt)
-and Windows are not supported yet and fail closed with ``UnsupportedBackend``.
+Linux: bubblewrap (see :mod:`.bwrap` for the exact boundary). macOS: Seatbelt
+(``sandbox-exec``, see :mod:`.seatbelt`). Other platforms, Windows included, fail
+closed with ``UnsupportedBackend``. What a program may touch is a
+:class:`~.policy.SandboxPolicy` (profile, path rules, network), enforced around the
+program and by the engine's file API alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
-from ...errors import SetupFailed, UnsupportedBackend
+from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
-from ...models import Workspace
+from ...models import RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, Prepared
 from ...process.rlimits import RLIMIT_ENFORCED
-from ...process.supervisor import Launch
+from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root
 from ...workspace.layout import LAYOUT_DIRS
-from .bwrap import SANDBOX_WORKSPACE, BwrapConfig, build_argv, find_bwrap, sandbox_uid, visible_path_entries
+from .bwrap import (
+    SANDBOX_WORKSPACE,
+    BwrapConfig,
+    build_argv,
+    find_bwrap,
+    policy_mounts,
+    sandbox_uid,
+    visible_path_entries,
+)
+from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
+from .seatbelt import probe_seatbelt, seatbelt_capabilities, seatbelt_engine
+from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 
-__all__ = ["SandboxBackend"]
+__all__ = ["Profile", "SandboxBackend", "SandboxPolicy"]
 
 DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
     "reading world-readable host system files (/usr, /etc…) that are bound read-only",
     "with network on: anything reachable from this host, including services on other hosts",
-    "no seccomp filter yet: unusual syscalls are limited only by namespaces and dropped capabilities",
     "CPU and memory limits are per-process rlimits; several processes can each use the limit",
 )
 
@@ -45,10 +61,24 @@ def _is_root() -> bool:
 class SandboxRunner(HostRunner):
     """A HostRunner that wraps each program in bubblewrap."""
 
-    def __init__(self, bwrap: str, *, network_default: bool, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        bwrap: str,
+        *,
+        network_default: bool,
+        seccomp: SeccompFilters,
+        policy: SandboxPolicy | None = None,
+        hidden: Sequence[Path] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.bwrap = bwrap
         self.network_default = network_default
+        self.seccomp = seccomp
+        self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
+        self.resolvers = Resolvers(self.policy)
+        # host directories never visible through a grant (the engine's workspaces)
+        self.hidden = tuple(hidden)
 
     def program_root(self, ws: Workspace) -> str:
         return SANDBOX_WORKSPACE
@@ -63,10 +93,30 @@ class SandboxRunner(HostRunner):
         network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
         env = dict(prep.env)
         env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
-        cfg = BwrapConfig(self.bwrap, network=network, host_home=os.environ.get("HOME"))
         cwd_rel = os.path.relpath(prep.host_cwd, prep.root)
-        argv = build_argv(cfg, prep.root, "" if cwd_rel == "." else cwd_rel, prep.argv, as_root_host=_is_root())
-        launch = self._launch(prep, argv, env, str(prep.root))
+        res = self.resolvers(os.path.realpath(prep.root))
+        mounts = policy_mounts(res, "" if cwd_rel == "." else cwd_rel, hidden=self.hidden)
+        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts)
+        if not res.access("tmp").can_write:
+            # read-only workspace: temporary files go to the sandbox's own tmpfs /tmp
+            env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
+        try:
+            argv = build_argv(
+                cfg,
+                prep.root,
+                "" if cwd_rel == "." else cwd_rel,
+                prep.argv,
+                as_root_host=_is_root(),
+                seccomp_fd=seccomp_fd,
+            )
+            launch = self._launch(prep, argv, env, str(prep.root))
+        except BaseException:
+            os.close(seccomp_fd)
+            raise
+        # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
+        launch.pass_fds = (*launch.pass_fds, seccomp_fd)
+        launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
         if _is_root():
             uid = sandbox_uid(prep.root)
             launch.user, launch.group = uid, uid
@@ -102,18 +152,26 @@ class SandboxBackend:
     name = "sandbox"
 
     @classmethod
-    async def probe(cls, *, bwrap: str | None = None, **options: Any) -> Probe:
+    async def probe(cls, *, bwrap: str | None = None, seccomp: SeccompFilters | None = None, **options: Any) -> Probe:
         if sys.platform == "darwin":
-            return Probe(False, "the macOS (Seatbelt) sandbox is not implemented yet", "use --backend container")
+            return await asyncio.to_thread(probe_seatbelt)
         if not sys.platform.startswith("linux"):
-            return Probe(False, f"no OS sandbox for {sys.platform}", "use the container or e2b backend")
+            return Probe(False, _UNSUPPORTED_PLATFORM.format(platform=sys.platform), _UNSUPPORTED_FIX)
         path = find_bwrap(bwrap)
         if path is None:
             return Probe(False, "bubblewrap (bwrap) is not installed", "apt-get install bubblewrap")
-        return await asyncio.to_thread(_probe_boundary, path)
+        return await asyncio.to_thread(_probe_boundary, path, seccomp or SeccompFilters())
 
     @classmethod
-    def capabilities(cls, env_policy: EnvPolicy | None = None, network_default: bool = False) -> Capabilities:
+    def capabilities(
+        cls, env_policy: EnvPolicy | None = None, network_default: bool = False, *, policy: SandboxPolicy | None = None
+    ) -> Capabilities:
+        if policy is not None and not policy.managed:
+            return _unmanaged_capabilities(policy, env_policy)
+        if sys.platform == "darwin":
+            return seatbelt_capabilities(policy or SandboxPolicy(), env_policy)
+        if policy is not None:
+            network_default = policy.network_enabled
         host_path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
         limits = {"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED
         if _is_root():
@@ -135,6 +193,8 @@ class SandboxBackend:
                 "no host /home /root /run",
                 "uid": "per-workspace unprivileged uid" if _is_root() else "your uid, without capabilities",
                 "pids": "RLIMIT_NPROC of the per-workspace uid" if _is_root() else "not enforced (not root)",
+                "seccomp": describe(),
+                "profile": (policy or SandboxPolicy()).summary(),
             },
         )
 
@@ -146,25 +206,38 @@ class SandboxBackend:
         env_policy: EnvPolicy | None = None,
         host_roots: Any = (),
         artifacts: Any = None,
-        network: bool = False,
+        network: bool | None = None,
+        policy: SandboxPolicy | None = None,
         bwrap: str | None = None,
         kill_grace: float = 2.0,
     ) -> BaseEngine:
         """Open a sandbox engine; raise ``SetupFailed`` (cause and fix) if the boundary does not work here.
 
         Args:
-            network: default network access of runs (off unless True; a run may override).
+            policy: what programs may touch (default: ``SandboxPolicy()``, workspace-write with
+                the network off). ``Profile.DANGER_FULL_ACCESS`` runs programs WITHOUT any sandbox
+                (like ``local``); ``Profile.EXTERNAL`` runs nothing (isolation is elsewhere) and
+                keeps the file rules.
+            network: shorthand for ``policy.with_network(network)``; a run may still override it.
             bwrap: path of the bwrap binary (default: found on PATH).
         """
-        probe = await cls.probe(bwrap=bwrap)
+        if sys.platform != "darwin" and not sys.platform.startswith("linux"):
+            raise UnsupportedBackend(
+                f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
+            )
+        policy = _resolve_policy(policy, network)
+        root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
+        if not policy.managed:
+            return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
+        seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
+        probe = await cls.probe(bwrap=bwrap, seccomp=seccomp)
         if not probe.ok:
-            if not sys.platform.startswith("linux"):
-                raise UnsupportedBackend(f"sandbox: {probe.reason}; {probe.fix}")
             raise SetupFailed("sandbox", probe.reason, probe.fix)
+        caps = cls.capabilities(env_policy, policy=policy)
+        if sys.platform == "darwin":
+            return seatbelt_engine(policy, root, caps, env_policy, host_roots, artifacts, kill_grace)
         bwrap_path = find_bwrap(bwrap)
         assert bwrap_path is not None
-        caps = cls.capabilities(env_policy, network)
-        root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         as_root = _is_root()
 
         def owner(ws: Workspace) -> tuple[int, int] | None:
@@ -180,15 +253,105 @@ class SandboxBackend:
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=not as_root,
         )
-        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner)
+        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
         runner = SandboxRunner(
             bwrap_path,
-            network_default=network,
+            network_default=policy.network_enabled,
+            seccomp=seccomp,
+            policy=policy,
+            hidden=(root,),
             capabilities=lambda: caps,
             env_policy=env_policy,
             kill_grace=kill_grace,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps, extra={"bwrap": bwrap_path, "workspace_root": root})
+
+
+_UNSUPPORTED_PLATFORM = (
+    "no OS sandbox for {platform}: execspace sandboxes programs with bubblewrap on Linux and "
+    "Seatbelt on macOS; Windows (AppContainer, job objects) is not implemented"
+)
+_UNSUPPORTED_FIX = "run execspace inside WSL2 (bubblewrap works there), or use the container or e2b backend"
+_EXTERNAL_REFUSAL = (
+    "the sandbox engine was opened with Profile.EXTERNAL: isolation is provided elsewhere, so this "
+    "engine refuses to run programs locally; run them where that isolation is, or open the engine "
+    "with a managed profile (workspace-write, read-only)"
+)
+
+
+def _resolve_policy(policy: SandboxPolicy | None, network: bool | None) -> SandboxPolicy:
+    policy = policy or SandboxPolicy()
+    if network is not None:
+        if policy.network is not None and policy.network != network:
+            raise InvalidSpec(f"network={network} contradicts the policy's network={policy.network}; give one")
+        policy = policy.with_network(network)
+    # credential stores live in the HOME of whoever opens the engine; paths are compared canonical
+    return policy.with_home(os.environ.get("HOME"))
+
+
+class ExternalRunner(HostRunner):
+    """``Profile.EXTERNAL``: isolation is someone else's job, so this engine runs nothing."""
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        raise UnsupportedBackend(_EXTERNAL_REFUSAL)
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        raise UnsupportedBackend(_EXTERNAL_REFUSAL)
+
+
+def _unmanaged_capabilities(policy: SandboxPolicy, env_policy: EnvPolicy | None) -> Capabilities:
+    details = {"profile": policy.summary(), "boundary": "none"}
+    if policy.profile is Profile.EXTERNAL:
+        return Capabilities(
+            backend="sandbox",
+            isolation=Isolation.NONE,
+            network_control=False,
+            network_default=policy.network_enabled,
+            clean_env=False,
+            read_only_mounts=False,
+            streaming=False,
+            host_paths=True,
+            does_not_protect=("runs nothing: programs must run where the external isolation is",),
+            details={**details, "runs": "refused (UnsupportedBackend)"},
+        )
+    host_path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
+    return Capabilities(
+        backend="sandbox",
+        isolation=Isolation.NONE,
+        network_control=False,
+        network_default=True,
+        clean_env=True,
+        read_only_mounts=False,
+        streaming=True,
+        host_paths=True,
+        enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
+        languages=available_languages(host_path),
+        does_not_protect=(
+            "danger-full-access: NO sandbox; the program runs as this process's user with its files, "
+            "network, credentials and processes",
+            "network cannot be turned off",
+            "process count (pids) is not limited",
+        ),
+        details=details,
+    )
+
+
+def _open_unmanaged(
+    policy: SandboxPolicy,
+    root: Path,
+    env_policy: EnvPolicy | None,
+    host_roots: Any,
+    artifacts: Any,
+    kill_grace: float,
+) -> BaseEngine:
+    """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
+    caps = _unmanaged_capabilities(policy, env_policy)
+    manager = HostWorkspaceManager("sandbox", root, private_root=not _is_root())
+    fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
+    runner_cls = ExternalRunner if policy.profile is Profile.EXTERNAL else HostRunner
+    runner = runner_cls(lambda: caps, env_policy, kill_grace=kill_grace)
+    extra = {"workspace_root": root, "profile": str(policy.profile)}
+    return BaseEngine("sandbox", manager, fs, runner, caps, extra=extra)
 
 
 def _chown_layout_for_root() -> Any:
@@ -198,8 +361,8 @@ def _chown_layout_for_root() -> Any:
     return prepare
 
 
-def _probe_boundary(bwrap: str) -> Probe:
-    """Run a real sandbox and check from inside that it holds (no uid 0, no capabilities)."""
+def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
+    """Run a real sandbox and check from inside that it holds (no uid 0, no capabilities, seccomp on)."""
     import subprocess
     import tempfile
 
@@ -214,16 +377,31 @@ def _probe_boundary(bwrap: str) -> Probe:
             os.chown(ws, uid, uid)
             kwargs = {"user": uid, "group": uid, "extra_groups": []}
         cfg = BwrapConfig(bwrap, network=False, tmp_size=None)
-        check = "id -u; grep CapEff /proc/self/status"
-        argv = build_argv(cfg, ws, "", ["/bin/sh", "-c", check], as_root_host=_is_root())
+        python = shutil.which("python3", path=visible_path_entries(MINIMAL_PATH))
+        check = f"id -u; grep CapEff /proc/self/status; {probe_script(python)}"
         try:
+            seccomp_fd = seccomp.open_filter_fd(network_restricted=True)
+        except SetupFailed as exc:
+            return Probe(False, exc.cause, exc.fix)
+        try:
+            argv = build_argv(cfg, ws, "", ["/bin/sh", "-c", check], as_root_host=_is_root(), seccomp_fd=seccomp_fd)
             proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=10, env={"PATH": MINIMAL_PATH}, **kwargs
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                env={"PATH": MINIMAL_PATH},
+                pass_fds=(seccomp_fd,),
+                **kwargs,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Probe(False, f"bwrap could not start: {exc}", "check that bwrap is executable")
+        finally:
+            os.close(seccomp_fd)
     if proc.returncode != 0:
         err = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        if "seccomp" in proc.stderr.lower():
+            return Probe(False, f"bwrap could not load the seccomp filter: {err[0]}", LOAD_FAILED_FIX)
         return Probe(
             False,
             f"bwrap failed: {err[0]}",
@@ -234,4 +412,7 @@ def _probe_boundary(bwrap: str) -> Probe:
     lines = proc.stdout.split()
     if not lines or lines[0] == "0" or "0000000000000000" not in proc.stdout:
         return Probe(False, f"the sandboxed process kept privileges ({proc.stdout.strip()!r})", "report this as a bug")
-    return Probe(True, f"bubblewrap at {bwrap}; probe ran as uid {lines[0]} without capabilities")
+    filtered = check_probe(proc.stdout)
+    if not filtered.ok:
+        return filtered
+    return Probe(True, f"bubblewrap at {bwrap}; probe ran as uid {lines[0]} without capabilities; {filtered.reason}")

@@ -5,11 +5,15 @@ Design (see docs/backends/sandbox.md):
 * The sandbox root is an empty tmpfs. Only system directories of the host are
   bound into it, read-only (``/usr``, ``/etc``, ``/opt``…); ``/home``, ``/root``,
   ``/mnt``, ``/srv``, ``/run`` and the host's ``/tmp`` are not there at all.
-* The workspace is bound read-write at ``/workspace``; its ``skills/`` and
-  ``metadata.json`` are bound read-only over it.
+* The workspace is bound at ``/workspace`` as its :class:`~.policy.SandboxPolicy`
+  says (:func:`policy_mounts`): by default read-only, with the layout directories
+  bound writable over it; extra host grants, no-access masks (an empty mode-000
+  tmpfs or file) and protected paths bound read-only come on top, most specific
+  last. Credential stores of the host HOME are masked wherever they are visible.
 * All namespaces are unshared (user, pid, ipc, uts, cgroup, and net unless the
   network is on); nested user namespaces are disabled; a new session stops
   terminal injection; the sandbox dies with its supervisor.
+* bwrap loads a seccomp filter (:mod:`.seccomp`) just before it runs the program.
 * **Started by root, bwrap is not a boundary** (uid 0 in the sandbox is host
   root with all capabilities of its namespace). So when we are root, bwrap
   itself is started as an unprivileged host uid, derived per workspace; file
@@ -24,10 +28,21 @@ import os
 import shutil
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SANDBOX_WORKSPACE", "BwrapConfig", "build_argv", "sandbox_uid", "visible_path_entries"]
+from ...errors import PathDenied, PolicyViolation
+from ...workspace.confine import ConfinedRoot
+from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
+
+__all__ = [
+    "SANDBOX_WORKSPACE",
+    "BwrapConfig",
+    "build_argv",
+    "policy_mounts",
+    "sandbox_uid",
+    "visible_path_entries",
+]
 
 #: Where the workspace appears inside the sandbox.
 SANDBOX_WORKSPACE = "/workspace"
@@ -35,24 +50,6 @@ SANDBOX_WORKSPACE = "/workspace"
 #: Top-level host entries never bound into the sandbox.
 HIDDEN_TOP = frozenset(
     {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "boot", "lost+found", "workspace"}
-)
-
-#: Credential stores masked wherever they would be visible (relative to the host HOME).
-CREDENTIAL_PATHS = (
-    ".ssh",
-    ".aws",
-    ".config/gcloud",
-    ".kube",
-    ".docker",
-    ".netrc",
-    ".gnupg",
-    ".azure",
-    ".git-credentials",
-    ".npmrc",
-    ".pypirc",
-    ".config/gh",
-    ".password-store",
-    ".vault-token",
 )
 
 _UID_BASE = 1_500_000_000
@@ -71,7 +68,8 @@ class BwrapConfig:
     network: bool
     tmp_size: int | None = 256 * 1024 * 1024
     extra_ro: Sequence[str] = ()
-    host_home: str | None = None
+    mounts: Sequence[str] | None = None
+    """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
 
 
 def _top_level_binds() -> list[str]:
@@ -91,21 +89,6 @@ def _top_level_binds() -> list[str]:
     return args
 
 
-def _credential_masks(home: str | None) -> list[str]:
-    parts = Path(home).parts if home else ()
-    # a home under a hidden top-level dir (/root, /home) is not in the sandbox at all
-    if len(parts) < 2 or parts[1] in HIDDEN_TOP:
-        return []
-    args: list[str] = []
-    for rel in CREDENTIAL_PATHS:
-        p = os.path.join(str(home), rel)
-        if os.path.isdir(p) and not os.path.islink(p):
-            args += ["--tmpfs", p]
-        elif os.path.lexists(p):
-            args += ["--ro-bind", "/dev/null", p]
-    return args
-
-
 def _network_files(network: bool) -> list[str]:
     if not network:
         return []
@@ -116,8 +99,21 @@ def _network_files(network: bool) -> list[str]:
     return []
 
 
-def build_argv(cfg: BwrapConfig, ws_root: Path, cwd_rel: str, argv: Sequence[str], *, as_root_host: bool) -> list[str]:
-    """The complete bwrap command line for one run. No environment values appear in it."""
+def build_argv(
+    cfg: BwrapConfig,
+    ws_root: Path,
+    cwd_rel: str,
+    argv: Sequence[str],
+    *,
+    as_root_host: bool,
+    seccomp_fd: int | None = None,
+) -> list[str]:
+    """The complete bwrap command line for one run. No environment values appear in it.
+
+    ``seccomp_fd``: an fd (passed to bwrap) holding the BPF program bwrap loads before exec (see :mod:`.seccomp`).
+    ``as_root_host`` no longer changes the command line: what the program may see of the host
+    (credential stores included) comes from the policy, in ``cfg.mounts`` (:func:`policy_mounts`).
+    """
     args = [
         cfg.bwrap,
         "--unshare-user",
@@ -135,21 +131,19 @@ def build_argv(cfg: BwrapConfig, ws_root: Path, cwd_rel: str, argv: Sequence[str
     ]
     if not cfg.network:
         args.append("--unshare-net")
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += _top_level_binds()
     args += ["--dev", "/dev", "--proc", "/proc"]
     if cfg.tmp_size:
         args += ["--size", str(cfg.tmp_size)]
     args += ["--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
-    if not as_root_host:
-        args += _credential_masks(cfg.host_home)
     for path in cfg.extra_ro:
         args += ["--ro-bind", path, path]
     ws = SANDBOX_WORKSPACE
+    args += cfg.mounts if cfg.mounts is not None else ["--bind", str(ws_root), ws]
     args += [
-        "--bind", str(ws_root), ws,
-        "--ro-bind", str(ws_root / "skills"), f"{ws}/skills",
-        "--ro-bind", str(ws_root / "metadata.json"), f"{ws}/metadata.json",
         "--chdir", f"{ws}/{cwd_rel}".rstrip("/"),
         "--",
         *argv,
@@ -169,3 +163,323 @@ def visible_path_entries(path: str) -> str:
 
 def find_bwrap(explicit: str | None = None) -> str | None:
     return explicit or shutil.which("bwrap")
+
+
+# -- the policy as mounts ---------------------------------------------------------------------------
+
+#: Most glob matches masked in one run; beyond that the policy is refused (each mask is a mount).
+MAX_GLOB_MASKS = 1000
+#: Most workspace entries walked to expand no-access globs at the start of a run.
+MAX_GLOB_WALK = 200_000
+#: The empty, mode-000 file bound over files nobody may read (directories get an empty tmpfs).
+MASK_FILE = f"{INTERNAL_DIR}/denied"
+#: Host locations no grant may cover: the sandbox has its own, a host one would undo them.
+_UNGRANTABLE = ("/proc", "/dev", "/sys", SANDBOX_WORKSPACE)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class _Op:
+    """One mount. Mounts are made shallow to deep, so none covers a deeper one made before it
+    (bwrap binds are recursive from the host side); at equal depth a mask comes last."""
+
+    depth: int
+    mask: bool
+    dest: str
+    args: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The mounts of one run, planned before any is emitted."""
+
+    root: str
+    visible_top: frozenset[str]
+    host_ops: list[_Op] = field(default_factory=list)
+    ws_ops: list[_Op] = field(default_factory=list)
+    host_levels: dict[str, Access] = field(default_factory=dict)
+    ws_levels: dict[str, Access] = field(default_factory=dict)
+    remount: list[str] = field(default_factory=list)
+    mask_file: bool = False
+
+    def host_level(self, path: str) -> Access | None:
+        """What the deepest planned host mount gives ``path`` (None: not in the sandbox at all)."""
+        best = max((p for p in self.host_levels if is_under(path, p)), key=len, default=None)
+        if best is not None:
+            return self.host_levels[best]
+        top = path_parts(path)[:1]
+        return Access.READ if top and top[0] in self.visible_top else None
+
+    def ws_level(self, rel: str) -> Access:
+        """What the deepest planned workspace mount gives ``rel`` ("." is /workspace)."""
+        parts = path_parts(rel)
+        for n in range(len(parts), 0, -1):
+            anc = "/".join(parts[:n])
+            if anc in self.ws_levels:
+                return self.ws_levels[anc]
+        return self.ws_levels["."]
+
+    def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access) -> None:
+        ops.append(_Op(depth, False, dest, ("--bind" if access.can_write else "--ro-bind", src, dest)))
+
+    def mask(self, ops: list[_Op], dest: str, depth: int, kind: str, *, traversable: bool = False) -> None:
+        if kind == "dir":
+            # an empty tmpfs, remounted read-only once every deeper grant is mounted in it;
+            # 0111 lets deeper grants be reached without listing anything else
+            mode = "0111" if traversable else "0000"
+            ops.append(_Op(depth, True, dest, ("--perms", mode, "--tmpfs", dest)))
+            self.remount.append(dest)
+        else:
+            ops.append(_Op(depth, True, dest, ("--ro-bind", os.path.join(self.root, MASK_FILE), dest)))
+            self.mask_file = True
+
+
+def _visible_top() -> frozenset[str]:
+    return frozenset(
+        e for e in os.listdir("/") if e not in HIDDEN_TOP and os.path.isdir(f"/{e}") and not os.path.islink(f"/{e}")
+    )
+
+
+def _host_kind(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    return "dir" if stat.S_ISDIR(st.st_mode) else "file"
+
+
+def _ws_kind(root: str, rel: str) -> str:
+    """dir, file, missing, or link (a symlink or non-directory on the way: never bound from)."""
+    if rel == ".":
+        return "dir"
+    parts = rel.split("/")
+    try:
+        with ConfinedRoot(root) as cr:
+            dfd = cr.open_dir(parts[:-1], display=rel)
+            try:
+                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            finally:
+                os.close(dfd)
+    except FileNotFoundError:
+        return "missing"
+    except (PathDenied, NotADirectoryError):
+        return "link"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return "link" if stat.S_ISLNK(st.st_mode) else "file"
+
+
+def _opened_below(path: str, targets: Sequence[Target]) -> bool:
+    return any(t.path != path and is_under(t.path, path) and t.access.can_read for t in targets)
+
+
+# -- host paths
+
+
+def _host_grant(p: _Plan, t: Target) -> None:
+    if t.path == "/" or any(is_under(t.path, u) or is_under(u, t.path) for u in _UNGRANTABLE):
+        raise PolicyViolation(f"a grant on {t.path} would replace the sandbox's own /proc, /dev, /sys or /workspace")
+    if _host_kind(t.path) == "missing":
+        raise PathDenied(t.path, "granted host path does not exist (create it first)")
+    p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
+    p.host_levels[t.path] = t.access
+
+
+def _pin_host(p: _Plan, path: str) -> None:
+    """Bind each writable ancestor of ``path`` over itself: a mount point cannot be renamed, so the
+    program cannot move a denied path out from under its rule (the next run would not mask it)."""
+    parts = path_parts(path)
+    for n in range(1, len(parts)):
+        anc = "/" + "/".join(parts[:n])
+        if anc not in p.host_levels and p.host_level(anc) is Access.WRITE:
+            p.bind(p.host_ops, anc, anc, n, Access.WRITE)
+            p.host_levels[anc] = Access.WRITE
+
+
+def _host_denial(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
+    level = p.host_level(t.path)  # paths are canonical since SandboxPolicy.with_home
+    if level is None or level is Access.NONE:
+        return  # not in the sandbox at all, or hidden already
+    kind = _host_kind(t.path)
+    if kind == "missing":
+        # nothing to hide, unless the program could create it (an authorized_keys, say)
+        if level is Access.WRITE:
+            raise PolicyViolation(
+                f"cannot keep {t.path} out of reach: it does not exist under a writable grant, so the "
+                "program could create it; create it first, or narrow the write grant"
+            )
+        return
+    _pin_host(p, t.path)
+    p.mask(p.host_ops, t.path, len(path_parts(t.path)), kind, traversable=_opened_below(t.path, targets))
+    p.host_levels[t.path] = Access.NONE
+
+
+def _hide(p: _Plan, path: str) -> None:
+    """Mask a host directory the sandbox must not see through a grant (workspaces at their host paths)."""
+    real = os.path.realpath(path)
+    level = p.host_level(real)
+    if level is not None and level is not Access.NONE and _host_kind(real) == "dir":
+        _pin_host(p, real)
+        p.mask(p.host_ops, real, len(path_parts(real)), "dir")
+        p.host_levels[real] = Access.NONE
+
+
+# -- workspace paths
+
+
+def _ws_dest(rel: str) -> str:
+    return SANDBOX_WORKSPACE if rel == "." else f"{SANDBOX_WORKSPACE}/{rel}"
+
+
+def _pin_ws(p: _Plan, rel: str) -> None:
+    """The workspace twin of :func:`_pin_host`: writable ancestors of ``rel`` become mount points."""
+    parts = rel.split("/")
+    for n in range(1, len(parts)):
+        anc = "/".join(parts[:n])
+        if anc not in p.ws_levels and p.ws_level(anc) is Access.WRITE:
+            p.bind(p.ws_ops, os.path.join(p.root, anc), _ws_dest(anc), n, Access.WRITE)
+            p.ws_levels[anc] = Access.WRITE
+
+
+def _create_protected(root: str, rel: str) -> None:
+    """Create a missing protected directory read-only, so that it can be bound read-only: a program
+    with a writable parent would otherwise create it and make it its own."""
+    with ConfinedRoot(root) as cr:
+        fd = cr.open_dir(rel.split("/"), create=True)
+        try:
+            os.fchmod(fd, 0o555)
+        finally:
+            os.close(fd)
+
+
+def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
+    assert t.rel is not None
+    parent_rel = t.rel.rpartition("/")[0] or "."
+    parent = p.ws_level(parent_rel)
+    if t.access is parent:
+        return  # the parent's mount already gives it
+    kind = _ws_kind(p.root, t.rel)
+    depth = len(path_parts(t.rel))
+    if t.access is Access.NONE:
+        if kind in ("dir", "file"):  # missing: nothing to hide; a link: its target is judged where it lies
+            _pin_ws(p, t.rel)
+            p.mask(p.ws_ops, _ws_dest(t.rel), depth, kind, traversable=_opened_below(t.path, targets))
+            p.ws_levels[t.rel] = Access.NONE
+        return
+    if kind == "missing" and t.protected and parent.can_write and _ws_kind(p.root, parent_rel) == "dir":
+        _create_protected(p.root, t.rel)
+        kind = "dir"
+    if kind == "missing":
+        return
+    if kind == "link":
+        raise PathDenied(t.rel, "is a symlink or lies under one; refusing to mount it (remove it and retry)")
+    _pin_ws(p, t.rel)
+    p.bind(p.ws_ops, t.path, _ws_dest(t.rel), depth, t.access)
+    p.ws_levels[t.rel] = t.access
+
+
+def _glob_matches(p: _Plan, policy: SandboxPolicy) -> list[tuple[str, str]]:
+    """Existing workspace entries a no-access glob matches (not below a match or a masked path)."""
+    found: list[tuple[str, str]] = []
+    budget = [MAX_GLOB_WALK]
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def walk(dfd: int, prefix: str) -> None:
+        with os.scandir(dfd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        budget[0] -= len(entries)
+        if budget[0] < 0:
+            raise PolicyViolation(f"more than {MAX_GLOB_WALK} workspace entries: too many to expand no-access globs")
+        for e in entries:
+            rel = f"{prefix}/{e.name}" if prefix else e.name
+            if p.ws_levels.get(rel) is Access.NONE:
+                continue
+            st = e.stat(follow_symlinks=False)
+            if policy.glob_hit(rel):
+                if not stat.S_ISLNK(st.st_mode):
+                    found.append((rel, "dir" if stat.S_ISDIR(st.st_mode) else "file"))
+            elif stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(e.name, dir_flags, dir_fd=dfd)
+                except OSError:
+                    continue  # swapped for a link since the listing: never followed
+                try:
+                    walk(sub, rel)
+                finally:
+                    os.close(sub)
+
+    top = os.open(p.root, dir_flags)
+    try:
+        walk(top, "")
+    finally:
+        os.close(top)
+    if len(found) > MAX_GLOB_MASKS:
+        raise PolicyViolation(f"no-access globs match {len(found)} entries, more than {MAX_GLOB_MASKS} can be masked")
+    return found
+
+
+def _plan_workspace(p: _Plan, res: Resolver) -> None:
+    ws_targets = [t for t in res.targets if t.rel is not None]
+    root_t = ws_targets[0]
+    if root_t.access is Access.NONE:
+        p.mask(p.ws_ops, SANDBOX_WORKSPACE, 0, "dir", traversable=_opened_below(root_t.path, res.targets))
+    else:
+        p.bind(p.ws_ops, p.root, SANDBOX_WORKSPACE, 0, root_t.access)
+    p.ws_levels["."] = root_t.access
+    for t in ws_targets[1:]:
+        assert t.rel is not None
+        if res.policy.glob_hit(t.rel):
+            continue  # under a glob match: a hard deny, masked below
+        _ws_rule(p, t, res.targets)
+    if res.policy.no_access_globs:
+        for rel, kind in _glob_matches(p, res.policy):
+            _pin_ws(p, rel)
+            p.mask(p.ws_ops, _ws_dest(rel), len(path_parts(rel)), kind)
+
+
+def _ensure_mask_file(root: str) -> None:
+    with ConfinedRoot(root) as cr:
+        dfd = cr.open_dir([INTERNAL_DIR], create=True)
+        try:
+            try:
+                st = os.stat("denied", dir_fd=dfd, follow_symlinks=False)
+                ok = stat.S_ISREG(st.st_mode) and st.st_size == 0 and stat.S_IMODE(st.st_mode) == 0 and st.st_nlink == 1
+            except FileNotFoundError:
+                ok = False
+        finally:
+            os.close(dfd)
+        if not ok:
+            cr.write_file(MASK_FILE, b"", 0o000)
+
+
+def policy_mounts(res: Resolver, cwd_rel: str = "", *, hidden: Sequence[Path] = ()) -> list[str]:
+    """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
+    path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
+    the glob denials; each tree shallow to deep, so the most specific rule is mounted last.
+
+    Judges the host as it is now: call it right before the run. Side effects: creates missing
+    protected directories under writable parents (mode 0555) and ``.execspace/denied``.
+
+    Raises:
+        PolicyViolation: a rule that cannot be enforced (a grant over /proc, a missing
+            no-access path the program could create, too many glob matches).
+        PathDenied: a granted host path that does not exist; a symlink where a workspace
+            rule must mount; a cwd the policy hides.
+    """
+    if cwd_rel and not res.access(cwd_rel).can_read:
+        raise PathDenied(cwd_rel, "the sandbox policy gives no access to the working directory")
+    p = _Plan(res.root, _visible_top())
+    for t in res.targets:
+        if t.rel is None and t.access.can_read:
+            _host_grant(p, t)
+        elif t.rel is None:
+            _host_denial(p, t, res.targets)
+    for h in (*hidden, res.root):
+        _hide(p, str(h))
+    _plan_workspace(p, res)
+    if p.mask_file:
+        _ensure_mask_file(res.root)
+    args = [a for op in sorted(p.host_ops) for a in op.args]
+    args += [a for op in sorted(p.ws_ops) for a in op.args]
+    for dest in p.remount:
+        args += ["--remount-ro", dest]
+    return args

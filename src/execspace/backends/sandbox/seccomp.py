@@ -1,0 +1,352 @@
+"""The seccomp filter that bubblewrap loads before it runs the program (``bwrap --seccomp FD``).
+
+Namespaces and dropped capabilities already stop most escapes; this filter closes the routes they leave
+open and removes kernel attack surface that sandboxed code has no use for. Design choices:
+
+* **Default allow, deny by rule.** An allow-list of syscalls breaks ordinary programs with every new libc
+  or runtime; the rules below name what is refused and why (:data:`ALWAYS`, :data:`RESTRICTED_NETWORK`).
+* **EPERM, not kill**, so a program gets a clear ``Operation not permitted`` it can report or work around.
+  ``clone3`` is the exception: ENOSYS, because its flags live in memory seccomp cannot read, and libc and
+  language runtimes fall back to ``clone``, whose flags the filter can check.
+* **Only the native ABI** (x86_64 or aarch64). A syscall through another ABI (x32 or 32-bit compat on
+  x86_64, arm32 on aarch64) has other numbers that these rules do not check, so it kills the process.
+* **Integer arguments are compared on their low 32 bits**: the kernel truncates ``int`` arguments, so a
+  program passing ``AF_UNIX | 1 << 32`` would slip past a 64-bit comparison (the TIOCSTI filter bypass).
+* ``personality()`` is left alone: its flags (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC…) weaken only the
+  calling process, the setuid exec where they mattered is moot under bwrap's no_new_privs, and tools such as
+  ``setarch`` need it.
+
+The BPF program is built with libseccomp (through ``pyseccomp``) once per :class:`SeccompFilters` and
+handed to each run in a sealed memfd.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import SetupFailed
+from ...registry import Probe
+
+__all__ = [
+    "ALWAYS",
+    "LOAD_FAILED_FIX",
+    "RESTRICTED_NETWORK",
+    "Deny",
+    "SeccompFilters",
+    "build_bpf",
+    "check_probe",
+    "describe",
+    "probe_script",
+    "rules",
+    "sealed_memfd",
+]
+
+_INT = 0xFFFF_FFFF
+_AF_UNIX = 1
+_AF_VSOCK = 40
+_SOCK_STREAM = 1
+_SOCK_SEQPACKET = 5
+_SOCK_TYPE_MASK = 0xF  # the rest of the type argument is SOCK_NONBLOCK / SOCK_CLOEXEC
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
+_CLONE_NEW_FLAGS = (
+    0x0002_0000,  # CLONE_NEWNS
+    0x0200_0000,  # CLONE_NEWCGROUP
+    0x0400_0000,  # CLONE_NEWUTS
+    0x0800_0000,  # CLONE_NEWIPC
+    0x1000_0000,  # CLONE_NEWUSER
+    0x2000_0000,  # CLONE_NEWPID
+    0x4000_0000,  # CLONE_NEWNET
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Calls of ``syscalls`` whose arguments match every ``when`` condition fail with ``error``.
+
+    A condition ``(index, mask, value)`` matches when ``args[index] & mask == value``.
+    """
+
+    label: str
+    syscalls: tuple[str, ...]
+    why: str
+    when: tuple[tuple[int, int, int], ...] = ()
+    error: int = errno.EPERM
+
+
+_MOUNT_API = (
+    "mount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+)
+_HOST_ADMIN = (
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "acct",
+    "swapon",
+    "swapoff",
+    "syslog",
+)
+
+#: Rules applied whatever the network mode: they guard kernel objects no namespace separates, or kernel
+#: attack surface that has nothing to do with the network.
+ALWAYS: tuple[Deny, ...] = (
+    Deny(
+        "socket/socketpair(AF_VSOCK)",
+        ("socket", "socketpair"),
+        "vsock talks to the hypervisor and the VM host, outside every network namespace",
+        ((0, _INT, _AF_VSOCK),),
+    ),
+    Deny(
+        "io_uring",
+        ("io_uring_setup", "io_uring_enter", "io_uring_register"),
+        "io_uring runs socket and file operations that seccomp never sees, and is a rich source of kernel bugs",
+    ),
+    Deny("bpf", ("bpf",), "eBPF loading is kernel attack surface (verifier bugs) with no use in a sandbox"),
+    Deny("perf_event_open", ("perf_event_open",), "performance counters leak timing and kernel addresses"),
+    Deny("userfaultfd", ("userfaultfd",), "userfaultfd stalls kernel copies at will: the classic race widener"),
+    Deny(
+        "keyctl/add_key/request_key",
+        ("keyctl", "add_key", "request_key"),
+        "keyrings are not namespaced: the keys of the host user would be reachable",
+    ),
+    Deny(
+        "ptrace/process_vm_*/pidfd_getfd",
+        ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
+        "reading or steering another process (or stealing its fds) is not needed to run code, "
+        "and ptrace has a long history of kernel bugs",
+    ),
+    Deny(
+        "kexec/reboot/modules/acct/swap/syslog",
+        _HOST_ADMIN,
+        "kexec, reboot, modules, accounting, swap and the kernel log belong to the host; refused before "
+        "any capability check can go wrong (syslog would otherwise read the kernel log where dmesg is open)",
+    ),
+    Deny(
+        "the mount API (mount, umount2, pivot_root, fs*, move_mount, open_tree, mount_setattr)",
+        _MOUNT_API,
+        "the sandbox's mount table is final: no remount, new mount or mount-fd tricks over bound host paths",
+    ),
+    Deny(
+        "unshare/setns",
+        ("unshare", "setns"),
+        "new namespaces (above all user namespaces) open kernel surface that bwrap deliberately withheld",
+    ),
+    Deny(
+        "clone3",
+        ("clone3",),
+        "its flags are in memory and cannot be checked; ENOSYS makes libc and runtimes fall back to clone",
+        error=errno.ENOSYS,
+    ),
+    *(
+        Deny(
+            "clone(CLONE_NEW*)",
+            ("clone",),
+            "clone with a namespace flag is unshare by another name",
+            ((0, flag, flag),),
+        )
+        for flag in _CLONE_NEW_FLAGS
+    ),
+    Deny(
+        "ioctl(TIOCSTI)",
+        ("ioctl",),
+        "pushes characters into a terminal's input: commands typed into the user's shell",
+        ((1, _INT, _TIOCSTI),),
+    ),
+    Deny(
+        "ioctl(TIOCLINUX)",
+        ("ioctl",),
+        "console selection paste is the same injection on a Linux virtual console",
+        ((1, _INT, _TIOCLINUX),),
+    ),
+)
+
+#: Rules added when the network is restricted. With the network on, the sandbox shares the host's network
+#: namespace, so host loopback services and abstract unix sockets are reachable anyway, and tools expect
+#: AF_UNIX (nscd, syslog, D-Bus clients).
+RESTRICTED_NETWORK: tuple[Deny, ...] = (
+    Deny(
+        "socket(AF_UNIX)",
+        ("socket",),
+        "the empty network namespace hides abstract sockets but not path ones: host daemons' sockets in a "
+        "bound directory (the workspace, a granted path) would stay reachable",
+        ((0, _INT, _AF_UNIX),),
+    ),
+    *(
+        Deny(
+            "socketpair(AF_UNIX, datagram)",
+            ("socketpair",),
+            "a datagram unix socket, even one from socketpair(), can sendto() any named unix socket; the kernel "
+            "turns SOCK_RAW into SOCK_DGRAM, so only stream and seqpacket pairs (which cannot address a third "
+            "socket; Python's multiprocessing and asyncio use them) are let through",
+            ((0, _INT, _AF_UNIX), (1, _SOCK_TYPE_MASK, sock_type)),
+        )
+        for sock_type in range(_SOCK_TYPE_MASK + 1)
+        if sock_type not in (_SOCK_STREAM, _SOCK_SEQPACKET)
+    ),
+)
+
+
+def rules(network_restricted: bool) -> tuple[Deny, ...]:
+    return ALWAYS + RESTRICTED_NETWORK if network_restricted else ALWAYS
+
+
+def describe() -> str:
+    """What the filter refuses, in one line for ``Capabilities.details``."""
+    off_only = dict.fromkeys(f"{r.label} (network off only)" for r in RESTRICTED_NETWORK)
+    eperm = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.EPERM)
+    enosys = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.ENOSYS)
+    return (
+        f"seccomp (libseccomp, loaded by bwrap): EPERM for {', '.join([*off_only, *eperm])}; "
+        f"ENOSYS for {', '.join(enosys)}; a syscall of another ABI (x32, 32-bit compat) kills the process"
+    )
+
+
+def _libseccomp() -> Any:
+    """The pyseccomp module; it loads libseccomp.so.2 when imported."""
+    try:
+        import pyseccomp
+    except (ImportError, RuntimeError) as exc:  # RuntimeError: pyseccomp found no libseccomp.so
+        raise SetupFailed(
+            "sandbox",
+            f"cannot build the seccomp filter: {exc}",
+            "pip install pyseccomp, and install libseccomp (apt-get install libseccomp2, dnf install libseccomp)",
+        ) from exc
+    return pyseccomp
+
+
+def build_bpf(network_restricted: bool) -> bytes:
+    """The classic-BPF program for one network mode, as ``bwrap --seccomp`` reads it."""
+    sc = _libseccomp()
+    if sc.system_arch() not in (sc.Arch.X86_64, sc.Arch.AARCH64):
+        raise SetupFailed(
+            "sandbox",
+            f"the seccomp filter is only built for x86_64 and aarch64, not {os.uname().machine}",
+            "use the container backend on this machine",
+        )
+    filt = sc.SyscallFilter(sc.ALLOW)
+    filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    for rule in rules(network_restricted):
+        conditions = [sc.Arg(index, sc.MASKED_EQ, mask, value) for index, mask, value in rule.when]
+        for name in rule.syscalls:
+            filt.add_rule(sc.ERRNO(rule.error), _syscall_number(sc, name), *conditions)
+    with open(os.memfd_create("execspace-seccomp-export", os.MFD_CLOEXEC), "w+b") as out:
+        filt.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def _syscall_number(sc: Any, name: str) -> int:
+    nr: int = sc.resolve_syscall(sc.Arch.NATIVE, name)
+    if nr < 0:
+        # every rule names a syscall of both supported arches: an unknown name means an old libseccomp,
+        # and skipping the rule would leave that syscall open
+        raise SetupFailed(
+            "sandbox",
+            f"libseccomp does not know the syscall {name!r}",
+            "upgrade libseccomp to 2.5.2 or later",
+        )
+    return nr
+
+
+def sealed_memfd(data: bytes, name: str = "execspace-seccomp") -> int:
+    """A read-only-forever memfd holding ``data``, positioned at offset 0; the caller closes it.
+
+    Sealed so that nothing holding the fd (bwrap runs as the sandbox's uid) can change the program between
+    our write and bwrap's read. Close-on-exec: only ``pass_fds`` hands it to bwrap, never to other programs
+    started meanwhile.
+    """
+    import fcntl  # here, not at the top: the seal constants exist on Linux only, and macOS imports this module
+
+    seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class SeccompFilters:
+    """The filters of one engine: each mode's BPF is built on first use and reused for every run."""
+
+    __slots__ = ("_bpf",)
+
+    def __init__(self) -> None:
+        self._bpf: dict[bool, bytes] = {}
+
+    def bpf(self, network_restricted: bool) -> bytes:
+        cached = self._bpf.get(network_restricted)
+        if cached is None:
+            # two threads racing here build the same bytes twice, which is harmless
+            cached = self._bpf[network_restricted] = build_bpf(network_restricted)
+        return cached
+
+    def open_filter_fd(self, network_restricted: bool) -> int:
+        """A sealed memfd with the BPF for ``bwrap --seccomp FD``; the caller closes it after the spawn."""
+        return sealed_memfd(self.bpf(network_restricted))
+
+
+#: The fix to name when bwrap cannot load the filter.
+LOAD_FAILED_FIX = (
+    "use a kernel built with CONFIG_SECCOMP_FILTER=y; in a container, allow seccomp() and prctl(PR_SET_SECCOMP) "
+    "(Docker's and Podman's default profiles do)"
+)
+
+_AF_UNIX_TRY = """import socket
+try:
+    socket.socket(socket.AF_UNIX).close()
+except OSError as exc:
+    print("AF_UNIX", exc.errno)
+else:
+    print("AF_UNIX", 0)
+"""
+
+
+def probe_script(python: str | None) -> str:
+    """Shell commands for the boundary probe: show the seccomp mode and try the call the filter must refuse.
+
+    Without a Python visible in the sandbox only the mode is shown; bwrap itself fails if the kernel refuses the
+    filter, so the probe still fails closed.
+    """
+    script = "grep '^Seccomp:' /proc/self/status"
+    if python is not None:
+        script += f"; {shlex.quote(python)} -c {shlex.quote(_AF_UNIX_TRY)}"
+    return script + "; true"
+
+
+def check_probe(stdout: str) -> Probe:
+    """Judge the output of :func:`probe_script` (run with the network-restricted filter)."""
+    found = dict(parts for parts in (line.split() for line in stdout.splitlines()) if len(parts) == 2)
+    if found.get("Seccomp:") != "2":
+        return Probe(False, "no seccomp filter was active inside the sandbox", LOAD_FAILED_FIX)
+    unix = found.get("AF_UNIX")
+    if unix is None:
+        return Probe(True, "seccomp filter active (not exercised: no working python3 inside the sandbox)")
+    if unix != str(errno.EPERM):
+        return Probe(
+            False,
+            f"the seccomp filter did not refuse socket(AF_UNIX) inside the sandbox (errno {unix})",
+            "report this as a bug, with `uname -rm` and the libseccomp version",
+        )
+    return Probe(True, "seccomp filter active (socket(AF_UNIX) refused with EPERM)")
