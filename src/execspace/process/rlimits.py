@@ -39,9 +39,12 @@ def rlimit_preexec(limits: ResourceLimits) -> Callable[[], None] | None:
 
 
 def classify_rlimit_exit(code: int) -> str | None:
-    """Name the limit behind an exit status, when the signal tells."""
-    if code == -signal.SIGXCPU:
+    """Name the limit behind an exit status, when the signal tells.
+
+    ``-N`` is a direct death by signal N; ``128+N`` is how a shell or bwrap reports one.
+    """
+    if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return "cpu_seconds"
-    if code == -signal.SIGXFSZ:
+    if code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
         return "file_size_bytes"
     return None

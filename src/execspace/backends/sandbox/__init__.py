@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, Prepared
-from ...process.rlimits import RLIMIT_ENFORCED
+from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
@@ -40,6 +41,7 @@ from .bwrap import (
     sandbox_uid,
     visible_path_entries,
 )
+from .cgroups import CgroupSupport
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .seatbelt import probe_seatbelt, seatbelt_capabilities, seatbelt_engine
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
@@ -69,9 +71,11 @@ class SandboxRunner(HostRunner):
         seccomp: SeccompFilters,
         policy: SandboxPolicy | None = None,
         hidden: Sequence[Path] = (),
+        cgroups: CgroupSupport | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.cgroups = cgroups or CgroupSupport({})
         self.bwrap = bwrap
         self.network_default = network_default
         self.seccomp = seccomp
@@ -118,10 +122,36 @@ class SandboxRunner(HostRunner):
         launch.pass_fds = (*launch.pass_fds, seccomp_fd)
         launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
         if _is_root():
-            uid = sandbox_uid(prep.root)
-            launch.user, launch.group = uid, uid
-            launch.preexec_fn = _with_nproc(launch.preexec_fn, prep.spec.limits.pids)
+            self._drop_to_sandbox_uid(prep, launch)
         return launch
+
+    def _drop_to_sandbox_uid(self, prep: Prepared, launch: Launch) -> None:
+        """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits need one."""
+        uid = sandbox_uid(prep.root)
+        limits = prep.spec.limits
+        group = self.cgroups.create(limits)
+        if group is None:
+            launch.user, launch.group = uid, uid
+            launch.preexec_fn = _with_nproc(launch.preexec_fn, limits.pids)
+            return
+        # the group does these for the whole sandbox; per-process rlimits would only get in the way
+        in_group = group.enforces()
+        rest = replace(
+            limits,
+            memory_bytes=None if "memory_bytes" in in_group else limits.memory_bytes,
+            pids=None if "pids" in in_group else limits.pids,
+        )
+        # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
+        launch.preexec_fn = _join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid)
+        hit: list[str | None] = [None]
+
+        def finish() -> None:
+            hit[0] = group.limit_hit()
+            group.remove()
+
+        launch.on_exit.append(finish)
+        rlimit_classify = launch.classify_exit
+        launch.classify_exit = lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None)
 
 
 def _with_nproc(inner: Any, pids: int | None) -> Any:
@@ -135,6 +165,30 @@ def _with_nproc(inner: Any, pids: int | None) -> Any:
             inner()
         # the uid is unique to this workspace, so NPROC counts only its processes
         resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+
+    return apply
+
+
+def _pids_detail(groups: CgroupSupport) -> str:
+    if "pids" in groups.enforced:
+        return "cgroup pids.max over the whole sandbox (" + groups.describe()["pids"] + ")"
+    return "RLIMIT_NPROC of the per-workspace uid" if _is_root() else "not enforced (not root)"
+
+
+def _memory_detail(groups: CgroupSupport) -> str:
+    if "memory_bytes" in groups.enforced:
+        return "cgroup memory limit over the whole sandbox, swap included (" + groups.describe()["memory"] + ")"
+    return "RLIMIT_AS per process"
+
+
+def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
+    def apply() -> None:
+        join()
+        if limits is not None:
+            limits()
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
 
     return apply
 
@@ -164,7 +218,12 @@ class SandboxBackend:
 
     @classmethod
     def capabilities(
-        cls, env_policy: EnvPolicy | None = None, network_default: bool = False, *, policy: SandboxPolicy | None = None
+        cls,
+        env_policy: EnvPolicy | None = None,
+        network_default: bool = False,
+        *,
+        policy: SandboxPolicy | None = None,
+        cgroups: CgroupSupport | None = None,
     ) -> Capabilities:
         if policy is not None and not policy.managed:
             return _unmanaged_capabilities(policy, env_policy)
@@ -174,6 +233,7 @@ class SandboxBackend:
             network_default = policy.network_enabled
         host_path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
         limits = {"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED
+        groups = cgroups or CgroupSupport({})
         if _is_root():
             limits.add("pids")
         return Capabilities(
@@ -192,7 +252,8 @@ class SandboxBackend:
                 "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, "
                 "no host /home /root /run",
                 "uid": "per-workspace unprivileged uid" if _is_root() else "your uid, without capabilities",
-                "pids": "RLIMIT_NPROC of the per-workspace uid" if _is_root() else "not enforced (not root)",
+                "pids": _pids_detail(groups),
+                "memory_bytes": _memory_detail(groups),
                 "seccomp": describe(),
                 "profile": (policy or SandboxPolicy()).summary(),
             },
@@ -233,7 +294,8 @@ class SandboxBackend:
         probe = await cls.probe(bwrap=bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
-        caps = cls.capabilities(env_policy, policy=policy)
+        cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
+        caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups)
         if sys.platform == "darwin":
             return seatbelt_engine(policy, root, caps, env_policy, host_roots, artifacts, kill_grace)
         bwrap_path = find_bwrap(bwrap)
@@ -260,6 +322,8 @@ class SandboxBackend:
             seccomp=seccomp,
             policy=policy,
             hidden=(root,),
+            cgroups=cgroups,
+            owner=owner,
             capabilities=lambda: caps,
             env_policy=env_policy,
             kill_grace=kill_grace,

@@ -93,6 +93,7 @@ class CgroupSupport:
             base = cls._v1_base(controller, groups, mounts) or cls._v2_base(controller, groups, mounts)
             if base is not None and _can_create(base.path):
                 bases[controller] = base
+                _remove_stale(base.path)
         return cls(bases)
 
     @staticmethod
@@ -129,6 +130,26 @@ class CgroupSupport:
         return group
 
 
+def _remove_stale(base: Path) -> None:
+    """Remove run groups left by an execspace process that died before cleaning up."""
+    with contextlib.suppress(OSError):
+        for entry in base.iterdir():
+            parts = entry.name.split("-")
+            if len(parts) == 3 and parts[0] == "run" and parts[1].isdigit() and not _alive(int(parts[1])):
+                with contextlib.suppress(OSError):
+                    entry.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _can_create(base: Path) -> bool:
     probe = base / f"probe-{secrets.token_hex(4)}"
     try:
@@ -159,6 +180,10 @@ class RunCgroup:
                     _write(swap, limits.memory_bytes if v1 else 0)
             if controller == "pids" and limits.pids is not None:
                 _write(path / "pids.max", limits.pids + BWRAP_HELPER_PIDS)
+
+    def enforces(self) -> frozenset[str]:
+        """Limit names this group applies (the rest stays with rlimits)."""
+        return frozenset(_CONTROLLERS[c] for c in self.paths)
 
     def join_fn(self) -> Callable[[], None]:
         """For ``preexec_fn``: move the calling (child) process into every group."""
