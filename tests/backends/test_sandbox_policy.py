@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import CapabilityError, Isolation, PathDenied, PolicyViolation, PutFile, RunProgramSpec
+from execspace import CapabilityError, InputSpec, Isolation, PathDenied, PolicyViolation, PutFile, RunProgramSpec
 from execspace.backends.sandbox import Profile, SandboxPolicy
 from execspace.backends.sandbox.policy import CREDENTIAL_PATHS, Access
 from execspace.errors import InvalidSpec, UnsupportedBackend
@@ -425,6 +425,12 @@ async def test_credential_store_of_home_is_not_readable(tmp_path: Path, monkeypa
         assert staged == ["notes.txt"]
         with pytest.raises(PathDenied):
             await engine.fs.stage_directory(ws, home / ".ssh", "work/ssh")
+        # single files staged as host:// inputs obey the same rules
+        for cred in (home / ".ssh/id_rsa", home / ".netrc"):
+            with pytest.raises(PathDenied):
+                await engine.fs.stage_inputs(ws, [InputSpec(f"host://{cred}", dest="work/k")])
+        assert not (host(ws) / "work/k").exists()
+        assert await engine.fs.stage_inputs(ws, [InputSpec(f"host://{home}/notes.txt")]) == ["work/inputs/notes.txt"]
 
 
 async def test_missing_credential_store_under_a_write_grant_is_refused(

@@ -365,6 +365,10 @@ class Stager:
             st = await asyncio.to_thread(os.lstat, real)
         except FileNotFoundError:
             raise InputError(f"host input {plan.src!r} does not exist") from None
+        check = getattr(self.fs, "check", None)
+        if check is not None:
+            # the backend's rules on host paths (e.g. credential stores) hold inside host_roots too
+            check(ws, str(real), "read")
         if plan.mode == "link":
             assert isinstance(self.fs, SupportsHostLink)  # checked by _plan
             await self.fs.link_host(ws, real, plan.dest)
