@@ -540,3 +540,42 @@ def test_python_dash_m(tmp_path: Path) -> None:
     assert proc.returncode == 5
     version = subprocess.run([sys.executable, "-m", "execspace", "--version"], capture_output=True, timeout=60)
     assert version.stdout.startswith(b"execspace ")
+
+
+def _needs_sandbox() -> None:
+    import asyncio
+
+    from execspace.registry import probe_backend
+
+    probe = asyncio.run(probe_backend("sandbox"))
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+
+
+def test_read_only_profile_blocks_writes(cli: Cli, tmp_path: Path) -> None:
+    _needs_sandbox()
+    from tests.support import make_traversable
+
+    make_traversable(tmp_path)
+    proc = cli("run", "--profile", "read-only", "--", "sh", "-c", 'echo x > "$WORK_DIR/f" || echo refused')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"refused\n"
+
+
+def test_deny_flag_hides_a_host_file(cli: Cli, tmp_path: Path) -> None:
+    _needs_sandbox()
+    from tests.support import make_traversable
+
+    make_traversable(tmp_path)
+    script = "head -c4 /etc/passwd; echo; head -c4 /etc/group || echo denied"
+    proc = cli("run", "--deny", "/etc/group", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"root\ndenied\n"  # the file next to it is still readable
+
+
+def test_profile_flags_belong_to_the_sandbox(cli: Cli, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    proc = cli("run", "--backend", "local", "--profile", "read-only", "--", "touch", str(marker))
+    assert proc.returncode == 125
+    assert b"belong to the sandbox backend" in proc.stderr
+    assert not marker.exists()

@@ -70,6 +70,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
     p.add_argument(
+        "--profile",
+        choices=("read-only", "workspace-write", "danger-full-access"),
+        help="sandbox permission profile (default workspace-write; danger-full-access turns the sandbox OFF)",
+    )
+    p.add_argument("--read", action="append", default=[], metavar="PATH", help="sandbox: extra host path to read")
+    p.add_argument("--write", action="append", default=[], metavar="PATH", help="sandbox: extra host path to write")
+    p.add_argument("--deny", action="append", default=[], metavar="PATH", help="sandbox: path with no access at all")
+    p.add_argument(
         "--timeout",
         type=parse_timeout,
         default=DEFAULT_TIMEOUT,
@@ -220,8 +228,28 @@ def read_stdin(disabled: bool) -> bytes | None:
     return sys.stdin.buffer.read()
 
 
+def sandbox_policy(args: argparse.Namespace) -> Any:
+    """The sandbox policy the profile flags ask for, or None when none was given."""
+    if not (args.profile or args.read or args.write or args.deny):
+        return None
+    if args.backend not in (None, "sandbox"):
+        raise UsageError(f"--profile/--read/--write/--deny belong to the sandbox backend, not {args.backend!r}")
+    from ..backends.sandbox import Profile, SandboxPolicy
+
+    policy = SandboxPolicy(profile=Profile[(args.profile or "workspace-write").upper().replace("-", "_")])
+    return (
+        policy.with_read_paths(*[str(Path(p).absolute()) for p in args.read])
+        .with_write_paths(*[str(Path(p).absolute()) for p in args.write])
+        .with_no_access(*args.deny)
+    )
+
+
 def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict[str, Any]:
     options: dict[str, Any] = {}
+    policy = sandbox_policy(args)
+    if policy is not None:
+        args.backend = "sandbox"
+        options["policy"] = policy
     roots = sorted({i.host_root for i in inputs if i.host_root is not None})
     if roots:
         options["host_roots"] = roots
@@ -270,9 +298,10 @@ async def command(args: argparse.Namespace) -> int:
     globs = collect_globs(args.collect)
     inputs = [parse_input(v) for v in args.input]
     stdin = read_stdin(args.no_stdin)
+    options = engine_options(args, inputs)  # may pick the sandbox backend for the profile flags
     if args.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    async with open_engine(args.backend, **engine_options(args, inputs)) as engine:
+    async with open_engine(args.backend, **options) as engine:
         caps = engine.describe()
         warn_if_unisolated(caps)
         caps.require(spec)  # refuse before creating or staging anything
