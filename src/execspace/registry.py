@@ -85,7 +85,7 @@ _BUILTIN = {
         "sandbox",
         "execspace.backends.sandbox:SandboxBackend",
         "apt-get install bubblewrap (Linux) or use macOS's sandbox-exec",
-        "OS sandbox: bubblewrap namespaces on Linux (seccomp and macOS Seatbelt planned)",
+        "OS sandbox: bubblewrap + seccomp on Linux, Seatbelt on macOS",
     ),
 }
 
