@@ -151,6 +151,7 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
 
 # -- timing ---------------------------------------------------------------------------------

@@ -1,13 +1,17 @@
 """Sandbox-backend benchmarks (4): the library against bubblewrap started by hand.
 
-The "bare bwrap" baseline runs the *exact* command line execspace builds
-(``build_argv`` on a scratch workspace) with the same process credentials (the
-per-workspace uid when we are root), so the difference is what the library adds
-around bwrap: environment policy, run directory, supervision, output capture.
+The "bare bwrap" baseline spawns the *exact* process execspace would: the
+runner's own ``prepare`` and ``wrap`` (which calls ``bwrap.build_argv``) build the
+launch once, before timing, on a second workspace of the same engine; every
+baseline run then spawns that argv with the same environment, cwd, uid/gid (the
+per-workspace sandbox uid when we are root) and seccomp filter, and nothing
+else. The difference is what the library adds around bwrap per run: environment
+policy, run directory, argv building, supervision, output capture.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import shutil
@@ -29,59 +33,70 @@ from bench_core import (
     leak_checks,
     ok,
     open_fds,
-    run_env,
     scratch_dir,
 )
 from execspace import RunProgramSpec, Workspace
-from execspace.backends.sandbox.bwrap import (
-    SANDBOX_WORKSPACE,
-    BwrapConfig,
-    build_argv,
-    find_bwrap,
-    sandbox_uid,
-    visible_path_entries,
-)
-from execspace.envpolicy import MINIMAL_PATH
 from execspace.registry import probe_backend
 
 SECTION = "4 sandbox"
 SANDBOX_PYTHON = "/usr/bin/python3"  # /root, /home (pyenv, venvs) are not visible inside
 
 
-def _sandbox_env() -> dict[str, str]:
-    """The environment execspace gives a sandboxed run; without HOME, for one, Python's
-    start-up looks the (passwd-less) sandbox uid up through NSS and gets slower."""
-    env = run_env(SANDBOX_WORKSPACE)
-    env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
-    return env
-
-
 class BareBwrap:
-    """bwrap with execspace's argv and uid, spawned directly (no library in between)."""
+    """Spawns the launches execspace builds, directly: no library code runs per spawn."""
 
-    def __init__(self, root: Path) -> None:
-        bwrap = find_bwrap()
-        assert bwrap is not None
-        self.as_root = os.geteuid() == 0
-        self.ws = root / "ws"
-        for d in ("", "work", "skills"):
-            (self.ws / d).mkdir(mode=0o755, exist_ok=True)
-        (self.ws / "metadata.json").write_text("{}")
-        self.kwargs: dict[str, Any] = {"cwd": str(self.ws), "env": _sandbox_env(), "start_new_session": True}
-        if self.as_root:
-            # the sandbox uid must traverse the root and own the workspace, as execspace arranges
-            uid = sandbox_uid(self.ws)
-            os.chmod(root, 0o711)
-            for d in ("", "work", "skills"):
-                os.chown(self.ws / d, uid, uid)
-            self.kwargs.update(user=uid, group=uid, extra_groups=[])
-        self.cfg = BwrapConfig(bwrap, network=False, host_home=os.environ.get("HOME"))
+    def __init__(self, runner: Any, ws: Workspace) -> None:
+        self.runner, self.ws = runner, ws
+        self.launches: dict[tuple[str, ...], Any] = {}
 
-    def argv(self, cmd: list[str]) -> list[str]:
-        return build_argv(self.cfg, self.ws, "work", cmd, as_root_host=self.as_root)
+    def launch(self, cmd: list[str]) -> Any:
+        key = tuple(cmd)
+        if key not in self.launches:
+            prep = self.runner.prepare(self.ws, RunProgramSpec(cmd[0], cmd[1:]))
+            self.launches[key] = self.runner.wrap(prep)
+        return self.launches[key]
+
+    @property
+    def seccomp(self) -> bool:
+        return any("--seccomp" in la.argv for la in self.launches.values())
 
     async def run(self, cmd: list[str]) -> int:
-        return await bare_run(self.argv(cmd), **self.kwargs)
+        la = self.launch(cmd)
+        argv, pass_fds, fresh = list(la.argv), list(la.pass_fds), []
+        if "--seccomp" in argv:
+            # bwrap reads the filter to EOF: each run needs its own file offset, so reopen the memfd
+            at = argv.index("--seccomp") + 1
+            fresh.append(os.open(f"/proc/self/fd/{argv[at]}", os.O_RDONLY | os.O_CLOEXEC))
+            argv[at] = str(fresh[0])
+            pass_fds = [fd for fd in pass_fds if str(fd) != la.argv[at]] + fresh
+        kwargs: dict[str, Any] = {}
+        if la.user is not None:
+            kwargs.update(user=la.user, group=la.group, extra_groups=[])
+        if la.preexec_fn is not None:
+            kwargs["preexec_fn"] = la.preexec_fn
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=dict(la.env),
+                cwd=la.cwd,
+                start_new_session=True,
+                pass_fds=pass_fds,
+                **kwargs,
+            )
+        finally:
+            for fd in fresh:
+                os.close(fd)
+        await proc.communicate()
+        return proc.returncode or 0
+
+    def close(self) -> None:
+        for la in self.launches.values():
+            for hook in la.after_spawn:  # closes the fds the runner opened for the child
+                hook()
+        self.launches.clear()
 
 
 async def _per_run(engine: execspace.BaseEngine, ws: Workspace, bare: BareBwrap, plan: Plan, report: Report) -> None:
@@ -223,13 +238,15 @@ async def run_sandbox(plan: Plan, report: Report, log: Any) -> None:
         log(f"4/4 sandbox: skipped ({probe.reason})")
         return
     log("4/4 sandbox")
-    with (
-        scratch_dir("execspace-bench-sandbox-") as lib_root,
-        scratch_dir("execspace-bench-bwrap-") as bare_root,
-    ):
-        bare = BareBwrap(bare_root)
-        async with execspace.open_engine("sandbox", workspace_root=lib_root) as engine:
+    with scratch_dir("execspace-bench-sandbox-") as root:
+        async with execspace.open_engine("sandbox", workspace_root=root) as engine:
             ws = await engine.manager.create_workspace("bench/sandbox")
-            await _per_run(engine, ws, bare, plan, report)
-            await _concurrency(engine, ws, bare, plan, report)
+            bare = BareBwrap(engine.runner, await engine.manager.create_workspace("bench/bare-bwrap"))
+            try:
+                await _per_run(engine, ws, bare, plan, report)
+                await _concurrency(engine, ws, bare, plan, report)
+                if bare.seccomp:
+                    report.notes.append("sandbox: library and bare bwrap both load execspace's seccomp filter")
+            finally:
+                bare.close()
     await _cli(plan, report)

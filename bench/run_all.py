@@ -104,10 +104,12 @@ def print_report(machine: dict[str, str], command: str, report: Report, elapsed:
         print()
         for c in report.checks:
             print(f"  [{'ok' if c.passed else 'FAIL'}] {c.section}: {c.name}: {c.value}")
-    if report.notes:
+    if report.notes or report.failed:
         print()
         for note in report.notes:
             print(f"  note: {note}")
+        for failure in report.failed:
+            print(f"  FAILED: {failure}")
     targets = [r for r in report.rows if r.passed is not None]
     missed = [r for r in targets if not r.passed]
     print()
@@ -132,10 +134,15 @@ async def run(args: argparse.Namespace, report: Report) -> None:
     def log(msg: str) -> None:
         print(f"... {msg}", file=sys.stderr, flush=True)
 
-    if args.only in (None, "core"):
-        await run_core(plan, report, log)
-    if args.only in (None, "sandbox"):
-        await run_sandbox(plan, report, log)
+    groups = {"core": run_core, "sandbox": run_sandbox}
+    for name, group in groups.items():
+        if args.only not in (None, name):
+            continue
+        try:
+            await group(plan, report, log)
+        except Exception as exc:  # one broken group must not lose the others' numbers
+            report.failed.append(f"{name} benchmarks failed: {type(exc).__name__}: {exc}")
+            log(report.failed[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             "rows": [r.as_json() for r in report.rows],
             "checks": [asdict(c) for c in report.checks],
             "notes": report.notes,
+            "failed": report.failed,
             "elapsed_s": elapsed,
         }
         args.json.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-    return 0
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def default_workspace_root() -> Path:
     return Path(tempfile.gettempdir()) / f"execspace-{os.getuid()}" / "workspaces"
 
 
-def _private_dir(path: Path, mode: int = 0o700) -> None:
+def private_dir(path: Path, mode: int = 0o700) -> None:
     """Create ``path`` with ``mode`` (0700, or 0711 when a sandbox uid must traverse it)
     and check that nobody else planted or owns it. A parent named ``execspace-<uid>``
     is kept at 0711: traversable, not listable, shared by the backends' roots."""
@@ -106,7 +106,7 @@ class HostWorkspaceManager:
             ws_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         else:
             if not self._root_ready:
-                _private_dir(self.root, 0o700 if self._private_root else 0o711)
+                private_dir(self.root, 0o700 if self._private_root else 0o711)
                 self._root_ready = True
             name = sanitize_id(exec_id)
             if policy.persistence is Persistence.TURN:

@@ -43,6 +43,7 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
+from .probecache import ProbeCache
 from .seatbelt import probe_seatbelt, seatbelt_capabilities, seatbelt_engine
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 
@@ -207,7 +208,14 @@ class SandboxBackend:
     name = "sandbox"
 
     @classmethod
-    async def probe(cls, *, bwrap: str | None = None, seccomp: SeccompFilters | None = None, **options: Any) -> Probe:
+    async def probe(
+        cls,
+        *,
+        bwrap: str | None = None,
+        seccomp: SeccompFilters | None = None,
+        cache: ProbeCache | None = None,
+        **options: Any,
+    ) -> Probe:
         if sys.platform == "darwin":
             return await asyncio.to_thread(probe_seatbelt)
         if not sys.platform.startswith("linux"):
@@ -215,7 +223,7 @@ class SandboxBackend:
         path = find_bwrap(bwrap)
         if path is None:
             return Probe(False, "bubblewrap (bwrap) is not installed", "apt-get install bubblewrap")
-        return await asyncio.to_thread(_probe_boundary, path, seccomp or SeccompFilters())
+        return await asyncio.to_thread(_cached_probe, path, seccomp or SeccompFilters(), cache or ProbeCache())
 
     @classmethod
     def capabilities(
@@ -424,6 +432,18 @@ def _chown_layout_for_root() -> Any:
         _chown_layout(sandbox_uid(ws_dir))(ws_dir)
 
     return prepare
+
+
+def _cached_probe(bwrap: str, seccomp: SeccompFilters, cache: ProbeCache) -> Probe:
+    try:
+        key = cache.key(bwrap, seccomp.bpf(network_restricted=True))
+    except (OSError, SetupFailed):
+        return _probe_boundary(bwrap, seccomp)  # the probe reports what is wrong
+    probe = cache.get(key)
+    if probe is None:
+        probe = _probe_boundary(bwrap, seccomp)
+        cache.put(key, probe)
+    return probe
 
 
 def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
