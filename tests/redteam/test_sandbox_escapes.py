@@ -182,3 +182,21 @@ async def test_metadata_and_skills_read_only(sandbox) -> None:  # type: ignore[n
     await sh(sandbox, "echo x > $WORKSPACE_DIR/metadata.json; rm -f $WORKSPACE_DIR/metadata.json; touch $SKILLS_DIR/x")
     assert (ws.host_path / "metadata.json").read_bytes() == before
     assert not (ws.host_path / "skills" / "x").exists()
+
+
+async def test_daemon_does_not_outlive_a_normal_exit(sandbox) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    engine, ws = sandbox
+    assert ws.host_path is not None
+    log = ws.host_path / "out" / "after-exit.log"
+    r = await sh(
+        sandbox,
+        "(setsid sh -c 'exec >/dev/null 2>&1; while true; do echo x >> $OUTPUT_DIR/after-exit.log; sleep 0.05; done' &)"
+        "; sleep 0.3; echo main-done",
+    )
+    assert r.exit_code == 0 and r.stdout == "main-done\n"
+    await asyncio.sleep(0.3)
+    size = log.stat().st_size
+    await asyncio.sleep(0.5)
+    assert log.stat().st_size == size
