@@ -169,6 +169,34 @@ async def _concurrency(
     report.checks.extend(leak_checks(SECTION, fds_before, fds_after))
 
 
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def _idle_memory(engine: execspace.BaseEngine, report: Report, count: int = 200) -> None:
+    """What an open, idle sandboxed workspace costs: this process's RSS growth per workspace.
+
+    A sandboxed workspace holds no process between runs (each run is a fresh bwrap), so
+    the cost is the handle and the directory; the row shows it is well under the target.
+    """
+    # warm up the code paths so that first-use allocations are not charged to the workspaces
+    await engine.runner.run_program(
+        await engine.manager.create_workspace("bench/idle-warm"), RunProgramSpec("/bin/true")
+    )
+    gc.collect()
+    before = _rss_kib()
+    held = [await engine.manager.create_workspace(f"bench/idle/{i}") for i in range(count)]
+    gc.collect()
+    per_ws = (_rss_kib() - before) / count
+    row = Row(SECTION, f"idle memory per open workspace ({len(held)} held)", "KiB", Stats.of([per_ws]), None, "")
+    row.target, row.passed = "≤ 1 MB", per_ws <= 1024
+    report.rows.append(row)
+
+
 def _run_quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
 
@@ -245,6 +273,7 @@ async def run_sandbox(plan: Plan, report: Report, log: Any) -> None:
             try:
                 await _per_run(engine, ws, bare, plan, report)
                 await _concurrency(engine, ws, bare, plan, report)
+                await _idle_memory(engine, report)
                 if bare.seccomp:
                     report.notes.append("sandbox: library and bare bwrap both load execspace's seccomp filter")
             finally:
