@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..capabilities import Capabilities
+from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..errors import PathDenied, UsageError
 from ..models import RunProgramSpec, RunResult, Workspace
@@ -25,7 +25,7 @@ from ..workspace.layout import new_run_name, workspace_env
 from .rlimits import classify_rlimit_exit, rlimit_preexec
 from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, SupervisedProcess, spawn
 
-__all__ = ["HostRunner", "Prepared"]
+__all__ = ["HostRunner", "Prepared", "unisolated_capabilities"]
 
 
 @dataclass(slots=True)
@@ -194,3 +194,30 @@ def _exec_failure(prep: Prepared, exc: OSError) -> RunResult | None:
 def _disk_usage(root: str) -> int:
     with ConfinedRoot(root) as cr:
         return cr.disk_usage()
+
+
+def unisolated_capabilities(
+    backend: str,
+    env_policy: EnvPolicy | None,
+    does_not_protect: tuple[str, ...],
+    details: dict[str, str] | None = None,
+) -> Capabilities:
+    """What a :class:`HostRunner` enforces when it runs programs as plain host processes (no boundary)."""
+    from ..languages import available_languages
+    from .rlimits import RLIMIT_ENFORCED
+
+    path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
+    return Capabilities(
+        backend=backend,
+        isolation=Isolation.NONE,
+        network_control=False,
+        network_default=True,
+        clean_env=True,
+        read_only_mounts=False,
+        streaming=True,
+        host_paths=True,
+        enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
+        languages=available_languages(path),
+        does_not_protect=does_not_protect,
+        details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": "checked after each run", **(details or {})},
+    )

@@ -10,16 +10,13 @@ the whole process tree, and rlimits for memory, CPU time and file size.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-from ...capabilities import Capabilities, Isolation
+from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
-from ...languages import available_languages
-from ...process.hostrunner import HostRunner
-from ...process.rlimits import RLIMIT_ENFORCED
+from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
@@ -43,22 +40,7 @@ class LocalBackend:
 
     @classmethod
     def capabilities(cls, env_policy: EnvPolicy | None = None) -> Capabilities:
-        path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
-        return Capabilities(
-            backend="local",
-            isolation=Isolation.NONE,
-            network_control=False,
-            network_default=True,
-            clean_env=True,
-            read_only_mounts=False,
-            streaming=True,
-            persistent_state=False,
-            host_paths=True,
-            enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
-            languages=available_languages(path),
-            does_not_protect=DOES_NOT_PROTECT,
-            details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": "checked after each run"},
-        )
+        return unisolated_capabilities("local", env_policy, DOES_NOT_PROTECT)
 
     @classmethod
     async def open(

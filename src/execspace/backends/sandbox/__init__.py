@@ -25,7 +25,7 @@ from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import RunProgramSpec, RunResult, Workspace
-from ...process.hostrunner import HostRunner, Prepared
+from ...process.hostrunner import HostRunner, Prepared, unisolated_capabilities
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
@@ -396,26 +396,13 @@ def _unmanaged_capabilities(policy: SandboxPolicy, env_policy: EnvPolicy | None)
             does_not_protect=("runs nothing: programs must run where the external isolation is",),
             details={**details, "runs": "refused (UnsupportedBackend)"},
         )
-    host_path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
-    return Capabilities(
-        backend="sandbox",
-        isolation=Isolation.NONE,
-        network_control=False,
-        network_default=True,
-        clean_env=True,
-        read_only_mounts=False,
-        streaming=True,
-        host_paths=True,
-        enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
-        languages=available_languages(host_path),
-        does_not_protect=(
-            "danger-full-access: NO sandbox; the program runs as this process's user with its files, "
-            "network, credentials and processes",
-            "network cannot be turned off",
-            "process count (pids) is not limited",
-        ),
-        details=details,
+    dangers = (
+        "danger-full-access: NO sandbox; the program runs as this process's user with its files, "
+        "network, credentials and processes",
+        "network cannot be turned off",
+        "process count (pids) is not limited",
     )
+    return unisolated_capabilities("sandbox", env_policy, dangers, details)
 
 
 def _open_unmanaged(
