@@ -197,8 +197,15 @@ async def _idle_memory(engine: execspace.BaseEngine, report: Report, count: int 
     report.rows.append(row)
 
 
+# as a user runs it: bytecode caches in use (some shells export PYTHONDONTWRITEBYTECODE, which makes
+# every start recompile the sources and would charge that to execspace)
+_USER_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _run_quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL, env=_USER_ENV
+    )
 
 
 def _cli_path() -> str | None:
