@@ -200,3 +200,19 @@ async def test_daemon_does_not_outlive_a_normal_exit(sandbox) -> None:  # type: 
     size = log.stat().st_size
     await asyncio.sleep(0.5)
     assert log.stat().st_size == size
+
+
+async def test_kill_during_sandbox_setup_leaves_nothing(sandbox) -> None:  # type: ignore[no-untyped-def]
+    """A kill that lands while bwrap is still building the sandbox must not orphan the program."""
+    import asyncio
+
+    engine, ws = sandbox
+    assert ws.host_path is not None
+    for i in range(20):
+        spec = RunProgramSpec("sh", ["-c", f"sleep 0.5; touch $WORK_DIR/survived-{i}"])
+        handle = await engine.runner.start_program(ws, spec)
+        await asyncio.sleep(0.002 * (i % 5))  # different moments of the set-up
+        await handle.kill()
+        await handle.wait()
+    await asyncio.sleep(1.0)
+    assert not list((ws.host_path / "work").glob("survived-*"))

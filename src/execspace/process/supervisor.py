@@ -67,8 +67,6 @@ class Launch:
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
-    sweep: bool = True
-    """Look for escaped descendants at teardown; off where a PID namespace already kills them all."""
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -319,8 +317,8 @@ class SupervisedProcess:
         return pipe  # type: ignore[return-value]
 
     async def _sweep(self) -> None:
-        if not self._launch.sweep:
-            return
+        # also for sandboxes: bwrap's PID namespace normally takes every process along, but a kill that
+        # lands while bwrap is still setting up its child can beat --die-with-parent (seen under load)
         sweeper = self._launch.sweeper
         if sweeper is not None:
             await sweeper.sweep(self._launch.marker, self.pid)

@@ -126,8 +126,6 @@ class SandboxRunner(HostRunner):
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
         launch.pass_fds = (*launch.pass_fds, seccomp_fd)
         launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
-        # bwrap's PID namespace dies with it, taking every descendant along: no /proc sweep needed
-        launch.sweep = False
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
         return launch
