@@ -1,0 +1,141 @@
+"""One program run through the Engine API's ``exec``: blocking steps, driven from a thread.
+
+The exec's stream is the daemon's multiplexed format (8-byte frame headers); output
+goes straight into head+tail buffers, so memory stays bounded whatever the program prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ...process.capture import HeadTailBuffer
+
+__all__ = ["KILL_SCRIPT", "ExecRun"]
+
+#: Run as the program's own user in a second exec: kills every process that carries the run's
+#: marker, with its process group (each exec starts as a session leader, so that catches the
+#: children that dropped the marker but stayed in the group). Twice, for forks in flight.
+KILL_SCRIPT = r"""
+m="$1=$2"
+for pass in 1 2; do
+  for d in /proc/[0-9]*; do
+    if grep -qzx -- "$m" "$d/environ" 2>/dev/null; then
+      p=${d#/proc/}
+      kill -9 "-$p" 2>/dev/null; kill -9 "$p" 2>/dev/null
+    fi
+  done
+done
+exit 0
+"""
+
+_HEADER = 8
+_STDOUT = 1
+
+
+class ExecRun:
+    """A started exec: feed stdin, pump output, kill its processes, read its exit code."""
+
+    def __init__(self, api: Any, container_id: str, output_limit: int | None) -> None:
+        self._api = api
+        self._container = container_id
+        self.stdout = HeadTailBuffer(output_limit)
+        self.stderr = HeadTailBuffer(output_limit)
+        self._exec_id = ""
+        self._reader: Any = None
+        self._response: Any = None
+        self._sock: socket.socket | None = None
+        self.started = 0.0
+        self.ended = 0.0
+
+    def start(self, argv: Sequence[str], env: dict[str, str], workdir: str, user: str) -> None:
+        # the environment travels in the API request body, never on a command line
+        created = self._api.exec_create(
+            self._container,
+            list(argv),
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            environment=[f"{k}={v}" for k, v in env.items()],
+            workdir=workdir,
+            user=user,
+        )
+        self._exec_id = created["Id"]
+        self.started = time.monotonic()
+        # the SDK's socket=True hands back the raw socket and loses bytes the HTTP reader
+        # already buffered; reading through that buffered reader keeps them
+        res = self._api._post_json(
+            self._api._url("/exec/{0}/start", self._exec_id),
+            headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+            data={"Tty": False, "Detach": False},
+            stream=True,
+        )
+        self._api._raise_for_status(res)
+        self._response = res  # keeps the connection alive while we read
+        self._reader = res.raw._fp.fp
+        self._sock = self._reader.raw._sock
+
+    def feed_stdin(self, data: bytes | None) -> None:
+        """Send stdin (if any), then EOF. A program that exits without reading it is not an error."""
+        assert self._sock is not None
+        with contextlib.suppress(OSError):
+            if data:
+                self._sock.sendall(data)
+            self._sock.shutdown(socket.SHUT_WR)
+
+    def pump(self) -> None:
+        """Read frames until the daemon closes the stream (every holder of stdout/stderr is gone)."""
+        buf = bytearray()
+        try:
+            while True:
+                chunk = self._reader.read1(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                self._split_frames(buf)
+        except (OSError, ValueError):  # closed under us after a kill that did not end the stream
+            pass
+        self.ended = time.monotonic()
+
+    def _split_frames(self, buf: bytearray) -> None:
+        while len(buf) >= _HEADER:
+            size = int.from_bytes(buf[4:_HEADER], "big")
+            if len(buf) < _HEADER + size:
+                return
+            target = self.stdout if buf[0] == _STDOUT else self.stderr
+            target.write(bytes(buf[_HEADER : _HEADER + size]))
+            del buf[: _HEADER + size]
+
+    def close(self) -> None:
+        """Stop the stream; a pump still reading returns. Call :meth:`release` once it has."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+    def release(self) -> None:
+        """Free the connection (the socket is shared by the reader, its buffer and the response)."""
+        for closable in (self._reader, self._response, self._sock):
+            if closable is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    closable.close()
+
+    def kill(self, marker_var: str, marker: str, user: str) -> None:
+        """Kill what the run started, from a second exec in the same container."""
+        kill_id = self._api.exec_create(
+            self._container, ["sh", "-c", KILL_SCRIPT, "sh", marker_var, marker], user=user
+        )["Id"]
+        self._api.exec_start(kill_id)
+
+    def exit_code(self, wait: float = 2.0) -> int | None:
+        """The exec's exit status once the daemon has it; ``None`` if it never reports one."""
+        deadline = time.monotonic() + wait
+        while True:
+            info = self._api.exec_inspect(self._exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)

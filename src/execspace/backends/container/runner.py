@@ -1,0 +1,146 @@
+"""ProgramRunner that runs each program as an ``exec`` in the workspace's container."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from ...capabilities import Capabilities
+from ...envpolicy import EnvPolicy
+from ...errors import CapabilityError, UsageError
+from ...models import RunProgramSpec, RunResult, Workspace
+from ...process.hostrunner import HostRunner, Prepared
+from ...process.supervisor import RUN_MARKER_VAR
+from .config import CONTAINER_WORKSPACE
+from .daemon import WorkspaceContainers
+from .execrun import ExecRun
+
+__all__ = ["ContainerRunner"]
+
+#: After a kill, how long the stream may take to close before we close it ourselves.
+_KILL_SETTLE = 5.0
+
+_RUNTIME_FAILURE = b"OCI runtime exec failed"
+
+
+class ContainerRunner(HostRunner):
+    """Shares the host runner's checks (capabilities, cwd confinement, run dir, env policy);
+    only the launch differs: an exec in the workspace's long-lived container."""
+
+    def __init__(
+        self,
+        containers: WorkspaceContainers,
+        capabilities: Callable[[], Capabilities],
+        env_policy: EnvPolicy | None,
+        owner: Callable[[Workspace], tuple[int, int] | None],
+    ) -> None:
+        # the host's environment is not the container's: policy variables start from nothing
+        super().__init__(capabilities, env_policy, host_env={}, owner=owner)
+        self._containers = containers
+        user = containers.config.user
+        self._user = f"{user[0]}:{user[1]}"
+
+    def program_root(self, ws: Workspace) -> str:
+        return CONTAINER_WORKSPACE
+
+    def resolve_program(self, cmd: str, path: str, cwd: str) -> str | None:
+        return cmd  # looked up inside the container, on the run's PATH, by the runtime
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        self._check_spec(spec)
+        prep = self.prepare(ws, spec)
+        if isinstance(prep, RunResult):
+            return prep
+        cid = await self._containers.ensure(ws)
+        run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes)
+        workdir = self._container_path(prep)
+        try:
+            await asyncio.to_thread(run.start, prep.argv, prep.env, workdir, self._user)
+        except Exception:
+            self._containers.forget(ws)  # a dead container is replaced on the next run
+            raise
+        timed_out = await self._drive(run, prep)
+        return await self._post_run(prep, await self._result(run, prep, timed_out))
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> Any:
+        raise UsageError("the container backend does not stream yet (capabilities: streaming=False); use run_program")
+
+    def _check_spec(self, spec: RunProgramSpec) -> None:
+        if spec.network == "on":
+            raise CapabilityError("network on", "container", "containers run with network 'none' in this version")
+        config = self._containers.config
+        if spec.limits.memory_bytes is not None and spec.limits.memory_bytes < config.memory_bytes:
+            raise CapabilityError(
+                f"memory_bytes below the container's {config.memory_bytes}",
+                "container",
+                "open the engine with memory_bytes= at most the run's limit",
+            )
+        if spec.limits.pids is not None and spec.limits.pids < config.pids:
+            raise CapabilityError(
+                f"pids below the container's {config.pids}", "container", "open the engine with pids= at most that"
+            )
+
+    def _container_path(self, prep: Prepared) -> str:
+        rel = os.path.relpath(prep.host_cwd, prep.root)
+        return CONTAINER_WORKSPACE if rel == "." else f"{CONTAINER_WORKSPACE}/{rel}"
+
+    async def _drive(self, run: ExecRun, prep: Prepared) -> bool:
+        """Feed stdin and read output until the end or the deadline; kill on expiry or cancellation."""
+        stdin = prep.spec.stdin.encode() if isinstance(prep.spec.stdin, str) else prep.spec.stdin
+        feeder = asyncio.ensure_future(asyncio.to_thread(run.feed_stdin, stdin))
+        pump = asyncio.ensure_future(asyncio.to_thread(run.pump))
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), prep.spec.timeout)
+        except TimeoutError:
+            timed_out = True
+            await self._kill(run, prep, pump)
+        except BaseException:
+            await asyncio.shield(self._kill(run, prep, pump))
+            raise
+        finally:
+            run.close()  # unblocks a stdin feeder the program never read from
+            with contextlib.suppress(Exception):
+                await feeder
+            if pump.done():
+                run.release()
+        return timed_out
+
+    async def _kill(self, run: ExecRun, prep: Prepared, pump: asyncio.Future[None]) -> None:
+        with contextlib.suppress(Exception):  # the exec may have ended on its own meanwhile
+            await asyncio.to_thread(run.kill, RUN_MARKER_VAR, prep.marker, self._user)
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), _KILL_SETTLE)
+        except TimeoutError:
+            run.close()
+            await pump
+
+    async def _result(self, run: ExecRun, prep: Prepared, timed_out: bool) -> RunResult:
+        code = await asyncio.to_thread(run.exit_code)
+        if code is None or (timed_out and code == 128 + signal.SIGKILL):
+            code = -signal.SIGKILL  # the library's convention: killed by signal N is -N
+        out, err = run.stdout, run.stderr
+        raw_out, raw_err = out.getvalue(), err.getvalue()
+        if code in (126, 127) and raw_out.startswith(_RUNTIME_FAILURE) and not raw_err:
+            # the runtime could not start the program and says so on stdout: report it as a shell would
+            raw_out, raw_err = b"", raw_out
+            code = 127 if b"not found" in raw_err or b"no such file" in raw_err else 126
+        return RunResult(
+            exit_code=code,
+            stdout=raw_out.decode("utf-8", "replace"),
+            stderr=raw_err.decode("utf-8", "replace"),
+            duration=max(run.ended - run.started, 0.0),
+            timed_out=timed_out,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            stdout_total_bytes=out.total,
+            stderr_total_bytes=err.total,
+            limit_hit="timeout" if timed_out else None,
+            raw_stdout=raw_out,
+            raw_stderr=raw_err,
+            run_dir=prep.run_dir,
+        )

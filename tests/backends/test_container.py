@@ -1,0 +1,305 @@
+"""The container backend against a real daemon (private dockerd when none runs): runs, limits, hardening.
+
+Without a daemon every test here but the probe ones skips, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import PutFile, RunProgramSpec
+from execspace.backends.container import ContainerBackend
+from execspace.capabilities import Isolation
+from execspace.errors import CapabilityError, PolicyViolation
+from execspace.models import ResourceLimits
+from execspace.registry import probe_backend
+from tests.backends.docker_fixture import TEST_BINDS, Daemon
+
+pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
+
+CONTAINER_UID = 65534 if os.getuid() == 0 else os.getuid()
+
+
+@pytest.fixture
+async def engine(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
+    async with execspace.open_engine(
+        "container",
+        image=test_image,
+        docker_host=docker_daemon.host,
+        workspace_root=tmp_path / "ws",
+        read_only_binds=TEST_BINDS,
+    ) as eng:
+        yield eng
+
+
+@pytest.fixture
+async def ws(engine: execspace.BaseEngine) -> execspace.Workspace:
+    return await engine.manager.create_workspace("container/test")
+
+
+def sh(script: str, **kw: object) -> RunProgramSpec:
+    return RunProgramSpec("sh", ["-c", script], **kw)  # type: ignore[arg-type]
+
+
+def _our_containers(daemon: Daemon) -> list[str]:
+    import docker
+
+    client = docker.DockerClient(base_url=daemon.host)
+    try:
+        return [c.id for c in client.containers.list(all=True, filters={"label": f"io.execspace.pid={os.getpid()}"})]
+    finally:
+        client.close()
+
+
+# -- probe and capabilities (the probe ones need no daemon) ---------------------------------------
+
+
+async def test_probe_without_daemon_says_why_and_how() -> None:
+    probe = await ContainerBackend.probe(docker_host="unix:///nonexistent/execspace.sock")
+    assert not probe.ok
+    assert "/nonexistent/execspace.sock" in probe.reason
+    assert "DOCKER_HOST" in probe.fix
+
+
+async def test_probe_finds_the_daemon(docker_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", docker_daemon.host)  # what `execspace doctor` sees
+    probe = await probe_backend("container")
+    assert probe.ok, probe.reason
+    assert docker_daemon.host in probe.reason
+
+
+async def test_capabilities_state_what_is_applied(engine: execspace.BaseEngine) -> None:
+    caps = engine.describe()
+    assert caps.isolation is Isolation.CONTAINER
+    assert caps.network_control and not caps.network_default
+    assert caps.enforced_limits == {"timeout", "output_bytes", "memory_bytes", "pids"}
+    assert not caps.streaming
+    assert caps.details["network"] == "none"
+    assert caps.details["user"] == f"{CONTAINER_UID}:{CONTAINER_UID}"
+
+
+# -- runs ------------------------------------------------------------------------------------------
+
+
+async def test_exit_code_stdin_env_cwd(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    spec = sh('read line; echo "got $line $GREETING"; pwd; echo oops >&2; exit 3', stdin="hi\n", env={"GREETING": "x1"})
+    r = await engine.runner.run_program(ws, spec)
+    assert r.exit_code == 3
+    assert r.stdout == "got hi x1\n/workspace/work\n"
+    assert r.stderr == "oops\n"
+    assert r.run_dir.startswith("runs/")
+
+
+async def test_env_values_never_appear_on_a_command_line(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    value = "v-3f9a1c-private"
+    r = await engine.runner.run_program(
+        ws, sh("cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; echo $TOKENISH", env={"TOKENISH": value})
+    )
+    lines = r.stdout.splitlines()
+    assert lines[-1] == value  # the program got it...
+    assert value not in "\n".join(lines[:-1])  # ...but no process's argv carries it
+
+
+async def test_host_environment_does_not_enter(
+    engine: execspace.BaseEngine, ws: execspace.Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANG", "xx_HOST.UTF-8")
+    r = await engine.runner.run_program(ws, sh("env"))
+    assert "xx_HOST" not in r.stdout
+    assert "WORKSPACE_DIR=/workspace\n" in r.stdout
+    assert "HOME=/workspace/home\n" in r.stdout
+
+
+async def test_missing_command_is_127(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    r = await engine.runner.run_program(ws, RunProgramSpec("no-such-program-x"))
+    assert r.exit_code == 127
+    assert "no-such-program-x" in r.stderr
+
+
+async def test_elapsed_time_is_real(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    r = await engine.runner.run_program(ws, sh("sleep 0.5", timeout=30))
+    assert r.exit_code == 0 and not r.timed_out
+    assert 0.45 <= r.duration < 3.0  # the reference reported the timeout (30 s) here
+
+
+async def test_timeout_kills_what_the_program_started(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    # a background child with its own stdout closed would survive a kill of the exec's main process alone
+    start = time.monotonic()
+    r = await engine.runner.run_program(
+        ws, sh("sleep 300 >/dev/null 2>&1 & echo $! > /workspace/out/child.pid; sleep 300", timeout=1)
+    )
+    assert r.timed_out and r.limit_hit == "timeout"
+    assert r.exit_code == -9
+    assert 0.9 <= r.duration < 4 and time.monotonic() - start < 8
+    assert ws.host_path is not None
+    child = (ws.host_path / "out/child.pid").read_text().strip()
+    check = await engine.runner.run_program(ws, sh(f"test -d /proc/{child} && echo alive || echo gone"))
+    assert check.stdout == "gone\n"
+    listing = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done | grep -c '^sleep 300' || true"
+    procs = await engine.runner.run_program(ws, sh(listing))
+    assert procs.stdout.strip() == "0"  # neither the program's sleep nor its background child is left
+
+
+async def test_output_is_capped_head_and_tail(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    spec = sh(
+        "echo START; head -c 2000000 /dev/zero | tr '\\0' x; echo; echo END", limits=ResourceLimits(output_bytes=1000)
+    )
+    r = await engine.runner.run_program(ws, spec)
+    assert r.exit_code == 0
+    assert r.stdout_truncated and r.stdout_total_bytes == 2000000 + len("START\n") + len("\nEND\n")
+    assert r.stdout.startswith("START\n") and r.stdout.endswith("END\n")
+    assert len(r.raw_stdout) < 1100
+
+
+# -- hardening, checked from inside ----------------------------------------------------------------
+
+
+async def test_hardening_seen_from_inside(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    script = r"""
+id -u
+grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs):' /proc/self/status
+ls /sys/class/net
+touch /rootfile 2>/dev/null && echo root-writable || echo root-readonly
+touch /tmp/ok && echo tmp-writable
+python3 -c 'import socket; s=socket.socket(); s.settimeout(2); s.connect(("1.1.1.1", 53))' 2>/dev/null \
+  && echo net-reachable || echo net-unreachable
+"""
+    r = await engine.runner.run_program(ws, sh(script))
+    lines = r.stdout.split()
+    assert int(lines[0]) == CONTAINER_UID != 0
+    status = dict(line.split(":\t") for line in r.stdout.splitlines() if ":\t" in line)
+    assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0 and int(status["CapBnd"], 16) == 0
+    assert status["NoNewPrivs"] == "1"
+    net = r.stdout.split("NoNewPrivs:\t1\n", 1)[1].splitlines()[0]
+    assert net == "lo"  # no interface but loopback
+    assert "root-readonly" in r.stdout and "tmp-writable" in r.stdout
+    assert "net-unreachable" in r.stdout
+
+
+async def test_pids_limit_stops_a_small_fork_flood(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
+    async with execspace.open_engine(
+        "container",
+        image=test_image,
+        docker_host=docker_daemon.host,
+        workspace_root=tmp_path / "ws",
+        read_only_binds=TEST_BINDS,
+        pids=40,
+    ) as eng:
+        ws = await eng.manager.create_workspace("pids")
+        # at most 100 sleepers that end by themselves: the limit stops the forks well before that
+        flood = (
+            "import os, time\n"
+            "n = 0\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            "        pid = os.fork()\n"
+            "    except OSError:\n"
+            "        break\n"
+            "    if pid == 0:\n"
+            "        time.sleep(2)\n"
+            "        os._exit(0)\n"
+            "    n += 1\n"
+            "print(n)\n"
+        )
+        r = await eng.runner.run_program(ws, RunProgramSpec("python3", ["-c", flood], timeout=30))
+    assert r.exit_code == 0, r.stderr
+    assert 5 < int(r.stdout) < 40
+
+
+async def test_network_on_is_refused(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    with pytest.raises(CapabilityError):
+        await engine.runner.run_program(ws, sh("true", network="on"))
+
+
+async def test_limit_below_the_container_limit_is_refused(
+    engine: execspace.BaseEngine, ws: execspace.Workspace
+) -> None:
+    with pytest.raises(CapabilityError):
+        await engine.runner.run_program(ws, sh("true", limits=ResourceLimits(memory_bytes=1024 * 1024)))
+
+
+async def test_daemon_socket_mount_is_refused(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
+    sock_dir = os.path.dirname(docker_daemon.socket)
+    async with execspace.open_engine(
+        "container",
+        image=test_image,
+        docker_host=docker_daemon.host,
+        workspace_root=tmp_path / "ws",
+        read_only_binds={**TEST_BINDS, sock_dir: "/mnt/daemon"},
+    ) as eng:
+        ws = await eng.manager.create_workspace("sock")
+        with pytest.raises(PolicyViolation, match="socket"):
+            await eng.runner.run_program(ws, sh("true"))
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+async def test_files_round_trip_and_belong_to_the_container_user(
+    engine: execspace.BaseEngine, ws: execspace.Workspace
+) -> None:
+    await engine.fs.put_files(ws, [PutFile("work/in.txt", b"abc")])
+    r = await engine.runner.run_program(
+        ws, sh("cat in.txt > ../out/copy.txt; echo more >> in.txt; echo made > ../out/new.txt")
+    )
+    assert r.exit_code == 0, r.stderr
+    files = {f.name: f.content for f in await engine.fs.collect(ws, ["out/**"])}
+    assert files == {"out/copy.txt": b"abc", "out/new.txt": b"made\n"}
+    assert ws.host_path is not None
+    assert (ws.host_path / "out/new.txt").stat().st_uid == CONTAINER_UID
+
+
+async def test_collect_never_follows_planted_symlinks(
+    engine: execspace.BaseEngine, ws: execspace.Workspace, tmp_path: Path
+) -> None:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("HOST SECRET")
+    script = f"""
+cd /workspace/out
+echo fine > ok.txt
+ln -s {secret} host-link
+ln -s /etc/passwd container-link
+ln -s / root-link
+ln -s ../metadata.json meta-link
+"""
+    r = await engine.runner.run_program(ws, sh(script))
+    assert r.exit_code == 0, r.stderr
+    files = await engine.fs.collect(ws, ["out/**", "out/*-link", "out/root-link/etc/*"])
+    assert [(f.name, f.content) for f in files] == [("out/ok.txt", b"fine\n")]
+    assert all(b"HOST SECRET" not in f.content and b"root:" not in f.content for f in files)
+
+
+# -- lifecycle -------------------------------------------------------------------------------------
+
+
+async def test_containers_are_removed_with_workspace_and_engine(
+    docker_daemon: Daemon, test_image: str, tmp_path: Path
+) -> None:
+    before = set(_our_containers(docker_daemon))
+    async with execspace.open_engine(
+        "container",
+        image=test_image,
+        docker_host=docker_daemon.host,
+        workspace_root=tmp_path / "ws",
+        read_only_binds=TEST_BINDS,
+    ) as eng:
+        a = await eng.manager.create_workspace("a")
+        b = await eng.manager.create_workspace("b")
+        await eng.runner.run_program(a, sh("true"))
+        await eng.runner.run_program(b, sh("true"))
+        assert len(set(_our_containers(docker_daemon)) - before) == 2
+        await eng.manager.cleanup(a)
+        assert len(set(_our_containers(docker_daemon)) - before) == 1
+    assert set(_our_containers(docker_daemon)) - before == set()
+
+
+async def test_runs_in_one_workspace_share_its_container(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    await engine.runner.run_program(ws, sh("echo kept > /tmp/state"))
+    r = await engine.runner.run_program(ws, sh("cat /tmp/state"))
+    assert r.stdout == "kept\n"
