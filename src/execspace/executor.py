@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from .engine import open_engine
 from .errors import InvalidSpec, UnsupportedLanguage, UsageError
@@ -222,6 +222,9 @@ class CodeExecutor:
     async def _run_block(
         self, engine: Engine, ws: Workspace, block: CodeBlock, index: int, call_tag: str
     ) -> tuple[BlockResult, str]:
+        in_kernel = await self._run_in_kernel(engine, ws, block, index)
+        if in_kernel is not None:
+            return in_kernel
         try:
             lang, runtime = self._runtime_for(engine, ws, block.language)
         except UnsupportedLanguage as exc:
@@ -239,6 +242,16 @@ class CodeExecutor:
         run = await engine.runner.run_program(ws, spec)
         result = BlockResult(index, block.language, run.exit_code, run.stdout, run.stderr, run.duration, run.timed_out)
         return result, self._block_text(run)
+
+    async def _run_in_kernel(
+        self, engine: Engine, ws: Workspace, block: CodeBlock, index: int
+    ) -> tuple[BlockResult, str] | None:
+        """Run the block in the engine's stateful kernel when it has one for this language."""
+        extra = getattr(engine, "extra", None)
+        kernels: BlockKernels | None = extra("kernels") if callable(extra) else None
+        if kernels is None or not kernels.handles(block.language):
+            return None
+        return await kernels.run_block(ws, block, index, timeout=self.timeout, limits=self.limits)
 
     def _runtime_for(self, engine: Engine, ws: Workspace, tag: str) -> tuple[Language, tuple[str, ...]]:
         """The language of a fence tag and the command prefix that runs it on this engine."""
@@ -286,6 +299,22 @@ class CodeExecutor:
             return [f for f in files if before.keys.get(f.name) != _content_key(f)]
         after = await _listing(fs, ws, self.collect_globs) or {}
         return [f for f in files if after.get(f.name) is None or before.keys.get(f.name) != after[f.name]]
+
+
+class BlockKernels(Protocol):
+    """Stateful kernels an engine offers as ``engine.extra("kernels")`` (the jupyter backend)."""
+
+    def handles(self, tag: str) -> bool: ...
+
+    async def run_block(
+        self,
+        ws: Workspace,
+        block: CodeBlock,
+        index: int,
+        *,
+        timeout: float | None,  # noqa: ASYNC109 - a deadline for the kernel, not for our task
+        limits: ResourceLimits,
+    ) -> tuple[BlockResult, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
