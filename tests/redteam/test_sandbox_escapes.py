@@ -216,3 +216,12 @@ async def test_kill_during_sandbox_setup_leaves_nothing(sandbox) -> None:  # typ
         await handle.wait()
     await asyncio.sleep(1.0)
     assert not list((ws.host_path / "work").glob("survived-*"))
+
+
+async def test_workspaces_are_private_on_the_host(sandbox) -> None:  # type: ignore[no-untyped-def]
+    """The sandbox root must be traversable by the sandbox uid; each workspace stays closed to others."""
+    import stat
+
+    _, ws = sandbox
+    assert ws.host_path is not None
+    assert stat.S_IMODE(ws.host_path.stat().st_mode) & 0o077 == 0

@@ -112,7 +112,8 @@ class HostWorkspaceManager:
             if policy.persistence is Persistence.TURN:
                 name = f"{name}-{secrets.token_hex(4)}"
             ws_dir = self.root / name
-            ws_dir.mkdir(mode=0o755, exist_ok=True)
+            # 0700: the root may be traversable (0711, for a sandbox uid) and workspace names are guessable
+            ws_dir.mkdir(mode=0o700, exist_ok=True)
         ensure_layout(ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             save_metadata(ws_dir, WorkspaceMetadata(id=exec_id))
