@@ -23,7 +23,10 @@ TINY_GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAI
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0) as eng:
+    # no warm pool here: these tests are about one kernel's behaviour, and pooled starts would compete for CPU
+    async with execspace.open_engine(
+        "jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0, pool_size=0
+    ) as eng:
         yield eng
 
 
@@ -215,7 +218,7 @@ async def test_output_flood_is_capped(kernels: KernelSessions, ws: Workspace) ->
 
 
 async def test_cleanup_and_close_stop_kernels(tmp_path: Path) -> None:
-    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws") as eng:
+    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", pool_size=0) as eng:
         ks: KernelSessions = eng.extra("kernels")
         a = await eng.manager.create_workspace("a")
         b = await eng.manager.create_workspace("b")
@@ -254,3 +257,78 @@ async def test_kernel_refuses_limits_it_cannot_enforce(engine: BaseEngine) -> No
     result = await ex.execute_code(CodeExecutionInput([CodeBlock("python", "print('ran')")]))
     assert not result.ok and "ran" not in result.output
     assert result.blocks[0].error is not None and "memory_bytes" in result.blocks[0].error
+
+
+# -- warm pool ---------------------------------------------------------------------------
+
+PROBE_CELL = """
+import os, sys, tempfile
+print(os.getpid())
+print(os.getcwd())
+print(tempfile.gettempdir())
+print(sorted(os.environ.items()))
+print(sys.path)
+print(_dh)
+"""
+
+
+def pooled_pids(ks: KernelSessions) -> set[int]:
+    assert ks.pool is not None
+    return {k.km.provisioner.pid for k in ks.pool.idle_kernels()}
+
+
+async def test_pooled_kernel_serves_first_cell_bound_to_its_workspace(
+    tmp_path: Path, kernels: KernelSessions, ws: Workspace
+) -> None:
+    names = "print(sorted(k for k in globals() if k[0] != '_'))\nprint(__import__('os').getpid())"
+    cold_names = (await kernels.execute(ws, names)).text.splitlines()[0]
+    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "pooled", pool_size=1) as eng:
+        ks: KernelSessions = eng.extra("kernels")
+        assert ks.pool is not None and await ks.pool.wait_ready()
+        (pid,) = pooled_pids(ks)
+        staging = [p for p in (tmp_path / "pooled" / ".kernel-pool").iterdir()]
+        new = await eng.manager.create_workspace("fresh")
+        assert new.host_path is not None
+        first_names, first_pid = (await ks.execute(new, names)).text.splitlines()
+        assert int(first_pid) == pid and first_names == cold_names  # the pooled kernel, no names left by binding
+        got_pid, cwd, tmp, env, path, dh = (await ks.execute(new, PROBE_CELL)).text.splitlines()
+        assert int(got_pid) == pid
+        root = str(new.host_path)
+        assert cwd == f"{root}/work" and tmp == f"{root}/tmp" and dh == repr([f"{root}/work"])
+        assert f"('HOME', '{root}/home')" in env and f"('WORK_DIR', '{root}/work')" in env
+        assert ".kernel-pool" not in env + path + dh  # nothing from the staging start is left
+        assert staging and not any(p.exists() for p in staging)
+        logs = list(new.host_path.glob("runs/kernel-*/kernel.log"))
+        assert len(logs) == 1 and (await ks.execute(new, "1+1")).text == "2\n"
+
+
+async def test_two_sessions_never_share_a_pooled_kernel(tmp_path: Path) -> None:
+    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", pool_size=2) as eng:
+        ks: KernelSessions = eng.extra("kernels")
+        assert ks.pool is not None and await ks.pool.wait_ready()
+        pids = pooled_pids(ks)
+        a, b = [await eng.manager.create_workspace(name) for name in ("a", "b")]
+        cell = "import os\nsecret = os.getcwd()\nprint(os.getpid())"
+        pid_a, pid_b = [int(r.text) for r in await asyncio.gather(ks.execute(a, cell), ks.execute(b, cell))]
+        assert pid_a != pid_b and {pid_a, pid_b} == pids
+        assert (await ks.execute(b, "print(secret)")).text == f"{b.host_path / 'work'}\n"
+        assert pid_a not in pooled_pids(ks) and pid_b not in pooled_pids(ks)
+
+
+async def test_idle_pooled_kernels_are_stopped_and_the_pool_refills_on_demand(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    async with execspace.open_engine("jupyter", workspace_root=root, pool_size=1, pool_idle_timeout=0.5) as eng:
+        ks: KernelSessions = eng.extra("kernels")
+        assert ks.pool is not None and await ks.pool.wait_ready()
+        (pid,) = pooled_pids(ks)
+        for _ in range(100):
+            if not alive(pid) and not list((root / ".kernel-pool").iterdir()):
+                break
+            await asyncio.sleep(0.1)
+        assert not alive(pid) and ks.pool.idle_kernels() == [] and not list((root / ".kernel-pool").iterdir())
+        ws = await eng.manager.create_workspace("late")
+        assert (await ks.execute(ws, "1+1")).text == "2\n"  # a cold start; it asks the pool to refill
+        assert await ks.pool.wait_ready()
+        (refilled,) = pooled_pids(ks)
+        assert refilled != pid and alive(refilled)
+    assert not alive(refilled) and not (root / ".kernel-pool").exists()

@@ -24,11 +24,13 @@ from ...process.hostrunner import HostRunner
 from ...process.rlimits import RLIMIT_ENFORCED
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import HostWorkspaceManager
+from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from .kernels import CellResult, KernelSessions
 
 __all__ = ["CellResult", "JupyterBackend", "KernelSessions"]
 
+#: Staging directories of pooled kernels, under the workspace root; workspace ids never sanitise to a leading dot.
+POOL_DIR = ".kernel-pool"
 INSTALL_HINT = "pip install 'execspace[jupyter]'"
 
 DOES_NOT_PROTECT = (
@@ -96,6 +98,8 @@ class JupyterBackend:
         kill_grace: float = 2.0,
         kernel_name: str = "python3",
         interrupt_grace: float = 2.0,
+        pool_size: int = 1,
+        pool_idle_timeout: float = 600.0,
     ) -> BaseEngine:
         """Open a jupyter engine.
 
@@ -105,6 +109,11 @@ class JupyterBackend:
             kernel_name: the installed kernel spec to start for each workspace.
             interrupt_grace: seconds a timed-out cell gets to stop after the interrupt before
                 its kernel is restarted.
+            pool_size: kernels kept started for the next new workspaces (0: none; only for Python kernels).
+                One covers sessions opened one at a time (a refill takes about 0.5 s) for one idle process;
+                raise it for bursts of new sessions.
+            pool_idle_timeout: seconds a pooled kernel waits for a workspace before it is stopped; the pool
+                refills on the next kernel start.
         """
         from ...errors import SetupFailed
 
@@ -113,11 +122,22 @@ class JupyterBackend:
             raise SetupFailed("jupyter", language.reason, language.fix)
         caps = cls.capabilities(env_policy, language=language)
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
+        root = Path(workspace_root) if workspace_root else default_workspace_root()
+        if pool_size > 0:
+            private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
         kernels = KernelSessions(
-            fs, env_policy, kernel_name=kernel_name, language=language, interrupt_grace=interrupt_grace
+            fs,
+            env_policy,
+            kernel_name=kernel_name,
+            language=language,
+            interrupt_grace=interrupt_grace,
+            pool_dir=root / POOL_DIR,
+            pool_size=pool_size,
+            pool_idle_timeout=pool_idle_timeout,
         )
-        manager = _KernelWorkspaceManager(Path(workspace_root) if workspace_root else None, kernels)
+        manager = _KernelWorkspaceManager(root, kernels)
         runner = HostRunner(lambda: caps, env_policy, kill_grace=kill_grace)
+        kernels.start_pool()
         return BaseEngine(
             "jupyter",
             manager,

@@ -29,6 +29,7 @@ from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBl
 from ...protocols import WorkspaceFS
 from ...workspace.layout import workspace_env
 from .outputs import CellOutputs
+from .pool import KernelPool, PooledKernel
 
 with warnings.catch_warnings():
     # jupyter_core warns about its platformdirs migration on import; nothing for our callers to act on
@@ -101,6 +102,9 @@ class KernelSessions:
         language: str = "python",
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
+        pool_dir: Path | None = None,
+        pool_size: int = 0,
+        pool_idle_timeout: float = 600.0,
     ) -> None:
         self.kernel_name = kernel_name
         self.language = language
@@ -112,6 +116,20 @@ class KernelSessions:
         # connection files hold the HMAC key: keep them in a private dir, not the shared runtime dir
         self._conn_dir = Path(tempfile.mkdtemp(prefix="execspace-jupyter-"))
         self._closed = False
+        # IPython's history database lives in the HOME the kernel started with: a pooled kernel's staging HOME
+        # is deleted when it is bound, and a workspace's next kernel should not read the last one's inputs
+        self._kernel_args = ["--HistoryManager.hist_file=:memory:"] if language == "python" else []
+        # binding a pooled kernel runs Python in it: only ipykernel-style kernels can be pooled
+        self.pool = (
+            KernelPool(pool_dir, pool_size, pool_idle_timeout, self._start_pooled, _stop)
+            if pool_dir is not None and pool_size > 0 and language == "python"
+            else None
+        )
+
+    def start_pool(self) -> None:
+        """Begin filling the warm pool in the background (needs a running event loop)."""
+        if self.pool is not None:
+            self.pool.refill()
 
     # -- executor path -----------------------------------------------------------------
 
@@ -233,13 +251,25 @@ class KernelSessions:
         root = str(ws.host_path)
         if session.next_cell == 0:
             session.next_cell = _next_cell_number(ws.host_path / "out")
-        run_dir, log = _kernel_run_dir(root)
+        pooled = self.pool.take() if self.pool is not None else None
+        kernel = await self._bind(pooled, root) if pooled is not None else None
+        self.start_pool()
+        if kernel is None:
+            run_dir, log = _kernel_run_dir(root)
+            kernel = await self._launch(root, run_dir, log)
+        session.kernel = kernel
+        return kernel
+
+    async def _launch(self, root: str, run_dir: str, log: IO[bytes]) -> _Kernel:
+        """Start a kernel in ``root``'s ``work/`` with the environment of a run in ``root``."""
         env = self._env_policy.build(os.environ, {}, workspace_env(root, run_dir))
         km = AsyncKernelManager(
             kernel_name=self.kernel_name, connection_file=str(self._conn_dir / f"{secrets.token_hex(8)}.json")
         )
         try:
-            await km.start_kernel(cwd=os.path.join(root, "work"), env=env, stdout=log, stderr=log)
+            await km.start_kernel(
+                cwd=os.path.join(root, "work"), env=env, stdout=log, stderr=log, extra_arguments=self._kernel_args
+            )
         except Exception as exc:
             log.close()
             raise SetupFailed("jupyter", f"kernel {self.kernel_name!r} did not start: {exc}", _LOG_HINT) from exc
@@ -247,11 +277,41 @@ class KernelSessions:
         try:
             kernel.kc.start_channels()
             await kernel.kc.wait_for_ready(timeout=self._start_timeout)
-        except Exception as exc:
+        except BaseException as exc:
             await _stop(kernel)
+            if not isinstance(exc, Exception):
+                raise
             raise SetupFailed("jupyter", f"kernel {self.kernel_name!r} did not start: {exc}", _LOG_HINT) from exc
-        session.kernel = kernel
         return kernel
+
+    async def _start_pooled(self, staging: Path) -> _Kernel:
+        """A kernel for the pool: staged in its own directory, with an environment for no workspace."""
+        for sub in ("work", "home", "tmp"):
+            os.makedirs(staging / sub, 0o700, exist_ok=True)
+        run_dir, log = _kernel_run_dir(str(staging))
+        return await self._launch(str(staging), run_dir, log)
+
+    async def _bind(self, pooled: PooledKernel, root: str) -> _Kernel | None:
+        """Hand a pooled kernel to the workspace at ``root``; None if it is unusable (start one cold then)."""
+        kernel = pooled.kernel
+        run_dir, log = _kernel_run_dir(root)
+        log.close()
+        env = self._env_policy.build(os.environ, {}, workspace_env(root, run_dir))
+        code = _BIND_CELL.format(work=os.path.join(root, "work"), env=env)
+        ok = False
+        try:
+            ok = await kernel.km.is_alive() and await _silent_cell(kernel.kc, code, self._start_timeout)
+            if ok:
+                # same filesystem (both under the workspace root): the kernel's open log file moves with it
+                with contextlib.suppress(OSError):
+                    os.replace(kernel.log.name, os.path.join(root, run_dir, "kernel.log"))
+        finally:
+            # also when our caller is cancelled: a kernel in neither the pool nor a session would never be stopped
+            if not ok:
+                await _stop(kernel)
+                await asyncio.to_thread(shutil.rmtree, os.path.join(root, run_dir), True)
+            await asyncio.to_thread(shutil.rmtree, pooled.staging, True)
+        return kernel if ok else None
 
     async def _collect_or_interrupt(
         self, session: _Session, kernel: _Kernel, msg_id: str, out: CellOutputs, deadline: float
@@ -305,6 +365,8 @@ class KernelSessions:
     async def aclose(self) -> None:
         """Stop every kernel. Idempotent."""
         self._closed = True
+        if self.pool is not None:
+            await self.pool.aclose()
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await self._discard(session)
@@ -312,6 +374,30 @@ class KernelSessions:
 
 
 _LOG_HINT = "see kernel.log in the workspace's runs/kernel-* directory; check that ipykernel is installed"
+
+
+#: Moves a pooled kernel into its workspace: one expression, so that it leaves no names in the user's namespace;
+#: the whole environment is replaced, tempfile forgets the staging TMPDIR, IPython's directory history restarts.
+_BIND_CELL = (
+    "(lambda os, tempfile, ip: (os.chdir({work!r}), os.environ.clear(), os.environ.update({env!r}), "
+    "setattr(tempfile, 'tempdir', None), ip is not None and '_dh' in ip.user_ns and ip.user_ns['_dh'].clear(), "
+    "ip is not None and '_dh' in ip.user_ns and ip.user_ns['_dh'].append({work!r})))"
+    "(__import__('os'), __import__('tempfile'), __import__('IPython').get_ipython())"
+)
+
+
+async def _silent_cell(kc: AsyncKernelClient, code: str, timeout: float) -> bool:  # noqa: ASYNC109
+    """Run ``code`` without output or history; True if it succeeded."""
+    msg_id = kc.execute(code, silent=True, store_history=False, allow_stdin=False)
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            reply: dict[str, Any] = await kc.get_shell_msg(timeout=remaining)
+        except queue.Empty:
+            break
+        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            return bool(reply["content"].get("status") == "ok")
+    return False
 
 
 async def _collect(kernel: _Kernel, msg_id: str, out: CellOutputs, deadline: float) -> bool:
