@@ -20,3 +20,9 @@ async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
 @pytest.fixture
 async def ws(engine: BaseEngine) -> Workspace:
     return await engine.manager.create_workspace("test/session")
+
+
+# the daemon and image fixtures serve both the container tests and the conformance suite
+from tests.backends.docker_fixture import docker_daemon, test_image  # noqa: E402
+
+__all__ = ["docker_daemon", "engine", "test_image", "ws"]

@@ -1,5 +1,1 @@
-"""Fixtures shared by the backend tests."""
-
-from tests.backends.docker_fixture import docker_daemon, test_image
-
-__all__ = ["docker_daemon", "test_image"]
+"""Fixtures shared by the backend tests (the docker daemon and image ones live in tests/conftest.py)."""

@@ -5,6 +5,7 @@ Without a daemon every test here but the probe ones skips, with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from execspace.backends.container import ContainerBackend
 from execspace.capabilities import Isolation
 from execspace.errors import CapabilityError, PolicyViolation
 from execspace.models import ResourceLimits
+from execspace.protocols import ProgramHandle
 from execspace.registry import probe_backend
 from tests.backends.docker_fixture import TEST_BINDS, Daemon
 
@@ -79,7 +81,7 @@ async def test_capabilities_state_what_is_applied(engine: execspace.BaseEngine) 
     assert caps.isolation is Isolation.CONTAINER
     assert caps.network_control and not caps.network_default
     assert caps.enforced_limits == {"timeout", "output_bytes", "memory_bytes", "pids"}
-    assert not caps.streaming
+    assert caps.streaming
     assert caps.details["network"] == "none"
     assert caps.details["user"] == f"{CONTAINER_UID}:{CONTAINER_UID}"
 
@@ -155,6 +157,90 @@ async def test_output_is_capped_head_and_tail(engine: execspace.BaseEngine, ws: 
     assert r.stdout_truncated and r.stdout_total_bytes == 2000000 + len("START\n") + len("\nEND\n")
     assert r.stdout.startswith("START\n") and r.stdout.endswith("END\n")
     assert len(r.raw_stdout) < 1100
+
+
+# -- streaming (start_program) ---------------------------------------------------------------------
+
+_COUNT_SLEEP_300 = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done | grep -c '^sleep 300' || true"
+
+
+async def test_handle_streams_both_streams_in_order(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    spec = sh("echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three; exit 5")
+    async with await engine.runner.start_program(ws, spec) as handle:
+        assert isinstance(handle, ProgramHandle)
+        seen = []
+        async for chunk in handle.stream():
+            seen.append((chunk.stream, chunk.data, round(time.monotonic(), 1)))
+        r = await handle.wait()
+    assert [(s, d) for s, d, _ in seen] == [("stdout", b"one\n"), ("stderr", b"two\n"), ("stdout", b"three\n")]
+    assert seen[2][2] - seen[0][2] >= 0.5  # delivered as printed, not all at the end
+    assert (r.exit_code, r.stdout, r.stderr) == (5, "one\nthree\n", "two\n")
+    assert 0.55 <= r.duration < 3.0
+
+
+async def test_handle_interactive_stdin(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    async with await engine.runner.start_program(ws, sh("while read l; do echo got-$l; done; echo eof")) as handle:
+        stream = handle.stream()
+        await handle.write_stdin("a\n")
+        assert (await asyncio.wait_for(anext(stream), 5)).data == b"got-a\n"
+        await handle.write_stdin(b"b\n")
+        assert (await asyncio.wait_for(anext(stream), 5)).data == b"got-b\n"
+        await handle.close_stdin()
+        r = await asyncio.wait_for(handle.wait(), 5)
+    assert r.exit_code == 0 and r.stdout == "got-a\ngot-b\neof\n"
+
+
+async def test_handle_kill_takes_the_whole_tree(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    spec = sh("sleep 300 >/dev/null 2>&1 & echo ready; sleep 300")
+    async with await engine.runner.start_program(ws, spec) as handle:
+        assert (await asyncio.wait_for(anext(handle.stream()), 5)).data == b"ready\n"
+        start = time.monotonic()
+        await handle.kill()
+        r = await asyncio.wait_for(handle.wait(), 10)
+    assert time.monotonic() - start < 6
+    assert r.exit_code == -9 and not r.timed_out and r.stdout == "ready\n"
+    procs = await engine.runner.run_program(ws, sh(_COUNT_SLEEP_300))
+    assert procs.stdout.strip() == "0"
+
+
+async def test_handle_kill_reaches_the_shell_through_its_children(
+    engine: execspace.BaseEngine, ws: execspace.Workspace
+) -> None:
+    # the exec's own `sh -c` was once missed by the marker scan while its children were found:
+    # killing only those left the shell to carry on with the next command
+    async with await engine.runner.start_program(ws, sh("(sleep 1; touch late-child) & sleep 1; touch late-main")) as h:
+        await asyncio.sleep(0.3)
+        await h.kill()
+        r = await asyncio.wait_for(h.wait(), 10)
+    assert r.exit_code == -9
+    await asyncio.sleep(1.2)
+    assert ws.host_path is not None
+    assert not (ws.host_path / "work/late-child").exists() and not (ws.host_path / "work/late-main").exists()
+
+
+async def test_handle_timeout_and_leaving_the_block_kill(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    async with await engine.runner.start_program(ws, sh("echo started; sleep 300", timeout=0.5)) as handle:
+        r = await asyncio.wait_for(handle.wait(), 10)
+    assert r.timed_out and r.limit_hit == "timeout" and r.exit_code == -9
+    assert r.stdout == "started\n" and 0.45 <= r.duration < 6
+    async with await engine.runner.start_program(ws, sh("sleep 300")):
+        pass  # leaving without wait() must not leave the program running
+    procs = await engine.runner.run_program(ws, sh(_COUNT_SLEEP_300))
+    assert procs.stdout.strip() == "0"
+
+
+async def test_handle_output_capped_while_streamed_whole(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    size = 3_000_000
+    spec = sh(f"head -c {size} /dev/zero | tr '\\0' x", limits=ResourceLimits(output_bytes=1000))
+    async with await engine.runner.start_program(ws, spec) as handle:
+        streamed = sum([len(c.data) async for c in handle.stream()])
+        r = await handle.wait()
+    assert streamed == size  # the consumer sees everything, as it comes
+    assert r.stdout_truncated and r.stdout_total_bytes == size and len(r.raw_stdout) < 1100
+    # nobody streams: the run must not stall on undelivered chunks, and memory stays capped
+    async with await engine.runner.start_program(ws, spec) as handle:
+        r = await asyncio.wait_for(handle.wait(), 20)
+    assert r.exit_code == 0 and r.stdout_total_bytes == size and len(r.raw_stdout) < 1100
 
 
 # -- hardening, checked from inside ----------------------------------------------------------------

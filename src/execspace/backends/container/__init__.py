@@ -66,7 +66,7 @@ class ContainerBackend:
             network_default=False,
             clean_env=True,
             read_only_mounts=False,
-            streaming=False,
+            streaming=True,
             host_paths=True,
             enforced_limits=frozenset({"timeout", "output_bytes", "memory_bytes", "pids"}),
             languages=(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...process.capture import HeadTailBuffer
@@ -18,14 +18,18 @@ __all__ = ["KILL_SCRIPT", "ExecRun"]
 
 #: Run as the program's own user in a second exec: kills every process that carries the run's
 #: marker, with its process group (each exec starts as a session leader, so that catches the
-#: children that dropped the marker but stayed in the group). Twice, for forks in flight.
+#: children that dropped the marker but stayed in the group). The group is read from each marked
+#: process's stat: the exec's own shell is not always readable in /proc (seen with ``sh -c``
+#: whose children are), and its children are not group leaders. Twice, for forks in flight.
 KILL_SCRIPT = r"""
 m="$1=$2"
+group_of() { s=$(cat "$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "$3"; }
 for pass in 1 2; do
   for d in /proc/[0-9]*; do
     if grep -qzx -- "$m" "$d/environ" 2>/dev/null; then
       p=${d#/proc/}
-      kill -9 "-$p" 2>/dev/null; kill -9 "$p" 2>/dev/null
+      g=$(group_of "$d") && [ "$g" -gt 1 ] && kill -9 "-$g" 2>/dev/null
+      kill -9 "$p" 2>/dev/null
     fi
   done
 done
@@ -39,8 +43,16 @@ _STDOUT = 1
 class ExecRun:
     """A started exec: feed stdin, pump output, kill its processes, read its exit code."""
 
-    def __init__(self, api: Any, container_id: str, output_limit: int | None) -> None:
+    def __init__(
+        self,
+        api: Any,
+        container_id: str,
+        output_limit: int | None,
+        on_chunk: Callable[[int, bytes], None] | None = None,
+    ) -> None:
         self._api = api
+        # called from the pumping thread with (1 or 2, data) for each frame, after it is captured
+        self._on_chunk = on_chunk
         self._container = container_id
         self.stdout = HeadTailBuffer(output_limit)
         self.stderr = HeadTailBuffer(output_limit)
@@ -80,11 +92,19 @@ class ExecRun:
 
     def feed_stdin(self, data: bytes | None) -> None:
         """Send stdin (if any), then EOF. A program that exits without reading it is not an error."""
-        assert self._sock is not None
         with contextlib.suppress(OSError):
             if data:
-                self._sock.sendall(data)
-            self._sock.shutdown(socket.SHUT_WR)
+                self.send_stdin(data)
+            self.end_stdin()
+
+    def send_stdin(self, data: bytes) -> None:
+        """Blocks until the daemon took ``data``; raises ``OSError`` once the stream is closed."""
+        assert self._sock is not None
+        self._sock.sendall(data)
+
+    def end_stdin(self) -> None:
+        assert self._sock is not None
+        self._sock.shutdown(socket.SHUT_WR)
 
     def pump(self) -> None:
         """Read frames until the daemon closes the stream (every holder of stdout/stderr is gone)."""
@@ -105,9 +125,12 @@ class ExecRun:
             size = int.from_bytes(buf[4:_HEADER], "big")
             if len(buf) < _HEADER + size:
                 return
-            target = self.stdout if buf[0] == _STDOUT else self.stderr
-            target.write(bytes(buf[_HEADER : _HEADER + size]))
+            fd = 1 if buf[0] == _STDOUT else 2
+            data = bytes(buf[_HEADER : _HEADER + size])
             del buf[: _HEADER + size]
+            (self.stdout if fd == 1 else self.stderr).write(data)
+            if self._on_chunk is not None and data:
+                self._on_chunk(fd, data)
 
     def close(self) -> None:
         """Stop the stream; a pump still reading returns. Call :meth:`release` once it has."""

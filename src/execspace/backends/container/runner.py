@@ -7,17 +7,17 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
-from ...errors import CapabilityError, UsageError
+from ...errors import CapabilityError
 from ...models import RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, Prepared
 from ...process.supervisor import RUN_MARKER_VAR
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
 from .execrun import ExecRun
+from .handle import ContainerHandle
 
 __all__ = ["ContainerRunner"]
 
@@ -64,10 +64,28 @@ class ContainerRunner(HostRunner):
             self._containers.forget(ws)  # a dead container is replaced on the next run
             raise
         timed_out = await self._drive(run, prep)
-        return await self._post_run(prep, await self._result(run, prep, timed_out))
+        return await self.finish(run, prep, timed_out)
 
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> Any:
-        raise UsageError("the container backend does not stream yet (capabilities: streaming=False); use run_program")
+    # HostRunner declares its concrete SupervisedProcess; both are ProgramHandles, which is the contract
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:  # type: ignore[override]
+        self._check_spec(spec)
+        prep = self.prepare(ws, spec)
+        if isinstance(prep, RunResult):
+            raise FileNotFoundError(prep.stderr.strip())
+        cid = await self._containers.ensure(ws)
+        handle = ContainerHandle(self, prep)
+        run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes, handle.on_chunk)
+        try:
+            await asyncio.to_thread(run.start, prep.argv, prep.env, self._container_path(prep), self._user)
+        except Exception:
+            self._containers.forget(ws)
+            raise
+        handle.begin(run)
+        return handle
+
+    async def finish(self, run: ExecRun, prep: Prepared, timed_out: bool, killed: bool = False) -> RunResult:
+        """The result of an exec whose stream has ended, after the shared post-run checks."""
+        return await self._post_run(prep, await self._result(run, prep, timed_out, killed))
 
     def _check_spec(self, spec: RunProgramSpec) -> None:
         if spec.network == "on":
@@ -98,9 +116,9 @@ class ContainerRunner(HostRunner):
             await asyncio.wait_for(asyncio.shield(pump), prep.spec.timeout)
         except TimeoutError:
             timed_out = True
-            await self._kill(run, prep, pump)
+            await self.kill_run(run, prep, pump)
         except BaseException:
-            await asyncio.shield(self._kill(run, prep, pump))
+            await asyncio.shield(self.kill_run(run, prep, pump))
             raise
         finally:
             run.close()  # unblocks a stdin feeder the program never read from
@@ -110,7 +128,8 @@ class ContainerRunner(HostRunner):
                 run.release()
         return timed_out
 
-    async def _kill(self, run: ExecRun, prep: Prepared, pump: asyncio.Future[None]) -> None:
+    async def kill_run(self, run: ExecRun, prep: Prepared, pump: asyncio.Future[None]) -> None:
+        """Kill what the run started and wait (bounded) for its stream to end."""
         with contextlib.suppress(Exception):  # the exec may have ended on its own meanwhile
             await asyncio.to_thread(run.kill, RUN_MARKER_VAR, prep.marker, self._user)
         try:
@@ -119,9 +138,9 @@ class ContainerRunner(HostRunner):
             run.close()
             await pump
 
-    async def _result(self, run: ExecRun, prep: Prepared, timed_out: bool) -> RunResult:
+    async def _result(self, run: ExecRun, prep: Prepared, timed_out: bool, killed: bool) -> RunResult:
         code = await asyncio.to_thread(run.exit_code)
-        if code is None or (timed_out and code == 128 + signal.SIGKILL):
+        if code is None or ((timed_out or killed) and code == 128 + signal.SIGKILL):
             code = -signal.SIGKILL  # the library's convention: killed by signal N is -N
         out, err = run.stdout, run.stderr
         raw_out, raw_err = out.getvalue(), err.getvalue()

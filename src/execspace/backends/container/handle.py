@@ -1,0 +1,146 @@
+"""A started container exec as a ``ProgramHandle``: streamed output, interactive stdin, kill, wait.
+
+The exec's stream is read by a thread (:meth:`ExecRun.pump`); each frame is captured in
+the run's head+tail buffers and handed to the event loop for :meth:`stream`. A slow or
+absent stream consumer holds the pumping thread back (bounded chunks in flight), so the
+daemon stops reading the program's output instead of us buffering it without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ...errors import UsageError
+from ...models import OutputChunk, RunResult
+from ...process.hostrunner import Prepared
+from .execrun import ExecRun
+
+if TYPE_CHECKING:
+    from .runner import ContainerRunner
+
+__all__ = ["ContainerHandle"]
+
+#: Chunks delivered to the loop but not yet taken by a stream consumer before the pump waits.
+_IN_FLIGHT = 64
+_POLL = 0.05
+
+
+class ContainerHandle:
+    """Implements ``ProgramHandle`` for one exec in a workspace container."""
+
+    def __init__(self, runner: ContainerRunner, prep: Prepared) -> None:
+        self._runner = runner
+        self._prep = prep
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._room = threading.Semaphore(_IN_FLIGHT)
+        # set when nobody will take chunks any more (wait() without stream, kill, end): the pump stops waiting
+        self._released = threading.Event()
+        self._run: ExecRun | None = None
+        self._pump: asyncio.Future[None] | None = None
+        self._done: asyncio.Future[RunResult] | None = None
+        self._killed = False
+        self._streaming = False
+        self._stdin_open = True
+        self._stdin_task: asyncio.Future[None] | None = None
+
+    # -- called by the runner ----------------------------------------------------------------
+
+    def on_chunk(self, fd: int, data: bytes) -> None:
+        """From the pumping thread: pass a chunk to the loop once there is room for it."""
+        while not self._room.acquire(timeout=_POLL):
+            if self._released.is_set():
+                return
+        chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody streams any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+
+    def begin(self, run: ExecRun) -> None:
+        self._run = run
+        self._pump = asyncio.ensure_future(asyncio.to_thread(run.pump))
+        self._done = asyncio.ensure_future(self._supervise(run, self._pump))
+        stdin = self._prep.spec.stdin
+        if stdin:
+            self._stdin_task = asyncio.ensure_future(self.write_stdin(stdin))
+
+    async def _supervise(self, run: ExecRun, pump: asyncio.Future[None]) -> RunResult:
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), self._prep.spec.timeout)
+        except TimeoutError:
+            timed_out = True
+            self._released.set()  # a pump waiting for a consumer must reach the end of the stream
+            await self._runner.kill_run(run, self._prep, pump)
+        finally:
+            self._released.set()
+            self._queue.put_nowait(None)
+            run.close()  # unblocks a stdin writer the program never read from
+            if pump.done():
+                run.release()
+        return await self._runner.finish(run, self._prep, timed_out, killed=self._killed and not timed_out)
+
+    # -- ProgramHandle ---------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return None  # the program's pid lives in the container's namespace, not on this host
+
+    async def stream(self) -> AsyncIterator[OutputChunk]:
+        """Yield output as it arrives (from the start: nothing is lost before the first call)."""
+        self._streaming = True
+        while True:
+            chunk = await self._queue.get()
+            if chunk is None:
+                self._queue.put_nowait(None)  # a second stream() ends too
+                return
+            self._room.release()
+            yield chunk
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        run = self._run
+        if run is None or not self._stdin_open:
+            raise UsageError("stdin is closed")
+        payload = data.encode() if isinstance(data, str) else data
+        with contextlib.suppress(OSError):  # the program ended or closed its stdin
+            await asyncio.to_thread(run.send_stdin, payload)
+
+    async def close_stdin(self) -> None:
+        if self._run is not None and self._stdin_open:
+            self._stdin_open = False
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self._run.end_stdin)
+
+    async def kill(self) -> None:
+        """Kill every process of the run (SIGKILL: the marker sweep leaves no grace to use)."""
+        assert self._run is not None and self._pump is not None
+        if self._pump.done():
+            return
+        self._killed = True
+        self._released.set()
+        await self._runner.kill_run(self._run, self._prep, self._pump)
+
+    async def wait(self) -> RunResult:
+        assert self._done is not None
+        if not self._streaming:
+            self._released.set()  # nobody streams: the capture buffers keep the output
+        return await asyncio.shield(self._done)
+
+    async def __aenter__(self) -> ContainerHandle:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._done is not None and not self._done.done():
+            await asyncio.shield(self._teardown())
+
+    async def _teardown(self) -> None:
+        await self.kill()
+        assert self._done is not None
+        with contextlib.suppress(Exception):
+            await self._done
