@@ -389,3 +389,17 @@ async def test_runs_in_one_workspace_share_its_container(engine: execspace.BaseE
     await engine.runner.run_program(ws, sh("echo kept > /tmp/state"))
     r = await engine.runner.run_program(ws, sh("cat /tmp/state"))
     assert r.stdout == "kept\n"
+
+
+async def test_kill_right_after_start_leaves_nothing(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    """A kill that lands before the daemon has started the exec's process must still stop the program."""
+    assert ws.host_path is not None
+    for i in range(8):
+        handle = await engine.runner.start_program(
+            ws, execspace.RunProgramSpec("sh", ["-c", f"sleep 0.7; touch $WORK_DIR/survived-{i}"])
+        )
+        await asyncio.sleep(0.01 * (i % 4))  # different moments of the exec's start
+        await handle.kill()
+        await handle.wait()
+    await asyncio.sleep(1.2)
+    assert not list((ws.host_path / "work").glob("survived-*"))

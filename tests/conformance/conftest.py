@@ -22,21 +22,11 @@ BACKENDS = ["local", "sandbox", "container"]
 
 #: Tests outside this suite that reuse ``any_engine`` but assume what the container backend does by design
 #: differently; their owners can move the condition into the test (listed here so that it is one place).
-_NOT_FOR_CONTAINER = {
-    "test_policy_mode_does_not_inherit_the_host_environment": (
-        "the container backend never passes the host's environment, in policy mode or not"
-    ),
-}
-
-
 @pytest.fixture(params=BACKENDS)
 async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
     name = request.param
     root = tmp_path / "ws"
     if name == "container":
-        reason = _NOT_FOR_CONTAINER.get(request.node.originalname)
-        if reason is not None:
-            pytest.skip(reason)
         async with _container_engine(request, root, tmp_path) as engine:
             yield engine
         return

@@ -343,6 +343,8 @@ async def test_policy_mode_does_not_inherit_the_host_environment(
     monkeypatch.setenv("LANG", "C.UTF-8")  # a core variable: inherited outside policy mode
     r = await run(policy_tool, "printenv")
     assert "LANG=" not in r["stdout"]
+    if policy_tool.engine.name == "container":
+        return  # containers never receive host variables, with a policy or without: nothing to contrast
     async with WorkspaceExecTool(policy_tool.engine, workspace_id=WS_ID) as free:
         assert "LANG=C.UTF-8" in (await run(free, "printenv"))["stdout"]
 

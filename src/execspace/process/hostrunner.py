@@ -20,10 +20,11 @@ from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..errors import PathDenied, UsageError
 from ..models import RunProgramSpec, RunResult, Workspace
+from ..protocols import ProgramHandle
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layout import new_run_name, workspace_env
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, SupervisedProcess, spawn
+from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, spawn
 
 __all__ = ["HostRunner", "Prepared", "unisolated_capabilities"]
 
@@ -95,7 +96,7 @@ class HostRunner:
             result = await proc.wait()
         return await self._post_run(prep, result)
 
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
         prep = self.prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())

@@ -21,8 +21,10 @@ from .handle import ContainerHandle
 
 __all__ = ["ContainerRunner"]
 
-#: After a kill, how long the stream may take to close before we close it ourselves.
-_KILL_SETTLE = 5.0
+#: After each kill, how long the stream may take to close before we kill again (and, after the last,
+#: close it ourselves). Short first waits: a program the daemon started only after the kill must be
+#: killed again before it can finish.
+_KILL_SETTLES = (0.2, 0.5, 1.0, 5.0)
 
 _RUNTIME_FAILURE = b"OCI runtime exec failed"
 
@@ -67,7 +69,7 @@ class ContainerRunner(HostRunner):
         return await self.finish(run, prep, timed_out)
 
     # HostRunner declares its concrete SupervisedProcess; both are ProgramHandles, which is the contract
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:  # type: ignore[override]
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         self._check_spec(spec)
         prep = self.prepare(ws, spec)
         if isinstance(prep, RunResult):
@@ -129,14 +131,21 @@ class ContainerRunner(HostRunner):
         return timed_out
 
     async def kill_run(self, run: ExecRun, prep: Prepared, pump: asyncio.Future[None]) -> None:
-        """Kill what the run started and wait (bounded) for its stream to end."""
-        with contextlib.suppress(Exception):  # the exec may have ended on its own meanwhile
-            await asyncio.to_thread(run.kill, RUN_MARKER_VAR, prep.marker, self._user)
-        try:
-            await asyncio.wait_for(asyncio.shield(pump), _KILL_SETTLE)
-        except TimeoutError:
-            run.close()
-            await pump
+        """Kill what the run started and wait (bounded) for its stream to end.
+
+        A kill can land before the daemon has started the exec's process; the stream then goes on,
+        so the kill is repeated until it ends, a bounded number of times.
+        """
+        for settle in _KILL_SETTLES:
+            with contextlib.suppress(Exception):  # the exec may have ended on its own meanwhile
+                await asyncio.to_thread(run.kill, RUN_MARKER_VAR, prep.marker, self._user)
+            try:
+                await asyncio.wait_for(asyncio.shield(pump), settle)
+                return
+            except TimeoutError:
+                continue
+        run.close()
+        await pump
 
     async def _result(self, run: ExecRun, prep: Prepared, timed_out: bool, killed: bool) -> RunResult:
         code = await asyncio.to_thread(run.exit_code)
