@@ -10,18 +10,16 @@ there, other languages to programs as usual.
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
 
-from ...capabilities import Capabilities, Isolation
+from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
-from ...languages import available_languages
 from ...models import Workspace
-from ...process.hostrunner import HostRunner
-from ...process.rlimits import RLIMIT_ENFORCED
+from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
@@ -65,27 +63,18 @@ class JupyterBackend:
 
     @classmethod
     def capabilities(cls, env_policy: EnvPolicy | None = None, *, language: str = "python") -> Capabilities:
-        path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
-        languages = available_languages(path)
-        return Capabilities(
-            backend="jupyter",
-            isolation=Isolation.NONE,
-            network_control=False,
-            network_default=True,
-            clean_env=True,
-            read_only_mounts=False,
-            streaming=True,
-            persistent_state=True,
-            host_paths=True,
-            enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
-            languages=languages if language in languages else (language, *languages),
-            does_not_protect=DOES_NOT_PROTECT,
-            details={
+        base = unisolated_capabilities(
+            "jupyter",
+            env_policy,
+            DOES_NOT_PROTECT,
+            {
                 "mode": "kernel on this host (no sandbox)",
                 "kernel_language": language,
                 "kernel_limits": "timeout (interrupt, then restart) and output_bytes only",
             },
         )
+        languages = base.languages if language in base.languages else (language, *base.languages)
+        return dataclasses.replace(base, persistent_state=True, languages=languages)
 
     @classmethod
     async def open(
