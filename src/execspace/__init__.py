@@ -14,51 +14,126 @@ Quick start::
 
 from __future__ import annotations
 
-from .capabilities import Capabilities, Isolation
-from .engine import BaseEngine, open_engine
-from .envpolicy import EnvPolicy
-from .errors import (
-    ArtifactNotFound,
-    BackendError,
-    CapabilityError,
-    ExecspaceError,
-    ExecutionTimeout,
-    InputError,
-    InvalidSpec,
-    LimitExceeded,
-    PartialOutputCommit,
-    PathDenied,
-    PolicyViolation,
-    ProgramFailed,
-    SetupFailed,
-    UnsupportedBackend,
-    UnsupportedLanguage,
-    UsageError,
-    WorkspaceNotFound,
-)
-from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
-from .models import (
-    BlockResult,
-    CodeBlock,
-    CodeExecutionInput,
-    CodeExecutionResult,
-    File,
-    FileRef,
-    InputSpec,
-    OutputChunk,
-    OutputManifest,
-    OutputSpec,
-    Persistence,
-    PutFile,
-    ResourceLimits,
-    RunProgramSpec,
-    RunResult,
-    Workspace,
-    WorkspacePolicy,
-)
-from .protocols import Engine, ProgramHandle, ProgramRunner, WorkspaceFS, WorkspaceManager
-
 __version__ = "0.1.0"
+
+# Not typing.TYPE_CHECKING: importing typing costs more than the command line's fast path
+# (type checkers treat any name TYPE_CHECKING as true).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .capabilities import Capabilities, Isolation
+    from .engine import BaseEngine, open_engine
+    from .envpolicy import EnvPolicy
+    from .errors import (
+        ArtifactNotFound,
+        BackendError,
+        CapabilityError,
+        ExecspaceError,
+        ExecutionTimeout,
+        InputError,
+        InvalidSpec,
+        LimitExceeded,
+        PartialOutputCommit,
+        PathDenied,
+        PolicyViolation,
+        ProgramFailed,
+        SetupFailed,
+        UnsupportedBackend,
+        UnsupportedLanguage,
+        UsageError,
+        WorkspaceNotFound,
+    )
+    from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
+    from .models import (
+        BlockResult,
+        CodeBlock,
+        CodeExecutionInput,
+        CodeExecutionResult,
+        File,
+        FileRef,
+        InputSpec,
+        OutputChunk,
+        OutputManifest,
+        OutputSpec,
+        Persistence,
+        PutFile,
+        ResourceLimits,
+        RunProgramSpec,
+        RunResult,
+        Workspace,
+        WorkspacePolicy,
+    )
+    from .protocols import Engine, ProgramHandle, ProgramRunner, WorkspaceFS, WorkspaceManager
+
+# Names resolve on first use (PEP 562): the ``execspace`` command's fast path imports this
+# package and must not pay for the whole library when a warm daemon runs the command.
+_LAZY = {
+    "Capabilities": ".capabilities",
+    "Isolation": ".capabilities",
+    "BaseEngine": ".engine",
+    "open_engine": ".engine",
+    "EnvPolicy": ".envpolicy",
+    "ArtifactNotFound": ".errors",
+    "BackendError": ".errors",
+    "CapabilityError": ".errors",
+    "ExecspaceError": ".errors",
+    "ExecutionTimeout": ".errors",
+    "InputError": ".errors",
+    "InvalidSpec": ".errors",
+    "LimitExceeded": ".errors",
+    "PartialOutputCommit": ".errors",
+    "PathDenied": ".errors",
+    "PolicyViolation": ".errors",
+    "ProgramFailed": ".errors",
+    "SetupFailed": ".errors",
+    "UnsupportedBackend": ".errors",
+    "UnsupportedLanguage": ".errors",
+    "UsageError": ".errors",
+    "WorkspaceNotFound": ".errors",
+    "CodeBlockDelimiter": ".executor",
+    "CodeExecutor": ".executor",
+    "code_executor": ".executor",
+    "extract_code_blocks": ".executor",
+    "BlockResult": ".models",
+    "CodeBlock": ".models",
+    "CodeExecutionInput": ".models",
+    "CodeExecutionResult": ".models",
+    "File": ".models",
+    "FileRef": ".models",
+    "InputSpec": ".models",
+    "OutputChunk": ".models",
+    "OutputManifest": ".models",
+    "OutputSpec": ".models",
+    "Persistence": ".models",
+    "PutFile": ".models",
+    "ResourceLimits": ".models",
+    "RunProgramSpec": ".models",
+    "RunResult": ".models",
+    "Workspace": ".models",
+    "WorkspacePolicy": ".models",
+    "Engine": ".protocols",
+    "ProgramHandle": ".protocols",
+    "ProgramRunner": ".protocols",
+    "WorkspaceFS": ".protocols",
+    "WorkspaceManager": ".protocols",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execspace' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ArtifactNotFound",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cli.main import main
+from .cli.launcher import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,11 +1,12 @@
-"""The ``execspace`` command line: ``run``, ``exec-code``, ``doctor`` and ``demo``.
+"""The ``execspace`` command line: ``run``, ``exec-code``, ``doctor``, ``demo`` and ``daemon``.
 
-Entry point :func:`execspace.cli.main.main` (console script ``execspace``, and
-``python -m execspace``).
+Entry point :func:`execspace.cli.launcher.main` (console script ``execspace``, and
+``python -m execspace``): it hands the command to a warm daemon when one runs, else calls
+:func:`execspace.cli.main.main` here.
 """
 
 from __future__ import annotations
 
-from .main import main
+from .launcher import main
 
 __all__ = ["main"]

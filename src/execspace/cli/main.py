@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import ExecspaceError
-from . import demo, doctor, execcode, run
+from . import daemon, demo, doctor, execcode, run
 from .console import EXIT_EXECSPACE_ERROR, error, error_message
 
 __all__ = ["build_parser", "main"]
@@ -37,13 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"execspace {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
-    for module in (run, execcode, doctor, demo):
+    for module in (run, execcode, doctor, demo, daemon):
         module.add_parser(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run one command; ``parser`` lets the warm daemon reuse one built before it forks."""
+    args = (parser or build_parser()).parse_args(argv)
     handler: Callable[[argparse.Namespace], Awaitable[int]] = args.handler
     try:
         return asyncio.run(_call(handler, args))

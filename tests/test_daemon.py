@@ -1,0 +1,177 @@
+"""The warm daemon (`execspace daemon`): a command run through it behaves exactly as one run in-process.
+
+Every test here runs the real console script against a real daemon process on a private
+socket, and compares with the same command under EXECSPACE_DAEMON=off.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execspace.cli.forkserver import SourceStamp, decode_request
+from execspace.cli.launcher import daemon_socket_path, encode_request, forward, private_dir_ok
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon's tests use /proc and SO_PEERCRED")
+
+CLI = [sys.executable, "-m", "execspace"]
+
+
+def _served(env: dict[str, str]) -> int:
+    out = subprocess.run([*CLI, "daemon", "status"], env=env, capture_output=True, text=True, check=True).stdout
+    return int(out.split("served=")[1].split()[0])
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of a caller that reaches a fresh daemon of its own."""
+    # unix socket paths must fit in 107 bytes: pytest's tmp_path may not
+    with tempfile.TemporaryDirectory(prefix="xdg", dir="/tmp") as runtime:
+        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+        env.pop("EXECSPACE_DAEMON", None)
+        started = subprocess.run([*CLI, "daemon", "start", "--idle-timeout", "120"], env=env, capture_output=True)
+        assert started.returncode == 0, started.stderr
+        try:
+            yield env
+        finally:
+            subprocess.run([*CLI, "daemon", "stop"], env=env, capture_output=True, check=False)
+
+
+def _both(
+    env: dict[str, str], args: list[str], cwd: Path, stdin: bytes = b""
+) -> tuple[subprocess.CompletedProcess[bytes], subprocess.CompletedProcess[bytes]]:
+    before = _served(env)
+    warm = subprocess.run([*CLI, *args], env=env, cwd=cwd, input=stdin, capture_output=True, timeout=60)
+    assert _served(env) == before + 1, "the command did not go through the daemon"
+    here = {**env, "EXECSPACE_DAEMON": "off"}
+    cold = subprocess.run([*CLI, *args], env=here, cwd=cwd, input=stdin, capture_output=True, timeout=60)
+    return warm, cold
+
+
+def test_run_through_daemon_is_the_same_as_in_process(daemon: dict[str, str], tmp_path: Path) -> None:
+    script = 'echo "out x=$X"; echo err >&2; cat; ls inputs; exit 7'
+    (tmp_path / "data.txt").write_text("staged")
+    args = ["run", "--backend", "local", "--env", "X=1", "--input", "data.txt", "--", "sh", "-c", script]
+    warm, cold = _both(daemon, args, cwd=tmp_path, stdin=b"from stdin\n")
+    assert warm.returncode == cold.returncode == 7
+    assert warm.stdout == cold.stdout == b"out x=1\nfrom stdin\ndata.txt\n"  # our cwd resolved data.txt
+    assert warm.stderr == cold.stderr
+    assert b"err\n" in warm.stderr
+
+
+def test_sandbox_denials_hold_through_the_daemon(daemon: dict[str, str], tmp_path: Path) -> None:
+    warm, cold = _both(daemon, ["run", "--backend", "sandbox", "--", "cat", "/etc/shadow"], cwd=tmp_path)
+    assert warm.returncode == cold.returncode != 0
+    assert b"root:" not in warm.stdout
+    assert warm.stderr == cold.stderr
+
+
+def test_usage_errors_and_help_keep_their_status(daemon: dict[str, str], tmp_path: Path) -> None:
+    warm, cold = _both(daemon, ["run", "--bogus"], cwd=tmp_path)
+    assert warm.returncode == cold.returncode == 125
+    assert warm.stderr == cold.stderr
+    warm, cold = _both(daemon, ["run", "--help"], cwd=tmp_path)
+    assert warm.returncode == cold.returncode == 0
+    assert warm.stdout == cold.stdout
+
+
+def _start_sleeper(env: dict[str, str], tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    pid_file = tmp_path / "pid"
+    script = f"echo $$ > {pid_file}; exec sleep 60"
+    proc = subprocess.Popen([*CLI, "run", "--backend", "local", "--", "sh", "-c", script], env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the program never started"
+        time.sleep(0.05)
+    return proc, int(pid_file.read_text())
+
+
+def _gone(pid: int, within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_is_forwarded_and_kills_the_program(daemon: dict[str, str], tmp_path: Path) -> None:
+    proc, pid = _start_sleeper(daemon, tmp_path)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert _gone(pid), "the program outlived the interrupted command"
+
+
+def test_a_killed_caller_takes_its_program_down(daemon: dict[str, str], tmp_path: Path) -> None:
+    proc, pid = _start_sleeper(daemon, tmp_path)
+    proc.kill()  # no chance to forward anything: the worker sees the connection close
+    proc.wait(timeout=10)
+    assert _gone(pid), "the program outlived its caller"
+
+
+def test_stop_removes_the_socket_and_commands_run_in_process(daemon: dict[str, str], tmp_path: Path) -> None:
+    assert subprocess.run([*CLI, "daemon", "stop"], env=daemon, check=False).returncode == 0
+    assert not Path(daemon_socket_path(daemon)).exists()
+    assert subprocess.run([*CLI, "daemon", "status"], env=daemon, capture_output=True).returncode == 1
+    done = subprocess.run([*CLI, "run", "--backend", "local", "--", "echo", "hi"], env=daemon, capture_output=True)
+    assert (done.returncode, done.stdout) == (0, b"hi\n")
+
+
+def test_a_directory_others_can_enter_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="xdg", dir="/tmp"))
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+        monkeypatch.delenv("EXECSPACE_DAEMON", raising=False)
+        path = Path(daemon_socket_path())
+        path.parent.mkdir(mode=0o755)
+        path.parent.chmod(0o755)
+        assert not private_dir_ok(str(path.parent))
+        assert forward(["run", "--", "true"]) is None  # not even tried
+        link = runtime / "link"
+        link.symlink_to(path.parent)
+        path.parent.chmod(0o700)
+        assert private_dir_ok(str(path.parent))
+        assert not private_dir_ok(str(link))
+        started = subprocess.run([*CLI, "daemon", "start"], env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+        assert started.returncode == 0
+        path.parent.chmod(0o755)  # loosened after the start: callers stop trusting it
+        assert forward(["run", "--", "true"]) is None
+        path.parent.chmod(0o700)
+    finally:
+        subprocess.run([*CLI, "daemon", "stop"], env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)}, check=False)
+        subprocess.run(["rm", "-rf", str(runtime)], check=False)
+
+
+def test_requests_round_trip_and_malformed_ones_are_refused() -> None:
+    env = {b"A": b"1", b"B": b"x=y"}
+    raw = encode_request(b"run", ["run", "--", "echo", "é"], env, b"/some/dir", 0o022)
+    request = decode_request(raw[4:])
+    assert (request.kind, request.cwd, request.umask) == (b"run", b"/some/dir", 0o022)
+    assert request.argv == ["run", "--", "echo", "é"] and request.env == env
+    short_argv = b"execspace-cli/1\0run\0/\0" + b"22\0" + b"5\0only-one"
+    for bad in (b"", b"other\0run", raw[4:].replace(b"B=x=y", b"novalue"), short_argv):
+        with pytest.raises(ValueError):
+            decode_request(bad)
+
+
+def test_source_stamp_notices_edits_and_new_files(tmp_path: Path) -> None:
+    module = tmp_path / "a.py"
+    module.write_text("x = 1")
+    stamp = SourceStamp(tmp_path)
+    assert not stamp.changed()
+    os.utime(module, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert stamp.changed()
+    stamp = SourceStamp(tmp_path)
+    (tmp_path / "b.py").write_text("")
+    os.utime(tmp_path / "b.py", ns=(0, 0))  # older than a.py: only the count tells
+    assert stamp.changed()
