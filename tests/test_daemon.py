@@ -6,6 +6,7 @@ socket, and compares with the same command under EXECSPACE_DAEMON=off.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -175,3 +176,15 @@ def test_source_stamp_notices_edits_and_new_files(tmp_path: Path) -> None:
     (tmp_path / "b.py").write_text("")
     os.utime(tmp_path / "b.py", ns=(0, 0))  # older than a.py: only the count tells
     assert stamp.changed()
+
+
+def test_doctor_reports_the_daemon(daemon: dict[str, str], tmp_path: Path) -> None:
+    def report() -> dict[str, object]:
+        out = subprocess.run([*CLI, "doctor", "--json"], env=daemon, capture_output=True, timeout=120, check=True)
+        entry: dict[str, object] = json.loads(out.stdout)["daemon"]
+        return entry
+
+    running = report()
+    assert running["running"] is True and running["socket"] == daemon_socket_path(daemon)
+    subprocess.run([*CLI, "daemon", "stop"], env=daemon, check=True, capture_output=True)
+    assert report()["running"] is False

@@ -13,6 +13,8 @@ from ..engine import open_engine
 from ..errors import SetupFailed
 from ..registry import BACKENDS, choose_default_backend, load_backend, probe_backend
 from .console import print_json, progress
+from .daemon import ping
+from .launcher import daemon_socket_path
 
 __all__ = ["add_parser", "backend_capabilities", "command"]
 
@@ -70,10 +72,11 @@ async def _default() -> dict[str, Any]:
 async def command(args: argparse.Namespace) -> int:
     progress(f"probing backends ({', '.join(BACKENDS)})...")
     *entries, default = await asyncio.gather(*(_inspect(n) for n in BACKENDS), _default())
+    daemon = _daemon()
     if args.json:
-        print_json({"backends": entries, "default": default})
+        print_json({"backends": entries, "default": default, "daemon": daemon})
     else:
-        sys.stdout.write(render(entries, default))
+        sys.stdout.write(render(entries, default, daemon))
         sys.stdout.flush()
     return 0
 
@@ -116,7 +119,13 @@ def _entry_lines(entry: dict[str, Any]) -> list[str]:
     return lines + [f"  {line}" for line in body]
 
 
-def render(entries: list[dict[str, Any]], default: dict[str, Any]) -> str:
+def _daemon() -> dict[str, Any]:
+    path = daemon_socket_path()
+    answer = ping(path)
+    return {"running": answer is not None, "socket": path, "status": (answer or "").removeprefix("pong ")}
+
+
+def render(entries: list[dict[str, Any]], default: dict[str, Any], daemon: dict[str, Any] | None = None) -> str:
     working = [e["name"] for e in entries if e["ok"]]
     out = [f"execspace doctor: {len(entries)} backends, working here: {', '.join(working) or 'none'}", ""]
     for entry in entries:
@@ -125,4 +134,9 @@ def render(entries: list[dict[str, Any]], default: dict[str, Any]) -> str:
         out.append(f"default backend (when --backend is not given): {default['backend']}")
     else:
         out.append(f"default backend (when --backend is not given): none: {default['reason']}")
+    if daemon is not None:
+        if daemon["running"]:
+            out.append(f"CLI daemon: running ({daemon['status']}), socket {daemon['socket']}")
+        else:
+            out.append("CLI daemon: not running; `execspace daemon start` makes each command start in milliseconds")
     return "\n".join(out) + "\n"

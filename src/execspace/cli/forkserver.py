@@ -37,12 +37,16 @@ __all__ = ["ForkServer", "Request", "SourceStamp", "decode_request", "main"]
 
 _MAX_REQUEST = 8 << 20
 _REQUEST_TIMEOUT = 5.0
-#: Modules every command needs, and those of the backends that start without extras.
+#: Modules every command needs, and those of the backends that start without extras. pyseccomp
+#: matters most: importing it runs ctypes.util.find_library (about 80 ms here).
 PRELOAD = (
     "execspace.cli.main",
     "execspace.backends.local",
     "execspace.backends.sandbox",
     "execspace.backends.sandbox.seccomp",
+    "execspace.workspace.staging",
+    "concurrent.futures.thread",
+    "pyseccomp",
 )
 
 
@@ -277,7 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import importlib
 
     for module in PRELOAD:
-        importlib.import_module(module)
+        with contextlib.suppress(ImportError, RuntimeError):  # pyseccomp raises RuntimeError without libseccomp
+            importlib.import_module(module)
     package_dir = Path(importlib.import_module("execspace").__file__ or ".").parent
     ForkServer(args.socket, args.idle_timeout, SourceStamp(package_dir)).serve()
     return 0
