@@ -15,6 +15,7 @@ on ``execspace daemon stop`` or SIGTERM, and as soon as the package's source fil
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import os
@@ -226,6 +227,10 @@ def _worker(conn: socket.socket, request: Request, fds: list[int], parser: argpa
     except BaseException:
         traceback.print_exc()
     finally:
+        # os._exit skips atexit, where a backend keeps its last-resort cleanup (a container's removal):
+        # run it as an interpreter exit would, but never unwind into the daemon's own stack
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
