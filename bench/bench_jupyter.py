@@ -4,7 +4,11 @@ Warm round trip: ``1+1`` through ``KernelSessions.execute`` against the same req
 same kernel's own client by hand (execute, read iopub until the kernel is idle again), interleaved.
 First result of a new session: a workspace's first ``1+1`` with a kernel from the warm pool
 against the same with a cold kernel start (pool off), one of each per round, each after the pool
-has refilled so that neither competes with a start-up the other caused.
+has refilled so that neither competes with a start-up the other caused. Both on host kernels
+(``kernel_isolation="none"``: the pool exists in that mode only).
+Sandboxed kernels (the default where bubblewrap works): the same warm round trip against raw
+``jupyter_client`` on the same sandboxed kernel (over its IPC sockets), and a new session's first
+result (a cold start in the sandbox) against a cold start on the host.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def _client_of(kernels: Any, ws: Workspace) -> Any:
     return kernels._sessions[str(ws.host_path)].kernel.kc
 
 
-async def _round_trip(plan: Plan, report: Report, engine: Any) -> None:
+async def _round_trip(plan: Plan, report: Report, engine: Any, what: str = "warm cell 1+1") -> None:
     kernels = engine.extra("kernels")
     ws = await engine.manager.create_workspace("bench/warm")
     assert (await kernels.execute(ws, "1+1")).text == "2\n"
@@ -54,7 +58,7 @@ async def _round_trip(plan: Plan, report: Report, engine: Any) -> None:
         await _raw_cell(kc, "1+1")
 
     lib_t, raw_t = await interleaved([lib, raw], plan.true_iters // 2, plan.warmup)
-    row = Row(SECTION, "warm cell 1+1", "ms", Stats.of(lib_t, 1e3), Stats.of(raw_t, 1e3), "raw jupyter_client")
+    row = Row(SECTION, what, "ms", Stats.of(lib_t, 1e3), Stats.of(raw_t, 1e3), "raw jupyter_client")
     row.target, row.passed = "≤ +2 ms", row.lib.median - row.base.median <= 2.0 if row.base else None
     report.rows.append(row)
 
@@ -84,6 +88,40 @@ async def _first_result(plan: Plan, report: Report, pooled: Any, cold: Any) -> N
     report.rows.append(row)
 
 
+async def _sandboxed_first_result(plan: Plan, report: Report, sandboxed: Any, cold: Any) -> None:
+    rounds = max(5, plan.python_iters // 20)
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for i in range(rounds):
+        for n, engine in enumerate((sandboxed, cold)):
+            kernels = engine.extra("kernels")
+            ws = await engine.manager.create_workspace(f"bench/sb-first-{i}")
+            times[n].append(await timed(lambda k=kernels, w=ws: k.execute(w, "1+1")))
+            await engine.manager.cleanup(ws)
+    row = Row(
+        SECTION,
+        "first 1+1 of a new session (sandboxed kernel)",
+        "ms",
+        Stats.of(times[0], 1e3),
+        Stats.of(times[1], 1e3),
+        "cold kernel start on the host",
+    )
+    report.rows.append(row)
+
+
+async def _sandboxed(plan: Plan, report: Report, log: Any, tmp: Any, cold: Any) -> None:
+    sandbox = await probe_backend("sandbox")
+    if not sandbox.ok:
+        report.notes.append(f"sandboxed-kernel benchmarks skipped: {sandbox.reason}")
+        log(f"5 jupyter: sandboxed kernels skipped ({sandbox.reason})")
+        return
+    tmp.chmod(0o711)  # the per-workspace sandbox uid must traverse to the workspaces
+    async with execspace.open_engine("jupyter", workspace_root=tmp / "sandboxed", kernel_isolation="sandbox") as sb:
+        log("5 jupyter: warm cell round trip, sandboxed kernel")
+        await _round_trip(plan, report, sb, "warm cell 1+1 (sandboxed kernel)")
+        log("5 jupyter: first result of a new session, sandboxed kernel vs host cold start")
+        await _sandboxed_first_result(plan, report, sb, cold)
+
+
 async def run_jupyter(plan: Plan, report: Report, log: Any) -> None:
     probe = await probe_backend("jupyter")
     if not probe.ok:
@@ -94,10 +132,13 @@ async def run_jupyter(plan: Plan, report: Report, log: Any) -> None:
         return
     with scratch_dir("execspace-bench-jupyter-") as tmp:
         async with (
-            execspace.open_engine("jupyter", workspace_root=tmp / "pooled", pool_size=1) as pooled,
-            execspace.open_engine("jupyter", workspace_root=tmp / "cold", pool_size=0) as cold,
+            execspace.open_engine(
+                "jupyter", workspace_root=tmp / "pooled", pool_size=1, kernel_isolation="none"
+            ) as pooled,
+            execspace.open_engine("jupyter", workspace_root=tmp / "cold", pool_size=0, kernel_isolation="none") as cold,
         ):
             log("5 jupyter: warm cell round trip")
             await _round_trip(plan, report, cold)
             log("5 jupyter: first result of a new session, pool vs cold start")
             await _first_result(plan, report, pooled, cold)
+            await _sandboxed(plan, report, log, tmp, cold)

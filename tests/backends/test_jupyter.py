@@ -16,6 +16,7 @@ import execspace
 from execspace import BaseEngine, CodeBlock, CodeExecutionInput, CodeExecutor, PutFile, ResourceLimits, Workspace
 from execspace.backends.jupyter import JupyterBackend, KernelSessions
 from execspace.registry import probe_backend
+from tests.support import make_traversable
 
 # the smallest valid GIF (1x1, one colour), built here so that no image library is needed
 TINY_GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7")
@@ -25,7 +26,7 @@ TINY_GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAI
 async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
     # no warm pool here: these tests are about one kernel's behaviour, and pooled starts would compete for CPU
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0, pool_size=0
+        "jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0, pool_size=0, kernel_isolation="none"
     ) as eng:
         yield eng
 
@@ -218,7 +219,9 @@ async def test_output_flood_is_capped(kernels: KernelSessions, ws: Workspace) ->
 
 
 async def test_cleanup_and_close_stop_kernels(tmp_path: Path) -> None:
-    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", pool_size=0) as eng:
+    async with execspace.open_engine(
+        "jupyter", workspace_root=tmp_path / "ws", pool_size=0, kernel_isolation="none"
+    ) as eng:
         ks: KernelSessions = eng.extra("kernels")
         a = await eng.manager.create_workspace("a")
         b = await eng.manager.create_workspace("b")
@@ -232,6 +235,7 @@ async def test_cleanup_and_close_stop_kernels(tmp_path: Path) -> None:
 
 
 async def test_code_executor_runs_python_in_the_kernel(tmp_path: Path) -> None:
+    make_traversable(tmp_path)  # the default engine sandboxes its kernels and programs where it can
     async with execspace.code_executor("jupyter", workspace_root=tmp_path / "ws", timeout=20) as ex:
         first = await ex.execute_code(
             CodeExecutionInput(
@@ -274,7 +278,7 @@ print(_dh)
 
 def pooled_pids(ks: KernelSessions) -> set[int]:
     assert ks.pool is not None
-    return {k.km.provisioner.pid for k in ks.pool.idle_kernels()}
+    return {k.proc.pid for k in ks.pool.idle_kernels()}
 
 
 async def test_pooled_kernel_serves_first_cell_bound_to_its_workspace(
@@ -282,7 +286,9 @@ async def test_pooled_kernel_serves_first_cell_bound_to_its_workspace(
 ) -> None:
     names = "print(sorted(k for k in globals() if k[0] != '_'))\nprint(__import__('os').getpid())"
     cold_names = (await kernels.execute(ws, names)).text.splitlines()[0]
-    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "pooled", pool_size=1) as eng:
+    async with execspace.open_engine(
+        "jupyter", workspace_root=tmp_path / "pooled", pool_size=1, kernel_isolation="none"
+    ) as eng:
         ks: KernelSessions = eng.extra("kernels")
         assert ks.pool is not None and await ks.pool.wait_ready()
         (pid,) = pooled_pids(ks)
@@ -300,10 +306,14 @@ async def test_pooled_kernel_serves_first_cell_bound_to_its_workspace(
         assert staging and not any(p.exists() for p in staging)
         logs = list(new.host_path.glob("runs/kernel-*/kernel.log"))
         assert len(logs) == 1 and (await ks.execute(new, "1+1")).text == "2\n"
+        plot = await ks.execute(new, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])")
+        assert [f for f in plot.files if f.endswith(".png")], plot.text  # binding kept the inline backend
 
 
 async def test_two_sessions_never_share_a_pooled_kernel(tmp_path: Path) -> None:
-    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", pool_size=2) as eng:
+    async with execspace.open_engine(
+        "jupyter", workspace_root=tmp_path / "ws", pool_size=2, kernel_isolation="none"
+    ) as eng:
         ks: KernelSessions = eng.extra("kernels")
         assert ks.pool is not None and await ks.pool.wait_ready()
         pids = pooled_pids(ks)
@@ -317,7 +327,9 @@ async def test_two_sessions_never_share_a_pooled_kernel(tmp_path: Path) -> None:
 
 async def test_idle_pooled_kernels_are_stopped_and_the_pool_refills_on_demand(tmp_path: Path) -> None:
     root = tmp_path / "ws"
-    async with execspace.open_engine("jupyter", workspace_root=root, pool_size=1, pool_idle_timeout=0.5) as eng:
+    async with execspace.open_engine(
+        "jupyter", workspace_root=root, pool_size=1, pool_idle_timeout=0.5, kernel_isolation="none"
+    ) as eng:
         ks: KernelSessions = eng.extra("kernels")
         assert ks.pool is not None and await ks.pool.wait_ready()
         (pid,) = pooled_pids(ks)

@@ -20,11 +20,20 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from execspace import BaseEngine, CodeBlock, CodeExecutionInput, CodeExecutor, PutFile, RunProgramSpec, Workspace
+from execspace import (
+    BaseEngine,
+    CodeBlock,
+    CodeExecutionInput,
+    CodeExecutor,
+    PutFile,
+    RunProgramSpec,
+    Workspace,
+    open_engine,
+)
 from execspace.backends.jupyter.remote import RemoteKernelSessions, open_remote_engine
 from execspace.backends.jupyter.remote_api import ServerApi
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
-from execspace.errors import BackendError, CapabilityError, SetupFailed
+from execspace.errors import BackendError, CapabilityError, InvalidSpec, SetupFailed
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -43,14 +52,14 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
 @pytest_asyncio.fixture(loop_scope="module")
 async def engine(server: LocalServer) -> AsyncIterator[BaseEngine]:
     # workspaces under the server's root, so kernels also start in work/ through the sessions API's path
-    eng = await open_remote_engine(
+    async with open_engine(  # the public way in: the jupyter backend with a server_url
+        "jupyter",
         server_url=server.url,
         token=server.token,
         workspace_root=server.root_dir / f"ws{next(_engines)}",
         server_root=server.root_dir,
         interrupt_grace=1.0,
-    )
-    async with eng:
+    ) as eng:
         yield eng
 
 
@@ -339,3 +348,10 @@ async def test_cancelled_call_interrupts_its_cell(kernels: RemoteKernelSessions,
         await asyncio.wait_for(kernels.execute(ws, "while True:\n    pass", timeout=None), 1.0)
     after = await kernels.execute(ws, "print(kept)", timeout=10)
     assert after.text == "7\n" and not after.state_lost
+
+
+async def test_sandbox_options_are_refused_for_a_remote_server(server: LocalServer) -> None:
+    for bad in ({"kernel_isolation": "sandbox"}, {"network": False}):
+        with pytest.raises(InvalidSpec, match="remote server"):
+            async with open_engine("jupyter", server_url=server.url, token=server.token, **bad):
+                pass

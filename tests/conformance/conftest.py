@@ -19,10 +19,15 @@ from tests.backends.docker_fixture import TEST_BINDS, Daemon
 from tests.support import make_traversable
 
 BACKENDS = ["local", "sandbox", "container"]
+#: The engines this suite runs on: the backends above plus ``jupyter`` (its file API and programs; the kernels have
+#: their own tests in tests/backends/test_jupyter*.py). Kept apart from BACKENDS, which other suites import with
+#: fixtures of their own that would need the jupyter options below.
+ENGINES = [*BACKENDS, "jupyter"]
+
 
 #: Tests outside this suite that reuse ``any_engine`` but assume what the container backend does by design
 #: differently; their owners can move the condition into the test (listed here so that it is one place).
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=ENGINES)
 async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
     name = request.param
     root = tmp_path / "ws"
@@ -33,9 +38,15 @@ async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     probe = await probe_backend(name)
     if not probe.ok:
         pytest.skip(f"backend {name} unavailable here: {probe.reason} (fix: {probe.fix})")
-    if name == "sandbox":
+    options: dict[str, object] = {}
+    if name in ("sandbox", "jupyter"):
         make_traversable(tmp_path)  # the per-workspace sandbox uid must reach the workspace
-    async with execspace.open_engine(name, workspace_root=root, host_roots=[tmp_path / "host"]) as engine:
+    if name == "jupyter":
+        # its default mode where the sandbox works: kernels and programs in the OS sandbox (the test fails instead of
+        # falling back); host mode elsewhere. No warm pool: these tests start no kernel.
+        sandboxed = (await probe_backend("sandbox")).ok
+        options = {"kernel_isolation": "sandbox" if sandboxed else "none", "pool_size": 0}
+    async with execspace.open_engine(name, workspace_root=root, host_roots=[tmp_path / "host"], **options) as engine:
         yield engine
 
 

@@ -1,8 +1,9 @@
 """One Jupyter kernel per workspace: started on first use, kept across calls, replaced when it dies.
 
-The kernel runs on this host as the caller (no isolation), with the workspace's ``work/``
-as its working directory and an environment built by the same :class:`EnvPolicy` as the
-local backend's programs, so host secrets are not inherited.
+The kernel runs either inside the OS sandbox (:mod:`.sandboxed`: a sandbox program reached over IPC
+sockets) or on this host as the caller (no isolation, started by ``jupyter_client``'s kernel manager).
+Either way its working directory is the workspace's ``work/`` and its environment is built by the same
+:class:`EnvPolicy` as programs', so host secrets are not inherited.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from ...envpolicy import EnvPolicy
 from ...errors import SetupFailed, UnsupportedLanguage, UsageError
@@ -68,11 +69,70 @@ class CellResult:
     truncated: bool = False
 
 
+class KernelProcess(Protocol):
+    """The process side of a kernel, wherever it runs."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def is_alive(self) -> bool: ...
+
+    async def interrupt(self) -> None: ...
+
+    async def exit_status(self) -> tuple[int | None, str]:
+        """The dead kernel's exit status (``-N`` for signal N, None if unknown) and how to say it."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class KernelLauncher(Protocol):
+    """Starts kernels somewhere other than this host's ``jupyter_client`` provisioner (the OS sandbox:
+    :class:`~.sandboxed.SandboxKernelConfig`; a remote server could be another). Such kernels are not pooled."""
+
+    async def start(self, ws: Workspace, *, args: list[str], timeout: float) -> tuple[KernelProcess, Any]:  # noqa: ASYNC109
+        """Start a kernel for ``ws``; return its process side and a connected ``AsyncKernelClient``-like client
+        (``execute``, ``get_iopub_msg``, ``get_shell_msg``, ``stop_channels``)."""
+        ...
+
+
+@dataclass(slots=True)
+class HostKernel:
+    """A kernel started on this host by ``jupyter_client``."""
+
+    km: AsyncKernelManager
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self.km.provisioner, "pid", None)
+
+    async def is_alive(self) -> bool:
+        return bool(await self.km.is_alive())
+
+    async def interrupt(self) -> None:
+        await self.km.interrupt_kernel()
+
+    async def exit_status(self) -> tuple[int | None, str]:
+        code: int | None = None
+        if self.km.provisioner is not None:
+            with contextlib.suppress(Exception):
+                code = await self.km.provisioner.poll()
+        if code is None:
+            return None, "it stopped responding"
+        return code, (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.km.has_kernel:
+                await self.km.shutdown_kernel(now=True)
+
+
 @dataclass(slots=True)
 class _Kernel:
-    km: AsyncKernelManager
+    proc: KernelProcess
     kc: AsyncKernelClient
-    log: IO[bytes]
+    log: IO[bytes] | None = None
+    """Host kernels: the file taking the kernel's own stdout/stderr (sandboxed ones write theirs themselves)."""
 
 
 @dataclass(slots=True)
@@ -105,8 +165,11 @@ class KernelSessions:
         pool_dir: Path | None = None,
         pool_size: int = 0,
         pool_idle_timeout: float = 600.0,
+        launcher: KernelLauncher | None = None,
     ) -> None:
         self.kernel_name = kernel_name
+        self.launcher = launcher
+        """Set: kernels are started by it (e.g. in the OS sandbox), not on this host, and never pooled."""
         self.language = language
         self._fs = fs
         self._env_policy = env_policy or EnvPolicy()
@@ -122,7 +185,7 @@ class KernelSessions:
         # binding a pooled kernel runs Python in it: only ipykernel-style kernels can be pooled
         self.pool = (
             KernelPool(pool_dir, pool_size, pool_idle_timeout, self._start_pooled, _stop)
-            if pool_dir is not None and pool_size > 0 and language == "python"
+            if pool_dir is not None and pool_size > 0 and language == "python" and launcher is None
             else None
         )
 
@@ -222,12 +285,12 @@ class KernelSessions:
         try:
             if await self._collect_or_interrupt(session, kernel, msg_id, out, deadline):
                 return (EXIT_ERROR if out.error else EXIT_OK), False, False
-            await kernel.km.interrupt_kernel()
+            await kernel.proc.interrupt()
             if await _collect(kernel, msg_id, out, time.monotonic() + self._interrupt_grace):
                 out.note(f"timed out after {timeout:g}s; the kernel was interrupted and keeps its state")
                 return EXIT_INTERRUPTED, True, False
         except _KernelDied:
-            status, how = await _exit_status(kernel.km)
+            status, how = await kernel.proc.exit_status()
             await self._discard(session)
             session.lost = "a fresh kernel was started: the previous one died, its variables and imports are gone"
             out.note(
@@ -251,6 +314,10 @@ class KernelSessions:
         root = str(ws.host_path)
         if session.next_cell == 0:
             session.next_cell = _next_cell_number(ws.host_path / "out")
+        if self.launcher is not None:
+            proc, kc = await self.launcher.start(ws, args=self._kernel_args, timeout=self._start_timeout)
+            session.kernel = _Kernel(proc, kc)
+            return session.kernel
         pooled = self.pool.take() if self.pool is not None else None
         kernel = await self._bind(pooled, root) if pooled is not None else None
         self.start_pool()
@@ -273,7 +340,7 @@ class KernelSessions:
         except Exception as exc:
             log.close()
             raise SetupFailed("jupyter", f"kernel {self.kernel_name!r} did not start: {exc}", _LOG_HINT) from exc
-        kernel = _Kernel(km, km.client(), log)
+        kernel = _Kernel(HostKernel(km), km.client(), log)
         try:
             kernel.kc.start_channels()
             await kernel.kc.wait_for_ready(timeout=self._start_timeout)
@@ -300,8 +367,8 @@ class KernelSessions:
         code = _BIND_CELL.format(work=os.path.join(root, "work"), env=env)
         ok = False
         try:
-            ok = await kernel.km.is_alive() and await _silent_cell(kernel.kc, code, self._start_timeout)
-            if ok:
+            ok = await kernel.proc.is_alive() and await _silent_cell(kernel.kc, code, self._start_timeout)
+            if ok and kernel.log is not None:
                 # same filesystem (both under the workspace root): the kernel's open log file moves with it
                 with contextlib.suppress(OSError):
                     os.replace(kernel.log.name, os.path.join(root, run_dir, "kernel.log"))
@@ -322,7 +389,7 @@ class KernelSessions:
         except asyncio.CancelledError:
             session.cancelled = msg_id
             with contextlib.suppress(Exception):
-                await asyncio.shield(kernel.km.interrupt_kernel())
+                await asyncio.shield(kernel.proc.interrupt())
             raise
 
     async def _settle_cancelled(self, session: _Session) -> None:
@@ -342,8 +409,8 @@ class KernelSessions:
 
     async def _replace_if_dead(self, session: _Session) -> None:
         """A kernel can die between calls (OOM killer, a thread calling os._exit): say so, start afresh."""
-        if session.kernel is not None and not await session.kernel.km.is_alive():
-            _, how = await _exit_status(session.kernel.km)
+        if session.kernel is not None and not await session.kernel.proc.is_alive():
+            _, how = await session.kernel.proc.exit_status()
             await self._discard(session)
             session.lost = (
                 f"a fresh kernel was started: the previous one died between calls ({how}), "
@@ -379,10 +446,13 @@ _LOG_HINT = "see kernel.log in the workspace's runs/kernel-* directory; check th
 #: Moves a pooled kernel into its workspace: one expression, so that it leaves no names in the user's namespace;
 #: the whole environment is replaced, tempfile forgets the staging TMPDIR, IPython's directory history restarts.
 _BIND_CELL = (
-    "(lambda os, tempfile, ip: (os.chdir({work!r}), os.environ.clear(), os.environ.update({env!r}), "
+    "(lambda os, tempfile, ip, kept: (os.chdir({work!r}), os.environ.clear(), os.environ.update(kept), "
+    "os.environ.update({env!r}), "
     "setattr(tempfile, 'tempdir', None), ip is not None and '_dh' in ip.user_ns and ip.user_ns['_dh'].clear(), "
     "ip is not None and '_dh' in ip.user_ns and ip.user_ns['_dh'].append({work!r})))"
-    "(__import__('os'), __import__('tempfile'), __import__('IPython').get_ipython())"
+    "(__import__('os'), __import__('tempfile'), __import__('IPython').get_ipython(), "
+    # ipykernel sets MPLBACKEND when it starts; without it figures are not displayed (no PNG comes back)
+    "{{k: v for k, v in __import__('os').environ.items() if k == 'MPLBACKEND'}})"
 )
 
 
@@ -406,7 +476,7 @@ async def _collect(kernel: _Kernel, msg_id: str, out: CellOutputs, deadline: flo
         try:
             msg: dict[str, Any] = await kernel.kc.get_iopub_msg(timeout=min(remaining, _LIVENESS_POLL))
         except queue.Empty:
-            if not await kernel.km.is_alive():
+            if not await kernel.proc.is_alive():
                 raise _KernelDied from None
             continue
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -425,24 +495,12 @@ async def _drain_replies(kc: AsyncKernelClient) -> None:
             await kc.get_shell_msg(timeout=0)
 
 
-async def _exit_status(km: AsyncKernelManager) -> tuple[int | None, str]:
-    """The dead kernel's exit status (``-N`` for signal N) and how to say it."""
-    code: int | None = None
-    if km.provisioner is not None:
-        with contextlib.suppress(Exception):
-            code = await km.provisioner.poll()
-    if code is None:
-        return None, "it stopped responding"
-    return code, (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
-
-
 async def _stop(kernel: _Kernel) -> None:
     with contextlib.suppress(Exception):
         kernel.kc.stop_channels()
-    with contextlib.suppress(Exception):
-        if kernel.km.has_kernel:
-            await kernel.km.shutdown_kernel(now=True)
-    kernel.log.close()
+    await kernel.proc.stop()
+    if kernel.log is not None:
+        kernel.log.close()
 
 
 def _kernel_run_dir(root: str) -> tuple[str, IO[bytes]]:

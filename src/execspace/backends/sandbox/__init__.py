@@ -10,6 +10,7 @@ program and by the engine's file API alike.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import os
 import shutil
@@ -44,10 +45,9 @@ from .bwrap import (
 from .cgroups import CgroupSupport
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
-from .seatbelt import probe_seatbelt, seatbelt_capabilities, seatbelt_engine
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 
-__all__ = ["Profile", "SandboxBackend", "SandboxPolicy"]
+__all__ = ["Profile", "SandboxBackend", "SandboxPolicy", "SandboxRunner"]
 
 DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
@@ -88,6 +88,13 @@ class SandboxRunner(HostRunner):
         self.resolvers = Resolvers(self.policy)
         # host directories never visible through a grant (the engine's workspaces)
         self.hidden = tuple(hidden)
+
+    def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
+        """The same runner (policy, uid, cgroups, environment) with other seccomp filters: for processes such as a
+        sandboxed Jupyter kernel (:class:`~.seccomp.KernelSeccompFilters`)."""
+        clone = copy.copy(self)
+        clone.seccomp = seccomp
+        return clone
 
     def program_root(self, ws: Workspace) -> str:
         return SANDBOX_WORKSPACE
@@ -224,6 +231,8 @@ class SandboxBackend:
         **options: Any,
     ) -> Probe:
         if sys.platform == "darwin":
+            from .seatbelt import probe_seatbelt  # macOS only: Linux never pays for importing it
+
             return await asyncio.to_thread(probe_seatbelt)
         if not sys.platform.startswith("linux"):
             return Probe(False, _UNSUPPORTED_PLATFORM.format(platform=sys.platform), _UNSUPPORTED_FIX)
@@ -244,6 +253,8 @@ class SandboxBackend:
         if policy is not None and not policy.managed:
             return _unmanaged_capabilities(policy, env_policy)
         if sys.platform == "darwin":
+            from .seatbelt import seatbelt_capabilities
+
             return seatbelt_capabilities(policy or SandboxPolicy(), env_policy)
         if policy is not None:
             network_default = policy.network_enabled
@@ -313,6 +324,8 @@ class SandboxBackend:
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
         caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups)
         if sys.platform == "darwin":
+            from .seatbelt import seatbelt_engine
+
             return seatbelt_engine(policy, root, caps, env_policy, host_roots, artifacts, kill_grace)
         bwrap_path = find_bwrap(bwrap)
         assert bwrap_path is not None

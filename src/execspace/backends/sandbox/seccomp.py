@@ -36,8 +36,10 @@ __all__ = [
     "LOAD_FAILED_FIX",
     "RESTRICTED_NETWORK",
     "Deny",
+    "KernelSeccompFilters",
     "SeccompFilters",
     "build_bpf",
+    "build_unix_lock_bpf",
     "check_probe",
     "describe",
     "probe_script",
@@ -202,6 +204,9 @@ RESTRICTED_NETWORK: tuple[Deny, ...] = (
 )
 
 
+_UNIX_SOCKET_RULE = RESTRICTED_NETWORK[0]
+
+
 def rules(network_restricted: bool) -> tuple[Deny, ...]:
     return ALWAYS + RESTRICTED_NETWORK if network_restricted else ALWAYS
 
@@ -230,8 +235,27 @@ def _libseccomp() -> Any:
     return pyseccomp
 
 
-def build_bpf(network_restricted: bool) -> bytes:
-    """The classic-BPF program for one network mode, as ``bwrap --seccomp`` reads it."""
+def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False) -> bytes:
+    """The classic-BPF program for one network mode, as ``bwrap --seccomp`` reads it.
+
+    ``allow_unix_socket`` leaves out the ``socket(AF_UNIX)`` rule: only for a process that stacks
+    :func:`build_unix_lock_bpf` on itself before it runs untrusted code (a sandboxed Jupyter kernel binds
+    its IPC sockets first).
+    """
+    chosen = rules(network_restricted)
+    if allow_unix_socket:
+        chosen = tuple(r for r in chosen if r is not _UNIX_SOCKET_RULE)
+    return _export(chosen)
+
+
+def build_unix_lock_bpf() -> bytes:
+    """A filter refusing only ``socket(AF_UNIX)``, for a process to stack on itself (``SECCOMP_FILTER_FLAG_TSYNC``)
+    once it needs no new unix socket: with :func:`build_bpf` ``(True, allow_unix_socket=True)`` underneath, the
+    stack refuses what the network-restricted filter alone refuses."""
+    return _export((_UNIX_SOCKET_RULE,))
+
+
+def _export(chosen: tuple[Deny, ...]) -> bytes:
     sc = _libseccomp()
     if sc.system_arch() not in (sc.Arch.X86_64, sc.Arch.AARCH64):
         raise SetupFailed(
@@ -241,7 +265,7 @@ def build_bpf(network_restricted: bool) -> bytes:
         )
     filt = sc.SyscallFilter(sc.ALLOW)
     filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
-    for rule in rules(network_restricted):
+    for rule in chosen:
         conditions = [sc.Arg(index, sc.MASKED_EQ, mask, value) for index, mask, value in rule.when]
         for name in rule.syscalls:
             filt.add_rule(sc.ERRNO(rule.error), _syscall_number(sc, name), *conditions)
@@ -305,6 +329,29 @@ class SeccompFilters:
     def open_filter_fd(self, network_restricted: bool) -> int:
         """A sealed memfd with the BPF for ``bwrap --seccomp FD``; the caller closes it after the spawn."""
         return sealed_memfd(self.bpf(network_restricted))
+
+
+class KernelSeccompFilters(SeccompFilters):
+    """Filters for a process that binds its own unix sockets, then locks them out (a sandboxed Jupyter kernel):
+    bwrap loads the network-restricted filter without the ``socket(AF_UNIX)`` rule, and the process stacks
+    :meth:`unix_lock_bpf` before it runs untrusted code. With the network on both are the ordinary filter."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock: bytes | None = None
+
+    def bpf(self, network_restricted: bool) -> bytes:
+        cached = self._bpf.get(network_restricted)
+        if cached is None:
+            cached = self._bpf[network_restricted] = build_bpf(network_restricted, allow_unix_socket=True)
+        return cached
+
+    def unix_lock_bpf(self) -> bytes:
+        if self._lock is None:
+            self._lock = build_unix_lock_bpf()
+        return self._lock
 
 
 #: The fix to name when bwrap cannot load the filter.

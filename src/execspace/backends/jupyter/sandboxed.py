@@ -1,0 +1,334 @@
+"""Jupyter kernels inside the OS sandbox, reached over IPC sockets in the workspace.
+
+The kernel is a program of the sandbox backend: the same bubblewrap command line, policy, per-workspace
+uid, cgroup and rlimits, environment policy and supervision as ``run_program``. What differs:
+
+* **Transport.** The sandbox has its own (empty) network namespace, so the kernel's TCP ports would be
+  out of our reach. It binds ZMQ ``ipc`` sockets instead, in its run directory (``runs/<run>/k-1``…
+  ``k-5``), which is bound writable into the sandbox. We connect to them through an fd of that directory
+  (``/proc/self/fd/N/k-1``): short enough for ``sun_path`` (108 bytes) wherever the workspace lives, and
+  pinned to the directory we created even if a program renames things around it.
+* **Unix sockets.** The network-restricted seccomp filter refuses ``socket(AF_UNIX)`` (host daemons'
+  sockets in bound directories); a kernel needs it to bind its channels. bwrap loads that filter without
+  the AF_UNIX rule (:class:`~execspace.backends.sandbox.seccomp.KernelSeccompFilters`); the launcher
+  below binds the channels, then stacks a filter refusing ``socket(AF_UNIX)`` on every thread
+  (``SECCOMP_FILTER_FLAG_TSYNC``; bwrap set ``no_new_privs`` already) and checks that it holds, all
+  before the kernel reads its first request, so user code never runs without it.
+* **Key.** The connection file (it holds the HMAC key) goes to the launcher on stdin and is written to
+  the sandbox's private ``/tmp``, never to the workspace or a command line.
+* **Reconnects.** Our sockets never reconnect (``ZMQ_RECONNECT_IVL=-1``) and connect once the launcher
+  said it is ready, after checking that each entry is a socket: code in the kernel cannot later swap a
+  socket file for a link to a host daemon's socket and have us connect there.
+* **Interrupts** go as ``interrupt_request`` messages on the control channel (a signal from the host
+  would reach bwrap, not the kernel); ipykernel then signals its own process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import site
+import stat
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import zmq
+import zmq.asyncio
+
+from ...envpolicy import MINIMAL_PATH
+from ...errors import SetupFailed
+from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...process.supervisor import SupervisedProcess, spawn
+from ...workspace.confine import ConfinedRoot, split_relpath
+from ..sandbox import SandboxRunner
+from ..sandbox.bwrap import HIDDEN_TOP, SANDBOX_WORKSPACE, visible_path_entries
+from ..sandbox.seccomp import KernelSeccompFilters
+
+__all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]
+
+#: Channel → socket file suffix in the run directory (``k-1`` …).
+PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+READY = b"execspace-kernel-ready\n"
+#: Bytes kept of the launcher's own stdout/stderr pipes (only the ready line is expected there).
+_PIPE_BYTES = 64 * 1024
+
+#: Runs in the sandbox as ``python -c``: reads its configuration from stdin, sends its own output to the
+#: kernel log, binds the kernel's channels, locks unix sockets out, says it is ready, serves.
+LAUNCHER = r"""
+import base64, ctypes, json, os, socket, sys
+
+def lock(bpf):
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+    prog = Prog(len(bpf) // 8, bpf)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC: the kernel's threads are running already
+    if libc.syscall(ctypes.c_long(nr), ctypes.c_long(1), ctypes.c_long(1), ctypes.byref(prog)) != 0:
+        raise OSError(ctypes.get_errno(), "cannot stack the unix socket filter")
+    try:
+        socket.socket(socket.AF_UNIX).close()
+    except PermissionError:
+        return
+    raise SystemExit("the unix socket filter did not hold")
+
+cfg = json.loads(sys.stdin.readline())
+import site
+for d in cfg["site"]:
+    site.addsitedir(d)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+log = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+ready = os.dup(1)
+os.dup2(log, 1)
+os.dup2(log, 2)
+conn = "/tmp/.execspace-kernel.json"
+fd = os.open(conn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, json.dumps(cfg["connection"]).encode())
+os.close(fd)
+from ipykernel.kernelapp import IPKernelApp
+app = IPKernelApp.instance()
+app.initialize(["-f", conn, *cfg["args"]])
+os.unlink(conn)
+if cfg["lock"]:
+    lock(base64.b64decode(cfg["lock"]))
+os.write(ready, cfg["ready"].encode())
+os.close(ready)
+app.start()
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Interpreter:
+    """The Python that runs sandboxed kernels: this process's own packages (ipykernel) from a
+    Python the sandbox uid can execute."""
+
+    path: str
+    site_dirs: tuple[str, ...]
+    """This environment's site-packages, added by the launcher (when ``path`` is not this venv's python)."""
+    read_paths: tuple[str, ...]
+    """Host directories the sandbox policy must let the kernel read (they are hidden by default)."""
+
+
+def find_interpreter() -> Interpreter | str:
+    """The interpreter for sandboxed kernels, or why there is none.
+
+    This venv's python may be a link to an interpreter the sandbox uid cannot reach (a pyenv build in
+    ``/root``): then the same ``X.Y`` from the sandbox's PATH runs this venv's site-packages.
+    """
+    own = os.path.realpath(sys.executable)
+    python = own if _reachable(own) else None
+    if python is None:
+        name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        found = shutil.which(name, path=visible_path_entries(MINIMAL_PATH))
+        python = found if found is not None and _reachable(found) else None
+    if python is None:
+        return (
+            f"no Python {sys.version_info.major}.{sys.version_info.minor} the sandbox can run ({own} is not reachable)"
+        )
+    dirs = tuple(d for d in site.getsitepackages() if os.path.isdir(d))
+    for d in dirs:
+        if not _reachable(d):
+            return f"this environment's packages ({d}) are not readable by the sandbox uid"
+    hidden = {os.path.realpath(sys.prefix)} if _top(sys.prefix) in HIDDEN_TOP else set()
+    return Interpreter(python, dirs, tuple(sorted(hidden)))
+
+
+def _top(path: str) -> str:
+    parts = os.path.realpath(path).split("/")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _reachable(path: str) -> bool:
+    """Whether the sandbox uid can reach ``path``: as root that is a foreign uid, so only "other" bits count;
+    otherwise the sandbox runs as us. Hidden top-level dirs (``/root``, ``/home``…) only through a grant."""
+    real = os.path.realpath(path)
+    if os.geteuid() != 0:
+        return os.access(real, os.R_OK | os.X_OK)
+    parent = real
+    while parent != "/":
+        parent = os.path.dirname(parent)
+        with contextlib.suppress(OSError):
+            if os.stat(parent).st_mode & stat.S_IXOTH:
+                continue
+        return False
+    with contextlib.suppress(OSError):
+        return os.stat(real).st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
+    return False
+
+
+@dataclass(slots=True)
+class SandboxedKernel:
+    """The process side of a kernel in the sandbox (the ``KernelProcess`` of :mod:`.kernels`)."""
+
+    proc: SupervisedProcess
+    done: asyncio.Future[RunResult]
+    dir_fd: int
+    context: zmq.asyncio.Context
+    kc: Any = None
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the sandbox (bwrap, whose death takes the kernel along); not the kernel's own."""
+        return self.proc.pid
+
+    async def is_alive(self) -> bool:
+        return not self.done.done()
+
+    async def interrupt(self) -> None:
+        if self.kc is not None and not self.done.done():
+            self.kc.control_channel.send(self.kc.session.msg("interrupt_request", content={}))
+
+    async def exit_status(self) -> tuple[int | None, str]:
+        if not self.done.done():
+            return None, "it stopped responding"
+        result = self.done.result()
+        how = f"exit code {result.exit_code}"
+        if result.limit_hit is not None:
+            how += f", the sandbox's {result.limit_hit} limit was exceeded"
+        return result.exit_code, how
+
+    async def stop(self) -> None:
+        if self.kc is not None:
+            with contextlib.suppress(Exception):
+                self.kc.stop_channels()
+        with contextlib.suppress(Exception):
+            await self.proc.kill()
+        with contextlib.suppress(Exception):
+            await self.done
+        self.context.destroy(linger=0)
+        for n in PORTS.values():
+            with contextlib.suppress(OSError):
+                os.unlink(f"k-{n}", dir_fd=self.dir_fd)
+        with contextlib.suppress(OSError):
+            os.close(self.dir_fd)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxKernelConfig:
+    """How an engine starts its sandboxed kernels."""
+
+    runner: SandboxRunner
+    """The engine's sandbox runner, with :class:`KernelSeccompFilters`."""
+    seccomp: KernelSeccompFilters
+    interpreter: Interpreter
+    limits: ResourceLimits
+    """Applied to the whole kernel sandbox for its lifetime (cgroup or rlimits, as for programs)."""
+    network: bool
+
+    async def start(self, ws: Workspace, *, args: list[str], timeout: float) -> tuple[SandboxedKernel, Any]:  # noqa: ASYNC109
+        """The ``KernelLauncher`` of :mod:`.kernels`."""
+        return await start_sandboxed(self, ws, args=args, timeout=timeout)
+
+
+async def start_sandboxed(
+    cfg: SandboxKernelConfig,
+    ws: Workspace,
+    *,
+    args: list[str],
+    timeout: float,  # noqa: ASYNC109 - start-up deadline handed down
+) -> tuple[SandboxedKernel, Any]:
+    """Start a kernel in ``ws``'s sandbox and connect a client; return (process, ``AsyncKernelClient``)."""
+    from jupyter_client.asynchronous.client import AsyncKernelClient
+    from jupyter_client.connect import KernelConnectionInfo
+
+    runner, python = cfg.runner, cfg.interpreter
+    spec = RunProgramSpec(python.path, ["-c", LAUNCHER], timeout=None, limits=cfg.limits)
+    prep = runner.prepare(ws, spec)
+    if isinstance(prep, RunResult):
+        raise SetupFailed("jupyter", f"the kernel's interpreter is not in the sandbox: {prep.stderr.strip()}", _FIX)
+    launch = runner.wrap(prep)
+    launch.interactive = True
+    key = secrets.token_hex(32)
+    run = f"{SANDBOX_WORKSPACE}/{prep.run_dir}"
+    conn = {**PORTS, "transport": "ipc", "ip": f"{run}/k", "key": key, "signature_scheme": "hmac-sha256"}
+    payload = {
+        "connection": conn,
+        "args": args,
+        "site": list(python.site_dirs),
+        "log": f"{run}/kernel.log",
+        "lock": "" if cfg.network else base64.b64encode(cfg.seccomp.unix_lock_bpf()).decode(),
+        "ready": READY.decode(),
+    }
+    launch.stdin = (json.dumps(payload) + "\n").encode()
+    launch.output_limit = _PIPE_BYTES
+    assert ws.host_path is not None
+    with ConfinedRoot(str(ws.host_path)) as cr:
+        dir_fd = cr.open_dir(split_relpath(prep.run_dir))
+    context = zmq.asyncio.Context()
+    # never reconnect: a socket file swapped by code in the kernel must not redirect us
+    context.setsockopt(zmq.RECONNECT_IVL, -1)
+    try:
+        proc = await spawn(launch)
+    except BaseException:
+        os.close(dir_fd)
+        context.destroy(linger=0)
+        raise
+    kernel = SandboxedKernel(proc, asyncio.ensure_future(proc.wait()), dir_fd, context)
+    try:
+        await _wait_ready(kernel, prep.run_dir, time.monotonic() + timeout)
+        kc = AsyncKernelClient(context=context)
+        kc.load_connection_info(cast("KernelConnectionInfo", {**conn, "ip": f"/proc/self/fd/{dir_fd}/k"}))
+        kernel.kc = kc
+        kc.start_channels(hb=False)
+        await kc.wait_for_ready(timeout=max(0.1, timeout))
+    except BaseException as exc:
+        await kernel.stop()
+        if not isinstance(exc, Exception) or isinstance(exc, SetupFailed):
+            raise
+        raise SetupFailed("jupyter", f"the sandboxed kernel did not start: {exc}", _FIX) from exc
+    return kernel, kc
+
+
+async def _wait_ready(kernel: SandboxedKernel, run_dir: str, deadline: float) -> None:
+    seen, errors = b"", b""
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            async for chunk in kernel.proc.stream():
+                if chunk.stream == "stdout":
+                    seen += chunk.data
+                else:
+                    errors = (errors + chunk.data)[-2000:]
+                if READY in seen:
+                    break
+    except TimeoutError:
+        pass
+    if READY not in seen:
+        why = errors.decode("utf-8", "replace").strip().splitlines()[-3:] or [_log_tail(kernel.dir_fd)]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(kernel.done), 1.0)
+        if kernel.done.done():
+            why.append(f"it ended: {(await kernel.exit_status())[1]}")
+        raise SetupFailed("jupyter", f"the sandboxed kernel did not start: {' | '.join(why)}", _FIX)
+    for n in PORTS.values():
+        st = os.stat(f"k-{n}", dir_fd=kernel.dir_fd, follow_symlinks=False)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SetupFailed("jupyter", f"{run_dir}/k-{n} is not the kernel's socket", _FIX)
+
+
+def _log_tail(dir_fd: int) -> str:
+    """The end of the kernel's log; the sandbox could have put anything there (non-blocking: not a FIFO trap)."""
+    try:
+        fd = os.open("kernel.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return "no kernel.log"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return "kernel.log is not a file"
+    with os.fdopen(fd, "rb") as f:
+        f.seek(max(0, os.fstat(fd).st_size - 2000))
+        lines = f.read().decode("utf-8", "replace").strip().splitlines()
+    return " | ".join(lines[-3:]) or "it exited without a message"
+
+
+_FIX = (
+    "see kernel.log in the workspace's runs/ directory; the kernel's Python needs ipykernel and must be readable "
+    "by the sandbox (kernel_isolation='none' runs kernels on the host without a sandbox)"
+)
