@@ -17,7 +17,7 @@ import execspace
 from execspace import PutFile, RunProgramSpec
 from execspace.backends.container import ContainerBackend
 from execspace.capabilities import Isolation
-from execspace.errors import CapabilityError, PolicyViolation
+from execspace.errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
 from execspace.models import ResourceLimits
 from execspace.protocols import ProgramHandle
 from execspace.registry import probe_backend
@@ -74,13 +74,21 @@ async def test_probe_finds_the_daemon(docker_daemon: Daemon, monkeypatch: pytest
     probe = await probe_backend("container")
     assert probe.ok, probe.reason
     assert docker_daemon.host in probe.reason
+    assert probe.reason.startswith("Docker "), probe.reason  # which engine answers, for `execspace doctor`
 
 
 async def test_capabilities_state_what_is_applied(engine: execspace.BaseEngine) -> None:
     caps = engine.describe()
     assert caps.isolation is Isolation.CONTAINER
     assert caps.network_control and not caps.network_default
-    assert caps.enforced_limits == {"timeout", "output_bytes", "memory_bytes", "pids"}
+    assert caps.enforced_limits == {
+        "timeout",
+        "output_bytes",
+        "memory_bytes",
+        "pids",
+        "cpu_seconds",
+        "file_size_bytes",
+    }
     assert caps.streaming
     assert caps.details["network"] == "none"
     assert caps.details["user"] == f"{CONTAINER_UID}:{CONTAINER_UID}"
@@ -303,11 +311,10 @@ async def test_network_on_is_refused(engine: execspace.BaseEngine, ws: execspace
         await engine.runner.run_program(ws, sh("true", network="on"))
 
 
-async def test_limit_below_the_container_limit_is_refused(
-    engine: execspace.BaseEngine, ws: execspace.Workspace
-) -> None:
+async def test_pids_below_the_container_limit_is_refused(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
+    # RLIMIT_NPROC counts every process of the uid on the host, so a per-run pids limit cannot be honest
     with pytest.raises(CapabilityError):
-        await engine.runner.run_program(ws, sh("true", limits=ResourceLimits(memory_bytes=1024 * 1024)))
+        await engine.runner.run_program(ws, sh("true", limits=ResourceLimits(pids=8)))
 
 
 async def test_daemon_socket_mount_is_refused(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
@@ -374,6 +381,7 @@ async def test_containers_are_removed_with_workspace_and_engine(
         docker_host=docker_daemon.host,
         workspace_root=tmp_path / "ws",
         read_only_binds=TEST_BINDS,
+        pool_size=0,  # the pool's own containers are counted in test_container_pool.py
     ) as eng:
         a = await eng.manager.create_workspace("a")
         b = await eng.manager.create_workspace("b")
@@ -403,3 +411,23 @@ async def test_kill_right_after_start_leaves_nothing(engine: execspace.BaseEngin
         await handle.wait()
     await asyncio.sleep(1.2)
     assert not list((ws.host_path / "work").glob("survived-*"))
+
+
+async def test_languages_come_from_the_image_label_and_code_runs_with_them(
+    engine: execspace.BaseEngine, docker_daemon: Daemon, test_image: str, tmp_path: Path
+) -> None:
+    assert {"python", "bash"} <= set(engine.describe().languages)  # the test image declares what host /usr has
+    run = execspace.CodeExecutor(engine, timeout=30)
+    result = await run.execute_code(execspace.CodeExecutionInput([execspace.CodeBlock("python", "print(6 * 7)")]))
+    assert result.ok and result.output.strip() == "42", result
+    options = {"image": test_image, "docker_host": docker_daemon.host, "pool_size": 0, "read_only_binds": TEST_BINDS}
+    async with execspace.open_engine("container", workspace_root=tmp_path / "b", languages=["bash"], **options) as eng:
+        assert eng.describe().languages == ("bash",)
+    with pytest.raises(InvalidSpec, match="unknown languages"):
+        async with execspace.open_engine("container", workspace_root=tmp_path / "c", languages=["cobol"], **options):
+            pass
+    missing = {**options, "image": "execspace-test/no-such-image:1"}
+    with pytest.raises(SetupFailed, match="no image") as info:
+        async with execspace.open_engine("container", workspace_root=tmp_path / "d", **missing):
+            pass
+    assert "build-container-image.sh" in info.value.fix

@@ -25,14 +25,25 @@ BACKENDS = ["local", "sandbox", "container"]
 ENGINES = [*BACKENDS, "jupyter"]
 
 
-#: Tests outside this suite that reuse ``any_engine`` but assume what the container backend does by design
-#: differently; their owners can move the condition into the test (listed here so that it is one place).
 @pytest.fixture(params=ENGINES)
 async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    name = request.param
+    async with open_backend(request, request.param, tmp_path) as engine:
+        yield engine
+
+
+@contextlib.asynccontextmanager
+async def open_backend(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path, host_roots: list[Path] | None = None
+) -> AsyncIterator[execspace.BaseEngine]:
+    """An engine of backend ``name`` rooted in ``tmp_path/ws``, or a skip saying why it cannot run here.
+
+    Shared with the suites that run their own tests on every backend (tests/tools), so that each
+    backend is opened one way everywhere. ``host_roots`` defaults to ``tmp_path/host``.
+    """
     root = tmp_path / "ws"
+    roots = [tmp_path / "host"] if host_roots is None else host_roots
     if name == "container":
-        async with _container_engine(request, root, tmp_path) as engine:
+        async with _container_engine(request, root, roots) as engine:
             yield engine
         return
     probe = await probe_backend(name)
@@ -46,13 +57,13 @@ async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         # falling back); host mode elsewhere. No warm pool: these tests start no kernel.
         sandboxed = (await probe_backend("sandbox")).ok
         options = {"kernel_isolation": "sandbox" if sandboxed else "none", "pool_size": 0}
-    async with execspace.open_engine(name, workspace_root=root, host_roots=[tmp_path / "host"], **options) as engine:
+    async with execspace.open_engine(name, workspace_root=root, host_roots=roots, **options) as engine:
         yield engine
 
 
 @contextlib.asynccontextmanager
 async def _container_engine(
-    request: pytest.FixtureRequest, root: Path, tmp_path: Path
+    request: pytest.FixtureRequest, root: Path, host_roots: list[Path]
 ) -> AsyncIterator[execspace.BaseEngine]:
     # requested lazily: the other backends must not need (or skip for lack of) a daemon
     daemon: Daemon = request.getfixturevalue("docker_daemon")
@@ -62,8 +73,9 @@ async def _container_engine(
         image=image,
         docker_host=daemon.host,
         workspace_root=root,
-        host_roots=[tmp_path / "host"],
+        host_roots=host_roots,
         read_only_binds=TEST_BINDS,
+        pool_size=0,  # the pool has its own tests; here it would only start containers nobody uses
     ) as engine:
         yield engine
 

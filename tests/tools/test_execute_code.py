@@ -9,12 +9,9 @@ from typing import Any
 
 import pytest
 
-import execspace
 from execspace import BaseEngine, CodeExecutor, InvalidSpec, WorkspaceNotFound
-from execspace.registry import probe_backend
 from execspace.tools import ExecuteCodeTool, Tool
-from tests.conformance.conftest import BACKENDS
-from tests.support import make_traversable
+from tests.conformance.conftest import BACKENDS, open_backend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,13 +20,7 @@ WRITE_PY = "import os\nopen(os.path.join(os.environ['OUTPUT_DIR'], 'result.txt')
 
 @pytest.fixture(params=BACKENDS)
 async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    name = request.param
-    probe = await probe_backend(name)
-    if not probe.ok:
-        pytest.skip(f"backend {name} unavailable here: {probe.reason}")
-    if name == "sandbox":
-        make_traversable(tmp_path)  # the per-workspace sandbox uid must reach the workspace
-    async with execspace.open_engine(name, workspace_root=tmp_path / "ws") as engine:
+    async with open_backend(request, request.param, tmp_path) as engine:
         yield engine
 
 

@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import execspace
 from execspace import BaseEngine, CodeBlockDelimiter, CodeExecutor, InvalidSpec, WorkspaceNotFound
-from execspace.registry import probe_backend
 from execspace.tools import FencedCodeProcessor
-from tests.conformance.conftest import BACKENDS
-from tests.support import make_traversable
+from tests.conformance.conftest import BACKENDS, open_backend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,13 +67,7 @@ TABLE: list[tuple[str, str, str | None]] = [
 
 @pytest.fixture(params=BACKENDS)
 async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    name = request.param
-    probe = await probe_backend(name)
-    if not probe.ok:
-        pytest.skip(f"backend {name} unavailable here: {probe.reason}")
-    if name == "sandbox":
-        make_traversable(tmp_path)  # the per-workspace sandbox uid must reach the workspace
-    async with execspace.open_engine(name, workspace_root=tmp_path / "ws") as engine:
+    async with open_backend(request, request.param, tmp_path) as engine:
         yield engine
 
 

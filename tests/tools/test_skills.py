@@ -6,7 +6,6 @@ Everything that touches a workspace runs on the local and the sandbox backend.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -18,7 +17,6 @@ import pytest
 
 import execspace
 from execspace import BaseEngine, PathDenied, UsageError, Workspace
-from execspace.registry import probe_backend
 from execspace.tools.schema import Tool
 from execspace.tools.skills import (
     SKILL_NAME_PATTERN,
@@ -30,8 +28,7 @@ from execspace.tools.skills import (
     skill_digest,
 )
 from execspace.workspace.metadata import WorkspaceMetadata
-from tests.conformance.conftest import BACKENDS
-from tests.support import make_traversable
+from tests.conformance.conftest import BACKENDS, open_backend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,20 +72,9 @@ def library(skill_root: Path) -> SkillLibrary:
     return SkillLibrary([skill_root])
 
 
-@contextlib.asynccontextmanager
-async def backend(name: str, tmp_path: Path, host_roots: list[Path]) -> AsyncIterator[BaseEngine]:
-    probe = await probe_backend(name)
-    if not probe.ok:
-        pytest.skip(f"backend {name} unavailable here: {probe.reason}")
-    if name == "sandbox":
-        make_traversable(tmp_path)  # the per-workspace sandbox uid must reach the workspace
-    async with execspace.open_engine(name, workspace_root=tmp_path / "ws", host_roots=host_roots) as engine:
-        yield engine
-
-
 @pytest.fixture(params=BACKENDS)
 async def any_engine(request: pytest.FixtureRequest, tmp_path: Path, skill_root: Path) -> AsyncIterator[BaseEngine]:
-    async with backend(request.param, tmp_path, [skill_root]) as engine:
+    async with open_backend(request, request.param, tmp_path, [skill_root]) as engine:
         yield engine
 
 
@@ -305,8 +291,10 @@ async def test_a_skill_folder_removed_after_discovery_is_reported(
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-async def test_staging_needs_the_skill_root_in_host_roots(name: str, tmp_path: Path, skill_root: Path) -> None:
-    async with backend(name, tmp_path, [tmp_path / "elsewhere"]) as engine:
+async def test_staging_needs_the_skill_root_in_host_roots(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path, skill_root: Path
+) -> None:
+    async with open_backend(request, name, tmp_path, [tmp_path / "elsewhere"]) as engine:
         ws = await engine.manager.create_workspace("skills/denied")
         with pytest.raises(PathDenied, match="host_roots including the skill roots") as info:
             await SkillLibrary([skill_root]).stage(engine, ws, ["hello"])
@@ -316,13 +304,16 @@ async def test_staging_needs_the_skill_root_in_host_roots(name: str, tmp_path: P
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-async def test_a_refused_restage_keeps_the_current_copy(name: str, tmp_path: Path, skill_root: Path) -> None:
+async def test_a_refused_restage_keeps_the_current_copy(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path, skill_root: Path
+) -> None:
     library = SkillLibrary([skill_root])
-    async with backend(name, tmp_path, [skill_root]) as engine:
+    async with open_backend(request, name, tmp_path, [skill_root]) as engine:
         ws = await engine.manager.create_workspace("skills/kept")
         [first] = await library.stage(engine, ws, ["hello"])
     (skill_root / "hello" / "scripts" / "calc.py").write_text("print('v2')\n")
-    async with backend(name, tmp_path, [tmp_path / "elsewhere"]) as engine:  # same workspace, root not allowed
+    # the same workspace, the root no longer allowed
+    async with open_backend(request, name, tmp_path, [tmp_path / "elsewhere"]) as engine:
         ws = await engine.manager.create_workspace("skills/kept")
         with pytest.raises(PathDenied, match="host_roots including the skill roots"):
             await library.stage(engine, ws, ["hello"])
@@ -330,8 +321,10 @@ async def test_a_refused_restage_keeps_the_current_copy(name: str, tmp_path: Pat
     assert recorded(ws).skills["hello"]["digest"] == first.digest
 
 
-async def test_staged_skills_are_read_only_inside_the_sandbox(tmp_path: Path, skill_root: Path) -> None:
-    async with backend("sandbox", tmp_path, [skill_root]) as engine:
+async def test_staged_skills_are_read_only_inside_the_sandbox(
+    request: pytest.FixtureRequest, tmp_path: Path, skill_root: Path
+) -> None:
+    async with open_backend(request, "sandbox", tmp_path, [skill_root]) as engine:
         ws = await engine.manager.create_workspace("skills/ro")
         await SkillLibrary([skill_root]).stage(engine, ws, ["hello"])
         staged = host(ws) / "skills" / "hello"

@@ -6,30 +6,41 @@ the workspace), and programs run as ``exec`` in the workspace's long-lived conta
 Defaults: no network, read-only root with a tmpfs ``/tmp``, every capability dropped,
 ``no-new-privileges``, a non-root user, memory/pids/CPU limits, no mount but the workspace.
 Works against Docker or Podman's Docker-compatible socket (``docker_host=``).
+
+A warm pool (``pool_size``) keeps started containers ready, each bound to its own empty
+directory that becomes the new workspace's directory by an atomic rename (see ``pool.py``).
+Containers are removed with their workspace, at engine close, at interpreter exit, and,
+after a crash, by the reaper that runs when an engine opens (``reaper.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+import secrets
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
-from ...errors import SetupFailed
-from ...models import Workspace
+from ...errors import InvalidSpec, PolicyViolation, SetupFailed
+from ...languages import LANGUAGES
+from ...models import Persistence, Workspace, WorkspacePolicy
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root
-from ...workspace.layout import LAYOUT_DIRS
+from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
+from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
-from .daemon import WorkspaceContainers, connect
+from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
+from .limits import PER_RUN_LIMITS
+from .pool import PoolSlot, WarmPool, adopt_slot_dir
+from .reaper import reap_orphans, start_watchdog
 from .runner import ContainerRunner
 
-__all__ = ["CONTAINER_WORKSPACE", "ContainerBackend", "ContainerConfig"]
+__all__ = ["CONTAINER_WORKSPACE", "ContainerBackend", "ContainerConfig", "WarmPool", "reap_orphans"]
 
 DOES_NOT_PROTECT = (
     "the container shares the host kernel: a kernel exploit escapes it (use a microVM for hostile code)",
@@ -37,6 +48,7 @@ DOES_NOT_PROTECT = (
     "a run's timeout kills processes carrying its marker or in its process group; one that clears its "
     "environment and starts a new session survives until the workspace is removed",
     "read-only staging only strips write bits; the program owns the files and can restore them",
+    "cpu_seconds, file_size_bytes and a memory_bytes below the container's cap are per-process rlimits of the run",
 )
 
 
@@ -50,37 +62,53 @@ class ContainerBackend:
         except SetupFailed as exc:
             return Probe(False, exc.cause, exc.fix)
         try:
-            version = await asyncio.to_thread(client.version)
+            info = await asyncio.to_thread(daemon_info, client, docker_host)
         finally:
             await asyncio.to_thread(client.close)
-        where = docker_host or os.environ.get("DOCKER_HOST") or "default socket"
-        product = (version.get("Platform") or {}).get("Name") or "container engine"
-        return Probe(True, f"{product} {version.get('Version', '?')} at {where}")
+        return Probe(True, str(info))
 
     @classmethod
-    def capabilities(cls, config: ContainerConfig, daemon: str = "") -> Capabilities:
+    def capabilities(
+        cls,
+        config: ContainerConfig | None = None,
+        daemon: str = "",
+        pool_size: int = 1,
+        watchdog: bool = False,
+        languages: Sequence[str] = (),
+    ) -> Capabilities:
+        """What an engine opened with ``config`` applies (the defaults when ``config`` is None)."""
+        config = config or ContainerConfig(image="(the image= option)")
         return Capabilities(
             backend="container",
             isolation=Isolation.CONTAINER,
-            network_control=True,
-            network_default=False,
+            # a networked container cannot take the network away from one run
+            network_control=not config.networked,
+            network_default=config.networked,
             clean_env=True,
             read_only_mounts=False,
             streaming=True,
             host_paths=True,
-            enforced_limits=frozenset({"timeout", "output_bytes", "memory_bytes", "pids"}),
-            languages=(),
+            enforced_limits=frozenset({"timeout", "output_bytes", "pids", *PER_RUN_LIMITS}),
+            languages=tuple(languages),
             does_not_protect=DOES_NOT_PROTECT,
             details={
                 "image": config.image,
+                "languages": "as the image declares (label execspace.languages) or the languages= option",
                 "daemon": daemon,
                 "user": f"{config.user[0]}:{config.user[1]}",
-                "network": "none",
+                "network": config.network if config.networked else "none",
                 "root_fs": f"read-only, tmpfs /tmp ({config.tmp_bytes} bytes)",
                 "capabilities": "all dropped, no-new-privileges",
-                "memory_bytes": f"{config.memory_bytes} per workspace container (no swap)",
-                "pids": f"{config.pids} per workspace container",
+                "memory_bytes": f"{config.memory_bytes} per workspace container (no swap); "
+                "a lower run limit is that run's RLIMIT_AS",
+                "pids": f"{config.pids} per workspace container; a run may not ask for fewer",
                 "cpus": f"{config.cpus} (rate limit, not cpu_seconds)",
+                "cpu_seconds": "RLIMIT_CPU of each process of the run, whole seconds rounded up",
+                "file_size_bytes": "RLIMIT_FSIZE of each process of the run, rounded down to 512 bytes",
+                "rlimits": f"nofile {config.nofile}, nproc {config.nproc} (per uid)",
+                "warm_pool": f"{pool_size} started container(s)" if pool_size else "off",
+                "cleanup": "with the workspace, at engine close, at exit (atexit), orphans reaped on open"
+                + (", watchdog process" if watchdog else ""),
                 "mounts": ", ".join([f"workspace at {CONTAINER_WORKSPACE}", *config.read_only_binds.values()]),
             },
         )
@@ -100,6 +128,11 @@ class ContainerBackend:
         pids: int = 256,
         cpus: float = 1.0,
         read_only_binds: Mapping[str, str] | None = None,
+        network: str = "none",
+        pool_size: int = 1,
+        reap_on_open: bool = True,
+        watchdog: bool = False,
+        languages: Sequence[str] | None = None,
     ) -> BaseEngine:
         """Open a container engine.
 
@@ -112,7 +145,20 @@ class ContainerBackend:
             user: uid:gid programs run as; default 65534 when we are root, else our own (never 0).
             memory_bytes / pids / cpus: limits of each workspace container.
             read_only_binds: host path → container path mounted read-only (a relaxation; sockets refused).
+            network: ``"none"`` (default), or the name of a daemon network (e.g. ``"bridge"``) to let programs
+                reach the network: an explicit relaxation, reported by ``describe()``. ``"host"`` is refused.
+            pool_size: started containers kept ready for new workspaces (0: create on first run).
+            reap_on_open: first remove containers left by crashed processes (see ``reaper.py``).
+            watchdog: also start a small process that removes this engine's containers as soon as our process
+                ends, however it ends (SIGKILL included); costs one Python process per engine.
+            languages: the languages whose runtimes the image has (code blocks and skill scripts need them);
+                default: what the image declares in its ``execspace.languages`` label, none without it.
         """
+        if pool_size < 0:
+            raise PolicyViolation("pool_size must be 0 or more")
+        unknown = set(languages or ()) - {lang.name for lang in LANGUAGES}
+        if unknown:
+            raise InvalidSpec(f"unknown languages {sorted(unknown)}; known: {[lang.name for lang in LANGUAGES]}")
         config = ContainerConfig(
             image=image,
             user=user or (DEFAULT_USER if os.getuid() == 0 else (os.getuid(), os.getgid())),
@@ -120,29 +166,109 @@ class ContainerBackend:
             pids=pids,
             cpus=cpus,
             read_only_binds=dict(read_only_binds or {}),
+            network=network,
         )
         client = await asyncio.to_thread(connect, docker_host)
-        containers = WorkspaceContainers(client, config, daemon_socket_path(docker_host))
-        probe = await cls.probe(docker_host=docker_host)
-        caps = cls.capabilities(config, probe.reason)
-        owner = _owner(config) if os.getuid() == 0 else _no_owner
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("container")
-        manager = _ContainerWorkspaceManager(containers, root, prepare=_chown_layout(config.user))
+        try:
+            info = await asyncio.to_thread(daemon_info, client, docker_host)
+            declared = await asyncio.to_thread(image_languages, client, image)
+            if reap_on_open:
+                await asyncio.to_thread(reap_orphans, client, root)
+        except BaseException:
+            await asyncio.to_thread(client.close)
+            raise
+        containers = WorkspaceContainers(client, config, daemon_socket_path(docker_host))
+        # started before any container exists, so that none is ever outside its watch
+        try:
+            guard = start_watchdog(docker_host, containers.engine_id, root) if watchdog else None
+        except BaseException:
+            await containers.close()
+            raise
+        caps = cls.capabilities(config, str(info), pool_size, watchdog, declared if languages is None else languages)
+        owner = _owner(config) if os.getuid() == 0 else _no_owner
+        manager = _ContainerWorkspaceManager(containers, root, _chown_layout(config.user), pool_size)
+        pool = manager.pool
+        pool.refill()
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner)
         runner = ContainerRunner(containers, lambda: caps, env_policy or EnvPolicy(), owner)
-        return BaseEngine(
-            "container", manager, fs, runner, caps, on_close=containers.close, extra={"workspace_root": root}
-        )
+
+        async def close() -> None:
+            await pool.close()
+            await containers.close()
+            if guard is not None:
+                await asyncio.to_thread(_stop_watchdog, guard)
+
+        extra = {"workspace_root": root, "pool": pool, "daemon": info, "engine_id": containers.engine_id}
+        extra["watchdog_pid"] = guard.pid if guard is not None else None
+        return BaseEngine("container", manager, fs, runner, caps, on_close=close, extra=extra)
 
 
 class _ContainerWorkspaceManager(HostWorkspaceManager):
-    def __init__(self, containers: WorkspaceContainers, root: Path, prepare: Callable[[Path], None]) -> None:
+    """Host-directory workspaces whose new directories come from the warm pool when one is ready."""
+
+    def __init__(
+        self, containers: WorkspaceContainers, root: Path, prepare: Callable[[Path], None], pool_size: int
+    ) -> None:
         super().__init__("container", root, prepare=prepare, program_path=lambda _p: CONTAINER_WORKSPACE)
         self._containers = containers
+        containers.pool_root = self.root
+        self.pool = WarmPool(pool_size, self._make_slot, containers.discard_slot)
+
+    def _make_slot(self) -> PoolSlot:
+        private_dir(self.root, 0o700)  # the slots live in the root: same filesystem, so the rename is atomic
+        return self._containers.make_slot()
+
+    async def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        try:
+            return await super().create_workspace(exec_id, policy, path=path)
+        finally:
+            self.pool.refill()
+
+    def _create(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
+        if path is None:
+            if not self._root_ready:
+                private_dir(self.root, 0o700)
+                self._root_ready = True
+            name = sanitize_id(exec_id)
+            if policy.persistence is Persistence.TURN:
+                # named here so that a pool slot can be renamed to it; the base class then takes it as is
+                path = (self.root / f"{name}-{secrets.token_hex(4)}").absolute()
+                if not self._adopt_slot(path):
+                    path.mkdir(mode=0o700)
+            else:
+                self._adopt_slot(self.root / name)
+        return super()._create(exec_id, policy, path)
+
+    def _adopt_slot(self, ws_dir: Path) -> bool:
+        """Rename a pool slot's directory to ``ws_dir`` if that workspace is new (else keep the slot)."""
+        if ws_dir.exists():
+            return False
+        slot = self.pool.take()
+        if slot is None:
+            return False
+        if adopt_slot_dir(slot, ws_dir):
+            self._containers.adopt(ws_dir, slot)
+            return True
+        self.pool.give_back(slot)
+        return False
 
     async def cleanup(self, ws: Workspace) -> None:
         await self._containers.remove(ws)  # before the files: nothing keeps writing into a removed tree
         await super().cleanup(ws)
+
+
+def _stop_watchdog(proc: subprocess.Popen[bytes]) -> None:
+    """EOF tells it we are done (it finds nothing left to remove); it must not outlive the engine long."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _owner(config: ContainerConfig) -> Callable[[Workspace], tuple[int, int] | None]:

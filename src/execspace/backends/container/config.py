@@ -40,11 +40,22 @@ class ContainerConfig:
     read_only_binds: Mapping[str, str] = field(default_factory=dict)
     """Extra host paths mounted read-only (host path → container path): a relaxation, off by default."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    network: str = "none"
+    """``"none"``, or the name of a daemon network to attach to (a relaxation: the program reaches the network)."""
+    nofile: int = 1024
+    """Open-files rlimit (soft = hard), explicit: Podman's default exceeds the hard limit of some hosts."""
+    nproc: int = 4096
+    """Processes rlimit of the container user (counted per uid by the kernel, so only a backstop to ``pids``)."""
 
     def __post_init__(self) -> None:
+        if self.network in ("host", "") or self.network.startswith(("container:", "ns:")):
+            raise PolicyViolation(
+                f"container network {self.network!r} is refused: it shares another namespace; "
+                "use 'none' or the name of a daemon network"
+            )
         if self.user[0] == 0:
             raise PolicyViolation("container user uid 0 is refused: programs run as a non-root user")
-        for name in ("memory_bytes", "pids", "tmp_bytes"):
+        for name in ("memory_bytes", "pids", "tmp_bytes", "nofile", "nproc"):
             if getattr(self, name) <= 0:
                 raise PolicyViolation(f"container {name} must be positive")
         if self.cpus <= 0:
@@ -66,7 +77,7 @@ class ContainerConfig:
             "user": f"{self.user[0]}:{self.user[1]}",
             "working_dir": CONTAINER_WORKSPACE,
             "environment": {},
-            "network_mode": "none",
+            "network_mode": self.network,
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmp_bytes},mode=1777"},
             "cap_drop": ["ALL"],
@@ -78,7 +89,15 @@ class ContainerConfig:
             "nano_cpus": int(self.cpus * 1e9),
             "volumes": volumes,
             "ipc_mode": "private",
+            "ulimits": [
+                {"name": "nofile", "soft": self.nofile, "hard": self.nofile},
+                {"name": "nproc", "soft": self.nproc, "hard": self.nproc},
+            ],
         }
+
+    @property
+    def networked(self) -> bool:
+        return self.network != "none"
 
 
 def daemon_socket_path(base_url: str | None) -> str | None:

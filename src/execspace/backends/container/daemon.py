@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import secrets
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import SetupFailed
+from ...languages import LANGUAGES
 from ...models import Workspace
 from ...workspace.layout import sanitize_id
 from .config import ContainerConfig, check_binds, daemon_socket_path
+from .pool import PoolSlot
+from .reaper import LABEL, POOL_DIR_PREFIX, current_owner, remove_engine_containers
 
-__all__ = ["LABEL", "WorkspaceContainers", "connect"]
-
-#: Every container we create carries it, with the engine and process that own it (for a reaper).
-LABEL = "io.execspace"
+__all__ = ["LABEL", "DaemonInfo", "WorkspaceContainers", "connect", "daemon_info"]
 
 
 def connect(docker_host: str | None, timeout: float = 10.0) -> Any:
@@ -51,16 +54,75 @@ def connect(docker_host: str | None, timeout: float = 10.0) -> Any:
     return client
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonInfo:
+    """Which container engine answers, for ``execspace doctor`` and ``Capabilities.details``."""
+
+    product: str
+    """``Docker`` or ``Podman`` (or the daemon's own platform name)."""
+    version: str
+    api_version: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.product} {self.version} (API {self.api_version}) at {self.where}"
+
+
+def daemon_info(client: Any, docker_host: str | None = None) -> DaemonInfo:
+    """Ask the daemon what it is: Podman names itself in ``Components``, Docker in ``Platform``."""
+    version = client.version()
+    names = [str(c.get("Name", "")) for c in version.get("Components") or []]
+    platform = str((version.get("Platform") or {}).get("Name") or "")
+    if any("podman" in n.lower() for n in names):
+        product = "Podman"
+    elif "docker" in platform.lower() or any(n.lower() == "engine" for n in names):
+        product = "Docker"
+    else:
+        product = platform or "container engine"
+    where = docker_host or os.environ.get("DOCKER_HOST") or "the default socket"
+    return DaemonInfo(product, str(version.get("Version", "?")), str(version.get("ApiVersion", "?")), where)
+
+
+#: Image label listing the languages whose runtimes the image has (comma-separated names from
+#: :data:`execspace.languages.LANGUAGES`); scripts/build-container-image.sh sets it.
+LANGUAGES_LABEL = "execspace.languages"
+
+
+def image_languages(client: Any, image: str) -> tuple[str, ...]:
+    """The languages ``image`` declares in its :data:`LANGUAGES_LABEL` label (none if it has no such label).
+
+    Raises SetupFailed when the daemon has no such image: better at open than at the first run.
+    """
+    import docker.errors  # type: ignore[import-untyped]
+
+    try:
+        labels = client.images.get(image).labels or {}
+    except docker.errors.ImageNotFound:
+        raise SetupFailed(
+            "container",
+            f"the daemon has no image {image!r}",
+            "build one offline with scripts/build-container-image.sh, or pull it (docker pull IMAGE)",
+        ) from None
+    known = {lang.name for lang in LANGUAGES}
+    declared = [name.strip() for name in str(labels.get(LANGUAGES_LABEL, "")).split(",")]
+    return tuple(name for name in declared if name in known)
+
+
 class WorkspaceContainers:
-    """Creates a workspace's container on first use and removes it with the workspace or engine."""
+    """The containers of one engine: created on first use or adopted from the pool, removed with the
+    workspace, at engine close, and at interpreter exit (a crash is left to :func:`reap_orphans`)."""
 
     def __init__(self, client: Any, config: ContainerConfig, daemon_socket: str | None) -> None:
         self.client = client
         self.config = config
         self._daemon_socket = daemon_socket
-        self._engine_id = secrets.token_hex(6)
+        self.engine_id = secrets.token_hex(6)
+        self._labels = current_owner().labels(self.engine_id)
         self._ids: dict[Path, str] = {}
         self._locks: dict[Path, asyncio.Lock] = {}
+        self.pool_root: Path | None = None
+        """Where this engine's pool slot directories live (set when it has a pool)."""
+        atexit.register(self.remove_all_now)
 
     async def ensure(self, ws: Workspace) -> str:
         """The id of the running container for ``ws``, creating it if needed."""
@@ -70,21 +132,42 @@ class WorkspaceContainers:
         async with lock:
             cid = self._ids.get(key)
             if cid is None:
-                cid = await asyncio.to_thread(self._create, ws)
+                cid = await asyncio.to_thread(self._create, ws.id, ws.host_path)
                 self._ids[key] = cid
             return cid
+
+    def adopt(self, ws_dir: Path, slot: PoolSlot) -> None:
+        """Make a pool container the one of the workspace now at ``ws_dir`` (its slot dir, renamed)."""
+        self._ids[ws_dir] = slot.container_id
 
     def forget(self, ws: Workspace) -> None:
         """Drop a container that stopped answering, so the next run creates a fresh one."""
         if ws.host_path is not None:
             self._ids.pop(ws.host_path, None)
 
-    def _create(self, ws: Workspace) -> str:
-        assert ws.host_path is not None
-        check_binds([ws.host_path, *(Path(p) for p in self.config.read_only_binds)], self._daemon_socket)
-        name = f"execspace-{sanitize_id(ws.id)[:40]}-{secrets.token_hex(4)}"
-        labels = {LABEL: "1", f"{LABEL}.engine": self._engine_id, f"{LABEL}.pid": str(os.getpid())}
-        kwargs = self.config.create_kwargs(ws.host_path, name, labels)
+    def make_slot(self) -> PoolSlot:
+        """A started container bound to a fresh, empty directory under ``pool_root`` (for the warm pool)."""
+        assert self.pool_root is not None
+        slot_dir = self.pool_root.absolute() / f"{POOL_DIR_PREFIX}{secrets.token_hex(8)}"
+        slot_dir.mkdir(mode=0o700)
+        try:
+            if os.getuid() == 0:
+                os.lchown(slot_dir, *self.config.user)
+            cid = self._create("pool", slot_dir, {f"{LABEL}.slot": str(slot_dir)})
+        except BaseException:
+            shutil.rmtree(slot_dir, ignore_errors=True)
+            raise
+        return PoolSlot(cid, slot_dir)
+
+    def discard_slot(self, slot: PoolSlot) -> None:
+        self._remove_id(slot.container_id)
+        if slot.host_dir.name.startswith(POOL_DIR_PREFIX):  # never a directory that became a workspace
+            shutil.rmtree(slot.host_dir, ignore_errors=True)
+
+    def _create(self, name_hint: str, host_dir: Path, extra_labels: dict[str, str] | None = None) -> str:
+        check_binds([host_dir, *(Path(p) for p in self.config.read_only_binds)], self._daemon_socket)
+        name = f"execspace-{sanitize_id(name_hint)[:40]}-{secrets.token_hex(4)}"
+        kwargs = self.config.create_kwargs(host_dir, name, {**self._labels, **(extra_labels or {})})
         image = kwargs.pop("image")
         try:
             container = self.client.containers.create(image, **kwargs)
@@ -107,7 +190,14 @@ class WorkspaceContainers:
     async def close(self) -> None:
         ids, self._ids = list(self._ids.values()), {}
         await asyncio.gather(*(asyncio.to_thread(self._remove_id, cid) for cid in ids))
+        await asyncio.to_thread(self.remove_all_now)
+        atexit.unregister(self.remove_all_now)
         await asyncio.to_thread(self.client.close)
+
+    def remove_all_now(self) -> None:
+        """Remove every container of this engine, found by its label (also ones whose creation raced a close)."""
+        with contextlib.suppress(Exception):  # at exit the daemon may be gone: best effort
+            remove_engine_containers(self.client, self.engine_id, self.pool_root)
 
     def _remove_id(self, cid: str) -> None:
         with contextlib.suppress(Exception):  # already gone is fine: removal is idempotent

@@ -13,11 +13,13 @@ from ...envpolicy import EnvPolicy
 from ...errors import CapabilityError
 from ...models import RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, Prepared
+from ...process.rlimits import classify_rlimit_exit
 from ...process.supervisor import RUN_MARKER_VAR
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
 from .execrun import ExecRun
 from .handle import ContainerHandle
+from .limits import rlimit_argv
 
 __all__ = ["ContainerRunner"]
 
@@ -61,7 +63,7 @@ class ContainerRunner(HostRunner):
         run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes)
         workdir = self._container_path(prep)
         try:
-            await asyncio.to_thread(run.start, prep.argv, prep.env, workdir, self._user)
+            await asyncio.to_thread(run.start, self._argv(prep), prep.env, workdir, self._user)
         except Exception:
             self._containers.forget(ws)  # a dead container is replaced on the next run
             raise
@@ -78,7 +80,7 @@ class ContainerRunner(HostRunner):
         handle = ContainerHandle(self, prep)
         run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes, handle.on_chunk)
         try:
-            await asyncio.to_thread(run.start, prep.argv, prep.env, self._container_path(prep), self._user)
+            await asyncio.to_thread(run.start, self._argv(prep), prep.env, self._container_path(prep), self._user)
         except Exception:
             self._containers.forget(ws)
             raise
@@ -89,15 +91,14 @@ class ContainerRunner(HostRunner):
         """The result of an exec whose stream has ended, after the shared post-run checks."""
         return await self._post_run(prep, await self._result(run, prep, timed_out, killed))
 
+    def _argv(self, prep: Prepared) -> list[str]:
+        return [*rlimit_argv(prep.spec.limits, self._containers.config.memory_bytes), *prep.argv]
+
     def _check_spec(self, spec: RunProgramSpec) -> None:
-        if spec.network == "on":
-            raise CapabilityError("network on", "container", "containers run with network 'none' in this version")
         config = self._containers.config
-        if spec.limits.memory_bytes is not None and spec.limits.memory_bytes < config.memory_bytes:
+        if spec.network == "on" and not config.networked:
             raise CapabilityError(
-                f"memory_bytes below the container's {config.memory_bytes}",
-                "container",
-                "open the engine with memory_bytes= at most the run's limit",
+                "network on", "container", "open the engine with network='<daemon network>' (e.g. 'bridge')"
             )
         if spec.limits.pids is not None and spec.limits.pids < config.pids:
             raise CapabilityError(
@@ -167,7 +168,7 @@ class ContainerRunner(HostRunner):
             stderr_truncated=err.truncated,
             stdout_total_bytes=out.total,
             stderr_total_bytes=err.total,
-            limit_hit="timeout" if timed_out else None,
+            limit_hit="timeout" if timed_out else classify_rlimit_exit(code),
             raw_stdout=raw_out,
             raw_stderr=raw_err,
             run_dir=prep.run_dir,

@@ -1,10 +1,16 @@
-"""Remember a successful boundary probe, so that each new engine (and each CLI call) does not pay for it.
+"""Remember the sandbox's set-up work on disk, so that each new engine (and each CLI call) does not redo it.
 
-The probe starts a real sandbox and checks from inside that it holds (~45 ms). Its
-verdict depends on the bwrap binary, the kernel, our uid and the seccomp filter, so
-those form the key; a success is kept for an hour. Failures are never cached: a
-fixed host is noticed at once. A stale success cannot open a hole: a run still
-goes through bwrap with every flag, and fails if the boundary cannot be built.
+:class:`ProbeCache`: the probe starts a real sandbox and checks from inside that it holds (~45 ms). Its
+verdict depends on the bwrap binary, the kernel, our uid and the seccomp filter, so those form the key;
+a success is kept for an hour. Failures are never cached: a fixed host is noticed at once. A stale
+success cannot open a hole: a run still goes through bwrap with every flag, and fails if the boundary
+cannot be built.
+
+:class:`BpfCache`: building the seccomp filter means importing pyseccomp, whose import alone runs
+``ctypes.util.find_library`` twice (~90 ms here), for bytes that depend only on the rules and the
+architecture. They are kept for a day (so that a libseccomp upgrade is picked up), keyed by the rules
+themselves, in the same private directory; a file that is not a whole number of BPF instructions is
+ignored and rebuilt.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from pathlib import Path
 from ...registry import Probe
 from ...workspace.hostmanager import default_workspace_root, private_dir
 
-__all__ = ["ProbeCache"]
+__all__ = ["BpfCache", "ProbeCache"]
 
 _TTL = 3600.0
+_BPF_TTL = 86400.0
+_BPF_INSTRUCTION = 8  # struct sock_filter
 
 
 class ProbeCache:
@@ -66,3 +74,37 @@ class ProbeCache:
             with os.fdopen(fd, "w") as f:
                 json.dump({"key": key, "at": time.time(), "reason": probe.reason}, f)
             os.replace(tmp, self._file)
+
+
+class BpfCache:
+    """Compiled seccomp programs on disk, one file per rule set and architecture."""
+
+    def __init__(self, directory: Path | None = None, ttl: float = _BPF_TTL) -> None:
+        self.directory = directory or default_workspace_root().parent
+        self.ttl = ttl
+
+    def key(self, rules: str) -> str:
+        return hashlib.sha256(f"bpf-v1\0{os.uname().machine}\0{rules}".encode()).hexdigest()[:32]
+
+    def _file(self, key: str) -> Path:
+        return self.directory / f"seccomp-{key}.bpf"
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            fd = os.open(self._file(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if time.time() - os.fstat(f.fileno()).st_mtime > self.ttl:
+                    return None
+                data = f.read(1 << 20)
+        except OSError:
+            return None
+        return data if data and len(data) % _BPF_INSTRUCTION == 0 else None
+
+    def put(self, key: str, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            private_dir(self.directory, 0o711)
+            tmp = self.directory / f".seccomp-{secrets.token_hex(6)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._file(key))

@@ -16,8 +16,8 @@ open and removes kernel attack surface that sandboxed code has no use for. Desig
   calling process, the setuid exec where they mattered is moot under bwrap's no_new_privs, and tools such as
   ``setarch`` need it.
 
-The BPF program is built with libseccomp (through ``pyseccomp``) once per :class:`SeccompFilters` and
-handed to each run in a sealed memfd.
+The BPF program is built with libseccomp (through ``pyseccomp``) once per :class:`SeccompFilters`, kept on
+disk for the next processes (:class:`~.probecache.BpfCache`), and handed to each run in a sealed memfd.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 from ...errors import SetupFailed
 from ...registry import Probe
+from .probecache import BpfCache
 
 __all__ = [
     "ALWAYS",
@@ -235,7 +236,7 @@ def _libseccomp() -> Any:
     return pyseccomp
 
 
-def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False) -> bytes:
+def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False, cache: BpfCache | None = None) -> bytes:
     """The classic-BPF program for one network mode, as ``bwrap --seccomp`` reads it.
 
     ``allow_unix_socket`` leaves out the ``socket(AF_UNIX)`` rule: only for a process that stacks
@@ -245,14 +246,25 @@ def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False) -> b
     chosen = rules(network_restricted)
     if allow_unix_socket:
         chosen = tuple(r for r in chosen if r is not _UNIX_SOCKET_RULE)
-    return _export(chosen)
+    return _export_cached(chosen, cache)
 
 
-def build_unix_lock_bpf() -> bytes:
+def build_unix_lock_bpf(cache: BpfCache | None = None) -> bytes:
     """A filter refusing only ``socket(AF_UNIX)``, for a process to stack on itself (``SECCOMP_FILTER_FLAG_TSYNC``)
     once it needs no new unix socket: with :func:`build_bpf` ``(True, allow_unix_socket=True)`` underneath, the
     stack refuses what the network-restricted filter alone refuses."""
-    return _export((_UNIX_SOCKET_RULE,))
+    return _export_cached((_UNIX_SOCKET_RULE,), cache)
+
+
+def _export_cached(chosen: tuple[Deny, ...], cache: BpfCache | None) -> bytes:
+    if cache is None:
+        return _export(chosen)
+    key = cache.key(repr(chosen))
+    data = cache.get(key)
+    if data is None:
+        data = _export(chosen)
+        cache.put(key, data)
+    return data
 
 
 def _export(chosen: tuple[Deny, ...]) -> bytes:
@@ -312,18 +324,23 @@ def sealed_memfd(data: bytes, name: str = "execspace-seccomp") -> int:
 
 
 class SeccompFilters:
-    """The filters of one engine: each mode's BPF is built on first use and reused for every run."""
+    """The filters of one engine: each mode's BPF is built on first use and reused for every run.
 
-    __slots__ = ("_bpf",)
+    ``cache``: where compiled programs are kept across processes (:class:`BpfCache`; the default is
+    this user's private execspace directory), so that a new process need not load libseccomp at all.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_bpf", "_cache")
+
+    def __init__(self, cache: BpfCache | None = None) -> None:
         self._bpf: dict[bool, bytes] = {}
+        self._cache = cache or BpfCache()
 
     def bpf(self, network_restricted: bool) -> bytes:
         cached = self._bpf.get(network_restricted)
         if cached is None:
             # two threads racing here build the same bytes twice, which is harmless
-            cached = self._bpf[network_restricted] = build_bpf(network_restricted)
+            cached = self._bpf[network_restricted] = build_bpf(network_restricted, cache=self._cache)
         return cached
 
     def open_filter_fd(self, network_restricted: bool) -> int:
@@ -338,19 +355,20 @@ class KernelSeccompFilters(SeccompFilters):
 
     __slots__ = ("_lock",)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, cache: BpfCache | None = None) -> None:
+        super().__init__(cache)
         self._lock: bytes | None = None
 
     def bpf(self, network_restricted: bool) -> bytes:
         cached = self._bpf.get(network_restricted)
         if cached is None:
-            cached = self._bpf[network_restricted] = build_bpf(network_restricted, allow_unix_socket=True)
+            built = build_bpf(network_restricted, allow_unix_socket=True, cache=self._cache)
+            cached = self._bpf[network_restricted] = built
         return cached
 
     def unix_lock_bpf(self) -> bytes:
         if self._lock is None:
-            self._lock = build_unix_lock_bpf()
+            self._lock = build_unix_lock_bpf(self._cache)
         return self._lock
 
 

@@ -1,0 +1,107 @@
+"""The same container backend against Podman's Docker-compatible API (a private ``podman system service``).
+
+Podman on this kind of host needs the ``runc`` runtime (``crun`` refuses hybrid cgroups), the
+``cgroupfs`` manager (no systemd) and explicit ulimits (its default nofile is above the host's
+hard limit): the private service is configured for the first two, the backend always sets the
+third. Skipped, with the reason, where podman is not installed or we are not root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import PutFile, RunProgramSpec
+from execspace.backends.container.daemon import connect, daemon_info
+from execspace.backends.container.reaper import LABEL, POOL_DIR_PREFIX
+from execspace.models import ResourceLimits
+from tests.backends.docker_fixture import TEST_BINDS, TEST_IMAGE, Daemon, podman_daemon
+
+pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
+
+__all__ = ["podman_daemon"]  # the session fixture, used by the tests here
+
+
+def sh(script: str, **kw: object) -> RunProgramSpec:
+    return RunProgramSpec("sh", ["-c", script], **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def engine(podman_daemon: Daemon, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
+    async with execspace.open_engine(
+        "container",
+        image=TEST_IMAGE,
+        docker_host=podman_daemon.host,
+        workspace_root=tmp_path / "ws",
+        read_only_binds=TEST_BINDS,
+        pool_size=1,
+    ) as eng:
+        await eng.extra("pool").ready()
+        yield eng
+
+
+def test_the_daemon_is_recognised_as_podman(podman_daemon: Daemon) -> None:
+    client = connect(podman_daemon.host)
+    try:
+        info = daemon_info(client, podman_daemon.host)
+    finally:
+        client.close()
+    assert info.product == "Podman"
+    assert podman_daemon.host in str(info)
+
+
+async def test_runs_files_and_hardening_under_podman(engine: execspace.BaseEngine) -> None:
+    assert engine.describe().details["daemon"].startswith("Podman ")
+    ws = await engine.manager.create_workspace("podman")
+    await engine.fs.put_files(ws, [PutFile("work/in.txt", b"hello\n")])
+    script = (
+        "cat in.txt; id -u; grep CapEff /proc/self/status; cut -d: -f1 /proc/net/dev | tail -n +3;"
+        " touch /x 2>/dev/null || echo ro; echo out > $OUTPUT_DIR/r.txt; read x; echo got $x"
+    )
+    r = await engine.runner.run_program(ws, sh(script, stdin="in\n"))
+    assert r.exit_code == 0, r.stderr
+    lines = [line.strip() for line in r.stdout.splitlines()]
+    assert lines[:2] == ["hello", "65534"]
+    assert lines[2].split() == ["CapEff:", "0000000000000000"]  # no capability at all
+    assert lines[3:] == ["lo", "ro", "got in"]  # no network but loopback, read-only root, stdin
+    files = await engine.fs.collect(ws, ["out/**"])
+    assert [(f.name, f.content) for f in files] == [("out/r.txt", b"out\n")]
+
+
+async def test_timeout_and_limits_under_podman(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("podman-limits")
+    r = await engine.runner.run_program(ws, sh("sleep 30", timeout=0.5))
+    assert r.timed_out and r.limit_hit == "timeout"
+    r = await engine.runner.run_program(ws, sh("while :; do :; done", limits=ResourceLimits(cpu_seconds=1)))
+    assert r.limit_hit == "cpu_seconds"
+
+
+async def test_pool_and_cleanup_under_podman(podman_daemon: Daemon, tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    async with execspace.open_engine(
+        "container",
+        image=TEST_IMAGE,
+        docker_host=podman_daemon.host,
+        workspace_root=root,
+        read_only_binds=TEST_BINDS,
+        pool_size=1,
+    ) as eng:
+        await eng.extra("pool").ready()
+        client = connect(podman_daemon.host)
+        label = {"label": f"{LABEL}.engine={eng.extra('engine_id')}"}
+        try:
+            warm = [c["Id"] for c in client.api.containers(all=True, filters=label)]
+            ws = await eng.manager.create_workspace("pooled")
+            r = await eng.runner.run_program(ws, sh("hostname; ls -A /tmp"))
+            assert len(warm) == 1 and warm[0].startswith(r.stdout.strip())  # the renamed slot dir is the mount
+        finally:
+            client.close()
+    client = connect(podman_daemon.host)
+    try:
+        assert client.api.containers(all=True, filters=label) == []
+    finally:
+        client.close()
+    assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
