@@ -25,9 +25,10 @@ MiB = 1024 * 1024
 
 @pytest.fixture(autouse=True)
 async def _sandbox_works() -> None:
-    probe = await probe_backend("sandbox")
+    # the jupyter probe also checks that the sandbox uid can read this environment's packages
+    probe = await probe_backend("jupyter", kernel_isolation="sandbox")
     if not probe.ok:
-        pytest.skip(f"no sandbox here: {probe.reason}")
+        pytest.skip(f"no sandboxed kernels here: {probe.reason}")
 
 
 @pytest.fixture

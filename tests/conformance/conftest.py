@@ -55,7 +55,7 @@ async def open_backend(
     if name == "jupyter":
         # its default mode where the sandbox works: kernels and programs in the OS sandbox (the test fails instead of
         # falling back); host mode elsewhere. No warm pool: these tests start no kernel.
-        sandboxed = (await probe_backend("sandbox")).ok
+        sandboxed = (await probe_backend("jupyter", kernel_isolation="sandbox")).ok
         options = {"kernel_isolation": "sandbox" if sandboxed else "none", "pool_size": 0}
     async with execspace.open_engine(name, workspace_root=root, host_roots=roots, **options) as engine:
         yield engine
