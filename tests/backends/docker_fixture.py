@@ -2,8 +2,8 @@
 
 If no daemon answers, a private ``dockerd`` is started (when installed; CI installs
 ``docker.io``) with its own data root and socket, and stopped at the end. ``podman_daemon``
-does the same with ``podman system service``. Nothing is installed here; without a daemon
-the tests skip with the reason.
+does the same with ``podman system service`` (``podman_image`` imports the test image there).
+Nothing is installed here; without a daemon the tests skip with the reason.
 
 The test image is an empty root with the host's ``/usr`` and ``/etc`` bind-mounted
 read-only — for tests only (it exposes the host's programs and /etc to the container);
@@ -18,16 +18,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from execspace.backends.container.daemon import connect
 from execspace.backends.container.private_daemon import (
     HOST_USR_BINDS,
-    HOST_USR_IMAGE,
     DaemonUnavailable,
     import_host_usr_image,
     ping,
     start_private_daemon,
 )
 
-TEST_IMAGE = HOST_USR_IMAGE
 TEST_BINDS = HOST_USR_BINDS
 
 
@@ -62,17 +61,13 @@ def docker_daemon() -> Iterator[Daemon]:
 
 @pytest.fixture(scope="session")
 def podman_daemon() -> Iterator[Daemon]:
-    """A private Podman service (its Docker-compatible API), with the test image imported."""
+    """A private Podman service (its Docker-compatible API)."""
     pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
-    for daemon in _private("podman"):
-        _import(daemon)
-        yield daemon
+    yield from _private("podman")
 
 
 def _import(daemon: Daemon) -> str:
-    import docker
-
-    client = docker.DockerClient(base_url=daemon.host, timeout=30)
+    client = connect(daemon.host, timeout=30)
     try:
         return import_host_usr_image(client)
     finally:
@@ -83,3 +78,9 @@ def _import(daemon: Daemon) -> str:
 def test_image(docker_daemon: Daemon) -> str:
     """Imports the test image once (about 0.1 s); no registry is involved."""
     return _import(docker_daemon)
+
+
+@pytest.fixture(scope="session")
+def podman_image(podman_daemon: Daemon) -> str:
+    """The test image, imported into the Podman service once."""
+    return _import(podman_daemon)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,13 @@ import pytest
 import execspace
 from execspace import PutFile, RunProgramSpec
 from execspace.backends.container import ContainerBackend
+from execspace.backends.container.reaper import LABEL
 from execspace.capabilities import Isolation
 from execspace.errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
 from execspace.models import ResourceLimits
 from execspace.protocols import ProgramHandle
 from execspace.registry import probe_backend
+from tests.backends.container_support import container_engine, engine_fixture, labelled_containers, sh
 from tests.backends.docker_fixture import TEST_BINDS, Daemon
 
 pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
@@ -28,16 +29,7 @@ pytest.importorskip("docker", reason="the docker SDK is not installed (pip insta
 CONTAINER_UID = 65534 if os.getuid() == 0 else os.getuid()
 
 
-@pytest.fixture
-async def engine(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-    ) as eng:
-        yield eng
+engine = engine_fixture()
 
 
 @pytest.fixture
@@ -45,18 +37,8 @@ async def ws(engine: execspace.BaseEngine) -> execspace.Workspace:
     return await engine.manager.create_workspace("container/test")
 
 
-def sh(script: str, **kw: object) -> RunProgramSpec:
-    return RunProgramSpec("sh", ["-c", script], **kw)  # type: ignore[arg-type]
-
-
-def _our_containers(daemon: Daemon) -> list[str]:
-    import docker
-
-    client = docker.DockerClient(base_url=daemon.host)
-    try:
-        return [c.id for c in client.containers.list(all=True, filters={"label": f"io.execspace.pid={os.getpid()}"})]
-    finally:
-        client.close()
+def _our_containers(daemon: Daemon) -> set[str]:
+    return set(labelled_containers(daemon, f"{LABEL}.pid={os.getpid()}"))
 
 
 # -- probe and capabilities (the probe ones need no daemon) ---------------------------------------
@@ -95,6 +77,8 @@ async def test_capabilities_state_what_is_applied(engine: execspace.BaseEngine) 
 
 
 # -- runs ------------------------------------------------------------------------------------------
+
+_COUNT_SLEEP_300 = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done | grep -c '^sleep 300' || true"
 
 
 async def test_exit_code_stdin_env_cwd(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
@@ -151,8 +135,7 @@ async def test_timeout_kills_what_the_program_started(engine: execspace.BaseEngi
     child = (ws.host_path / "out/child.pid").read_text().strip()
     check = await engine.runner.run_program(ws, sh(f"test -d /proc/{child} && echo alive || echo gone"))
     assert check.stdout == "gone\n"
-    listing = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done | grep -c '^sleep 300' || true"
-    procs = await engine.runner.run_program(ws, sh(listing))
+    procs = await engine.runner.run_program(ws, sh(_COUNT_SLEEP_300))
     assert procs.stdout.strip() == "0"  # neither the program's sleep nor its background child is left
 
 
@@ -168,8 +151,6 @@ async def test_output_is_capped_head_and_tail(engine: execspace.BaseEngine, ws: 
 
 
 # -- streaming (start_program) ---------------------------------------------------------------------
-
-_COUNT_SLEEP_300 = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done | grep -c '^sleep 300' || true"
 
 
 async def test_handle_streams_both_streams_in_order(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
@@ -277,14 +258,7 @@ python3 -c 'import socket; s=socket.socket(); s.settimeout(2); s.connect(("1.1.1
 
 
 async def test_pids_limit_stops_a_small_fork_flood(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-        pids=40,
-    ) as eng:
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", pids=40) as eng:
         ws = await eng.manager.create_workspace("pids")
         # at most 100 sleepers that end by themselves: the limit stops the forks well before that
         flood = (
@@ -319,13 +293,8 @@ async def test_pids_below_the_container_limit_is_refused(engine: execspace.BaseE
 
 async def test_daemon_socket_mount_is_refused(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
     sock_dir = os.path.dirname(docker_daemon.socket)
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds={**TEST_BINDS, sock_dir: "/mnt/daemon"},
-    ) as eng:
+    binds = {**TEST_BINDS, sock_dir: "/mnt/daemon"}
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", read_only_binds=binds) as eng:
         ws = await eng.manager.create_workspace("sock")
         with pytest.raises(PolicyViolation, match="socket"):
             await eng.runner.run_program(ws, sh("true"))
@@ -374,23 +343,17 @@ ln -s ../metadata.json meta-link
 async def test_containers_are_removed_with_workspace_and_engine(
     docker_daemon: Daemon, test_image: str, tmp_path: Path
 ) -> None:
-    before = set(_our_containers(docker_daemon))
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-        pool_size=0,  # the pool's own containers are counted in test_container_pool.py
-    ) as eng:
+    before = _our_containers(docker_daemon)
+    # no pool: its own containers are counted in test_container_pool.py
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", pool_size=0) as eng:
         a = await eng.manager.create_workspace("a")
         b = await eng.manager.create_workspace("b")
         await eng.runner.run_program(a, sh("true"))
         await eng.runner.run_program(b, sh("true"))
-        assert len(set(_our_containers(docker_daemon)) - before) == 2
+        assert len(_our_containers(docker_daemon) - before) == 2
         await eng.manager.cleanup(a)
-        assert len(set(_our_containers(docker_daemon)) - before) == 1
-    assert set(_our_containers(docker_daemon)) - before == set()
+        assert len(_our_containers(docker_daemon) - before) == 1
+    assert _our_containers(docker_daemon) - before == set()
 
 
 async def test_runs_in_one_workspace_share_its_container(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
@@ -403,9 +366,7 @@ async def test_kill_right_after_start_leaves_nothing(engine: execspace.BaseEngin
     """A kill that lands before the daemon has started the exec's process must still stop the program."""
     assert ws.host_path is not None
     for i in range(8):
-        handle = await engine.runner.start_program(
-            ws, execspace.RunProgramSpec("sh", ["-c", f"sleep 0.7; touch $WORK_DIR/survived-{i}"])
-        )
+        handle = await engine.runner.start_program(ws, sh(f"sleep 0.7; touch $WORK_DIR/survived-{i}"))
         await asyncio.sleep(0.01 * (i % 4))  # different moments of the exec's start
         await handle.kill()
         await handle.wait()
@@ -420,14 +381,12 @@ async def test_languages_come_from_the_image_label_and_code_runs_with_them(
     run = execspace.CodeExecutor(engine, timeout=30)
     result = await run.execute_code(execspace.CodeExecutionInput([execspace.CodeBlock("python", "print(6 * 7)")]))
     assert result.ok and result.output.strip() == "42", result
-    options = {"image": test_image, "docker_host": docker_daemon.host, "pool_size": 0, "read_only_binds": TEST_BINDS}
-    async with execspace.open_engine("container", workspace_root=tmp_path / "b", languages=["bash"], **options) as eng:
+    async with container_engine(docker_daemon, test_image, tmp_path / "b", pool_size=0, languages=["bash"]) as eng:
         assert eng.describe().languages == ("bash",)
     with pytest.raises(InvalidSpec, match="unknown languages"):
-        async with execspace.open_engine("container", workspace_root=tmp_path / "c", languages=["cobol"], **options):
+        async with container_engine(docker_daemon, test_image, tmp_path / "c", pool_size=0, languages=["cobol"]):
             pass
-    missing = {**options, "image": "execspace-test/no-such-image:1"}
     with pytest.raises(SetupFailed, match="no image") as info:
-        async with execspace.open_engine("container", workspace_root=tmp_path / "d", **missing):
+        async with container_engine(docker_daemon, "execspace-test/no-such-image:1", tmp_path / "d", pool_size=0):
             pass
     assert "build-container-image.sh" in info.value.fix

@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 import secrets
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,26 +16,13 @@ from execspace.backends.container.daemon import connect
 from execspace.backends.container.limits import rlimit_argv
 from execspace.errors import CapabilityError, PolicyViolation
 from execspace.models import ResourceLimits
-from tests.backends.docker_fixture import TEST_BINDS, Daemon
+from tests.backends.container_support import container_engine, engine_fixture, sh
+from tests.backends.docker_fixture import Daemon
 
 pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
 
 
-def sh(script: str, **kw: object) -> RunProgramSpec:
-    return RunProgramSpec("sh", ["-c", script], **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def engine(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-        pool_size=0,
-    ) as eng:
-        yield eng
+engine = engine_fixture(pool_size=0)
 
 
 @pytest.fixture
@@ -131,15 +118,7 @@ async def test_network_is_off_by_default(engine: execspace.BaseEngine, ws: execs
 async def test_network_opt_in_attaches_the_daemon_network(
     docker_daemon: Daemon, test_image: str, tmp_path: Path, daemon_network: str
 ) -> None:
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-        pool_size=0,
-        network=daemon_network,
-    ) as eng:
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", pool_size=0, network=daemon_network) as eng:
         caps = eng.describe()
         assert caps.network_default and not caps.network_control and caps.details["network"] == daemon_network
         ws = await eng.manager.create_workspace("net")
@@ -154,7 +133,5 @@ async def test_sharing_another_network_namespace_is_refused(
     docker_daemon: Daemon, test_image: str, tmp_path: Path, network: str
 ) -> None:
     with pytest.raises(PolicyViolation):
-        async with execspace.open_engine(
-            "container", image=test_image, docker_host=docker_daemon.host, workspace_root=tmp_path, network=network
-        ):
+        async with container_engine(docker_daemon, test_image, tmp_path, network=network):
             pass

@@ -8,39 +8,21 @@ third. Skipped, with the reason, where podman is not installed or we are not roo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import execspace
-from execspace import PutFile, RunProgramSpec
+from execspace import PutFile
 from execspace.backends.container.daemon import connect, daemon_info
-from execspace.backends.container.reaper import LABEL, POOL_DIR_PREFIX
+from execspace.backends.container.reaper import POOL_DIR_PREFIX
 from execspace.models import ResourceLimits
-from tests.backends.docker_fixture import TEST_BINDS, TEST_IMAGE, Daemon, podman_daemon
+from tests.backends.container_support import container_engine, engine_containers, engine_fixture, sh
+from tests.backends.docker_fixture import Daemon
 
 pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
 
-__all__ = ["podman_daemon"]  # the session fixture, used by the tests here
-
-
-def sh(script: str, **kw: object) -> RunProgramSpec:
-    return RunProgramSpec("sh", ["-c", script], **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def engine(podman_daemon: Daemon, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    async with execspace.open_engine(
-        "container",
-        image=TEST_IMAGE,
-        docker_host=podman_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-        pool_size=1,
-    ) as eng:
-        await eng.extra("pool").ready()
-        yield eng
+engine = engine_fixture("podman_daemon", "podman_image", pool_size=1, warm=True)
 
 
 def test_the_daemon_is_recognised_as_podman(podman_daemon: Daemon) -> None:
@@ -79,29 +61,12 @@ async def test_timeout_and_limits_under_podman(engine: execspace.BaseEngine) -> 
     assert r.limit_hit == "cpu_seconds"
 
 
-async def test_pool_and_cleanup_under_podman(podman_daemon: Daemon, tmp_path: Path) -> None:
+async def test_pool_and_cleanup_under_podman(podman_daemon: Daemon, podman_image: str, tmp_path: Path) -> None:
     root = tmp_path / "ws"
-    async with execspace.open_engine(
-        "container",
-        image=TEST_IMAGE,
-        docker_host=podman_daemon.host,
-        workspace_root=root,
-        read_only_binds=TEST_BINDS,
-        pool_size=1,
-    ) as eng:
-        await eng.extra("pool").ready()
-        client = connect(podman_daemon.host)
-        label = {"label": f"{LABEL}.engine={eng.extra('engine_id')}"}
-        try:
-            warm = [c["Id"] for c in client.api.containers(all=True, filters=label)]
-            ws = await eng.manager.create_workspace("pooled")
-            r = await eng.runner.run_program(ws, sh("hostname; ls -A /tmp"))
-            assert len(warm) == 1 and warm[0].startswith(r.stdout.strip())  # the renamed slot dir is the mount
-        finally:
-            client.close()
-    client = connect(podman_daemon.host)
-    try:
-        assert client.api.containers(all=True, filters=label) == []
-    finally:
-        client.close()
+    async with container_engine(podman_daemon, podman_image, root, pool_size=1, warm=True) as eng:
+        warm = list(engine_containers(podman_daemon, eng))
+        ws = await eng.manager.create_workspace("pooled")
+        r = await eng.runner.run_program(ws, sh("hostname; ls -A /tmp"))
+        assert len(warm) == 1 and warm[0].startswith(r.stdout.strip())  # the renamed slot dir is the mount
+    assert engine_containers(podman_daemon, eng) == {}
     assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []

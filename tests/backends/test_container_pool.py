@@ -2,51 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import execspace
-from execspace import RunProgramSpec, WorkspacePolicy
-from execspace.backends.container.reaper import LABEL, POOL_DIR_PREFIX
+from execspace import WorkspacePolicy
+from execspace.backends.container.reaper import POOL_DIR_PREFIX
 from execspace.errors import SetupFailed
 from execspace.models import Persistence
 from execspace.workspace.layout import LAYOUT_DIRS, METADATA_FILE
-from tests.backends.docker_fixture import TEST_BINDS, Daemon
+from tests.backends.container_support import container_engine, engine_containers, engine_fixture, sh
+from tests.backends.docker_fixture import Daemon
 
 pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
 
 
-def sh(script: str) -> RunProgramSpec:
-    return RunProgramSpec("sh", ["-c", script])
-
-
-def engine_containers(daemon: Daemon, engine: execspace.BaseEngine) -> dict[str, dict[str, Any]]:
-    """Containers of this engine by id, as the daemon lists them."""
-    import docker
-
-    client = docker.DockerClient(base_url=daemon.host)
-    try:
-        found = client.api.containers(all=True, filters={"label": f"{LABEL}.engine={engine.extra('engine_id')}"})
-        return {c["Id"]: c for c in found}
-    finally:
-        client.close()
-
-
-@pytest.fixture
-async def pooled(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=tmp_path / "ws",
-        read_only_binds=TEST_BINDS,
-        pool_size=1,
-    ) as eng:
-        await eng.extra("pool").ready()
-        yield eng
+pooled = engine_fixture(pool_size=1, warm=True)
 
 
 async def _container_of(engine: execspace.BaseEngine, ws: execspace.Workspace) -> str:
@@ -100,14 +72,11 @@ async def test_an_existing_workspace_directory_never_takes_a_slot(
     docker_daemon: Daemon, test_image: str, tmp_path: Path
 ) -> None:
     """Reopening a session's directory must not rename a slot over it: the pool keeps its container."""
-    kw: dict[str, Any] = dict(
-        image=test_image, docker_host=docker_daemon.host, workspace_root=tmp_path / "ws", read_only_binds=TEST_BINDS
-    )
-    async with execspace.open_engine("container", pool_size=0, **kw) as first:
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", pool_size=0) as first:
         old = await first.manager.create_workspace("kept")
         assert old.host_path is not None
         (old.host_path / "work" / "note.txt").write_text("still here\n")
-    async with execspace.open_engine("container", pool_size=1, **kw) as second:
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", pool_size=1) as second:
         pool = second.extra("pool")
         await pool.ready()
         warm = set(engine_containers(docker_daemon, second))
@@ -123,14 +92,7 @@ async def test_close_removes_pool_containers_and_slot_directories(
     docker_daemon: Daemon, test_image: str, tmp_path: Path
 ) -> None:
     root = tmp_path / "ws"
-    async with execspace.open_engine(
-        "container",
-        image=test_image,
-        docker_host=docker_daemon.host,
-        workspace_root=root,
-        read_only_binds=TEST_BINDS,
-        pool_size=2,
-    ) as eng:
+    async with container_engine(docker_daemon, test_image, root, pool_size=2) as eng:
         await eng.extra("pool").ready()
         ws = await eng.manager.create_workspace("pool/closing")
         await eng.runner.run_program(ws, sh("true"))
@@ -142,15 +104,16 @@ async def test_close_removes_pool_containers_and_slot_directories(
     assert ws.host_path is not None and ws.host_path.is_dir()  # the workspace's files are kept, as elsewhere
 
 
-async def test_a_pool_that_cannot_fill_fails_the_run_not_the_open(docker_daemon: Daemon, tmp_path: Path) -> None:
+async def test_a_pool_that_cannot_fill_fails_the_run_not_the_open(
+    docker_daemon: Daemon, test_image: str, tmp_path: Path
+) -> None:
+    # the daemon refuses to create any container with more CPUs than the host has (the image is checked at open)
     root = tmp_path / "ws"
-    async with execspace.open_engine(
-        "container", image="execspace-missing:none", docker_host=docker_daemon.host, workspace_root=root, pool_size=1
-    ) as eng:
+    async with container_engine(docker_daemon, test_image, root, pool_size=1, cpus=1000.0) as eng:
         pool = eng.extra("pool")
         await pool.ready()
         assert isinstance(pool.last_error, SetupFailed) and pool.available() == 0
         assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []  # a failed slot leaves no directory behind
-        ws = await eng.manager.create_workspace("no-image")
-        with pytest.raises(SetupFailed, match="execspace-missing:none"):
+        ws = await eng.manager.create_workspace("no-container")
+        with pytest.raises(SetupFailed, match="CPU"):
             await eng.runner.run_program(ws, sh("true"))

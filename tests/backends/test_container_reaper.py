@@ -12,14 +12,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import execspace
 from execspace.backends.container.daemon import connect
 from execspace.backends.container.reaper import LABEL, POOL_DIR_PREFIX, Owner, current_owner, owner_alive, reap_orphans
 from execspace.workspace.layout import sanitize_id
+from tests.backends.container_support import container_engine, engine_containers
 from tests.backends.docker_fixture import TEST_BINDS, Daemon
 
 pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'execspace[docker]')")
@@ -61,41 +60,29 @@ def _start_owner(daemon: Daemon, image: str, root: Path, then: str) -> tuple[sub
     return proc, json.loads(line)["engine"]
 
 
-def _containers_of(daemon: Daemon, engine_id: str) -> list[dict[str, Any]]:
-    client = connect(daemon.host)
-    try:
-        return list(client.api.containers(all=True, filters={"label": f"{LABEL}.engine={engine_id}"}))
-    finally:
-        client.close()
-
-
 async def test_a_killed_owners_containers_are_reaped_on_open(
     docker_daemon: Daemon, test_image: str, tmp_path: Path
 ) -> None:
     root = tmp_path / "ws"
     proc, engine_id = _start_owner(docker_daemon, test_image, root, "wait")
     try:
-        assert len(_containers_of(docker_daemon, engine_id)) == 3  # two workspaces and the refilled pool slot
+        assert len(engine_containers(docker_daemon, engine_id)) == 3  # two workspaces and the refilled pool slot
         # the owner is alive: neither an explicit reap nor another engine's open touches its containers
         client = connect(docker_daemon.host)
         try:
             assert reap_orphans(client, root) == []
         finally:
             client.close()
-        async with execspace.open_engine(
-            "container", image=test_image, docker_host=docker_daemon.host, workspace_root=root, pool_size=0
-        ):
+        async with container_engine(docker_daemon, test_image, root, pool_size=0):
             pass
-        assert len(_containers_of(docker_daemon, engine_id)) == 3
+        assert len(engine_containers(docker_daemon, engine_id)) == 3
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
-    assert len(_containers_of(docker_daemon, engine_id)) == 3  # SIGKILL ran no clean-up
+    assert len(engine_containers(docker_daemon, engine_id)) == 3  # SIGKILL ran no clean-up
     assert len(list(root.glob(f"{POOL_DIR_PREFIX}*"))) == 1
-    async with execspace.open_engine(
-        "container", image=test_image, docker_host=docker_daemon.host, workspace_root=root, pool_size=0
-    ):
-        assert _containers_of(docker_daemon, engine_id) == []
+    async with container_engine(docker_daemon, test_image, root, pool_size=0):
+        assert engine_containers(docker_daemon, engine_id) == {}
         assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []  # the unused slot's directory went with it
         assert sorted(os.listdir(root)) == sorted(sanitize_id(n) for n in "ab")  # workspaces stay on disk
 
@@ -104,27 +91,25 @@ def test_the_watchdog_cleans_up_right_after_a_sigkill(docker_daemon: Daemon, tes
     root = tmp_path / "ws"
     proc, engine_id = _start_owner(docker_daemon, test_image, root, "wait-watchdog")
     try:
-        assert len(_containers_of(docker_daemon, engine_id)) == 3
+        assert len(engine_containers(docker_daemon, engine_id)) == 3
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
     deadline = time.monotonic() + 20  # the watchdog connects and removes three containers
-    while _containers_of(docker_daemon, engine_id) and time.monotonic() < deadline:
+    while engine_containers(docker_daemon, engine_id) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _containers_of(docker_daemon, engine_id) == []  # no engine was opened to reap them
+    assert engine_containers(docker_daemon, engine_id) == {}  # no engine was opened to reap them
     assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
 
 
 async def test_closing_the_engine_ends_its_watchdog(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
-    async with execspace.open_engine(
-        "container", image=test_image, docker_host=docker_daemon.host, workspace_root=tmp_path, watchdog=True
-    ) as eng:
+    async with container_engine(docker_daemon, test_image, tmp_path, watchdog=True) as eng:
         pid = eng.extra("watchdog_pid")
         assert isinstance(pid, int) and Path(f"/proc/{pid}").exists()
         engine_id = eng.extra("engine_id")
         await eng.extra("pool").ready()
     assert not Path(f"/proc/{pid}").exists()  # waited for: not even a zombie is left
-    assert _containers_of(docker_daemon, engine_id) == []
+    assert engine_containers(docker_daemon, engine_id) == {}
 
 
 def test_interpreter_exit_removes_an_unclosed_engines_containers(
@@ -134,7 +119,7 @@ def test_interpreter_exit_removes_an_unclosed_engines_containers(
     proc, engine_id = _start_owner(docker_daemon, test_image, root, "exit")
     proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert _containers_of(docker_daemon, engine_id) == []
+    assert engine_containers(docker_daemon, engine_id) == {}
     assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
 
 

@@ -15,7 +15,8 @@ import pytest
 
 import execspace
 from execspace.registry import probe_backend
-from tests.backends.docker_fixture import TEST_BINDS, Daemon
+from tests.backends.container_support import container_engine
+from tests.backends.docker_fixture import Daemon
 from tests.support import make_traversable
 
 BACKENDS = ["local", "sandbox", "container"]
@@ -68,15 +69,8 @@ async def _container_engine(
     # requested lazily: the other backends must not need (or skip for lack of) a daemon
     daemon: Daemon = request.getfixturevalue("docker_daemon")
     image: str = request.getfixturevalue("test_image")
-    async with execspace.open_engine(
-        "container",
-        image=image,
-        docker_host=daemon.host,
-        workspace_root=root,
-        host_roots=host_roots,
-        read_only_binds=TEST_BINDS,
-        pool_size=0,  # the pool has its own tests; here it would only start containers nobody uses
-    ) as engine:
+    # no pool: it has its own tests; here it would only start containers nobody uses
+    async with container_engine(daemon, image, root, host_roots=host_roots, pool_size=0) as engine:
         yield engine
 
 
