@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -276,27 +277,15 @@ async def _cli(plan: Plan, report: Report) -> None:
         steps = _cli_steps(report, cli, daemon_env)
         times = dict(zip(steps, await interleaved(list(steps.values()), plan.cli_iters, 1), strict=True))
     ms = {k: Stats.of(v, 1e3) for k, v in times.items()}
-    if "cli" in ms:
-        label = "python -c 'import execspace'"
-        report.rows.append(
-            Row(SECTION, "CLI run --backend sandbox -- /bin/true (no daemon)", "ms", ms["cli"], ms["import"], label)
-        )
+    base, label = (ms["srt"], "srt /bin/true") if "srt" in ms else (ms["pass"], "python -c pass")
+    # the target is the whole command against srt; the daemon is what meets it, so only that row is judged
+    for key, name in (("daemon", "warm daemon"), ("cli", "no daemon")):
+        if key in ms:
+            row = Row(SECTION, f"CLI run --backend sandbox -- /bin/true ({name})", "ms", ms[key], base, label)
+            if key == "daemon" and "srt" in ms:
+                row = replace(row, target="≤ 0.2× srt", passed=ms[key].median <= 0.2 * base.median)
+            report.rows.append(row)
     if "srt" in ms:
-        for key, name in (("daemon", "CLI run --backend sandbox -- /bin/true (warm daemon)"), ("cli", "")):
-            if key in ms and name:
-                ratio = ms[key].median / ms["srt"].median
-                report.rows.append(
-                    Row(
-                        SECTION,
-                        name,
-                        "ms",
-                        ms[key],
-                        ms["srt"],
-                        "srt /bin/true",
-                        target="≤ 0.2× srt",
-                        passed=ratio <= 0.2,
-                    )
-                )
         report.rows.append(Row(SECTION, "srt /bin/true", "ms", ms["srt"], ms["pass"], "python -c pass"))
     report.rows.append(Row(SECTION, "python -c 'import execspace'", "ms", ms["import"], ms["pass"], "python -c pass"))
 
