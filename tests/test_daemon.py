@@ -188,3 +188,33 @@ def test_doctor_reports_the_daemon(daemon: dict[str, str], tmp_path: Path) -> No
     assert running["running"] is True and running["socket"] == daemon_socket_path(daemon)
     subprocess.run([*CLI, "daemon", "stop"], env=daemon, check=True, capture_output=True)
     assert report()["running"] is False
+
+
+def test_a_stale_daemon_hands_the_command_back_and_it_runs_once(tmp_path: Path) -> None:
+    watched = tmp_path / "src"
+    watched.mkdir()
+    (watched / "mod.py").write_text("")
+    with tempfile.TemporaryDirectory(prefix="xdg", dir="/tmp") as runtime:
+        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+        env.pop("EXECSPACE_DAEMON", None)
+        sock = Path(daemon_socket_path(env))
+        sock.parent.mkdir(mode=0o700)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "execspace.cli.forkserver", "--socket", str(sock), "--watch", str(watched)], env=env
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                assert time.monotonic() < deadline and server.poll() is None, "the daemon did not start"
+                time.sleep(0.05)
+            log = tmp_path / "runs.log"
+            cmd = [*CLI, "run", "--backend", "local", "--", "sh", "-c", f"echo ran >> {log}"]
+            assert subprocess.run(cmd, env=env, check=False).returncode == 0
+            assert _served(env) == 1
+            os.utime(watched / "mod.py", ns=(time.time_ns(), time.time_ns() + 10**9))  # "a new install"
+            assert subprocess.run(cmd, env=env, check=False).returncode == 0  # answered "stale": ran here
+            assert log.read_text() == "ran\nran\n"  # once each, never twice
+            assert server.wait(timeout=10) == 0 and not sock.exists()
+        finally:
+            server.kill()
+            server.wait()

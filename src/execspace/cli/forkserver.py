@@ -282,14 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m execspace.cli.forkserver")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--idle-timeout", type=float, default=900.0)
+    parser.add_argument("--watch", type=Path, help="exit when .py files below this change (default: the package)")
     args = parser.parse_args(argv)
     import importlib
 
     for module in PRELOAD:
         with contextlib.suppress(ImportError, RuntimeError):  # pyseccomp raises RuntimeError without libseccomp
             importlib.import_module(module)
-    package_dir = Path(importlib.import_module("execspace").__file__ or ".").parent
-    ForkServer(args.socket, args.idle_timeout, SourceStamp(package_dir)).serve()
+    watched = args.watch or Path(importlib.import_module("execspace").__file__ or ".").parent
+    ForkServer(args.socket, args.idle_timeout, SourceStamp(watched)).serve()
     return 0
 
 
