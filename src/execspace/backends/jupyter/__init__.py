@@ -32,8 +32,9 @@ from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...protocols import WorkspaceManager
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
-from .kernels import CellResult, KernelSessions
+from ...workspace.hostmanager import default_workspace_root, private_dir
+from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
+from .local import HostLauncher
 
 __all__ = ["CellResult", "JupyterBackend", "KernelSessions"]
 
@@ -81,18 +82,6 @@ class _StopsKernels:
     async def cleanup(self, ws: Workspace) -> None:
         await self._kernels.shutdown(ws)
         await self._inner.cleanup(ws)
-
-
-class _KernelWorkspaceManager(HostWorkspaceManager):
-    """Host-directory workspaces whose cleanup also stops their kernel."""
-
-    def __init__(self, root: Path | None, kernels: KernelSessions) -> None:
-        super().__init__("jupyter", root)
-        self._kernels = kernels
-
-    async def cleanup(self, ws: Workspace) -> None:
-        await self._kernels.shutdown(ws)
-        await super().cleanup(ws)
 
 
 class JupyterBackend:
@@ -286,7 +275,7 @@ async def _open_sandboxed(
     limits = _kernel_limits(kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
     cfg = SandboxKernelConfig(runner.with_seccomp(seccomp), seccomp, interpreter, limits, runner.network_default)
-    kernels = KernelSessions(sb.fs, common["env_policy"], language=language, launcher=cfg, **kernel_opts)
+    kernels = KernelSessions(sb.fs, cfg, language=language, **kernel_opts)
     caps = _sandboxed_capabilities(sb_caps, language, cfg)
     manager = _StopsKernels(sb.manager, kernels)
     extra = {
@@ -357,16 +346,16 @@ def _open_host(
     root = Path(common["workspace_root"]) if common["workspace_root"] else default_workspace_root()
     if pool_size > 0:
         private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
-    kernels = KernelSessions(
-        fs,
+    launcher = HostLauncher(
         env_policy,
+        kernel_name=kernel_opts["kernel_name"],
         language=language,
         pool_dir=root / POOL_DIR,
         pool_size=pool_size,
         pool_idle_timeout=pool_idle_timeout,
-        **kernel_opts,
     )
-    manager = _KernelWorkspaceManager(root, kernels)
+    kernels = KernelSessions(fs, launcher, language=language, **kernel_opts)
+    manager = KernelWorkspaceManager(root, kernels)
     runner = HostRunner(lambda: caps, env_policy, kill_grace=common["kill_grace"])
     kernels.start_pool()
     extra = {"workspace_root": manager.root, "kernels": kernels, "kernel_isolation": "none"}

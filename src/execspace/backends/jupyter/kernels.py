@@ -1,9 +1,12 @@
 """One Jupyter kernel per workspace: started on first use, kept across calls, replaced when it dies.
 
-The kernel runs either inside the OS sandbox (:mod:`.sandboxed`: a sandbox program reached over IPC
-sockets) or on this host as the caller (no isolation, started by ``jupyter_client``'s kernel manager).
-Either way its working directory is the workspace's ``work/`` and its environment is built by the same
-:class:`EnvPolicy` as programs', so host secrets are not inherited.
+:class:`KernelSessions` is the cell logic of every jupyter mode: timeouts (interrupt, then a fresh kernel),
+dead kernels, cancelled callers, rich outputs saved as ``out/cell-N-K.*``. Where a kernel runs is its
+:class:`KernelLauncher`'s business, which hands back a :class:`KernelConnection`: on this host through
+``jupyter_client`` (:mod:`.local`, with the warm pool), inside the OS sandbox over IPC sockets
+(:mod:`.sandboxed`), or on a Jupyter Server over its WebSocket (:mod:`.remote`). Every launcher puts the
+kernel in the workspace's ``work/`` with an environment built by the engine's :class:`EnvPolicy`, so host
+secrets are not inherited.
 """
 
 from __future__ import annotations
@@ -12,36 +15,34 @@ import asyncio
 import contextlib
 import math
 import os
-import queue
 import re
 import secrets
-import shutil
-import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from ...envpolicy import EnvPolicy
-from ...errors import SetupFailed, UnsupportedLanguage, UsageError
+from ...errors import UnsupportedLanguage, UsageError
 from ...languages import resolve_language
 from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBlock, ResourceLimits, Workspace
 from ...protocols import WorkspaceFS
-from ...workspace.layout import workspace_env
+from ...workspace.hostmanager import HostWorkspaceManager
 from .outputs import CellOutputs
-from .pool import KernelPool, PooledKernel
+from .pool import KernelPool
 
-with warnings.catch_warnings():
-    # jupyter_core warns about its platformdirs migration on import; nothing for our callers to act on
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jupyter_client.asynchronous.client import AsyncKernelClient
-    from jupyter_client.manager import AsyncKernelManager
-
-__all__ = ["CellResult", "KernelSessions"]
+__all__ = [
+    "CellResult",
+    "KernelConnection",
+    "KernelLauncher",
+    "KernelSessions",
+    "KernelWorkspaceManager",
+    "await_reply",
+    "bind",
+    "new_run_dir",
+]
 
 #: Exit codes of a cell, shaped like a program's: 0 ok, 1 exception, -2 interrupted (SIGINT), -9 restarted;
-#: a kernel that died gives its own exit status.
+#: a kernel that died gives its own exit status when its launcher knows it.
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_RESTARTED = 0, 1, -2, -9
 #: How often a silent cell checks that its kernel is still alive.
 _LIVENESS_POLL = 0.25
@@ -69,78 +70,69 @@ class CellResult:
     truncated: bool = False
 
 
-class KernelProcess(Protocol):
-    """The process side of a kernel, wherever it runs."""
+class KernelConnection(Protocol):
+    """One started kernel, as the cell logic drives it (Jupyter messages as dicts, like ``jupyter_client``'s)."""
 
     @property
-    def pid(self) -> int | None: ...
+    def dropped(self) -> int:
+        """Output messages thrown away since :meth:`drain` because they came faster than they were read."""
+        ...
 
-    async def is_alive(self) -> bool: ...
+    def execute(self, code: str, *, silent: bool = False) -> str:
+        """Send an ``execute_request`` (no stdin, stop on error); its msg_id."""
+        ...
+
+    async def next_iopub(self, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+        """The next iopub message, or None if none came in time (or the kernel is gone: ask :meth:`is_alive`)."""
+        ...
+
+    async def next_shell(self, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+        """The next shell reply, or None."""
+        ...
+
+    async def drain(self) -> None:
+        """Drop replies nobody reads, so that they do not pile up over a long session."""
+        ...
 
     async def interrupt(self) -> None: ...
+
+    async def is_alive(self) -> bool: ...
 
     async def exit_status(self) -> tuple[int | None, str]:
         """The dead kernel's exit status (``-N`` for signal N, None if unknown) and how to say it."""
         ...
 
-    async def stop(self) -> None: ...
-
-
-class KernelLauncher(Protocol):
-    """Starts kernels somewhere other than this host's ``jupyter_client`` provisioner (the OS sandbox:
-    :class:`~.sandboxed.SandboxKernelConfig`; a remote server could be another). Such kernels are not pooled."""
-
-    async def start(self, ws: Workspace, *, args: list[str], timeout: float) -> tuple[KernelProcess, Any]:  # noqa: ASYNC109
-        """Start a kernel for ``ws``; return its process side and a connected ``AsyncKernelClient``-like client
-        (``execute``, ``get_iopub_msg``, ``get_shell_msg``, ``stop_channels``)."""
+    async def stop(self, *, wait: bool = True) -> None:
+        """Stop the kernel; without ``wait`` a slow stop may finish in the background (the launcher's aclose
+        waits for it)."""
         ...
 
 
-@dataclass(slots=True)
-class HostKernel:
-    """A kernel started on this host by ``jupyter_client``."""
-
-    km: AsyncKernelManager
+class KernelLauncher(Protocol):
+    """Starts kernels bound to a workspace: in its ``work/``, with the workspace's environment."""
 
     @property
-    def pid(self) -> int | None:
-        return getattr(self.km.provisioner, "pid", None)
+    def pool(self) -> KernelPool | None:
+        """Kernels started ahead for new workspaces, if this launcher keeps any."""
+        ...
 
-    async def is_alive(self) -> bool:
-        return bool(await self.km.is_alive())
+    async def start(self, ws: Workspace, *, timeout: float) -> KernelConnection:  # noqa: ASYNC109
+        """Start a kernel for ``ws`` (a host-directory workspace) and wait until it answers."""
+        ...
 
-    async def interrupt(self) -> None:
-        await self.km.interrupt_kernel()
-
-    async def exit_status(self) -> tuple[int | None, str]:
-        code: int | None = None
-        if self.km.provisioner is not None:
-            with contextlib.suppress(Exception):
-                code = await self.km.provisioner.poll()
-        if code is None:
-            return None, "it stopped responding"
-        return code, (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
-
-    async def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            if self.km.has_kernel:
-                await self.km.shutdown_kernel(now=True)
-
-
-@dataclass(slots=True)
-class _Kernel:
-    proc: KernelProcess
-    kc: AsyncKernelClient
-    log: IO[bytes] | None = None
-    """Host kernels: the file taking the kernel's own stdout/stderr (sandboxed ones write theirs themselves)."""
+    async def aclose(self) -> None:
+        """Release what the launcher holds (pool, background stops). Idempotent."""
+        ...
 
 
 @dataclass(slots=True)
 class _Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    kernel: _Kernel | None = None
+    kernel: KernelConnection | None = None
     cancelled: str | None = None
     """msg_id of a cell whose caller was cancelled: interrupted, maybe still running."""
+    began: str | None = None
+    """msg_id of the last cell the kernel said it started (busy status)."""
     lost: str | None = None
     """Why the previous kernel's state is gone, told once with the next call's output."""
     next_cell: int = 0
@@ -156,41 +148,25 @@ class KernelSessions:
     def __init__(
         self,
         fs: WorkspaceFS,
-        env_policy: EnvPolicy | None = None,
+        launcher: KernelLauncher,
         *,
         kernel_name: str = "python3",
         language: str = "python",
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
-        pool_dir: Path | None = None,
-        pool_size: int = 0,
-        pool_idle_timeout: float = 600.0,
-        launcher: KernelLauncher | None = None,
     ) -> None:
         self.kernel_name = kernel_name
-        self.launcher = launcher
-        """Set: kernels are started by it (e.g. in the OS sandbox), not on this host, and never pooled."""
         self.language = language
+        self.launcher = launcher
+        self.pool = launcher.pool
         self._fs = fs
-        self._env_policy = env_policy or EnvPolicy()
         self._start_timeout = start_timeout
         self._interrupt_grace = interrupt_grace
         self._sessions: dict[str, _Session] = {}
-        # connection files hold the HMAC key: keep them in a private dir, not the shared runtime dir
-        self._conn_dir = Path(tempfile.mkdtemp(prefix="execspace-jupyter-"))
         self._closed = False
-        # IPython's history database lives in the HOME the kernel started with: a pooled kernel's staging HOME
-        # is deleted when it is bound, and a workspace's next kernel should not read the last one's inputs
-        self._kernel_args = ["--HistoryManager.hist_file=:memory:"] if language == "python" else []
-        # binding a pooled kernel runs Python in it: only ipykernel-style kernels can be pooled
-        self.pool = (
-            KernelPool(pool_dir, pool_size, pool_idle_timeout, self._start_pooled, _stop)
-            if pool_dir is not None and pool_size > 0 and language == "python" and launcher is None
-            else None
-        )
 
     def start_pool(self) -> None:
-        """Begin filling the warm pool in the background (needs a running event loop)."""
+        """Begin filling the warm pool in the background, if there is one (needs a running event loop)."""
         if self.pool is not None:
             self.pool.refill()
 
@@ -239,7 +215,12 @@ class KernelSessions:
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - interrupts the kernel, not our task
         output_bytes: int | None = DEFAULT_OUTPUT_BYTES,
     ) -> CellResult:
-        """Run ``code`` in the workspace's kernel (started on first use); rich outputs go to ``out/``."""
+        """Run ``code`` in the workspace's kernel (started on first use); rich outputs go to ``out/``.
+
+        Raises:
+            SetupFailed: the kernel did not start, or (remote mode) cannot see the workspace.
+            BackendError: (remote mode) the server cannot be reached.
+        """
         if self._closed:
             raise UsageError("this engine's kernels are shut down; open a new engine")
         session = self._sessions.setdefault(_key(ws), _Session())
@@ -257,140 +238,73 @@ class KernelSessions:
             started = time.monotonic()
             exit_code, timed_out, died = await self._run_cell(session, kernel, code, out, timeout)
             duration = time.monotonic() - started
+            if kernel.dropped:
+                out.note(f"{kernel.dropped} output messages were dropped: they came faster than they were read")
         if out.files:
             await self._fs.put_files(ws, out.files)
         if out.dropped:
             out.note(f"{out.dropped} more rich outputs of this cell were not saved (at most 50 per cell)")
-        return _result(
-            out,
-            exit_code,
-            duration,
-            timed_out=timed_out,
-            died=died,
-            state_lost=state_lost or died or exit_code == EXIT_RESTARTED,
-        )
+        state_lost = state_lost or died or exit_code == EXIT_RESTARTED
+        return _result(out, exit_code, duration, timed_out=timed_out, died=died, state_lost=state_lost)
 
     async def _run_cell(
         self,
         session: _Session,
-        kernel: _Kernel,
+        kernel: KernelConnection,
         code: str,
         out: CellOutputs,
         timeout: float | None,  # noqa: ASYNC109
     ) -> tuple[int, bool, bool]:
         """Return (exit code, timed out, kernel died)."""
-        await _drain_replies(kernel.kc)
-        msg_id = kernel.kc.execute(code, allow_stdin=False, stop_on_error=True)
+        await kernel.drain()
+        msg_id = kernel.execute(code)
         deadline = time.monotonic() + timeout if timeout is not None else math.inf
         try:
             if await self._collect_or_interrupt(session, kernel, msg_id, out, deadline):
                 return (EXIT_ERROR if out.error else EXIT_OK), False, False
-            await kernel.proc.interrupt()
-            if await _collect(kernel, msg_id, out, time.monotonic() + self._interrupt_grace):
+            await kernel.interrupt()
+            if await _collect(session, kernel, msg_id, out, time.monotonic() + self._interrupt_grace):
                 out.note(f"timed out after {timeout:g}s; the kernel was interrupted and keeps its state")
                 return EXIT_INTERRUPTED, True, False
         except _KernelDied:
-            status, how = await kernel.proc.exit_status()
-            await self._discard(session)
+            # a launcher may learn of a death late (a server's restarter polls): it may predate this cell
+            when = "during this cell" if session.began == msg_id else "before this cell showed that it started"
+            status, how = await self._bury(session)
             session.lost = "a fresh kernel was started: the previous one died, its variables and imports are gone"
             out.note(
-                f"the kernel died during this cell ({how}); its variables and imports are lost, "
+                f"the kernel died {when} ({how}); its variables and imports are lost, "
                 "the next call starts a fresh kernel"
             )
             return (EXIT_RESTARTED if status is None else status), False, True
         await self._discard(session)
         session.lost = "a fresh kernel was started: the previous one was restarted, its variables and imports are gone"
         out.note(
-            f"timed out after {timeout:g}s and the kernel did not stop on interrupt: it was restarted, "
-            "its variables and imports are lost"
+            f"timed out after {timeout:g}s and the kernel did not stop on interrupt: it was restarted (replaced "
+            "by a fresh one), its variables and imports are lost"
         )
         return EXIT_RESTARTED, True, False
 
-    # -- kernel lifetime ---------------------------------------------------------------
-
-    async def _start(self, ws: Workspace, session: _Session) -> _Kernel:
-        if ws.host_path is None:
-            raise UsageError("the jupyter backend needs a host-directory workspace")
-        root = str(ws.host_path)
-        if session.next_cell == 0:
-            session.next_cell = _next_cell_number(ws.host_path / "out")
-        if self.launcher is not None:
-            proc, kc = await self.launcher.start(ws, args=self._kernel_args, timeout=self._start_timeout)
-            session.kernel = _Kernel(proc, kc)
-            return session.kernel
-        pooled = self.pool.take() if self.pool is not None else None
-        kernel = await self._bind(pooled, root) if pooled is not None else None
-        self.start_pool()
-        if kernel is None:
-            run_dir, log = _kernel_run_dir(root)
-            kernel = await self._launch(root, run_dir, log)
-        session.kernel = kernel
-        return kernel
-
-    async def _launch(self, root: str, run_dir: str, log: IO[bytes]) -> _Kernel:
-        """Start a kernel in ``root``'s ``work/`` with the environment of a run in ``root``."""
-        env = self._env_policy.build(os.environ, {}, workspace_env(root, run_dir))
-        km = AsyncKernelManager(
-            kernel_name=self.kernel_name, connection_file=str(self._conn_dir / f"{secrets.token_hex(8)}.json")
-        )
-        try:
-            await km.start_kernel(
-                cwd=os.path.join(root, "work"), env=env, stdout=log, stderr=log, extra_arguments=self._kernel_args
-            )
-        except Exception as exc:
-            log.close()
-            raise SetupFailed("jupyter", f"kernel {self.kernel_name!r} did not start: {exc}", _LOG_HINT) from exc
-        kernel = _Kernel(HostKernel(km), km.client(), log)
-        try:
-            kernel.kc.start_channels()
-            await kernel.kc.wait_for_ready(timeout=self._start_timeout)
-        except BaseException as exc:
-            await _stop(kernel)
-            if not isinstance(exc, Exception):
-                raise
-            raise SetupFailed("jupyter", f"kernel {self.kernel_name!r} did not start: {exc}", _LOG_HINT) from exc
-        return kernel
-
-    async def _start_pooled(self, staging: Path) -> _Kernel:
-        """A kernel for the pool: staged in its own directory, with an environment for no workspace."""
-        for sub in ("work", "home", "tmp"):
-            os.makedirs(staging / sub, 0o700, exist_ok=True)
-        run_dir, log = _kernel_run_dir(str(staging))
-        return await self._launch(str(staging), run_dir, log)
-
-    async def _bind(self, pooled: PooledKernel, root: str) -> _Kernel | None:
-        """Hand a pooled kernel to the workspace at ``root``; None if it is unusable (start one cold then)."""
-        kernel = pooled.kernel
-        run_dir, log = _kernel_run_dir(root)
-        log.close()
-        env = self._env_policy.build(os.environ, {}, workspace_env(root, run_dir))
-        code = _BIND_CELL.format(work=os.path.join(root, "work"), env=env)
-        ok = False
-        try:
-            ok = await kernel.proc.is_alive() and await _silent_cell(kernel.kc, code, self._start_timeout)
-            if ok and kernel.log is not None:
-                # same filesystem (both under the workspace root): the kernel's open log file moves with it
-                with contextlib.suppress(OSError):
-                    os.replace(kernel.log.name, os.path.join(root, run_dir, "kernel.log"))
-        finally:
-            # also when our caller is cancelled: a kernel in neither the pool nor a session would never be stopped
-            if not ok:
-                await _stop(kernel)
-                await asyncio.to_thread(shutil.rmtree, os.path.join(root, run_dir), True)
-            await asyncio.to_thread(shutil.rmtree, pooled.staging, True)
-        return kernel if ok else None
-
     async def _collect_or_interrupt(
-        self, session: _Session, kernel: _Kernel, msg_id: str, out: CellOutputs, deadline: float
+        self, session: _Session, kernel: KernelConnection, msg_id: str, out: CellOutputs, deadline: float
     ) -> bool:
         """:func:`_collect`, interrupting the cell if our caller is cancelled, so that the kernel is free again."""
         try:
-            return await _collect(kernel, msg_id, out, deadline)
+            return await _collect(session, kernel, msg_id, out, deadline)
         except asyncio.CancelledError:
             session.cancelled = msg_id
             with contextlib.suppress(Exception):
-                await asyncio.shield(kernel.proc.interrupt())
+                await asyncio.shield(kernel.interrupt())
             raise
+
+    # -- kernel lifetime ---------------------------------------------------------------
+
+    async def _start(self, ws: Workspace, session: _Session) -> KernelConnection:
+        if ws.host_path is None:
+            raise UsageError("the jupyter backend needs a host-directory workspace")
+        if session.next_cell == 0:
+            session.next_cell = _next_cell_number(ws.host_path / "out")
+        session.kernel = await self.launcher.start(ws, timeout=self._start_timeout)
+        return session.kernel
 
     async def _settle_cancelled(self, session: _Session) -> None:
         """Wait for a cancelled cell to end before the next one: a request sent while the interrupted cell
@@ -399,7 +313,8 @@ class KernelSessions:
         if msg_id is None or session.kernel is None:
             return
         try:
-            if await _collect(session.kernel, msg_id, CellOutputs(0, 0), time.monotonic() + self._interrupt_grace):
+            deadline = time.monotonic() + self._interrupt_grace
+            if await _collect(session, session.kernel, msg_id, CellOutputs(0, 0), deadline):
                 return
             why = "the previous one was restarted because a cancelled cell did not stop on interrupt"
         except _KernelDied:
@@ -409,105 +324,141 @@ class KernelSessions:
 
     async def _replace_if_dead(self, session: _Session) -> None:
         """A kernel can die between calls (OOM killer, a thread calling os._exit): say so, start afresh."""
-        if session.kernel is not None and not await session.kernel.proc.is_alive():
-            _, how = await session.kernel.proc.exit_status()
-            await self._discard(session)
+        if session.kernel is not None and not await session.kernel.is_alive():
+            _, how = await self._bury(session)
             session.lost = (
                 f"a fresh kernel was started: the previous one died between calls ({how}), "
                 "its variables and imports are gone"
             )
 
-    async def _discard(self, session: _Session) -> None:
+    async def _bury(self, session: _Session) -> tuple[int | None, str]:
+        """Discard the session's dead kernel; its exit status. Asking may fail (a remote server that is gone):
+        the error goes to the caller, and the next call still starts afresh and says so."""
+        assert session.kernel is not None
+        try:
+            return await session.kernel.exit_status()
+        except Exception:
+            session.lost = "a fresh kernel was started: the previous one could not be reached, its state is gone"
+            raise
+        finally:
+            await self._discard(session)
+
+    async def _discard(self, session: _Session, *, wait: bool = False) -> None:
         kernel, session.kernel = session.kernel, None
         if kernel is not None:
-            await _stop(kernel)
+            await kernel.stop(wait=wait)
 
     async def shutdown(self, ws: Workspace) -> None:
         """Stop the workspace's kernel (its state is lost). Idempotent."""
         session = self._sessions.pop(_key(ws), None)
         if session is not None:
             async with session.lock:
-                await self._discard(session)
+                await self._discard(session, wait=True)
 
     async def aclose(self) -> None:
         """Stop every kernel. Idempotent."""
         self._closed = True
-        if self.pool is not None:
-            await self.pool.aclose()
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await self._discard(session)
-        await asyncio.to_thread(shutil.rmtree, self._conn_dir, True)
+        await self.launcher.aclose()
 
 
-_LOG_HINT = "see kernel.log in the workspace's runs/kernel-* directory; check that ipykernel is installed"
+class KernelWorkspaceManager(HostWorkspaceManager):
+    """Host-directory workspaces whose cleanup also stops their kernel."""
+
+    def __init__(self, root: Path | None, kernels: KernelSessions) -> None:
+        super().__init__("jupyter", root)
+        self._kernels = kernels
+
+    async def cleanup(self, ws: Workspace) -> None:
+        await self._kernels.shutdown(ws)
+        await super().cleanup(ws)
 
 
-#: Moves a pooled kernel into its workspace: one expression, so that it leaves no names in the user's namespace;
-#: the whole environment is replaced, tempfile forgets the staging TMPDIR, IPython's directory history restarts.
-_BIND_CELL = (
-    "(lambda os, tempfile, ip, kept: (os.chdir({work!r}), os.environ.clear(), os.environ.update(kept), "
-    "os.environ.update({env!r}), "
-    "setattr(tempfile, 'tempdir', None), ip is not None and '_dh' in ip.user_ns and ip.user_ns['_dh'].clear(), "
-    "ip is not None and '_dh' in ip.user_ns and ip.user_ns['_dh'].append({work!r})))"
-    "(__import__('os'), __import__('tempfile'), __import__('IPython').get_ipython(), "
-    # ipykernel sets MPLBACKEND when it starts; without it figures are not displayed (no PNG comes back)
-    "{{k: v for k, v in __import__('os').environ.items() if k == 'MPLBACKEND'}})"
-)
+# -- binding a started kernel to a workspace (pooled kernels, remote kernels) ------------------
+
+#: Runs with its own globals (leaves no names in the user's namespace): optionally proves the kernel sees our
+#: nonce in the workspace, then moves it there and replaces its whole environment with a run's; only
+#: MPLBACKEND survives, which ipykernel sets at start-up so that figures are displayed (as PNGs for us).
+#: tempfile forgets the previous TMPDIR and IPython's directory history restarts.
+_BIND_SOURCE = """
+import os, tempfile
+from IPython import get_ipython
+class _NotShared(Exception):
+    pass
+if {nonce_path!r}:
+    with open({nonce_path!r}) as f:
+        if f.read() != {nonce!r}:
+            raise _NotShared({nonce_path!r})
+os.chdir({work!r})
+kept = {{name: os.environ[name] for name in ("MPLBACKEND",) if name in os.environ}}
+os.environ.clear()
+os.environ.update(kept)
+os.environ.update({env!r})
+tempfile.tempdir = None
+ip = get_ipython()
+if ip is not None and "_dh" in ip.user_ns:
+    ip.user_ns["_dh"][:] = [{work!r}]
+"""
 
 
-async def _silent_cell(kc: AsyncKernelClient, code: str, timeout: float) -> bool:  # noqa: ASYNC109
-    """Run ``code`` without output or history; True if it succeeded."""
-    msg_id = kc.execute(code, silent=True, store_history=False, allow_stdin=False)
+async def bind(
+    kernel: KernelConnection,
+    work: str,
+    env: dict[str, str],
+    timeout: float,  # noqa: ASYNC109 - a deadline for the kernel's reply
+    *,
+    nonce_path: str = "",
+    nonce: str = "",
+) -> dict[str, Any]:
+    """Move a started (Python) kernel into ``work`` with ``env``; the bind cell's reply content ({}: no reply)."""
+    code = f"exec({_BIND_SOURCE.format(nonce_path=nonce_path, nonce=nonce, work=work, env=env)!r}, {{}})"
+    msg_id = kernel.execute(code, silent=True)
+    reply = await await_reply(kernel, msg_id, timeout)
+    return dict(reply.get("content", {})) if reply is not None else {}
+
+
+async def await_reply(kernel: KernelConnection, msg_id: str, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+    """The shell reply to ``msg_id``, or None (timeout, or the kernel is gone)."""
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            reply: dict[str, Any] = await kc.get_shell_msg(timeout=remaining)
-        except queue.Empty:
-            break
+        reply = await kernel.next_shell(remaining)
+        if reply is None:
+            return None
         if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            return bool(reply["content"].get("status") == "ok")
-    return False
+            return reply
+    return None
 
 
-async def _collect(kernel: _Kernel, msg_id: str, out: CellOutputs, deadline: float) -> bool:
+def new_run_dir(root: str) -> str:
+    """A new ``runs/kernel-*`` directory in the workspace at ``root`` for a kernel's log or bind nonce."""
+    run_dir = f"runs/kernel-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+    os.makedirs(os.path.join(root, run_dir), exist_ok=True)
+    return run_dir
+
+
+# -- cells -------------------------------------------------------------------------------------
+
+
+async def _collect(session: _Session, kernel: KernelConnection, msg_id: str, out: CellOutputs, deadline: float) -> bool:
     """Feed this cell's messages to ``out`` until the kernel is idle (True) or the deadline (False)."""
     while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            msg: dict[str, Any] = await kernel.kc.get_iopub_msg(timeout=min(remaining, _LIVENESS_POLL))
-        except queue.Empty:
-            if not await kernel.proc.is_alive():
-                raise _KernelDied from None
+        msg = await kernel.next_iopub(min(remaining, _LIVENESS_POLL))
+        if msg is None:
+            if not await kernel.is_alive():
+                raise _KernelDied
             continue
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
             continue  # output of an earlier, interrupted cell or of a background thread
         msg_type, content = msg["header"]["msg_type"], msg["content"]
-        if msg_type == "status" and content.get("execution_state") == "idle":
-            return True
+        if msg_type == "status":
+            if content.get("execution_state") == "idle":
+                return True
+            if content.get("execution_state") == "busy":
+                session.began = msg_id
         out.add(msg_type, content)
     return False
-
-
-async def _drain_replies(kc: AsyncKernelClient) -> None:
-    """Drop execute replies nobody reads, so that they do not pile up over a long session."""
-    with contextlib.suppress(queue.Empty):
-        while True:
-            await kc.get_shell_msg(timeout=0)
-
-
-async def _stop(kernel: _Kernel) -> None:
-    with contextlib.suppress(Exception):
-        kernel.kc.stop_channels()
-    await kernel.proc.stop()
-    if kernel.log is not None:
-        kernel.log.close()
-
-
-def _kernel_run_dir(root: str) -> tuple[str, IO[bytes]]:
-    """A run directory for a new kernel, and the log that takes its own stdout/stderr (crash reports)."""
-    run_dir = f"runs/kernel-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-    os.makedirs(os.path.join(root, run_dir), exist_ok=True)
-    return run_dir, open(os.path.join(root, run_dir, "kernel.log"), "ab")
 
 
 def _next_cell_number(out_dir: Path) -> int:

@@ -31,7 +31,7 @@ __all__ = ["KernelPool", "PooledKernel"]
 @dataclass(slots=True)
 class PooledKernel:
     kernel: Any
-    """The kernels module's ``_Kernel``; typed loosely to keep this module free of jupyter imports."""
+    """A :class:`~.local.ZmqConnection`; typed loosely to keep this module free of jupyter imports."""
     staging: Path
     since: float
 

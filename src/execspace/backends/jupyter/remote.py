@@ -2,10 +2,10 @@
 
 Kernels are started with ``POST /api/kernels``, driven over ``/api/kernels/{id}/channels`` (JSON
 messages built by ``jupyter_client``'s :class:`~jupyter_client.session.Session`), interrupted with
-``POST …/interrupt`` and stopped with ``DELETE``. Cells behave as with local kernels
-(:class:`~execspace.backends.jupyter.kernels.KernelSessions`): rich outputs become ``out/cell-N-K.*``
-files, a timeout interrupts and then replaces the kernel, a dead kernel is reported and the next
-call states the loss of state.
+``POST …/interrupt`` and stopped with ``DELETE``. Cells are run by the same
+:class:`~execspace.backends.jupyter.kernels.KernelSessions` as local kernels (rich outputs become
+``out/cell-N-K.*`` files, a timeout interrupts and then replaces the kernel, a dead kernel is reported and
+the next call states the loss of state); this module is the :class:`RemoteLauncher` and its connection.
 
 Files: this version needs a **shared filesystem**: the server's kernels must see the workspace
 directories at the same paths as this host (a server on this host, or ``workspace_root`` shared at the
@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import secrets
 import socket
@@ -36,25 +35,14 @@ from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
-from ...errors import BackendError, CapabilityError, SetupFailed, UnsupportedLanguage, UsageError
-from ...languages import resolve_language
-from ...models import (
-    DEFAULT_OUTPUT_BYTES,
-    DEFAULT_TIMEOUT,
-    BlockResult,
-    CodeBlock,
-    ResourceLimits,
-    RunProgramSpec,
-    RunResult,
-    Workspace,
-)
+from ...errors import CapabilityError, SetupFailed
+from ...models import RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...protocols import ProgramHandle, ProgramRunner, WorkspaceFS
 from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root
+from ...workspace.hostmanager import default_workspace_root
 from ...workspace.layout import workspace_env
-from .kernels import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTARTED, CellResult
-from .outputs import CellOutputs
+from .kernels import KernelSessions, KernelWorkspaceManager, await_reply, bind, new_run_dir
 from .remote_api import MAX_MESSAGE_BYTES, ServerApi
 
 with warnings.catch_warnings():
@@ -62,7 +50,7 @@ with warnings.catch_warnings():
     from jupyter_client.jsonutil import json_default
     from jupyter_client.session import Session
 
-__all__ = ["RemoteKernelSessions", "open_remote_engine", "remote_capabilities"]
+__all__ = ["RemoteKernelSessions", "RemoteLauncher", "open_remote_engine", "remote_capabilities"]
 
 DOES_NOT_PROTECT = (
     "no isolation: kernels run as the server's user, with that user's files, network and processes",
@@ -82,10 +70,15 @@ _MAX_QUEUED = 10_000
 
 
 @dataclass(slots=True)
-class _RemoteKernel:
+class RemoteConnection:
+    """A kernel on the server, driven over its channels WebSocket (the ``KernelConnection`` of remote mode)."""
+
     id: str
+    api: ServerApi
     conn: WebSocketClientConnection
     session: Session
+    deleting: set[asyncio.Task[None]]
+    """The launcher's background DELETEs, which its aclose waits for."""
     iopub: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
     """iopub messages in order; None once the kernel is gone."""
     shell: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
@@ -94,8 +87,6 @@ class _RemoteKernel:
     """Why this kernel can no longer be used: the server restarted it (it died), or the connection closed."""
     restarted: bool = False
     """The server said it restarted the kernel (so the server itself is alive)."""
-    began: str | None = None
-    """msg_id of the last cell the kernel said it started (busy status)."""
     dropped: int = 0
 
     def send(self, msg_type: str, content: dict[str, Any], channel: str = "shell") -> str:
@@ -106,6 +97,59 @@ class _RemoteKernel:
         except WebSocketClosedError:
             self._lost(_CLOSED)
         return str(msg["header"]["msg_id"])
+
+    def execute(self, code: str, *, silent: bool = False) -> str:
+        content = {"code": code, "silent": silent, "store_history": not silent, "user_expressions": {}}
+        return self.send("execute_request", {**content, "allow_stdin": False, "stop_on_error": True})
+
+    async def next_iopub(self, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+        return await _next(self.iopub, timeout)
+
+    async def next_shell(self, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+        return await _next(self.shell, timeout)
+
+    async def drain(self) -> None:
+        """Drop messages nobody will read (replies, output of earlier cells), keeping the 'gone' marker."""
+        self.dropped = 0
+        for queue in (self.iopub, self.shell):
+            while not queue.empty():
+                if queue.get_nowait() is None:
+                    queue.put_nowait(None)
+                    break
+
+    async def interrupt(self) -> None:
+        await self.api.interrupt(self.id)
+
+    async def is_alive(self) -> bool:
+        # the server's restarter or the closed WebSocket tells us; no request per call
+        return self.gone is None
+
+    async def exit_status(self) -> tuple[int | None, str]:
+        """The server does not report exit codes; raises BackendError if the server itself is gone."""
+        why = self.gone or "it stopped responding"
+        if self.restarted:
+            return None, why
+        if await self.api.kernel(self.id) is None:
+            return None, "the server no longer has it"
+        # alive on the server, but our connection is gone (e.g. tornado closes it on an oversized message)
+        return None, f"{why} while the server still had the kernel (a message over {MAX_MESSAGE_BYTES >> 20} MiB?)"
+
+    async def stop(self, *, wait: bool = True) -> None:
+        """Close our channels and DELETE the kernel; the server shuts a kernel down gracefully (seconds for a
+        spinning one), which a caller whose cell timed out should not wait for."""
+        await self.close()
+        task = asyncio.get_running_loop().create_task(_delete(self.api, self.id))
+        self.deleting.add(task)
+        task.add_done_callback(self.deleting.discard)
+        if wait:
+            await task
+
+    async def close(self) -> None:
+        self.conn.close()
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reader
 
     def _lost(self, why: str) -> None:
         if self.gone is None:
@@ -145,21 +189,128 @@ class _RemoteKernel:
                 self.shell.put_nowait(msg)
 
 
-@dataclass(slots=True)
-class _Session:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    kernel: _RemoteKernel | None = None
-    cancelled: str | None = None
-    lost: str | None = None
-    next_cell: int = 0
+async def _next(queue: asyncio.Queue[dict[str, Any] | None], timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+    try:
+        msg = await asyncio.wait_for(queue.get(), timeout)
+    except TimeoutError:
+        return None
+    if msg is None:
+        queue.put_nowait(None)  # stays gone for whoever reads next
+    return msg
 
 
-class _KernelDied(Exception):
-    pass
+async def _delete(api: ServerApi, kernel_id: str) -> None:
+    with contextlib.suppress(Exception):
+        # a hung server must not hold anyone up for the whole HTTP timeout
+        await asyncio.wait_for(api.delete(kernel_id), 10.0)
 
 
-class RemoteKernelSessions:
-    """Kernels on a Jupyter Server or Kernel Gateway, one per workspace; the same surface as KernelSessions."""
+class RemoteLauncher:
+    """Starts a workspace's kernel on the server and binds it to the workspace (the ``KernelLauncher``)."""
+
+    pool = None
+    """Remote mode keeps no warm pool: each workspace's kernel starts on its first cell."""
+
+    def __init__(
+        self, api: ServerApi, env_policy: EnvPolicy | None, *, kernel_name: str, server_root: Path | None
+    ) -> None:
+        self.api = api
+        self.kernel_name = kernel_name
+        self._env_policy = env_policy or EnvPolicy()
+        self._server_root = server_root
+        self._deleting: set[asyncio.Task[None]] = set()
+
+    async def start(self, ws: Workspace, *, timeout: float) -> RemoteConnection:  # noqa: ASYNC109
+        assert ws.host_path is not None
+        kernel_id = await self.api.start_kernel(self.kernel_name, self._server_path(ws.host_path / "work"))
+        kernel: RemoteConnection | None = None
+        try:
+            kernel = await self._connect(kernel_id, timeout)
+            await self._bind(kernel, str(ws.host_path), timeout)
+        except BaseException:
+            if kernel is not None:
+                await kernel.close()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.api.delete(kernel_id))
+            raise
+        return kernel
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self._deleting, return_exceptions=True)
+        self.api.close()
+
+    def _server_path(self, work: Path) -> str | None:
+        """``work`` relative to the server's root_dir (the kernel's start cwd), when we know that root."""
+        if self._server_root is None:
+            return None
+        try:
+            return work.resolve().relative_to(self._server_root.resolve()).as_posix()
+        except ValueError:
+            return None
+
+    async def _connect(self, kernel_id: str, timeout: float) -> RemoteConnection:  # noqa: ASYNC109
+        session = Session(username="execspace")
+        conn = await self.api.connect_channels(kernel_id, session.session)
+        kernel = RemoteConnection(kernel_id, self.api, conn, session, self._deleting)
+        kernel.reader = asyncio.get_running_loop().create_task(kernel.read())
+        try:
+            await self._wait_ready(kernel, timeout)
+        except BaseException:
+            await kernel.close()
+            raise
+        return kernel
+
+    async def _wait_ready(self, kernel: RemoteConnection, timeout: float) -> None:  # noqa: ASYNC109
+        """Ask for kernel_info until the kernel answers (the server may connect its channels lazily)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and kernel.gone is None:
+            msg_id = kernel.send("kernel_info_request", {})
+            if await await_reply(kernel, msg_id, min(1.0, deadline - time.monotonic())) is not None:
+                await kernel.drain()
+                return
+        raise SetupFailed(
+            "jupyter",
+            f"kernel {self.kernel_name!r} on {self.api.url} did not answer within {timeout:g}s"
+            + (f" ({kernel.gone})" if kernel.gone else ""),
+            "see the server's log",
+        )
+
+    async def _bind(self, kernel: RemoteConnection, root: str, timeout: float) -> None:  # noqa: ASYNC109
+        """Move the new kernel into the workspace after it proved it sees the workspace's files."""
+        run_dir = new_run_dir(root)
+        nonce_path, nonce = _write_nonce(os.path.join(root, run_dir))
+        env = self._env_policy.build(os.environ, {}, workspace_env(root, run_dir))
+        try:
+            content = await bind(kernel, os.path.join(root, "work"), env, timeout, nonce_path=nonce_path, nonce=nonce)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(nonce_path)
+        if content.get("status") != "ok":
+            raise self._bind_error(content, kernel.gone, root)
+
+    def _bind_error(self, content: dict[str, Any], gone: str | None, root: str) -> SetupFailed:
+        """What the failed bind cell says about the server's view of this host's workspace."""
+        name, value = content.get("ename"), content.get("evalue")
+        if name in ("FileNotFoundError", "_NotShared"):
+            return SetupFailed(
+                "jupyter",
+                f"the kernels of {self.api.url} do not see this host's workspace {root} (no shared filesystem)",
+                "run the server on this host, or share workspace_root with the server at the same path "
+                "(see docs/jupyter-remote.md)",
+            )
+        if name == "PermissionError":
+            return SetupFailed(
+                "jupyter",
+                f"the kernels of {self.api.url} may not open this host's workspace {root}: {value}",
+                "run the server as the same user as execspace (workspaces are private to their owner)",
+            )
+        why = f"{name}: {value}" if content else gone or "no reply"
+        return SetupFailed("jupyter", f"kernel {self.kernel_name!r} could not be moved into {root}: {why}")
+
+
+class RemoteKernelSessions(KernelSessions):
+    """Kernels on a Jupyter Server or Kernel Gateway, one per workspace: :class:`KernelSessions` with a
+    :class:`RemoteLauncher`; ``execute`` raises BackendError when the server cannot be reached."""
 
     def __init__(
         self,
@@ -173,350 +324,15 @@ class RemoteKernelSessions:
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
     ) -> None:
-        self.kernel_name = kernel_name
-        self.language = language
-        self.pool = None
-        """Remote mode keeps no warm pool: each workspace's kernel starts on its first cell."""
-        self._api = api
-        self._fs = fs
-        self._env_policy = env_policy or EnvPolicy()
-        self._server_root = server_root
-        self._start_timeout = start_timeout
-        self._interrupt_grace = interrupt_grace
-        self._sessions: dict[str, _Session] = {}
-        self._deleting: set[asyncio.Task[None]] = set()
-        """DELETEs of replaced kernels: the server shuts a kernel down gracefully (seconds for a spinning one),
-        which the caller whose cell timed out should not wait for; aclose waits for them."""
-        self._closed = False
-
-    def start_pool(self) -> None:
-        """No warm pool in remote mode (kept for the same surface as local kernels)."""
-
-    # -- executor path -----------------------------------------------------------------
-
-    def handles(self, tag: str) -> bool:
-        """Whether a code block with fence tag ``tag`` runs in the kernel."""
-        words = tag.split()
-        if not words:
-            return False
-        try:
-            return resolve_language(words[0]).name == self.language
-        except UnsupportedLanguage:
-            return False
-
-    async def run_block(
-        self,
-        ws: Workspace,
-        block: CodeBlock,
-        index: int,
-        *,
-        timeout: float | None,  # noqa: ASYNC109 - a deadline for the kernel, not for our task
-        limits: ResourceLimits,
-    ) -> tuple[BlockResult, str]:
-        """Run one code block in ``ws``'s kernel, as :class:`~execspace.CodeExecutor` runs a program."""
-        unenforced = sorted(limits.requested() - {"output_bytes"})
-        if unenforced:
-            why = (
-                f"remote {self.kernel_name} kernels do not enforce {', '.join(unenforced)}; drop these limits "
-                "or run the code as a program on the local or sandbox backend"
-            )
-            return BlockResult(index, block.language, 127, "", "", 0.0, error=why), f"[error: {why}]\n"
-        cell = await self.execute(ws, block.code, timeout=timeout, output_bytes=limits.output_bytes)
-        result = BlockResult(
-            index, block.language, cell.exit_code, cell.stdout, cell.stderr, cell.duration, cell.timed_out
+        launcher = RemoteLauncher(api, env_policy, kernel_name=kernel_name, server_root=server_root)
+        super().__init__(
+            fs,
+            launcher,
+            kernel_name=kernel_name,
+            language=language,
+            start_timeout=start_timeout,
+            interrupt_grace=interrupt_grace,
         )
-        return result, cell.text
-
-    # -- cells ---------------------------------------------------------------------------
-
-    async def execute(
-        self,
-        ws: Workspace,
-        code: str,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - interrupts the kernel, not our task
-        output_bytes: int | None = DEFAULT_OUTPUT_BYTES,
-    ) -> CellResult:
-        """Run ``code`` in the workspace's kernel (started on first use); rich outputs go to ``out/``.
-
-        Raises:
-            BackendError: the server cannot be reached (it stopped, or the network is down).
-            SetupFailed: the server refused the token, or its kernels cannot see the workspace.
-        """
-        if self._closed:
-            raise UsageError("this engine's kernels are shut down; open a new engine")
-        session = self._sessions.setdefault(_key(ws), _Session())
-        async with session.lock:
-            await self._replace_if_gone(session)
-            await self._settle_cancelled(session)
-            fresh = session.kernel is None
-            kernel = session.kernel or await self._start(ws, session)
-            out = CellOutputs(session.next_cell, output_bytes)
-            session.next_cell += 1
-            state_lost = fresh and session.lost is not None
-            if session.lost is not None:
-                out.note(session.lost)
-                session.lost = None
-            started = time.monotonic()
-            exit_code, timed_out, died = await self._run_cell(session, kernel, code, out, timeout)
-            duration = time.monotonic() - started
-            if kernel.dropped:
-                out.note(f"{kernel.dropped} output messages were dropped: they came faster than they were read")
-        if out.files:
-            await self._fs.put_files(ws, out.files)
-        if out.dropped:
-            out.note(f"{out.dropped} more rich outputs of this cell were not saved (at most 50 per cell)")
-        return _result(
-            out,
-            exit_code,
-            duration,
-            timed_out=timed_out,
-            died=died,
-            state_lost=state_lost or died or exit_code == EXIT_RESTARTED,
-        )
-
-    async def _run_cell(
-        self,
-        session: _Session,
-        kernel: _RemoteKernel,
-        code: str,
-        out: CellOutputs,
-        timeout: float | None,  # noqa: ASYNC109
-    ) -> tuple[int, bool, bool]:
-        """Return (exit code, timed out, kernel died)."""
-        _drain(kernel)
-        msg_id = kernel.send("execute_request", _execute_content(code))
-        deadline = time.monotonic() + timeout if timeout is not None else math.inf
-        try:
-            if await self._collect_or_interrupt(session, kernel, msg_id, out, deadline):
-                return (EXIT_ERROR if out.error else EXIT_OK), False, False
-            await self._api.interrupt(kernel.id)
-            if await _collect(kernel, msg_id, out, time.monotonic() + self._interrupt_grace):
-                out.note(f"timed out after {timeout:g}s; the kernel was interrupted and keeps its state")
-                return EXIT_INTERRUPTED, True, False
-        except _KernelDied:
-            # the server notices a dead kernel only when its restarter polls: it may have died before this cell
-            when = "during this cell" if kernel.began == msg_id else "before this cell showed that it started"
-            why = await self._why_gone(session, kernel)
-            session.lost = "a fresh kernel was started: the previous one died, its variables and imports are gone"
-            out.note(
-                f"the kernel died {when} ({why}); its variables and imports are lost, "
-                "the next call starts a fresh kernel"
-            )
-            return EXIT_RESTARTED, False, True
-        await self._discard(session)
-        session.lost = "a fresh kernel was started: the previous one was restarted, its variables and imports are gone"
-        out.note(
-            f"timed out after {timeout:g}s and the kernel did not stop on interrupt: it was replaced by a fresh one, "
-            "its variables and imports are lost"
-        )
-        return EXIT_RESTARTED, True, False
-
-    async def _why_gone(self, session: _Session, kernel: _RemoteKernel) -> str:
-        """Discard the gone kernel; raise BackendError if the server itself is gone, else say what happened."""
-        why = kernel.gone or "it stopped responding"
-        if not kernel.restarted:
-            try:
-                model = await self._api.kernel(kernel.id)
-            except BackendError:
-                await self._discard(session)
-                session.lost = "a fresh kernel was started: the server went away, the previous kernel's state is gone"
-                raise
-            if model is None:
-                why = "the server no longer has it"
-            else:  # alive on the server, but our connection is gone (e.g. tornado closes it on an oversized message)
-                why = f"{why} while the server still had the kernel (a message over {MAX_MESSAGE_BYTES >> 20} MiB?)"
-        await self._discard(session)
-        return why
-
-    # -- kernel lifetime ---------------------------------------------------------------
-
-    async def _start(self, ws: Workspace, session: _Session) -> _RemoteKernel:
-        if ws.host_path is None:
-            raise UsageError("remote jupyter kernels need a host-directory workspace (shared filesystem mode)")
-        root = str(ws.host_path)
-        if session.next_cell == 0:
-            session.next_cell = _next_cell_number(ws.host_path / "out")
-        kernel_id = await self._api.start_kernel(self.kernel_name, self._server_path(ws.host_path / "work"))
-        kernel: _RemoteKernel | None = None
-        try:
-            kernel = await self._connect(kernel_id)
-            await self._bind(kernel, root)
-        except BaseException:
-            if kernel is not None:
-                await _close(kernel)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._api.delete(kernel_id))
-            raise
-        session.kernel = kernel
-        return kernel
-
-    def _server_path(self, work: Path) -> str | None:
-        """``work`` relative to the server's root_dir (the kernel's start cwd), when we know that root."""
-        if self._server_root is None:
-            return None
-        try:
-            return work.resolve().relative_to(self._server_root.resolve()).as_posix()
-        except ValueError:
-            return None
-
-    async def _connect(self, kernel_id: str) -> _RemoteKernel:
-        session = Session(username="execspace")
-        conn = await self._api.connect_channels(kernel_id, session.session)
-        kernel = _RemoteKernel(kernel_id, conn, session)
-        kernel.reader = asyncio.get_running_loop().create_task(kernel.read())
-        try:
-            await self._wait_ready(kernel)
-        except BaseException:
-            await _close(kernel)
-            raise
-        return kernel
-
-    async def _wait_ready(self, kernel: _RemoteKernel) -> None:
-        """Ask for kernel_info until the kernel answers (the server may connect its channels lazily)."""
-        deadline = time.monotonic() + self._start_timeout
-        while time.monotonic() < deadline and kernel.gone is None:
-            msg_id = kernel.send("kernel_info_request", {})
-            if await _reply(kernel, msg_id, min(1.0, deadline - time.monotonic())) is not None:
-                _drain(kernel)
-                return
-        raise SetupFailed(
-            "jupyter",
-            f"kernel {self.kernel_name!r} on {self._api.url} did not answer within {self._start_timeout:g}s"
-            + (f" ({kernel.gone})" if kernel.gone else ""),
-            "see the server's log",
-        )
-
-    async def _bind(self, kernel: _RemoteKernel, root: str) -> None:
-        """Move the new kernel into the workspace after it proved it sees the workspace's files."""
-        run_dir = f"runs/kernel-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-        nonce_path, nonce = _write_nonce(os.path.join(root, run_dir))
-        env = self._env_policy.build(os.environ, {}, workspace_env(root, run_dir))
-        code = _bind_cell(nonce_path=nonce_path, nonce=nonce, work=os.path.join(root, "work"), env=env)
-        try:
-            msg_id = kernel.send("execute_request", _execute_content(code, silent=True))
-            reply = await _reply(kernel, msg_id, self._start_timeout)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(nonce_path)
-        content = (reply or {}).get("content", {})
-        if content.get("status") != "ok":
-            raise self._bind_error(content, kernel.gone if reply is None else None, root)
-
-    def _bind_error(self, content: dict[str, Any], gone: str | None, root: str) -> SetupFailed:
-        """What the failed bind cell says about the server's view of this host's workspace."""
-        name, value = content.get("ename"), content.get("evalue")
-        if name in ("FileNotFoundError", "_NotShared"):
-            return SetupFailed(
-                "jupyter",
-                f"the kernels of {self._api.url} do not see this host's workspace {root} (no shared filesystem)",
-                "run the server on this host, or share workspace_root with the server at the same path "
-                "(see docs/jupyter-remote.md)",
-            )
-        if name == "PermissionError":
-            return SetupFailed(
-                "jupyter",
-                f"the kernels of {self._api.url} may not open this host's workspace {root}: {value}",
-                "run the server as the same user as execspace (workspaces are private to their owner)",
-            )
-        why = f"{name}: {value}" if content else gone or "no reply"
-        return SetupFailed("jupyter", f"kernel {self.kernel_name!r} could not be moved into {root}: {why}")
-
-    async def _collect_or_interrupt(
-        self, session: _Session, kernel: _RemoteKernel, msg_id: str, out: CellOutputs, deadline: float
-    ) -> bool:
-        """:func:`_collect`, interrupting the cell if our caller is cancelled, so that the kernel is free again."""
-        try:
-            return await _collect(kernel, msg_id, out, deadline)
-        except asyncio.CancelledError:
-            session.cancelled = msg_id
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._api.interrupt(kernel.id))
-            raise
-
-    async def _settle_cancelled(self, session: _Session) -> None:
-        """Wait for a cancelled cell to end before the next one (see KernelSessions._settle_cancelled)."""
-        msg_id, session.cancelled = session.cancelled, None
-        if msg_id is None or session.kernel is None:
-            return
-        try:
-            if await _collect(session.kernel, msg_id, CellOutputs(0, 0), time.monotonic() + self._interrupt_grace):
-                return
-            why = "the previous one was replaced because a cancelled cell did not stop on interrupt"
-        except _KernelDied:
-            why = "the previous one died after a cell was cancelled"
-        await self._discard(session)
-        session.lost = f"a fresh kernel was started: {why}, its variables and imports are gone"
-
-    async def _replace_if_gone(self, session: _Session) -> None:
-        """The server may have restarted a dead kernel between calls (with a fresh state): say so, start afresh."""
-        kernel = session.kernel
-        if kernel is not None and kernel.gone is not None:
-            why = await self._why_gone(session, kernel)
-            session.lost = (
-                f"a fresh kernel was started: the previous one died between calls ({why}), "
-                "its variables and imports are gone"
-            )
-
-    async def _discard(self, session: _Session, *, wait: bool = False) -> None:
-        """Drop the session's kernel and DELETE it on the server (in the background unless ``wait``)."""
-        kernel, session.kernel = session.kernel, None
-        if kernel is None:
-            return
-        await _close(kernel)
-        task = asyncio.get_running_loop().create_task(self._delete(kernel.id))
-        self._deleting.add(task)
-        task.add_done_callback(self._deleting.discard)
-        if wait:
-            await task
-
-    async def _delete(self, kernel_id: str) -> None:
-        with contextlib.suppress(Exception):
-            # a hung server must not hold anyone up for the whole HTTP timeout
-            await asyncio.wait_for(self._api.delete(kernel_id), 10.0)
-
-    async def shutdown(self, ws: Workspace) -> None:
-        """Stop the workspace's kernel on the server (its state is lost). Idempotent."""
-        session = self._sessions.pop(_key(ws), None)
-        if session is not None:
-            async with session.lock:
-                await self._discard(session, wait=True)
-
-    async def aclose(self) -> None:
-        """Stop every kernel this engine started on the server. Idempotent."""
-        self._closed = True
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await self._discard(session)
-        await asyncio.gather(*self._deleting, return_exceptions=True)
-        self._api.close()
-
-
-#: Runs with its own globals (leaves no names in the user's namespace): proves the kernel sees our nonce in the
-#: workspace, then moves it there and replaces its whole environment (the server's) with a local run's; only
-#: MPLBACKEND survives, which ipykernel sets at start-up so that figures are displayed inline (as PNGs for us).
-_BIND_SOURCE = """
-import os, tempfile
-from IPython import get_ipython
-class _NotShared(Exception):
-    pass
-with open({nonce_path!r}) as f:
-    if f.read() != {nonce!r}:
-        raise _NotShared({nonce_path!r})
-os.chdir({work!r})
-kept = {{name: os.environ[name] for name in ("MPLBACKEND",) if name in os.environ}}
-os.environ.clear()
-os.environ.update(kept)
-os.environ.update({env!r})
-tempfile.tempdir = None
-ip = get_ipython()
-if ip is not None and "_dh" in ip.user_ns:
-    ip.user_ns["_dh"][:] = [{work!r}]
-"""
-
-
-def _bind_cell(**values: Any) -> str:
-    return f"exec({_BIND_SOURCE.format(**values)!r}, {{}})"
 
 
 def _quick_ack(conn: WebSocketClientConnection) -> None:
@@ -544,119 +360,7 @@ def _write_nonce(run_dir: str) -> tuple[str, str]:
     return path, nonce
 
 
-def _execute_content(code: str, *, silent: bool = False) -> dict[str, Any]:
-    return {
-        "code": code,
-        "silent": silent,
-        "store_history": not silent,
-        "user_expressions": {},
-        "allow_stdin": False,
-        "stop_on_error": True,
-    }
-
-
-async def _collect(kernel: _RemoteKernel, msg_id: str, out: CellOutputs, deadline: float) -> bool:
-    """Feed this cell's messages to ``out`` until the kernel is idle (True) or the deadline (False)."""
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            msg = await asyncio.wait_for(kernel.iopub.get(), min(remaining, 3600.0))
-        except TimeoutError:
-            return False
-        if msg is None:
-            kernel.iopub.put_nowait(None)  # stays gone for whoever reads next
-            raise _KernelDied
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue  # output of an earlier, interrupted cell or of a background thread
-        msg_type, content = msg["header"]["msg_type"], msg["content"]
-        if msg_type == "status" and content.get("execution_state") == "idle":
-            return True
-        if msg_type == "status" and content.get("execution_state") == "busy":
-            kernel.began = msg_id
-        out.add(msg_type, content)
-    return False
-
-
-async def _reply(kernel: _RemoteKernel, msg_id: str, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
-    """The shell reply to ``msg_id``, or None (timeout, or the kernel is gone)."""
-    deadline = time.monotonic() + timeout
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            msg = await asyncio.wait_for(kernel.shell.get(), remaining)
-        except TimeoutError:
-            return None
-        if msg is None:
-            kernel.shell.put_nowait(None)
-            return None
-        if msg.get("parent_header", {}).get("msg_id") == msg_id:
-            return msg
-    return None
-
-
-def _drain(kernel: _RemoteKernel) -> None:
-    """Drop messages nobody will read (replies, output of earlier cells), keeping the 'gone' marker."""
-    kernel.dropped = 0
-    for queue in (kernel.iopub, kernel.shell):
-        while not queue.empty():
-            if queue.get_nowait() is None:
-                queue.put_nowait(None)
-                break
-
-
-async def _close(kernel: _RemoteKernel) -> None:
-    kernel.conn.close()
-    if kernel.reader is not None:
-        kernel.reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await kernel.reader
-
-
-def _next_cell_number(out_dir: Path) -> int:
-    """One past the highest ``cell-N-*`` already in ``out/``, so a new kernel never overwrites older outputs."""
-    numbers = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(out_dir):
-            head = name.split("-")
-            if len(head) >= 3 and head[0] == "cell" and head[1].isdigit():
-                numbers.append(int(head[1]))
-    return max(numbers, default=0) + 1
-
-
-def _key(ws: Workspace) -> str:
-    return str(ws.host_path) if ws.host_path is not None else ws.id
-
-
-def _result(out: CellOutputs, exit_code: int, duration: float, **flags: bool) -> CellResult:
-    def text(buf: Any) -> str:
-        return str(buf.getvalue().decode("utf-8", "replace"))
-
-    return CellResult(
-        exit_code=exit_code,
-        text=text(out.text),
-        stdout=text(out.stdout),
-        stderr=text(out.stderr),
-        files=tuple(f.path for f in out.files),
-        duration=duration,
-        error=out.error,
-        truncated=out.text.truncated,
-        timed_out=flags["timed_out"],
-        kernel_died=flags["died"],
-        state_lost=flags["state_lost"],
-    )
-
-
 # -- the engine ----------------------------------------------------------------------------
-
-
-class _RemoteKernelWorkspaceManager(HostWorkspaceManager):
-    """Host-directory workspaces whose cleanup also stops their kernel on the server."""
-
-    def __init__(self, root: Path | None, kernels: RemoteKernelSessions) -> None:
-        super().__init__("jupyter", root)
-        self._kernels = kernels
-
-    async def cleanup(self, ws: Workspace) -> None:
-        await self._kernels.shutdown(ws)
-        await super().cleanup(ws)
 
 
 class _NoPrograms:
@@ -773,7 +477,7 @@ async def open_remote_engine(
         interrupt_grace=interrupt_grace,
     )
     root = Path(workspace_root) if workspace_root else default_workspace_root()
-    manager = _RemoteKernelWorkspaceManager(root, kernels)
+    manager = KernelWorkspaceManager(root, kernels)
     runner: ProgramRunner = (
         HostRunner(lambda: caps, env_policy, kill_grace=kill_grace) if programs == "host" else _NoPrograms()
     )

@@ -50,6 +50,7 @@ from ...workspace.confine import ConfinedRoot, split_relpath
 from ..sandbox import SandboxRunner
 from ..sandbox.bwrap import HIDDEN_TOP, SANDBOX_WORKSPACE, visible_path_entries
 from ..sandbox.seccomp import KernelSeccompFilters
+from .local import PYTHON_KERNEL_ARGS, ZmqConnection
 
 __all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]
 
@@ -166,7 +167,7 @@ def _reachable(path: str) -> bool:
 
 @dataclass(slots=True)
 class SandboxedKernel:
-    """The process side of a kernel in the sandbox (the ``KernelProcess`` of :mod:`.kernels`)."""
+    """The process side of a kernel in the sandbox (the ``KernelProcess`` of :mod:`.local`)."""
 
     proc: SupervisedProcess
     done: asyncio.Future[RunResult]
@@ -223,9 +224,18 @@ class SandboxKernelConfig:
     """Applied to the whole kernel sandbox for its lifetime (cgroup or rlimits, as for programs)."""
     network: bool
 
-    async def start(self, ws: Workspace, *, args: list[str], timeout: float) -> tuple[SandboxedKernel, Any]:  # noqa: ASYNC109
-        """The ``KernelLauncher`` of :mod:`.kernels`."""
-        return await start_sandboxed(self, ws, args=args, timeout=timeout)
+    @property
+    def pool(self) -> None:
+        """Never a pool: a sandbox's uid and mounts are fixed for one workspace when it starts."""
+        return None
+
+    async def start(self, ws: Workspace, *, timeout: float) -> ZmqConnection:  # noqa: ASYNC109
+        """The :class:`~.kernels.KernelLauncher` of sandboxed kernels."""
+        proc, kc = await start_sandboxed(self, ws, args=PYTHON_KERNEL_ARGS, timeout=timeout)
+        return ZmqConnection(proc, kc)
+
+    async def aclose(self) -> None:
+        """Nothing to release: each kernel is stopped with its session."""
 
 
 async def start_sandboxed(
