@@ -34,8 +34,9 @@ async def _sandbox_works() -> None:
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
     make_traversable(tmp_path)
+    # no warm pool here (its tests are in test_jupyter_sandbox_pool.py): pooled starts would compete for CPU
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", interrupt_grace=1.0
+        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", interrupt_grace=1.0, pool_size=0
     ) as eng:
         yield eng
 
@@ -58,7 +59,7 @@ async def test_capabilities_say_the_kernel_is_sandboxed(engine: BaseEngine) -> N
     assert not caps.network_default
     assert caps.details["kernel_isolation"] == "sandbox" and engine.extra("kernel_isolation") == "sandbox"
     assert "memory_bytes=" in caps.details["kernel_limits"]
-    assert any("warm pool" in d for d in caps.does_not_protect)
+    assert any("warm pool" in d for d in caps.does_not_protect) and caps.details["pool"] == "off (pool_size=0)"
 
 
 async def test_state_persists_and_a_plot_comes_back_as_png(kernels: KernelSessions, ws: Workspace) -> None:

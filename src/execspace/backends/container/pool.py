@@ -14,13 +14,13 @@ returned to the pool once handed out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ...workspace.slots import adopt_slot_dir
 
 __all__ = ["PoolSlot", "WarmPool", "adopt_slot_dir"]
 
@@ -91,22 +91,3 @@ class WarmPool:
         with self._lock:
             slots, self._ready = list(self._ready), deque()
         await asyncio.gather(*(asyncio.to_thread(self._discard, s) for s in slots))
-
-
-def adopt_slot_dir(slot: PoolSlot, ws_dir: Path) -> bool:
-    """Make the slot's directory ``ws_dir``; ``False`` (slot untouched) if ``ws_dir`` exists already.
-
-    ``rename`` replaces an empty directory, so we create ``ws_dir`` ourselves first: if that
-    fails it was someone else's, and if another process fills it meanwhile the rename fails.
-    """
-    try:
-        ws_dir.mkdir(mode=0o700)
-    except FileExistsError:
-        return False
-    try:
-        os.rename(slot.host_dir, ws_dir)
-    except OSError:
-        with contextlib.suppress(OSError):
-            ws_dir.rmdir()
-        return False
-    return True

@@ -9,9 +9,10 @@ Where kernels run is ``kernel_isolation`` (see :meth:`JupyterBackend.open`):
 * ``"sandbox"``: each kernel is a program of the ``sandbox`` backend (bubblewrap, same policy,
   per-workspace uid, network off by default, cgroup/rlimit limits for the whole kernel), reached
   over IPC sockets in its workspace (:mod:`.sandboxed`); workspaces, the file API and programs are
-  the sandbox backend's too. Fails closed with ``SetupFailed``.
+  the sandbox backend's too; a warm pool starts kernels in workspace slots that become new
+  workspaces (:mod:`.sandboxpool`). Fails closed with ``SetupFailed``.
 * ``"none"``: kernels and programs run on this host as the caller, with no isolation (like
-  ``local``); only for trusted code. The warm pool exists in this mode only.
+  ``local``); only for trusted code.
 * ``"auto"`` (default): ``"sandbox"`` when the sandbox works here, else ``"none"`` with a
   ``RuntimeWarning`` and Capabilities saying isolation ``none`` and why: never a silent fallback.
 """
@@ -19,6 +20,8 @@ Where kernels run is ``kernel_isolation`` (see :meth:`JupyterBackend.open`):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -27,12 +30,11 @@ from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
-from ...models import ResourceLimits, Workspace
+from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
-from ...protocols import WorkspaceManager
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import default_workspace_root, private_dir
+from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
 from .local import HostLauncher
 
@@ -50,7 +52,8 @@ DEFAULT_KERNEL_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=256, output_by
 SANDBOX_DOES_NOT_PROTECT = (
     "per-cell memory/pids/CPU limits: a kernel lives across cells, so kernel_limits apply to the whole kernel "
     "for its lifetime (cells get timeout and output_bytes)",
-    "no warm pool for sandboxed kernels: each session's first cell pays the kernel start-up (about 0.7 s)",
+    "reopened sessions, explicit path= workspaces and kernels after a workspace's first start cold (about 0.7 s): "
+    "the warm pool only serves the first kernel of a new workspace",
     "code in the kernel shares its workspace (and its IPC sockets) with programs run in the same workspace",
 )
 
@@ -60,28 +63,6 @@ DOES_NOT_PROTECT = (
     "process count (pids) is not limited",
     "kernels are not limited in memory, CPU time or processes (only programs get rlimits)",
 )
-
-
-class _StopsKernels:
-    """A workspace manager whose cleanup also stops the workspace's kernel (wraps the sandbox backend's)."""
-
-    def __init__(self, inner: WorkspaceManager, kernels: KernelSessions) -> None:
-        self._inner = inner
-        self._kernels = kernels
-
-    @property
-    def root(self) -> Path:
-        return Path(getattr(self._inner, "root"))  # noqa: B009 - HostWorkspaceManager's, not in the protocol
-
-    async def create_workspace(self, exec_id: str, policy: Any = None, *, path: Path | None = None) -> Workspace:
-        return await self._inner.create_workspace(exec_id, policy, path=path)
-
-    async def get_workspace(self, exec_id: str) -> Workspace:
-        return await self._inner.get_workspace(exec_id)
-
-    async def cleanup(self, ws: Workspace) -> None:
-        await self._kernels.shutdown(ws)
-        await self._inner.cleanup(ws)
 
 
 class JupyterBackend:
@@ -154,11 +135,13 @@ class JupyterBackend:
             kernel_name: the installed kernel spec to start for each workspace (sandboxed: ipykernel specs only).
             interrupt_grace: seconds a timed-out cell gets to stop after the interrupt before
                 its kernel is restarted.
-            pool_size: kernels kept started for the next new workspaces (0: none; only for Python kernels
-                on the host: sandboxed kernels are not pooled). One covers sessions opened one at a time
-                (a refill takes about 0.5 s) for one idle process; raise it for bursts of new sessions.
+            pool_size: kernels kept started for the next new workspaces (0: none; Python kernels only). On
+                the host each is bound to its workspace by a silent cell; sandboxed ones start in a workspace
+                slot that is renamed into place (:mod:`.sandboxpool`), so they serve new workspaces only (not
+                reopened ones, nor ``path=``), and none with a policy's no-access globs. One covers sessions
+                opened one at a time (a refill takes about 0.5 s) for one idle process; raise it for bursts.
             pool_idle_timeout: seconds a pooled kernel waits for a workspace before it is stopped; the pool
-                refills on the next kernel start.
+                refills on the next kernel start (sandbox mode: the next workspace created).
             kernel_isolation: ``"sandbox"`` (kernels and programs in the OS sandbox; ``SetupFailed`` if it
                 does not work here), ``"none"`` (on this host, no isolation) or ``"auto"`` (sandbox when it
                 works, else none with a ``RuntimeWarning``; ``describe()`` says which; ``SetupFailed`` instead
@@ -210,7 +193,15 @@ class JupyterBackend:
         if kernel_isolation != "none":
             try:
                 return await _open_sandboxed(
-                    common, kernel_opts, language, policy, network, bwrap, kernel_limits, explicit=kernel_isolation
+                    common,
+                    kernel_opts,
+                    language,
+                    policy,
+                    network,
+                    bwrap,
+                    kernel_limits,
+                    (pool_size, pool_idle_timeout),
+                    explicit=kernel_isolation,
                 )
             except (SetupFailed, UnsupportedBackend) as exc:
                 # a caller who set the sandbox's options asked for what the host cannot give: fail, do not fall back
@@ -251,6 +242,7 @@ async def _open_sandboxed(
     network: bool | None,
     bwrap: str | None,
     kernel_limits: ResourceLimits | None,
+    pool: tuple[int, float],
     *,
     explicit: str,
 ) -> BaseEngine:
@@ -275,16 +267,43 @@ async def _open_sandboxed(
     limits = _kernel_limits(kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
     cfg = SandboxKernelConfig(runner.with_seccomp(seccomp), seccomp, interpreter, limits, runner.network_default)
-    kernels = KernelSessions(sb.fs, cfg, language=language, **kernel_opts)
-    caps = _sandboxed_capabilities(sb_caps, language, cfg)
-    manager = _StopsKernels(sb.manager, kernels)
+    # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
+    pool_size = 0 if policy.no_access_globs else pool[0]
+    manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, pool[1])
+    caps = _sandboxed_capabilities(sb_caps, language, cfg, _pool_detail(pool[0], pool_size))
     extra = {
         "workspace_root": manager.root,
         "kernels": kernels,
         "bwrap": sb.extra("bwrap"),  # noqa: S610 - the engine's extras, not Django's
         "kernel_isolation": "sandbox",
     }
+    kernels.start_pool()
     return BaseEngine("jupyter", manager, sb.fs, runner, caps, on_close=kernels.aclose, extra=extra)
+
+
+def _slot_workspaces(
+    sb: BaseEngine, cfg: Any, language: str, kernel_opts: dict[str, Any], pool_size: int, pool_idle_timeout: float
+) -> tuple[HostWorkspaceManager, KernelSessions]:
+    """The sandbox backend's workspaces (same root, layout owner and modes), made of pool slots when ready."""
+    from ..sandbox import sandbox_layout_owner
+    from .sandboxpool import SandboxLauncher, SlotWorkspaceManager, make_slot
+
+    root = Path(getattr(sb.manager, "root"))  # noqa: B009 - HostWorkspaceManager's, not in the protocol
+    as_root = os.geteuid() == 0
+    prepare = sandbox_layout_owner() if as_root else None
+    new_slot = functools.partial(make_slot, root, 0o711 if as_root else 0o700, prepare)
+    launcher = SandboxLauncher(cfg, new_slot, pool_size=pool_size, pool_idle_timeout=pool_idle_timeout)
+    kernels = KernelSessions(sb.fs, launcher, language=language, **kernel_opts)
+    manager = SlotWorkspaceManager(root, launcher, kernels, prepare=prepare, private_root=not as_root)
+    return manager, kernels
+
+
+def _pool_detail(asked: int, size: int) -> str:
+    if size > 0:
+        return f"{size} sandboxed kernel(s) started ahead, each in a workspace slot that becomes one new workspace"
+    if asked > 0:
+        return "off: the policy has no-access globs, which a kernel started before its workspace's files cannot apply"
+    return "off (pool_size=0)"
 
 
 def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> ResourceLimits:
@@ -300,7 +319,7 @@ def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> Re
     return ResourceLimits(output_bytes=None, **keep)
 
 
-def _sandboxed_capabilities(sb: Capabilities, language: str, cfg: Any) -> Capabilities:
+def _sandboxed_capabilities(sb: Capabilities, language: str, cfg: Any, pool: str) -> Capabilities:
     limits = cfg.limits
     applied = ", ".join(f"{n}={getattr(limits, n)}" for n in sorted(limits.requested())) or "none"
     details = {
@@ -314,7 +333,7 @@ def _sandboxed_capabilities(sb: Capabilities, language: str, cfg: Any) -> Capabi
         "kernel_limits": f"{applied} for the kernel's whole sandbox ({sb.details.get('memory_bytes', '')}); "
         "cells: timeout (interrupt message, then restart) and output_bytes",
         "kernel_interpreter": cfg.interpreter.path,
-        "pool": "none (warm pool is for kernel_isolation='none' only)",
+        "pool": pool,
     }
     languages = sb.languages if language in sb.languages else (language, *sb.languages)
     return dataclasses.replace(

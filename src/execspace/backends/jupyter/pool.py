@@ -10,6 +10,10 @@ the same kernel. Staging directories live under the workspace root (same filesys
 rename keeps the kernel's open file) in ``.kernel-pool``, a name no workspace id can sanitise to.
 
 Binding is ipykernel-specific (it runs Python), so the pool is only used for Python kernels.
+
+Sandboxed kernels (:mod:`.sandboxpool`) use the same pool with other directories: each kernel is started
+in a workspace slot (:mod:`execspace.workspace.slots`) that becomes the new workspace by a rename, so
+they need no binding at all.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,20 +40,42 @@ class PooledKernel:
     staging: Path
     since: float
 
+    @property
+    def host_dir(self) -> Path:
+        """The kernel's directory (a :mod:`execspace.workspace.slots` slot for sandboxed kernels)."""
+        return self.staging
+
 
 Starter = Callable[[Path], Awaitable[Any]]
 Stopper = Callable[[Any], Awaitable[None]]
+MakeDir = Callable[[], Path]
 
 
 class KernelPool:
-    """Keeps ``size`` idle kernels started; stops them after ``idle_timeout`` seconds without a taker."""
+    """Keeps ``size`` idle kernels started; stops them after ``idle_timeout`` seconds without a taker.
 
-    def __init__(self, dir: Path, size: int, idle_timeout: float, start: Starter, stop: Stopper) -> None:
+    Each kernel starts in a fresh directory from ``make_dir`` (run in a worker thread); ``dir``, if given,
+    holds them all and is removed on close. :meth:`take` and :meth:`give_back` are safe from any thread
+    (a workspace manager creates directories in worker threads); the rest runs on the event loop.
+    """
+
+    def __init__(
+        self,
+        dir: Path | None,
+        size: int,
+        idle_timeout: float,
+        start: Starter,
+        stop: Stopper,
+        *,
+        make_dir: MakeDir | None = None,
+    ) -> None:
         self.size = size
         self.idle_timeout = idle_timeout
         self._dir = dir
+        self._make_dir = make_dir or self._staging_dir
         self._start = start
         self._stop = stop
+        self._lock = threading.Lock()
         self._idle: deque[PooledKernel] = deque()
         self._filler: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -59,12 +86,29 @@ class KernelPool:
 
     def idle_kernels(self) -> list[Any]:
         """The kernels waiting in the pool (for tests and benchmarks: compare by identity or pid)."""
-        return [p.kernel for p in self._idle]
+        with self._lock:
+            return [p.kernel for p in self._idle]
 
     def take(self) -> PooledKernel | None:
         """An idle kernel for one workspace, or None (the caller starts one cold); the caller refills the pool
         once its kernel is bound, so that the refill's start-up does not compete with the binding."""
-        return self._idle.popleft() if self._idle else None
+        with self._lock:
+            return self._idle.popleft() if self._idle else None
+
+    def give_back(self, pooled: PooledKernel) -> None:
+        """Return a kernel that was taken but not used (its directory untouched)."""
+        with self._lock:
+            self._idle.appendleft(pooled)
+
+    def _expired(self) -> PooledKernel | None:
+        with self._lock:
+            if self._idle and self._idle[0].since + self.idle_timeout <= time.monotonic():
+                return self._idle.popleft()
+            return None
+
+    def _next_expiry(self) -> float | None:
+        with self._lock:
+            return self._idle[0].since + self.idle_timeout if self._idle else None
 
     def refill(self) -> None:
         """Top the pool up in the background (wakes the running filler, or starts one)."""
@@ -80,7 +124,7 @@ class KernelPool:
         """Wait until the pool holds ``size`` idle kernels (True) or gave up starting them (False)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), timeout)
-        return len(self._idle) >= self.size
+        return self._idle_count() >= self.size
 
     async def _run(self) -> None:
         """Fill, then sleep until a take wakes us or the oldest idle kernel expires; end when the pool is empty
@@ -88,26 +132,38 @@ class KernelPool:
         while not self._closed:
             await self._fill()
             self._ready.set()
-            while self._idle and self._idle[0].since + self.idle_timeout <= time.monotonic():
-                await self._discard(self._idle.popleft())
-            if not self._idle or self._closed:
+            while (expired := self._expired()) is not None:
+                await self._discard(expired)
+            expiry = self._next_expiry()
+            if expiry is None or self._closed:
                 return
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._idle[0].since + self.idle_timeout - time.monotonic())
+                await asyncio.wait_for(self._wake.wait(), expiry - time.monotonic())
+
+    def _staging_dir(self) -> Path:
+        assert self._dir is not None
+        staging = self._dir / f"k-{os.getpid()}-{time.monotonic_ns()}"
+        os.makedirs(staging, 0o700)
+        return staging
 
     async def _fill(self) -> None:
-        while len(self._idle) < self.size and not self._closed:
-            staging = self._dir / f"k-{os.getpid()}-{time.monotonic_ns()}"
+        while self._idle_count() < self.size and not self._closed:
+            staging: Path | None = None
             try:
-                await asyncio.to_thread(os.makedirs, staging, 0o700)
+                staging = await asyncio.to_thread(self._make_dir)
                 kernel = await self._start(staging)
             except Exception as exc:  # takers start cold and fail loudly if the spec is broken
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                await asyncio.to_thread(shutil.rmtree, staging, True)
+                if staging is not None:
+                    await asyncio.to_thread(shutil.rmtree, staging, True)
                 return
-            finally:
+            with self._lock:
                 self._idle.append(PooledKernel(kernel, staging, time.monotonic()))
+
+    def _idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
 
     async def _discard(self, pooled: PooledKernel) -> None:
         await self._stop(pooled.kernel)
@@ -122,6 +178,7 @@ class KernelPool:
             # filler returns after at most one start, whose kernel is stopped below with the other idle ones
             with contextlib.suppress(Exception):
                 await self._filler
-        while self._idle:
-            await self._discard(self._idle.popleft())
-        await asyncio.to_thread(shutil.rmtree, self._dir, True)
+        while (pooled := self.take()) is not None:
+            await self._discard(pooled)
+        if self._dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._dir, True)

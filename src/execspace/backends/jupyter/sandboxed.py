@@ -224,18 +224,10 @@ class SandboxKernelConfig:
     """Applied to the whole kernel sandbox for its lifetime (cgroup or rlimits, as for programs)."""
     network: bool
 
-    @property
-    def pool(self) -> None:
-        """Never a pool: a sandbox's uid and mounts are fixed for one workspace when it starts."""
-        return None
-
     async def start(self, ws: Workspace, *, timeout: float) -> ZmqConnection:  # noqa: ASYNC109
-        """The :class:`~.kernels.KernelLauncher` of sandboxed kernels."""
+        """A kernel in ``ws``'s sandbox (the pool and the launcher are in :mod:`.sandboxpool`)."""
         proc, kc = await start_sandboxed(self, ws, args=PYTHON_KERNEL_ARGS, timeout=timeout)
         return ZmqConnection(proc, kc)
-
-    async def aclose(self) -> None:
-        """Nothing to release: each kernel is stopped with its session."""
 
 
 async def start_sandboxed(

@@ -47,7 +47,7 @@ from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 
-__all__ = ["Profile", "SandboxBackend", "SandboxPolicy", "SandboxRunner"]
+__all__ = ["Profile", "SandboxBackend", "SandboxPolicy", "SandboxRunner", "sandbox_layout_owner"]
 
 DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
@@ -340,7 +340,7 @@ class SandboxBackend:
         manager = HostWorkspaceManager(
             "sandbox",
             root,
-            prepare=_chown_layout_for_root() if as_root else None,
+            prepare=sandbox_layout_owner() if as_root else None,
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=not as_root,
         )
@@ -434,7 +434,10 @@ def _open_unmanaged(
     return BaseEngine("sandbox", manager, fs, runner, caps, extra=extra)
 
 
-def _chown_layout_for_root() -> Any:
+def sandbox_layout_owner() -> Any:
+    """A workspace ``prepare`` hook (root only): the layout belongs to the workspace's sandbox uid, so that the
+    sandbox can write where it may; shared with the jupyter backend's pre-made kernel slots."""
+
     def prepare(ws_dir: Path) -> None:
         _chown_layout(sandbox_uid(ws_dir))(ws_dir)
 

@@ -16,7 +16,8 @@ Design (see docs/backends/sandbox.md):
 * bwrap loads a seccomp filter (:mod:`.seccomp`) just before it runs the program.
 * **Started by root, bwrap is not a boundary** (uid 0 in the sandbox is host
   root with all capabilities of its namespace). So when we are root, bwrap
-  itself is started as an unprivileged host uid, derived per workspace; file
+  itself is started as an unprivileged host uid, derived per workspace (from the
+  identity of its root directory, see :func:`sandbox_uid`); file
   permission checks then are those of that uid, and RLIMIT_NPROC counts the
   processes of that workspace only.
 """
@@ -56,9 +57,21 @@ _UID_BASE = 1_500_000_000
 _UID_SPAN = 100_000_000
 
 
-def sandbox_uid(ws_root: Path) -> int:
-    """A host uid unused by real accounts, distinct per workspace (collisions are negligible)."""
-    digest = hashlib.sha256(str(ws_root).encode()).digest()
+def sandbox_uid(ws_root: Path | str) -> int:
+    """A host uid unused by real accounts, distinct per workspace (collisions are negligible).
+
+    Derived from the identity of the workspace's root directory (device and inode), not from its path: a
+    directory renamed into place (a warm pool slot becoming a workspace) keeps its uid, as the bwrap bind of
+    a running sandbox keeps following it. A program cannot pick another workspace's uid: it cannot replace
+    its workspace root (the parent is the host's), so it cannot change the inode it is judged by. An inode
+    reused after a workspace was removed is harmless: that workspace's files are deleted and its processes
+    gone. A workspace copied elsewhere (a new inode) gets a new uid, as a moved one did with paths.
+
+    Raises:
+        OSError: ``ws_root`` does not exist.
+    """
+    st = os.stat(ws_root)
+    digest = hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).digest()
     return _UID_BASE + int.from_bytes(digest[:8], "big") % _UID_SPAN
 
 

@@ -1,0 +1,205 @@
+"""A warm pool of sandboxed kernels: each started in a workspace slot that becomes one new workspace.
+
+A sandbox is fixed to one workspace when it starts: bwrap binds the workspace directory at ``/workspace``
+and runs as that workspace's uid. Both follow the directory's inode, not its path (the bind pins the
+directory; :func:`~execspace.backends.sandbox.bwrap.sandbox_uid` hashes its device and inode). So a pooled
+kernel is started in a fresh slot directory in the workspace root (``.pool-<random>``, see
+:mod:`execspace.workspace.slots`), laid out and owned like a workspace, with the same environment and cwd
+a kernel of any workspace gets (``/workspace/...`` paths are the same for all). Creating a new workspace
+renames a slot into place; that workspace's first kernel start then takes the slot's kernel, and no other
+workspace ever can (it is keyed by the directory, checked by inode). Nothing needs binding: the kernel
+is exactly what a cold start in that workspace would have given, started a little earlier.
+
+Cold starts remain for workspaces that already exist (a reopened session), for explicit ``path=``
+workspaces, for every kernel after a workspace's first, and when the policy has no-access globs (they are
+judged against the workspace's files when a sandbox starts, and a slot has none yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...models import Persistence, Workspace, WorkspacePolicy
+from ...workspace.hostmanager import HostWorkspaceManager, private_dir
+from ...workspace.layout import ensure_layout, sanitize_id
+from ...workspace.metadata import WorkspaceMetadata, save_metadata
+from ...workspace.slots import adopt_slot_dir, new_slot_dir
+from ..sandbox.bwrap import SANDBOX_WORKSPACE
+from .kernels import KernelSessions
+from .local import ZmqConnection
+from .pool import KernelPool, PooledKernel
+from .sandboxed import SandboxKernelConfig
+
+__all__ = ["SandboxLauncher", "SlotWorkspaceManager", "make_slot"]
+
+
+def make_slot(root: Path, root_mode: int, prepare: Callable[[Path], None] | None) -> Path:
+    """A slot directory in ``root`` laid out and owned like a new workspace (runs in a worker thread)."""
+    private_dir(root, root_mode)  # the slots live in the root: same filesystem, so the rename is atomic
+    slot = new_slot_dir(root)
+    try:
+        ensure_layout(slot)
+        save_metadata(slot, WorkspaceMetadata())
+        if prepare is not None:
+            prepare(slot)  # as root: the slot's uid, which the workspace keeps (same inode)
+    except BaseException:
+        shutil.rmtree(slot, ignore_errors=True)
+        raise
+    return slot
+
+
+@dataclass(frozen=True, slots=True)
+class _Adopted:
+    kernel: ZmqConnection
+    inode: tuple[int, int]
+    """(st_dev, st_ino) of the slot directory: the workspace the kernel's sandbox sees."""
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+class SandboxLauncher:
+    """The :class:`~.kernels.KernelLauncher` of sandboxed kernels: from the pool for a workspace made of a
+    slot, else started cold in the workspace."""
+
+    def __init__(
+        self,
+        cfg: SandboxKernelConfig,
+        new_slot: Callable[[], Path],
+        *,
+        pool_size: int,
+        pool_idle_timeout: float,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self._cfg = cfg
+        self._start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._adopted: dict[Path, _Adopted] = {}
+        self.pool = (
+            KernelPool(None, pool_size, pool_idle_timeout, self._start_pooled, ZmqConnection.stop, make_dir=new_slot)
+            if pool_size > 0
+            else None
+        )
+
+    async def _start_pooled(self, slot: Path) -> ZmqConnection:
+        ws = Workspace(id=slot.name, path=SANDBOX_WORKSPACE, backend="jupyter", host_path=slot)
+        return await self._cfg.start(ws, timeout=self._start_timeout)
+
+    def adopt(self, ws_dir: Path) -> bool:
+        """Make a pooled kernel's slot the new workspace ``ws_dir``; False if there is none ready or ``ws_dir``
+        exists already (safe from a worker thread, where workspaces are created)."""
+        pooled = self.pool.take() if self.pool is not None and not ws_dir.exists() else None
+        if pooled is None:
+            return False
+        if not adopt_slot_dir(pooled, ws_dir):
+            self._return(pooled)
+            return False
+        with self._lock:
+            self._adopted[ws_dir] = _Adopted(pooled.kernel, _inode(ws_dir))
+        return True
+
+    def _return(self, pooled: PooledKernel) -> None:
+        assert self.pool is not None
+        self.pool.give_back(pooled)
+
+    def refill(self) -> None:
+        if self.pool is not None:
+            self.pool.refill()
+
+    async def start(self, ws: Workspace, *, timeout: float) -> ZmqConnection:  # noqa: ASYNC109
+        assert ws.host_path is not None
+        with self._lock:
+            adopted = self._adopted.pop(ws.host_path, None)
+        if adopted is not None:
+            if await self._still_there(adopted, ws.host_path):
+                return adopted.kernel
+            await adopted.kernel.stop()
+        return await self._cfg.start(ws, timeout=timeout)
+
+    @staticmethod
+    async def _still_there(adopted: _Adopted, host_path: Path) -> bool:
+        """Whether the kernel lives and ``host_path`` is still the directory its sandbox sees."""
+        try:
+            same = await asyncio.to_thread(_inode, host_path) == adopted.inode
+        except OSError:
+            return False
+        return same and await adopted.kernel.is_alive()
+
+    async def release(self, ws: Workspace) -> None:
+        """Stop the pooled kernel of a workspace removed before its first cell."""
+        with self._lock:
+            adopted = self._adopted.pop(ws.host_path, None) if ws.host_path is not None else None
+        if adopted is not None:
+            await adopted.kernel.stop()
+
+    async def aclose(self) -> None:
+        """Stop the pool and the kernels handed to workspaces that never used them. Idempotent."""
+        if self.pool is not None:
+            await self.pool.aclose()
+        with self._lock:
+            left, self._adopted = list(self._adopted.values()), {}
+        for adopted in left:
+            await adopted.kernel.stop()
+
+
+class SlotWorkspaceManager(HostWorkspaceManager):
+    """The sandbox backend's host-directory workspaces, whose new directories come from the kernel pool's
+    slots when one is ready, and whose cleanup also stops their kernel."""
+
+    def __init__(
+        self,
+        root: Path,
+        launcher: SandboxLauncher,
+        kernels: KernelSessions,
+        *,
+        prepare: Callable[[Path], None] | None,
+        private_root: bool,
+    ) -> None:
+        super().__init__(
+            "sandbox", root, prepare=prepare, program_path=lambda _p: SANDBOX_WORKSPACE, private_root=private_root
+        )
+        self._launcher = launcher
+        self._kernels = kernels
+
+    async def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        try:
+            return await super().create_workspace(exec_id, policy, path=path)
+        finally:
+            self._launcher.refill()
+
+    def _create(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
+        adopted = False
+        if path is None and self._launcher.pool is not None:
+            if not self._root_ready:
+                private_dir(self.root, 0o700 if self._private_root else 0o711)
+                self._root_ready = True
+            name = sanitize_id(exec_id)
+            if policy.persistence is Persistence.TURN:
+                # named here so that a slot can be renamed to it; the base class then takes it as is
+                path = (self.root / f"{name}-{secrets.token_hex(4)}").absolute()
+                adopted = self._launcher.adopt(path)
+                if not adopted:
+                    path.mkdir(mode=0o700)
+            else:
+                adopted = self._launcher.adopt(self.root / name)
+        ws = super()._create(exec_id, policy, path)
+        if adopted:
+            assert ws.host_path is not None
+            save_metadata(ws.host_path, WorkspaceMetadata(id=exec_id))  # the slot's record named no workspace
+        return ws
+
+    async def cleanup(self, ws: Workspace) -> None:
+        await self._kernels.shutdown(ws)
+        await self._launcher.release(ws)
+        await super().cleanup(ws)
