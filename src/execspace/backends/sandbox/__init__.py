@@ -10,6 +10,7 @@ program and by the engine's file API alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import os
@@ -38,6 +39,7 @@ from .bwrap import (
     BwrapConfig,
     build_argv,
     find_bwrap,
+    is_sandbox_uid,
     policy_mounts,
     sandbox_uid,
     visible_path_entries,
@@ -207,6 +209,24 @@ def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
         os.setuid(uid)
 
     return apply
+
+
+def _adopt_files(ws_dir: Path, old: int, new: int) -> None:
+    """Give the workspace's files of its previous sandbox uid to its current one.
+
+    A workspace laid out for another uid (by an execspace that derived uids from paths, or copied from
+    another directory) would otherwise be unwritable to its own programs. Only entries owned by ``old`` change
+    owner, symlinks themselves (never their targets), without leaving the workspace's filesystem: whatever a
+    link or a swapped directory could point at outside is not owned by a sandbox uid of this workspace.
+    """
+    device = os.lstat(ws_dir).st_dev
+    for top, dirs, files in os.walk(ws_dir, followlinks=False):
+        for name in (*dirs, *files):
+            path = os.path.join(top, name)
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
+                if st.st_uid == old and st.st_dev == device:
+                    os.chown(path, new, new, follow_symlinks=False)
 
 
 def _chown_layout(uid: int) -> Any:
@@ -439,7 +459,11 @@ def sandbox_layout_owner() -> Any:
     sandbox can write where it may; shared with the jupyter backend's pre-made kernel slots."""
 
     def prepare(ws_dir: Path) -> None:
-        _chown_layout(sandbox_uid(ws_dir))(ws_dir)
+        uid = sandbox_uid(ws_dir)
+        previous = os.lstat(ws_dir).st_uid
+        if previous != uid and is_sandbox_uid(previous):
+            _adopt_files(ws_dir, previous, uid)
+        _chown_layout(uid)(ws_dir)
 
     return prepare
 

@@ -40,6 +40,7 @@ __all__ = [
     "SANDBOX_WORKSPACE",
     "BwrapConfig",
     "build_argv",
+    "is_sandbox_uid",
     "policy_mounts",
     "sandbox_uid",
     "visible_path_entries",
@@ -73,6 +74,11 @@ def sandbox_uid(ws_root: Path | str) -> int:
     st = os.stat(ws_root)
     digest = hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).digest()
     return _UID_BASE + int.from_bytes(digest[:8], "big") % _UID_SPAN
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    """Whether ``uid`` is in the range :func:`sandbox_uid` hands out (never a real account's)."""
+    return _UID_BASE <= uid < _UID_BASE + _UID_SPAN
 
 
 @dataclass(frozen=True, slots=True)
