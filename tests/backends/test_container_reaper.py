@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from execspace.backends.container.daemon import connect
-from execspace.backends.container.reaper import LABEL, POOL_DIR_PREFIX, Owner, current_owner, owner_alive, reap_orphans
+from execspace.backends.container.reaper import (
+    LABEL,
+    POOL_DIR_PREFIX,
+    Owner,
+    current_owner,
+    owner_alive,
+    owner_labels,
+    reap_orphans,
+)
 from execspace.workspace.layout import sanitize_id
 from tests.backends.container_support import container_engine, engine_containers
 from tests.backends.docker_fixture import TEST_BINDS, Daemon
@@ -132,5 +140,5 @@ def test_owner_liveness_is_judged_only_where_it_can_be() -> None:
     # another host or pid namespace: a pid means nothing here, so the container stays
     assert owner_alive(Owner(here.pid + 1, "1", "elsewhere", here.boot, here.pidns), here) is None
     assert owner_alive(Owner(here.pid + 1, "1", here.host, here.boot, "pid:[1]"), here) is None
-    assert Owner.from_labels({LABEL: "1"}) is None  # unlabelled by this version: never reaped
-    assert Owner.from_labels(here.labels("e1")) == here
+    assert Owner.from_fields(LABEL, {LABEL: "1"}) is None  # unlabelled by this version: never reaped
+    assert Owner.from_fields(LABEL, owner_labels(here, "e1")) == here

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -198,3 +199,39 @@ async def test_no_pool_when_the_policy_has_no_access_globs(tmp_path: Path) -> No
         (ws.host_path / "work" / "secret.key").write_text("k")  # the file API refuses it; the host put it there
         cell = "try:\n    print(open('secret.key').read())\nexcept OSError as exc:\n    print('denied', exc.errno)"
         assert (await pool_of(eng).execute(ws, cell)).text.startswith("denied"), "the cold kernel masks the glob"
+
+
+_CRASHING_OWNER = """
+import asyncio, os, signal, sys
+import execspace
+
+async def main():
+    async with execspace.open_engine("jupyter", workspace_root=sys.argv[1], kernel_isolation="sandbox",
+                                     pool_size=1) as eng:
+        assert await eng.extra("kernels").pool.wait_ready(60)
+        print("ready", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no atexit
+
+asyncio.run(main())
+"""
+
+
+async def test_a_crashed_engines_slots_are_swept_by_the_next_open(engine: BaseEngine, tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    ks = pool_of(engine)
+    assert ks.pool is not None and await ks.pool.wait_ready(60)
+    live = set(slots(root))  # this process's engine: alive, so never swept
+    crashed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHING_OWNER, str(root), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(crashed.communicate(), 90)
+    assert out == b"ready\n" and crashed.returncode == -9
+    left = set(slots(root)) - live
+    assert len(left) == 1  # what the crash left behind
+    unjudged = root / ".pool-no-owner-record"
+    unjudged.mkdir()
+    async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=0):
+        pass
+    remaining = set(slots(root))
+    assert not (left & remaining), "the dead owner's slot was not swept"
+    assert live <= remaining and unjudged in remaining  # a live owner's slots, and one we cannot judge, stay

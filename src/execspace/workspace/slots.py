@@ -6,19 +6,38 @@ is therefore a fresh directory inside the workspace root, named ``.pool-<random>
 sanitises to a leading dot), and handing it out renames it to the new workspace's name: binds follow the
 directory, and the rename is atomic (same filesystem). It only happens when the workspace directory does
 not exist yet, so a slot belongs to exactly one workspace and is never returned to a pool once handed out.
+
+A slot made by :func:`new_slot_dir` records its owner (:mod:`execspace.process.owner`) in a file inside it,
+removed when the slot becomes a workspace; :func:`sweep_stale_slots` removes the slots of owners that are
+provably gone (a crashed process never removed its pool).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["SLOT_PREFIX", "HasHostDir", "adopt_slot_dir", "is_slot_dir", "new_slot_dir"]
+from ..process.owner import Owner, current_owner, owner_alive
+
+__all__ = [
+    "OWNER_FILE",
+    "SLOT_PREFIX",
+    "HasHostDir",
+    "adopt_slot_dir",
+    "is_slot_dir",
+    "new_slot_dir",
+    "sweep_stale_slots",
+]
 
 SLOT_PREFIX = ".pool-"
+#: Inside a slot made by :func:`new_slot_dir`: who made it. Never part of a workspace (removed on adoption).
+OWNER_FILE = ".execspace-slot-owner.json"
+_OWNER_PREFIX = "slot"
 
 
 class HasHostDir(Protocol):
@@ -27,10 +46,39 @@ class HasHostDir(Protocol):
 
 
 def new_slot_dir(root: Path, mode: int = 0o700) -> Path:
-    """Create a fresh, empty slot directory in ``root`` (an absolute path)."""
+    """Create a fresh slot directory in ``root`` (an absolute path), holding only the record of its owner."""
     slot_dir = root.absolute() / f"{SLOT_PREFIX}{secrets.token_hex(8)}"
     slot_dir.mkdir(mode=mode)
+    fd = os.open(slot_dir / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(current_owner().fields(_OWNER_PREFIX), f)
     return slot_dir
+
+
+def sweep_stale_slots(root: Path) -> list[Path]:
+    """Remove the slots in ``root`` whose owner is provably gone; return them. Slots of live owners, of
+    owners we cannot judge, and without a readable record stay."""
+    here = current_owner()
+    swept: list[Path] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+        for entry in entries:
+            if not (entry.name.startswith(SLOT_PREFIX) and entry.is_dir(follow_symlinks=False)):
+                continue
+            owner = _slot_owner(Path(entry.path))
+            if owner is not None and owner_alive(owner, here) is False:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                swept.append(Path(entry.path))
+    return swept
+
+
+def _slot_owner(slot_dir: Path) -> Owner | None:
+    try:
+        fd = os.open(slot_dir / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            fields = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return Owner.from_fields(_OWNER_PREFIX, fields) if isinstance(fields, dict) else None
 
 
 def is_slot_dir(path: Path) -> bool:
@@ -54,4 +102,6 @@ def adopt_slot_dir(slot: HasHostDir, ws_dir: Path) -> bool:
         with contextlib.suppress(OSError):
             ws_dir.rmdir()
         return False
+    with contextlib.suppress(FileNotFoundError):  # a workspace now: no longer a slot to sweep
+        (ws_dir / OWNER_FILE).unlink()
     return True

@@ -18,7 +18,7 @@ from ...models import Workspace
 from ...workspace.layout import sanitize_id
 from .config import ContainerConfig, check_binds, daemon_socket_path
 from .pool import PoolSlot
-from .reaper import LABEL, POOL_DIR_PREFIX, current_owner, remove_engine_containers
+from .reaper import LABEL, POOL_DIR_PREFIX, current_owner, owner_labels, remove_engine_containers
 
 __all__ = ["LABEL", "DaemonInfo", "WorkspaceContainers", "connect", "daemon_info"]
 
@@ -117,7 +117,7 @@ class WorkspaceContainers:
         self.config = config
         self._daemon_socket = daemon_socket
         self.engine_id = secrets.token_hex(6)
-        self._labels = current_owner().labels(self.engine_id)
+        self._labels = owner_labels(current_owner(), self.engine_id)
         self._ids: dict[Path, str] = {}
         self._locks: dict[Path, asyncio.Lock] = {}
         self.pool_root: Path | None = None

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
-import socket
 import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ...process.owner import Owner, current_owner, owner_alive
 
 __all__ = [
     "LABEL",
@@ -34,6 +32,7 @@ __all__ = [
     "Owner",
     "current_owner",
     "owner_alive",
+    "owner_labels",
     "reap_orphans",
     "remove_engine_containers",
     "remove_pool_dir",
@@ -47,78 +46,9 @@ LABEL = "io.execspace"
 POOL_DIR_PREFIX = ".pool-"
 
 
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """The process that owns a container, as stated by its labels."""
-
-    pid: int
-    start: str
-    """Start time of the process in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    host: str
-    boot: str
-    pidns: str
-
-    def labels(self, engine_id: str) -> dict[str, str]:
-        return {
-            LABEL: "1",
-            f"{LABEL}.engine": engine_id,
-            f"{LABEL}.pid": str(self.pid),
-            f"{LABEL}.pid-start": self.start,
-            f"{LABEL}.host": self.host,
-            f"{LABEL}.boot": self.boot,
-            f"{LABEL}.pidns": self.pidns,
-        }
-
-    @classmethod
-    def from_labels(cls, labels: Mapping[str, str]) -> Owner | None:
-        try:
-            return cls(
-                pid=int(labels[f"{LABEL}.pid"]),
-                start=labels[f"{LABEL}.pid-start"],
-                host=labels[f"{LABEL}.host"],
-                boot=labels[f"{LABEL}.boot"],
-                pidns=labels[f"{LABEL}.pidns"],
-            )
-        except (KeyError, ValueError):
-            return None  # not labelled by this version: we cannot judge it, so it stays
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_start(pid: int) -> str:
-    stat = _read(f"/proc/{pid}/stat")
-    # the command name (field 2) may hold spaces and parentheses: split after its closing one
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else ""
-
-
-def _pidns() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def current_owner() -> Owner:
-    pid = os.getpid()
-    return Owner(pid, _pid_start(pid), socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), _pidns())
-
-
-def owner_alive(owner: Owner, here: Owner) -> bool | None:
-    """``True``/``False`` when we can tell from this process; ``None`` when we cannot (leave it alone)."""
-    if owner.host != here.host:
-        return None
-    if owner.boot and here.boot and owner.boot != here.boot:
-        return False  # no process survives a reboot
-    if owner.pidns != here.pidns or not owner.start:
-        return None
-    return _pid_start(owner.pid) == owner.start
+def owner_labels(owner: Owner, engine_id: str) -> dict[str, str]:
+    """The labels of a container of ``engine_id`` owned by ``owner``."""
+    return {LABEL: "1", f"{LABEL}.engine": engine_id, **owner.fields(LABEL)}
 
 
 def reap_orphans(client: Any, workspace_root: Path | None = None) -> list[str]:
@@ -130,7 +60,7 @@ def reap_orphans(client: Any, workspace_root: Path | None = None) -> list[str]:
     reaped: list[str] = []
     for info in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
         labels = info.get("Labels") or {}
-        owner = Owner.from_labels(labels)
+        owner = Owner.from_fields(LABEL, labels)  # None: not labelled by this version, so it stays
         if owner is None or owner_alive(owner, here) is not False:
             continue
         with contextlib.suppress(Exception):  # gone meanwhile, or removed by another reaper

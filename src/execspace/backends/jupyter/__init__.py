@@ -19,6 +19,7 @@ Where kernels run is ``kernel_isolation`` (see :meth:`JupyterBackend.open`):
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import os
@@ -35,6 +36,7 @@ from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
+from ...workspace.slots import sweep_stale_slots
 from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
 from .local import HostLauncher
 
@@ -270,6 +272,7 @@ async def _open_sandboxed(
     # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
     pool_size = 0 if policy.no_access_globs else pool[0]
     manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, pool[1])
+    await asyncio.to_thread(sweep_stale_slots, manager.root)  # a crashed engine's pool, on this root
     caps = _sandboxed_capabilities(sb_caps, language, cfg, _pool_detail(pool[0], pool_size))
     extra = {
         "workspace_root": manager.root,
