@@ -93,6 +93,9 @@ def _stop(path: str) -> int:
 
 
 def _start(path: str, idle_timeout: float) -> int:
+    if not sys.platform.startswith("linux"):
+        # the daemon proves who connects with SO_PEERCRED, which only Linux has
+        raise SetupFailed("daemon", f"the warm daemon runs on Linux only, not {sys.platform}", "run without it")
     answer = ping(path)
     if answer is not None:
         print(f"already running: {answer.removeprefix('pong ')} socket={path}")
