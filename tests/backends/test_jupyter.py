@@ -16,6 +16,7 @@ import execspace
 from execspace import BaseEngine, CodeBlock, CodeExecutionInput, CodeExecutor, PutFile, ResourceLimits, Workspace
 from execspace.backends.jupyter import JupyterBackend, KernelSessions
 from execspace.registry import probe_backend
+from tests.backends.jupyter_support import alive, kernels_of
 from tests.support import make_traversable
 
 # the smallest valid GIF (1x1, one colour), built here so that no image library is needed
@@ -33,23 +34,12 @@ async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
 
 @pytest.fixture
 def kernels(engine: BaseEngine) -> KernelSessions:
-    ks = engine.extra("kernels")
-    assert isinstance(ks, KernelSessions)
-    return ks
+    return kernels_of(engine)
 
 
 @pytest.fixture
 async def ws(engine: BaseEngine) -> Workspace:
     return await engine.manager.create_workspace("nb/session")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for us: its parent (jupyter_client) may not have reaped it yet
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
 
 
 async def test_probe_and_capabilities_are_honest() -> None:

@@ -34,6 +34,7 @@ from execspace.backends.jupyter.remote import RemoteKernelSessions, open_remote_
 from execspace.backends.jupyter.remote_api import ServerApi
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
 from execspace.errors import BackendError, CapabilityError, InvalidSpec, SetupFailed
+from tests.backends.jupyter_support import alive, wait_dead
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -73,21 +74,6 @@ def kernels(engine: BaseEngine) -> RemoteKernelSessions:
 @pytest_asyncio.fixture(loop_scope="module")
 async def ws(engine: BaseEngine) -> Workspace:
     return await engine.manager.create_workspace("nb/session")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-
-
-async def wait_dead(pid: int, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while alive(pid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    return not alive(pid)
 
 
 async def test_state_persists_and_kernel_is_moved_into_its_workspace(

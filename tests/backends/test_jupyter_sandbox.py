@@ -17,7 +17,7 @@ import execspace
 from execspace import BaseEngine, ResourceLimits, RunProgramSpec, Workspace
 from execspace.backends.jupyter import KernelSessions
 from execspace.errors import InvalidSpec, SetupFailed
-from execspace.registry import probe_backend
+from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
 from tests.support import make_traversable
 
 MiB = 1024 * 1024
@@ -25,10 +25,7 @@ MiB = 1024 * 1024
 
 @pytest.fixture(autouse=True)
 async def _sandbox_works() -> None:
-    # the jupyter probe also checks that the sandbox uid can read this environment's packages
-    probe = await probe_backend("jupyter", kernel_isolation="sandbox")
-    if not probe.ok:
-        pytest.skip(f"no sandboxed kernels here: {probe.reason}")
+    await require_sandboxed_kernels()
 
 
 @pytest.fixture
@@ -43,9 +40,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
 
 @pytest.fixture
 def kernels(engine: BaseEngine) -> KernelSessions:
-    ks = engine.extra("kernels")
-    assert isinstance(ks, KernelSessions)
-    return ks
+    return kernels_of(engine)
 
 
 @pytest.fixture

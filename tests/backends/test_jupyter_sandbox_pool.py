@@ -17,15 +17,13 @@ from execspace import BaseEngine, Persistence, RunProgramSpec, WorkspacePolicy
 from execspace.backends.jupyter import KernelSessions
 from execspace.backends.sandbox import SandboxPolicy
 from execspace.backends.sandbox.bwrap import sandbox_uid
-from execspace.registry import probe_backend
+from tests.backends.jupyter_support import alive, kernels_of, require_sandboxed_kernels
 from tests.support import make_traversable
 
 
 @pytest.fixture(autouse=True)
 async def _sandbox_works() -> None:
-    probe = await probe_backend("jupyter", kernel_isolation="sandbox")
-    if not probe.ok:
-        pytest.skip(f"no sandboxed kernels here: {probe.reason}")
+    await require_sandboxed_kernels()
 
 
 @pytest.fixture
@@ -38,9 +36,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
 
 
 def pool_of(engine: BaseEngine) -> KernelSessions:
-    ks = engine.extra("kernels")
-    assert isinstance(ks, KernelSessions)
-    return ks
+    return kernels_of(engine)
 
 
 def pooled_pids(ks: KernelSessions) -> set[int]:
@@ -51,18 +47,6 @@ def pooled_pids(ks: KernelSessions) -> set[int]:
 
 def slots(root: Path) -> list[Path]:
     return sorted(root.glob(".pool-*"))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead for us
-    except FileNotFoundError:
-        return False
 
 
 async def test_pooled_kernel_serves_the_first_cell_of_a_new_workspace(engine: BaseEngine, tmp_path: Path) -> None:
