@@ -128,6 +128,8 @@ class JupyterBackend:
         server_root: Path | str | None = None,
         ca_file: str | None = None,
         programs: Literal["host", "refuse"] = "host",
+        shared_filesystem: bool = True,
+        remote_root: str = "execspace-workspaces",
     ) -> BaseEngine:
         """Open a jupyter engine.
 
@@ -151,7 +153,8 @@ class JupyterBackend:
             policy, network, bwrap: the sandbox backend's options (sandbox mode).
             kernel_limits: limits of each sandboxed kernel as a whole, for its lifetime (default
                 :data:`DEFAULT_KERNEL_LIMITS`, less what this host cannot enforce).
-            server_url, token, server_root, ca_file, programs: remote mode: kernels on the Jupyter Server or
+            server_url, token, server_root, ca_file, programs, shared_filesystem, remote_root: remote mode:
+                kernels on the Jupyter Server or
                 Kernel Gateway at ``server_url`` (see :func:`.remote.open_remote_engine` and
                 docs/jupyter-remote.md); the sandbox's options do not apply there.
         """
@@ -169,6 +172,8 @@ class JupyterBackend:
                 server_root=server_root,
                 ca_file=ca_file,
                 programs=programs,
+                shared_filesystem=shared_filesystem,
+                remote_root=remote_root,
                 kernel_name=kernel_name,
                 interrupt_grace=interrupt_grace,
                 workspace_root=workspace_root,

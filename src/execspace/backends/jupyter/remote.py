@@ -7,12 +7,13 @@ messages built by ``jupyter_client``'s :class:`~jupyter_client.session.Session`)
 ``out/cell-N-K.*`` files, a timeout interrupts and then replaces the kernel, a dead kernel is reported and
 the next call states the loss of state); this module is the :class:`RemoteLauncher` and its connection.
 
-Files: this version needs a **shared filesystem**: the server's kernels must see the workspace
+Files, with ``shared_filesystem=True`` (default): the server's kernels must see the workspace
 directories at the same paths as this host (a server on this host, or ``workspace_root`` shared at the
 same path). Each kernel proves it when it starts by reading a random nonce that we wrote in its
 workspace, then moves into the workspace's ``work/`` with the environment a local run gets. The file
-API (put/stage/collect) and programs are the local backend's, on this host. See docs/jupyter-remote.md
-for what a server without a shared filesystem would need.
+API (put/stage/collect) and programs are the local backend's, on this host. With
+``shared_filesystem=False`` workspaces live on the server and files move through a kernel
+(:mod:`.remotefs`); see docs/jupyter-remote.md.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ with warnings.catch_warnings():
     from jupyter_client.jsonutil import json_default
     from jupyter_client.session import Session
 
-__all__ = ["RemoteKernelSessions", "RemoteLauncher", "open_remote_engine", "remote_capabilities"]
+__all__ = ["NoPrograms", "RemoteKernelSessions", "RemoteLauncher", "open_remote_engine", "remote_capabilities"]
 
 DOES_NOT_PROTECT = (
     "no isolation: kernels run as the server's user, with that user's files, network and processes",
@@ -222,18 +223,25 @@ class RemoteLauncher:
 
     async def start(self, ws: Workspace, *, timeout: float) -> RemoteConnection:  # noqa: ASYNC109
         assert ws.host_path is not None
-        kernel_id = await self.api.start_kernel(self.kernel_name, self._server_path(ws.host_path / "work"))
-        kernel: RemoteConnection | None = None
+        kernel = await self.start_unbound(timeout, self._server_path(ws.host_path / "work"))
         try:
-            kernel = await self._connect(kernel_id, timeout)
             await self._bind(kernel, str(ws.host_path), timeout)
         except BaseException:
-            if kernel is not None:
-                await kernel.close()
+            await kernel.close()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.api.delete(kernel.id))
+            raise
+        return kernel
+
+    async def start_unbound(self, timeout: float, path: str | None = None) -> RemoteConnection:  # noqa: ASYNC109
+        """A new kernel in ``path`` (relative to the server's root; its default cwd otherwise), answering."""
+        kernel_id = await self.api.start_kernel(self.kernel_name, path)
+        try:
+            return await self._connect(kernel_id, timeout)
+        except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.api.delete(kernel_id))
             raise
-        return kernel
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._deleting, return_exceptions=True)
@@ -323,8 +331,9 @@ class RemoteKernelSessions(KernelSessions):
         server_root: Path | None = None,
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
+        launcher: RemoteLauncher | None = None,
     ) -> None:
-        launcher = RemoteLauncher(api, env_policy, kernel_name=kernel_name, server_root=server_root)
+        launcher = launcher or RemoteLauncher(api, env_policy, kernel_name=kernel_name, server_root=server_root)
         super().__init__(
             fs,
             launcher,
@@ -363,23 +372,24 @@ def _write_nonce(run_dir: str) -> tuple[str, str]:
 # -- the engine ----------------------------------------------------------------------------
 
 
-class _NoPrograms:
-    """The runner of ``programs="refuse"``: code runs only in the server's kernels."""
+#: Why ``programs="refuse"`` refuses programs.
+REFUSED = (
+    "This remote engine was opened with programs='refuse': run code in the kernel (engine.extra('kernels')), "
+    "or open it with programs='host' to run programs on this host without isolation."
+)
+
+
+class NoPrograms:
+    """A runner that refuses every program with ``why``: code runs only in the server's kernels."""
+
+    def __init__(self, why: str = REFUSED) -> None:
+        self.why = why
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        raise _programs_refused()
+        raise CapabilityError("programs", "jupyter", self.why)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
-        raise _programs_refused()
-
-
-def _programs_refused() -> CapabilityError:
-    return CapabilityError(
-        "programs",
-        "jupyter",
-        "This remote engine was opened with programs='refuse': run code in the kernel (engine.extra('kernels')), "
-        "or open it with programs='host' to run programs on this host without isolation.",
-    )
+        raise CapabilityError("programs", "jupyter", self.why)
 
 
 def remote_capabilities(
@@ -425,6 +435,7 @@ async def open_remote_engine(
     server_root: Path | str | None = None,
     ca_file: str | None = None,
     shared_filesystem: bool = True,
+    remote_root: str = "execspace-workspaces",
     programs: ProgramsMode = "host",
     request_timeout: float = 30.0,
     start_timeout: float = 30.0,
@@ -439,24 +450,23 @@ async def open_remote_engine(
             server's in the kernel.
         server_root: the server's root_dir on this host, if known (kernels then also start in ``work/``).
         ca_file: CA bundle that signs an https server's certificate (the system's trust store otherwise).
-        shared_filesystem: must be True: a server that cannot see ``workspace_root`` is not supported yet.
+        shared_filesystem: True: the server's kernels see ``workspace_root`` at the same path (checked with a
+            nonce). False: workspaces live on the server under ``remote_root`` and files move through a kernel
+            (:mod:`.remotefs`); ``workspace_root`` and ``programs`` do not apply (programs are refused).
+        remote_root: with ``shared_filesystem=False``, the server-side directory of the workspaces (relative
+            to the kernels' start directory unless absolute; created private to the server's user).
         programs: ``"host"``: ``runner.run_program`` runs programs on this host as the caller (no isolation),
             like the local backend; ``"refuse"``: it raises :class:`CapabilityError` and code runs only in the
             server's kernels (Capabilities list only the kernel's language).
 
     Raises:
-        SetupFailed: bad token (HTTP 401/403), unknown or non-Python kernel, no shared filesystem.
+        SetupFailed: bad token (HTTP 401/403), unknown or non-Python kernel; with a shared filesystem, a
+            kernel that does not see its workspace (on its first cell).
         BackendError: the server cannot be reached.
     """
     if not token:
         raise SetupFailed(
             "jupyter", "remote mode needs the server's token", "pass token=...; never run a server without one"
-        )
-    if not shared_filesystem:
-        raise SetupFailed(
-            "jupyter",
-            "remote kernels without a filesystem shared with this host are not supported yet",
-            "run the server on this host, or share workspace_root with it at the same path (docs/jupyter-remote.md)",
         )
     api = ServerApi(server_url, token, ca_file=ca_file, request_timeout=request_timeout)
     try:
@@ -464,6 +474,11 @@ async def open_remote_engine(
     except BaseException:
         api.close()
         raise
+    if not shared_filesystem:
+        from .remotefs import open_far_engine
+
+        opts = {"start_timeout": start_timeout, "interrupt_grace": interrupt_grace, "request_timeout": request_timeout}
+        return open_far_engine(api, language, env_policy, host_roots, artifacts, kernel_name, remote_root, opts)
     caps = remote_capabilities(env_policy, api.url, language, programs)
     fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
     kernels = RemoteKernelSessions(
@@ -479,7 +494,7 @@ async def open_remote_engine(
     root = Path(workspace_root) if workspace_root else default_workspace_root()
     manager = KernelWorkspaceManager(root, kernels)
     runner: ProgramRunner = (
-        HostRunner(lambda: caps, env_policy, kill_grace=kill_grace) if programs == "host" else _NoPrograms()
+        HostRunner(lambda: caps, env_policy, kill_grace=kill_grace) if programs == "host" else NoPrograms()
     )
     return BaseEngine(
         "jupyter",

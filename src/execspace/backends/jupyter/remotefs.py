@@ -1,0 +1,506 @@
+"""Remote mode without a shared filesystem: workspaces live on the server, files move through a kernel.
+
+Workspaces are directories under a root on the server's side (``remote_root``, relative to the kernels'
+start directory unless absolute), with the standard layout. A **file kernel**, one per engine, runs the
+fixed program :mod:`.remotefs_agent` (its text, with the request as a JSON string literal) for every file
+operation: creating and removing workspaces, writing, reading and walking files with the rules of
+:mod:`execspace.workspace.confine` (fd-relative walks with ``O_NOFOLLOW``, regular singly linked files only,
+temp file then rename). Bytes cross base64-encoded in chunks of :data:`CHUNK` bytes, so no message is large.
+
+Why a file kernel of its own rather than each workspace's kernel: a workspace's kernel is busy while a cell
+runs (up to its timeout), and file calls (collecting outputs, saving a cell's plots) must not wait for it,
+nor may user code be interrupted or shadowed by them. The file kernel runs as the same server user as the
+workspaces' kernels: the file API trusts the server side (the same principal as the code it runs), and
+everything it returns is data that is checked here before it touches this host (paths re-validated, sizes
+capped, artifact names validated by the stager).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import posixpath
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wcmatch import glob as wglob
+
+from ...capabilities import Capabilities
+from ...engine import BaseEngine
+from ...errors import (
+    BackendError,
+    LimitExceeded,
+    PathDenied,
+    SetupFailed,
+    UnsupportedBackend,
+    WorkspaceNotFound,
+)
+from ...mime import SNIFF_BYTES, guess_mime
+from ...models import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    File,
+    InputSpec,
+    OutputManifest,
+    OutputSpec,
+    Persistence,
+    PutFile,
+    Workspace,
+    WorkspacePolicy,
+)
+from ...workspace.confine import split_relpath
+from ...workspace.hostfs import GLOB_FLAGS, HostWorkspaceFS, glob_base, normalize_globs
+from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
+from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
+from .kernels import CellResult, KernelConnection, _Session, bind
+from .remote import NoPrograms, RemoteConnection, RemoteKernelSessions, RemoteLauncher, remote_capabilities
+
+if TYPE_CHECKING:
+    from ...artifacts import ArtifactService
+    from ...envpolicy import EnvPolicy
+    from .remote_api import ServerApi
+
+__all__ = [
+    "CHUNK",
+    "FarKernelSessions",
+    "FileKernel",
+    "RemoteWorkspaceFS",
+    "RemoteWorkspaceManager",
+    "far_capabilities",
+    "open_far_engine",
+]
+
+#: Raw bytes per file call (base64 makes the message a third larger).
+CHUNK = 1 << 20
+#: Most entries one walk lists (like ConfinedRoot.walk's budget).
+MAX_WALK_ENTRIES = 200_000
+_MIME = "application/vnd.execspace.remotefs+json"
+_ERRORS: dict[str, type[Exception]] = {"FileNotFoundError": FileNotFoundError, "IsADirectoryError": IsADirectoryError}
+
+
+def agent_source() -> str:
+    """The text of :mod:`.remotefs_agent`, the program every file call runs in the file kernel."""
+    return resources.files(__package__).joinpath("remotefs_agent.py").read_text(encoding="utf-8")
+
+
+def agent_code(source: str, op: str, args: dict[str, Any]) -> str:
+    """The cell for one call: the fixed source, run in fresh globals with the request as a string literal."""
+    request = json.dumps({"op": op, "args": args})
+    return f"exec({source!r}, {{'__name__': '__execspace_remotefs__', '_ARGS': {request!r}}})"
+
+
+class FileKernel:
+    """The engine's file kernel on the server: one call at a time, replaced if it dies or hangs."""
+
+    def __init__(self, launcher: RemoteLauncher, *, timeout: float) -> None:
+        self._launcher = launcher
+        self._timeout = timeout
+        self._source = agent_source()
+        self._lock = asyncio.Lock()
+        self._kernel: RemoteConnection | None = None
+
+    async def call(self, op: str, args: dict[str, Any]) -> Any:
+        """Run ``op`` in the file kernel; its result, or the execspace error its rules raised."""
+        async with self._lock:
+            if self._kernel is None or self._kernel.gone is not None:
+                await self._drop()
+                self._kernel = await self._launcher.start_unbound(self._timeout)
+            try:
+                result = await self._run(self._kernel, agent_code(self._source, op, args))
+            except BackendError:
+                await self._drop()
+                raise
+        if "error" in result:
+            kind, path, why = (str(x) for x in result["error"])
+            if kind == "PathDenied":
+                raise PathDenied(path, why)
+            raise _ERRORS.get(kind, OSError)(f"{why}: {path!r} (on the server)")
+        return result["ok"]
+
+    async def _run(self, kernel: RemoteConnection, code: str) -> dict[str, Any]:
+        await kernel.drain()
+        content = {"code": code, "silent": True, "store_history": False, "user_expressions": {}}
+        msg_id = kernel.send("execute_request", {**content, "allow_stdin": False, "stop_on_error": False})
+        deadline = time.monotonic() + self._timeout
+        result: dict[str, Any] | None = None
+        while (remaining := deadline - time.monotonic()) > 0:
+            msg = await kernel.next_iopub(remaining)
+            if msg is None:
+                break
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, body = msg["header"]["msg_type"], msg.get("content", {})
+            if kind == "display_data" and isinstance(body.get("data", {}).get(_MIME), dict):
+                result = body["data"][_MIME]
+            elif kind == "error":
+                raise BackendError(f"the server's file kernel failed: {body.get('ename')}: {body.get('evalue')}")
+            elif kind == "status" and body.get("execution_state") == "idle":
+                if result is None:
+                    raise BackendError("the server's file kernel gave no result")
+                return result
+        raise BackendError(f"the server's file kernel did not answer within {self._timeout:g}s ({kernel.gone or ''})")
+
+    async def _drop(self) -> None:
+        kernel, self._kernel = self._kernel, None
+        if kernel is not None:
+            await kernel.stop(wait=False)
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
+class RemoteWorkspaceFS:
+    """WorkspaceFS for workspaces on the server: same paths rules, caps and errors as HostWorkspaceFS."""
+
+    def __init__(
+        self, files: FileKernel, artifacts: ArtifactService | None = None, host_roots: Sequence[Path] = ()
+    ) -> None:
+        self.files = files
+        self.artifacts = artifacts
+        self._host = HostWorkspaceFS(host_roots=host_roots)  # host_roots rules, and the metadata locks
+        self.host_roots = self._host.host_roots
+        self.locks = self._host.locks
+
+    async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
+        for f in files:
+            split_relpath(f.path)  # refuse bad paths before writing anything
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for f in files:
+            data = f.data
+            if size + len(data) > CHUNK and batch:
+                await self.files.call("write", {"ws": ws.path, "items": batch})
+                batch, size = [], 0
+            if len(data) <= CHUNK:
+                batch.append(_piece(f.path, data, f.mode, None, final=True))
+                size += len(data)
+            else:
+                await self._put_large(ws, f.path, data, f.mode)
+        if batch:
+            await self.files.call("write", {"ws": ws.path, "items": batch})
+
+    async def _put_large(self, ws: Workspace, path: str, data: bytes, mode: int) -> None:
+        tmp: str | None = None
+        for start in range(0, len(data), CHUNK):
+            final = start + CHUNK >= len(data)
+            item = _piece(path, data[start : start + CHUNK], mode, tmp, final=final)
+            (tmp,) = await self.files.call("write", {"ws": ws.path, "items": [item]})
+
+    async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
+        split_relpath(path)
+        data, size = await self._read(ws, path, max_bytes)
+        return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
+
+    async def _read(self, ws: Workspace, path: str, cap: int | None) -> tuple[bytes, int]:
+        """Up to ``cap`` bytes of the file, chunk by chunk, and its size; the file must stay the same file."""
+        chunks: list[bytes] = []
+        got, ident = 0, None
+        while True:
+            want = CHUNK if cap is None else min(CHUNK, cap - got)
+            reply = await self.files.call("read", {"ws": ws.path, "path": path, "offset": got, "n": max(want, 0)})
+            if ident is not None and reply["id"] != ident:
+                raise BackendError(f"{path!r} was replaced on the server while being read")
+            ident, size = reply["id"], int(reply["size"])
+            chunk = base64.b64decode(reply["b64"])
+            chunks.append(chunk)
+            got += len(chunk)
+            if not chunk or got >= size or (cap is not None and got >= cap):
+                return b"".join(chunks)[: cap if cap is not None else None], size
+
+    async def collect(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = DEFAULT_MAX_FILES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> list[File]:
+        globs = normalize_globs(patterns)
+        for g in globs:
+            if g.startswith("/") or ".." in g.split("/"):
+                raise PathDenied(g, "collect patterns must be relative to the workspace and stay inside it")
+        files: list[File] = []
+        budget = max_total_bytes
+        for path, _size, nlink in await self._matching(ws, globs):
+            if len(files) >= max_files or budget <= 0:
+                break
+            if nlink > 1:
+                continue  # may alias a file outside the workspace; read_file would refuse it too
+            try:
+                data, size = await self._read(ws, path, min(max_file_bytes, budget))
+            except (PathDenied, FileNotFoundError):
+                continue  # swapped for a link or removed since the walk: skip, never follow
+            budget -= len(data)
+            files.append(File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, len(data) < size))
+        return files
+
+    async def _matching(self, ws: Workspace, globs: list[str]) -> list[tuple[str, int, int]]:
+        starts = sorted({tuple(glob_base(g)) for g in globs if not g.startswith("!")})
+        starts = [s for s in starts if not any(s[: len(o)] == o and s != o for o in starts)]
+        if not starts:
+            return []
+        found = await self.files.call("walk", {"ws": ws.path, "starts": starts, "max_entries": MAX_WALK_ENTRIES})
+        return list(_selected(found, globs))
+
+    async def list_files(self, ws: Workspace, patterns: Sequence[str]) -> list[tuple[str, int]]:
+        """Paths and sizes of regular files matching the globs (no content read)."""
+        return [(path, size) for path, size, _ in await self._matching(ws, normalize_globs(patterns))]
+
+    async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
+        """Upload the allowed host tree ``src`` to ``dest``; symlinks in it are skipped, never followed."""
+        if not Path(src).is_absolute():
+            raise PathDenied(str(src), "stage_directory needs an absolute host path")
+        real = self._host.check_host_path(Path(src))
+        dest_parts = split_relpath(dest)
+        puts = await asyncio.to_thread(_read_host_tree, real, "/".join(dest_parts), read_only)
+        await self.put_files(ws, puts)
+
+    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+        from ...workspace.staging import stage_inputs
+
+        return await stage_inputs(self, ws, inputs, artifacts=self.artifacts, host_roots=self.host_roots)
+
+    async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
+        from ...workspace.staging import collect_outputs
+
+        return await collect_outputs(self, ws, spec, artifacts=self.artifacts)
+
+    async def next_cell(self, ws: Workspace) -> int:
+        return int(await self.files.call("next_cell", {"ws": ws.path}))
+
+
+def _piece(path: str, data: bytes, mode: int, tmp: str | None, *, final: bool) -> dict[str, Any]:
+    return {"path": path, "b64": base64.b64encode(data).decode(), "mode": mode, "tmp": tmp, "final": final}
+
+
+def _selected(found: Any, globs: list[str]) -> Iterator[tuple[str, int, int]]:
+    """The walk's entries that match the globs; the server's answer is checked before it is used."""
+    seen: set[str] = set()
+    for path, size, nlink in found:
+        path = str(path)
+        split_relpath(path)  # a path that could leave the workspace is refused, whoever sent it
+        if path in seen or ("/" not in path and is_metadata_temp(path)):
+            continue
+        if wglob.globmatch(path, globs, flags=GLOB_FLAGS):
+            seen.add(path)
+            yield path, int(size), int(nlink)
+
+
+def _read_host_tree(src: Path, dest: str, read_only: bool) -> list[PutFile]:
+    """The regular files of the host tree ``src`` (no symlink followed), capped like a staged tree."""
+    puts: list[PutFile] = []
+    total = 0
+    for top, dirs, names in os.walk(src, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(top, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    continue  # a symlink: skipped, like HostWorkspaceFS.stage_directory does
+                raise
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                data = f.read(DEFAULT_MAX_TOTAL_BYTES - total + 1)
+            total += len(data)
+            if total > DEFAULT_MAX_TOTAL_BYTES or len(puts) >= 10_000:
+                raise LimitExceeded(f"{src} is larger than {DEFAULT_MAX_TOTAL_BYTES} bytes or 10,000 files")
+            mode = st.st_mode & (0o555 if read_only else 0o755)
+            puts.append(PutFile(f"{dest}/{Path(path).relative_to(src).as_posix()}", data, mode))
+    return puts
+
+
+class FarLauncher(RemoteLauncher):
+    """Starts a workspace's kernel and moves it into the workspace on the server."""
+
+    def __init__(self, api: ServerApi, env_policy: EnvPolicy | None, *, kernel_name: str) -> None:
+        super().__init__(api, env_policy, kernel_name=kernel_name, server_root=None)
+        self.fs: RemoteWorkspaceFS | None = None
+
+    async def start(self, ws: Workspace, *, timeout: float) -> RemoteConnection:  # noqa: ASYNC109
+        assert self.fs is not None
+        run_dir = f"runs/kernel-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+        await self.fs.files.call("layout", _layout_args(ws, [run_dir]))
+        env = self._env_policy.build(os.environ, {}, workspace_env(ws.path, run_dir))
+        kernel = await self.start_unbound(timeout)
+        try:
+            content = await bind(kernel, posixpath.join(ws.path, "work"), env, timeout)
+            if content.get("status") != "ok":
+                why = f"{content.get('ename')}: {content.get('evalue')}" if content else kernel.gone or "no reply"
+                raise SetupFailed("jupyter", f"kernel {self.kernel_name!r} could not be moved into {ws.path}: {why}")
+        except BaseException:
+            await kernel.stop(wait=False)
+            raise
+        return kernel
+
+
+def _layout_args(ws: Workspace, extra: list[str]) -> dict[str, Any]:
+    record = WorkspaceMetadata(id=ws.id).to_json()
+    data = record if isinstance(record, bytes) else record.encode()
+    return {
+        "ws": ws.path,
+        "dirs": [*LAYOUT_DIRS, *extra],
+        "record": METADATA_FILE,
+        "data": base64.b64encode(data).decode(),
+    }
+
+
+class FarKernelSessions(RemoteKernelSessions):
+    """Remote kernels whose workspaces exist only on the server (no host path)."""
+
+    def __init__(self, api: ServerApi, fs: RemoteWorkspaceFS, launcher: FarLauncher, **options: Any) -> None:
+        super().__init__(api, fs, launcher=launcher, **options)
+        self._far_fs = fs
+
+    async def execute(self, ws: Workspace, code: str, **options: Any) -> CellResult:
+        return await super().execute(_by_path(ws), code, **options)
+
+    async def shutdown(self, ws: Workspace) -> None:
+        await super().shutdown(_by_path(ws))
+
+    async def _start(self, ws: Workspace, session: _Session) -> KernelConnection:
+        if session.next_cell == 0:
+            session.next_cell = await self._far_fs.next_cell(ws)
+        session.kernel = await self.launcher.start(ws, timeout=self._start_timeout)
+        return session.kernel
+
+
+def _by_path(ws: Workspace) -> Workspace:
+    """Kernels are keyed by ``ws.id`` when there is no host path; one id has several per-turn workspaces."""
+    return dataclasses.replace(ws, id=ws.path)
+
+
+class RemoteWorkspaceManager:
+    """Workspaces under ``remote_root`` on the server, created and removed by the file kernel."""
+
+    def __init__(self, files: FileKernel, kernels: FarKernelSessions, remote_root: str) -> None:
+        self._files = files
+        self._kernels = kernels
+        self._remote_root = remote_root
+        self._root: str | None = None
+        self._known: dict[str, Workspace] = {}
+
+    async def root(self) -> str:
+        """The workspace root's absolute path on the server (made on first use, private to the server's user)."""
+        if self._root is None:
+            root = await self._files.call("root", {"root": self._remote_root})
+            if not isinstance(root, str) or not posixpath.isabs(root):
+                raise BackendError(f"the server's file kernel named {root!r} as the workspace root")
+            self._root = root
+        return self._root
+
+    async def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        if path is not None:
+            raise UnsupportedBackend("path= names a host directory; this server does not share our filesystem")
+        policy = policy or WorkspacePolicy()
+        session = policy.persistence is Persistence.SESSION
+        if session and exec_id in self._known:
+            return self._known[exec_id]
+        name = sanitize_id(exec_id) if session else f"{sanitize_id(exec_id)}-{secrets.token_hex(4)}"
+        ws = Workspace(id=exec_id, path=posixpath.join(await self.root(), name), backend="jupyter", policy=policy)
+        await self._files.call("layout", _layout_args(ws, []))
+        if session:
+            self._known[exec_id] = ws
+        return ws
+
+    async def get_workspace(self, exec_id: str) -> Workspace:
+        if exec_id in self._known:
+            return self._known[exec_id]
+        ws = Workspace(id=exec_id, path=posixpath.join(await self.root(), sanitize_id(exec_id)), backend="jupyter")
+        with contextlib.suppress(FileNotFoundError):
+            if await self._files.call("exists", {"ws": ws.path, "record": METADATA_FILE}):
+                self._known[exec_id] = ws
+                return ws
+        raise WorkspaceNotFound(f"no workspace for id {exec_id!r} on the server; create it with create_workspace()")
+
+    async def cleanup(self, ws: Workspace) -> None:
+        if posixpath.dirname(ws.path) != await self.root() or ws.backend != "jupyter":
+            raise PathDenied(ws.path, "not a workspace of this engine's root on the server")
+        if self._known.get(ws.id) == ws:
+            del self._known[ws.id]
+        await self._kernels.shutdown(ws)
+        await self._files.call("remove", {"ws": ws.path})
+
+
+# -- the engine ----------------------------------------------------------------------------
+
+#: Added to remote mode's list when the server does not share our filesystem.
+FAR_DOES_NOT_PROTECT = (
+    "the file API trusts the server side: it runs in a kernel as the server's user, the same principal as the "
+    "workspaces' code, which can change any workspace of this engine on the server (what comes back is checked "
+    "before it is written on this host)",
+    "workspaces on the server have no disk quota, and are removed only by cleanup",
+)
+
+
+#: Why programs are refused: running them well needs a process API on the server.
+PROGRAMS_REFUSED = (
+    "This remote engine's workspaces are on the server (shared_filesystem=False): run code in the kernel "
+    "(engine.extra('kernels'), or CodeExecutor for python blocks); use subprocess from a cell if you must."
+)
+
+
+def far_capabilities(env_policy: EnvPolicy | None, server_url: str, language: str) -> Capabilities:
+    """Cells in the server's kernels, files through its file kernel, no programs, no host paths."""
+    base = remote_capabilities(env_policy, server_url, language, "refuse")
+    details = {
+        **base.details,
+        "mode": f"remote kernels on {server_url} (workspaces on the server, no shared filesystem; no programs)",
+        "files": f"through a file kernel on the server, in chunks of {CHUNK >> 20} MiB, with the host's path rules",
+    }
+    return dataclasses.replace(
+        base, host_paths=False, does_not_protect=(*base.does_not_protect, *FAR_DOES_NOT_PROTECT), details=details
+    )
+
+
+def open_far_engine(
+    api: ServerApi,
+    language: str,
+    env_policy: EnvPolicy | None,
+    host_roots: Any,
+    artifacts: Any,
+    kernel_name: str,
+    remote_root: str,
+    options: dict[str, float],
+) -> BaseEngine:
+    """The engine of ``shared_filesystem=False`` (see :func:`.remote.open_remote_engine`)."""
+    launcher = FarLauncher(api, env_policy, kernel_name=kernel_name)
+    files = FileKernel(launcher, timeout=options["request_timeout"])
+    fs = RemoteWorkspaceFS(files, artifacts, host_roots or ())
+    launcher.fs = fs
+    kernels = FarKernelSessions(
+        api,
+        fs,
+        launcher,
+        kernel_name=kernel_name,
+        language=language,
+        start_timeout=options["start_timeout"],
+        interrupt_grace=options["interrupt_grace"],
+    )
+    manager = RemoteWorkspaceManager(files, kernels, remote_root)
+
+    async def close() -> None:
+        await files.aclose()
+        await kernels.aclose()
+
+    caps = far_capabilities(env_policy, api.url, language)
+    extra = {"kernels": kernels, "server_url": api.url, "remote_root": remote_root}
+    return BaseEngine("jupyter", manager, fs, NoPrograms(PROGRAMS_REFUSED), caps, on_close=close, extra=extra)
