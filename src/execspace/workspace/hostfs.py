@@ -72,6 +72,22 @@ def normalize_globs(patterns: Sequence[str]) -> list[str]:
     return out
 
 
+def collect_globs(patterns: Sequence[str]) -> list[str]:
+    """:func:`normalize_globs`, refusing a pattern that is absolute or climbs out of the workspace."""
+    globs = normalize_globs(patterns)
+    for g in globs:
+        if g.startswith("/") or ".." in g.split("/"):
+            raise PathDenied(g, "collect patterns must be relative to the workspace and stay inside it")
+    return globs
+
+
+def walk_starts(globs: Sequence[str]) -> list[tuple[str, ...]]:
+    """The directories a walk must start from to see every match of the (non-negated) globs."""
+    starts = sorted({tuple(glob_base(g)) for g in globs if not g.startswith("!")})
+    # walking a parent covers its children: drop bases nested in another base
+    return [s for s in starts if not any(s[: len(o)] == o and s != o for o in starts)]
+
+
 def glob_base(pattern: str) -> list[str]:
     """The literal leading directories of a glob: where a walk must start."""
     parts = pattern.split("/")[:-1]
@@ -192,10 +208,7 @@ class HostWorkspaceFS:
     ) -> tuple[list[File], bool]:
         """Like :meth:`collect`, also telling whether a cap cut the result short."""
         root = self._root(ws)
-        globs = normalize_globs(patterns)
-        for g in globs:
-            if g.startswith("/") or ".." in g.split("/"):
-                raise PathDenied(g, "collect patterns must be relative to the workspace and stay inside it")
+        globs = collect_globs(patterns)
         limits = (max_files, max_file_bytes, max_total_bytes)
         return await asyncio.to_thread(_collect, root, globs, *limits, self._readable(ws))
 
@@ -290,12 +303,8 @@ class HostWorkspaceFS:
 
 
 def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-def]
-    include = [g for g in globs if not g.startswith("!")]
-    starts = sorted({tuple(glob_base(g)) for g in include})
-    # walking a parent covers its children: drop bases nested in another base
-    starts = [s for s in starts if not any(s[: len(o)] == o and s != o for o in starts)]
     seen: set[str] = set()
-    for start in starts:
+    for start in walk_starts(globs):
         for entry in cr.walk(list(start)):
             if entry.relpath in seen:
                 continue

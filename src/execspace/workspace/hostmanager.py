@@ -59,8 +59,12 @@ class HostWorkspaceManager:
         prepare: Callable[[Path], None] | None = None,
         program_path: Callable[[Path], str] = str,
         private_root: bool = True,
+        adopt: Callable[[Path], bool] | None = None,
     ) -> None:
+        """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
+        when it put a directory there itself (a warm pool's slot, see :mod:`.slots`)."""
         self.backend = backend
+        self._adopt = adopt
         self._program_path = program_path
         self._private_root = private_root
         self.root = Path(root) if root is not None else default_workspace_root()
@@ -112,8 +116,9 @@ class HostWorkspaceManager:
             if policy.persistence is Persistence.TURN:
                 name = f"{name}-{secrets.token_hex(4)}"
             ws_dir = self.root / name
-            # 0700: the root may be traversable (0711, for a sandbox uid) and workspace names are guessable
-            ws_dir.mkdir(mode=0o700, exist_ok=True)
+            if self._adopt is None or not self._adopt(ws_dir):
+                # 0700: the root may be traversable (0711, for a sandbox uid) and workspace names are guessable
+                ws_dir.mkdir(mode=0o700, exist_ok=True)
         ensure_layout(ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             save_metadata(ws_dir, WorkspaceMetadata(id=exec_id))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,11 +27,11 @@ from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
-from ...models import Persistence, Workspace, WorkspacePolicy
+from ...models import Workspace, WorkspacePolicy
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
-from ...workspace.layout import LAYOUT_DIRS, sanitize_id
+from ...workspace.layout import LAYOUT_DIRS
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
@@ -210,7 +209,9 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
     def __init__(
         self, containers: WorkspaceContainers, root: Path, prepare: Callable[[Path], None], pool_size: int
     ) -> None:
-        super().__init__("container", root, prepare=prepare, program_path=lambda _p: CONTAINER_WORKSPACE)
+        super().__init__(
+            "container", root, prepare=prepare, program_path=lambda _p: CONTAINER_WORKSPACE, adopt=self._adopt_slot
+        )
         self._containers = containers
         containers.pool_root = self.root
         self.pool = WarmPool(pool_size, self._make_slot, containers.discard_slot)
@@ -226,21 +227,6 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             return await super().create_workspace(exec_id, policy, path=path)
         finally:
             self.pool.refill()
-
-    def _create(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
-        if path is None:
-            if not self._root_ready:
-                private_dir(self.root, 0o700)
-                self._root_ready = True
-            name = sanitize_id(exec_id)
-            if policy.persistence is Persistence.TURN:
-                # named here so that a pool slot can be renamed to it; the base class then takes it as is
-                path = (self.root / f"{name}-{secrets.token_hex(4)}").absolute()
-                if not self._adopt_slot(path):
-                    path.mkdir(mode=0o700)
-            else:
-                self._adopt_slot(self.root / name)
-        return super()._create(exec_id, policy, path)
 
     def _adopt_slot(self, ws_dir: Path) -> bool:
         """Rename a pool slot's directory to ``ws_dir`` if that workspace is new (else keep the slot)."""

@@ -60,7 +60,7 @@ from ...models import (
     WorkspacePolicy,
 )
 from ...workspace.confine import split_relpath
-from ...workspace.hostfs import GLOB_FLAGS, HostWorkspaceFS, glob_base, normalize_globs
+from ...workspace.hostfs import GLOB_FLAGS, HostWorkspaceFS, collect_globs, normalize_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
 from .kernels import CellResult, KernelConnection, _Session, bind
@@ -228,10 +228,7 @@ class RemoteWorkspaceFS:
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
     ) -> list[File]:
-        globs = normalize_globs(patterns)
-        for g in globs:
-            if g.startswith("/") or ".." in g.split("/"):
-                raise PathDenied(g, "collect patterns must be relative to the workspace and stay inside it")
+        globs = collect_globs(patterns)
         files: list[File] = []
         budget = max_total_bytes
         for path, _size, nlink in await self._matching(ws, globs):
@@ -248,8 +245,7 @@ class RemoteWorkspaceFS:
         return files
 
     async def _matching(self, ws: Workspace, globs: list[str]) -> list[tuple[str, int, int]]:
-        starts = sorted({tuple(glob_base(g)) for g in globs if not g.startswith("!")})
-        starts = [s for s in starts if not any(s[: len(o)] == o and s != o for o in starts)]
+        starts = walk_starts(globs)
         if not starts:
             return []
         found = await self.files.call("walk", {"ws": ws.path, "starts": starts, "max_entries": MAX_WALK_ENTRIES})

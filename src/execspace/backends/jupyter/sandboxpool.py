@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...models import Persistence, Workspace, WorkspacePolicy
+from ...models import Workspace, WorkspacePolicy
 from ...workspace.hostmanager import HostWorkspaceManager, private_dir
-from ...workspace.layout import ensure_layout, sanitize_id
-from ...workspace.metadata import WorkspaceMetadata, save_metadata
+from ...workspace.layout import ensure_layout
 from ...workspace.slots import adopt_slot_dir, new_slot_dir
 from ..sandbox.bwrap import SANDBOX_WORKSPACE
 from .kernels import KernelSessions
@@ -45,8 +43,7 @@ def make_slot(root: Path, root_mode: int, prepare: Callable[[Path], None] | None
     private_dir(root, root_mode)  # the slots live in the root: same filesystem, so the rename is atomic
     slot = new_slot_dir(root)
     try:
-        ensure_layout(slot)
-        save_metadata(slot, WorkspaceMetadata())
+        ensure_layout(slot)  # its metadata is written when it becomes a workspace (which names it)
         if prepare is not None:
             prepare(slot)  # as root: the slot's uid, which the workspace keeps (same inode)
     except BaseException:
@@ -165,7 +162,12 @@ class SlotWorkspaceManager(HostWorkspaceManager):
         private_root: bool,
     ) -> None:
         super().__init__(
-            "sandbox", root, prepare=prepare, program_path=lambda _p: SANDBOX_WORKSPACE, private_root=private_root
+            "sandbox",
+            root,
+            prepare=prepare,
+            program_path=lambda _p: SANDBOX_WORKSPACE,
+            private_root=private_root,
+            adopt=launcher.adopt,
         )
         self._launcher = launcher
         self._kernels = kernels
@@ -177,27 +179,6 @@ class SlotWorkspaceManager(HostWorkspaceManager):
             return await super().create_workspace(exec_id, policy, path=path)
         finally:
             self._launcher.refill()
-
-    def _create(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
-        adopted = False
-        if path is None and self._launcher.pool is not None:
-            if not self._root_ready:
-                private_dir(self.root, 0o700 if self._private_root else 0o711)
-                self._root_ready = True
-            name = sanitize_id(exec_id)
-            if policy.persistence is Persistence.TURN:
-                # named here so that a slot can be renamed to it; the base class then takes it as is
-                path = (self.root / f"{name}-{secrets.token_hex(4)}").absolute()
-                adopted = self._launcher.adopt(path)
-                if not adopted:
-                    path.mkdir(mode=0o700)
-            else:
-                adopted = self._launcher.adopt(self.root / name)
-        ws = super()._create(exec_id, policy, path)
-        if adopted:
-            assert ws.host_path is not None
-            save_metadata(ws.host_path, WorkspaceMetadata(id=exec_id))  # the slot's record named no workspace
-        return ws
 
     async def cleanup(self, ws: Workspace) -> None:
         await self._kernels.shutdown(ws)
