@@ -68,6 +68,10 @@ class EnvPolicy:
         env.update(workspace_env)
         return env
 
+    def program_path(self, host_env: Mapping[str, str]) -> str:
+        """The PATH a run gets from ``host_env`` (where its language runtimes are looked up)."""
+        return self.build(host_env, {}, {})["PATH"]
+
     def _inherited(self, host_env: Mapping[str, str], inherit: str) -> dict[str, str]:
         if inherit == "none":
             return {}

@@ -207,7 +207,7 @@ def unisolated_capabilities(
     from ..languages import available_languages
     from .rlimits import RLIMIT_ENFORCED
 
-    path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
+    path = (env_policy or EnvPolicy()).program_path(os.environ)
     return Capabilities(
         backend=backend,
         isolation=Isolation.NONE,

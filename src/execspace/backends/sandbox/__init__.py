@@ -278,7 +278,7 @@ class SandboxBackend:
             return seatbelt_capabilities(policy or SandboxPolicy(), env_policy)
         if policy is not None:
             network_default = policy.network_enabled
-        host_path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
+        host_path = (env_policy or EnvPolicy()).program_path(os.environ)
         limits = {"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED
         groups = cgroups or CgroupSupport({})
         if _is_root():

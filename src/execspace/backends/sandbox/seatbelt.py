@@ -432,7 +432,7 @@ def probe_seatbelt() -> Probe:
 
 
 def seatbelt_capabilities(policy: SandboxPolicy, env_policy: EnvPolicy | None) -> Capabilities:
-    path = (env_policy or EnvPolicy()).build(os.environ, {}, {})["PATH"]
+    path = (env_policy or EnvPolicy()).program_path(os.environ)
     # macOS ignores RLIMIT_AS: memory is not claimed; nothing here limits the process count
     limits = {"timeout", "output_bytes", "disk_bytes"} | (RLIMIT_ENFORCED - {"memory_bytes"})
     return Capabilities(
