@@ -200,6 +200,17 @@ async def bare_run(argv: list[str], **kwargs: Any) -> int:
     return proc.returncode or 0
 
 
+async def backend_ready(name: str, what: str, report: Report, log: Callable[[str], None], **options: Any) -> bool:
+    """Probe backend ``name``; when it cannot run here, note why ``what`` (a section) is skipped and say so."""
+    from execspace.registry import probe_backend
+
+    probe = await probe_backend(name, **options)
+    if not probe.ok:
+        report.notes.append(f"{what} skipped: {probe.reason}" + (f" (fix: {probe.fix})" if probe.fix else ""))
+        log(f"{what}: skipped ({probe.reason})")
+    return probe.ok
+
+
 def ok(code: int, what: str) -> None:
     # a benchmark of a failing command measures the wrong thing: stop loudly
     if code != 0:

@@ -18,9 +18,8 @@ import queue
 from typing import Any
 
 import execspace
-from bench_core import Plan, Report, Row, Stats, interleaved, scratch_dir, timed
+from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir, timed
 from execspace import Workspace
-from execspace.registry import probe_backend
 
 SECTION = "5 jupyter"
 
@@ -84,10 +83,9 @@ async def _first_result(
 
 
 async def _sandboxed(plan: Plan, report: Report, log: Any, tmp: Any) -> None:
-    sandbox = await probe_backend("sandbox")
-    if not sandbox.ok:
-        report.notes.append(f"sandboxed-kernel benchmarks skipped: {sandbox.reason}")
-        log(f"5 jupyter: sandboxed kernels skipped ({sandbox.reason})")
+    if not await backend_ready(
+        "jupyter", "5 jupyter: sandboxed-kernel benchmarks", report, log, kernel_isolation="sandbox"
+    ):
         return
     tmp.chmod(0o711)  # the per-workspace sandbox uid must traverse to the workspaces
     async with (
@@ -105,12 +103,7 @@ async def _sandboxed(plan: Plan, report: Report, log: Any, tmp: Any) -> None:
 
 
 async def run_jupyter(plan: Plan, report: Report, log: Any) -> None:
-    probe = await probe_backend("jupyter")
-    if not probe.ok:
-        report.notes.append(
-            f"jupyter benchmarks skipped: {probe.reason}" + (f" (fix: {probe.fix})" if probe.fix else "")
-        )
-        log(f"5 jupyter: skipped ({probe.reason})")
+    if not await backend_ready("jupyter", "5 jupyter benchmarks", report, log):
         return
     with scratch_dir("execspace-bench-jupyter-") as tmp:
         async with (

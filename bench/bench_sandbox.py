@@ -32,6 +32,7 @@ from bench_core import (
     Row,
     Stats,
     Step,
+    backend_ready,
     bare_run,
     concurrent_throughput,
     interleaved,
@@ -41,7 +42,6 @@ from bench_core import (
     scratch_dir,
 )
 from execspace import RunProgramSpec, Workspace
-from execspace.registry import probe_backend
 
 SECTION = "4 sandbox"
 SANDBOX_PYTHON = "/usr/bin/python3"  # /root, /home (pyenv, venvs) are not visible inside
@@ -291,12 +291,7 @@ async def _cli(plan: Plan, report: Report) -> None:
 
 
 async def run_sandbox(plan: Plan, report: Report, log: Any) -> None:
-    probe = await probe_backend("sandbox")
-    if not probe.ok:
-        report.notes.append(
-            f"sandbox benchmarks skipped: {probe.reason}" + (f" (fix: {probe.fix})" if probe.fix else "")
-        )
-        log(f"4/4 sandbox: skipped ({probe.reason})")
+    if not await backend_ready("sandbox", "4/4 sandbox benchmarks", report, log):
         return
     log("4/4 sandbox")
     with scratch_dir("execspace-bench-sandbox-") as root:
