@@ -15,8 +15,8 @@ import pytest
 import execspace
 from execspace import PutFile
 from execspace.backends.container.daemon import connect, daemon_info
-from execspace.backends.container.reaper import POOL_DIR_PREFIX
 from execspace.models import ResourceLimits
+from execspace.workspace.slots import SLOT_PREFIX
 from tests.backends.container_support import container_engine, engine_containers, engine_fixture, sh
 from tests.backends.docker_fixture import Daemon
 
@@ -69,4 +69,4 @@ async def test_pool_and_cleanup_under_podman(podman_daemon: Daemon, podman_image
         r = await eng.runner.run_program(ws, sh("hostname; ls -A /tmp"))
         assert len(warm) == 1 and warm[0].startswith(r.stdout.strip())  # the renamed slot dir is the mount
     assert engine_containers(podman_daemon, eng) == {}
-    assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
+    assert list(root.glob(f"{SLOT_PREFIX}*")) == []

@@ -8,10 +8,10 @@ import pytest
 
 import execspace
 from execspace import WorkspacePolicy
-from execspace.backends.container.reaper import POOL_DIR_PREFIX
 from execspace.errors import SetupFailed
 from execspace.models import Persistence
 from execspace.workspace.layout import LAYOUT_DIRS, METADATA_FILE
+from execspace.workspace.slots import SLOT_PREFIX
 from tests.backends.container_support import container_engine, engine_containers, engine_fixture, sh
 from tests.backends.docker_fixture import Daemon
 
@@ -98,9 +98,9 @@ async def test_close_removes_pool_containers_and_slot_directories(
         await eng.runner.run_program(ws, sh("true"))
         await eng.extra("pool").ready()
         assert len(engine_containers(docker_daemon, eng)) == 3
-        assert len(list(root.glob(f"{POOL_DIR_PREFIX}*"))) == 2
+        assert len(list(root.glob(f"{SLOT_PREFIX}*"))) == 2
     assert engine_containers(docker_daemon, eng) == {}
-    assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
+    assert list(root.glob(f"{SLOT_PREFIX}*")) == []
     assert ws.host_path is not None and ws.host_path.is_dir()  # the workspace's files are kept, as elsewhere
 
 
@@ -113,7 +113,7 @@ async def test_a_pool_that_cannot_fill_fails_the_run_not_the_open(
         pool = eng.extra("pool")
         await pool.ready()
         assert isinstance(pool.last_error, SetupFailed) and pool.available() == 0
-        assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []  # a failed slot leaves no directory behind
+        assert list(root.glob(f"{SLOT_PREFIX}*")) == []  # a failed slot leaves no directory behind
         ws = await eng.manager.create_workspace("no-container")
         with pytest.raises(SetupFailed, match="CPU"):
             await eng.runner.run_program(ws, sh("true"))

@@ -18,7 +18,6 @@ import pytest
 from execspace.backends.container.daemon import connect
 from execspace.backends.container.reaper import (
     LABEL,
-    POOL_DIR_PREFIX,
     Owner,
     current_owner,
     owner_alive,
@@ -26,6 +25,7 @@ from execspace.backends.container.reaper import (
     reap_orphans,
 )
 from execspace.workspace.layout import sanitize_id
+from execspace.workspace.slots import SLOT_PREFIX
 from tests.backends.container_support import container_engine, engine_containers
 from tests.backends.docker_fixture import TEST_BINDS, Daemon
 
@@ -88,10 +88,10 @@ async def test_a_killed_owners_containers_are_reaped_on_open(
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
     assert len(engine_containers(docker_daemon, engine_id)) == 3  # SIGKILL ran no clean-up
-    assert len(list(root.glob(f"{POOL_DIR_PREFIX}*"))) == 1
+    assert len(list(root.glob(f"{SLOT_PREFIX}*"))) == 1
     async with container_engine(docker_daemon, test_image, root, pool_size=0):
         assert engine_containers(docker_daemon, engine_id) == {}
-        assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []  # the unused slot's directory went with it
+        assert list(root.glob(f"{SLOT_PREFIX}*")) == []  # the unused slot's directory went with it
         assert sorted(os.listdir(root)) == sorted(sanitize_id(n) for n in "ab")  # workspaces stay on disk
 
 
@@ -107,7 +107,7 @@ def test_the_watchdog_cleans_up_right_after_a_sigkill(docker_daemon: Daemon, tes
     while engine_containers(docker_daemon, engine_id) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert engine_containers(docker_daemon, engine_id) == {}  # no engine was opened to reap them
-    assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
+    assert list(root.glob(f"{SLOT_PREFIX}*")) == []
 
 
 async def test_closing_the_engine_ends_its_watchdog(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_interpreter_exit_removes_an_unclosed_engines_containers(
     proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert engine_containers(docker_daemon, engine_id) == {}
-    assert list(root.glob(f"{POOL_DIR_PREFIX}*")) == []
+    assert list(root.glob(f"{SLOT_PREFIX}*")) == []
 
 
 def test_owner_liveness_is_judged_only_where_it_can_be() -> None:

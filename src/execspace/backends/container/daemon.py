@@ -16,9 +16,10 @@ from ...errors import SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace
 from ...workspace.layout import sanitize_id
+from ...workspace.slots import is_slot_dir, new_slot_dir
 from .config import ContainerConfig, check_binds, daemon_socket_path
 from .pool import PoolSlot
-from .reaper import LABEL, POOL_DIR_PREFIX, current_owner, owner_labels, remove_engine_containers
+from .reaper import LABEL, current_owner, owner_labels, remove_engine_containers
 
 __all__ = ["LABEL", "DaemonInfo", "WorkspaceContainers", "connect", "daemon_info"]
 
@@ -148,8 +149,7 @@ class WorkspaceContainers:
     def make_slot(self) -> PoolSlot:
         """A started container bound to a fresh, empty directory under ``pool_root`` (for the warm pool)."""
         assert self.pool_root is not None
-        slot_dir = self.pool_root.absolute() / f"{POOL_DIR_PREFIX}{secrets.token_hex(8)}"
-        slot_dir.mkdir(mode=0o700)
+        slot_dir = new_slot_dir(self.pool_root)
         try:
             if os.getuid() == 0:
                 os.lchown(slot_dir, *self.config.user)
@@ -161,7 +161,7 @@ class WorkspaceContainers:
 
     def discard_slot(self, slot: PoolSlot) -> None:
         self._remove_id(slot.container_id)
-        if slot.host_dir.name.startswith(POOL_DIR_PREFIX):  # never a directory that became a workspace
+        if is_slot_dir(slot.host_dir):  # never a directory that became a workspace
             shutil.rmtree(slot.host_dir, ignore_errors=True)
 
     def _create(self, name_hint: str, host_dir: Path, extra_labels: dict[str, str] | None = None) -> str:

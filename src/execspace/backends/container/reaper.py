@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ...process.owner import Owner, current_owner, owner_alive
+from ...workspace.slots import is_slot_dir
 
 __all__ = [
     "LABEL",
-    "POOL_DIR_PREFIX",
     "Owner",
     "current_owner",
     "owner_alive",
@@ -41,9 +41,6 @@ __all__ = [
 
 #: Every container we create carries it; the ownership labels are ``LABEL + ".<field>"``.
 LABEL = "io.execspace"
-
-#: Pool slot directories are named so no workspace name (``sanitize_id``) can collide with them.
-POOL_DIR_PREFIX = ".pool-"
 
 
 def owner_labels(owner: Owner, engine_id: str) -> dict[str, str]:
@@ -83,7 +80,7 @@ def remove_pool_dir(slot: str | None, workspace_root: Path | None) -> None:
     if not slot or workspace_root is None:
         return
     path = Path(slot)
-    if path.parent != workspace_root.absolute() or not path.name.startswith(POOL_DIR_PREFIX) or path.is_symlink():
+    if path.parent != workspace_root.absolute() or not is_slot_dir(path) or path.is_symlink():
         return
     shutil.rmtree(path, ignore_errors=True)
 
