@@ -299,12 +299,17 @@ class KernelSessions:
     # -- kernel lifetime ---------------------------------------------------------------
 
     async def _start(self, ws: Workspace, session: _Session) -> KernelConnection:
-        if ws.host_path is None:
-            raise UsageError("the jupyter backend needs a host-directory workspace")
         if session.next_cell == 0:
-            session.next_cell = _next_cell_number(ws.host_path / "out")
+            session.next_cell = await self.next_cell_number(ws)
         session.kernel = await self.launcher.start(ws, timeout=self._start_timeout)
         return session.kernel
+
+    async def next_cell_number(self, ws: Workspace) -> int:
+        """One past the highest ``out/cell-N-*`` already in ``ws``, so a new kernel never overwrites older outputs
+        (a workspace without a host directory says it through its own file API)."""
+        if ws.host_path is None:
+            raise UsageError("the jupyter backend needs a host-directory workspace")
+        return _next_cell_number(ws.host_path / "out")
 
     async def _settle_cancelled(self, session: _Session) -> None:
         """Wait for a cancelled cell to end before the next one: a request sent while the interrupted cell
@@ -471,7 +476,8 @@ def _next_cell_number(out_dir: Path) -> int:
 
 
 def _key(ws: Workspace) -> str:
-    return str(ws.host_path) if ws.host_path is not None else ws.id
+    # the path, not the id: one id has several per-turn workspaces
+    return str(ws.host_path) if ws.host_path is not None else ws.path
 
 
 def _result(out: CellOutputs, exit_code: int, duration: float, **flags: bool) -> CellResult:

@@ -63,7 +63,7 @@ from ...workspace.confine import split_relpath
 from ...workspace.hostfs import GLOB_FLAGS, HostWorkspaceFS, collect_globs, normalize_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
-from .kernels import CellResult, KernelConnection, _Session, bind
+from .kernels import bind
 from .remote import NoPrograms, RemoteConnection, RemoteKernelSessions, RemoteLauncher, remote_capabilities
 
 if TYPE_CHECKING:
@@ -364,22 +364,8 @@ class FarKernelSessions(RemoteKernelSessions):
         super().__init__(api, fs, launcher=launcher, **options)
         self._far_fs = fs
 
-    async def execute(self, ws: Workspace, code: str, **options: Any) -> CellResult:
-        return await super().execute(_by_path(ws), code, **options)
-
-    async def shutdown(self, ws: Workspace) -> None:
-        await super().shutdown(_by_path(ws))
-
-    async def _start(self, ws: Workspace, session: _Session) -> KernelConnection:
-        if session.next_cell == 0:
-            session.next_cell = await self._far_fs.next_cell(ws)
-        session.kernel = await self.launcher.start(ws, timeout=self._start_timeout)
-        return session.kernel
-
-
-def _by_path(ws: Workspace) -> Workspace:
-    """Kernels are keyed by ``ws.id`` when there is no host path; one id has several per-turn workspaces."""
-    return dataclasses.replace(ws, id=ws.path)
+    async def next_cell_number(self, ws: Workspace) -> int:
+        return await self._far_fs.next_cell(ws)
 
 
 class RemoteWorkspaceManager:
