@@ -218,3 +218,42 @@ def test_a_stale_daemon_hands_the_command_back_and_it_runs_once(tmp_path: Path) 
         finally:
             server.kill()
             server.wait()
+
+
+_OTHER_USER = """
+import os, socket, sys
+os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("refused at connect"); raise SystemExit
+socket.send_fds(s, [bytes.fromhex(sys.argv[2])], [0, 1, 2])  # a complete request, stdio included
+try:
+    reply = s.recv(64)
+except ConnectionResetError:  # closed with our request unread
+    reply = b""
+print("reply", repr(reply))
+"""
+# a system interpreter: the other user cannot read a Python under /root (pyenv) or our venv
+_SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(_SYSTEM_PYTHON), reason="needs root and /usr/bin/python3")
+def test_another_user_gets_nothing_from_the_daemon(daemon: dict[str, str]) -> None:
+    sock = Path(daemon_socket_path(daemon))
+    request = encode_request(b"run", ["run", "--backend", "local", "--", "true"], {}, b"/", 0o022).hex()
+    attack = [_SYSTEM_PYTHON, "-I", "-c", _OTHER_USER, str(sock), request]
+    out = subprocess.run(attack, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "refused at connect", out.stderr  # the private directory stops it first
+    # with the directory and socket opened up (a mistake, or a shared /tmp), the peer check still refuses
+    before = _served(daemon)
+    for directory in (sock.parent.parent, sock.parent):
+        directory.chmod(0o711)
+    sock.chmod(0o777)
+    try:
+        out = subprocess.run(attack, capture_output=True, text=True, timeout=30)
+    finally:
+        sock.parent.chmod(0o700)  # (our own clients refuse a directory others can enter)
+    assert out.stdout.strip() == "reply b''", out.stderr  # closed without a worker
+    assert _served(daemon) == before
