@@ -107,13 +107,16 @@ async def open_engine(backend: str | None = None, **options: Any) -> AsyncIterat
 
     Raises:
         UnsupportedBackend: unknown name.
+        InvalidSpec: an option the backend does not take, or one it needs is missing.
         SetupFailed: the backend cannot work here (the message says how to fix it).
     """
-    from .registry import choose_default_backend, load_backend
+    from .registry import check_options, choose_default_backend, load_backend
 
-    name = backend if backend not in (None, "auto") else await choose_default_backend()
+    chosen = backend in (None, "auto")
+    name = await choose_default_backend(options) if chosen else backend
     assert name is not None
     factory = load_backend(name)
+    check_options(name, factory, options, chosen=chosen)
     engine = await factory.open(**options)
     try:
         yield engine

@@ -7,6 +7,7 @@ group (value ``"module:Factory"``); built-in names cannot be overridden.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from .engine import BaseEngine
-from .errors import SetupFailed, UnsupportedBackend
+from .errors import InvalidSpec, SetupFailed, UnsupportedBackend
 
 __all__ = [
     "BACKENDS",
@@ -22,6 +23,7 @@ __all__ = [
     "BackendFactory",
     "BackendInfo",
     "Probe",
+    "check_options",
     "choose_default_backend",
     "load_backend",
     "probe_backend",
@@ -159,11 +161,28 @@ async def probe_backend(name: str, **options: Any) -> Probe:
         return Probe(False, f"probe failed: {exc}", (_BUILTIN.get(name) or BACKENDS[name]).install_hint)
 
 
-async def choose_default_backend() -> str:
-    """The safest backend that works here; ``SetupFailed`` listing why each failed."""
+def check_options(name: str, factory: BackendFactory, options: Mapping[str, Any], *, chosen: bool = False) -> None:
+    """``InvalidSpec`` naming the options ``factory.open`` does not take or needs, before it is called: a
+    ``TypeError`` from deep inside would say neither which backend nor what it takes."""
+    params = inspect.signature(factory.open).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = sorted(n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    unknown = sorted(set(options) - set(accepted))
+    missing = [n for n in accepted if params[n].default is params[n].empty and n not in options]
+    if not (unknown or missing):
+        return
+    problem = f"has no option {', '.join(unknown)}" if unknown else f"needs the option {', '.join(missing)}"
+    hint = " (it was chosen as the default: name the backend your options are for)" if chosen else ""
+    raise InvalidSpec(f"backend {name!r} {problem}{hint}; its options: {', '.join(accepted)}")
+
+
+async def choose_default_backend(options: Mapping[str, Any] | None = None) -> str:
+    """The safest backend that works here, probed with the options it would be opened with; ``SetupFailed``
+    listing why each failed."""
     reasons = []
     for name in DEFAULT_ORDER:
-        probe = await probe_backend(name)
+        probe = await probe_backend(name, **(options or {}))
         if probe.ok:
             return name
         reasons.append(f"{name}: {probe.reason}" + (f" (fix: {probe.fix})" if probe.fix else ""))

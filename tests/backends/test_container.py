@@ -51,8 +51,9 @@ async def test_probe_without_daemon_says_why_and_how() -> None:
     assert "DOCKER_HOST" in probe.fix
 
 
-async def test_probe_finds_the_daemon(docker_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_probe_finds_the_daemon(docker_daemon: Daemon, test_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", docker_daemon.host)  # what `execspace doctor` sees
+    monkeypatch.setenv("EXECSPACE_CONTAINER_IMAGE", test_image)  # without one it cannot open, so it is not ok
     probe = await probe_backend("container")
     assert probe.ok, probe.reason
     assert docker_daemon.host in probe.reason

@@ -12,7 +12,7 @@ from ..executor import code_executor, extract_code_blocks
 from ..languages import LANGUAGES
 from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionInput, CodeExecutionResult
 from .console import human_size, print_json, progress, warn_if_unisolated
-from .run import parse_timeout
+from .run import add_image_option, container_options, parse_timeout
 
 __all__ = ["add_parser", "code_blocks", "command"]
 
@@ -30,6 +30,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
+    add_image_option(p)
     p.add_argument("--language", "-l", help="language of an unfenced file (default: from its extension, else python)")
     p.add_argument(
         "--timeout",
@@ -77,7 +78,8 @@ async def command(args: argparse.Namespace) -> int:
     blocks = code_blocks(text, suffix, args.language)
     if args.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    async with code_executor(args.backend, timeout=args.timeout) as ex:
+    options = container_options(args)
+    async with code_executor(args.backend, timeout=args.timeout, **options) as ex:
         assert ex.engine is not None  # entering the executor opened it
         caps = ex.engine.describe()
         warn_if_unisolated(caps)

@@ -65,6 +65,7 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
+    add_image_option(p)
     p.add_argument("--workspace", metavar="DIR", type=Path, help="use DIR as the workspace and keep it")
     p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
     p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
@@ -244,8 +245,26 @@ def sandbox_policy(args: argparse.Namespace) -> Any:
     )
 
 
+def add_image_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--image",
+        metavar="NAME",
+        help="container: the image to run in (default $EXECSPACE_CONTAINER_IMAGE); implies --backend container",
+    )
+
+
+def container_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The container options the flags ask for (``--image`` picks the container backend)."""
+    if args.image is None:
+        return {}
+    if args.backend not in (None, "container"):
+        raise UsageError(f"--image belongs to the container backend, not {args.backend!r}")
+    args.backend = "container"
+    return {"image": args.image}
+
+
 def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = container_options(args)
     policy = sandbox_policy(args)
     if policy is not None:
         args.backend = "sandbox"

@@ -39,7 +39,18 @@ from .pool import PoolSlot, WarmPool, adopt_slot_dir
 from .reaper import reap_orphans, start_watchdog
 from .runner import ContainerRunner
 
-__all__ = ["CONTAINER_WORKSPACE", "ContainerBackend", "ContainerConfig", "WarmPool", "reap_orphans"]
+__all__ = [
+    "CONTAINER_WORKSPACE",
+    "IMAGE_ENV",
+    "ContainerBackend",
+    "ContainerConfig",
+    "WarmPool",
+    "container_image",
+    "reap_orphans",
+]
+
+#: The environment variable naming the image when ``image=`` (CLI ``--image``) is not given.
+IMAGE_ENV = "EXECSPACE_CONTAINER_IMAGE"
 
 DOES_NOT_PROTECT = (
     "the container shares the host kernel: a kernel exploit escapes it (use a microVM for hostile code)",
@@ -51,20 +62,39 @@ DOES_NOT_PROTECT = (
 )
 
 
+def container_image(image: str | None) -> str:
+    """The image to use: ``image``, else ``$EXECSPACE_CONTAINER_IMAGE``; ``SetupFailed`` when neither names one."""
+    name = image or os.environ.get(IMAGE_ENV, "").strip()
+    if not name:
+        raise SetupFailed(
+            "container",
+            "no container image is named",
+            f"pass image='NAME' (CLI: --image NAME) or set {IMAGE_ENV}; "
+            "build one offline with scripts/build-container-image.sh",
+        )
+    return name
+
+
 class ContainerBackend:
     name = "container"
 
     @classmethod
-    async def probe(cls, *, docker_host: str | None = None, **options: Any) -> Probe:
+    async def probe(cls, *, docker_host: str | None = None, image: str | None = None, **options: Any) -> Probe:
+        """Works here when a daemon answers AND it has the image ``open`` would use: the default choice must
+        never land on a backend that cannot open."""
         try:
             client = await asyncio.to_thread(connect, docker_host, 3.0)
         except SetupFailed as exc:
             return Probe(False, exc.cause, exc.fix)
         try:
             info = await asyncio.to_thread(daemon_info, client, docker_host)
+            name = container_image(image)
+            await asyncio.to_thread(image_languages, client, name)
+        except SetupFailed as exc:
+            return Probe(False, exc.cause, exc.fix)
         finally:
             await asyncio.to_thread(client.close)
-        return Probe(True, str(info))
+        return Probe(True, f"{info}, image {name}")
 
     @classmethod
     def capabilities(
@@ -116,7 +146,7 @@ class ContainerBackend:
     async def open(
         cls,
         *,
-        image: str,
+        image: str | None = None,
         docker_host: str | None = None,
         workspace_root: Path | str | None = None,
         env_policy: EnvPolicy | None = None,
@@ -136,7 +166,8 @@ class ContainerBackend:
         """Open a container engine.
 
         Args:
-            image: the image every workspace container runs (it needs ``/bin/sh``, ``sleep`` and ``grep``).
+            image: the image every workspace container runs (it needs ``/bin/sh``, ``sleep`` and ``grep``);
+                default ``$EXECSPACE_CONTAINER_IMAGE``. ``SetupFailed`` when neither names one.
             docker_host: daemon URL (``unix:///run/podman/podman.sock``…); default ``$DOCKER_HOST``, else the
                 default socket.
             workspace_root: where workspaces are created on this host.
@@ -158,6 +189,7 @@ class ContainerBackend:
         unknown = set(languages or ()) - {lang.name for lang in LANGUAGES}
         if unknown:
             raise InvalidSpec(f"unknown languages {sorted(unknown)}; known: {[lang.name for lang in LANGUAGES]}")
+        image = container_image(image)
         config = ContainerConfig(
             image=image,
             user=user or (DEFAULT_USER if os.getuid() == 0 else (os.getuid(), os.getgid())),

@@ -1,0 +1,111 @@
+"""Choosing and opening a backend: options are checked against the backend before it opens, and the default choice
+never lands on a backend that cannot open (the container backend without an image crashed with a TypeError)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import InvalidSpec
+from execspace.registry import probe_backend
+from tests.backends.docker_fixture import Daemon
+
+IMAGE_ENV = "EXECSPACE_CONTAINER_IMAGE"
+EXECSPACE = str(Path(sys.executable).with_name("execspace"))
+
+
+async def test_an_option_the_backend_does_not_take_is_invalid_spec(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        async with execspace.open_engine("local", workspace_root=tmp_path, image="python:3"):
+            pass
+    message = str(info.value)
+    assert "'local' has no option image" in message
+    assert "workspace_root" in message  # what it does take
+
+
+async def test_options_for_another_backend_than_the_default_say_so(tmp_path: Path) -> None:
+    if not (await probe_backend("sandbox")).ok:
+        pytest.skip("the sandbox backend does not work here, so it is not the default")
+    with pytest.raises(InvalidSpec, match="chosen as the default: name the backend"):
+        async with execspace.open_engine(workspace_root=tmp_path, pool_size=2):
+            pass
+
+
+async def test_container_probe_without_an_image_fails_with_the_fix(
+    docker_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    probe = await probe_backend("container", docker_host=docker_daemon.host)
+    assert not probe.ok
+    assert probe.reason == "no container image is named"
+    assert IMAGE_ENV in probe.fix and "--image" in probe.fix
+
+
+async def test_container_probe_fails_for_an_image_the_daemon_lacks(docker_daemon: Daemon) -> None:
+    probe = await probe_backend("container", docker_host=docker_daemon.host, image="execspace-no-such-image:1")
+    assert not probe.ok
+    assert "no image 'execspace-no-such-image:1'" in probe.reason
+    assert "build-container-image.sh" in probe.fix
+
+
+async def test_container_open_without_an_image_is_setup_failed(
+    docker_daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    with pytest.raises(execspace.SetupFailed, match="no container image is named"):
+        async with execspace.open_engine("container", docker_host=docker_daemon.host, workspace_root=tmp_path):
+            pass
+
+
+async def test_container_image_comes_from_the_environment(
+    docker_daemon: Daemon, test_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(IMAGE_ENV, test_image)
+    assert (await probe_backend("container", docker_host=docker_daemon.host)).ok
+    async with execspace.open_engine(
+        "container", docker_host=docker_daemon.host, workspace_root=tmp_path, pool_size=0
+    ) as engine:
+        assert engine.describe().details["image"] == test_image
+
+
+def _path_without_bwrap(tmp_path: Path) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sh", "true"):
+        found = subprocess.run(["sh", "-c", f"command -v {name}"], capture_output=True, text=True).stdout.strip()
+        (bin_dir / name).symlink_to(os.path.realpath(found))
+    return str(bin_dir)
+
+
+def test_cli_without_bwrap_and_with_a_daemon_but_no_image_refuses_clearly(
+    docker_daemon: Daemon, tmp_path: Path
+) -> None:
+    """The verified crash: no usable bubblewrap, a reachable daemon, no image → a TypeError and exit 1."""
+    env = {k: v for k, v in os.environ.items() if k != IMAGE_ENV}
+    env.update(PATH=_path_without_bwrap(tmp_path), DOCKER_HOST=docker_daemon.host, TMPDIR=str(tmp_path))
+    proc = subprocess.run([EXECSPACE, "run", "--", "true"], capture_output=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 125, proc.stderr
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr and "TypeError" not in stderr
+    assert "no isolating backend works" in stderr
+    assert "container: no container image is named" in stderr
+    assert IMAGE_ENV in stderr
+
+
+def test_cli_image_flag_belongs_to_the_container_backend(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [EXECSPACE, "run", "--backend", "local", "--image", "x", "--", "touch", str(marker)],
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 125
+    assert b"--image belongs to the container backend, not 'local'" in proc.stderr
+    assert not marker.exists()
