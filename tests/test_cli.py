@@ -579,3 +579,18 @@ def test_profile_flags_belong_to_the_sandbox(cli: Cli, tmp_path: Path) -> None:
     assert proc.returncode == 125
     assert b"belong to the sandbox backend" in proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("backend", ["local", "sandbox"])
+def test_unrunnable_programs_exit_as_in_a_shell(cli: Cli, tmp_path: Path, backend: str) -> None:
+    """Streamed runs (start_program) too: the sandbox reported bwrap's exec failure as exit 1."""
+    if backend == "sandbox":
+        _needs_sandbox()
+        from tests.support import make_traversable
+
+        make_traversable(tmp_path)
+    cases = {"/no/such/prog": 127, "./nope": 127, "nope-xyz": 127, "/etc/passwd": 126, "/etc/passwd/x": 126}
+    for cmd, code in cases.items():
+        proc = cli("run", "--backend", backend, "--", cmd)
+        assert proc.returncode == code, (cmd, proc.stderr)
+        assert cmd.encode() in proc.stderr

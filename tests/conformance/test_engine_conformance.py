@@ -141,3 +141,21 @@ async def test_stage_bytes_and_collect_outputs(any_engine: Engine, any_ws: Ws) -
 async def test_missing_command_is_127(any_engine: Engine, any_ws: Ws) -> None:
     r = await any_engine.runner.run_program(any_ws, RunProgramSpec("no-such-program-xyz"))
     assert r.exit_code == 127 and "no-such-program-xyz" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("cmd", "code"),
+    [
+        ("no-such-program-xyz", 127),  # a bare name not on PATH
+        ("/no/such/program-xyz", 127),  # an absolute path
+        ("./no-such-program-xyz", 127),  # relative to the cwd
+        ("/etc/passwd", 126),  # exists, not executable
+        ("/etc", 126),  # a directory
+        ("/etc/passwd/x", 126),  # a file on the way: not a directory
+    ],
+)
+async def test_unrunnable_program_exit_codes_as_a_shell(any_engine: Engine, any_ws: Ws, cmd: str, code: int) -> None:
+    """Every backend reports a program that cannot be started as sh does: 127 not found, 126 not executable."""
+    r = await any_engine.runner.run_program(any_ws, RunProgramSpec(cmd))
+    assert r.exit_code == code, (r.exit_code, r.stderr)
+    assert cmd in r.stderr

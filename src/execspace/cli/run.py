@@ -304,7 +304,7 @@ async def execute(
         return await engine.runner.run_program(ws, replace(spec, stdin=stdin))
     except ExecspaceError:
         raise
-    except (FileNotFoundError, PermissionError) as exc:
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
         text = str(exc) if str(exc).startswith("execspace:") else f"execspace: cannot run {spec.cmd!r}: {exc}"
         if live:

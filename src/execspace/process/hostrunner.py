@@ -184,7 +184,7 @@ def _exec_failure(prep: Prepared, exc: OSError) -> RunResult | None:
     """A program that cannot be executed is a 127/126 result, as a shell reports it."""
     if exc.errno == errno.ENOENT:
         code, hint = 127, " (if the file exists, the interpreter on its #! line is missing)"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR):
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
         code, hint = 126, " (is it executable, with a valid #! line?)"
     else:
         return None

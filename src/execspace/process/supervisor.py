@@ -62,6 +62,9 @@ class Launch:
     run_dir: str = ""
     classify_exit: Callable[[int], str | None] | None = None
     """Maps an exit code to the name of the limit that caused it (e.g. SIGXCPU → cpu_seconds)."""
+    exit_status: Callable[[int, bytes], int] | None = None
+    """Maps (exit code, stderr) to the exit code to report: a wrapper that could not start the program reports
+    it its own way (bwrap: exit 1), a shell says 127 or 126."""
     on_exit: list[Callable[[], None]] = field(default_factory=list)
     after_spawn: list[Callable[[], None]] = field(default_factory=list)
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
@@ -232,6 +235,8 @@ class SupervisedProcess:
     def _result(self, code: int, timed_out: bool) -> RunResult:
         out, err = self._out.getvalue(), self._err.getvalue()
         limit = "timeout" if timed_out else None
+        if self._launch.exit_status is not None:
+            code = self._launch.exit_status(code, err)
         if limit is None and self._launch.classify_exit is not None:
             limit = self._launch.classify_exit(code)
         return RunResult(

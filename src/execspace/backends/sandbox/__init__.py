@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import errno
 import functools
 import os
 import shutil
@@ -132,6 +133,7 @@ class SandboxRunner(HostRunner):
         except BaseException:
             os.close(seccomp_fd)
             raise
+        launch.exit_status = functools.partial(_exec_failure_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
         launch.pass_fds = (*launch.pass_fds, seccomp_fd)
         launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
@@ -170,6 +172,27 @@ class SandboxRunner(HostRunner):
         launch.on_exit.append(finish)
         rlimit_classify = launch.classify_exit
         launch.classify_exit = lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None)
+
+
+#: bwrap's own error when the program cannot be executed, by strerror: what a shell exits with then
+_EXEC_ERRORS = {
+    os.strerror(errno.ENOENT): 127,
+    os.strerror(errno.EACCES): 126,
+    os.strerror(errno.ENOEXEC): 126,
+    os.strerror(errno.EISDIR): 126,
+    os.strerror(errno.ENOTDIR): 126,
+}
+
+
+def _exec_failure_status(program: str, code: int, stderr: bytes) -> int:
+    """127/126 when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
+    as the local backend and a shell report it; otherwise the program's own code."""
+    if code != 1:
+        return code
+    prefix = f"bwrap: execvp {program}: ".encode()
+    if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
+        return code
+    return _EXEC_ERRORS.get(stderr[len(prefix) : -1].decode(errors="replace"), code)
 
 
 def _with_nproc(inner: Any, pids: int | None) -> Any:
