@@ -109,3 +109,17 @@ def test_cli_image_flag_belongs_to_the_container_backend(tmp_path: Path) -> None
     assert proc.returncode == 125
     assert b"--image belongs to the container backend, not 'local'" in proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the sandbox as another uid that must reach $TMPDIR")
+def test_sandbox_probe_names_an_untraversable_tmpdir(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    code = "import asyncio; from execspace.registry import probe_backend as p; r = asyncio.run(p('sandbox')); "
+    code += "print(r.ok); print(r.reason); print(r.fix)"
+    env = {**os.environ, "TMPDIR": str(private)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+    ok, reason, fix = out.splitlines()
+    assert ok == "False"
+    assert f"cannot reach a workspace under {private}" in reason
+    assert "chmod o+x" in fix and "user namespaces" not in fix

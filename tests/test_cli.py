@@ -19,9 +19,10 @@ import pytest
 
 from execspace.cli.run import parse_input
 from execspace.errors import InputError
+from tests.support import make_traversable
 
 EXECSPACE = str(Path(sys.executable).with_name("execspace"))
-BUILTIN_BACKENDS = {"container", "e2b", "jupyter", "local", "sandbox"}
+BUILTIN_BACKENDS = {"container", "jupyter", "local", "sandbox"}
 SVG = "{http://www.w3.org/2000/svg}"
 
 Cli = Callable[..., subprocess.CompletedProcess[bytes]]
@@ -30,8 +31,11 @@ Cli = Callable[..., subprocess.CompletedProcess[bytes]]
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     tmp = tmp_path / "tmpdir"
     tmp.mkdir(exist_ok=True)
-    # default workspaces go under $TMPDIR: keep them inside the test's directory
-    return {**os.environ, "TMPDIR": str(tmp), **extra}
+    make_traversable(tmp)  # as root, the sandbox's uid must reach workspaces under $TMPDIR
+    # default workspaces go under $TMPDIR: keep them inside the test's directory; without a named image the
+    # container backend is never the default, so what the default is depends on the sandbox alone
+    env = {k: v for k, v in os.environ.items() if k != "EXECSPACE_CONTAINER_IMAGE"}
+    return {**env, "TMPDIR": str(tmp), **extra}
 
 
 @pytest.fixture
@@ -47,13 +51,6 @@ def cli(tmp_path: Path) -> Cli:
         )
 
     return run
-
-
-def _default_backend(env: dict[str, str]) -> str | None:
-    """What ``backend=None`` picks in ``env``, asked in a separate process; None when nothing isolates."""
-    code = "import asyncio; from execspace.registry import choose_default_backend as c; print(asyncio.run(c()))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
-    return proc.stdout.decode().strip() if proc.returncode == 0 else None
 
 
 def _path_without_sandbox(tmp_path: Path) -> str:
@@ -365,26 +362,29 @@ def test_interrupting_the_cli_kills_the_program_and_removes_the_workspace(
 # -- default backend ----------------------------------------------------------------------
 
 
+def _sandbox_works() -> bool:
+    import asyncio
+
+    from execspace.registry import probe_backend
+
+    return asyncio.run(probe_backend("sandbox")).ok
+
+
 def test_default_backend_runs_or_refuses_with_a_next_step(cli: Cli, tmp_path: Path) -> None:
-    default = _default_backend(_env(tmp_path))
     proc = cli("run", "--json", "--", "sh", "-c", "echo isolated")
-    if default is None:
+    if not _sandbox_works():
         assert proc.returncode == 125
         assert b"--backend local" in proc.stderr
-    else:
-        assert proc.returncode == 0, proc.stderr
-        report = json.loads(proc.stdout)
-        assert report["backend"] == default != "local"
-        assert report["stdout"] == "isolated\n"
+        return
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["backend"] == "sandbox"
+    assert report["stdout"] == "isolated\n"
 
 
 def test_without_a_sandbox_the_default_is_refused(cli: Cli, tmp_path: Path) -> None:
     env = _env(tmp_path, PATH=_path_without_sandbox(tmp_path))
-    default = _default_backend(env)
     proc = cli("run", "--", "sh", "-c", "echo ran", env=env)
-    if default is not None:  # another isolating backend (a container daemon) works here
-        assert proc.returncode == 0
-        return
     assert proc.returncode == 125
     assert proc.stdout == b""
     assert b"no isolating backend works" in proc.stderr
@@ -409,7 +409,7 @@ def test_doctor_json_lists_every_backend(cli: Cli, tmp_path: Path) -> None:
     for entry in report["backends"]:
         if not entry["ok"]:
             assert entry["reason"] and entry["capabilities"] is None
-    assert report["default"]["backend"] == _default_backend(_env(tmp_path))
+    assert report["default"]["backend"] == ("sandbox" if _sandbox_works() else None)
     if report["default"]["backend"] is None:
         assert "--backend local" in report["default"]["reason"]
     assert b"probing backends" in proc.stderr
@@ -468,20 +468,17 @@ def test_demo_default_keep_dir_and_backend(cli: Cli, tmp_path: Path) -> None:
     proc = cli("demo")
     assert proc.returncode == 0, proc.stderr
     _check_demo_outputs(tmp_path / "execspace-demo")
-    default = _default_backend(_env(tmp_path))
-    assert f"backend {default or 'local'!r}" in proc.stdout.decode()
+    assert f"backend {'sandbox' if _sandbox_works() else 'local'!r}" in proc.stdout.decode()
 
 
 def test_demo_falls_back_to_local_without_a_sandbox(cli: Cli, tmp_path: Path) -> None:
     env = _env(tmp_path, PATH=_path_without_sandbox(tmp_path))
-    default = _default_backend(env)
     proc = cli("demo", "--keep-dir", "fallback", env=env)
     assert proc.returncode == 0, proc.stderr
     _check_demo_outputs(tmp_path / "fallback")
-    if default is None:
-        assert b"no isolating backend works" in proc.stderr  # the reason
-        assert b"falls back to --backend local" in proc.stderr
-        assert "isolation: none" in proc.stdout.decode()
+    assert b"no isolating backend works" in proc.stderr  # the reason
+    assert b"falls back to --backend local" in proc.stderr
+    assert "isolation: none" in proc.stdout.decode()
 
 
 # -- exec-code ----------------------------------------------------------------------------

@@ -65,12 +65,6 @@ _BUILTIN = {
         "pip install 'execspace[docker]' and run a Docker or Podman daemon",
         "one hardened container per workspace (Docker Engine API / Podman)",
     ),
-    "e2b": BackendInfo(
-        "e2b",
-        "execspace.backends.e2b:E2BBackend",
-        "pip install 'execspace[e2b]' and set E2B_API_KEY / E2B_API_URL",
-        "remote microVM sandboxes over the E2B protocol",
-    ),
     "jupyter": BackendInfo(
         "jupyter",
         "execspace.backends.jupyter:JupyterBackend",
@@ -135,14 +129,6 @@ def load_backend(name: str) -> BackendFactory:
     module_name, _, attr = info.target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name and name in _BUILTIN:
-            raise SetupFailed(
-                name,
-                "not implemented in this version of execspace yet",
-                "see docs/backends.md for what is planned; use 'sandbox' (or 'local' for trusted code)",
-            ) from exc
-        raise SetupFailed(name, f"cannot import {module_name} ({exc})", info.install_hint) from exc
     except ImportError as exc:
         raise SetupFailed(name, f"cannot import {module_name} ({exc})", info.install_hint) from exc
     factory: BackendFactory = getattr(module, attr)

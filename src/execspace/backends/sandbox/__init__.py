@@ -544,6 +544,13 @@ def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
         err = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         if "seccomp" in proc.stderr.lower():
             return Probe(False, f"bwrap could not load the seccomp filter: {err[0]}", LOAD_FAILED_FIX)
+        if _is_root() and "Can't find source path" in proc.stderr and "Permission denied" in proc.stderr:
+            return Probe(
+                False,
+                f"the sandbox's unprivileged uid cannot reach a workspace under {Path(tmp).parent}: {err[0]}",
+                "let other users traverse every directory on the way (chmod o+x), or point TMPDIR (and "
+                "workspace_root=) at a directory they can traverse",
+            )
         return Probe(
             False,
             f"bwrap failed: {err[0]}",
