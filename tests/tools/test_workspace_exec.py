@@ -543,8 +543,14 @@ async def test_dispatch_by_name_and_resolver(any_engine: BaseEngine, ws: Workspa
         assert "ws_poll" in r["hint"]
         text, _ = await poll_until_exited(tool, r["session_id"])
         assert text == "via-dispatch\n"
-        with pytest.raises(execspace.UsageError):
-            await tool.dispatch("nope", {})
+        unknown = await tool.dispatch("nope", {})  # a tool error is a result the model sees, never an exception
+        assert unknown["status"] == "error" and unknown["error_type"] == "UsageError"
+        assert "no tool named 'nope'" in unknown["error"] and "ws_exec" in unknown["error"]
+        # OpenAI sends function.arguments as the JSON text of the object
+        r = await tool.dispatch("ws_exec", '{"command": "echo from-json-text"}')
+        assert (r["status"], r["exit_code"], r["stdout"]) == ("exited", 0, "from-json-text\n"), r
+        bad = await tool.dispatch("ws_exec", '{"command": ')
+        assert bad["error_type"] == "InvalidArguments" and "not JSON" in bad["error"]
     with pytest.raises(InvalidSpec):
         WorkspaceExecTool(any_engine)
     with pytest.raises(InvalidSpec):
@@ -626,6 +632,10 @@ def test_check_arguments_fills_defaults_and_toolspec_refuses_bad_specs() -> None
     assert check_arguments(schema, {"command": "ls"})["background"] is False
     with pytest.raises(InvalidArguments):
         check_arguments(schema, ["ls"])
+    assert check_arguments(schema, '{"command": "ls"}') == check_arguments(schema, {"command": "ls"})
+    for text in ('["ls"]', '"ls"', "not json"):
+        with pytest.raises(InvalidArguments):
+            check_arguments(schema, text)
     obj = {"type": "object", "properties": {}}
     with pytest.raises(InvalidSpec):
         ToolSpec("bad name", "d", obj)

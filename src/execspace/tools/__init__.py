@@ -3,7 +3,7 @@
 from .envscrub import scrub as scrub_env
 from .execute_code import ExecuteCodeTool
 from .response import FencedCodeProcessor, ProcessorEvent, ProcessorResult
-from .schema import InvalidArguments, Tool, ToolSpec, check_arguments, error_result
+from .schema import InvalidArguments, Tool, ToolArguments, ToolSpec, check_arguments, decode_arguments, error_result
 from .sessions import UnknownSession
 from .shellpolicy import CommandPolicy, CommandRejected, ParsedCommand, describe_command_policy, parse_command
 from .skills import Skill, SkillLibrary, SkillListTool, SkillNotFound, SkillProblem, SkillRunTool, StagedSkill
@@ -29,11 +29,13 @@ __all__ = [
     "SkillRunTool",
     "StagedSkill",
     "Tool",
+    "ToolArguments",
     "ToolSpec",
     "UnknownSession",
     "WorkspaceExecTool",
     "WorkspaceIO",
     "check_arguments",
+    "decode_arguments",
     "describe_command_policy",
     "error_result",
     "parse_command",

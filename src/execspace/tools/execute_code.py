@@ -26,7 +26,7 @@ from ..executor import CodeExecutor
 from ..languages import NON_EXECUTABLE, Language, resolve_language
 from ..models import BlockResult, CodeBlock, CodeExecutionInput, CodeExecutionResult, File
 from ..process.capture import clip_text
-from .schema import InvalidArguments, ToolSpec, check_arguments, error_result
+from .schema import InvalidArguments, ToolArguments, ToolSpec, check_arguments, decode_arguments, error_result
 
 __all__ = [
     "DEFAULT_CODE_LANGUAGES",
@@ -151,7 +151,7 @@ class ExecuteCodeTool:
             "additionalProperties": False,
         }
 
-    async def call(self, arguments: Mapping[str, Any], *, execution_id: str | None = None) -> dict[str, Any]:
+    async def call(self, arguments: ToolArguments, *, execution_id: str | None = None) -> dict[str, Any]:
         """Run the blocks; return JSON-ready data. Mistakes in the arguments come back as
         ``{"status": "error", ...}`` with nothing run, never as exceptions."""
         try:
@@ -171,7 +171,7 @@ class ExecuteCodeTool:
             **files_report(result.output_files),
         }
 
-    def parse_blocks(self, arguments: Mapping[str, Any]) -> list[CodeBlock]:
+    def parse_blocks(self, arguments: ToolArguments) -> list[CodeBlock]:
         """The code blocks of a call, checked against the schema.
 
         Lenient where models commonly slip: ``code_blocks`` may also be one object or a
@@ -180,9 +180,7 @@ class ExecuteCodeTool:
         Raises:
             InvalidArguments: the arguments break the schema or give no code.
         """
-        if not isinstance(arguments, Mapping):
-            raise InvalidArguments(f"arguments must be a JSON object, got {type(arguments).__name__}")
-        args = check_arguments(self.spec.parameters, self._normalise(dict(arguments)))
+        args = check_arguments(self.spec.parameters, self._normalise(dict(decode_arguments(arguments))))
         if "code_blocks" in args and ("code" in args or "language" in args):
             raise InvalidArguments("give either code_blocks or code with language, not both")
         if "code_blocks" in args:

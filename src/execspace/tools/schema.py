@@ -12,6 +12,7 @@ the tool accepts (a spec with any other keyword is refused when it is built).
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,10 +24,15 @@ __all__ = [
     "SCHEMA_KEYWORDS",
     "InvalidArguments",
     "Tool",
+    "ToolArguments",
     "ToolSpec",
     "check_arguments",
+    "decode_arguments",
     "error_result",
 ]
+
+#: What a tool call's arguments arrive as: a mapping, or the JSON text of one (OpenAI's ``function.arguments``).
+ToolArguments = Mapping[str, Any] | str
 
 #: JSON-schema keywords a tool's parameters may use (and :func:`check_arguments` enforces).
 SCHEMA_KEYWORDS = frozenset(
@@ -112,7 +118,7 @@ class Tool(Protocol):
     @property
     def spec(self) -> ToolSpec: ...
 
-    async def call(self, arguments: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def call(self, arguments: ToolArguments) -> dict[str, Any]: ...
 
 
 def error_result(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -130,14 +136,29 @@ def error_result(exc: BaseException, **extra: Any) -> dict[str, Any]:
 # -- argument checks -----------------------------------------------------------------------
 
 
+def decode_arguments(arguments: object) -> Mapping[str, Any]:
+    """The arguments as a mapping: one as is, or the JSON object a string holds (APIs send either).
+
+    Raises:
+        InvalidArguments: anything else, or a string that is not the JSON text of an object.
+    """
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            raise InvalidArguments(f"arguments are a string that is not JSON ({exc}); send a JSON object") from None
+    if not isinstance(arguments, Mapping):
+        raise InvalidArguments(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return arguments
+
+
 def check_arguments(schema: Mapping[str, Any], arguments: Any) -> dict[str, Any]:
     """Return ``arguments`` as a dict if they match ``schema``, with defaults filled in.
 
     Raises:
         InvalidArguments: naming the first argument that does not match, and why.
     """
-    if not isinstance(arguments, Mapping):
-        raise InvalidArguments(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    arguments = decode_arguments(arguments)
     _check_value(schema, arguments, "arguments")
     result = dict(arguments)
     for name, prop in schema.get("properties", {}).items():

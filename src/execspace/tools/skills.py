@@ -46,7 +46,7 @@ from ..protocols import Engine, WorkspaceFS
 from ..workspace.confine import split_relpath
 from ..workspace.staging import MetadataLocks, load_ws_metadata, save_ws_metadata
 from .execute_code import MAX_FILES_LISTED
-from .schema import ToolSpec, check_arguments, error_result
+from .schema import ToolArguments, ToolSpec, check_arguments, error_result
 from .workspace_io import FileChange, WorkspaceIO
 
 __all__ = [
@@ -519,7 +519,7 @@ class SkillListTool:
             },
         )
 
-    async def call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def call(self, arguments: ToolArguments) -> dict[str, Any]:
         try:
             args = check_arguments(self.spec.parameters, arguments)
             if "name" not in args:
@@ -602,7 +602,7 @@ class SkillRunTool:
             },
         )
 
-    async def call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def call(self, arguments: ToolArguments) -> dict[str, Any]:
         try:
             args = check_arguments(self.spec.parameters, arguments)
             io = WorkspaceIO(self.engine, self.ws)

@@ -33,7 +33,7 @@ from ..protocols import Engine
 from ..workspace.confine import split_relpath
 from ..workspace.hostfs import normalize_globs
 from .envscrub import dropped_names, scrub
-from .schema import InvalidArguments, Tool, ToolSpec, check_arguments, error_result
+from .schema import InvalidArguments, Tool, ToolArguments, ToolSpec, check_arguments, error_result
 from .sessions import ProgramSession, SessionStore
 from .workspace_io import Snapshot, WorkspaceIO
 
@@ -143,7 +143,7 @@ class _Request:
 class _BoundTool:
     """One of the session tools: a spec and the method of the exec tool that serves it."""
 
-    def __init__(self, spec: ToolSpec, fn: Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]) -> None:
+    def __init__(self, spec: ToolSpec, fn: Callable[[ToolArguments], Awaitable[dict[str, Any]]]) -> None:
         self._spec = spec
         self._fn = fn
 
@@ -151,7 +151,7 @@ class _BoundTool:
     def spec(self) -> ToolSpec:
         return self._spec
 
-    async def call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def call(self, arguments: ToolArguments) -> dict[str, Any]:
         return await self._fn(arguments)
 
 
@@ -230,12 +230,13 @@ class WorkspaceExecTool:
         """All four tools, to register with an agent."""
         return [self, *self.session_tools]
 
-    async def dispatch(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """Call the tool named ``name`` (for frameworks that route by name)."""
+    async def dispatch(self, name: str, arguments: ToolArguments) -> dict[str, Any]:
+        """Call the tool named ``name`` (for frameworks that route by name); an unknown name is an error result,
+        like every other mistake a model makes."""
         for tool in self.tools():
             if tool.spec.name == name:
                 return await tool.call(arguments)
-        raise UsageError(f"no tool named {name!r} here; known: {[t.spec.name for t in self.tools()]}")
+        return error_result(UsageError(f"no tool named {name!r} here; known: {[t.spec.name for t in self.tools()]}"))
 
     @property
     def session_ids(self) -> list[str]:
@@ -255,7 +256,7 @@ class WorkspaceExecTool:
 
     # -- workspace_exec --------------------------------------------------------------
 
-    async def call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def call(self, arguments: ToolArguments) -> dict[str, Any]:
         """Run ``arguments["command"]``; return the LLM-ready result (errors included, never raised)."""
         try:
             args = check_arguments(self.spec.parameters, arguments)
@@ -353,7 +354,7 @@ class WorkspaceExecTool:
             out["env_dropped"] = request.dropped_env
         return out
 
-    async def poll(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def poll(self, arguments: ToolArguments) -> dict[str, Any]:
         """``workspace_poll``: new output since the last look, status, and the exit code once exited."""
         try:
             args = check_arguments(self._specs["poll"].parameters, arguments)
@@ -364,7 +365,7 @@ class WorkspaceExecTool:
         except ExecspaceError as exc:
             return error_result(exc)
 
-    async def write_stdin(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def write_stdin(self, arguments: ToolArguments) -> dict[str, Any]:
         """``workspace_write_stdin``: send text (and maybe end of input), then report like poll."""
         try:
             args = check_arguments(self._specs["write_stdin"].parameters, arguments)
@@ -382,7 +383,7 @@ class WorkspaceExecTool:
         except ExecspaceError as exc:
             return error_result(exc)
 
-    async def kill(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    async def kill(self, arguments: ToolArguments) -> dict[str, Any]:
         """``workspace_kill``: kill the session's whole process tree; report its last output."""
         try:
             args = check_arguments(self._specs["kill"].parameters, arguments)
