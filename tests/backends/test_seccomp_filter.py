@@ -76,6 +76,7 @@ CASES: list[tuple[str, str, list[Any], int | None, int | None, bool]] = [
     ("process_vm_readv", "process_vm_readv", [0, 0, 0, 0, 0, 1], errno.EPERM, errno.EPERM, False),
     ("process_vm_writev", "process_vm_writev", [0, 0, 0, 0, 0, 1], errno.EPERM, errno.EPERM, False),
     ("pidfd_getfd", "pidfd_getfd", [-1, 0, 1], errno.EPERM, errno.EPERM, False),
+    ("process_madvise", "process_madvise", [-1, 0, 1, 20, 1], errno.EPERM, errno.EPERM, False),
     ("kexec_load", "kexec_load", [0, 0, 0, 0x8000], errno.EPERM, errno.EPERM, True),
     ("kexec_file_load", "kexec_file_load", [-1, -1, 0, 0, 0x8000], errno.EPERM, errno.EPERM, True),
     ("reboot", "reboot", [0, 0, 0, 0], errno.EPERM, errno.EPERM, True),

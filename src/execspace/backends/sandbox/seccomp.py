@@ -129,10 +129,10 @@ ALWAYS: tuple[Deny, ...] = (
         "keyrings are not namespaced: the keys of the host user would be reachable",
     ),
     Deny(
-        "ptrace/process_vm_*/pidfd_getfd",
-        ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
-        "reading or steering another process (or stealing its fds) is not needed to run code, "
-        "and ptrace has a long history of kernel bugs",
+        "ptrace/process_vm_*/process_madvise/pidfd_getfd",
+        ("ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd"),
+        "reading, writing or steering another process's memory (or stealing its fds) is not needed to run "
+        "code, and ptrace has a long history of kernel bugs",
     ),
     Deny(
         "kexec/reboot/modules/acct/swap/syslog",
