@@ -23,9 +23,10 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
-from execspace.backends.sandbox import SandboxRunner
-from execspace.backends.sandbox.seccomp import KernelSeccompFilters
+from execspace.backends.sandbox import SandboxPolicy, SandboxRunner
+from execspace.backends.sandbox.seccomp import KernelSeccompFilters, build_unix_lock_bpf
 from execspace.registry import probe_backend
+from execspace.workspace.hostmanager import default_workspace_root
 from tests.support import make_traversable
 
 pyseccomp = pytest.importorskip("pyseccomp", reason="the seccomp filter needs pyseccomp and libseccomp (Linux)")
@@ -273,3 +274,80 @@ except OSError as exc:
     )
     assert got.get("cmdline") in ("EACCES", "ENOENT"), got
     assert "bwrap" not in r.stdout
+
+
+# -- F7: nothing a sandbox can write decides a later sandbox's filter ----------------------------------
+
+F7_ATTACK = r"""
+import json
+lock = base64.b64decode(LOCK_BPF)  # refuses AF_UNIX only, so the sandbox probe would still pass
+try:
+    names = os.listdir(PRIVATE)
+except OSError as exc:
+    report("listing", errno.errorcode[exc.errno])
+    names = []
+replaced = 0
+for name in [*names, "seccomp-planted.bpf"]:
+    path = os.path.join(PRIVATE, name)
+    if name.endswith(".bpf"):
+        data = lock
+    elif name == "sandbox-probe.json":
+        data = json.dumps({"key": json.load(open(path))["key"], "at": 9e99, "reason": "forged"}).encode()
+    else:
+        continue
+    try:
+        with open(path + ".new", "wb") as f:
+            f.write(data)
+        os.replace(path + ".new", path)
+        replaced += 1
+    except OSError as exc:
+        report(f"write-{name}", errno.errorcode[exc.errno])
+report("replaced", replaced)
+open(os.path.join(TMPDIR, "canary"), "w").close()  # the grant itself works
+"""
+
+F7_PROBE = r"""
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def raw(nr, *args):
+    ctypes.set_errno(0)
+    res = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(x) for x in args])
+    return "OK" if res >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+params = ctypes.create_string_buffer(120)
+report("io_uring_setup", raw(425, 8, ctypes.addressof(params)))
+report("keyctl", raw(250, 0, -4, 0))
+report("ptrace", raw(101, 0, 0, 0, 0))  # PTRACE_TRACEME
+"""
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file() and not p.is_symlink()}
+
+
+async def test_tmp_write_grant_cannot_weaken_later_sandboxes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+    # a TMPDIR of this test's own, shared like /tmp: the user's real private directory is never touched
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(mode=0o1777)
+    tmpdir.chmod(0o1777)
+    make_traversable(tmp_path)
+    monkeypatch.setattr("tempfile.tempdir", str(tmpdir))
+    private = default_workspace_root().parent
+    lock = base64.b64encode(build_unix_lock_bpf()).decode()
+
+    policy = SandboxPolicy().with_write_paths(str(tmpdir))
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", policy=policy) as engine:
+        before = snapshot(private)
+        ws = await engine.manager.create_workspace("red/team/f7")
+        code = f"PRIVATE = {str(private)!r}\nTMPDIR = {str(tmpdir)!r}\nLOCK_BPF = {lock!r}\n" + F7_ATTACK
+        r, got = await py((engine, ws), code)
+    assert (tmpdir / "canary").exists(), r.stderr
+    assert got.get("replaced") == "0", got
+    assert snapshot(private) == before
+
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws2") as later:
+        ws = await later.manager.create_workspace("red/team/f7-later")
+        r, got = await py((later, ws), F7_PROBE)
+    assert got == {"io_uring_setup": "EPERM", "keyctl": "EPERM", "ptrace": "EPERM"}, r.stderr
