@@ -33,7 +33,7 @@ from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root
+from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import LAYOUT_DIRS
 from .bwrap import (
     SANDBOX_WORKSPACE,
@@ -373,6 +373,7 @@ class SandboxBackend:
         bwrap_path = find_bwrap(bwrap)
         assert bwrap_path is not None
         as_root = _is_root()
+        private = _private_execspace_dir()
 
         def owner(ws: Workspace) -> tuple[int, int] | None:
             if not as_root or ws.host_path is None:
@@ -393,7 +394,7 @@ class SandboxBackend:
             network_default=policy.network_enabled,
             seccomp=seccomp,
             policy=policy,
-            hidden=(root,),
+            hidden=(root, private),
             cgroups=cgroups,
             owner=owner,
             capabilities=lambda: caps,
@@ -489,6 +490,16 @@ def sandbox_layout_owner() -> Any:
         _chown_layout(uid)(ws_dir)
 
     return prepare
+
+
+def _private_execspace_dir() -> Path:
+    """This user's execspace directory (the probe's verdict, every backend's default workspaces), made now:
+    hidden from every sandbox, even through a grant that covers it, so it must exist before a program with a
+    write grant over its parent could create it and make it its own."""
+    directory = ProbeCache().directory
+    with contextlib.suppress(OSError):  # not creatable here: then no sandbox can create it either
+        private_dir(directory, 0o711)
+    return directory
 
 
 def _cached_probe(bwrap: str, seccomp: SeccompFilters, cache: ProbeCache) -> Probe:

@@ -13,7 +13,8 @@ Design (see docs/backends/sandbox.md):
 * All namespaces are unshared (user, pid, ipc, uts, cgroup, and net unless the
   network is on); nested user namespaces are disabled; a new session stops
   terminal injection; the sandbox dies with its supervisor.
-* bwrap loads a seccomp filter (:mod:`.seccomp`) just before it runs the program.
+* bwrap loads a seccomp filter (:mod:`.seccomp`) just before it runs the program, and in its own
+  init (pid 1 of the sandbox), whose ``/proc/1`` is masked so that nothing in the sandbox can reach it.
 * **Started by root, bwrap is not a boundary** (uid 0 in the sandbox is host
   root with all capabilities of its namespace). So when we are root, bwrap
   itself is started as an unprivileged host uid, derived per workspace (from the
@@ -118,6 +119,15 @@ def _network_files(network: bool) -> list[str]:
     return []
 
 
+#: Mounted over ``/proc/1``, bwrap's own init in the sandbox's PID namespace. It is not the program's: it has
+#: only bwrap's filter (a Jupyter kernel stacks more on itself), it holds the sandbox's life (its
+#: ``--die-with-parent``) and its argv is the host's bwrap command line. Through ``/proc/1/mem`` a program of
+#: the same uid could rewrite it, since seccomp sees ``open`` and ``write`` but not which file they touch. An
+#: empty read-only mode-000 tmpfs leaves nothing under ``/proc/1`` to open; the program cannot unmount it (no
+#: capabilities, the mount API is filtered) and no other path names that directory.
+_HIDE_INIT = ("--perms", "0000", "--tmpfs", "/proc/1", "--remount-ro", "/proc/1")
+
+
 def build_argv(
     cfg: BwrapConfig,
     ws_root: Path,
@@ -153,7 +163,7 @@ def build_argv(
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     args += _top_level_binds()
-    args += ["--dev", "/dev", "--proc", "/proc"]
+    args += ["--dev", "/dev", "--proc", "/proc", *_HIDE_INIT]
     if cfg.tmp_size:
         args += ["--size", str(cfg.tmp_size)]
     args += ["--tmpfs", "/tmp"]

@@ -1,16 +1,14 @@
-"""Remember the sandbox's set-up work on disk, so that each new engine (and each CLI call) does not redo it.
+"""Remember the sandbox's probe on disk, so that each new engine (and each CLI call) does not redo it.
 
-:class:`ProbeCache`: the probe starts a real sandbox and checks from inside that it holds (~45 ms). Its
-verdict depends on the bwrap binary, the kernel, our uid and the seccomp filter, so those form the key;
-a success is kept for an hour. Failures are never cached: a fixed host is noticed at once. A stale
-success cannot open a hole: a run still goes through bwrap with every flag, and fails if the boundary
-cannot be built.
+The probe starts a real sandbox and checks from inside that it holds (~45 ms). Its verdict depends on the
+bwrap binary, the kernel, our uid and the seccomp filter, so those form the key; a success is kept for an
+hour. Failures are never cached: a fixed host is noticed at once. A stale success cannot open a hole: a run
+still goes through bwrap with every flag, and fails if the boundary cannot be built.
 
-:class:`BpfCache`: building the seccomp filter means importing pyseccomp, whose import alone runs
-``ctypes.util.find_library`` twice (~90 ms here), for bytes that depend only on the rules and the
-architecture. They are kept for a day (so that a libseccomp upgrade is picked up), keyed by the rules
-themselves, in the same private directory; a file that is not a whole number of BPF instructions is
-ignored and rebuilt.
+The verdict lives in this user's private execspace directory, which no sandbox sees even through a grant
+that covers it (the sandbox engine hides it like its workspaces), and is read only from a file of ours that
+nobody else may write. Nothing else is cached: the seccomp program is rebuilt by each process (it takes
+half a millisecond), since a program trusted from a file is one a sandbox could rewrite.
 """
 
 from __future__ import annotations
@@ -20,17 +18,16 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 
 from ...registry import Probe
 from ...workspace.hostmanager import default_workspace_root, private_dir
 
-__all__ = ["BpfCache", "ProbeCache"]
+__all__ = ["ProbeCache"]
 
 _TTL = 3600.0
-_BPF_TTL = 86400.0
-_BPF_INSTRUCTION = 8  # struct sock_filter
 
 
 class ProbeCache:
@@ -55,6 +52,8 @@ class ProbeCache:
         try:
             fd = os.open(self._file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd) as f:
+                if not (_ours(os.fstat(fd), 0o600) and _ours(os.lstat(self.directory), 0o711)):
+                    return None
                 entry = json.load(f)
         except (OSError, ValueError):
             return None
@@ -76,35 +75,6 @@ class ProbeCache:
             os.replace(tmp, self._file)
 
 
-class BpfCache:
-    """Compiled seccomp programs on disk, one file per rule set and architecture."""
-
-    def __init__(self, directory: Path | None = None, ttl: float = _BPF_TTL) -> None:
-        self.directory = directory or default_workspace_root().parent
-        self.ttl = ttl
-
-    def key(self, rules: str) -> str:
-        return hashlib.sha256(f"bpf-v1\0{os.uname().machine}\0{rules}".encode()).hexdigest()[:32]
-
-    def _file(self, key: str) -> Path:
-        return self.directory / f"seccomp-{key}.bpf"
-
-    def get(self, key: str) -> bytes | None:
-        try:
-            fd = os.open(self._file(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as f:
-                if time.time() - os.fstat(f.fileno()).st_mtime > self.ttl:
-                    return None
-                data = f.read(1 << 20)
-        except OSError:
-            return None
-        return data if data and len(data) % _BPF_INSTRUCTION == 0 else None
-
-    def put(self, key: str, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            private_dir(self.directory, 0o711)
-            tmp = self.directory / f".seccomp-{secrets.token_hex(6)}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self._file(key))
+def _ours(st: os.stat_result, widest: int) -> bool:
+    """Owned by us and writable by nobody else (not a symlink: that is never stat'ed through here)."""
+    return st.st_uid == os.geteuid() and not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & ~widest == 0

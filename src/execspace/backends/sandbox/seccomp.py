@@ -16,21 +16,23 @@ open and removes kernel attack surface that sandboxed code has no use for. Desig
   calling process, the setuid exec where they mattered is moot under bwrap's no_new_privs, and tools such as
   ``setarch`` need it.
 
-The BPF program is built with libseccomp (through ``pyseccomp``) once per :class:`SeccompFilters`, kept on
-disk for the next processes (:class:`~.probecache.BpfCache`), and handed to each run in a sealed memfd.
+The BPF program is built with libseccomp, called through ctypes, once per :class:`SeccompFilters`, and handed
+to each run in a sealed memfd. It is never kept on disk: a compiled filter in a file is trusted by every later
+run, and a sandbox granted write access over that file (a ``/tmp`` grant, as the same uid) could swap in a
+weaker one. Building takes about half a millisecond; only ``pyseccomp``'s import was slow (it runs
+``ctypes.util.find_library`` twice, ~90 ms), so it is not used.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
 from ...errors import SetupFailed
 from ...registry import Probe
-from .probecache import BpfCache
 
 __all__ = [
     "ALWAYS",
@@ -129,10 +131,10 @@ ALWAYS: tuple[Deny, ...] = (
         "keyrings are not namespaced: the keys of the host user would be reachable",
     ),
     Deny(
-        "ptrace/process_vm_*/pidfd_getfd",
-        ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
-        "reading or steering another process (or stealing its fds) is not needed to run code, "
-        "and ptrace has a long history of kernel bugs",
+        "ptrace/process_vm_*/process_madvise/pidfd_getfd",
+        ("ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd"),
+        "reading, writing or steering another process's memory (or stealing its fds) is not needed to run "
+        "code, and ptrace has a long history of kernel bugs",
     ),
     Deny(
         "kexec/reboot/modules/acct/swap/syslog",
@@ -223,20 +225,62 @@ def describe() -> str:
     )
 
 
-def _libseccomp() -> Any:
-    """The pyseccomp module; it loads libseccomp.so.2 when imported."""
+# libseccomp's ABI (seccomp.h): the actions, filter attribute and comparison used here
+_SCMP_ACT_ALLOW = 0x7FFF_0000
+_SCMP_ACT_KILL_PROCESS = 0x8000_0000
+_SCMP_ACT_ERRNO = 0x0005_0000
+_SCMP_FLTATR_ACT_BADARCH = 2
+_SCMP_CMP_MASKED_EQ = 7
+_SCMP_ARCH_NATIVE = 0
+_SCMP_ARCHES = (0xC000_003E, 0xC000_00B7)  # AUDIT_ARCH_X86_64, AUDIT_ARCH_AARCH64
+
+
+class _ArgCmp(ctypes.Structure):
+    """``struct scmp_arg_cmp``."""
+
+    _fields_ = (
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    )
+
+
+def _libseccomp() -> ctypes.CDLL:
+    """libseccomp with the prototypes of the calls made here (loading it takes well under a millisecond)."""
     try:
-        import pyseccomp
-    except (ImportError, RuntimeError) as exc:  # RuntimeError: pyseccomp found no libseccomp.so
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError as exc:
         raise SetupFailed(
             "sandbox",
             f"cannot build the seccomp filter: {exc}",
-            "pip install pyseccomp, and install libseccomp (apt-get install libseccomp2, dnf install libseccomp)",
+            "install libseccomp (apt-get install libseccomp2, dnf install libseccomp)",
         ) from exc
-    return pyseccomp
+    ctx, u32 = ctypes.c_void_p, ctypes.c_uint32
+    for name, args, result in (
+        ("seccomp_arch_native", (), u32),
+        ("seccomp_init", (u32,), ctx),
+        ("seccomp_release", (ctx,), None),
+        ("seccomp_attr_set", (ctx, ctypes.c_int, u32), ctypes.c_int),
+        ("seccomp_syscall_resolve_name_arch", (u32, ctypes.c_char_p), ctypes.c_int),
+        ("seccomp_rule_add_array", (ctx, u32, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p), ctypes.c_int),
+        ("seccomp_export_bpf", (ctx, ctypes.c_int), ctypes.c_int),
+    ):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    return lib
 
 
-def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False, cache: BpfCache | None = None) -> bytes:
+def _check(result: int, call: str) -> None:
+    if result < 0:  # libseccomp returns -errno
+        raise SetupFailed(
+            "sandbox",
+            f"libseccomp's {call} failed: {os.strerror(-result)}",
+            "report this as a bug, with `uname -rm` and the libseccomp version",
+        )
+
+
+def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False) -> bytes:
     """The classic-BPF program for one network mode, as ``bwrap --seccomp`` reads it.
 
     ``allow_unix_socket`` leaves out the ``socket(AF_UNIX)`` rule: only for a process that stacks
@@ -246,49 +290,48 @@ def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False, cach
     chosen = rules(network_restricted)
     if allow_unix_socket:
         chosen = tuple(r for r in chosen if r is not _UNIX_SOCKET_RULE)
-    return _export_cached(chosen, cache)
+    return _export(chosen)
 
 
-def build_unix_lock_bpf(cache: BpfCache | None = None) -> bytes:
+def build_unix_lock_bpf() -> bytes:
     """A filter refusing only ``socket(AF_UNIX)``, for a process to stack on itself (``SECCOMP_FILTER_FLAG_TSYNC``)
     once it needs no new unix socket: with :func:`build_bpf` ``(True, allow_unix_socket=True)`` underneath, the
     stack refuses what the network-restricted filter alone refuses."""
-    return _export_cached((_UNIX_SOCKET_RULE,), cache)
-
-
-def _export_cached(chosen: tuple[Deny, ...], cache: BpfCache | None) -> bytes:
-    if cache is None:
-        return _export(chosen)
-    key = cache.key(repr(chosen))
-    data = cache.get(key)
-    if data is None:
-        data = _export(chosen)
-        cache.put(key, data)
-    return data
+    return _export((_UNIX_SOCKET_RULE,))
 
 
 def _export(chosen: tuple[Deny, ...]) -> bytes:
-    sc = _libseccomp()
-    if sc.system_arch() not in (sc.Arch.X86_64, sc.Arch.AARCH64):
+    lib = _libseccomp()
+    if lib.seccomp_arch_native() not in _SCMP_ARCHES:
         raise SetupFailed(
             "sandbox",
             f"the seccomp filter is only built for x86_64 and aarch64, not {os.uname().machine}",
             "use the container backend on this machine",
         )
-    filt = sc.SyscallFilter(sc.ALLOW)
-    filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
-    for rule in chosen:
-        conditions = [sc.Arg(index, sc.MASKED_EQ, mask, value) for index, mask, value in rule.when]
-        for name in rule.syscalls:
-            filt.add_rule(sc.ERRNO(rule.error), _syscall_number(sc, name), *conditions)
-    with open(os.memfd_create("execspace-seccomp-export", os.MFD_CLOEXEC), "w+b") as out:
-        filt.export_bpf(out)
-        out.seek(0)
-        return out.read()
+    filt = lib.seccomp_init(_SCMP_ACT_ALLOW)
+    if not filt:
+        _check(-errno.ENOMEM, "seccomp_init")
+    try:
+        _check(lib.seccomp_attr_set(filt, _SCMP_FLTATR_ACT_BADARCH, _SCMP_ACT_KILL_PROCESS), "seccomp_attr_set")
+        for rule in chosen:
+            conditions = (_ArgCmp * len(rule.when))(
+                *(_ArgCmp(index, _SCMP_CMP_MASKED_EQ, mask, value) for index, mask, value in rule.when)
+            )
+            for name in rule.syscalls:
+                added = lib.seccomp_rule_add_array(
+                    filt, _SCMP_ACT_ERRNO | rule.error, _syscall_number(lib, name), len(rule.when), conditions
+                )
+                _check(added, "seccomp_rule_add_array")
+        with open(os.memfd_create("execspace-seccomp-export", os.MFD_CLOEXEC), "w+b") as out:
+            _check(lib.seccomp_export_bpf(filt, out.fileno()), "seccomp_export_bpf")
+            out.seek(0)
+            return out.read()
+    finally:
+        lib.seccomp_release(filt)
 
 
-def _syscall_number(sc: Any, name: str) -> int:
-    nr: int = sc.resolve_syscall(sc.Arch.NATIVE, name)
+def _syscall_number(lib: ctypes.CDLL, name: str) -> int:
+    nr: int = lib.seccomp_syscall_resolve_name_arch(_SCMP_ARCH_NATIVE, name.encode())
     if nr < 0:
         # every rule names a syscall of both supported arches: an unknown name means an old libseccomp,
         # and skipping the rule would leave that syscall open
@@ -324,23 +367,18 @@ def sealed_memfd(data: bytes, name: str = "execspace-seccomp") -> int:
 
 
 class SeccompFilters:
-    """The filters of one engine: each mode's BPF is built on first use and reused for every run.
+    """The filters of one engine: each mode's BPF is built on first use and reused for every run."""
 
-    ``cache``: where compiled programs are kept across processes (:class:`BpfCache`; the default is
-    this user's private execspace directory), so that a new process need not load libseccomp at all.
-    """
+    __slots__ = ("_bpf",)
 
-    __slots__ = ("_bpf", "_cache")
-
-    def __init__(self, cache: BpfCache | None = None) -> None:
+    def __init__(self) -> None:
         self._bpf: dict[bool, bytes] = {}
-        self._cache = cache or BpfCache()
 
     def bpf(self, network_restricted: bool) -> bytes:
         cached = self._bpf.get(network_restricted)
         if cached is None:
             # two threads racing here build the same bytes twice, which is harmless
-            cached = self._bpf[network_restricted] = build_bpf(network_restricted, cache=self._cache)
+            cached = self._bpf[network_restricted] = build_bpf(network_restricted)
         return cached
 
     def open_filter_fd(self, network_restricted: bool) -> int:
@@ -355,20 +393,19 @@ class KernelSeccompFilters(SeccompFilters):
 
     __slots__ = ("_lock",)
 
-    def __init__(self, cache: BpfCache | None = None) -> None:
-        super().__init__(cache)
+    def __init__(self) -> None:
+        super().__init__()
         self._lock: bytes | None = None
 
     def bpf(self, network_restricted: bool) -> bytes:
         cached = self._bpf.get(network_restricted)
         if cached is None:
-            built = build_bpf(network_restricted, allow_unix_socket=True, cache=self._cache)
-            cached = self._bpf[network_restricted] = built
+            cached = self._bpf[network_restricted] = build_bpf(network_restricted, allow_unix_socket=True)
         return cached
 
     def unix_lock_bpf(self) -> bytes:
         if self._lock is None:
-            self._lock = build_unix_lock_bpf(self._cache)
+            self._lock = build_unix_lock_bpf()
         return self._lock
 
 
