@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...capabilities import Capabilities, Isolation
+from ...cli.launcher import daemon_dirs
 from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
@@ -88,7 +89,7 @@ class SandboxRunner(HostRunner):
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
-        # host directories never visible through a grant (the engine's workspaces)
+        # host directories never visible through a grant (the engine's workspaces, the daemon's)
         self.hidden = tuple(hidden)
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
@@ -370,7 +371,7 @@ class SandboxBackend:
             network_default=policy.network_enabled,
             seccomp=seccomp,
             policy=policy,
-            hidden=(root,),
+            hidden=(root, *_daemon_dirs(as_root)),
             cgroups=cgroups,
             owner=owner,
             capabilities=lambda: caps,
@@ -390,6 +391,13 @@ _EXTERNAL_REFUSAL = (
     "engine refuses to run programs locally; run them where that isolation is, or open the engine "
     "with a managed profile (workspace-write, read-only)"
 )
+
+
+def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:
+    """The warm daemon's directories: its key there lets a client run commands outside any sandbox.
+    A root caller's are 0700 root and its programs run under other uids, which the daemon refuses:
+    masking them would only break grants over their parents (bwrap cannot reach a mount point there)."""
+    return () if as_root else tuple(map(Path, daemon_dirs()))
 
 
 def _resolve_policy(policy: SandboxPolicy | None, network: bool | None) -> SandboxPolicy:
