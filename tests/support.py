@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+CLI = [sys.executable, "-m", "execspace"]
 
 
 def make_traversable(path: Path) -> None:
@@ -17,3 +24,24 @@ def make_traversable(path: Path) -> None:
         st = p.stat()
         if st.st_uid == os.getuid() and st.st_mode & 0o011 != 0o011:
             p.chmod(st.st_mode | 0o011)
+
+
+@contextlib.contextmanager
+def running_daemon() -> Iterator[dict[str, str]]:
+    """The environment of a caller that reaches a fresh warm daemon of its own (stopped afterwards)."""
+    # unix socket paths must fit in 107 bytes: pytest's tmp_path may not
+    with tempfile.TemporaryDirectory(prefix="xdg", dir="/tmp") as runtime:
+        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+        env.pop("EXECSPACE_DAEMON", None)
+        started = subprocess.run([*CLI, "daemon", "start", "--idle-timeout", "120"], env=env, capture_output=True)
+        assert started.returncode == 0, started.stderr
+        try:
+            yield env
+        finally:
+            subprocess.run([*CLI, "daemon", "stop"], env=env, capture_output=True, check=False)
+
+
+def daemon_served(env: dict[str, str]) -> int:
+    """How many commands the daemon reached with ``env`` has run."""
+    out = subprocess.run([*CLI, "daemon", "status"], env=env, capture_output=True, text=True, check=True).stdout
+    return int(out.split("served=")[1].split()[0])

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -18,40 +20,35 @@ from pathlib import Path
 
 import pytest
 
-from execspace.cli.forkserver import SourceStamp, decode_request
-from execspace.cli.launcher import daemon_socket_path, encode_request, forward, private_dir_ok
+from execspace.cli.forkserver import _HANDSHAKE_TIMEOUT, SourceStamp, decode_request
+from execspace.cli.launcher import (
+    KEY_BYTES,
+    PROTOCOL,
+    daemon_key_path,
+    daemon_socket_path,
+    encode_request,
+    forward,
+    private_dir_ok,
+    read_key,
+)
+from tests.support import CLI, daemon_served, running_daemon
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon's tests use /proc and SO_PEERCRED")
 
-CLI = [sys.executable, "-m", "execspace"]
-
-
-def _served(env: dict[str, str]) -> int:
-    out = subprocess.run([*CLI, "daemon", "status"], env=env, capture_output=True, text=True, check=True).stdout
-    return int(out.split("served=")[1].split()[0])
-
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[dict[str, str]]:
+def daemon() -> Iterator[dict[str, str]]:
     """The environment of a caller that reaches a fresh daemon of its own."""
-    # unix socket paths must fit in 107 bytes: pytest's tmp_path may not
-    with tempfile.TemporaryDirectory(prefix="xdg", dir="/tmp") as runtime:
-        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-        env.pop("EXECSPACE_DAEMON", None)
-        started = subprocess.run([*CLI, "daemon", "start", "--idle-timeout", "120"], env=env, capture_output=True)
-        assert started.returncode == 0, started.stderr
-        try:
-            yield env
-        finally:
-            subprocess.run([*CLI, "daemon", "stop"], env=env, capture_output=True, check=False)
+    with running_daemon() as env:
+        yield env
 
 
 def _both(
     env: dict[str, str], args: list[str], cwd: Path, stdin: bytes = b""
 ) -> tuple[subprocess.CompletedProcess[bytes], subprocess.CompletedProcess[bytes]]:
-    before = _served(env)
+    before = daemon_served(env)
     warm = subprocess.run([*CLI, *args], env=env, cwd=cwd, input=stdin, capture_output=True, timeout=60)
-    assert _served(env) == before + 1, "the command did not go through the daemon"
+    assert daemon_served(env) == before + 1, "the command did not go through the daemon"
     here = {**env, "EXECSPACE_DAEMON": "off"}
     cold = subprocess.run([*CLI, *args], env=here, cwd=cwd, input=stdin, capture_output=True, timeout=60)
     return warm, cold
@@ -159,7 +156,7 @@ def test_requests_round_trip_and_malformed_ones_are_refused() -> None:
     request = decode_request(raw[4:])
     assert (request.kind, request.cwd, request.umask) == (b"run", b"/some/dir", 0o022)
     assert request.argv == ["run", "--", "echo", "é"] and request.env == env
-    short_argv = b"execspace-cli/1\0run\0/\0" + b"22\0" + b"5\0only-one"
+    short_argv = PROTOCOL + b"\0run\0/\0" + b"22\0" + b"5\0only-one"
     for bad in (b"", b"other\0run", raw[4:].replace(b"B=x=y", b"novalue"), short_argv):
         with pytest.raises(ValueError):
             decode_request(bad)
@@ -210,7 +207,7 @@ def test_a_stale_daemon_hands_the_command_back_and_it_runs_once(tmp_path: Path) 
             log = tmp_path / "runs.log"
             cmd = [*CLI, "run", "--backend", "local", "--", "sh", "-c", f"echo ran >> {log}"]
             assert subprocess.run(cmd, env=env, check=False).returncode == 0
-            assert _served(env) == 1
+            assert daemon_served(env) == 1
             os.utime(watched / "mod.py", ns=(time.time_ns(), time.time_ns() + 10**9))  # "a new install"
             assert subprocess.run(cmd, env=env, check=False).returncode == 0  # answered "stale": ran here
             assert log.read_text() == "ran\nran\n"  # once each, never twice
@@ -228,10 +225,10 @@ try:
     s.connect(sys.argv[1])
 except PermissionError:
     print("refused at connect"); raise SystemExit
-socket.send_fds(s, [bytes.fromhex(sys.argv[2])], [0, 1, 2])  # a complete request, stdio included
-try:
+try:  # a complete request with the daemon's key, stdio included: only the peer check is left
+    socket.send_fds(s, [bytes.fromhex(sys.argv[2])], [0, 1, 2])
     reply = s.recv(64)
-except ConnectionResetError:  # closed with our request unread
+except (BrokenPipeError, ConnectionResetError):  # closed before or after our request arrived, unread
     reply = b""
 print("reply", repr(reply))
 """
@@ -242,12 +239,14 @@ _SYSTEM_PYTHON = "/usr/bin/python3"
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(_SYSTEM_PYTHON), reason="needs root and /usr/bin/python3")
 def test_another_user_gets_nothing_from_the_daemon(daemon: dict[str, str]) -> None:
     sock = Path(daemon_socket_path(daemon))
-    request = encode_request(b"run", ["run", "--backend", "local", "--", "true"], {}, b"/", 0o022).hex()
+    key = read_key(str(sock))
+    assert key is not None
+    request = (key + encode_request(b"run", ["run", "--backend", "local", "--", "true"], {}, b"/", 0o022)).hex()
     attack = [_SYSTEM_PYTHON, "-I", "-c", _OTHER_USER, str(sock), request]
     out = subprocess.run(attack, capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "refused at connect", out.stderr  # the private directory stops it first
     # with the directory and socket opened up (a mistake, or a shared /tmp), the peer check still refuses
-    before = _served(daemon)
+    before = daemon_served(daemon)
     for directory in (sock.parent.parent, sock.parent):
         directory.chmod(0o711)
     sock.chmod(0o777)
@@ -256,4 +255,68 @@ def test_another_user_gets_nothing_from_the_daemon(daemon: dict[str, str]) -> No
     finally:
         sock.parent.chmod(0o700)  # (our own clients refuse a directory others can enter)
     assert out.stdout.strip() == "reply b''", out.stderr  # closed without a worker
-    assert _served(daemon) == before
+    assert daemon_served(daemon) == before
+
+
+def _still_open(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def test_a_silent_client_delays_no_one(daemon: dict[str, str], tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as silent:
+        silent.connect(daemon_socket_path(daemon))  # and says nothing
+        before = daemon_served(daemon)
+        done = subprocess.run(
+            [*CLI, "run", "--backend", "local", "--", "echo", "hi"], env=daemon, capture_output=True, timeout=60
+        )
+        assert (done.returncode, done.stdout) == (0, b"hi\n"), done.stderr
+        assert daemon_served(daemon) == before + 1  # it went through the daemon...
+        assert _still_open(silent), "the command waited until the silent client was dropped"  # ...without waiting
+        deadline = time.monotonic() + 60
+        while _still_open(silent):  # and the silent client does not hold its place forever
+            assert time.monotonic() < deadline, "the silent client was never dropped"
+            time.sleep(0.1)
+
+
+def test_a_command_outlives_the_handshake_timeout(daemon: dict[str, str], tmp_path: Path) -> None:
+    script = f"sleep {_HANDSHAKE_TIMEOUT + 1:g}; echo done"
+    done = subprocess.run(
+        [*CLI, "run", "--backend", "local", "--", "sh", "-c", script], env=daemon, capture_output=True, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, b"done\n"), done.stderr
+
+
+@pytest.mark.parametrize("key", [None, b"\0" * KEY_BYTES, b"x"], ids=["no-key", "wrong-key", "short-key"])
+def test_a_client_without_the_key_runs_nothing(daemon: dict[str, str], tmp_path: Path, key: bytes | None) -> None:
+    marker = tmp_path / "ran"
+    request = encode_request(b"run", ["run", "--backend", "local", "--", "touch", str(marker)], {}, b"/", 0o022)
+    before = daemon_served(daemon)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(daemon_socket_path(daemon))
+        sock.settimeout(30)
+        try:
+            socket.send_fds(sock, [(key or b"") + request], [0, 1, 2])
+            reply = b"".join(iter(lambda: sock.recv(64), b""))
+        except (BrokenPipeError, ConnectionResetError):
+            reply = b""
+    assert reply == b""  # closed without a worker
+    assert daemon_served(daemon) == before and not marker.exists()
+
+
+def test_the_key_is_private_and_a_loosened_one_is_not_used(daemon: dict[str, str]) -> None:
+    key_file = Path(daemon_key_path(daemon_socket_path(daemon)))
+    st = key_file.lstat()
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == KEY_BYTES
+    assert read_key(daemon_socket_path(daemon)) is not None
+    key_file.chmod(0o644)
+    try:
+        assert read_key(daemon_socket_path(daemon)) is None
+        status = subprocess.run([*CLI, "daemon", "status"], env=daemon, capture_output=True)
+        assert status.returncode == 1  # not reached: no key we trust
+    finally:
+        key_file.chmod(0o600)

@@ -234,6 +234,8 @@ class File:
     size_bytes: int
     """Size of the file in the workspace (``content`` may be shorter when truncated)."""
     truncated: bool = False
+    skipped: str | None = None
+    """Why a matching file could not be read (its program made it unreadable): ``content`` is empty."""
 
     @property
     def text(self) -> str:
@@ -297,6 +299,8 @@ class FileRef:
     version: int | None = None
     host_path: Path | None = None
     """Where the file is on this host, when the host can see the workspace."""
+    skipped: str | None = None
+    """Why the file could not be read (then it has no content and was not saved)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ __all__ = [
     "error_message",
     "human_size",
     "print_json",
+    "printable",
     "progress",
     "warn",
     "warn_if_unisolated",
@@ -80,16 +81,32 @@ def workspace_dir(path: Path, flag: str) -> Path:
     return path.absolute()
 
 
+# C0 and C1 controls, DEL, and the stand-ins of undecodable bytes (surrogateescape would write them back raw)
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``): names a program chose (its files) may hold
+    terminal escape sequences, which must reach the user's terminal as text, never as commands."""
+    return text.translate(_CONTROLS)
+
+
+def _lines(message: str) -> str:
+    return "\n".join(printable(line) for line in message.split("\n"))
+
+
 def error(message: str) -> None:
-    print(f"execspace: error: {message}", file=sys.stderr, flush=True)
+    print(f"execspace: error: {_lines(message)}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    print(f"warning: {_lines(message)}", file=sys.stderr, flush=True)
 
 
 def progress(message: str) -> None:
-    print(f"execspace: {message}", file=sys.stderr, flush=True)
+    print(f"execspace: {_lines(message)}", file=sys.stderr, flush=True)
 
 
 def warn_if_unisolated(caps: Capabilities) -> None:

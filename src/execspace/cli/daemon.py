@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import SetupFailed
 from .console import progress
-from .launcher import daemon_socket_path, encode_request, private_dir_ok
+from .launcher import daemon_socket_path, encode_request, private_dir_ok, read_key
 
 __all__ = ["add_parser", "command", "ping"]
 
@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
         help="start/stop the warm daemon that makes each execspace command start in milliseconds",
         description=(
             "A warm daemon keeps Python, asyncio and the backends imported; each `execspace` command then "
-            "forks from it instead of starting from scratch (same user only, private socket). "
+            "forks from it instead of starting from scratch (same user only, private socket and key). "
             "Set EXECSPACE_DAEMON=off to bypass it for one command."
         ),
     )
@@ -59,13 +59,14 @@ async def command(args: argparse.Namespace) -> int:
 
 def ping(path: str, kind: bytes = b"ping") -> str | None:
     """The daemon's answer to a control request, or None if no daemon of ours answers at ``path``."""
-    if not private_dir_ok(os.path.dirname(path)):
+    key = read_key(path) if private_dir_ok(os.path.dirname(path)) else None
+    if key is None:
         return None
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(5.0)
             sock.connect(path)
-            sock.sendall(encode_request(kind, [], {}, b"/", 0o077))
+            sock.sendall(key + encode_request(kind, [], {}, b"/", 0o077))
             return b"".join(iter(lambda: sock.recv(4096), b"")).decode()
     except OSError:
         return None

@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..executor import code_executor, extract_code_blocks
 from ..languages import LANGUAGES
 from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionInput, CodeExecutionResult
-from .console import human_size, print_json, progress, warn_if_unisolated
+from .console import human_size, print_json, printable, progress, warn_if_unisolated
 from .run import add_image_option, container_options, parse_timeout
 
 __all__ = ["add_parser", "code_blocks", "command"]
@@ -122,5 +122,5 @@ def _report_files(result: CodeExecutionResult) -> None:
         return
     progress(f"{len(result.output_files)} output file(s) (the workspace was removed):")
     for f in result.output_files:
-        print(f"  {f.name}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
+        print(f"  {printable(f.name)}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
     sys.stderr.flush()

@@ -2,9 +2,12 @@
 
 The daemon imports the command line, asyncio and the local and sandbox backends once, then
 waits on a unix socket in a private directory. For each ``execspace`` invocation that
-connects (same uid only, checked with SO_PEERCRED) it forks a worker that takes over the
-caller's stdin/stdout/stderr, working directory, umask and environment, and runs
+connects (same uid, checked with SO_PEERCRED, and holding the daemon's key, which only
+processes outside every sandbox can read) it forks a worker that takes over the caller's
+stdin/stdout/stderr, working directory, umask and environment, and runs
 :func:`execspace.cli.main.main` on the caller's argv: the same code path, minus the start-up.
+Requests are read without blocking, several at once: a client that connects and sends
+nothing delays nobody, and is dropped after ``_HANDSHAKE_TIMEOUT``.
 
 The daemon itself never runs commands, starts threads or opens an event loop, so that a
 fork copies nothing half-done. It exits after ``idle_timeout`` seconds without requests,
@@ -17,7 +20,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import hmac
 import io
+import math
 import os
 import selectors
 import signal
@@ -29,17 +34,20 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .launcher import EXIT_EXECSPACE_ERROR, PROTOCOL
+from .launcher import EXIT_EXECSPACE_ERROR, KEY_BYTES, PROTOCOL, daemon_key_path, private_dir_ok
 
 __all__ = ["ForkServer", "Request", "SourceStamp", "decode_request", "main"]
 
 _MAX_REQUEST = 8 << 20
-_REQUEST_TIMEOUT = 5.0
-#: Modules every command needs, and those of the backends that start without extras. pyseccomp
-#: matters most: importing it runs ctypes.util.find_library (about 80 ms here).
+#: A real launcher sends its whole request right after connecting: this only bounds a stuck client.
+_HANDSHAKE_TIMEOUT = 5.0
+#: Requests being read at once; beyond it the oldest is dropped (each holds a socket and up to 3 fds).
+_MAX_PENDING = 32
+_REPLY_TIMEOUT = 5.0
+#: Modules every command needs, and those of the backends that start without extras.
 PRELOAD = (
     "execspace.cli.main",
     "execspace.backends.local",
@@ -47,7 +55,6 @@ PRELOAD = (
     "execspace.backends.sandbox.seccomp",
     "execspace.workspace.staging",
     "concurrent.futures.thread",
-    "pyseccomp",
 )
 
 
@@ -58,6 +65,23 @@ class Request:
     umask: int
     argv: list[str]
     env: dict[bytes, bytes]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A connection whose request is still arriving."""
+
+    conn: socket.socket
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+    fds: list[int] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+        self.conn.close()
 
 
 def decode_request(payload: bytes) -> Request:
@@ -106,13 +130,18 @@ class ForkServer:
         self.path = path
         self.idle_timeout = idle_timeout
         self._stamp = stamp
+        self._key = b""
         self._children: set[int] = set()
+        self._pending: dict[int, _Pending] = {}
         self._served = 0
         self._started = time.monotonic()
         self._last_activity = self._started
         self._stop = False
 
     def serve(self) -> None:
+        if not private_dir_ok(os.path.dirname(self.path)):
+            raise SystemExit(f"execspace daemon: {os.path.dirname(self.path)} is not a private directory of ours")
+        key_inode = self._write_key()
         listener = self._listen()
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         inode = os.stat(self.path).st_ino
@@ -120,14 +149,37 @@ class ForkServer:
             with selectors.DefaultSelector() as selector:
                 selector.register(listener, selectors.EVENT_READ)
                 while not self._stop and not self._idle():
-                    if selector.select(timeout=0.5):
-                        self._accept(listener)
+                    for key, _ in selector.select(timeout=self._wait()):
+                        if key.fileobj is listener:
+                            self._accept(listener, selector)
+                        else:
+                            self._advance(self._pending[key.fd], listener, selector)
+                    self._expire(selector)
                     self._reap()
         finally:
             listener.close()
-            with contextlib.suppress(OSError):
-                if os.stat(self.path).st_ino == inode:  # never remove a successor's socket
-                    os.unlink(self.path)
+            for pending in self._pending.values():
+                pending.close()
+            for path, ours in ((self.path, inode), (daemon_key_path(self.path), key_inode)):
+                with contextlib.suppress(OSError):
+                    if os.stat(path).st_ino == ours:  # never remove a successor's socket or key
+                        os.unlink(path)
+
+    def _write_key(self) -> int:
+        """A fresh random key in a 0600 file; written whole before it takes the final name."""
+        self._key = os.urandom(KEY_BYTES)
+        final = daemon_key_path(self.path)
+        temp = f"{final}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, self._key)
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        os.replace(temp, final)
+        return inode
 
     def _listen(self) -> socket.socket:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -142,7 +194,13 @@ class ForkServer:
         return listener
 
     def _idle(self) -> bool:
-        return not self._children and time.monotonic() - self._last_activity > self.idle_timeout
+        idle = not self._children and not self._pending
+        return idle and time.monotonic() - self._last_activity > self.idle_timeout
+
+    def _wait(self) -> float:
+        """How long select may sleep: until the next handshake deadline, at most 0.5 s."""
+        soonest = min((p.deadline for p in self._pending.values()), default=math.inf)
+        return max(0.0, min(0.5, soonest - time.monotonic()))
 
     def _reap(self) -> None:
         for pid in list(self._children):
@@ -150,40 +208,114 @@ class ForkServer:
                 if os.waitpid(pid, os.WNOHANG)[0] == pid:
                     self._children.discard(pid)
 
-    def _accept(self, listener: socket.socket) -> None:
-        conn, _ = listener.accept()
-        self._last_activity = time.monotonic()
-        fds: list[int] = []
+    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector) -> None:
         try:
-            if not _same_user(conn):
-                return
-            conn.settimeout(_REQUEST_TIMEOUT)
-            request, fds = _receive(conn)
-            if request.kind == b"ping":
-                uptime = time.monotonic() - self._started
-                conn.sendall(b"pong pid=%d served=%d uptime=%d" % (os.getpid(), self._served, uptime))
-            elif request.kind == b"stop":
-                self._stop = True
-                conn.sendall(b"stopping")
-            elif self._stamp.changed():
-                self._stop = True
-                conn.sendall(b"stale")
-            elif request.kind == b"run" and len(fds) == 3:
-                self._fork(listener, conn, request, fds)
+            conn, _ = listener.accept()
+        except OSError:  # gone before we got to it, or out of descriptors for now
+            return
+        self._last_activity = time.monotonic()
+        if not _same_user(conn):
+            conn.close()
+            return
+        conn.setblocking(False)
+        if len(self._pending) >= _MAX_PENDING:
+            oldest = min(self._pending.values(), key=lambda p: p.deadline)
+            self._drop(oldest, selector, "too many requests arriving at once")
+        self._pending[conn.fileno()] = _Pending(conn, self._last_activity + _HANDSHAKE_TIMEOUT)
+        selector.register(conn, selectors.EVENT_READ)
+
+    def _drop(self, pending: _Pending, selector: selectors.BaseSelector, why: str | None) -> None:
+        selector.unregister(pending.conn)
+        del self._pending[pending.conn.fileno()]
+        pending.close()
+        if why is not None:
+            print(f"execspace daemon: dropped a request: {why}", file=sys.stderr, flush=True)
+
+    def _expire(self, selector: selectors.BaseSelector) -> None:
+        now = time.monotonic()
+        for pending in [p for p in self._pending.values() if p.deadline <= now]:
+            self._drop(pending, selector, f"nothing complete within {_HANDSHAKE_TIMEOUT:g} s")
+
+    def _advance(self, pending: _Pending, listener: socket.socket, selector: selectors.BaseSelector) -> None:
+        """Read what arrived; once the request is whole (and only if it began with our key), serve it."""
+        try:
+            complete = _read_more(pending, self._key)
+        except BlockingIOError:
+            return
+        except (OSError, ValueError) as exc:
+            self._drop(pending, selector, str(exc))
+            return
+        if complete is None:
+            return
+        selector.unregister(pending.conn)
+        del self._pending[pending.conn.fileno()]
+        try:
+            pending.conn.setblocking(True)
+            pending.conn.settimeout(_REPLY_TIMEOUT)
+            self._serve(pending, decode_request(complete), listener, selector)
         except (OSError, ValueError) as exc:
             print(f"execspace daemon: dropped a request: {exc}", file=sys.stderr, flush=True)
         finally:
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+            pending.close()
 
-    def _fork(self, listener: socket.socket, conn: socket.socket, request: Request, fds: list[int]) -> None:
+    def _serve(
+        self, pending: _Pending, request: Request, listener: socket.socket, selector: selectors.BaseSelector
+    ) -> None:
+        conn = pending.conn
+        if request.kind == b"ping":
+            uptime = time.monotonic() - self._started
+            conn.sendall(b"pong pid=%d served=%d uptime=%d" % (os.getpid(), self._served, uptime))
+        elif request.kind == b"stop":
+            self._stop = True
+            conn.sendall(b"stopping")
+        elif self._stamp.changed():
+            self._stop = True
+            conn.sendall(b"stale")
+        elif request.kind == b"run" and len(pending.fds) == 3:
+            self._fork(pending, request, listener, selector)
+
+    def _fork(
+        self, pending: _Pending, request: Request, listener: socket.socket, selector: selectors.BaseSelector
+    ) -> None:
         pid = os.fork()
         if pid == 0:
+            # nothing of the daemon's stays open in the worker: the listener, the selector, other requests
             listener.close()
-            _worker(conn, request, fds, self._parser)  # never returns
+            selector.close()
+            for other in self._pending.values():
+                other.close()
+            fds, pending.fds = pending.fds, []
+            _worker(pending.conn, request, fds, self._parser)  # never returns
         self._children.add(pid)
         self._served += 1
+
+
+def _read_more(pending: _Pending, key: bytes) -> bytes | None:
+    """Read one chunk; the request's payload once it is whole, else None.
+
+    Raises:
+        BlockingIOError: nothing to read yet.
+        ValueError: not one of our launchers (wrong key), or a malformed or oversized request.
+        OSError: the connection failed.
+    """
+    data, fds, flags, _addr = socket.recv_fds(pending.conn, 65536, 3)
+    pending.fds += fds
+    if flags & socket.MSG_CTRUNC or len(pending.fds) > 3:
+        raise ValueError("more descriptors than stdin, stdout and stderr")
+    if not data:
+        raise ValueError("connection closed mid-request")
+    pending.data += data
+    head = KEY_BYTES + 4
+    if len(pending.data) >= KEY_BYTES and not hmac.compare_digest(bytes(pending.data[:KEY_BYTES]), key):
+        raise ValueError("a client without the daemon's key (refused)")
+    if len(pending.data) < head:
+        return None
+    size = int.from_bytes(pending.data[KEY_BYTES:head], "big")
+    if size > _MAX_REQUEST:
+        raise ValueError("request too large")
+    if len(pending.data) < head + size:
+        return None
+    return bytes(pending.data[head : head + size])
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -192,23 +324,11 @@ def _same_user(conn: socket.socket) -> bool:
     return bool(uid == os.getuid())
 
 
-def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
-    data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
-    while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
-        if len(data) > _MAX_REQUEST:
-            raise ValueError("request too large")
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed mid-request")
-        data += chunk
-    size = int.from_bytes(data[:4], "big")
-    return decode_request(data[4 : 4 + size]), fds
-
-
 def _worker(conn: socket.socket, request: Request, fds: list[int], parser: argparse.ArgumentParser) -> None:
     """Become the caller's command: its stdio, directory, umask and environment; report the exit status."""
     status = EXIT_EXECSPACE_ERROR
     try:
+        conn.settimeout(None)  # the signal relay waits on it as long as the command runs
         conn.sendall(b"+")  # the command has begun: from here the caller must never run it again
         os.setsid()
         signal.signal(signal.SIGTERM, _exit_on_term)  # until the command's own handler takes over
@@ -287,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import importlib
 
     for module in PRELOAD:
-        with contextlib.suppress(ImportError, RuntimeError):  # pyseccomp raises RuntimeError without libseccomp
+        with contextlib.suppress(ImportError):
             importlib.import_module(module)
     watched = args.watch or Path(importlib.import_module("execspace").__file__ or ".").parent
     ForkServer(args.socket, args.idle_timeout, SourceStamp(watched)).serve()

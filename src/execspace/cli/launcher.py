@@ -9,6 +9,11 @@ environment, working directory, umask and the descriptors of our stdin/stdout/st
 terminal or pipe. Signals we receive are forwarded to the worker; if we die, the worker
 sees the connection close and stops the program as it would on SIGTERM.
 
+The uid (SO_PEERCRED) alone does not prove a caller: a sandboxed program runs as our uid
+too when we are not root, and with the network on it may open unix sockets. So each daemon
+writes a random key to a 0600 file next to its socket (a directory no sandbox is shown, see
+:func:`execspace.rundirs.daemon_dirs`), and every request starts with that key.
+
 Only the standard C modules are imported on this path (``_socket``, ``_signal``, ``zlib``):
 ``socket``, ``signal`` and ``json`` pull in enum and re, which cost more than the run.
 """
@@ -22,15 +27,29 @@ import stat
 import sys
 import zlib
 
+from ..rundirs import daemon_dirs
+
 TYPE_CHECKING = False  # typing and collections.abc cost more than this module's whole job
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["DISABLE_VAR", "daemon_socket_path", "encode_request", "forward", "main", "private_dir_ok"]
+__all__ = [
+    "DISABLE_VAR",
+    "KEY_BYTES",
+    "daemon_key_path",
+    "daemon_socket_path",
+    "encode_request",
+    "forward",
+    "main",
+    "private_dir_ok",
+    "read_key",
+]
 
 #: ``EXECSPACE_DAEMON=off`` (or 0/no/false) runs every command in this process.
 DISABLE_VAR = "EXECSPACE_DAEMON"
-PROTOCOL = b"execspace-cli/1"
+PROTOCOL = b"execspace-cli/2"
+#: Length of the daemon's key, which every request starts with.
+KEY_BYTES = 32
 #: The longest ``sun_path`` Linux accepts, NUL excluded.
 _SUN_PATH_MAX = 107
 _FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
@@ -43,11 +62,31 @@ def daemon_socket_path(environ: os._Environ[str] | dict[str, str] | None = None)
     The name depends on the interpreter prefix and the package's location, so another
     virtualenv or checkout never talks to a daemon running different code.
     """
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_RUNTIME_DIR") or "/tmp"
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     key = zlib.crc32(f"{sys.prefix}\0{package}".encode(errors="surrogateescape"))
-    return f"{base}/execspace-daemon-{os.getuid()}/cli-{key:08x}.sock"
+    return f"{daemon_dirs(environ)[0]}/cli-{key:08x}.sock"
+
+
+def daemon_key_path(socket_path: str) -> str:
+    """Where the daemon listening at ``socket_path`` keeps its key."""
+    return socket_path.removesuffix(".sock") + ".key"
+
+
+def read_key(socket_path: str) -> bytes | None:
+    """The key of the daemon at ``socket_path``; None unless a private regular file of ours holds it."""
+    try:
+        fd = os.open(daemon_key_path(socket_path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        private = stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
+        key = os.read(fd, KEY_BYTES + 1) if private else b""
+    except OSError:
+        key = b""
+    finally:
+        os.close(fd)
+    return key if len(key) == KEY_BYTES else None
 
 
 def private_dir_ok(path: str) -> bool:
@@ -64,7 +103,7 @@ def private_dir_ok(path: str) -> bool:
 
 
 def encode_request(kind: bytes, argv: Sequence[str], env: dict[bytes, bytes], cwd: bytes, umask: int) -> bytes:
-    """One request: NUL-separated fields, argv counted, environment entries last."""
+    """One request (sent after the key): NUL-separated fields, argv counted, environment entries last."""
     fields = [PROTOCOL, kind, cwd, b"%o" % umask, b"%d" % len(argv)]
     fields += [os.fsencode(arg) for arg in argv]
     fields += [k + b"=" + v for k, v in env.items()]
@@ -72,8 +111,11 @@ def encode_request(kind: bytes, argv: Sequence[str], env: dict[bytes, bytes], cw
     return len(payload).to_bytes(4, "big") + payload
 
 
-def _connect(path: str) -> _socket.socket | None:
+def _connect(path: str) -> tuple[_socket.socket, bytes] | None:
     if len(path.encode()) > _SUN_PATH_MAX or not private_dir_ok(os.path.dirname(path)):
+        return None
+    key = read_key(path)
+    if key is None:
         return None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
@@ -81,7 +123,7 @@ def _connect(path: str) -> _socket.socket | None:
     except OSError:
         sock.close()
         return None
-    return sock
+    return sock, key
 
 
 def _stdio_open() -> bool:
@@ -103,13 +145,14 @@ def forward(argv: Sequence[str]) -> int | None:
         cwd = os.getcwdb()
     except OSError:  # our directory was removed: let the in-process path report it
         return None
-    sock = _connect(daemon_socket_path())
-    if sock is None:
+    connected = _connect(daemon_socket_path())
+    if connected is None:
         return None
+    sock, key = connected
     try:
         umask = os.umask(0o077)
         os.umask(umask)
-        request = encode_request(b"run", argv, dict(os.environb), cwd, umask)
+        request = key + encode_request(b"run", argv, dict(os.environb), cwd, umask)
         fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
         try:
             sent = sock.sendmsg([request], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])

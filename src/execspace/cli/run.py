@@ -26,7 +26,7 @@ from ..models import (
     Workspace,
     WorkspacePolicy,
 )
-from .console import human_size, print_json, progress, warn_if_unisolated, workspace_dir
+from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
 from .streaming import stream_program
 
 __all__ = [
@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
-    p.add_argument("--workspace", metavar="DIR", type=Path, help="use DIR as the workspace and keep it")
+    p.add_argument("--workspace", metavar="DIR", type=host_path, help="use DIR as the workspace and keep it")
     p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
     p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
@@ -75,9 +75,11 @@ def add_parser(sub: Any) -> None:
         choices=("read-only", "workspace-write", "danger-full-access"),
         help="sandbox permission profile (default workspace-write; danger-full-access turns the sandbox OFF)",
     )
-    p.add_argument("--read", action="append", default=[], metavar="PATH", help="sandbox: extra host path to read")
-    p.add_argument("--write", action="append", default=[], metavar="PATH", help="sandbox: extra host path to write")
-    p.add_argument("--deny", action="append", default=[], metavar="PATH", help="sandbox: path with no access at all")
+    for flag, what in (("--read", "extra host path to read"), ("--write", "extra host path to write")):
+        p.add_argument(flag, action="append", default=[], type=host_path, metavar="PATH", help=f"sandbox: {what}")
+    p.add_argument(
+        "--deny", action="append", default=[], type=host_path, metavar="PATH", help="sandbox: host path with no access"
+    )
     p.add_argument(
         "--timeout",
         type=parse_timeout,
@@ -102,7 +104,7 @@ def add_parser(sub: Any) -> None:
         metavar="GLOB",
         help="workspace glob of outputs to collect (default out/**); repeatable",
     )
-    p.add_argument("--artifacts", type=Path, metavar="DIR", help="artifact store directory for artifact:// inputs")
+    p.add_argument("--artifacts", type=host_path, metavar="DIR", help="artifact store directory for artifact:// inputs")
     p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="K=V", help="set a variable")
     p.add_argument("--cwd", default="work", metavar="REL", help="working directory in the workspace (default work)")
     p.add_argument("--no-stdin", action="store_true", help="do not read our stdin (otherwise read unless a TTY)")
@@ -112,6 +114,15 @@ def add_parser(sub: Any) -> None:
 
 
 # -- argument types -----------------------------------------------------------------------
+
+
+def host_path(text: str) -> Path:
+    """A host path from the command line, made absolute against the caller's directory.
+
+    Every host path option goes through here: a relative one left as given would mean a
+    workspace path to the sandbox policy (``--deny ./.env`` would deny nothing on the host).
+    """
+    return Path(os.path.expanduser(text)).absolute()
 
 
 def parse_timeout(text: str) -> float | None:
@@ -168,10 +179,11 @@ def _split_dest(value: str) -> tuple[str, str | None]:
 def parse_input(value: str) -> InputArg:
     """Turn one ``--input`` value into an :class:`InputSpec` and the host root it needs."""
     src, dest = _split_dest(value)
-    if src.startswith(_URI_SCHEMES):
-        host = Path(src[len("host://") :]) if src.startswith("host://") else None
-        return InputArg(InputSpec(src, dest), _root_of(host) if host else None)
-    path = Path(src).absolute()
+    if src.startswith("host://"):
+        src = src[len("host://") :]
+    elif src.startswith(_URI_SCHEMES):
+        return InputArg(InputSpec(src, dest), None)
+    path = host_path(src)
     if not path.exists():
         raise InputError(f"--input {value!r}: {path} does not exist")
     return InputArg(InputSpec(f"host://{path}", dest), _root_of(path))
@@ -238,11 +250,7 @@ def sandbox_policy(args: argparse.Namespace) -> Any:
     from ..backends.sandbox import Profile, SandboxPolicy
 
     policy = SandboxPolicy(profile=Profile[(args.profile or "workspace-write").upper().replace("-", "_")])
-    return (
-        policy.with_read_paths(*[str(Path(p).absolute()) for p in args.read])
-        .with_write_paths(*[str(Path(p).absolute()) for p in args.write])
-        .with_no_access(*args.deny)
-    )
+    return policy.with_read_paths(*args.read).with_write_paths(*args.write).with_no_access(*args.deny)
 
 
 def add_image_option(p: argparse.ArgumentParser) -> None:
@@ -346,6 +354,7 @@ def _outputs(manifest: OutputManifest, kept: bool) -> list[dict[str, Any]]:
             "size": f.size_bytes,
             "mime": f.mime_type,
             "host_path": str(f.host_path) if kept and f.host_path is not None else None,
+            "skipped": f.skipped,
         }
         for f in manifest.files
     ]
@@ -408,8 +417,14 @@ def _report_text(
         progress(f"workspace kept at {workspace}")
 
 
+def _row(output: dict[str, Any]) -> tuple[str, str, str, str]:
+    """One output's table cells; the program chose its name, so it is printed escaped."""
+    kind = f"skipped: {output['skipped']}" if output["skipped"] else output["mime"]
+    return printable(output["path"]), human_size(output["size"]), kind, printable(output["host_path"] or "")
+
+
 def _print_table(outputs: list[dict[str, Any]]) -> None:
-    rows = [(o["path"], human_size(o["size"]), o["mime"], o["host_path"] or "") for o in outputs]
+    rows = [_row(o) for o in outputs]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         cells = [row[i].ljust(widths[i]) for i in range(3)] + [row[3]]

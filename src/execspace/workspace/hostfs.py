@@ -315,6 +315,9 @@ def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-de
                 yield entry
 
 
+_UNREADABLE = "unreadable (permission denied: the program removed read permission)"
+
+
 def _collect(
     root: str,
     globs: list[str],
@@ -341,6 +344,9 @@ def _collect(
                 data, size = cr.read_file(entry.relpath, cap)
             except (PathDenied, FileNotFoundError):
                 continue  # swapped for a link or removed since the walk: skip, never follow
+            except PermissionError:  # the program's chmod: report it, lose nothing else
+                files.append(File(entry.relpath, b"", "application/octet-stream", entry.size, skipped=_UNREADABLE))
+                continue
             truncated = len(data) < size
             limits_hit = limits_hit or truncated
             budget -= len(data)

@@ -457,7 +457,7 @@ class Stager:
         for f in files:
             saved_as: str | None = None
             version: int | None = None
-            if spec.save:
+            if spec.save and f.skipped is None:
                 assert self.artifacts is not None
                 name = spec.name_prefix + f.name
                 version = await self.artifacts.save(scope, name, f.content, f.mime_type)
@@ -472,6 +472,7 @@ class Stager:
                     saved_as=saved_as,
                     version=version,
                     host_path=ws.host_path / f.name if ws.host_path is not None else None,
+                    skipped=f.skipped,
                 )
             )
         manifest = OutputManifest(tuple(refs), limits_hit)
@@ -508,10 +509,10 @@ def _apply_caps(files: Sequence[File], spec: OutputSpec) -> tuple[list[File], bo
             hit = True
             break
         content = f.content[: min(spec.max_file_bytes, remaining)]
-        truncated = f.truncated or len(content) < f.size_bytes
+        truncated = f.skipped is None and (f.truncated or len(content) < f.size_bytes)
         hit = hit or truncated
         remaining -= len(content)
-        out.append(File(f.name, content, f.mime_type, f.size_bytes, truncated))
+        out.append(File(f.name, content, f.mime_type, f.size_bytes, truncated, f.skipped))
     return out, hit
 
 

@@ -32,6 +32,7 @@ from ...process.hostrunner import HostRunner, Prepared, unisolated_capabilities
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
+from ...rundirs import daemon_dirs
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import LAYOUT_DIRS
@@ -89,7 +90,7 @@ class SandboxRunner(HostRunner):
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
-        # host directories never visible through a grant (the engine's workspaces)
+        # host directories never visible through a grant (the engine's workspaces, the daemon's)
         self.hidden = tuple(hidden)
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
@@ -394,7 +395,7 @@ class SandboxBackend:
             network_default=policy.network_enabled,
             seccomp=seccomp,
             policy=policy,
-            hidden=(root, private),
+            hidden=(root, private, *_daemon_dirs(as_root)),
             cgroups=cgroups,
             owner=owner,
             capabilities=lambda: caps,
@@ -414,6 +415,13 @@ _EXTERNAL_REFUSAL = (
     "engine refuses to run programs locally; run them where that isolation is, or open the engine "
     "with a managed profile (workspace-write, read-only)"
 )
+
+
+def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:
+    """The warm daemon's directories: its key there lets a client run commands outside any sandbox.
+    A root caller's are 0700 root and its programs run under other uids, which the daemon refuses:
+    masking them would only break grants over their parents (bwrap cannot reach a mount point there)."""
+    return () if as_root else tuple(map(Path, daemon_dirs()))
 
 
 def _resolve_policy(policy: SandboxPolicy | None, network: bool | None) -> SandboxPolicy:

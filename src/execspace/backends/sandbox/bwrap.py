@@ -304,9 +304,16 @@ def _opened_below(path: str, targets: Sequence[Target]) -> bool:
 # -- host paths
 
 
-def _host_grant(p: _Plan, t: Target) -> None:
+def _host_grant(p: _Plan, t: Target, hidden: Sequence[str]) -> None:
     if t.path == "/" or any(is_under(t.path, u) or is_under(u, t.path) for u in _UNGRANTABLE):
         raise PolicyViolation(f"a grant on {t.path} would replace the sandbox's own /proc, /dev, /sys or /workspace")
+    inside = next((h for h in hidden if t.path != h and is_under(t.path, h)), None)
+    if inside is not None:
+        # a grant covering one is masked (see _hide); one inside it would show what the mask hides
+        raise PolicyViolation(
+            f"a grant on {t.path} lies inside {inside}, which no sandbox may see (the engine's workspaces, "
+            "the execspace daemon's key and socket); grant a path outside it"
+        )
     if _host_kind(t.path) == "missing":
         raise PathDenied(t.path, "granted host path does not exist (create it first)")
     p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
@@ -489,21 +496,23 @@ def policy_mounts(res: Resolver, cwd_rel: str = "", *, hidden: Sequence[Path] = 
     protected directories under writable parents (mode 0555) and ``.execspace/denied``.
 
     Raises:
-        PolicyViolation: a rule that cannot be enforced (a grant over /proc, a missing
-            no-access path the program could create, too many glob matches).
+        PolicyViolation: a rule that cannot be enforced (a grant over /proc or inside a
+            ``hidden`` directory, a missing no-access path the program could create, too many
+            glob matches).
         PathDenied: a granted host path that does not exist; a symlink where a workspace
             rule must mount; a cwd the policy hides.
     """
     if cwd_rel and not res.access(cwd_rel).can_read:
         raise PathDenied(cwd_rel, "the sandbox policy gives no access to the working directory")
     p = _Plan(res.root, _visible_top())
+    hidden_real = [os.path.realpath(h) for h in hidden]
     for t in res.targets:
         if t.rel is None and t.access.can_read:
-            _host_grant(p, t)
+            _host_grant(p, t, hidden_real)
         elif t.rel is None:
             _host_denial(p, t, res.targets)
-    for h in (*hidden, res.root):
-        _hide(p, str(h))
+    for h in (*hidden_real, res.root):
+        _hide(p, h)
     _plan_workspace(p, res)
     if p.mask_file:
         _ensure_mask_file(res.root)
