@@ -1,0 +1,162 @@
+"""Round 2 attacks on host-side ownership and host-source staging, judged by what the host observes.
+
+- F2: while the host re-opens a workspace (layout + chown to the sandbox uid), a program flips a layout
+  directory between a directory and a symlink to a root-only host file or directory; the victim's owner and
+  mode must never change.
+
+The races are bounded (a few hundred host rounds, the program stops on a stop file or after a minute) and
+synchronised by polling a ready file the program writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import PathDenied, RunProgramSpec, RunResult
+from execspace.registry import probe_backend
+from tests.support import make_traversable
+
+pytestmark = pytest.mark.timeout(180)
+
+ROUNDS = 300
+ROOT_ONLY = pytest.mark.skipif(
+    sys.platform != "linux" or os.geteuid() != 0,
+    reason="only root chowns workspaces to a per-workspace sandbox uid (a normal user's sandbox runs as itself)",
+)
+
+#: Run in the sandbox: in directory argv[1], swap entry argv[2] for a symlink to each later argument in
+#: turn and back, as fast as it can, until the host writes the stop file (or a minute passes).
+FLIPPER = r"""
+import os, sys, time
+here, name, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
+os.chdir(here)
+stop = os.environ["STOP_FILE"]
+for i, t in enumerate(targets):
+    os.symlink(t, f".{name}.lnk{i}")
+with open(os.environ["READY_FILE"], "w"):
+    pass
+end, i = time.monotonic() + 60, 0
+while time.monotonic() < end and not os.path.exists(stop):
+    link = f".{name}.lnk{i % len(targets)}"
+    i += 1
+    try:
+        os.rename(name, f".{name}.real")
+        os.rename(link, name)  # the symlink is in place ...
+        os.rename(name, link)
+        os.rename(f".{name}.real", name)  # ... and the directory is back
+    except OSError:
+        pass
+"""
+
+
+async def _sandbox_probe() -> None:
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+
+
+def _victims(tmp_path: Path) -> dict[Path, tuple[int, int, int]]:
+    """A root-only (caller-only) file and directory outside every workspace, with their owner and mode."""
+    secret_file = tmp_path / "victim-file"
+    secret_file.write_text("root-only")
+    secret_file.chmod(0o600)
+    secret_dir = tmp_path / "victim-dir"
+    secret_dir.mkdir(mode=0o700)
+    (secret_dir / "inputs").mkdir(mode=0o700)  # what a swapped `work` would expose as work/inputs
+    victims = [secret_file, secret_dir, secret_dir / "inputs"]
+    return {p: _identity(p) for p in victims}
+
+
+def _identity(p: Path) -> tuple[int, int, int]:
+    st = p.lstat()
+    return st.st_uid, st.st_gid, st.st_mode
+
+
+@contextlib.asynccontextmanager
+async def _flipping(
+    start: Callable[[RunProgramSpec], Awaitable[RunResult]],
+    ws_dir: Path,
+    sandbox_ws: str,
+    here: str,
+    name: str,
+    targets: list[str],
+) -> AsyncIterator[None]:
+    """Run FLIPPER in the workspace (its files under ``ws_dir/out``) while the body runs; stop it after."""
+    ready, stop = ws_dir / "out" / ".flipper-ready", ws_dir / "out" / ".flipper-stop"
+    env = {"READY_FILE": f"{sandbox_ws}/out/{ready.name}", "STOP_FILE": f"{sandbox_ws}/out/{stop.name}"}
+    spec = RunProgramSpec("python3", ["-c", FLIPPER, here, name, *targets], env=env, timeout=120)
+    task = asyncio.ensure_future(start(spec))
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if task.done():
+                result = task.result()
+                pytest.fail(f"the flipper did not start: {result.stderr}")
+            assert time.monotonic() < deadline, "the flipper never became ready"
+            await asyncio.sleep(0.02)
+        yield
+    finally:
+        stop.touch()
+        result = await task
+    assert result.exit_code == 0, result.stderr
+
+
+# -- F2: re-opening a workspace never chowns through a swapped layout directory ------------------------------
+
+
+@ROOT_ONLY
+async def test_reopening_a_workspace_never_chowns_through_a_flipped_layout_dir(tmp_path: Path) -> None:
+    await _sandbox_probe()
+    make_traversable(tmp_path)
+    victims = _victims(tmp_path)
+    ws_dir = tmp_path / "project"
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
+        ws = await engine.manager.create_workspace("chown/race", path=ws_dir)
+
+        async def run(spec: RunProgramSpec) -> RunResult:
+            return await engine.runner.run_program(ws, spec)
+
+        targets = [str(tmp_path / "victim-file"), str(tmp_path / "victim-dir" / "inputs")]
+        async with _flipping(run, ws_dir, ws.path, f"{ws.path}/work", "inputs", targets):
+            for _ in range(ROUNDS):
+                # refused when the swap is seen (or a directory is missing mid-swap): nothing may change then
+                with contextlib.suppress(PathDenied, FileNotFoundError):
+                    await engine.manager.create_workspace("chown/race", path=ws_dir)
+                assert {p: _identity(p) for p in victims} == victims
+    assert {p: _identity(p) for p in victims} == victims
+
+
+@ROOT_ONLY
+async def test_container_reopen_never_chowns_through_a_flipped_work_dir(
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The container mounts the whole workspace writable: the program can flip ``work`` itself, an
+    intermediate component of every ``work/...`` layout path (``lchown`` follows it)."""
+    from tests.backends.container_support import container_engine
+
+    daemon, image = request.getfixturevalue("docker_daemon"), request.getfixturevalue("test_image")
+    make_traversable(tmp_path)
+    victims = _victims(tmp_path)
+    ws_dir = tmp_path / "project"
+    async with container_engine(daemon, image, tmp_path / "ws", pool_size=0) as engine:
+        ws = await engine.manager.create_workspace("chown/container", path=ws_dir)
+
+        async def run(spec: RunProgramSpec) -> RunResult:
+            return await engine.runner.run_program(ws, spec)
+
+        async with _flipping(run, ws_dir, ws.path, ws.path, "work", [str(tmp_path / "victim-dir")]):
+            for _ in range(ROUNDS):
+                with contextlib.suppress(PathDenied, FileNotFoundError):
+                    await engine.manager.create_workspace("chown/container", path=ws_dir)
+                assert {p: _identity(p) for p in victims} == victims
+    assert {p: _identity(p) for p in victims} == victims
