@@ -3,6 +3,8 @@
 - F2: while the host re-opens a workspace (layout + chown to the sandbox uid), a program flips a layout
   directory between a directory and a symlink to a root-only host file or directory; the victim's owner and
   mode must never change.
+- A new workspace whose directory reuses a deleted workspace's inode must get a new sandbox uid, so a
+  process left over from the deleted one cannot write into it.
 
 The races are bounded (a few hundred host rounds, the program stops on a stop file or after a minute) and
 synchronised by polling a ready file the program writes.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import PathDenied, RunProgramSpec, RunResult
+from execspace import PathDenied, PutFile, RunProgramSpec, RunResult
 from execspace.registry import probe_backend
 from tests.support import make_traversable
 
@@ -160,3 +163,56 @@ async def test_container_reopen_never_chowns_through_a_flipped_work_dir(
                     await engine.manager.create_workspace("chown/container", path=ws_dir)
                 assert {p: _identity(p) for p in victims} == victims
     assert {p: _identity(p) for p in victims} == victims
+
+
+# -- a reused inode is a new workspace: a new sandbox uid ------------------------------------------------------
+
+
+@ROOT_ONLY
+async def test_a_new_workspace_on_a_reused_inode_is_out_of_reach_of_the_old_ones_processes(tmp_path: Path) -> None:
+    await _sandbox_probe()
+    make_traversable(tmp_path)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
+        for attempt in range(5):  # another process on this filesystem may take the freed inode first: again
+            found = await _workspace_on_a_reused_inode(engine, tmp_path / f"try{attempt}")
+            if found is not None:
+                break
+        else:
+            pytest.skip("the filesystem never handed a deleted workspace's inode to a new directory")
+        assert found is not None
+        old_uid, candidate = found
+        new = await engine.manager.create_workspace("reuse/new", path=candidate)
+        assert new.host_path is not None
+        await engine.fs.put_files(new, [PutFile("work/own.txt", b"the new workspace's")])
+        new_uid = int((await engine.runner.run_program(new, RunProgramSpec("id", ["-u"]))).stdout)
+        # a process the old workspace left behind runs as its uid: it must not reach the new workspace
+        leftover = subprocess.run(
+            ["/bin/sh", "-c", f"echo planted > {new.host_path}/work/planted; cat {new.host_path}/work/own.txt"],
+            user=old_uid,
+            group=old_uid,
+            extra_groups=[],
+            capture_output=True,
+            check=False,
+        )
+    assert new_uid != old_uid
+    assert not (new.host_path / "work/planted").exists()
+    assert b"the new workspace's" not in leftover.stdout
+
+
+async def _workspace_on_a_reused_inode(engine: execspace.BaseEngine, top: Path) -> tuple[int, Path] | None:
+    """Run a workspace under ``top``, remove it, and make a directory on its inode: its uid and that directory."""
+    top.mkdir()
+    old = await engine.manager.create_workspace("reuse/old", path=top / "old")
+    old_uid = int((await engine.runner.run_program(old, RunProgramSpec("id", ["-u"]))).stdout)
+    inode = (top / "old").stat().st_ino
+    await engine.manager.cleanup(old)
+    # the filesystem hands out the lowest free inode, and frees this one only when the last sandbox's mount
+    # namespace is gone (a little later)
+    candidate = top / "new"
+    for _ in range(200):
+        candidate.mkdir(mode=0o700)
+        if candidate.stat().st_ino == inode:
+            return old_uid, candidate
+        candidate.rmdir()
+        await asyncio.sleep(0.01)
+    return None
