@@ -3,6 +3,8 @@
 - F2: while the host re-opens a workspace (layout + chown to the sandbox uid), a program flips a layout
   directory between a directory and a symlink to a root-only host file or directory; the victim's owner and
   mode must never change.
+- F5: while the host stages ``host://`` inputs, a program with a write grant on the host root swaps a
+  directory there for a symlink to a 0700 secret outside ``host_roots``; the secret must never be copied.
 - A new workspace whose directory reuses a deleted workspace's inode must get a new sandbox uid, so a
   process left over from the deleted one cannot write into it.
 
@@ -24,7 +26,8 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import PathDenied, PutFile, RunProgramSpec, RunResult
+from execspace import InputError, InputSpec, PathDenied, PutFile, RunProgramSpec, RunResult
+from execspace.backends.sandbox import SandboxPolicy
 from execspace.registry import probe_backend
 from tests.support import make_traversable
 
@@ -163,6 +166,83 @@ async def test_container_reopen_never_chowns_through_a_flipped_work_dir(
                     await engine.manager.create_workspace("chown/container", path=ws_dir)
                 assert {p: _identity(p) for p in victims} == victims
     assert {p: _identity(p) for p in victims} == victims
+
+
+# -- F5: host:// staging never copies from outside host_roots ------------------------------------------------
+
+SECRET = b"SECRET-outside-host-roots-7f3a"
+
+
+async def test_host_staging_never_copies_a_secret_swapped_in_by_a_program(tmp_path: Path) -> None:
+    await _sandbox_probe()
+    make_traversable(tmp_path)
+    allowed = tmp_path / "allowed"
+    (allowed / "sub").mkdir(parents=True)
+    (allowed / "sub" / "f").write_text("public")
+    for d in (allowed, allowed / "sub"):
+        d.chmod(0o777)  # the program's write grant must work for a sandbox uid too
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "f").write_bytes(SECRET)
+    (secret / "f").chmod(0o600)
+    policy = SandboxPolicy().with_write_paths(allowed)
+    opts = {"workspace_root": tmp_path / "ws", "policy": policy, "host_roots": [allowed]}
+    async with execspace.open_engine("sandbox", **opts) as engine:
+        attacker = await engine.manager.create_workspace("stage/attacker")
+        victim = await engine.manager.create_workspace("stage/victim")
+        assert attacker.host_path is not None and victim.host_path is not None
+
+        async def run(spec: RunProgramSpec) -> RunResult:
+            return await engine.runner.run_program(attacker, spec)
+
+        inputs = [
+            InputSpec(f"host://{allowed}/sub/f", dest="work/got-file"),  # an intermediate component swapped
+            InputSpec(f"host://{allowed}/sub", dest="work/got-dir"),  # the staged directory itself swapped
+        ]
+        async with _flipping(run, attacker.host_path, attacker.path, str(allowed), "sub", [str(secret)]):
+            for _ in range(ROUNDS):
+                for spec in inputs:
+                    # refused mid-swap: nothing may have been copied then
+                    with contextlib.suppress(PathDenied, InputError, OSError):
+                        await engine.fs.stage_inputs(victim, [spec])
+                assert not _holds(victim.host_path / "work", SECRET)
+        # once nobody swaps it, the public file stages
+        await engine.fs.stage_inputs(victim, inputs)
+        assert (victim.host_path / "work/got-file").read_text() == "public"
+        assert (victim.host_path / "work/got-dir/f").read_text() == "public"
+
+
+async def test_a_symlink_inside_host_roots_is_followed_only_within_them(tmp_path: Path) -> None:
+    """A link the user put in a host root is resolved from the allowed root, never the kernel's way."""
+    allowed = tmp_path / "allowed"
+    (allowed / "v2").mkdir(parents=True)
+    (allowed / "v2" / "f").write_text("v2")
+    (allowed / "latest").symlink_to("v2")  # a deliberate link, staying inside the root
+    (tmp_path / "secret").mkdir(mode=0o700)
+    (tmp_path / "secret" / "f").write_bytes(SECRET)
+    (allowed / "escape").symlink_to(tmp_path / "secret")
+    async with execspace.open_engine("local", workspace_root=tmp_path / "ws", host_roots=[allowed]) as engine:
+        ws = await engine.manager.create_workspace("stage/links")
+        assert ws.host_path is not None
+        await engine.fs.stage_inputs(ws, [InputSpec(f"host://{allowed}/latest/f", dest="work/a")])
+        await engine.fs.stage_inputs(ws, [InputSpec(f"host://{allowed}/latest", dest="work/b")])
+        assert (ws.host_path / "work/a").read_text() == "v2"
+        assert (ws.host_path / "work/b/f").read_text() == "v2"
+        for src in (f"{allowed}/escape/f", f"{allowed}/escape"):
+            with pytest.raises(PathDenied, match="outside the allowed host roots"):
+                await engine.fs.stage_inputs(ws, [InputSpec(f"host://{src}", dest="work/c")])
+            with pytest.raises(PathDenied, match="outside the allowed host roots"):
+                await engine.fs.stage_directory(ws, Path(src), "work/d")
+        assert not _holds(ws.host_path, SECRET)
+
+
+def _holds(top: Path, needle: bytes) -> bool:
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            with contextlib.suppress(OSError):
+                if needle in Path(dirpath, name).read_bytes():
+                    return True
+    return False
 
 
 # -- a reused inode is a new workspace: a new sandbox uid ------------------------------------------------------
