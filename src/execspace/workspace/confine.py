@@ -97,15 +97,17 @@ class ConfinedRoot:
 
     def _step(self, fd: int, name: str, create: bool, display: str) -> int:
         try:
-            nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except FileNotFoundError:
-            if not create:
-                raise
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=fd)
-                if self.owner is not None:
-                    os.chown(name, *self.owner, dir_fd=fd, follow_symlinks=False)
-            nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    if self.owner is not None:
+                        os.chown(name, *self.owner, dir_fd=fd, follow_symlinks=False)
+                # what is there now may be a symlink a program swapped in since: refused like the first
+                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
         except OSError as exc:
             # ``fd`` stays open here: open_dir owns it and closes it exactly once
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -113,6 +115,71 @@ class ConfinedRoot:
             raise
         os.close(fd)
         return nfd
+
+    # -- ownership -----------------------------------------------------------------
+    #
+    # Every host-side chown of workspace entries is here, on an fd the walk opened: a program that swaps a
+    # directory for a symlink between our check and our chown gets a refusal, never a chown through the link.
+
+    def ensure_dir(self, parts: list[str]) -> None:
+        """Create the directory ``parts`` (``[]``: the root) if missing and give it to ``owner`` if set."""
+        fd = self.open_dir(parts, create=True)
+        try:
+            if self.owner is not None:
+                os.fchown(fd, *self.owner)
+        finally:
+            os.close(fd)
+
+    def root_uid(self) -> int:
+        return os.fstat(self._fd).st_uid
+
+    def take_over(self, old_uid: int) -> None:
+        """Give every entry owned by ``old_uid`` on the root's filesystem (the root included) to ``owner``.
+
+        Directories are reached by walking from the root again (never holding one fd per pending directory);
+        one swapped for a symlink meanwhile is skipped. What another filesystem mounted or linked in holds
+        is never changed.
+        """
+        assert self.owner is not None
+        device = os.fstat(self._fd).st_dev
+        if self.root_uid() == old_uid:
+            os.fchown(self._fd, *self.owner)
+        pending: list[list[str]] = [[]]
+        while pending:
+            parts = pending.pop()
+            try:
+                dfd = self.open_dir(parts)
+            except (FileNotFoundError, PathDenied):
+                continue
+            try:
+                for name in os.listdir(dfd):
+                    if self._take_over_entry(dfd, name, old_uid, device):
+                        pending.append([*parts, name])
+            finally:
+                os.close(dfd)
+
+    def _take_over_entry(self, dfd: int, name: str, old_uid: int, device: int) -> bool:
+        """Re-own one entry of ``dfd`` if ``old_uid`` owns it; return whether it is a directory to descend."""
+        assert self.owner is not None
+        try:
+            fd = os.open(name, _READ_FLAGS | os.O_NOCTTY, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink: its own owner changes, never its target's
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode) and st.st_uid == old_uid and st.st_dev == device:
+                        os.chown(name, *self.owner, dir_fd=dfd, follow_symlinks=False)
+            return False  # gone, or not openable (a socket): left as it is
+        try:
+            # judged on the opened entry itself, so a name swapped meanwhile cannot redirect the chown
+            st = os.fstat(fd)
+            if st.st_dev != device:
+                return False
+            if st.st_uid == old_uid:
+                os.fchown(fd, *self.owner)
+            return stat.S_ISDIR(st.st_mode)
+        finally:
+            os.close(fd)
 
     # -- files ---------------------------------------------------------------------
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from wcmatch import glob as wglob
 
-from ..errors import LimitExceeded, PathDenied, UsageError
+from ..errors import InputError, LimitExceeded, PathDenied, UsageError
 from ..mime import SNIFF_BYTES, guess_mime
 from ..models import (
     DEFAULT_MAX_FILE_BYTES,
@@ -25,6 +24,7 @@ from ..models import (
     Workspace,
 )
 from .confine import ConfinedRoot, split_relpath
+from .hostroots import HostRoots, HostSource, walk_tree
 from .metadata import is_metadata_temp
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ class HostWorkspaceFS:
         self._access = access
         # uid/gid for what we create, per workspace (the sandbox uid when we run as root)
         self._owner = owner
-        self.host_roots = tuple(Path(r).resolve() for r in host_roots)
+        self.roots = HostRoots(host_roots)
+        self.host_roots = self.roots.roots
         self._locks: MetadataLocks | None = None
 
     @property
@@ -229,9 +230,6 @@ class HostWorkspaceFS:
         src = Path(src)
         if not src.is_absolute():
             raise PathDenied(str(src), "stage_directory needs an absolute host path")
-        self.check_host_path(src)
-        self.check(ws, str(src), "read")
-        self.check(ws, dest, "write")
         root = self._root(ws)
 
         def rules(host_src: str, target: str) -> bool:
@@ -243,7 +241,15 @@ class HostWorkspaceFS:
             self.check(ws, target, "write")
             return True
 
-        await asyncio.to_thread(_copy_tree, str(src), root, dest, read_only, self.owner(ws), rules)
+        def stage() -> None:
+            with self.roots.open(src) as source:
+                if not source.is_dir:
+                    raise InputError(f"stage_directory needs a directory, and {src} is a file")
+                self.check(ws, str(source.path), "read")
+                self.check(ws, dest, "write")
+                _copy_tree(source, root, dest, read_only, self.owner(ws), rules)
+
+        await asyncio.to_thread(stage)
 
     async def remove(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
@@ -257,15 +263,7 @@ class HostWorkspaceFS:
 
     def check_host_path(self, src: Path) -> Path:
         """Return the real path of ``src`` if it lies inside an allowed host root."""
-        real = Path(os.path.realpath(src))
-        if not any(real == r or real.is_relative_to(r) for r in self.host_roots):
-            allowed = ", ".join(str(r) for r in self.host_roots) or "none"
-            raise PathDenied(
-                str(src),
-                f"host path is outside the allowed host roots ({allowed}); "
-                "pass host_roots=[...] to open_engine (CLI: inputs given on the command line are allowed)",
-            )
-        return real
+        return self.roots.check(src)
 
     async def link_host(self, ws: Workspace, src: Path, dest: str) -> None:
         """Make ``dest`` a symlink to the allowed host path ``src`` (mode='link')."""
@@ -355,50 +353,29 @@ def _collect(
 
 
 def _copy_tree(
-    src: str,
+    source: HostSource,
     root: str,
     dest: str,
     read_only: bool,
     owner: tuple[int, int] | None,
     rules: Callable[[str, str], bool],
 ) -> None:
-    """Copy the host tree ``src`` to workspace path ``dest``; symlinks in the source are skipped,
+    """Copy the opened host directory ``source`` to workspace path ``dest``; symlinks in it are skipped,
     and so are entries ``rules(host_path, target)`` declines."""
     dest_parts = split_relpath(dest)
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-    src_fd = os.open(src, flags)
     count = 0
+
+    def keep(rel: tuple[str, ...]) -> bool:
+        return rules(os.path.join(source.path, *rel), "/".join([*dest_parts, *rel]))
+
     with ConfinedRoot(root, owner) as cr:
-
-        def copy_dir(dfd: int, rel: list[str]) -> None:
-            nonlocal count
-            with os.scandir(dfd) as it:
-                entries = sorted(it, key=lambda e: e.name)
-            for e in entries:
-                st = e.stat(follow_symlinks=False)
-                target = "/".join([*dest_parts, *rel, e.name])
-                if not rules(os.path.join(src, *rel, e.name), target):
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    sub = os.open(e.name, flags | os.O_NOFOLLOW, dir_fd=dfd)
-                    try:
-                        os.close(cr.open_dir(split_relpath(target), create=True))
-                        copy_dir(sub, [*rel, e.name])
-                    finally:
-                        os.close(sub)
-                elif stat.S_ISREG(st.st_mode):
-                    count += 1
-                    if count > 1_000_000:
-                        raise LimitExceeded(f"{src} has more than 1,000,000 files; stage a smaller tree")
-                    fd = os.open(e.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                    try:
-                        mode = st.st_mode & (0o555 if read_only else 0o755)
-                        cr.write_file(target, fd, mode)
-                    finally:
-                        os.close(fd)
-
-        try:
-            os.close(cr.open_dir(dest_parts, create=True))
-            copy_dir(src_fd, [])
-        finally:
-            os.close(src_fd)
+        os.close(cr.open_dir(dest_parts, create=True))
+        for entry in walk_tree(source.fd, keep):
+            target = "/".join([*dest_parts, *entry.rel])
+            if entry.fd is None:
+                os.close(cr.open_dir(split_relpath(target), create=True))
+                continue
+            count += 1
+            if count > 1_000_000:
+                raise LimitExceeded(f"{source.path} has more than 1,000,000 files; stage a smaller tree")
+            cr.write_file(target, entry.fd, entry.st.st_mode & (0o555 if read_only else 0o755))

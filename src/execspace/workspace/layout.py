@@ -54,15 +54,18 @@ def sanitize_id(exec_id: str) -> str:
     return f"{readable[:80] or 'ws'}-{digest}"
 
 
-def ensure_layout(root: Path) -> None:
-    """Create the layout directories under ``root`` (which must exist).
+def ensure_layout(root: Path, owner: tuple[int, int] | None = None) -> None:
+    """Create the layout directories under ``root`` (which must exist); with ``owner``, give it the root
+    and every layout directory (the sandbox's uid, the container's user).
 
-    Raises ``PathDenied`` when a program replaced one of them with a symlink: nothing
-    is ever created through it.
+    One walk by directory fds: each directory is opened without following symlinks and created or
+    chowned through that fd. Raises ``PathDenied`` when a program replaced one of them with a symlink:
+    nothing is ever created or chowned through it, however fast it swaps.
     """
-    with ConfinedRoot(str(root)) as cr:
+    with ConfinedRoot(str(root), owner) as cr:
+        cr.ensure_dir([])
         for d in LAYOUT_DIRS:
-            os.close(cr.open_dir(d.split("/"), create=True))
+            cr.ensure_dir(d.split("/"))
 
 
 def new_run_name() -> str:

@@ -23,7 +23,6 @@ import asyncio
 import hashlib
 import os
 import secrets
-import stat
 import time
 import weakref
 from collections.abc import Sequence
@@ -60,6 +59,7 @@ from ..models import (
     Workspace,
 )
 from .confine import split_relpath
+from .hostroots import HostRoots, HostSource
 from .layout import METADATA_FILE
 from .metadata import InputRecord, OutputRecord, WorkspaceMetadata, is_metadata_temp
 
@@ -241,7 +241,8 @@ class Stager:
     ) -> None:
         self.fs = fs
         self.artifacts = artifacts
-        self.host_roots = tuple(Path(os.path.realpath(r)) for r in host_roots)
+        self._roots = HostRoots(host_roots)
+        self.host_roots = self._roots.roots
         if locks is None:
             own = getattr(fs, "locks", None)
             locks = own if isinstance(own, MetadataLocks) else MetadataLocks()
@@ -318,14 +319,7 @@ class Stager:
         path = src[len("host://") :]
         if not path.startswith("/") or "\0" in path:
             raise InputError(f"host inputs need an absolute path (host:///abs/path), got {src!r}")
-        real = Path(os.path.realpath(path))
-        if not any(real == r or real.is_relative_to(r) for r in self.host_roots):
-            allowed = ", ".join(str(r) for r in self.host_roots) or "none"
-            raise PathDenied(
-                path,
-                f"host path is outside the allowed host roots ({allowed}); "
-                "allow its directory with host_roots=[...] when opening the engine",
-            )
+        real = self._roots.check(path)
         if spec.mode == "link" and not isinstance(self.fs, SupportsHostLink):
             raise UsageError("link mode needs a backend with host paths; use mode='copy'")
         dest = _dest(spec.dest, _basename(PurePosixPath(path).name, src))
@@ -362,23 +356,22 @@ class Stager:
 
     async def _stage_host(self, ws: Workspace, plan: _Plan, real: Path) -> None:
         try:
-            st = await asyncio.to_thread(os.lstat, real)
+            source = await asyncio.to_thread(self._roots.open, real)
         except FileNotFoundError:
             raise InputError(f"host input {plan.src!r} does not exist") from None
-        check = getattr(self.fs, "check", None)
-        if check is not None:
-            # the backend's rules on host paths (e.g. credential stores) hold inside host_roots too
-            check(ws, str(real), "read")
-        if plan.mode == "link":
-            assert isinstance(self.fs, SupportsHostLink)  # checked by _plan
-            await self.fs.link_host(ws, real, plan.dest)
-        elif stat.S_ISDIR(st.st_mode):
-            await self.fs.stage_directory(ws, real, plan.dest)
-        elif stat.S_ISREG(st.st_mode):
-            data, mode = await asyncio.to_thread(_read_host_file, real, self.max_input_bytes)
-            await self.fs.put_files(ws, [PutFile(plan.dest, data, mode)])
-        else:
-            raise InputError(f"host input {plan.src!r} is neither a regular file nor a directory")
+        with source:
+            check = getattr(self.fs, "check", None)
+            if check is not None:
+                # the backend's rules on host paths (e.g. credential stores) hold inside host_roots too
+                check(ws, str(source.path), "read")
+            if plan.mode == "link":
+                assert isinstance(self.fs, SupportsHostLink)  # checked by _plan
+                await self.fs.link_host(ws, source.path, plan.dest)
+            elif source.is_dir:
+                await self.fs.stage_directory(ws, source.path, plan.dest)
+            else:
+                data, mode = await asyncio.to_thread(_read_host_file, source, self.max_input_bytes)
+                await self.fs.put_files(ws, [PutFile(plan.dest, data, mode)])
 
     async def _copy_in_workspace(self, ws: Workspace, path: str, dest: str) -> None:
         files = await self.fs.collect(
@@ -516,21 +509,20 @@ def _apply_caps(files: Sequence[File], spec: OutputSpec) -> tuple[list[File], bo
     return out, hit
 
 
-def _read_host_file(path: Path, cap: int) -> tuple[bytes, int]:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"host input {str(path)!r} is not a regular file")
-        if st.st_size > cap:
-            raise LimitExceeded(
-                f"host file {str(path)!r} is {st.st_size} bytes, more than the {cap}-byte input cap; "
-                "raise max_input_bytes or stage its directory"
-            )
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise LimitExceeded(f"host file {str(path)!r} grew past the {cap}-byte input cap while being read")
-    return data, 0o755 if st.st_mode & 0o111 else 0o644
+def _read_host_file(source: HostSource, cap: int) -> tuple[bytes, int]:
+    if source.st.st_size > cap:
+        raise LimitExceeded(
+            f"host file {str(source.path)!r} is {source.st.st_size} bytes, more than the {cap}-byte input cap; "
+            "raise max_input_bytes or stage its directory"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    while size <= cap and (chunk := os.read(source.fd, cap + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > cap:
+        raise LimitExceeded(f"host file {str(source.path)!r} grew past the {cap}-byte input cap while being read")
+    return b"".join(chunks), 0o755 if source.st.st_mode & 0o111 else 0o644
 
 
 # -- functional front ---------------------------------------------------------------

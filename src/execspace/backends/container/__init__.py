@@ -31,7 +31,7 @@ from ...models import Workspace, WorkspacePolicy
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
-from ...workspace.layout import LAYOUT_DIRS
+from ...workspace.layout import ensure_layout
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
@@ -218,7 +218,7 @@ class ContainerBackend:
             raise
         caps = cls.capabilities(config, str(info), pool_size, watchdog, declared if languages is None else languages)
         owner = _owner(config) if os.getuid() == 0 else _no_owner
-        manager = _ContainerWorkspaceManager(containers, root, _chown_layout(config.user), pool_size)
+        manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size)
         pool = manager.pool
         pool.refill()
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner)
@@ -300,14 +300,11 @@ def _no_owner(ws: Workspace) -> tuple[int, int] | None:
     return None
 
 
-def _chown_layout(user: tuple[int, int]) -> Callable[[Path], None]:
+def _layout_owner(user: tuple[int, int]) -> Callable[[Path], None]:
     """As root, hand the layout to the container user so the program can write its workspace."""
 
     def prepare(ws_dir: Path) -> None:
-        if os.getuid() != 0:
-            return
-        os.lchown(ws_dir, *user)
-        for d in LAYOUT_DIRS:
-            os.lchown(ws_dir / d, *user)
+        if os.getuid() == 0:
+            ensure_layout(ws_dir, user)
 
     return prepare

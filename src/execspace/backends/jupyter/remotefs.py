@@ -21,12 +21,10 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import errno
 import json
 import os
 import posixpath
 import secrets
-import stat
 import time
 from collections.abc import Iterator, Sequence
 from importlib import resources
@@ -39,6 +37,7 @@ from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...errors import (
     BackendError,
+    InputError,
     LimitExceeded,
     PathDenied,
     SetupFailed,
@@ -61,6 +60,7 @@ from ...models import (
 )
 from ...workspace.confine import split_relpath
 from ...workspace.hostfs import GLOB_FLAGS, HostWorkspaceFS, collect_globs, normalize_globs, walk_starts
+from ...workspace.hostroots import HostRoots, walk_tree
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
 from .kernels import bind
@@ -259,9 +259,8 @@ class RemoteWorkspaceFS:
         """Upload the allowed host tree ``src`` to ``dest``; symlinks in it are skipped, never followed."""
         if not Path(src).is_absolute():
             raise PathDenied(str(src), "stage_directory needs an absolute host path")
-        real = self._host.check_host_path(Path(src))
         dest_parts = split_relpath(dest)
-        puts = await asyncio.to_thread(_read_host_tree, real, "/".join(dest_parts), read_only)
+        puts = await asyncio.to_thread(_read_host_tree, self._host.roots, Path(src), "/".join(dest_parts), read_only)
         await self.put_files(ws, puts)
 
     async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
@@ -295,30 +294,23 @@ def _selected(found: Any, globs: list[str]) -> Iterator[tuple[str, int, int]]:
             yield path, int(size), int(nlink)
 
 
-def _read_host_tree(src: Path, dest: str, read_only: bool) -> list[PutFile]:
-    """The regular files of the host tree ``src`` (no symlink followed), capped like a staged tree."""
+def _read_host_tree(roots: HostRoots, src: Path, dest: str, read_only: bool) -> list[PutFile]:
+    """The regular files of the allowed host tree ``src`` (no symlink followed), capped like a staged tree."""
     puts: list[PutFile] = []
     total = 0
-    for top, dirs, names in os.walk(src, followlinks=False):
-        dirs.sort()
-        for name in sorted(names):
-            path = os.path.join(top, name)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    continue  # a symlink: skipped, like HostWorkspaceFS.stage_directory does
-                raise
-            with os.fdopen(fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode):
-                    continue
+    with roots.open(src) as source:
+        if not source.is_dir:
+            raise InputError(f"stage_directory needs a directory, and {src} is a file")
+        for entry in walk_tree(source.fd):
+            if entry.fd is None:
+                continue
+            with os.fdopen(os.dup(entry.fd), "rb") as f:
                 data = f.read(DEFAULT_MAX_TOTAL_BYTES - total + 1)
             total += len(data)
             if total > DEFAULT_MAX_TOTAL_BYTES or len(puts) >= 10_000:
                 raise LimitExceeded(f"{src} is larger than {DEFAULT_MAX_TOTAL_BYTES} bytes or 10,000 files")
-            mode = st.st_mode & (0o555 if read_only else 0o755)
-            puts.append(PutFile(f"{dest}/{Path(path).relative_to(src).as_posix()}", data, mode))
+            mode = entry.st.st_mode & (0o555 if read_only else 0o755)
+            puts.append(PutFile("/".join((dest, *entry.rel)), data, mode))
     return puts
 
 

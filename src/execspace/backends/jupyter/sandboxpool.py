@@ -2,9 +2,9 @@
 
 A sandbox is fixed to one workspace when it starts: bwrap binds the workspace directory at ``/workspace``
 and runs as that workspace's uid. Both follow the directory's inode, not its path (the bind pins the
-directory; :func:`~execspace.backends.sandbox.bwrap.sandbox_uid` hashes its device and inode). So a pooled
-kernel is started in a fresh slot directory in the workspace root (``.pool-<random>``, see
-:mod:`execspace.workspace.slots`), laid out and owned like a workspace, with the same environment and cwd
+directory; :func:`~execspace.backends.sandbox.bwrap.sandbox_uid` hashes its device, inode and the nonce kept
+on it). So a pooled kernel is started in a fresh slot directory in the workspace root (``.pool-<random>``,
+see :mod:`execspace.workspace.slots`), laid out and owned like a workspace, with the same environment and cwd
 a kernel of any workspace gets (``/workspace/...`` paths are the same for all). Creating a new workspace
 renames a slot into place; that workspace's first kernel start then takes the slot's kernel, and no other
 workspace ever can (it is keyed by the directory, checked by inode). Nothing needs binding: the kernel

@@ -33,9 +33,10 @@ from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
 from ...rundirs import daemon_dirs
+from ...workspace.confine import ConfinedRoot
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
-from ...workspace.layout import LAYOUT_DIRS
+from ...workspace.layout import ensure_layout
 from .bwrap import (
     SANDBOX_WORKSPACE,
     BwrapConfig,
@@ -233,33 +234,6 @@ def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
         os.setuid(uid)
 
     return apply
-
-
-def _adopt_files(ws_dir: Path, old: int, new: int) -> None:
-    """Give the workspace's files of its previous sandbox uid to its current one.
-
-    A workspace laid out for another uid (by an execspace that derived uids from paths, or copied from
-    another directory) would otherwise be unwritable to its own programs. Only entries owned by ``old`` change
-    owner, symlinks themselves (never their targets), without leaving the workspace's filesystem: whatever a
-    link or a swapped directory could point at outside is not owned by a sandbox uid of this workspace.
-    """
-    device = os.lstat(ws_dir).st_dev
-    for top, dirs, files in os.walk(ws_dir, followlinks=False):
-        for name in (*dirs, *files):
-            path = os.path.join(top, name)
-            with contextlib.suppress(FileNotFoundError):
-                st = os.lstat(path)
-                if st.st_uid == old and st.st_dev == device:
-                    os.chown(path, new, new, follow_symlinks=False)
-
-
-def _chown_layout(uid: int) -> Any:
-    def prepare(ws_dir: Path) -> None:
-        os.chown(ws_dir, uid, uid)
-        for d in LAYOUT_DIRS:
-            os.chown(ws_dir / d, uid, uid)
-
-    return prepare
 
 
 class SandboxBackend:
@@ -492,10 +466,13 @@ def sandbox_layout_owner() -> Any:
 
     def prepare(ws_dir: Path) -> None:
         uid = sandbox_uid(ws_dir)
-        previous = os.lstat(ws_dir).st_uid
-        if previous != uid and is_sandbox_uid(previous):
-            _adopt_files(ws_dir, previous, uid)
-        _chown_layout(uid)(ws_dir)
+        with ConfinedRoot(str(ws_dir), (uid, uid)) as cr:
+            previous = cr.root_uid()
+            if previous != uid and is_sandbox_uid(previous):
+                # laid out for another uid (an older derivation, or copied from another directory): its files
+                # would be unwritable to its own programs; whatever lies outside is no sandbox uid's of ours
+                cr.take_over(previous)
+        ensure_layout(ws_dir, (uid, uid))
 
     return prepare
 

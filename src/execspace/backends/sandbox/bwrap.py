@@ -25,15 +25,17 @@ Design (see docs/backends/sandbox.md):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import PathDenied, PolicyViolation
+from ...errors import PathDenied, PolicyViolation, SetupFailed
 from ...workspace.confine import ConfinedRoot
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
@@ -57,24 +59,60 @@ HIDDEN_TOP = frozenset(
 
 _UID_BASE = 1_500_000_000
 _UID_SPAN = 100_000_000
+#: Where a workspace directory keeps the random part of its sandbox uid (see :func:`sandbox_uid`).
+_NONCE_XATTR = "trusted.execspace.uid-nonce"
 
 
 def sandbox_uid(ws_root: Path | str) -> int:
     """A host uid unused by real accounts, distinct per workspace (collisions are negligible).
 
-    Derived from the identity of the workspace's root directory (device and inode), not from its path: a
-    directory renamed into place (a warm pool slot becoming a workspace) keeps its uid, as the bwrap bind of
-    a running sandbox keeps following it. A program cannot pick another workspace's uid: it cannot replace
-    its workspace root (the parent is the host's), so it cannot change the inode it is judged by. An inode
-    reused after a workspace was removed is harmless: that workspace's files are deleted and its processes
-    gone. A workspace copied elsewhere (a new inode) gets a new uid, as a moved one did with paths.
+    Derived from the identity of the workspace's root directory, not from its path: its device and inode,
+    and (as root) a random nonce kept on it in a ``trusted.*`` extended attribute, set the first time. Both
+    follow the directory through a rename: a warm pool slot renamed into place keeps its uid, as the bwrap
+    bind of a running sandbox keeps following it. A new directory gets a new nonce, also on the inode of a
+    deleted workspace (filesystems hand freed inodes out again at once), so nothing that workspace left
+    behind under its uid (a process, a file in a write grant) reaches the new one. A program cannot pick
+    another workspace's uid: it cannot replace its workspace root (the parent is the host's), and only
+    CAP_SYS_ADMIN reads or writes ``trusted.*`` attributes. A workspace copied elsewhere (a new inode) gets
+    a new uid. A normal user never runs a sandbox as this uid, and cannot keep the nonce: there the uid
+    comes from device and inode alone.
 
     Raises:
-        OSError: ``ws_root`` does not exist.
+        OSError: ``ws_root`` does not exist (or is a symlink).
+        SetupFailed: as root, the filesystem cannot keep the nonce.
     """
-    st = os.stat(ws_root)
-    digest = hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).digest()
+    fd = os.open(ws_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        nonce = _uid_nonce(fd, ws_root) if os.geteuid() == 0 else b""
+    finally:
+        os.close(fd)
+    digest = hashlib.sha256(f"{st.st_dev}:{st.st_ino}:".encode() + nonce).digest()
     return _UID_BASE + int.from_bytes(digest[:8], "big") % _UID_SPAN
+
+
+def _uid_nonce(fd: int, ws_root: Path | str) -> bytes:
+    try:
+        return os.getxattr(fd, _NONCE_XATTR)
+    except OSError as exc:
+        if exc.errno != errno.ENODATA:
+            raise _no_nonce(ws_root, exc) from exc
+    try:
+        os.setxattr(fd, _NONCE_XATTR, secrets.token_bytes(16), os.XATTR_CREATE)
+    except FileExistsError:
+        pass  # another process gave it one first: theirs counts, as for every later caller
+    except OSError as exc:
+        raise _no_nonce(ws_root, exc) from exc
+    return os.getxattr(fd, _NONCE_XATTR)
+
+
+def _no_nonce(ws_root: Path | str, exc: OSError) -> SetupFailed:
+    return SetupFailed(
+        "sandbox",
+        f"the filesystem of {ws_root} cannot keep the workspace's uid nonce ({_NONCE_XATTR}: {exc.strerror})",
+        "put the workspace root on a filesystem with trusted extended attributes (ext4, xfs, btrfs, tmpfs), "
+        "or run as a normal user",
+    )
 
 
 def is_sandbox_uid(uid: int) -> bool:
