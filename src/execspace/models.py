@@ -189,7 +189,8 @@ class WorkspacePolicy:
 
     persistence: Persistence = Persistence.SESSION
     max_disk_bytes: int | None = None
-    """Disk the workspace may use; checked after each run where the backend says so."""
+    """Disk the workspace may use (allocated blocks); checked after each run where the backend says so, not
+    stopped while a program writes."""
 
     def __post_init__(self) -> None:
         _positive("max_disk_bytes", self.max_disk_bytes)

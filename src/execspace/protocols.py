@@ -49,7 +49,8 @@ class WorkspaceManager(Protocol):
         ...
 
     async def cleanup(self, ws: Workspace) -> None:
-        """Remove the workspace and everything in it. Idempotent."""
+        """Stop the workspace's programs still running, then remove it and everything in it (never following
+        a link out of it). Idempotent."""
         ...
 
 

@@ -24,9 +24,15 @@ from ..protocols import ProgramHandle
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layout import new_run_name, workspace_env
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, spawn
+from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, SupervisedProcess, spawn
 
-__all__ = ["HostRunner", "Prepared", "unisolated_capabilities"]
+__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Prepared", "unisolated_capabilities"]
+
+#: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
+DISK_BYTES_DETAIL = (
+    "allocated blocks of the whole tree (fallocate reservations included, hard links once), measured after "
+    "each run: a run can go over while it writes, then gets limit_hit=disk_bytes"
+)
 
 
 @dataclass(slots=True)
@@ -62,6 +68,8 @@ class HostRunner:
         self._host_env = host_env
         self.kill_grace = kill_grace
         self._sweeper = MarkerSweeper()
+        # programs still running, by workspace directory: cleanup kills them before removing the tree
+        self._live: dict[Path, set[asyncio.Future[SupervisedProcess]]] = {}
 
     # -- hooks for wrapping backends -------------------------------------------------------
 
@@ -86,7 +94,7 @@ class HostRunner:
         if isinstance(prep, RunResult):
             return prep
         try:
-            proc = await spawn(self.wrap(prep))
+            proc = await self._spawn(prep.root, self.wrap(prep))
         except OSError as exc:
             failed = _exec_failure(prep, exc)
             if failed is None:
@@ -102,7 +110,34 @@ class HostRunner:
             raise FileNotFoundError(prep.stderr.strip())
         launch = self.wrap(prep)
         launch.interactive = True
-        return await spawn(launch)
+        return await self._spawn(prep.root, launch)
+
+    async def stop_programs(self, ws: Workspace) -> None:
+        """Kill every program this runner started in ``ws`` that still runs (or is being started), and wait
+        for them to end: for ``HostWorkspaceManager(stop_programs=...)``, as nothing may change a tree while
+        it is removed."""
+        if ws.host_path is None:
+            return
+        live = self._live.pop(ws.host_path, set())
+        await asyncio.gather(*(_kill_started(started) for started in live))
+
+    async def _spawn(self, root: Path, launch: Launch) -> SupervisedProcess:
+        # known before it exists: a program already running may not have been handed back to us yet
+        started = asyncio.ensure_future(spawn(launch))
+        live = self._live.setdefault(root, set())
+        live.add(started)
+
+        def forget() -> None:
+            live.discard(started)
+            if not live and self._live.get(root) is live:
+                del self._live[root]
+
+        launch.on_exit.append(forget)
+        try:
+            return await started
+        except BaseException:
+            forget()
+            raise
 
     # -- shared steps ------------------------------------------------------------------
 
@@ -180,6 +215,12 @@ class HostRunner:
         return result
 
 
+async def _kill_started(started: asyncio.Future[SupervisedProcess]) -> None:
+    await asyncio.wait([started])
+    if not started.cancelled() and started.exception() is None:
+        await started.result().kill_now()
+
+
 def _exec_failure(prep: Prepared, exc: OSError) -> RunResult | None:
     """A program that cannot be executed is a 127/126 result, as a shell reports it."""
     if exc.errno == errno.ENOENT:
@@ -220,5 +261,5 @@ def unisolated_capabilities(
         enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
         languages=available_languages(path),
         does_not_protect=does_not_protect,
-        details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": "checked after each run", **(details or {})},
+        details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )

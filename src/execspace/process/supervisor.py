@@ -336,6 +336,17 @@ class SupervisedProcess:
         await self._kill_tree()
         await self._sweep()
 
+    async def kill_now(self) -> None:
+        """SIGKILL the whole tree without a grace period and wait until supervision is over: for the removal of
+        its workspace, which a program given time to react could keep changing."""
+        if self._kill_reason is None:
+            self._kill_reason = "killed"
+        self._signal_group(signal.SIGKILL)
+        await self._sweep()
+        assert self._done is not None
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._done)
+
     async def wait(self) -> RunResult:
         assert self._done is not None
         if self._queue is not None and not self._streaming:

@@ -6,7 +6,9 @@ symlink swapped in after a check cannot redirect us because there is no
 check-then-open gap. Writes go to a fresh temp file that is renamed into place,
 so a hard link planted at the target is replaced, never written through. Reads
 open with ``O_NONBLOCK`` (a FIFO cannot hang us), accept only regular files and
-refuse files with more than one hard link (one may point at a host file).
+refuse files with more than one hard link (one may point at a host file). Walks and
+removal are iterative and hold a bounded number of directory fds whatever the depth;
+removal never resolves a path again (a directory swapped for a symlink costs the link).
 
 All functions here are synchronous; callers batch them into one worker thread.
 """
@@ -18,14 +20,17 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from ..errors import PathDenied
 
 __all__ = [
+    "MAX_WALK_DEPTH",
     "ConfinedRoot",
     "Entry",
+    "remove_tree",
     "split_relpath",
 ]
 
@@ -277,64 +282,247 @@ class ConfinedRoot:
         parts = split_relpath(path)
         dfd = self.open_dir(parts[:-1], display=path)
         try:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)  # FileNotFoundError when there is nothing
             self._remove_entry(dfd, parts[-1])
         finally:
             os.close(dfd)
 
     def _remove_entry(self, dfd: int, name: str) -> None:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        if not stat.S_ISDIR(st.st_mode):
-            os.unlink(name, dir_fd=dfd)
-            return
-        sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-        try:
-            for child in os.listdir(sub):
-                self._remove_entry(sub, child)
-        finally:
-            os.close(sub)
-        os.rmdir(name, dir_fd=dfd)
+        remove_tree(dfd, name, name, device=os.fstat(self._fd).st_dev)
 
     # -- walking -------------------------------------------------------------------
 
     def walk(self, start: list[str], max_entries: int = 200_000) -> Iterator[Entry]:
-        """Yield regular files below ``start`` in sorted order; symlinks are never followed."""
+        """Yield regular files below ``start`` in sorted order; symlinks are never followed.
+
+        Raises ``PathDenied`` for a tree deeper than :data:`MAX_WALK_DEPTH` below ``start``.
+        """
         try:
             fd = self.open_dir(start)
         except (FileNotFoundError, NotADirectoryError, PathDenied):
             return
-        budget = [max_entries]
-        yield from self._walk_fd(fd, "/".join(start), budget)
-
-    def _walk_fd(self, fd: int, prefix: str, budget: list[int]) -> Iterator[Entry]:
-        try:
-            with os.scandir(fd) as it:
-                entries = sorted(it, key=lambda e: e.name)
-            for e in entries:
-                budget[0] -= 1
-                if budget[0] < 0:
-                    return
-                rel = f"{prefix}/{e.name}" if prefix else e.name
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # removed since the listing (a leftover process at work)
-                if stat.S_ISDIR(st.st_mode):
-                    try:
-                        sub = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
-                    except OSError:
-                        continue
-                    yield from self._walk_fd(sub, rel, budget)
-                elif stat.S_ISREG(st.st_mode):
-                    yield Entry(rel, st.st_size, st.st_nlink)
-        finally:
-            os.close(fd)
+        budget = max_entries
+        for visit in _walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
+            if visit.kind == "done":
+                continue
+            budget -= 1
+            if budget < 0:
+                return
+            if visit.kind == "file" and stat.S_ISREG(visit.st.st_mode):
+                yield Entry(visit.rel, visit.st.st_size, visit.st.st_nlink)
 
     def disk_usage(self) -> int:
-        """Bytes used by regular files in the workspace (allocated blocks)."""
-        total = 0
-        for entry in self.walk([], max_entries=10_000_000):
-            total += entry.size
+        """Bytes of disk the workspace takes: allocated blocks of every file, directory and link, at any depth.
+
+        Blocks, not sizes: ``fallocate`` reserves blocks without growing a file and a sparse file's size is
+        not on disk. A file with several hard links is counted once.
+        """
+        st = os.fstat(self._fd)
+        total = _allocated(st)
+        seen: set[tuple[int, int]] = set()
+        # r-x for the owner on directories a program made unreadable: what it hid there counts too
+        for visit in _walk_tree(os.dup(self._fd), "", owner_bits=0o500):
+            if visit.kind == "done":
+                continue
+            if visit.st.st_nlink > 1 and not stat.S_ISDIR(visit.st.st_mode):
+                key = (visit.st.st_dev, visit.st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+            total += _allocated(visit.st)
         return total
+
+
+#: Directory levels below its start that a walk (collect, listing) goes into; deeper trees are refused.
+MAX_WALK_DEPTH = 256
+#: Directory fds one walk holds at once: levels further up are closed and later reopened through ``..``
+#: (checked to be the same directory), so a tree of any depth is walked without recursion or running out of fds.
+_MAX_OPEN_DIRS = 32
+#: Times a removal starts over when entries appeared behind it (a program still writing) before giving up.
+_REMOVE_PASSES = 20
+#: What a concurrent change makes an unlink or rmdir fail with; the next pass sees the new state.
+_RACED = frozenset({errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR})
+
+
+@dataclass(slots=True)
+class _Visit:
+    """One step of a walk: a non-directory entry (``file``), a directory entered (``dir``, its fd is
+    ``dir_fd``'s child) or left after all it held (``done``); ``dir_fd`` is the directory holding ``name``."""
+
+    kind: Literal["file", "dir", "done"]
+    dir_fd: int
+    name: str
+    rel: str
+    st: os.stat_result
+
+
+@dataclass(slots=True)
+class _Level:
+    fd: int  # -1 while outside the window of open directory fds
+    st: os.stat_result
+    name: str
+    rel: str
+    todo: list[str]  # names still to visit, the next one last
+
+
+def _walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits: int = 0) -> Iterator[_Visit]:
+    """Walk below the directory fd ``top`` (closed here) depth first, in sorted order, iteratively.
+
+    Symlinks are never followed and no directory on another filesystem is entered (a mount point is left
+    alone). ``owner_bits`` are given to the owner (us) of each directory before it is read: what removal
+    needs in a read-only staged tree, what a measure needs in a directory a program made unreadable.
+    """
+    # every fd opened here is on the stack at once, so that the finally closes it whatever is raised
+    top_st = os.fstat(top)
+    stack = [_Level(top, top_st, "", prefix, [])]
+    low = 0  # stack[:low] have their fds closed
+    try:
+        stack[0].todo = _listing(top)
+        while stack:
+            level = stack[-1]
+            if not level.todo:
+                if len(stack) == 1:
+                    break
+                parent = stack[-2]
+                if parent.fd < 0:
+                    parent.fd = _reopen_parent(level.fd, parent)
+                    low -= 1
+                stack.pop()
+                os.close(level.fd)
+                level.fd = -1
+                yield _Visit("done", parent.fd, level.name, level.rel, level.st)
+                continue
+            name = level.todo.pop()
+            rel = f"{level.rel}/{name}" if level.rel else name
+            try:
+                st = os.stat(name, dir_fd=level.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed since the listing (a leftover process at work)
+            if not stat.S_ISDIR(st.st_mode):
+                yield _Visit("file", level.fd, name, rel, st)
+                continue
+            if st.st_dev != top_st.st_dev:
+                continue
+            if max_depth is not None and len(stack) > max_depth:
+                raise PathDenied(rel, f"more than {max_depth} directory levels below the start; flatten the tree")
+            sub = _open_subdir(level.fd, name, owner_bits, top_st.st_dev)
+            if sub is None:
+                continue
+            sub_st = os.fstat(sub)
+            stack.append(_Level(sub, sub_st, name, rel, []))
+            stack[-1].todo = _listing(sub)
+            if len(stack) - low > _MAX_OPEN_DIRS:
+                os.close(stack[low].fd)
+                stack[low].fd = -1
+                low += 1
+            yield _Visit("dir", level.fd, name, rel, sub_st)
+    finally:
+        for level in stack:
+            if level.fd >= 0:
+                os.close(level.fd)
+
+
+def _listing(fd: int) -> list[str]:
+    return sorted(os.listdir(fd), reverse=True)
+
+
+def _reopen_parent(child_fd: int, parent: _Level) -> int:
+    """Reopen a directory whose fd left the window, through its child's ``..``, if it is still the same one."""
+    fd = os.open("..", _DIR_FLAGS, dir_fd=child_fd)
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (parent.st.st_dev, parent.st.st_ino):
+        os.close(fd)
+        raise PathDenied(parent.rel or ".", "the tree was moved while being walked; retry once no program runs there")
+    return fd
+
+
+def _open_subdir(dfd: int, name: str, owner_bits: int, device: int) -> int | None:
+    """Open the directory ``name`` below ``dfd`` without following a link, with ``owner_bits`` given to its
+    owner (us) first; None if it is now no directory on ``device`` that we can open."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if not owner_bits or exc.errno != errno.EACCES:
+            return None
+        _grant_unopenable(dfd, name, owner_bits)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        except OSError:
+            return None
+    st = os.fstat(fd)
+    if st.st_dev != device:
+        os.close(fd)
+        return None
+    if st.st_mode & owner_bits != owner_bits and st.st_uid == os.geteuid():
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | owner_bits)
+    return fd
+
+
+def _grant_unopenable(dfd: int, name: str, owner_bits: int) -> None:
+    """Add ``owner_bits`` to the directory ``name`` below ``dfd`` that we cannot open, never through a link."""
+    if not hasattr(os, "O_PATH"):  # macOS, where fchmodat takes AT_SYMLINK_NOFOLLOW
+        mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+        os.chmod(name, stat.S_IMODE(mode) | owner_bits, dir_fd=dfd, follow_symlinks=False)
+        return
+    # Linux: an O_PATH fd needs no permission and pins the inode; chmod through /proc/self/fd acts on it alone
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | owner_bits)
+    finally:
+        os.close(fd)
+
+
+def _allocated(st: os.stat_result) -> int:
+    blocks = getattr(st, "st_blocks", None)
+    return st.st_size if blocks is None else blocks * 512
+
+
+def remove_tree(dfd: int, name: str, display: str, *, device: int | None = None) -> None:
+    """Remove ``name`` below the directory fd ``dfd`` with everything in it, by directory fds only.
+
+    No path is ever resolved again: a directory a program renames away and replaces with a symlink costs
+    that symlink, never what it points at. Nothing on a filesystem other than ``device`` (default: that of
+    ``name`` itself) is entered. Entries a program adds meanwhile are removed by another pass; raises
+    ``PathDenied`` if the tree is still changing after :data:`_REMOVE_PASSES` passes.
+    """
+    for _ in range(_REMOVE_PASSES):
+        if not _remove_pass(dfd, name, device):
+            return
+    raise PathDenied(display, "entries kept appearing while it was removed; stop what writes there and retry")
+
+
+def _remove_pass(dfd: int, name: str, device: int | None) -> bool:
+    """One removal attempt; return whether something is still there."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        _unless_raced(os.unlink, name, dfd)
+        return True
+    top = _open_subdir(dfd, name, 0o700, st.st_dev if device is None else device)
+    if top is None:
+        return True
+    try:
+        for visit in _walk_tree(top, "", owner_bits=0o700):
+            if visit.kind == "file":
+                _unless_raced(os.unlink, visit.name, visit.dir_fd)
+            elif visit.kind == "done":
+                _unless_raced(os.rmdir, visit.name, visit.dir_fd)
+    except PathDenied:
+        return True  # a directory was moved under the walk: start over from the top
+    _unless_raced(os.rmdir, name, dfd)
+    return True
+
+
+def _unless_raced(op: Callable[..., None], name: str, dfd: int) -> None:
+    try:
+        op(name, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno not in _RACED:
+            raise
 
 
 def _copy_fd(src_fd: int, dst_fd: int) -> None:

@@ -6,15 +6,14 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import stat
-import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Workspace, WorkspacePolicy
+from .confine import remove_tree
 from .layout import METADATA_FILE, ensure_layout, sanitize_id
 from .metadata import WorkspaceMetadata, save_metadata
 
@@ -60,10 +59,14 @@ class HostWorkspaceManager:
         program_path: Callable[[Path], str] = str,
         private_root: bool = True,
         adopt: Callable[[Path], bool] | None = None,
+        stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
-        when it put a directory there itself (a warm pool's slot, see :mod:`.slots`)."""
+        when it put a directory there itself (a warm pool's slot, see :mod:`.slots`). ``stop_programs`` kills
+        every program still running in a workspace; cleanup awaits it before removing the tree (the runner
+        knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`)."""
         self.backend = backend
+        self._stop_programs = stop_programs
         self._adopt = adopt
         self._program_path = program_path
         self._private_root = private_root
@@ -154,25 +157,22 @@ class HostWorkspaceManager:
     async def cleanup(self, ws: Workspace) -> None:
         if self._known.get(ws.id) == ws:
             del self._known[ws.id]
+        if self._stop_programs is not None:
+            # a program still running could keep changing the tree while it is removed
+            await self._stop_programs(ws)
         if ws.host_path is None:
             return
         await asyncio.to_thread(_remove_tree, ws.host_path)
 
 
 def _remove_tree(path: Path) -> None:
-    def make_writable(func: object, p: str, exc: object) -> None:
-        # read-only staged trees: give the owner write access back, then retry once
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                os.unlink(p)
-
-    if not (path.exists() or path.is_symlink()):
+    """Remove a workspace directory by fds (see :func:`.confine.remove_tree`); its parent is ours, not the
+    program's, so that one is opened by path."""
+    try:
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=make_writable)
-    else:
-        shutil.rmtree(path, onerror=make_writable)
+    try:
+        remove_tree(parent, path.name, str(path))
+    finally:
+        os.close(parent)

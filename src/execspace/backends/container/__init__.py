@@ -242,7 +242,12 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
         self, containers: WorkspaceContainers, root: Path, prepare: Callable[[Path], None], pool_size: int
     ) -> None:
         super().__init__(
-            "container", root, prepare=prepare, program_path=lambda _p: CONTAINER_WORKSPACE, adopt=self._adopt_slot
+            "container",
+            root,
+            prepare=prepare,
+            program_path=lambda _p: CONTAINER_WORKSPACE,
+            adopt=self._adopt_slot,
+            stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
         )
         self._containers = containers
         containers.pool_root = self.root
@@ -272,10 +277,6 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             return True
         self.pool.give_back(slot)
         return False
-
-    async def cleanup(self, ws: Workspace) -> None:
-        await self._containers.remove(ws)  # before the files: nothing keeps writing into a removed tree
-        await super().cleanup(ws)
 
 
 def _stop_watchdog(proc: subprocess.Popen[bytes]) -> None:

@@ -293,7 +293,7 @@ def _slot_workspaces(
     sb: BaseEngine, cfg: Any, language: str, kernel_opts: dict[str, Any], pool_size: int, pool_idle_timeout: float
 ) -> tuple[HostWorkspaceManager, KernelSessions]:
     """The sandbox backend's workspaces (same root, layout owner and modes), made of pool slots when ready."""
-    from ..sandbox import sandbox_layout_owner
+    from ..sandbox import SandboxRunner, sandbox_layout_owner
     from .sandboxpool import SandboxLauncher, SlotWorkspaceManager, make_slot
 
     root = Path(getattr(sb.manager, "root"))  # noqa: B009 - HostWorkspaceManager's, not in the protocol
@@ -302,7 +302,11 @@ def _slot_workspaces(
     new_slot = functools.partial(make_slot, root, 0o711 if as_root else 0o700, prepare)
     launcher = SandboxLauncher(cfg, new_slot, pool_size=pool_size, pool_idle_timeout=pool_idle_timeout)
     kernels = KernelSessions(sb.fs, launcher, language=language, **kernel_opts)
-    manager = SlotWorkspaceManager(root, launcher, kernels, prepare=prepare, private_root=not as_root)
+    runner = sb.runner
+    assert isinstance(runner, SandboxRunner)
+    manager = SlotWorkspaceManager(
+        root, launcher, kernels, prepare=prepare, private_root=not as_root, stop_programs=runner.stop_programs
+    )
     return manager, kernels
 
 
@@ -382,8 +386,8 @@ def _open_host(
         pool_idle_timeout=pool_idle_timeout,
     )
     kernels = KernelSessions(fs, launcher, language=language, **kernel_opts)
-    manager = KernelWorkspaceManager(root, kernels)
     runner = HostRunner(lambda: caps, env_policy, kill_grace=common["kill_grace"])
+    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs)
     kernels.start_pool()
     extra = {"workspace_root": manager.root, "kernels": kernels, "kernel_isolation": "none"}
     return BaseEngine("jupyter", manager, fs, runner, caps, on_close=kernels.aclose, extra=extra)

@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -372,8 +373,13 @@ class KernelSessions:
 class KernelWorkspaceManager(HostWorkspaceManager):
     """Host-directory workspaces whose cleanup also stops their kernel."""
 
-    def __init__(self, root: Path | None, kernels: KernelSessions) -> None:
-        super().__init__("jupyter", root)
+    def __init__(
+        self,
+        root: Path | None,
+        kernels: KernelSessions,
+        stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__("jupyter", root, stop_programs=stop_programs)
         self._kernels = kernels
 
     async def cleanup(self, ws: Workspace) -> None:

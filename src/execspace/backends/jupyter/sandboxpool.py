@@ -21,7 +21,7 @@ import asyncio
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +160,7 @@ class SlotWorkspaceManager(HostWorkspaceManager):
         *,
         prepare: Callable[[Path], None] | None,
         private_root: bool,
+        stop_programs: Callable[[Workspace], Awaitable[None]],
     ) -> None:
         super().__init__(
             "sandbox",
@@ -168,6 +169,7 @@ class SlotWorkspaceManager(HostWorkspaceManager):
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=private_root,
             adopt=launcher.adopt,
+            stop_programs=stop_programs,
         )
         self._launcher = launcher
         self._kernels = kernels

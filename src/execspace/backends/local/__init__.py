@@ -62,7 +62,8 @@ class LocalBackend:
             kill_grace: seconds between SIGTERM and SIGKILL when a run is killed.
         """
         caps = cls.capabilities(env_policy)
-        manager = HostWorkspaceManager("local", Path(workspace_root) if workspace_root else None)
-        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
         runner = HostRunner(lambda: caps, env_policy, kill_grace=kill_grace)
+        root = Path(workspace_root) if workspace_root else None
+        manager = HostWorkspaceManager("local", root, stop_programs=runner.stop_programs)
+        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
         return BaseEngine("local", manager, fs, runner, caps, extra={"workspace_root": manager.root})

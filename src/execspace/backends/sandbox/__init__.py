@@ -28,7 +28,7 @@ from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import RunProgramSpec, RunResult, Workspace
-from ...process.hostrunner import HostRunner, Prepared, unisolated_capabilities
+from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, Prepared, unisolated_capabilities
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
@@ -299,6 +299,7 @@ class SandboxBackend:
                 "uid": "per-workspace unprivileged uid" if _is_root() else "your uid, without capabilities",
                 "pids": _pids_detail(groups),
                 "memory_bytes": _memory_detail(groups),
+                "disk_bytes": DISK_BYTES_DETAIL,
                 "seccomp": describe(),
                 "profile": (policy or SandboxPolicy()).summary(),
             },
@@ -356,13 +357,6 @@ class SandboxBackend:
             uid = sandbox_uid(ws.host_path)
             return uid, uid
 
-        manager = HostWorkspaceManager(
-            "sandbox",
-            root,
-            prepare=sandbox_layout_owner() if as_root else None,
-            program_path=lambda _p: SANDBOX_WORKSPACE,
-            private_root=not as_root,
-        )
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
         runner = SandboxRunner(
             bwrap_path,
@@ -375,6 +369,14 @@ class SandboxBackend:
             capabilities=lambda: caps,
             env_policy=env_policy,
             kill_grace=kill_grace,
+        )
+        manager = HostWorkspaceManager(
+            "sandbox",
+            root,
+            prepare=sandbox_layout_owner() if as_root else None,
+            program_path=lambda _p: SANDBOX_WORKSPACE,
+            private_root=not as_root,
+            stop_programs=runner.stop_programs,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps, extra={"bwrap": bwrap_path, "workspace_root": root})
 
@@ -452,10 +454,10 @@ def _open_unmanaged(
 ) -> BaseEngine:
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
     caps = _unmanaged_capabilities(policy, env_policy)
-    manager = HostWorkspaceManager("sandbox", root, private_root=not _is_root())
     fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
     runner_cls = ExternalRunner if policy.profile is Profile.EXTERNAL else HostRunner
     runner = runner_cls(lambda: caps, env_policy, kill_grace=kill_grace)
+    manager = HostWorkspaceManager("sandbox", root, private_root=not _is_root(), stop_programs=runner.stop_programs)
     extra = {"workspace_root": root, "profile": str(policy.profile)}
     return BaseEngine("sandbox", manager, fs, runner, caps, extra=extra)
 

@@ -467,7 +467,6 @@ def seatbelt_engine(
     kill_grace: float,
 ) -> BaseEngine:
     """The sandbox engine on macOS (see :class:`SeatbeltRunner`: not exercised by our CI)."""
-    manager = HostWorkspaceManager("sandbox", root)
     fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
     runner = SeatbeltRunner(
         policy,
@@ -476,4 +475,5 @@ def seatbelt_engine(
         env_policy=env_policy,
         kill_grace=kill_grace,
     )
+    manager = HostWorkspaceManager("sandbox", root, stop_programs=runner.stop_programs)
     return BaseEngine("sandbox", manager, fs, runner, caps, extra={"workspace_root": root, "sandbox": SANDBOX_EXEC})
