@@ -180,6 +180,27 @@ async def test_collect_outputs_reports_an_unreadable_file_and_keeps_the_rest(tmp
         assert not manifest.limits_hit
 
 
+@pytest.mark.parametrize("hidden", ["../out", "../out/sub"])
+@VIA
+def test_an_unreadable_output_directory_is_reported_not_fatal(
+    daemon: dict[str, str], tmp_path: Path, via: str, hidden: str
+) -> None:
+    """The whole out/ (or a directory in it) made unreadable: the run's result and the other files stay, and the
+    directory is reported as skipped (as root nothing is unreadable)."""
+    make_traversable(tmp_path)
+    script = f"mkdir -p ../out/sub; echo a > ../out/ok.txt; echo s > ../out/sub/s; chmod 000 {hidden}; exit 4"
+    args = ["run", "--backend", "sandbox", "--json", "--", "sh", "-c", script]
+    done = _cli(daemon, via, args, tmp_path)
+    assert done.returncode == 4, done.stderr
+    outputs = {o["path"]: o for o in json.loads(done.stdout)["outputs"]}
+    if os.geteuid() == 0:
+        assert outputs["out/sub/s"]["size"] == 2
+        return
+    assert "unreadable directory" in outputs[hidden.removeprefix("../")]["skipped"]
+    if hidden == "../out/sub":
+        assert outputs["out/ok.txt"]["skipped"] is None and outputs["out/ok.txt"]["size"] == 2
+
+
 # -- terminal escapes in program-chosen names -----------------------------------------------
 
 _ESCAPE_NAME = "mkdir -p ../out; printf x > \"../out/$(printf '\\033]0;pwned\\007x.txt')\"; ln -s nowhere ../out/l"

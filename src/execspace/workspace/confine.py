@@ -55,11 +55,13 @@ def split_relpath(path: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """A regular file found by a walk."""
+    """A regular file found by a walk, or (``unreadable``) a directory the walk could not read: a program took
+    its permissions away, and what it holds is unknown."""
 
     relpath: str
     size: int
     nlink: int
+    unreadable: bool = False
 
 
 class ConfinedRoot:
@@ -301,6 +303,9 @@ class ConfinedRoot:
             fd = self.open_dir(start)
         except (FileNotFoundError, NotADirectoryError, PathDenied):
             return
+        except PermissionError:
+            yield Entry("/".join(start), 0, 1, unreadable=True)
+            return
         budget = max_entries
         for visit in _walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
             if visit.kind == "done":
@@ -308,7 +313,9 @@ class ConfinedRoot:
             budget -= 1
             if budget < 0:
                 return
-            if visit.kind == "file" and stat.S_ISREG(visit.st.st_mode):
+            if visit.kind == "denied":
+                yield Entry(visit.rel, 0, 1, unreadable=True)
+            elif visit.kind == "file" and stat.S_ISREG(visit.st.st_mode):
                 yield Entry(visit.rel, visit.st.st_size, visit.st.st_nlink)
 
     def disk_usage(self) -> int:
@@ -347,9 +354,10 @@ _RACED = frozenset({errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, 
 @dataclass(slots=True)
 class _Visit:
     """One step of a walk: a non-directory entry (``file``), a directory entered (``dir``, its fd is
-    ``dir_fd``'s child) or left after all it held (``done``); ``dir_fd`` is the directory holding ``name``."""
+    ``dir_fd``'s child), left after all it held (``done``), or one we may not read (``denied``: only walks without
+    ``owner_bits`` meet it); ``dir_fd`` is the directory holding ``name``."""
 
-    kind: Literal["file", "dir", "done"]
+    kind: Literal["file", "dir", "done", "denied"]
     dir_fd: int
     name: str
     rel: str
@@ -398,6 +406,10 @@ def _walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bit
                 st = os.stat(name, dir_fd=level.fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed since the listing (a leftover process at work)
+            except PermissionError:  # a directory we may list but not search: its entries are unknown
+                yield _Visit("denied", level.fd, name, level.rel or ".", level.st)
+                level.todo.clear()
+                continue
             if not stat.S_ISDIR(st.st_mode):
                 yield _Visit("file", level.fd, name, rel, st)
                 continue
@@ -405,7 +417,11 @@ def _walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bit
                 continue
             if max_depth is not None and len(stack) > max_depth:
                 raise PathDenied(rel, f"more than {max_depth} directory levels below the start; flatten the tree")
-            sub = _open_subdir(level.fd, name, owner_bits, top_st.st_dev)
+            try:
+                sub = _open_subdir(level.fd, name, owner_bits, top_st.st_dev)
+            except PermissionError:
+                yield _Visit("denied", level.fd, name, rel, st)
+                continue
             if sub is None:
                 continue
             sub_st = os.fstat(sub)
@@ -438,17 +454,20 @@ def _reopen_parent(child_fd: int, parent: _Level) -> int:
 
 def _open_subdir(dfd: int, name: str, owner_bits: int, device: int) -> int | None:
     """Open the directory ``name`` below ``dfd`` without following a link, with ``owner_bits`` given to its
-    owner (us) first; None if it is now no directory on ``device`` that we can open."""
+    owner (us) first; None if it is now no directory on ``device``. ``PermissionError`` when we may not open it
+    and have no ``owner_bits`` to give."""
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    except OSError as exc:
-        if not owner_bits or exc.errno != errno.EACCES:
-            return None
+    except PermissionError:
+        if not owner_bits:
+            raise  # the caller reports it: a program took our access away
         _grant_unopenable(dfd, name, owner_bits)
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
         except OSError:
             return None
+    except OSError:
+        return None
     st = os.fstat(fd)
     if st.st_dev != device:
         os.close(fd)

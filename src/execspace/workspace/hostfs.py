@@ -222,7 +222,7 @@ class HostWorkspaceFS:
 
         def walk() -> list[tuple[str, int]]:
             with ConfinedRoot(root) as cr:
-                return [(e.relpath, e.size) for e in _matching(cr, globs) if readable(e.relpath)]
+                return [(e.relpath, e.size) for e in _matching(cr, globs) if not e.unreadable and readable(e.relpath)]
 
         return await asyncio.to_thread(walk)
 
@@ -308,12 +308,14 @@ def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-de
                 continue
             if "/" not in entry.relpath and (is_metadata_temp(entry.relpath)):
                 continue
-            if wglob.globmatch(entry.relpath, globs, flags=GLOB_FLAGS):
+            # a directory we may not read may hold matching files: the caller hears of it
+            if entry.unreadable or wglob.globmatch(entry.relpath, globs, flags=GLOB_FLAGS):
                 seen.add(entry.relpath)
                 yield entry
 
 
 _UNREADABLE = "unreadable (permission denied: the program removed read permission)"
+_UNREADABLE_DIR = "unreadable directory (permission denied: the program removed access); its files were not collected"
 
 
 def _collect(
@@ -335,6 +337,9 @@ def _collect(
             if len(files) >= max_files or budget <= 0:
                 limits_hit = True
                 break
+            if entry.unreadable:
+                files.append(File(entry.relpath, b"", "inode/directory", 0, skipped=_UNREADABLE_DIR))
+                continue
             if entry.nlink > 1:
                 continue  # may alias a host file; read_file would refuse it too
             cap = min(max_file_bytes, budget)
