@@ -9,6 +9,7 @@ not to when the model alone supplies it."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,9 +18,14 @@ from typing import Any
 import pytest
 
 import execspace
+from execspace import PathDenied, PutFile, RunProgramSpec
+from execspace.backends.sandbox import SandboxPolicy
 from execspace.registry import probe_backend
 from execspace.tools import WorkspaceExecTool
 from execspace.tools.shellpolicy import CommandPolicy
+from execspace.workspace.protected import DEFAULT_PROTECTED
+from tests.backends.container_support import container_engine
+from tests.backends.docker_fixture import Daemon
 from tests.support import make_traversable
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,3 +141,144 @@ def test_shell_and_loader_variables_can_never_be_allowed() -> None:
     for name in ("BASH_ENV", "LD_PRELOAD", "PATH", "BASH_FUNC_ls%%", "A-B"):
         with pytest.raises(execspace.InvalidSpec, match="can never be passed"):
             WorkspaceExecTool(engine, workspace_id="x", policy=CommandPolicy(allow=["ls"]), env_allow=[name])
+
+
+# -- F10 and write grants: protected project files ----------------------------------------
+
+#: What the user's project holds before the program runs (the rest of DEFAULT_PROTECTED is absent).
+PROJECT = {
+    "Makefile": "all:\n\techo hi\n",
+    "AGENTS.md": "Be careful.\n",
+    ".github/workflows/ci.yml": "on: push\n",
+    ".vscode/settings.json": "{}\n",
+}
+
+
+def make_project(path: Path) -> dict[str, bytes]:
+    """A git project readable and writable by anyone (so that only the mounts can stop the program, also as
+    root); returns the bytes of every file in it."""
+    path.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    for rel, text in PROJECT.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    subprocess.run(["chmod", "-R", "a+rwX", str(path)], check=True)
+    return snapshot(path)
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file() and not p.is_symlink()
+    }
+
+
+def _script(project: str, marker: Path, names: str) -> str:
+    """Modify, replace, rename away and create every protected path; plant a fsmonitor and a hook."""
+    return "\n".join(
+        [
+            f"cd {project} || exit 9",
+            f"for n in {names}; do",
+            '  printf evil >> "$n"; mkdir -p "$n"; printf evil > "$n/planted"',
+            '  mv "$n" "$n.moved" && { printf evil > "$n" || mkdir "$n"; }',
+            '  rm -rf "$n"; printf evil > "$n"',
+            "done",
+            f"printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n' >> .git/config",
+            f"printf '#!/bin/sh\\ntouch {marker}\\n' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit",
+            "echo done",
+        ]
+    )
+
+
+def assert_untouched(project: Path, before: dict[str, bytes], marker: Path) -> None:
+    after = snapshot(project)
+    planted = {rel for rel in after if rel not in before and not rel.startswith(("work/", "out/", "normal.txt"))}
+    planted -= {"metadata.json"}
+    assert not planted, f"the program created protected files on the host: {sorted(planted)}"
+    assert {rel: after.get(rel) for rel in before} == before, "the program changed protected files on the host"
+    for name in DEFAULT_PROTECTED:
+        p = project / name
+        assert not (project / f"{name}.moved").exists(), name
+        if p.exists() and name not in (".git", ".github", ".vscode") and name not in PROJECT:
+            assert p.is_dir() and not p.is_symlink() and not any(p.iterdir()), f"{name}: not an empty placeholder"
+    # the user's next git status on the host runs no planted fsmonitor, and git still works
+    # (safe.directory: as root the container backend hands the workspace root to its uid; git would refuse it)
+    git = ["git", "-c", "safe.directory=*", "-C", str(project)]
+    r = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists(), "a planted git config or hook ran on the host"
+
+
+async def test_sandbox_write_grant_over_a_project_cannot_plant_host_config(tmp_path: Path) -> None:
+    _need("git")
+    project, marker = tmp_path / "proj", tmp_path / "marker"
+    before = make_project(project)
+    async with engine_for("sandbox", tmp_path) as probe_engine:
+        del probe_engine  # skips when the sandbox is unavailable
+    make_traversable(tmp_path)
+    policy = SandboxPolicy().with_write_paths(project)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", policy=policy) as engine:
+        ws = await engine.manager.create_workspace("red/protected")
+        script = _script(str(project), marker, " ".join(p for p in DEFAULT_PROTECTED if p != ".execspace"))
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script + "\necho ok > normal.txt"]))
+        assert r.stdout.endswith("done\n"), r
+        # the grant itself works: the program writes an ordinary file of the project
+        assert (project / "normal.txt").read_text() == "ok\n"
+        assert_untouched(project, before | {"normal.txt": b"ok\n"}, marker)
+        # the next run (a fresh mount plan) holds too
+        await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script]))
+    assert_untouched(project, before | {"normal.txt": b"ok\n"}, marker)
+
+
+async def test_named_opt_out_makes_one_protected_path_writable(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    make_project(project)
+    async with engine_for("sandbox", tmp_path):
+        pass
+    policy = SandboxPolicy().without_protected("Makefile").with_write_paths(project)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", policy=policy) as engine:
+        ws = await engine.manager.create_workspace("red/protected")
+        await engine.runner.run_program(
+            ws, RunProgramSpec("sh", ["-c", f"cd {project}; echo new > Makefile; echo x > AGENTS.md"])
+        )
+    assert (project / "Makefile").read_text() == "new\n"
+    assert (project / "AGENTS.md").read_text() == PROJECT["AGENTS.md"]
+    with pytest.raises(execspace.PolicyViolation, match="not protected"):
+        SandboxPolicy().without_protected("README.md")
+
+
+async def test_container_workspace_dir_cannot_plant_host_config(
+    tmp_path: Path, docker_daemon: Daemon, test_image: str
+) -> None:
+    _need("git")
+    project, marker = tmp_path / "proj", tmp_path / "marker"
+    before = make_project(project)
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", pool_size=0) as engine:
+        ws = await engine.manager.create_workspace("red/protected", path=project)
+        before = snapshot(project)  # with the layout the engine made
+        script = _script("/workspace", marker, " ".join(p for p in DEFAULT_PROTECTED if p != ".execspace"))
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script + "\necho ok > work/normal.txt"]))
+        assert r.stdout.endswith("done\n"), r
+        assert (project / "work/normal.txt").read_text() == "ok\n"
+        assert_untouched(project, before | {"work/normal.txt": b"ok\n"}, marker)
+        # the host file API refuses the same writes
+        for rel in (".git/config", "AGENTS.md", ".envrc", ".git/hooks/pre-commit", ".github/workflows/x.yml"):
+            with pytest.raises(PathDenied, match="protected"):
+                await engine.fs.put_files(ws, [PutFile(rel, "evil")])
+    assert_untouched(project, before | {"work/normal.txt": b"ok\n"}, marker)
+
+
+async def test_container_pool_workspace_protects_nested_paths(
+    tmp_path: Path, docker_daemon: Daemon, test_image: str
+) -> None:
+    options = {"pool_size": 1, "protected": (*DEFAULT_PROTECTED, "work/repo/.git")}
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", warm=True, **options) as engine:
+        ws = await engine.manager.create_workspace("red/pool")
+        assert ws.host_path is not None
+        script = "cd /workspace; echo x > AGENTS.md; mkdir .git; mv work/repo work/r2; echo x > work/repo/.git/config"
+        script += "; echo done"
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script]))
+        assert r.stdout.endswith("done\n"), r
+        assert not (ws.host_path / "AGENTS.md").exists() and not (ws.host_path / ".git").exists()
+        repo_git = ws.host_path / "work/repo/.git"
+        assert repo_git.is_dir() and not any(repo_git.iterdir())
+        assert not (ws.host_path / "work/r2").exists()

@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace
-from ...workspace.layout import sanitize_id
+from ...workspace.layout import ensure_layout, sanitize_id
 from ...workspace.slots import is_slot_dir, new_slot_dir
 from .config import ContainerConfig, check_binds, daemon_socket_path
 from .pool import PoolSlot
@@ -151,6 +151,7 @@ class WorkspaceContainers:
         assert self.pool_root is not None
         slot_dir = new_slot_dir(self.pool_root)
         try:
+            ensure_layout(slot_dir)  # its layout directories are bind mounts of the container
             if os.getuid() == 0:
                 os.lchown(slot_dir, *self.config.user)
             cid = self._create("pool", slot_dir, {f"{LABEL}.slot": str(slot_dir)})

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import stat
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from ...errors import PathDenied, PolicyViolation
 from ...workspace.confine import ConfinedRoot
+from ...workspace.protected import make_placeholder
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
 __all__ = [
@@ -314,6 +316,25 @@ def _pin_host(p: _Plan, path: str) -> None:
             p.host_levels[anc] = Access.WRITE
 
 
+def _host_protected(p: _Plan, t: Target) -> None:
+    """A protected path under a host write grant: bound read-only; a missing one is first made an empty read-only
+    directory (the program could create it otherwise), walking from the grant by directory fds."""
+    grant = max((g for g in p.host_levels if is_under(t.path, g) and g != t.path), key=len, default=None)
+    if grant is None or p.host_level(t.path) is not Access.WRITE:
+        return  # not writable here (a deeper read or no-access rule decides): nothing to protect
+    rel = posixpath.relpath(t.path, grant)
+    try:
+        st = os.lstat(t.path)
+    except FileNotFoundError:
+        make_placeholder(grant, rel)
+        st = os.lstat(t.path)
+    if stat.S_ISLNK(st.st_mode):
+        raise PathDenied(t.path, "a protected path is a symlink; refusing to mount it (remove it and retry)")
+    _pin_host(p, t.path)
+    p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), Access.READ)
+    p.host_levels[t.path] = Access.READ
+
+
 def _host_denial(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     level = p.host_level(t.path)  # paths are canonical since SandboxPolicy.with_home
     if level is None or level is Access.NONE:
@@ -359,17 +380,6 @@ def _pin_ws(p: _Plan, rel: str) -> None:
             p.ws_levels[anc] = Access.WRITE
 
 
-def _create_protected(root: str, rel: str) -> None:
-    """Create a missing protected directory read-only, so that it can be bound read-only: a program
-    with a writable parent would otherwise create it and make it its own."""
-    with ConfinedRoot(root) as cr:
-        fd = cr.open_dir(rel.split("/"), create=True)
-        try:
-            os.fchmod(fd, 0o555)
-        finally:
-            os.close(fd)
-
-
 def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     assert t.rel is not None
     parent_rel = t.rel.rpartition("/")[0] or "."
@@ -385,7 +395,7 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
             p.ws_levels[t.rel] = Access.NONE
         return
     if kind == "missing" and t.protected and parent.can_write and _ws_kind(p.root, parent_rel) == "dir":
-        _create_protected(p.root, t.rel)
+        make_placeholder(p.root, t.rel)
         kind = "dir"
     if kind == "missing":
         return
@@ -476,7 +486,8 @@ def policy_mounts(res: Resolver, cwd_rel: str = "", *, hidden: Sequence[Path] = 
     the glob denials; each tree shallow to deep, so the most specific rule is mounted last.
 
     Judges the host as it is now: call it right before the run. Side effects: creates missing
-    protected directories under writable parents (mode 0555) and ``.execspace/denied``.
+    protected paths under writable parents (empty directories, mode 0555: in the workspace and under
+    host write grants) and ``.execspace/denied``.
 
     Raises:
         PolicyViolation: a rule that cannot be enforced (a grant over /proc, a missing
@@ -488,7 +499,9 @@ def policy_mounts(res: Resolver, cwd_rel: str = "", *, hidden: Sequence[Path] = 
         raise PathDenied(cwd_rel, "the sandbox policy gives no access to the working directory")
     p = _Plan(res.root, _visible_top())
     for t in res.targets:
-        if t.rel is None and t.access.can_read:
+        if t.rel is None and t.protected:
+            _host_protected(p, t)
+        elif t.rel is None and t.access.can_read:
             _host_grant(p, t)
         elif t.rel is None:
             _host_denial(p, t, res.targets)
