@@ -19,6 +19,7 @@ import pytest
 
 import execspace
 from execspace import PathDenied, PutFile, RunProgramSpec
+from execspace.artifacts import ArtifactScope, FileArtifactService
 from execspace.backends.sandbox import SandboxPolicy
 from execspace.registry import probe_backend
 from execspace.tools import WorkspaceExecTool
@@ -282,3 +283,23 @@ async def test_container_pool_workspace_protects_nested_paths(
         repo_git = ws.host_path / "work/repo/.git"
         assert repo_git.is_dir() and not any(repo_git.iterdir())
         assert not (ws.host_path / "work/r2").exists()
+
+
+# -- artifact scopes ---------------------------------------------------------------------
+
+SCOPE_IDS = ["app/alice", "app/alice/default", "app/alice/=default", "app", "app/default", "app/default/default"]
+
+
+def test_distinct_workspace_ids_get_distinct_artifact_scopes() -> None:
+    scopes = [ArtifactScope.from_workspace_id(i) for i in SCOPE_IDS]
+    assert len(set(scopes)) == len(SCOPE_IDS), dict(zip(SCOPE_IDS, scopes, strict=True))
+
+
+async def test_one_tenants_artifact_is_not_visible_to_the_other_id(tmp_path: Path) -> None:
+    service = FileArtifactService(tmp_path / "artifacts")
+    for i in SCOPE_IDS:
+        await service.save(ArtifactScope.from_workspace_id(i), "report.txt", i.encode())
+    for i in SCOPE_IDS:
+        scope = ArtifactScope.from_workspace_id(i)
+        assert (await service.load(scope, "report.txt")).data == i.encode()
+        assert await service.list_versions(scope, "report.txt") == [1]
