@@ -8,7 +8,10 @@ not to when the model alone supplies it."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import stat
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -197,10 +200,7 @@ def assert_untouched(project: Path, before: dict[str, bytes], marker: Path) -> N
     assert not planted, f"the program created protected files on the host: {sorted(planted)}"
     assert {rel: after.get(rel) for rel in before} == before, "the program changed protected files on the host"
     for name in DEFAULT_PROTECTED:
-        p = project / name
         assert not (project / f"{name}.moved").exists(), name
-        if p.exists() and name not in (".git", ".github", ".vscode") and name not in PROJECT:
-            assert p.is_dir() and not p.is_symlink() and not any(p.iterdir()), f"{name}: not an empty placeholder"
     # the user's next git status on the host runs no planted fsmonitor, and git still works
     # (safe.directory: as root the container backend hands the workspace root to its uid; git would refuse it)
     git = ["git", "-c", "safe.directory=*", "-C", str(project)]
@@ -283,6 +283,227 @@ async def test_container_pool_workspace_protects_nested_paths(
         repo_git = ws.host_path / "work/repo/.git"
         assert repo_git.is_dir() and not any(repo_git.iterdir())
         assert not (ws.host_path / "work/r2").exists()
+
+
+# -- missing protected paths under a write grant: protected during the run, nothing left after it -------------
+
+#: Every protected name the project below lacks (all of them: it has no .git either).
+MISSING = tuple(p for p in DEFAULT_PROTECTED if p != ".execspace")
+
+
+def make_bare_project(path: Path) -> dict[str, tuple[int, int]]:
+    """A project with none of the protected paths, writable by anyone (so that only the mounts can stop the
+    program, also as root); returns its listing."""
+    (path / "src").mkdir(parents=True)
+    (path / "README.md").write_text("hello\n")
+    (path / "src/main.py").write_text("print('hi')\n")
+    subprocess.run(["chmod", "-R", "a+rwX", str(path)], check=True)
+    return listing(path)
+
+
+def listing(path: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
+    """Every entry below ``path`` (and ``path`` itself): its type and mode, links not followed."""
+    out: dict[str, tuple[int, int]] = {}
+    for top, dirs, files in os.walk(path):
+        for name in (".", *dirs, *files) if top == str(path) else (*dirs, *files):
+            rel = os.path.normpath(os.path.relpath(os.path.join(top, name), path))
+            if not rel.startswith(skip):
+                st = os.lstat(os.path.join(top, name))
+                out[rel] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode))
+    return out
+
+
+def create_attempts(project: str, names: tuple[str, ...] = MISSING) -> str:
+    """Try every way to create each name (file, directory, a child, a rename over it, a symlink, after removing
+    or moving what is there); print CREATED for each that worked, and WROTE when an ordinary file could be made
+    (the control: the grant is writable)."""
+    return "\n".join(
+        [
+            f"cd {project} || exit 9",
+            "printf x > scratch.txt && echo WROTE; rm -f scratch.txt",
+            f"for n in {' '.join(names)}; do",
+            '  rm -rf "$n" 2>/dev/null; mv "$n" "$n.moved" 2>/dev/null && echo "MOVED $n"',
+            '  { printf evil > "$n"; } 2>/dev/null && echo "CREATED $n file"',
+            '  mkdir "$n" 2>/dev/null && echo "CREATED $n dir"',
+            '  mkdir -p "$n/hooks" 2>/dev/null && echo "CREATED $n/hooks"',
+            '  printf evil > .t && mv -f .t "$n" 2>/dev/null && echo "CREATED $n rename"; rm -f .t',
+            '  ln -s /tmp "$n" 2>/dev/null && echo "CREATED $n link"',
+            '  if [ -s "$n" ] || [ -d "$n" ] || [ -L "$n" ]; then echo "CREATED $n found"; fi',
+            "done",
+            "echo attempted",
+        ]
+    )
+
+
+def assert_none_created(out: str) -> None:
+    assert "WROTE" in out and "attempted" in out, f"control failed (the grant is not writable?): {out!r}"
+    assert "CREATED" not in out and "MOVED" not in out, out
+
+
+@asynccontextmanager
+async def write_grant_engine(tmp_path: Path, project: Path, name: str = "ws") -> AsyncIterator[Engine]:
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    policy = SandboxPolicy().with_write_paths(project)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / name, policy=policy) as engine:
+        yield engine
+
+
+async def wait_for(path: Path, handle: Any) -> None:
+    """Poll until the program created ``path`` (it is ready), failing fast if it exited instead."""
+    ended = asyncio.ensure_future(handle.wait())
+    for _ in range(3000):
+        if path.exists():
+            ended.cancel()  # wait() is shielded: the run goes on
+            return
+        await asyncio.sleep(0.01)
+        assert not ended.done(), ended.result()
+    raise AssertionError(f"{path} never appeared")
+
+
+def waiting(ws: Ws, project: Path, ident: str) -> str:
+    """Attempt, say ready, wait for the go, attempt again (the other run may have ended meanwhile)."""
+    attempts = create_attempts(str(project))
+    out = f"{ws.path}/out"
+    go = f"while [ ! -e {out}/{ident}.go ]; do sleep 0.01; done"
+    return f"{attempts}\ntouch {out}/{ident}.ready\n{go}\n{attempts}"
+
+
+async def test_missing_protected_paths_cannot_be_created_and_leave_nothing(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    before = make_bare_project(project)
+    async with write_grant_engine(tmp_path, project) as engine:
+        ws = await engine.manager.create_workspace("red/missing")
+        for _ in range(2):  # the second run plans afresh on the same project
+            r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", create_attempts(str(project))]))
+            assert_none_created(r.stdout)
+            assert listing(project) == before, "the run left the user's project changed"
+
+
+async def test_user_workspace_dir_is_left_as_it_was(tmp_path: Path) -> None:
+    """``--workspace DIR`` with the root writable: the same transient placeholders in the user's DIR."""
+    project = tmp_path / "proj"
+    make_bare_project(project)
+    async with engine_for("sandbox", tmp_path):
+        pass
+    policy = SandboxPolicy().with_write_paths(".")
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", policy=policy) as engine:
+        ws = await engine.manager.create_workspace("red/dir", path=project)
+        subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+        # runs/ gets a directory per run; .execspace is execspace's own (mask files), made once and kept
+        skip = ("runs/", ".execspace")
+        before = listing(project, skip)
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", create_attempts("$WORKSPACE_DIR")]))
+        assert_none_created(r.stdout)
+        assert listing(project, skip) == before
+
+
+async def test_concurrent_runs_on_one_grant_hold_until_both_end(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    before = make_bare_project(project)
+    async with write_grant_engine(tmp_path, project) as engine:
+        ws = await engine.manager.create_workspace("red/two")
+        assert ws.host_path is not None
+        for round_ in range(4):
+            first, second = ("a", "b") if round_ % 2 == 0 else ("b", "a")
+            handles = {
+                i: await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", waiting(ws, project, i)]))
+                for i in ("a", "b")
+            }
+            for i, h in handles.items():
+                await wait_for(ws.host_path / f"out/{i}.ready", h)
+            # both run: what the host sees at each name is at most an empty file (a placeholder)
+            for n in MISSING:
+                p = project / n
+                assert not p.exists() or (stat.S_ISREG(p.lstat().st_mode) and p.lstat().st_size == 0), n
+            (ws.host_path / f"out/{first}.go").touch()
+            assert_none_created((await handles[first].wait()).stdout)
+            # the first run is over: the second still cannot create anything
+            (ws.host_path / f"out/{second}.go").touch()
+            r = await handles[second].wait()
+            assert_none_created(r.stdout)
+            assert r.stdout.count("attempted") == 2, r.stdout
+            for i in ("a", "b"):
+                for suffix in ("ready", "go"):
+                    (ws.host_path / f"out/{i}.{suffix}").unlink()
+            assert listing(project) == before, f"round {round_}: the runs left the user's project changed"
+
+
+async def test_runs_of_two_engines_on_one_grant_hold_while_either_runs(tmp_path: Path) -> None:
+    """Another process's run still mounting a placeholder: it is not removed under it (a host unlink would
+    detach that run's mount); it is left, with a warning, for the user to remove."""
+    project = tmp_path / "proj"
+    before = make_bare_project(project)
+    async with (
+        write_grant_engine(tmp_path, project, "ws1") as one,
+        write_grant_engine(tmp_path, project, "ws2") as two,
+    ):
+        ws1, ws2 = await one.manager.create_workspace("red/a"), await two.manager.create_workspace("red/b")
+        assert ws1.host_path is not None and ws2.host_path is not None
+        a = await one.runner.start_program(ws1, RunProgramSpec("sh", ["-c", waiting(ws1, project, "a")]))
+        await wait_for(ws1.host_path / "out/a.ready", a)
+        b = await two.runner.start_program(ws2, RunProgramSpec("sh", ["-c", waiting(ws2, project, "b")]))
+        await wait_for(ws2.host_path / "out/b.ready", b)
+        (ws1.host_path / "out/a.go").touch()
+        with pytest.warns(RuntimeWarning, match="another execspace process still mounts"):
+            assert_none_created((await a.wait()).stdout)
+        (ws2.host_path / "out/b.go").touch()
+        r = await b.wait()
+        assert_none_created(r.stdout)
+        assert r.stdout.count("attempted") == 2, r.stdout
+    left = {rel for rel in listing(project)} - set(before)
+    assert left == set(MISSING), left
+    assert all((project / n).stat().st_size == 0 and not (project / n).is_dir() for n in MISSING)
+
+
+async def test_timed_out_killed_and_unstarted_runs_leave_nothing(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    before = make_bare_project(project)
+    async with write_grant_engine(tmp_path, project) as engine:
+        ws = await engine.manager.create_workspace("red/ends")
+        assert ws.host_path is not None
+        attempts = create_attempts(str(project))
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"{attempts}\nsleep 60"], timeout=2.0))
+        assert r.timed_out
+        assert_none_created(r.stdout)
+        assert listing(project) == before, "a timed-out run left the user's project changed"
+
+        ready = f"{ws.path}/out/k.ready"
+        h = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", f"{attempts}\ntouch {ready}; sleep 60"]))
+        await wait_for(ws.host_path / "out/k.ready", h)
+        await h.kill()
+        assert_none_created((await h.wait()).stdout)
+        assert listing(project) == before, "a killed run left the user's project changed"
+
+        # a sandbox that cannot even start: its placeholders were made, and go all the same
+        runner: Any = engine.runner
+        runner.bwrap, runner.setpriv = str(tmp_path / "no-bwrap"), None
+        r = await engine.runner.run_program(ws, RunProgramSpec("true"))
+        assert r.exit_code == 127, r
+        assert listing(project) == before, "a run that failed to start left the user's project changed"
+
+
+async def test_a_placeholder_changed_during_the_run_is_left_and_reported(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    make_bare_project(project)
+    async with write_grant_engine(tmp_path, project) as engine:
+        ws = await engine.manager.create_workspace("red/changed")
+        assert ws.host_path is not None
+        ready = f"{ws.path}/out/c.ready"
+        script = f"touch {ready}; while [ ! -e {ws.path}/out/c.go ]; do sleep 0.01; done"
+        h = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", script]))
+        await wait_for(ws.host_path / "out/c.ready", h)
+        envrc = project / ".envrc"
+        assert envrc.is_file() and envrc.stat().st_size == 0
+        envrc.chmod(0o644)
+        envrc.write_text("export A=1\n")  # the user (on the host) writes their own .envrc meanwhile
+        (ws.host_path / "out/c.go").touch()
+        with pytest.warns(RuntimeWarning, match=r"\.envrc: left in place: it changed"):
+            await h.wait()
+    assert envrc.read_text() == "export A=1\n"
+    assert not (project / "Makefile").exists()
 
 
 # -- artifact scopes ---------------------------------------------------------------------

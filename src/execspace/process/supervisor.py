@@ -63,6 +63,7 @@ class Launch:
     classify_exit: Callable[[int], str | None] | None = None
     """Maps an exit code to the name of the limit that caused it (e.g. SIGXCPU → cpu_seconds)."""
     on_exit: list[Callable[[], None]] = field(default_factory=list)
+    """Run once the run is over: the process exited (or was killed) and was reaped, or it failed to start."""
     after_spawn: list[Callable[[], None]] = field(default_factory=list)
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
     sweeper: MarkerSweeper | None = None
@@ -88,6 +89,10 @@ async def spawn(launch: Launch) -> SupervisedProcess:
     proc = SupervisedProcess(launch)
     try:
         await proc._start()
+    except BaseException:
+        for hook in launch.on_exit:  # the run is over before it began: its cleanups are due all the same
+            hook()
+        raise
     finally:
         for hook in launch.after_spawn:
             hook()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ...errors import PathDenied, PolicyViolation
 from ...workspace.confine import ConfinedRoot
-from ...workspace.protected import make_placeholder
+from ...workspace.protected import PlaceholderRun, make_placeholder
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
 __all__ = [
@@ -215,6 +215,8 @@ class _Plan:
 
     root: str
     visible_top: frozenset[str]
+    held: PlaceholderRun
+    """The run's transient placeholders for missing protected paths."""
     host_ops: list[_Op] = field(default_factory=list)
     ws_ops: list[_Op] = field(default_factory=list)
     host_levels: dict[str, Access] = field(default_factory=dict)
@@ -317,22 +319,15 @@ def _pin_host(p: _Plan, path: str) -> None:
 
 
 def _host_protected(p: _Plan, t: Target) -> None:
-    """A protected path under a host write grant: bound read-only; a missing one is first made an empty read-only
-    directory (the program could create it otherwise), walking from the grant by directory fds."""
+    """A protected path under a host write grant: bound read-only; a missing one gets a transient placeholder for
+    the run (the program could create it otherwise; the user's directory is as it was after the run)."""
     grant = max((g for g in p.host_levels if is_under(t.path, g) and g != t.path), key=len, default=None)
     if grant is None or p.host_level(t.path) is not Access.WRITE:
         return  # not writable here (a deeper read or no-access rule decides): nothing to protect
-    rel = posixpath.relpath(t.path, grant)
-    try:
-        st = os.lstat(t.path)
-    except FileNotFoundError:
-        make_placeholder(grant, rel)
-        st = os.lstat(t.path)
-    if stat.S_ISLNK(st.st_mode):
-        raise PathDenied(t.path, "a protected path is a symlink; refusing to mount it (remove it and retry)")
-    _pin_host(p, t.path)
-    p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), Access.READ)
-    p.host_levels[t.path] = Access.READ
+    path = posixpath.join(grant, p.held.mount_point(grant, posixpath.relpath(t.path, grant)))
+    _pin_host(p, path)
+    p.bind(p.host_ops, path, path, len(path_parts(path)), Access.READ)
+    p.host_levels[path] = Access.READ
 
 
 def _host_denial(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
@@ -394,8 +389,11 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
             p.mask(p.ws_ops, _ws_dest(t.rel), depth, kind, traversable=_opened_below(t.path, targets))
             p.ws_levels[t.rel] = Access.NONE
         return
-    if kind == "missing" and t.protected and parent.can_write and _ws_kind(p.root, parent_rel) == "dir":
-        make_placeholder(p.root, t.rel)
+    if kind == "missing" and t.protected and parent.can_write:
+        if t.rel != INTERNAL_DIR:
+            _ws_placeholder(p, t.rel)
+            return
+        make_placeholder(p.root, t.rel)  # execspace's own directory (it holds the mask file), kept
         kind = "dir"
     if kind == "missing":
         return
@@ -404,6 +402,15 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     _pin_ws(p, t.rel)
     p.bind(p.ws_ops, t.path, _ws_dest(t.rel), depth, t.access)
     p.ws_levels[t.rel] = t.access
+
+
+def _ws_placeholder(p: _Plan, rel: str) -> None:
+    """A missing protected workspace path under a writable parent: a transient placeholder bound read-only (the
+    workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
+    mount = p.held.mount_point(p.root, rel)
+    _pin_ws(p, mount)
+    p.bind(p.ws_ops, os.path.join(p.root, mount), _ws_dest(mount), len(path_parts(mount)), Access.READ)
+    p.ws_levels[mount] = Access.READ
 
 
 def _glob_matches(p: _Plan, policy: SandboxPolicy) -> list[tuple[str, str]]:
@@ -480,24 +487,25 @@ def _ensure_mask_file(root: str) -> None:
             cr.write_file(MASK_FILE, b"", 0o000)
 
 
-def policy_mounts(res: Resolver, cwd_rel: str = "", *, hidden: Sequence[Path] = ()) -> list[str]:
+def policy_mounts(res: Resolver, cwd_rel: str = "", *, held: PlaceholderRun, hidden: Sequence[Path] = ()) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
     the glob denials; each tree shallow to deep, so the most specific rule is mounted last.
 
-    Judges the host as it is now: call it right before the run. Side effects: creates missing
-    protected paths under writable parents (empty directories, mode 0555: in the workspace and under
-    host write grants) and ``.execspace/denied``.
+    Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
+    for missing protected paths under writable parents (in the workspace and under host write grants), held in
+    ``held`` until the caller releases it once the run is over, even one that failed to start; creates
+    ``.execspace`` (mode 0555, kept) where it is missing under a writable root, and ``.execspace/denied``.
 
     Raises:
         PolicyViolation: a rule that cannot be enforced (a grant over /proc, a missing
             no-access path the program could create, too many glob matches).
         PathDenied: a granted host path that does not exist; a symlink where a workspace
-            rule must mount; a cwd the policy hides.
+            rule must mount, or at a protected path; a cwd the policy hides.
     """
     if cwd_rel and not res.access(cwd_rel).can_read:
         raise PathDenied(cwd_rel, "the sandbox policy gives no access to the working directory")
-    p = _Plan(res.root, _visible_top())
+    p = _Plan(res.root, _visible_top(), held)
     for t in res.targets:
         if t.rel is None and t.protected:
             _host_protected(p, t)
