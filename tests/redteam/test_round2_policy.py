@@ -280,9 +280,27 @@ async def test_container_pool_workspace_protects_nested_paths(
         r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script]))
         assert r.stdout.endswith("done\n"), r
         assert not (ws.host_path / "AGENTS.md").exists() and not (ws.host_path / ".git").exists()
-        repo_git = ws.host_path / "work/repo/.git"
-        assert repo_git.is_dir() and not any(repo_git.iterdir())
+        # the first missing component is the container's placeholder: an empty file, for the container's life
+        repo = ws.host_path / "work/repo"
+        assert repo.is_file() and repo.stat().st_size == 0
         assert not (ws.host_path / "work/r2").exists()
+
+
+async def test_container_workspace_dir_is_left_without_placeholders(
+    tmp_path: Path, docker_daemon: Daemon, test_image: str
+) -> None:
+    project = tmp_path / "proj"
+    make_bare_project(project)
+    options = {"pool_size": 0, "protected": (*DEFAULT_PROTECTED, "work/repo/.git", "out/.envrc")}
+    async with container_engine(docker_daemon, test_image, tmp_path / "ws", **options) as engine:
+        ws = await engine.manager.create_workspace("red/dir", path=project)
+        before = listing(project, ("runs/",))  # with the layout the engine made
+        script = "cd /workspace; mkdir -p work/repo/.git; echo x > out/.envrc; mv work/repo work/r2; echo done"
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script]))
+        assert r.stdout.endswith("done\n"), r
+        assert (project / "work/repo").is_file() and (project / "out/.envrc").stat().st_size == 0
+    # the container is gone: so are its placeholders, and the user's DIR has only what the engine laid out
+    assert listing(project, ("runs/",)) == before
 
 
 # -- missing protected paths under a write grant: protected during the run, nothing left after it -------------

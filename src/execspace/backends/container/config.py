@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ...errors import PathDenied, PolicyViolation
-from ...workspace.confine import ConfinedRoot
+from ...errors import PolicyViolation
 from ...workspace.layout import LAYOUT_DIRS
-from ...workspace.protected import DEFAULT_PROTECTED, INTERNAL_DIR, make_placeholder
+from ...workspace.protected import DEFAULT_PROTECTED, INTERNAL_DIR, PlaceholderRun
 
 __all__ = [
     "CONTAINER_WORKSPACE",
@@ -79,12 +78,14 @@ class ContainerConfig:
         if self.cpus <= 0:
             raise PolicyViolation("container cpus must be positive")
 
-    def create_kwargs(self, workspace_host: Path, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    def create_kwargs(
+        self, workspace_host: Path, name: str, labels: Mapping[str, str], held: PlaceholderRun
+    ) -> dict[str, Any]:
         """Keyword arguments for ``containers.create``: the hardened defaults, nothing implicit.
 
         Side effects and errors: those of :func:`workspace_mounts` (the layout must exist).
         """
-        volumes = workspace_mounts(workspace_host, self.protected)
+        volumes = workspace_mounts(workspace_host, self.protected, held)
         volumes.update({src: {"bind": dest, "mode": "ro"} for src, dest in self.read_only_binds.items()})
         return {
             "image": self.image,
@@ -121,12 +122,14 @@ class ContainerConfig:
         return self.network != "none"
 
 
-def workspace_mounts(workspace_host: Path, protected: tuple[str, ...]) -> dict[str, dict[str, str]]:
+def workspace_mounts(
+    workspace_host: Path, protected: tuple[str, ...], held: PlaceholderRun
+) -> dict[str, dict[str, str]]:
     """The workspace's bind mounts: the root read-only (so that no protected path can be created or changed
     there), each writable layout directory over it, and each protected path below one of them read-only, a
-    missing one first created as an empty read-only directory; writable directories on the way to one are
-    mount points of their own, so that the program cannot rename it away (a mount point cannot be renamed).
-    Docker mounts shallow paths first.
+    missing one (or its first missing parent) a transient placeholder held in ``held`` for the container's
+    life; writable directories on the way to one are mount points of their own, so that the program cannot
+    rename it away (a mount point cannot be renamed). Docker mounts shallow paths first.
 
     Raises:
         PathDenied: a layout directory or a protected path is a symlink or lies under one.
@@ -143,29 +146,10 @@ def workspace_mounts(workspace_host: Path, protected: tuple[str, ...]) -> dict[s
         parts = [c for c in rel.split("/") if c not in ("", ".")]
         if len(parts) < 2 or parts[0] not in _WRITABLE_TOP:
             continue  # at the read-only root, or a layout directory mounted read-only above
-        if _kind(root, parts) == "missing":
-            make_placeholder(root, "/".join(parts))
-        volumes.update(vol("/".join(parts[:n]), "rw") for n in range(2, len(parts)))
-        volumes.update([vol("/".join(parts), "ro")])
+        mount = held.mount_point(root, "/".join(parts)).split("/")  # docker would follow a symlink: refused
+        volumes.update(vol("/".join(mount[:n]), "rw") for n in range(2, len(mount)))
+        volumes.update([vol("/".join(mount), "ro")])
     return volumes
-
-
-def _kind(root: str, parts: list[str]) -> str:
-    """missing or present, walking by directory fds; a symlink anywhere refuses (docker would follow it)."""
-    with ConfinedRoot(root) as cr:
-        try:
-            dfd = cr.open_dir(parts[:-1], display="/".join(parts))  # PathDenied on a symlink
-        except FileNotFoundError:
-            return "missing"
-        try:
-            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return "missing"
-        finally:
-            os.close(dfd)
-    if stat.S_ISLNK(st.st_mode):
-        raise PathDenied("/".join(parts), "a protected path is a symlink; refusing to mount it (remove it and retry)")
-    return "present"
 
 
 def daemon_socket_path(base_url: str | None) -> str | None:
