@@ -570,6 +570,24 @@ def test_deny_flag_hides_a_host_file(cli: Cli, tmp_path: Path) -> None:
     assert proc.stdout == b"root\ndenied\n"  # the file next to it is still readable
 
 
+def test_unprotect_flag_makes_one_protected_path_writable_under_write(cli: Cli, tmp_path: Path) -> None:
+    _needs_sandbox()
+    from tests.support import make_traversable
+
+    make_traversable(tmp_path)
+    project = tmp_path / "proj"
+    project.mkdir(mode=0o777)
+    project.chmod(0o777)  # as root the program runs as the workspace's uid: only the mounts may stop it
+    script = f"cd {project}; echo all: > Makefile; echo x > AGENTS.md || echo refused"
+    proc = cli("run", "--write", str(project), "--unprotect", "Makefile", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"refused\n"
+    assert (project / "Makefile").read_text() == "all:\n" and sorted(os.listdir(project)) == ["Makefile"]
+    for flags, error in (([], b"give --write too"), (["--write", str(project)], b"not protected")):
+        proc = cli("run", *flags, "--unprotect", "README.md", "--", "true")
+        assert proc.returncode == 125 and error in proc.stderr, proc.stderr
+
+
 def test_profile_flags_belong_to_the_sandbox(cli: Cli, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     proc = cli("run", "--backend", "local", "--profile", "read-only", "--", "touch", str(marker))

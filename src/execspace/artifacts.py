@@ -67,13 +67,15 @@ class ArtifactScope:
 
     @classmethod
     def from_workspace_id(cls, ws_id: str) -> ArtifactScope:
-        """Scope of a workspace id ``app/user/session``; missing parts become ``default``.
+        """Scope of a workspace id ``app/user/session``; missing (or empty) parts become ``default``.
 
-        A longer id keeps the rest in the session (``a/b/c/d`` -> session ``c/d``).
+        A longer id keeps the rest in the session (``a/b/c/d`` -> session ``c/d``). Distinct ids get distinct
+        scopes: a part written out as ``default`` (or ``=default``, ``==default``…) gets one more ``=`` in
+        front, so ``app/alice/default`` (session ``=default``) never shares the scope of ``app/alice``.
         """
         parts = ws_id.split("/", 2)
         parts += [""] * (3 - len(parts))
-        app, user, session = (p or "default" for p in parts)
+        app, user, session = (_scope_part(p) for p in parts)
         return cls(app, user, session)
 
     def describe(self, name: str = "") -> str:
@@ -81,6 +83,16 @@ class ArtifactScope:
         if is_user_scoped(name):
             return f"{self.app}/{self.user} (user-wide)"
         return f"{self.app}/{self.user}/{self.session}"
+
+
+_DEFAULT_PART = "default"
+
+
+def _scope_part(part: str) -> str:
+    # injective: "" -> "default", "=" * k + "default" -> "=" * (k + 1) + "default", anything else unchanged
+    if not part:
+        return _DEFAULT_PART
+    return "=" + part if part.lstrip("=") == _DEFAULT_PART else part
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,10 +399,17 @@ async def test_protected_git_readable_not_writable(tmp_path: Path) -> None:
 async def test_missing_protected_dir_cannot_be_created(tmp_path: Path) -> None:
     async with sandbox(tmp_path, SandboxPolicy().with_write_paths(".")) as engine:
         ws = await engine.manager.create_workspace("p/git-missing")
-        await sh(engine, ws, "cd $WORKSPACE_DIR; mkdir -p .agents; echo x > .agents/AGENTS.md; echo x > .mcp.json")
-        # placeholders made read-only before the run (directories, whatever the name suggests)
+        r = await sh(
+            engine,
+            ws,
+            "cd $WORKSPACE_DIR; mkdir -p .agents || echo no-dir; echo x > .agents/AGENTS.md || echo no-file; "
+            "echo x > .mcp.json || echo no-mcp; echo x > top.txt",
+        )
+        assert r.stdout.split() == ["no-dir", "no-file", "no-mcp"], r
+        assert (host(ws) / "top.txt").exists()  # the root grant itself works
+        # the run's placeholders (empty read-only files mounted read-only) are gone after it
         for name in (".agents", ".mcp.json"):
-            assert (host(ws) / name).is_dir() and list((host(ws) / name).iterdir()) == []
+            assert not (host(ws) / name).exists()
 
 
 async def test_credential_store_of_home_is_not_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,12 +122,15 @@ async def test_planted_symlink_at_a_protected_path_is_never_mounted(tmp_path: Pa
 
 async def test_program_cannot_plant_protected_paths_for_a_later_run(tmp_path: Path) -> None:
     async with sandbox(tmp_path, SandboxPolicy().with_write_paths(".")) as box:
-        await sh(box, "cd $WORKSPACE_DIR; ln -s /etc .agents; ln -s /etc .git; mkdir .vscode; echo '{}' > .mcp.json")
-        r = await sh(box, "cd $WORKSPACE_DIR; ls -la .git .agents .vscode; echo end")
-        assert r.exit_code == 0 and r.stdout.endswith("end\n")
+        plant = "cd $WORKSPACE_DIR; ln -s /etc .agents; ln -s /etc .git; mkdir .vscode; echo '{}' > .mcp.json"
+        r = await sh(box, f"{plant}; echo end")
+        assert r.stdout.endswith("end\n") and r.stderr.count("File exists") + r.stderr.count("Read-only") == 4, r
+        # nothing planted, and the run's own placeholders are gone: the next run plans on a clean root
         for name in (".git", ".agents", ".vscode", ".mcp.json"):
             p = host(box) / name
-            assert p.is_dir() and not p.is_symlink() and not list(p.iterdir()), name
+            assert not p.exists() and not p.is_symlink(), name
+        r = await sh(box, f"{plant}; echo end")
+        assert r.exit_code == 0 and r.stdout.endswith("end\n")
 
 
 async def test_glob_denied_files_stay_hidden_when_moved(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import execspace
 from execspace import BaseEngine, Capabilities, InvalidSpec, PutFile, Workspace
 from execspace.process.capture import HeadTailBuffer
-from execspace.tools.envscrub import dropped_names, scrub
+from execspace.tools.envscrub import EnvAllowList, dropped_names, scrub
 from execspace.tools.schema import SCHEMA_KEYWORDS, InvalidArguments, ToolSpec, check_arguments
 from execspace.tools.workspace_exec import WorkspaceExecTool, fit_output, normalize_cwd, split_budget
 from tests.conformance import conftest as conformance
@@ -273,7 +273,7 @@ async def test_invalid_env_name_is_an_error(tool: WorkspaceExecTool) -> None:
 async def policy_tool(any_engine: BaseEngine) -> AsyncIterator[WorkspaceExecTool]:
     assert CommandPolicy is not None
     policy = CommandPolicy(allow=["echo", "printenv", "tr", "touch", "cat", "pwd"])
-    async with WorkspaceExecTool(any_engine, workspace_id=WS_ID, policy=policy) as t:
+    async with WorkspaceExecTool(any_engine, workspace_id=WS_ID, policy=policy, env_allow=["GOOD_VALUE"]) as t:
         yield t
 
 
@@ -402,8 +402,9 @@ def test_scrub_drops_exactly_the_dangerous_names() -> None:
         "": "x",
         "ÄÖ": "x",
     }
-    assert scrub(env) == {"OK": "1", "_also_ok2": "2"}
-    assert dropped_names(env) == sorted(set(env) - {"OK", "_also_ok2"})
+    allow = EnvAllowList([n for n in env if n in ("OK", "_also_ok2")])
+    assert scrub(env, allow) == {"OK": "1", "_also_ok2": "2"}
+    assert dropped_names(env, allow) == sorted(set(env) - {"OK", "_also_ok2"})
 
 
 # -- background sessions -----------------------------------------------------------------

@@ -81,6 +81,13 @@ def add_parser(sub: Any) -> None:
         "--deny", action="append", default=[], type=host_path, metavar="PATH", help="sandbox: host path with no access"
     )
     p.add_argument(
+        "--unprotect",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="sandbox: let --write make this protected project path writable (e.g. Makefile; default: never)",
+    )
+    p.add_argument(
         "--timeout",
         type=parse_timeout,
         default=DEFAULT_TIMEOUT,
@@ -243,6 +250,8 @@ def read_stdin(disabled: bool) -> bytes | None:
 
 def sandbox_policy(args: argparse.Namespace) -> Any:
     """The sandbox policy the profile flags ask for, or None when none was given."""
+    if args.unprotect and not args.write:
+        raise UsageError("--unprotect makes a protected path writable under a --write grant: give --write too")
     if not (args.profile or args.read or args.write or args.deny):
         return None
     if args.backend not in (None, "sandbox"):
@@ -250,6 +259,8 @@ def sandbox_policy(args: argparse.Namespace) -> Any:
     from ..backends.sandbox import Profile, SandboxPolicy
 
     policy = SandboxPolicy(profile=Profile[(args.profile or "workspace-write").upper().replace("-", "_")])
+    if args.unprotect:
+        policy = policy.without_protected(*args.unprotect)
     return policy.with_read_paths(*args.read).with_write_paths(*args.write).with_no_access(*args.deny)
 
 

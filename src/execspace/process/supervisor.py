@@ -66,6 +66,7 @@ class Launch:
     """Maps (exit code, stderr) to the exit code to report: a wrapper that could not start the program reports
     it its own way (bwrap: exit 1), a shell says 127 or 126."""
     on_exit: list[Callable[[], None]] = field(default_factory=list)
+    """Run once the run is over: the process exited (or was killed) and was reaped, or it failed to start."""
     after_spawn: list[Callable[[], None]] = field(default_factory=list)
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
     sweeper: MarkerSweeper | None = None
@@ -91,6 +92,10 @@ async def spawn(launch: Launch) -> SupervisedProcess:
     proc = SupervisedProcess(launch)
     try:
         await proc._start()
+    except BaseException:
+        for hook in launch.on_exit:  # the run is over before it began: its cleanups are due all the same
+            hook()
+        raise
     finally:
         for hook in launch.after_spawn:
             hook()

@@ -61,11 +61,36 @@ os.system("sh")'``, ``find . -exec sh {} ;``, ``git -c core.pager=sh log``, ``aw
 copy of a shell under another name (``cp /bin/sh mysh`` then ``./mysh``). Use an allow list of programs that do
 not execute their arguments, and the ``sandbox`` backend for everything the command may still do.
 
+Many programs that look inert are interpreters in disguise, through their arguments, their environment or a
+configuration file they read (from ``HOME``, which the program can write, or from the working directory):
+
+- ``shasum``, ``pod2text``, ``cpan``…: perl scripts, so ``PERL5OPT``/``PERL5DB``/``PERL5LIB`` run code;
+  ``python3``, ``perl``, ``ruby``, ``node``, ``lua``, ``php``, ``R``, ``tclsh``: interpreters outright;
+- ``less`` (``LESSOPEN``/``LESSCLOSE``, ``!cmd``, ``v`` editor), ``more``, ``man`` (``MANPAGER``, ``PAGER``,
+  ``-P``, ``--html=``), ``vim``/``vi``/``ex``/``ed``/``nano`` (``:!``, ``!``, ``-c``, modelines);
+- ``git``: ``-c`` and ``GIT_CONFIG_*``, ``GIT_EXTERNAL_DIFF``, ``GIT_SSH_COMMAND``, ``GIT_PAGER``, aliases
+  (``!cmd``), ``core.pager``/``core.fsmonitor``/``core.sshCommand``/diff and filter drivers and hooks in any
+  config it reads (``~/.gitconfig``, ``.git/config`` of the repository it is run in);
+- ``find -exec``/``-execdir``/``-ok``, ``xargs``, ``env``, ``nice``, ``timeout`` (the last four are on the
+  built-in deny list; ``find`` is not, since most of its uses are harmless);
+- ``awk``/``gawk``/``mawk`` (``system()``, ``|`` pipes), ``sed`` (GNU ``e`` command and ``s///e``),
+  ``sort --compress-program``, ``tar`` (``--to-command``, ``--use-compress-program``, ``-I``,
+  ``--checkpoint-action=exec``, the same via ``TAR_OPTIONS``), ``zip -TT``, ``rsync -e``, ``ssh -o
+  ProxyCommand``, ``make`` (recipes, ``$(shell)``), ``dpkg``, ``pip``, ``npm``/``npx`` (package scripts),
+  ``gdb``, ``openssl`` engines, ``busybox``-style multi-call binaries.
+
+In policy mode ``workspace_exec`` closes the environment route (the model's ``env`` passes only through an
+allow-list, and the run starts from an empty environment); the arguments route and the configuration-file route
+stay open by design: this policy is a guard rail against accidents, and the sandbox (no host secrets, no
+network, a private workspace) is the boundary that holds against a program doing any of the above.
+
 What the runner must do
 -----------------------
 Run the string with ``bash --noprofile --norc -c -- <command>`` (the semantics this parser was proven against)
 in a clean environment: no ``BASH_ENV``, ``ENV``, ``BASH_FUNC_*`` functions, ``LD_*``, and a UTF-8 or C locale (a
-multibyte locale such as GBK would let a byte of a UTF-8 character swallow the quote that follows it).
+multibyte locale such as GBK would let a byte of a UTF-8 character swallow the quote that follows it); of the
+model's variables only an allow-list of names that make no program run code (``LESSOPEN`` makes ``less`` run a
+shell, ``PERL5OPT`` every perl script).
 """
 
 from __future__ import annotations

@@ -14,14 +14,15 @@ schema cannot express to every provider), and a transcript reads as what happene
 
 Without a command policy the command runs as ``bash --noprofile --norc -c -- <command>``.
 With one, the command line is checked first (nothing runs on a violation), the model's
-environment is scrubbed (:mod:`.envscrub`) and the run starts from a clean environment;
+environment passes only through an allow-list (:mod:`.envscrub`: a variable such as ``LESSOPEN``
+turns an allowed ``less`` into a shell) and the run starts from a clean environment;
 a backend that cannot give a clean environment is refused (fails closed).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Protocol
@@ -32,7 +33,7 @@ from ..process.capture import HeadTailBuffer
 from ..protocols import Engine
 from ..workspace.confine import split_relpath
 from ..workspace.hostfs import normalize_globs
-from .envscrub import dropped_names, scrub
+from .envscrub import DEFAULT_ENV_ALLOW, EnvAllowList, dropped_names, scrub
 from .schema import InvalidArguments, Tool, ToolArguments, ToolSpec, check_arguments, error_result
 from .sessions import ProgramSession, SessionStore
 from .workspace_io import Snapshot, WorkspaceIO
@@ -172,6 +173,8 @@ class WorkspaceExecTool:
         limits: resource limits of every run (``output_bytes`` is set by the tool).
         shell: the shell argv the command is appended to.
         name_prefix: prefix of the four tool names (``workspace_`` gives ``workspace_exec``…).
+        env_allow: policy mode only: the names of the model's ``env`` that are passed on (the rest is
+            dropped and reported); widen it only with variables that make no allowed program run code.
     """
 
     def __init__(
@@ -189,6 +192,7 @@ class WorkspaceExecTool:
         limits: ResourceLimits | None = None,
         shell: Sequence[str] = DEFAULT_SHELL,
         name_prefix: str = "workspace_",
+        env_allow: Iterable[str] = DEFAULT_ENV_ALLOW,
     ) -> None:
         if (workspace_id is None) == (resolver is None):
             raise InvalidSpec("pass exactly one of workspace_id and resolver")
@@ -201,6 +205,7 @@ class WorkspaceExecTool:
             raise InvalidSpec(f"with a command policy the shell must be {DEFAULT_SHELL}, got {tuple(shell)}")
         self.engine = engine
         self.policy = policy
+        self.env_allow = EnvAllowList(env_allow)
         self.output_budget = output_budget
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
@@ -279,7 +284,7 @@ class WorkspaceExecTool:
         env: dict[str, str] = dict(args.get("env") or {})
         dropped: list[str] = []
         if self.policy is not None:
-            dropped, env = dropped_names(env), scrub(env)
+            dropped, env = dropped_names(env, self.env_allow), scrub(env, self.env_allow)
         timeout = float(args.get("timeout_sec") or self.default_timeout)  # the schema bounds it
         return _Request(command, normalize_cwd(args.get("cwd")), env, args.get("stdin"), timeout, dropped)
 
@@ -323,9 +328,13 @@ class WorkspaceExecTool:
         out: dict[str, Any] = {"status": "exited", **self._result_fields(result)}
         out.update(_streams(result, self.output_budget))
         out.update(await _files(io, before))
-        if request.dropped_env:
-            out["env_dropped"] = request.dropped_env
+        out.update(self._env_fields(request))
         return out
+
+    def _env_fields(self, request: _Request) -> dict[str, Any]:
+        if not request.dropped_env:
+            return {}
+        return {"env_dropped": request.dropped_env, "env_note": self.env_allow.describe()}
 
     @staticmethod
     def _result_fields(result: RunResult) -> dict[str, Any]:
@@ -350,8 +359,7 @@ class WorkspaceExecTool:
         out["next_offset"] = 0
         names = [t.spec.name for t in self.session_tools]
         out["hint"] = f"read output with {names[0]}, send input with {names[1]}, stop with {names[2]}"
-        if request.dropped_env:
-            out["env_dropped"] = request.dropped_env
+        out.update(self._env_fields(request))
         return out
 
     async def poll(self, arguments: ToolArguments) -> dict[str, Any]:
@@ -475,7 +483,9 @@ def _exec_description(tool: WorkspaceExecTool, prefix: str) -> str:
         text += (
             " RESTRICTED: only simple commands joined by |, &&, || or ; with plain quoting are accepted; no $ "
             "expansions, backticks, redirections (< >), globs, subshells, background & or variable assignments; "
-            "the environment is reset."
+            "the environment is reset and env passes only "
+            + (", ".join(sorted(tool.env_allow.names)) or "no names")
+            + "."
         )
         allowed = list(getattr(tool.policy, "allow", None) or ())
         if allowed:

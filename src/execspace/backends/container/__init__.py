@@ -32,6 +32,7 @@ from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
+from ...workspace.protected import DEFAULT_PROTECTED, ProtectedPaths
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
@@ -138,7 +139,13 @@ class ContainerBackend:
                 "warm_pool": f"{pool_size} started container(s)" if pool_size else "off",
                 "cleanup": "with the workspace, at engine close, at exit (atexit), orphans reaped on open"
                 + (", watchdog process" if watchdog else ""),
-                "mounts": ", ".join([f"workspace at {CONTAINER_WORKSPACE}", *config.read_only_binds.values()]),
+                "mounts": ", ".join(
+                    [
+                        f"workspace at {CONTAINER_WORKSPACE} (root read-only, layout directories writable, "
+                        f"protected: {', '.join(config.protected)})",
+                        *config.read_only_binds.values(),
+                    ]
+                ),
             },
         )
 
@@ -162,6 +169,7 @@ class ContainerBackend:
         reap_on_open: bool = True,
         watchdog: bool = False,
         languages: Sequence[str] | None = None,
+        protected: Sequence[str] = DEFAULT_PROTECTED,
     ) -> BaseEngine:
         """Open a container engine.
 
@@ -183,6 +191,9 @@ class ContainerBackend:
                 ends, however it ends (SIGKILL included); costs one Python process per engine.
             languages: the languages whose runtimes the image has (code blocks and skill scripts need them);
                 default: what the image declares in its ``execspace.languages`` label, none without it.
+            protected: workspace paths programs and the file API never write (the workspace root is read-only
+                to programs anyway; an entry below a layout directory is mounted read-only). Pass a shorter
+                list to opt out of some (``.execspace`` stays).
         """
         if pool_size < 0:
             raise PolicyViolation("pool_size must be 0 or more")
@@ -198,6 +209,7 @@ class ContainerBackend:
             cpus=cpus,
             read_only_binds=dict(read_only_binds or {}),
             network=network,
+            protected=tuple(protected),
         )
         client = await asyncio.to_thread(connect, docker_host)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("container")
@@ -221,7 +233,9 @@ class ContainerBackend:
         manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size)
         pool = manager.pool
         pool.refill()
-        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner)
+        fs = HostWorkspaceFS(
+            artifacts=artifacts, host_roots=host_roots, owner=owner, access=ProtectedPaths(config.protected)
+        )
         runner = ContainerRunner(containers, lambda: caps, env_policy or EnvPolicy(), owner)
 
         async def close() -> None:

@@ -2,6 +2,9 @@
 
 Every relaxation of the defaults is an explicit field; :func:`check_binds` refuses
 mounts that would hand the program the container daemon (its socket) or a host tree.
+The workspace is mounted as the sandbox backend mounts it (:func:`workspace_mounts`): its root
+read-only, the layout directories writable, protected paths below them read-only, so that a
+program cannot plant a ``.git/config`` or an ``.envrc`` that the host runs later.
 """
 
 from __future__ import annotations
@@ -15,8 +18,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...errors import PolicyViolation
+from ...workspace.layout import LAYOUT_DIRS
+from ...workspace.protected import DEFAULT_PROTECTED, INTERNAL_DIR, PlaceholderRun
 
-__all__ = ["CONTAINER_WORKSPACE", "DEFAULT_USER", "ContainerConfig", "check_binds", "daemon_socket_path"]
+__all__ = [
+    "CONTAINER_WORKSPACE",
+    "DEFAULT_USER",
+    "ContainerConfig",
+    "check_binds",
+    "daemon_socket_path",
+    "workspace_mounts",
+]
 
 #: Where the workspace is mounted inside every container.
 CONTAINER_WORKSPACE = "/workspace"
@@ -25,6 +37,9 @@ CONTAINER_WORKSPACE = "/workspace"
 DEFAULT_USER = (65534, 65534)
 
 _DEFAULT_SOCKET = "/var/run/docker.sock"
+
+#: Top-level layout directories the program writes; the rest of the workspace root is read-only to it.
+_WRITABLE_TOP = tuple(dict.fromkeys(d.split("/")[0] for d in LAYOUT_DIRS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +61,8 @@ class ContainerConfig:
     """Open-files rlimit (soft = hard), explicit: Podman's default exceeds the hard limit of some hosts."""
     nproc: int = 4096
     """Processes rlimit of the container user (counted per uid by the kernel, so only a backstop to ``pids``)."""
+    protected: tuple[str, ...] = DEFAULT_PROTECTED
+    """Workspace-relative paths the program never writes (:mod:`execspace.workspace.protected`)."""
 
     def __post_init__(self) -> None:
         if self.network in ("host", "") or self.network.startswith(("container:", "ns:")):
@@ -61,9 +78,14 @@ class ContainerConfig:
         if self.cpus <= 0:
             raise PolicyViolation("container cpus must be positive")
 
-    def create_kwargs(self, workspace_host: Path, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        """Keyword arguments for ``containers.create``: the hardened defaults, nothing implicit."""
-        volumes = {str(workspace_host): {"bind": CONTAINER_WORKSPACE, "mode": "rw"}}
+    def create_kwargs(
+        self, workspace_host: Path, name: str, labels: Mapping[str, str], held: PlaceholderRun
+    ) -> dict[str, Any]:
+        """Keyword arguments for ``containers.create``: the hardened defaults, nothing implicit.
+
+        Side effects and errors: those of :func:`workspace_mounts` (the layout must exist).
+        """
+        volumes = workspace_mounts(workspace_host, self.protected, held)
         volumes.update({src: {"bind": dest, "mode": "ro"} for src, dest in self.read_only_binds.items()})
         return {
             "image": self.image,
@@ -98,6 +120,36 @@ class ContainerConfig:
     @property
     def networked(self) -> bool:
         return self.network != "none"
+
+
+def workspace_mounts(
+    workspace_host: Path, protected: tuple[str, ...], held: PlaceholderRun
+) -> dict[str, dict[str, str]]:
+    """The workspace's bind mounts: the root read-only (so that no protected path can be created or changed
+    there), each writable layout directory over it, and each protected path below one of them read-only, a
+    missing one (or its first missing parent) a transient placeholder held in ``held`` for the container's
+    life; writable directories on the way to one are mount points of their own, so that the program cannot
+    rename it away (a mount point cannot be renamed). Docker mounts shallow paths first.
+
+    Raises:
+        PathDenied: a layout directory or a protected path is a symlink or lies under one.
+    """
+    root = str(workspace_host)
+
+    def vol(rel: str, mode: str) -> tuple[str, dict[str, str]]:
+        return f"{root}/{rel}", {"bind": f"{CONTAINER_WORKSPACE}/{rel}", "mode": mode}
+
+    names = tuple(dict.fromkeys((*protected, INTERNAL_DIR)))
+    volumes = {root: {"bind": CONTAINER_WORKSPACE, "mode": "ro"}}
+    volumes.update(vol(d, "ro" if d in names else "rw") for d in _WRITABLE_TOP)
+    for rel in names:
+        parts = [c for c in rel.split("/") if c not in ("", ".")]
+        if len(parts) < 2 or parts[0] not in _WRITABLE_TOP:
+            continue  # at the read-only root, or a layout directory mounted read-only above
+        mount = held.mount_point(root, "/".join(parts)).split("/")  # docker would follow a symlink: refused
+        volumes.update(vol("/".join(mount[:n]), "rw") for n in range(2, len(mount)))
+        volumes.update([vol("/".join(mount), "ro")])
+    return volumes
 
 
 def daemon_socket_path(base_url: str | None) -> str | None:

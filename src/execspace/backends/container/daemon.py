@@ -15,7 +15,8 @@ from typing import Any
 from ...errors import SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace
-from ...workspace.layout import sanitize_id
+from ...workspace.layout import ensure_layout, sanitize_id
+from ...workspace.protected import PlaceholderRun, Placeholders
 from ...workspace.slots import is_slot_dir, new_slot_dir
 from .config import ContainerConfig, check_binds, daemon_socket_path
 from .pool import PoolSlot
@@ -121,6 +122,9 @@ class WorkspaceContainers:
         self._labels = owner_labels(current_owner(), self.engine_id)
         self._ids: dict[Path, str] = {}
         self._locks: dict[Path, asyncio.Lock] = {}
+        # each container's transient placeholders (its bind mounts), released once it is removed
+        self._placeholders = Placeholders()
+        self._held: dict[str, PlaceholderRun] = {}
         self.pool_root: Path | None = None
         """Where this engine's pool slot directories live (set when it has a pool)."""
         atexit.register(self.remove_all_now)
@@ -151,6 +155,7 @@ class WorkspaceContainers:
         assert self.pool_root is not None
         slot_dir = new_slot_dir(self.pool_root)
         try:
+            ensure_layout(slot_dir)  # its layout directories are bind mounts of the container
             if os.getuid() == 0:
                 os.lchown(slot_dir, *self.config.user)
             cid = self._create("pool", slot_dir, {f"{LABEL}.slot": str(slot_dir)})
@@ -167,17 +172,23 @@ class WorkspaceContainers:
     def _create(self, name_hint: str, host_dir: Path, extra_labels: dict[str, str] | None = None) -> str:
         check_binds([host_dir, *(Path(p) for p in self.config.read_only_binds)], self._daemon_socket)
         name = f"execspace-{sanitize_id(name_hint)[:40]}-{secrets.token_hex(4)}"
-        kwargs = self.config.create_kwargs(host_dir, name, {**self._labels, **(extra_labels or {})})
-        image = kwargs.pop("image")
+        held = self._placeholders.run()
         try:
-            container = self.client.containers.create(image, **kwargs)
-        except Exception as exc:
-            raise SetupFailed("container", f"cannot create a container from {image!r} ({exc})", _IMAGE_FIX) from exc
-        try:
-            container.start()
-        except Exception as exc:
-            _remove(container)
-            raise SetupFailed("container", f"container from {image!r} does not start ({exc})", _IMAGE_FIX) from exc
+            kwargs = self.config.create_kwargs(host_dir, name, {**self._labels, **(extra_labels or {})}, held)
+            image = kwargs.pop("image")
+            try:
+                container = self.client.containers.create(image, **kwargs)
+            except Exception as exc:
+                raise SetupFailed("container", f"cannot create a container from {image!r} ({exc})", _IMAGE_FIX) from exc
+            try:
+                container.start()
+            except Exception as exc:
+                _remove(container)
+                raise SetupFailed("container", f"container from {image!r} does not start ({exc})", _IMAGE_FIX) from exc
+        except BaseException:
+            held.release()
+            raise
+        self._held[str(container.id)] = held
         return str(container.id)
 
     async def remove(self, ws: Workspace) -> None:
@@ -196,12 +207,22 @@ class WorkspaceContainers:
 
     def remove_all_now(self) -> None:
         """Remove every container of this engine, found by its label (also ones whose creation raced a close)."""
-        with contextlib.suppress(Exception):  # at exit the daemon may be gone: best effort
+        try:
             remove_engine_containers(self.client, self.engine_id, self.pool_root)
+            filters = {"label": f"{LABEL}.engine={self.engine_id}"}
+            left = {c["Id"] for c in self.client.api.containers(all=True, filters=filters)}
+        except Exception:  # at exit the daemon may be gone: best effort (placeholders it may still mount stay)
+            return
+        for cid in [c for c in self._held if c not in left]:
+            self._held.pop(cid).release()
 
     def _remove_id(self, cid: str) -> None:
-        with contextlib.suppress(Exception):  # already gone is fine: removal is idempotent
+        try:
             self.client.api.remove_container(cid, force=True)
+        except Exception:  # already gone, or the daemon failed: remove_all_now checks again at close
+            return
+        if (held := self._held.pop(cid, None)) is not None:
+            held.release()  # nothing mounts its placeholders any more
 
 
 def _remove(container: Any) -> None:

@@ -37,6 +37,7 @@ from ...workspace.confine import ConfinedRoot
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
+from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
     BwrapConfig,
@@ -93,6 +94,8 @@ class SandboxRunner(HostRunner):
         self.resolvers = Resolvers(self.policy)
         # host directories never visible through a grant (the engine's workspaces, the daemon's)
         self.hidden = tuple(hidden)
+        # shared with clones (with_seccomp): their runs mount the same placeholders
+        self.placeholders = Placeholders()
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
         """The same runner (policy, uid, cgroups, environment) with other seccomp filters: for processes such as a
@@ -111,12 +114,23 @@ class SandboxRunner(HostRunner):
         return super().resolve_program(cmd, visible_path_entries(path) or MINIMAL_PATH, cwd)
 
     def wrap(self, prep: Prepared) -> Launch:
+        # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
+        held = self.placeholders.run()
+        try:
+            launch = self._wrap(prep, held)
+        except BaseException:
+            held.release()
+            raise
+        launch.on_exit.append(held.release)
+        return launch
+
+    def _wrap(self, prep: Prepared, held: PlaceholderRun) -> Launch:
         network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
         env = dict(prep.env)
         env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
         cwd_rel = os.path.relpath(prep.host_cwd, prep.root)
         res = self.resolvers(os.path.realpath(prep.root))
-        mounts = policy_mounts(res, "" if cwd_rel == "." else cwd_rel, hidden=self.hidden)
+        mounts = policy_mounts(res, "" if cwd_rel == "." else cwd_rel, held=held, hidden=self.hidden)
         cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts)
         if not res.access("tmp").can_write:
             # read-only workspace: temporary files go to the sandbox's own tmpfs /tmp

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import posixpath
 import secrets
 import shutil
 import stat
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from ...errors import PathDenied, PolicyViolation, SetupFailed
 from ...workspace.confine import ConfinedRoot
+from ...workspace.protected import PlaceholderRun, make_placeholder
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
 __all__ = [
@@ -261,6 +263,8 @@ class _Plan:
 
     root: str
     visible_top: frozenset[str]
+    held: PlaceholderRun
+    """The run's transient placeholders for missing protected paths."""
     host_ops: list[_Op] = field(default_factory=list)
     ws_ops: list[_Op] = field(default_factory=list)
     host_levels: dict[str, Access] = field(default_factory=dict)
@@ -369,6 +373,18 @@ def _pin_host(p: _Plan, path: str) -> None:
             p.host_levels[anc] = Access.WRITE
 
 
+def _host_protected(p: _Plan, t: Target) -> None:
+    """A protected path under a host write grant: bound read-only; a missing one gets a transient placeholder for
+    the run (the program could create it otherwise; the user's directory is as it was after the run)."""
+    grant = max((g for g in p.host_levels if is_under(t.path, g) and g != t.path), key=len, default=None)
+    if grant is None or p.host_level(t.path) is not Access.WRITE:
+        return  # not writable here (a deeper read or no-access rule decides): nothing to protect
+    path = posixpath.join(grant, p.held.mount_point(grant, posixpath.relpath(t.path, grant)))
+    _pin_host(p, path)
+    p.bind(p.host_ops, path, path, len(path_parts(path)), Access.READ)
+    p.host_levels[path] = Access.READ
+
+
 def _host_denial(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     level = p.host_level(t.path)  # paths are canonical since SandboxPolicy.with_home
     if level is None or level is Access.NONE:
@@ -414,17 +430,6 @@ def _pin_ws(p: _Plan, rel: str) -> None:
             p.ws_levels[anc] = Access.WRITE
 
 
-def _create_protected(root: str, rel: str) -> None:
-    """Create a missing protected directory read-only, so that it can be bound read-only: a program
-    with a writable parent would otherwise create it and make it its own."""
-    with ConfinedRoot(root) as cr:
-        fd = cr.open_dir(rel.split("/"), create=True)
-        try:
-            os.fchmod(fd, 0o555)
-        finally:
-            os.close(fd)
-
-
 def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     assert t.rel is not None
     parent_rel = t.rel.rpartition("/")[0] or "."
@@ -439,8 +444,11 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
             p.mask(p.ws_ops, _ws_dest(t.rel), depth, kind, traversable=_opened_below(t.path, targets))
             p.ws_levels[t.rel] = Access.NONE
         return
-    if kind == "missing" and t.protected and parent.can_write and _ws_kind(p.root, parent_rel) == "dir":
-        _create_protected(p.root, t.rel)
+    if kind == "missing" and t.protected and parent.can_write:
+        if t.rel != INTERNAL_DIR:
+            _ws_placeholder(p, t.rel)
+            return
+        make_placeholder(p.root, t.rel)  # execspace's own directory (it holds the mask file), kept
         kind = "dir"
     if kind == "missing":
         return
@@ -449,6 +457,15 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     _pin_ws(p, t.rel)
     p.bind(p.ws_ops, t.path, _ws_dest(t.rel), depth, t.access)
     p.ws_levels[t.rel] = t.access
+
+
+def _ws_placeholder(p: _Plan, rel: str) -> None:
+    """A missing protected workspace path under a writable parent: a transient placeholder bound read-only (the
+    workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
+    mount = p.held.mount_point(p.root, rel)
+    _pin_ws(p, mount)
+    p.bind(p.ws_ops, os.path.join(p.root, mount), _ws_dest(mount), len(path_parts(mount)), Access.READ)
+    p.ws_levels[mount] = Access.READ
 
 
 def _glob_matches(p: _Plan, policy: SandboxPolicy) -> list[tuple[str, str]]:
@@ -525,27 +542,31 @@ def _ensure_mask_file(root: str) -> None:
             cr.write_file(MASK_FILE, b"", 0o000)
 
 
-def policy_mounts(res: Resolver, cwd_rel: str = "", *, hidden: Sequence[Path] = ()) -> list[str]:
+def policy_mounts(res: Resolver, cwd_rel: str = "", *, held: PlaceholderRun, hidden: Sequence[Path] = ()) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
     the glob denials; each tree shallow to deep, so the most specific rule is mounted last.
 
-    Judges the host as it is now: call it right before the run. Side effects: creates missing
-    protected directories under writable parents (mode 0555) and ``.execspace/denied``.
+    Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
+    for missing protected paths under writable parents (in the workspace and under host write grants), held in
+    ``held`` until the caller releases it once the run is over, even one that failed to start; creates
+    ``.execspace`` (mode 0555, kept) where it is missing under a writable root, and ``.execspace/denied``.
 
     Raises:
         PolicyViolation: a rule that cannot be enforced (a grant over /proc or inside a
             ``hidden`` directory, a missing no-access path the program could create, too many
             glob matches).
         PathDenied: a granted host path that does not exist; a symlink where a workspace
-            rule must mount; a cwd the policy hides.
+            rule must mount, or at a protected path; a cwd the policy hides.
     """
     if cwd_rel and not res.access(cwd_rel).can_read:
         raise PathDenied(cwd_rel, "the sandbox policy gives no access to the working directory")
-    p = _Plan(res.root, _visible_top())
+    p = _Plan(res.root, _visible_top(), held)
     hidden_real = [os.path.realpath(h) for h in hidden]
     for t in res.targets:
-        if t.rel is None and t.access.can_read:
+        if t.rel is None and t.protected:
+            _host_protected(p, t)
+        elif t.rel is None and t.access.can_read:
             _host_grant(p, t, hidden_real)
         elif t.rel is None:
             _host_denial(p, t, res.targets)

@@ -12,7 +12,8 @@ Resolution of one path (:meth:`SandboxPolicy.decide`):
    "specificity", and Seatbelt can only express them as hard denies: one meaning everywhere);
 2. otherwise the matching rule with the most path components wins; ties go
    none > write > read; write implies read; no matching rule means no access;
-3. a protected path (``.git``… relative to the workspace root, children included) is never
+3. a protected path (``.git``… relative to the workspace root, or to a host write grant over a
+   directory (a project root), children included; :mod:`execspace.workspace.protected`) is never
    writable, whatever wins in 2: it stays readable unless a rule says none.
 
 Workspace paths are relative (``work/data``); absolute paths inside the workspace are
@@ -36,6 +37,7 @@ from wcmatch import glob as wglob
 
 from ...errors import PathDenied, PolicyViolation, UsageError
 from ...models import Workspace
+from ...workspace.protected import DEFAULT_PROTECTED, INTERNAL_DIR
 
 __all__ = [
     "CREDENTIAL_PATHS",
@@ -85,26 +87,6 @@ class Access(enum.StrEnum):
 
 #: Tie-break between rules of equal specificity: the most restrictive wins.
 _TIE_RANK = {Access.READ: 1, Access.WRITE: 2, Access.NONE: 3}
-
-#: execspace's own per-workspace directory (mask files); always protected.
-INTERNAL_DIR = ".execspace"
-
-#: Workspace-root-relative paths that host tools later interpret as configuration or code
-#: (git hooks and config, editor tasks, agent instructions and MCP servers). A program that
-#: writes them gets code run on the host by whoever next opens the workspace; so they are
-#: readable, never writable. A bare ``hooks`` is left out on purpose: no host tool reads a
-#: ``hooks/`` directory at a project root, and the name is too common to forbid.
-DEFAULT_PROTECTED = (
-    ".git",
-    ".gitmodules",
-    ".githooks",
-    INTERNAL_DIR,
-    ".agents",
-    ".claude",
-    ".mcp.json",
-    ".vscode",
-    ".idea",
-)
 
 #: Credential stores, relative to the host HOME: no access by default, even where the rest of
 #: the host is readable. A more specific explicit grant reopens one (see the module docs).
@@ -291,6 +273,16 @@ class SandboxPolicy:
     def with_no_access_globs(self, *patterns: str) -> SandboxPolicy:
         return replace(self, no_access_globs=self.no_access_globs + _tuple(patterns))
 
+    def without_protected(self, *paths: str) -> SandboxPolicy:
+        """The named opt-out: ``paths`` (entries of :attr:`protected`, e.g. ``"Makefile"``) become writable where a
+        grant makes them so (execspace's own ``.execspace`` stays protected)."""
+        unknown = sorted(set(paths) - set(self.protected))
+        if unknown:
+            raise PolicyViolation(
+                f"not protected, nothing to remove: {unknown}; protected: {', '.join(self.protected)}"
+            )
+        return replace(self, protected=tuple(p for p in self.protected if p not in paths))
+
     def with_network(self, enabled: bool) -> SandboxPolicy:
         return replace(self, network=enabled)
 
@@ -401,6 +393,12 @@ class SandboxPolicy:
                 return p
         return None
 
+    def host_protected(self, host_rules: Iterable[Rule]) -> tuple[str, ...]:
+        """The protected paths under each host write grant over a directory (a project root), absolute."""
+        roots = [r.target for r in host_rules if r.access is Access.WRITE and os.path.isdir(r.target)]
+        names = [p for p in self.protected if p != INTERNAL_DIR]  # execspace keeps nothing of its own there
+        return tuple(dict.fromkeys(posixpath.join(root, p) for root in roots for p in names))
+
     def resolver(self, ws_root: str) -> Resolver:
         """Resolution for one workspace, with its rules built once (for many queries)."""
         root = posixpath.normpath(ws_root)
@@ -443,9 +441,15 @@ class Resolver:
             )
             for rel in sorted(rels, key=lambda r: (len(path_parts(r)), r))
         ]
-        hosts = sorted({r.target for r in self.host_rules}, key=lambda p: (len(path_parts(p)), p))
-        out += [Target(p, None, self.decide(p, globs=False).access) for p in hosts]
+        hosts = sorted(
+            {r.target for r in self.host_rules} | set(self.host_protected), key=lambda p: (len(path_parts(p)), p)
+        )
+        out += [Target(p, None, self.decide(p, globs=False).access, p in self.host_protected) for p in hosts]
         return tuple(out)
+
+    @functools.cached_property
+    def host_protected(self) -> tuple[str, ...]:
+        return self.policy.host_protected(self.host_rules)
 
     def decide(self, path: str, *, host_default: Access = Access.NONE, globs: bool = True) -> Decision:
         """The access a program has to ``path``, and why.
@@ -463,9 +467,12 @@ class Resolver:
             return Decision(Access.WRITE, "danger-full-access: no sandbox")
         rel = self._relative(path)
         if rel is None:
-            best = _best(self.host_rules, posixpath.normpath(path))
+            host = posixpath.normpath(path)
+            best = _best(self.host_rules, host)
             if best is None:
                 return Decision(host_default, "no rule names this host path")
+            if best.access is Access.WRITE and (p := next((h for h in self.host_protected if is_under(host, h)), None)):
+                return Decision(Access.READ, f"{p!r} is protected (under a write grant): readable, never writable")
             return Decision(best.access, best.origin)
         if globs and (g := policy.glob_hit(rel)):
             return Decision(Access.NONE, f"matches the no-access glob {g!r}")
