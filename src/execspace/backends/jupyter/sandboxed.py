@@ -14,8 +14,12 @@ uid, cgroup and rlimits, environment policy and supervision as ``run_program``. 
   below binds the channels, then stacks a filter refusing ``socket(AF_UNIX)`` on every thread
   (``SECCOMP_FILTER_FLAG_TSYNC``; bwrap set ``no_new_privs`` already) and checks that it holds, all
   before the kernel reads its first request, so user code never runs without it.
-* **Key.** The connection file (it holds the HMAC key) goes to the launcher on stdin and is written to
-  the sandbox's private ``/tmp``, never to the workspace or a command line.
+* **Start-up.** The interpreter runs isolated (``-I``: no cwd on sys.path, no user site, no ``PYTHON*``
+  variables), IPython reads no config files and gets a fresh profile in the run directory: nothing the
+  program could have written runs before the lock (see :data:`LAUNCHER`).
+* **Key.** The connection file (it holds the HMAC key) goes to the launcher on stdin and becomes a memfd
+  of the kernel, never a file in the workspace, in ``/tmp`` (which a policy grant may replace) or on a
+  command line.
 * **Reconnects.** Our sockets never reconnect (``ZMQ_RECONNECT_IVL=-1``) and connect once the launcher
   said it is ready, after checking that each entry is a socket: code in the kernel cannot later swap a
   socket file for a link to a host daemon's socket and have us connect there.
@@ -60,10 +64,17 @@ READY = b"execspace-kernel-ready\n"
 #: Bytes kept of the launcher's own stdout/stderr pipes (only the ready line is expected there).
 _PIPE_BYTES = 64 * 1024
 
-#: Runs in the sandbox as ``python -c``: reads its configuration from stdin, sends its own output to the
+#: Runs in the sandbox as ``python -I -c``: reads its configuration from stdin, sends its own output to the
 #: kernel log, binds the kernel's channels, locks unix sockets out, says it is ready, serves.
+#:
+#: Nothing the program can write may run before the lock. ``-I`` keeps the cwd (``work/``), the user site in
+#: the writable HOME and ``PYTHON*`` variables off; sys.path then holds read-only directories only. IPython
+#: reads no config files (they are code) and its profile is fresh in the kernel's run directory, so startup
+#: files planted in ``home/.ipython`` never run. The lock comes as soon as the last channel is bound, before
+#: ipykernel puts the cwd on sys.path and runs the shell's start-up; the connection file (it holds the key)
+#: is a memfd, so that the kernel needs no writable /tmp.
 LAUNCHER = r"""
-import base64, ctypes, json, os, socket, sys
+import base64, ctypes, json, os, socket, sys, time
 
 def lock(bpf):
     class Prog(ctypes.Structure):
@@ -90,16 +101,40 @@ log = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
 ready = os.dup(1)
 os.dup2(log, 1)
 os.dup2(log, 2)
-conn = "/tmp/.execspace-kernel.json"
-fd = os.open(conn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-os.write(fd, json.dumps(cfg["connection"]).encode())
-os.close(fd)
+conn = os.memfd_create("execspace-kernel")
+os.write(conn, json.dumps(cfg["connection"]).encode())
+os.mkdir(cfg["profile"], 0o700)
 from ipykernel.kernelapp import IPKernelApp
-app = IPKernelApp.instance()
-app.initialize(["-f", conn, *cfg["args"]])
-os.unlink(conn)
-if cfg["lock"]:
-    lock(base64.b64decode(cfg["lock"]))
+
+class Kernel(IPKernelApp):
+    locked = not cfg["lock"]
+
+    # config files are code, and the profile directory is writable by the program
+    def load_config_file(self, *args, **kwargs):
+        pass
+
+    def init_heartbeat(self):
+        super().init_heartbeat()
+        hb = f"{self.ip}-{self.hb_port}"
+        deadline = time.monotonic() + 10
+        while not os.path.exists(hb):  # the heartbeat thread binds its channel
+            if time.monotonic() > deadline:
+                raise SystemExit("the heartbeat channel was not bound")
+            time.sleep(0.001)
+        if not self.locked:
+            lock(base64.b64decode(cfg["lock"]))
+            self.locked = True
+
+    def init_path(self):
+        if not self.locked:
+            raise SystemExit("the unix socket filter is not in force before the working directory goes on sys.path")
+        # where IPython puts it (-I makes IPython skip this): cells import the workspace's modules
+        at = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), 0)
+        sys.path.insert(at, "")
+
+app = Kernel.instance()
+app.initialize(["-f", f"/proc/self/fd/{conn}", f"--ProfileDir.location={cfg['profile']}", *cfg["args"]])
+os.close(conn)
 os.write(ready, cfg["ready"].encode())
 os.close(ready)
 app.start()
@@ -242,7 +277,7 @@ async def start_sandboxed(
     from jupyter_client.connect import KernelConnectionInfo
 
     runner, python = cfg.runner, cfg.interpreter
-    spec = RunProgramSpec(python.path, ["-c", LAUNCHER], timeout=None, limits=cfg.limits)
+    spec = RunProgramSpec(python.path, ["-I", "-c", LAUNCHER], timeout=None, limits=cfg.limits)
     prep = runner.prepare(ws, spec)
     if isinstance(prep, RunResult):
         raise SetupFailed("jupyter", f"the kernel's interpreter is not in the sandbox: {prep.stderr.strip()}", _FIX)
@@ -256,6 +291,7 @@ async def start_sandboxed(
         "args": args,
         "site": list(python.site_dirs),
         "log": f"{run}/kernel.log",
+        "profile": f"{run}/ipython",
         "lock": "" if cfg.network else base64.b64encode(cfg.seccomp.unix_lock_bpf()).decode(),
         "ready": READY.decode(),
     }

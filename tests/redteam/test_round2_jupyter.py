@@ -1,0 +1,141 @@
+"""Round 2 attacks on sandboxed Jupyter kernels, judged by what the host observes.
+
+* The kernel's ``socket(AF_UNIX)`` lock must be in force before anything a program planted in the workspace
+  runs: IPython startup/config files in the writable HOME, modules in ``work/`` shadowing the launcher's
+  imports (F3).
+* A kernel's death must not take the shared host process (and every other tenant's session) down; a
+  reconnect must never reach anything but the kernel's own socket (F4).
+* Rich outputs are capped per cell and per message; the host's memory stays bounded (F13).
+* A read grant on ``/tmp`` replaces the sandbox's private ``/tmp``: kernels still start.
+
+The engine runs in a child process where a crash or its memory must be observed (exit status, VmHWM).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import BaseEngine, RunProgramSpec, Workspace
+from execspace.backends.sandbox import SandboxPolicy
+from execspace.errors import SetupFailed
+from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
+from tests.support import make_traversable
+
+pytestmark = pytest.mark.timeout(240)
+
+MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+async def _sandbox_works() -> None:
+    await require_sandboxed_kernels()
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
+    make_traversable(tmp_path)
+    async with execspace.open_engine(
+        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", pool_size=0
+    ) as eng:
+        yield eng
+
+
+def _host_child(tmp_path: Path, body: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` (the inside of ``async def main(root)``) in a child Python with an engine at ``root``."""
+    make_traversable(tmp_path)
+    script = "import asyncio, os, sys\nimport execspace\n\nasync def main(root):\n" + textwrap.indent(body, "    ")
+    script += "\n\nasyncio.run(main(sys.argv[1]))\n"
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "ws")],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+
+
+# -- F3: nothing planted runs before the lock ---------------------------------------------------------------
+
+#: Records whether ``socket(AF_UNIX)`` worked where it ran; the launcher or IPython imported/ran it pre-lock
+#: if it says "unlocked".
+_PROBE = """
+import socket
+try:
+    socket.socket(socket.AF_UNIX).close()
+    state = "unlocked"
+except PermissionError:
+    state = "locked"
+with open("/workspace/work/ran-{name}", "a") as f:
+    f.write(state + "\\n")
+"""
+
+#: Appended to a planted module: hand over to the real one, so that the start-up goes on (and runs the rest).
+_DELEGATE = """
+import importlib.machinery, importlib.util, sys
+_spec = importlib.machinery.PathFinder.find_spec(__name__, [p for p in sys.path if p not in ("", "/workspace/work")])
+_real = importlib.util.module_from_spec(_spec)
+sys.modules[__name__] = _real
+_spec.loader.exec_module(_real)
+"""
+
+#: Modules the launcher, site, IPython or ipykernel import early, shadowed in the kernel's cwd (``work/``).
+_SHADOWED = ("json", "base64", "ctypes", "time", "site", "sitecustomize", "usercustomize", "zmq", "traitlets")
+
+
+async def test_planted_startup_files_and_modules_never_run_before_the_lock(engine: BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("red/f3")
+    profile = "/workspace/home/.ipython/profile_default"
+    user_site = "/workspace/home/.local/lib/python3.11/site-packages"
+    planted = {
+        f"{profile}/startup/00-escape.py": "startup",
+        f"{profile}/ipython_config.py": "ipython_config",
+        f"{profile}/ipython_kernel_config.py": "kernel_config",
+        f"{user_site}/escape.pth": None,
+        **{f"/workspace/work/{mod}.py": mod for mod in _SHADOWED},
+    }
+    # planted by a program of the workspace, as the sandbox's uid (the attacker's position)
+    plant = "import os, sys\nfor path, src in PLANTED.items():\n"
+    plant += "    os.makedirs(os.path.dirname(path), exist_ok=True)\n    open(path, 'w').write(src)\n"
+    pth = "import os; os.system('touch /workspace/work/ran-pth')\n"
+    sources = {
+        p: _PROBE.format(name=n) + (_DELEGATE if "/work/" in p else "") if n else pth for p, n in planted.items()
+    }
+    r = await engine.runner.run_program(ws, RunProgramSpec("python3", ["-c", f"PLANTED = {sources!r}\n" + plant]))
+    assert r.exit_code == 0, r.stderr
+    (Path(str(ws.host_path)) / "work" / "helper_mod.py").write_text("X = 7\n")
+
+    try:
+        cell = await kernels_of(engine).execute(ws, "import helper_mod, json\nprint(helper_mod.X, json.dumps([1]))")
+    except SetupFailed as exc:
+        cell, why = None, str(exc)
+    work = Path(str(ws.host_path)) / "work"
+    ran = {p.name: p.read_text() for p in work.glob("ran-*")}
+    # before: every planted file ran with unix sockets open ("unlocked")
+    assert not any("unlocked" in state for state in ran.values()), ran
+    assert ran == {}, f"planted code ran in the kernel's start-up: {ran}"
+    assert cell is not None, why
+    assert cell.exit_code == 0 and cell.text == "7 [1]\n", cell.text  # the workspace's modules import in cells
+
+
+# -- a /tmp read grant ---------------------------------------------------------------------------------------
+
+
+async def test_kernels_start_with_a_read_grant_on_tmp(tmp_path: Path) -> None:
+    make_traversable(tmp_path)
+    policy = SandboxPolicy().with_read_paths("/tmp")
+    async with execspace.open_engine(
+        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", pool_size=0, policy=policy
+    ) as eng:
+        ws: Workspace = await eng.manager.create_workspace("red/tmp")
+        cell = await kernels_of(eng).execute(ws, "import os\nprint(os.access('/tmp', os.W_OK))")
+    # before: "the sandboxed kernel did not start" (its connection file went to the read-only /tmp)
+    assert cell.exit_code == 0 and cell.text == "False\n", cell.text
