@@ -13,6 +13,7 @@ The engine runs in a child process where a crash or its memory must be observed 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
@@ -124,6 +125,72 @@ async def test_planted_startup_files_and_modules_never_run_before_the_lock(engin
     assert ran == {}, f"planted code ran in the kernel's start-up: {ran}"
     assert cell is not None, why
     assert cell.exit_code == 0 and cell.text == "7 [1]\n", cell.text  # the workspace's modules import in cells
+
+
+# -- F4: a kernel's death never takes the host down ---------------------------------------------------------
+
+_DEATHS = """
+async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=1) as eng:
+    ks = eng.extra("kernels")
+    other = await eng.manager.create_workspace("tenant/other")
+    assert (await ks.execute(other, "x = 41")).exit_code == 0
+    died = 0
+    for i in range(ROUNDS):
+        ws = await eng.manager.create_workspace(f"tenant/t{i}")
+        if i % 2:  # mid-output: messages still queued for us when it dies
+            code = "import os\\nfor _ in range(300): print('x' * 4000, flush=True)\\nos._exit(4)"
+        else:  # the new workspace's first cell
+            code = "import os; os._exit(3)"
+        r = await ks.execute(ws, code)
+        died += r.kernel_died
+        await eng.manager.cleanup(ws)
+    r = await ks.execute(other, "x + 1")
+    print("deaths", died, "other", r.text.strip(), flush=True)
+"""
+
+
+async def test_dying_kernels_never_abort_the_host_process(tmp_path: Path) -> None:
+    rounds = 36
+    child = _host_child(tmp_path, _DEATHS.replace("ROUNDS", str(rounds)), timeout=220)
+    # before: SIGABRT (-6) in libzmq ("Assertion failed: !_more (src/fq.cpp:80)") within a few deaths
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    assert f"deaths {rounds} other 42" in child.stdout, child.stdout + child.stderr[-2000:]
+
+
+async def test_a_swapped_socket_file_never_redirects_our_reconnect(engine: BaseEngine, tmp_path: Path) -> None:
+    """The kernel replaces its socket files by links to a host socket and cuts our connections: whatever we
+    reconnect to must be the kernel's own socket, never the host's."""
+    host_sock = tmp_path / "host-daemon.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(host_sock))
+        listener.listen(16)
+        listener.setblocking(False)
+        await _swap_and_cut(engine, str(host_sock))
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected to the host's socket through the swapped links
+
+
+async def _swap_and_cut(engine: BaseEngine, host_sock: str) -> None:
+    ws = await engine.manager.create_workspace("red/f4")
+    kernels = kernels_of(engine)
+    assert (await kernels.execute(ws, "x = 1")).exit_code == 0
+    attack = f"""
+import glob, os, socket
+for k in glob.glob("/workspace/runs/*/k-[1-5]"):
+    os.rename(k, k + ".old")
+    os.symlink({host_sock!r}, k)
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    if s.family == socket.AF_UNIX and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        s.shutdown(socket.SHUT_RDWR)
+    s.detach()
+"""
+    cut = await kernels.execute(ws, attack, timeout=10)
+    after = await kernels.execute(ws, "print('fresh')", timeout=30)
+    assert after.exit_code == 0 and "fresh" in after.text, (cut.text, after.text)
 
 
 # -- a /tmp read grant ---------------------------------------------------------------------------------------

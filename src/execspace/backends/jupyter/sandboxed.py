@@ -20,9 +20,13 @@ uid, cgroup and rlimits, environment policy and supervision as ``run_program``. 
 * **Key.** The connection file (it holds the HMAC key) goes to the launcher on stdin and becomes a memfd
   of the kernel, never a file in the workspace, in ``/tmp`` (which a policy grant may replace) or on a
   command line.
-* **Reconnects.** Our sockets never reconnect (``ZMQ_RECONNECT_IVL=-1``) and connect once the launcher
-  said it is ready, after checking that each entry is a socket: code in the kernel cannot later swap a
-  socket file for a link to a host daemon's socket and have us connect there.
+* **Reconnects.** We connect once the launcher said it is ready, to ``/proc/self/fd/N`` of an ``O_PATH``
+  fd of each socket file, checked to be a socket: a reconnect reaches that inode and nothing else, so code
+  in the kernel cannot swap a socket file for a link to a host daemon's socket and have us connect there.
+  (Reconnects are not turned off: with ``ZMQ_RECONNECT_IVL=-1`` libzmq 4.3 ends a lost connection like a
+  ``zmq_disconnect``, dropping the messages we have not read, and aborts the whole process on
+  ``!_more (fq.cpp)`` when that happens between two frames of a message: any kernel's death killed the
+  host engine and every other tenant's kernel session.)
 * **Interrupts** go as ``interrupt_request`` messages on the control channel (a signal from the host
   would reach bwrap, not the kernel); ipykernel then signals its own process group.
 """
@@ -40,11 +44,12 @@ import site
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import zmq
 import zmq.asyncio
+from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ...envpolicy import MINIMAL_PATH
 from ...errors import SetupFailed
@@ -209,6 +214,8 @@ class SandboxedKernel:
     dir_fd: int
     context: zmq.asyncio.Context
     kc: Any = None
+    socket_fds: dict[str, int] = field(default_factory=dict)
+    """Channel → ``O_PATH`` fd of the kernel's socket file we connect to."""
 
     @property
     def pid(self) -> int | None:
@@ -243,8 +250,9 @@ class SandboxedKernel:
         for n in PORTS.values():
             with contextlib.suppress(OSError):
                 os.unlink(f"k-{n}", dir_fd=self.dir_fd)
-        with contextlib.suppress(OSError):
-            os.close(self.dir_fd)
+        for fd in (*self.socket_fds.values(), self.dir_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +281,6 @@ async def start_sandboxed(
     timeout: float,  # noqa: ASYNC109 - start-up deadline handed down
 ) -> tuple[SandboxedKernel, Any]:
     """Start a kernel in ``ws``'s sandbox and connect a client; return (process, ``AsyncKernelClient``)."""
-    from jupyter_client.asynchronous.client import AsyncKernelClient
     from jupyter_client.connect import KernelConnectionInfo
 
     runner, python = cfg.runner, cfg.interpreter
@@ -301,8 +308,6 @@ async def start_sandboxed(
     with ConfinedRoot(str(ws.host_path)) as cr:
         dir_fd = cr.open_dir(split_relpath(prep.run_dir))
     context = zmq.asyncio.Context()
-    # never reconnect: a socket file swapped by code in the kernel must not redirect us
-    context.setsockopt(zmq.RECONNECT_IVL, -1)
     try:
         proc = await spawn(launch)
     except BaseException:
@@ -312,8 +317,10 @@ async def start_sandboxed(
     kernel = SandboxedKernel(proc, asyncio.ensure_future(proc.wait()), dir_fd, context)
     try:
         await _wait_ready(kernel, prep.run_dir, time.monotonic() + timeout)
-        kc = AsyncKernelClient(context=context)
-        kc.load_connection_info(cast("KernelConnectionInfo", {**conn, "ip": f"/proc/self/fd/{dir_fd}/k"}))
+        kernel.socket_fds = _pin_sockets(dir_fd, prep.run_dir)
+        kc = _PinnedClient(context=context)
+        kc.load_connection_info(cast("KernelConnectionInfo", conn))
+        kc.socket_fds = kernel.socket_fds
         kernel.kc = kc
         kc.start_channels(hb=False)
         await kc.wait_for_ready(timeout=max(0.1, timeout))
@@ -345,10 +352,31 @@ async def _wait_ready(kernel: SandboxedKernel, run_dir: str, deadline: float) ->
         if kernel.done.done():
             why.append(f"it ended: {(await kernel.exit_status())[1]}")
         raise SetupFailed("jupyter", f"the sandboxed kernel did not start: {' | '.join(why)}", _FIX)
-    for n in PORTS.values():
-        st = os.stat(f"k-{n}", dir_fd=kernel.dir_fd, follow_symlinks=False)
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SetupFailed("jupyter", f"{run_dir}/k-{n} is not the kernel's socket", _FIX)
+
+
+def _pin_sockets(dir_fd: int, run_dir: str) -> dict[str, int]:
+    """Channel → ``O_PATH`` fd of the kernel's socket file for it (a link or anything else is refused)."""
+    fds: dict[str, int] = {}
+    try:
+        for port, n in PORTS.items():
+            fd = os.open(f"k-{n}", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            fds[port.removesuffix("_port")] = fd
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise SetupFailed("jupyter", f"{run_dir}/k-{n} is not the kernel's socket", _FIX)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
+
+
+class _PinnedClient(AsyncKernelClient):
+    """Connects each channel to the socket inode checked at start, reached through its ``O_PATH`` fd."""
+
+    socket_fds: dict[str, int]
+
+    def _make_url(self, channel: str) -> str:
+        return f"ipc:///proc/self/fd/{self.socket_fds[channel]}"
 
 
 def _log_tail(dir_fd: int) -> str:
