@@ -193,6 +193,59 @@ for fd in map(int, os.listdir("/proc/self/fd")):
     assert after.exit_code == 0 and "fresh" in after.text, (cut.text, after.text)
 
 
+# -- F13: rich outputs are capped, host memory stays bounded -----------------------------------------------
+
+_FLOOD = """
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=0) as eng:
+    ks = eng.extra("kernels")
+    ws = await eng.manager.create_workspace("red/f13")
+    warm = await ks.execute(ws, "from IPython.display import display, Image\\nprint('warm')")
+    assert warm.exit_code == 0, warm.text
+    before = hwm()
+    code = (
+        "import base64\\n"
+        "blob = base64.b64encode(bytes(15 * 2**20)).decode()\\n"
+        "for _ in range(30): display({'image/png': blob, 'text/plain': 'img'}, raw=True)\\n"
+        "for _ in range(20): print('y' * (8 * 2**20))\\n"
+    )
+    r = await ks.execute(ws, code, timeout=120)
+    grown = hwm() - before
+    out = sum(p.stat().st_size for p in (ws.host_path / "out").iterdir())
+    print("RESULT", r.exit_code, len(r.files), out, grown, repr(r.text[-600:]), flush=True)
+    big = "display({'text/html': 'h' * (40 * 2**20)}, raw=True)"
+    kept = await ks.execute(ws, big + "\\nprint('alive')", timeout=60)
+    print("KEPT", kept.kernel_died, repr(kept.text[-400:]), flush=True)
+    # a hostile kernel undoes its own launcher's guard: our socket refuses the frame, which ends the kernel
+    raw = await ks.execute(ws, "get_ipython().kernel.session.__dict__.pop('serialize')\\n" + big, timeout=60)
+    print("RAW", raw.kernel_died, repr(raw.text[-400:]), flush=True)
+    again = await ks.execute(ws, "print(6 * 7)")
+    print("AGAIN", again.text.strip().replace("\\n", " "), flush=True)
+"""
+
+
+async def test_rich_output_flood_is_capped_and_host_memory_bounded(tmp_path: Path) -> None:
+    child = _host_child(tmp_path, _FLOOD, timeout=220)
+    assert child.returncode == 0, child.stderr[-3000:]
+    lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in child.stdout.splitlines() if " " in ln}
+    code, files, out_bytes, grown, text = lines["RESULT"].split(" ", 4)
+    cap = 64 * MiB  # RichOutputLimits().bytes_per_cell
+    assert code == "0", text
+    # 30 images of 15 MiB: 450 MiB asked, 64 MiB allowed
+    assert int(out_bytes) <= cap and int(files) == cap // (15 * MiB), text
+    assert "more rich outputs of this cell were not saved" in text
+    # before: the host grew by about 1.1 GiB; each message is now held once, files go to disk as they come
+    assert int(grown) < 300 * MiB, f"host grew by {int(grown) // MiB} MiB"
+    died, kept_text = lines["KEPT"].split(" ", 1)
+    assert died == "False" and "was not sent: over max_message_bytes" in kept_text and "alive" in kept_text
+    died, raw_text = lines["RAW"].split(" ", 1)
+    assert died == "True" and "max_message_bytes" in raw_text, raw_text
+    assert lines["AGAIN"].endswith("42")  # a fresh kernel answers
+
+
 # -- a /tmp read grant ---------------------------------------------------------------------------------------
 
 

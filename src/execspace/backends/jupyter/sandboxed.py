@@ -27,6 +27,8 @@ uid, cgroup and rlimits, environment policy and supervision as ``run_program``. 
   ``zmq_disconnect``, dropping the messages we have not read, and aborts the whole process on
   ``!_more (fq.cpp)`` when that happens between two frames of a message: any kernel's death killed the
   host engine and every other tenant's kernel session.)
+* **Message size.** Our sockets refuse frames over ``max_message_bytes`` (``ZMQ_MAXMSGSIZE``): libzmq then
+  cuts that connection for good, which we treat as the kernel's end (it is stopped, the cell says why).
 * **Interrupts** go as ``interrupt_request`` messages on the control channel (a signal from the host
   would reach bwrap, not the kernel); ipykernel then signals its own process group.
 """
@@ -60,6 +62,7 @@ from ..sandbox import SandboxRunner
 from ..sandbox.bwrap import HIDDEN_TOP, SANDBOX_WORKSPACE, visible_path_entries
 from ..sandbox.seccomp import KernelSeccompFilters
 from .local import PYTHON_KERNEL_ARGS, ZmqConnection
+from .outputs import RichOutputLimits
 
 __all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]
 
@@ -137,9 +140,40 @@ class Kernel(IPKernelApp):
         at = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), 0)
         sys.path.insert(at, "")
 
+def bounded(serialize, limit):
+    # a frame over the host's limit would end this kernel: its outputs become a note instead
+    def wrapped(msg, ident=None):
+        frames = serialize(msg, ident)
+        size = max(map(len, frames))
+        if size <= limit:
+            return frames
+        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
+        small = {
+            "stream": {"text": note + "\n"},
+            "error": {"evalue": note, "traceback": [note]},
+        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
+        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
+    return wrapped
+
+def split(stream, chars):
+    # long prints go out in pieces rather than as one message over the host's limit
+    def hook(msg):
+        text = msg["content"]["text"]
+        if len(text) <= chars:
+            return msg
+        for i in range(0, len(text), chars):
+            content = {**msg["content"], "text": text[i : i + chars]}
+            part = stream.session.msg("stream", content, parent=msg["parent_header"])
+            stream.session.send(stream.pub_thread, part, ident=stream.topic)
+        return None
+    return hook
+
 app = Kernel.instance()
 app.initialize(["-f", f"/proc/self/fd/{conn}", f"--ProfileDir.location={cfg['profile']}", *cfg["args"]])
 os.close(conn)
+app.session.serialize = bounded(app.session.serialize, cfg["message_bytes"])
+for stream in (sys.stdout, sys.stderr):
+    stream.register_hook(split(stream, cfg["message_bytes"] // 8))  # UTF-8 and JSON escapes: 6 bytes at most
 os.write(ready, cfg["ready"].encode())
 os.close(ready)
 app.start()
@@ -216,6 +250,9 @@ class SandboxedKernel:
     kc: Any = None
     socket_fds: dict[str, int] = field(default_factory=dict)
     """Channel → ``O_PATH`` fd of the kernel's socket file we connect to."""
+    monitors: list[zmq.Socket[Any]] = field(default_factory=list)
+    """Disconnect events of our shell and iopub sockets: a kernel whose connection dropped is gone for us."""
+    max_message_bytes: int = 0
 
     @property
     def pid(self) -> int | None:
@@ -223,14 +260,22 @@ class SandboxedKernel:
         return self.proc.pid
 
     async def is_alive(self) -> bool:
-        return not self.done.done()
+        return not self.done.done() and not self._cut()
+
+    def _cut(self) -> bool:
+        """Whether libzmq dropped a connection for good (a frame over ``max_message_bytes``)."""
+        return any(int(m.getsockopt(zmq.EVENTS)) & zmq.POLLIN for m in self.monitors)
 
     async def interrupt(self) -> None:
         if self.kc is not None and not self.done.done():
             self.kc.control_channel.send(self.kc.session.msg("interrupt_request", content={}))
 
     async def exit_status(self) -> tuple[int | None, str]:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.done), 1.0)  # a dying kernel cuts its connections first
         if not self.done.done():
+            if self._cut():
+                return None, f"it sent a message over max_message_bytes ({self.max_message_bytes}), which we refuse"
             return None, "it stopped responding"
         result = self.done.result()
         how = f"exit code {result.exit_code}"
@@ -242,6 +287,8 @@ class SandboxedKernel:
         if self.kc is not None:
             with contextlib.suppress(Exception):
                 self.kc.stop_channels()
+        for m in self.monitors:
+            m.close(linger=0)
         with contextlib.suppress(Exception):
             await self.proc.kill()
         with contextlib.suppress(Exception):
@@ -266,6 +313,8 @@ class SandboxKernelConfig:
     limits: ResourceLimits
     """Applied to the whole kernel sandbox for its lifetime (cgroup or rlimits, as for programs)."""
     network: bool
+    max_message_bytes: int = RichOutputLimits().message_bytes
+    """Largest frame our sockets take from the kernel (``ZMQ_MAXMSGSIZE``)."""
 
     async def start(self, ws: Workspace, *, timeout: float) -> ZmqConnection:  # noqa: ASYNC109
         """A kernel in ``ws``'s sandbox (the pool and the launcher are in :mod:`.sandboxpool`)."""
@@ -299,6 +348,7 @@ async def start_sandboxed(
         "site": list(python.site_dirs),
         "log": f"{run}/kernel.log",
         "profile": f"{run}/ipython",
+        "message_bytes": cfg.max_message_bytes,
         "lock": "" if cfg.network else base64.b64encode(cfg.seccomp.unix_lock_bpf()).decode(),
         "ready": READY.decode(),
     }
@@ -308,6 +358,7 @@ async def start_sandboxed(
     with ConfinedRoot(str(ws.host_path)) as cr:
         dir_fd = cr.open_dir(split_relpath(prep.run_dir))
     context = zmq.asyncio.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
     try:
         proc = await spawn(launch)
     except BaseException:
@@ -315,6 +366,7 @@ async def start_sandboxed(
         context.destroy(linger=0)
         raise
     kernel = SandboxedKernel(proc, asyncio.ensure_future(proc.wait()), dir_fd, context)
+    kernel.max_message_bytes = cfg.max_message_bytes
     try:
         await _wait_ready(kernel, prep.run_dir, time.monotonic() + timeout)
         kernel.socket_fds = _pin_sockets(dir_fd, prep.run_dir)
@@ -323,6 +375,10 @@ async def start_sandboxed(
         kc.socket_fds = kernel.socket_fds
         kernel.kc = kc
         kc.start_channels(hb=False)
+        kernel.monitors = [
+            channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            for channel in (kc.shell_channel, kc.iopub_channel)
+        ]
         await kc.wait_for_ready(timeout=max(0.1, timeout))
     except BaseException as exc:
         await kernel.stop()
