@@ -39,8 +39,9 @@ from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_roo
 from ...workspace.slots import sweep_stale_slots
 from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
 from .local import HostLauncher
+from .outputs import RichOutputLimits
 
-__all__ = ["CellResult", "JupyterBackend", "KernelSessions"]
+__all__ = ["CellResult", "JupyterBackend", "KernelSessions", "RichOutputLimits"]
 
 #: Staging directories of pooled kernels, under the workspace root; workspace ids never sanitise to a leading dot.
 POOL_DIR = ".kernel-pool"
@@ -130,6 +131,7 @@ class JupyterBackend:
         programs: Literal["host", "refuse"] = "host",
         shared_filesystem: bool = True,
         remote_root: str = "execspace-workspaces",
+        rich_outputs: RichOutputLimits | None = None,
     ) -> BaseEngine:
         """Open a jupyter engine.
 
@@ -153,6 +155,9 @@ class JupyterBackend:
             policy, network, bwrap: the sandbox backend's options (sandbox mode).
             kernel_limits: limits of each sandboxed kernel as a whole, for its lifetime (default
                 :data:`DEFAULT_KERNEL_LIMITS`, less what this host cannot enforce).
+            rich_outputs: how many files and bytes of rich output one cell may leave under ``out/``, and the
+                largest message a sandboxed kernel may send (default :class:`RichOutputLimits`; remote mode
+                uses the defaults).
             server_url, token, server_root, ca_file, programs, shared_filesystem, remote_root: remote mode:
                 kernels on the Jupyter Server or
                 Kernel Gateway at ``server_url`` (see :func:`.remote.open_remote_engine` and
@@ -192,7 +197,11 @@ class JupyterBackend:
             "artifacts": artifacts,
             "kill_grace": kill_grace,
         }
-        kernel_opts: dict[str, Any] = {"kernel_name": kernel_name, "interrupt_grace": interrupt_grace}
+        kernel_opts: dict[str, Any] = {
+            "kernel_name": kernel_name,
+            "interrupt_grace": interrupt_grace,
+            "rich_outputs": rich_outputs or RichOutputLimits(),
+        }
         fallback: str | None = None
         sandbox_asked = policy is not None or network is not None or kernel_limits is not None
         if kernel_isolation == "none" and sandbox_asked:
@@ -273,12 +282,15 @@ async def _open_sandboxed(
     sb_caps = sb.describe()
     limits = _kernel_limits(kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
-    cfg = SandboxKernelConfig(runner.with_seccomp(seccomp), seccomp, interpreter, limits, runner.network_default)
+    rich: RichOutputLimits = kernel_opts["rich_outputs"]
+    cfg = SandboxKernelConfig(
+        runner.with_seccomp(seccomp), seccomp, interpreter, limits, runner.network_default, rich.message_bytes
+    )
     # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
     pool_size = 0 if policy.no_access_globs else pool[0]
     manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, pool[1])
     await asyncio.to_thread(sweep_stale_slots, manager.root)  # a crashed engine's pool, on this root
-    caps = _sandboxed_capabilities(sb_caps, language, cfg, _pool_detail(pool[0], pool_size))
+    caps = _sandboxed_capabilities(sb_caps, language, cfg, _pool_detail(pool[0], pool_size), rich)
     extra = {
         "workspace_root": manager.root,
         "kernels": kernels,
@@ -331,7 +343,9 @@ def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> Re
     return ResourceLimits(output_bytes=None, **keep)
 
 
-def _sandboxed_capabilities(sb: Capabilities, language: str, cfg: Any, pool: str) -> Capabilities:
+def _sandboxed_capabilities(
+    sb: Capabilities, language: str, cfg: Any, pool: str, rich: RichOutputLimits
+) -> Capabilities:
     limits = cfg.limits
     applied = ", ".join(f"{n}={getattr(limits, n)}" for n in sorted(limits.requested())) or "none"
     details = {
@@ -345,6 +359,7 @@ def _sandboxed_capabilities(sb: Capabilities, language: str, cfg: Any, pool: str
         "kernel_limits": f"{applied} for the kernel's whole sandbox ({sb.details.get('memory_bytes', '')}); "
         "cells: timeout (interrupt message, then restart) and output_bytes",
         "kernel_interpreter": cfg.interpreter.path,
+        "rich_outputs": rich.describe(),
         "pool": pool,
     }
     languages = sb.languages if language in sb.languages else (language, *sb.languages)
@@ -373,6 +388,7 @@ def _open_host(
             caps, details={**caps.details, "kernel_isolation": f"none (auto: the sandbox is unavailable: {fallback})"}
         )
     assert caps.isolation is Isolation.NONE
+    caps = dataclasses.replace(caps, details={**caps.details, "rich_outputs": kernel_opts["rich_outputs"].describe()})
     fs = HostWorkspaceFS(artifacts=common["artifacts"], host_roots=common["host_roots"])
     root = Path(common["workspace_root"]) if common["workspace_root"] else default_workspace_root()
     if pool_size > 0:

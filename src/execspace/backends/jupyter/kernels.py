@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import re
@@ -25,10 +26,10 @@ from typing import Any, Protocol
 
 from ...errors import UnsupportedLanguage, UsageError
 from ...languages import resolve_language
-from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBlock, ResourceLimits, Workspace
+from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBlock, PutFile, ResourceLimits, Workspace
 from ...protocols import WorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
-from .outputs import CellOutputs
+from .outputs import CellOutputs, RichOutputLimits
 from .pool import KernelPool
 
 __all__ = [
@@ -143,6 +144,10 @@ class _KernelDied(Exception):
     pass
 
 
+#: Writes a cell's rich outputs into its workspace.
+_Save = Callable[[list[PutFile]], Awaitable[None]]
+
+
 class KernelSessions:
     """Kernels keyed by workspace; the executor path of the ``jupyter`` backend."""
 
@@ -155,8 +160,10 @@ class KernelSessions:
         language: str = "python",
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
+        rich_outputs: RichOutputLimits | None = None,
     ) -> None:
         self.kernel_name = kernel_name
+        self.rich_outputs = rich_outputs or RichOutputLimits()
         self.language = language
         self.launcher = launcher
         self.pool = launcher.pool
@@ -230,21 +237,22 @@ class KernelSessions:
             await self._settle_cancelled(session)
             fresh = session.kernel is None
             kernel = session.kernel or await self._start(ws, session)
-            out = CellOutputs(session.next_cell, output_bytes)
+            out = CellOutputs(session.next_cell, output_bytes, self.rich_outputs)
             session.next_cell += 1
             state_lost = fresh and session.lost is not None
             if session.lost is not None:
                 out.note(session.lost)
                 session.lost = None
             started = time.monotonic()
-            exit_code, timed_out, died = await self._run_cell(session, kernel, code, out, timeout)
+            save = functools.partial(self._fs.put_files, ws)
+            exit_code, timed_out, died = await self._run_cell(session, kernel, code, out, timeout, save)
             duration = time.monotonic() - started
             if kernel.dropped:
                 out.note(f"{kernel.dropped} output messages were dropped: they came faster than they were read")
         if out.files:
-            await self._fs.put_files(ws, out.files)
-        if out.dropped:
-            out.note(f"{out.dropped} more rich outputs of this cell were not saved (at most 50 per cell)")
+            await self._fs.put_files(ws, out.take_files())
+        if (dropped := out.drop_note()) is not None:
+            out.note(dropped)
         state_lost = state_lost or died or exit_code == EXIT_RESTARTED
         return _result(out, exit_code, duration, timed_out=timed_out, died=died, state_lost=state_lost)
 
@@ -255,16 +263,17 @@ class KernelSessions:
         code: str,
         out: CellOutputs,
         timeout: float | None,  # noqa: ASYNC109
+        save: _Save,
     ) -> tuple[int, bool, bool]:
         """Return (exit code, timed out, kernel died)."""
         await kernel.drain()
         msg_id = kernel.execute(code)
         deadline = time.monotonic() + timeout if timeout is not None else math.inf
         try:
-            if await self._collect_or_interrupt(session, kernel, msg_id, out, deadline):
+            if await self._collect_or_interrupt(session, kernel, msg_id, out, deadline, save):
                 return (EXIT_ERROR if out.error else EXIT_OK), False, False
             await kernel.interrupt()
-            if await _collect(session, kernel, msg_id, out, time.monotonic() + self._interrupt_grace):
+            if await _collect(session, kernel, msg_id, out, time.monotonic() + self._interrupt_grace, save):
                 out.note(f"timed out after {timeout:g}s; the kernel was interrupted and keeps its state")
                 return EXIT_INTERRUPTED, True, False
         except _KernelDied:
@@ -286,11 +295,11 @@ class KernelSessions:
         return EXIT_RESTARTED, True, False
 
     async def _collect_or_interrupt(
-        self, session: _Session, kernel: KernelConnection, msg_id: str, out: CellOutputs, deadline: float
+        self, session: _Session, kernel: KernelConnection, msg_id: str, out: CellOutputs, deadline: float, save: _Save
     ) -> bool:
         """:func:`_collect`, interrupting the cell if our caller is cancelled, so that the kernel is free again."""
         try:
-            return await _collect(session, kernel, msg_id, out, deadline)
+            return await _collect(session, kernel, msg_id, out, deadline, save)
         except asyncio.CancelledError:
             session.cancelled = msg_id
             with contextlib.suppress(Exception):
@@ -452,8 +461,16 @@ def new_run_dir(root: str) -> str:
 # -- cells -------------------------------------------------------------------------------------
 
 
-async def _collect(session: _Session, kernel: KernelConnection, msg_id: str, out: CellOutputs, deadline: float) -> bool:
-    """Feed this cell's messages to ``out`` until the kernel is idle (True) or the deadline (False)."""
+async def _collect(
+    session: _Session,
+    kernel: KernelConnection,
+    msg_id: str,
+    out: CellOutputs,
+    deadline: float,
+    save: _Save | None = None,
+) -> bool:
+    """Feed this cell's messages to ``out`` until the kernel is idle (True) or the deadline (False); its rich
+    outputs go to ``save`` as they come (without one they are dropped)."""
     while (remaining := deadline - time.monotonic()) > 0:
         msg = await kernel.next_iopub(min(remaining, _LIVENESS_POLL))
         if msg is None:
@@ -469,6 +486,8 @@ async def _collect(session: _Session, kernel: KernelConnection, msg_id: str, out
             if content.get("execution_state") == "busy":
                 session.began = msg_id
         out.add(msg_type, content)
+        if out.files and (files := out.take_files()) and save is not None:
+            await save(files)
     return False
 
 
@@ -495,7 +514,7 @@ def _result(out: CellOutputs, exit_code: int, duration: float, **flags: bool) ->
         text=text(out.text),
         stdout=text(out.stdout),
         stderr=text(out.stderr),
-        files=tuple(f.path for f in out.files),
+        files=tuple(out.saved),
         duration=duration,
         error=out.error,
         truncated=out.text.truncated,

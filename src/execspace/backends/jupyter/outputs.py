@@ -14,10 +14,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import InvalidSpec
 from ...models import PutFile
 from ...process.capture import HeadTailBuffer
 
-__all__ = ["MIME_FILES", "CellOutputs", "strip_ansi"]
+__all__ = ["MIME_FILES", "CellOutputs", "RichOutputLimits", "strip_ansi"]
 
 #: mime type → (file extension, payload is base64)
 MIME_FILES: dict[str, tuple[str, bool]] = {
@@ -32,8 +33,36 @@ MIME_FILES: dict[str, tuple[str, bool]] = {
     "application/json": (".json", False),
 }
 
-#: Files one cell may write; a cell that displays in a loop must not fill the disk.
-MAX_FILES_PER_CELL = 50
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RichOutputLimits:
+    """How much rich output one cell may leave under ``out/``, and how large one kernel message may be: a
+    cell that displays in a loop must not fill the disk, nor one huge output the shared host process's memory.
+    What is over a limit is dropped, and the cell's text says so."""
+
+    files_per_cell: int = 50
+    bytes_per_cell: int = 64 * MiB
+    """Decoded bytes of all files of one cell."""
+    message_bytes: int = 32 * MiB
+    """Largest frame (in practice: one message's content) taken from a sandboxed kernel; a larger one is
+    refused by our sockets, which ends that kernel (libzmq drops the connection for good)."""
+
+    def __post_init__(self) -> None:
+        if min(self.files_per_cell, self.bytes_per_cell) < 0 or self.message_bytes < MiB:
+            raise InvalidSpec(
+                "RichOutputLimits: files_per_cell and bytes_per_cell must be >= 0 (0 saves no files) and "
+                "message_bytes at least 1 MiB (a kernel's ordinary replies must fit)"
+            )
+
+    def describe(self) -> str:
+        return (
+            f"at most {self.files_per_cell} files and {self.bytes_per_cell} bytes of rich output per cell, the rest "
+            f"dropped with a note; sandboxed kernels: messages up to {self.message_bytes} bytes (a larger one ends "
+            "the kernel)"
+        )
+
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
@@ -49,14 +78,20 @@ class CellOutputs:
 
     cell: int
     limit: int | None
+    rich: RichOutputLimits = field(default_factory=RichOutputLimits)
     text: HeadTailBuffer = field(init=False)
     stdout: HeadTailBuffer = field(init=False)
     stderr: HeadTailBuffer = field(init=False)
     files: list[PutFile] = field(default_factory=list)
+    """Rich outputs not yet written (:meth:`take_files`)."""
+    saved: list[str] = field(default_factory=list)
+    """Workspace paths of every rich output of the cell, written or about to be."""
     error: tuple[str, str] | None = None
     """(name, value) of the exception the cell raised."""
     dropped: int = 0
+    dropped_bytes: int = 0
     _outputs: int = 0
+    _bytes: int = 0
 
     def __post_init__(self) -> None:
         self.text = HeadTailBuffer(self.limit)
@@ -71,6 +106,11 @@ class CellOutputs:
             self._bundle(content.get("data") or {})
         elif msg_type == "error":
             self._error(content)
+
+    def take_files(self) -> list[PutFile]:
+        """The rich outputs to write now; the cell keeps only their names (large outputs are not held)."""
+        files, self.files = self.files, []
+        return files
 
     def note(self, line: str) -> None:
         """A line from execspace itself (timeouts, restarts), kept with the output."""
@@ -95,13 +135,30 @@ class CellOutputs:
             self._write(f"[output of type {', '.join(skipped)} not shown]\n", stderr=False)
 
     def _file(self, mime: str, payload: Any) -> str | None:
-        if len(self.files) >= MAX_FILES_PER_CELL:
+        if len(self.saved) >= self.rich.files_per_cell:
             self.dropped += 1
             return None
         ext, is_b64 = MIME_FILES[mime]
+        data = _decode(payload, is_b64=is_b64, is_json=mime == "application/json")
+        if self._bytes + len(data) > self.rich.bytes_per_cell:
+            self.dropped += 1
+            self.dropped_bytes += len(data)
+            return None
+        self._bytes += len(data)
         name = f"out/cell-{self.cell}-{self._outputs}{ext}"
-        self.files.append(PutFile(name, _decode(payload, is_b64=is_b64, is_json=mime == "application/json")))
+        self.files.append(PutFile(name, data))
+        self.saved.append(name)
         return name
+
+    def drop_note(self) -> str | None:
+        """What the caller is told about the rich outputs that were not saved, if any."""
+        if not self.dropped:
+            return None
+        over = f", {self.dropped_bytes} bytes over the limit" if self.dropped_bytes else ""
+        return (
+            f"{self.dropped} more rich outputs of this cell were not saved (at most {self.rich.files_per_cell} files "
+            f"and {self.rich.bytes_per_cell} bytes per cell{over})"
+        )
 
     def _error(self, content: dict[str, Any]) -> None:
         name, value = str(content.get("ename", "Error")), str(content.get("evalue", ""))

@@ -14,11 +14,21 @@ uid, cgroup and rlimits, environment policy and supervision as ``run_program``. 
   below binds the channels, then stacks a filter refusing ``socket(AF_UNIX)`` on every thread
   (``SECCOMP_FILTER_FLAG_TSYNC``; bwrap set ``no_new_privs`` already) and checks that it holds, all
   before the kernel reads its first request, so user code never runs without it.
-* **Key.** The connection file (it holds the HMAC key) goes to the launcher on stdin and is written to
-  the sandbox's private ``/tmp``, never to the workspace or a command line.
-* **Reconnects.** Our sockets never reconnect (``ZMQ_RECONNECT_IVL=-1``) and connect once the launcher
-  said it is ready, after checking that each entry is a socket: code in the kernel cannot later swap a
-  socket file for a link to a host daemon's socket and have us connect there.
+* **Start-up.** The interpreter runs isolated (``-I``: no cwd on sys.path, no user site, no ``PYTHON*``
+  variables), IPython reads no config files and gets a fresh profile in the run directory: nothing the
+  program could have written runs before the lock (see :data:`LAUNCHER`).
+* **Key.** The connection file (it holds the HMAC key) goes to the launcher on stdin and becomes a memfd
+  of the kernel, never a file in the workspace, in ``/tmp`` (which a policy grant may replace) or on a
+  command line.
+* **Reconnects.** We connect once the launcher said it is ready, to ``/proc/self/fd/N`` of an ``O_PATH``
+  fd of each socket file, checked to be a socket: a reconnect reaches that inode and nothing else, so code
+  in the kernel cannot swap a socket file for a link to a host daemon's socket and have us connect there.
+  (Reconnects are not turned off: with ``ZMQ_RECONNECT_IVL=-1`` libzmq 4.3 ends a lost connection like a
+  ``zmq_disconnect``, dropping the messages we have not read, and aborts the whole process on
+  ``!_more (fq.cpp)`` when that happens between two frames of a message: any kernel's death killed the
+  host engine and every other tenant's kernel session.)
+* **Message size.** Our sockets refuse frames over ``max_message_bytes`` (``ZMQ_MAXMSGSIZE``): libzmq then
+  cuts that connection for good, which we treat as the kernel's end (it is stopped, the cell says why).
 * **Interrupts** go as ``interrupt_request`` messages on the control channel (a signal from the host
   would reach bwrap, not the kernel); ipykernel then signals its own process group.
 """
@@ -36,11 +46,12 @@ import site
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import zmq
 import zmq.asyncio
+from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ...envpolicy import MINIMAL_PATH
 from ...errors import SetupFailed
@@ -51,6 +62,7 @@ from ..sandbox import SandboxRunner
 from ..sandbox.bwrap import HIDDEN_TOP, SANDBOX_WORKSPACE, visible_path_entries
 from ..sandbox.seccomp import KernelSeccompFilters
 from .local import PYTHON_KERNEL_ARGS, ZmqConnection
+from .outputs import RichOutputLimits
 
 __all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]
 
@@ -60,10 +72,17 @@ READY = b"execspace-kernel-ready\n"
 #: Bytes kept of the launcher's own stdout/stderr pipes (only the ready line is expected there).
 _PIPE_BYTES = 64 * 1024
 
-#: Runs in the sandbox as ``python -c``: reads its configuration from stdin, sends its own output to the
+#: Runs in the sandbox as ``python -I -c``: reads its configuration from stdin, sends its own output to the
 #: kernel log, binds the kernel's channels, locks unix sockets out, says it is ready, serves.
+#:
+#: Nothing the program can write may run before the lock. ``-I`` keeps the cwd (``work/``), the user site in
+#: the writable HOME and ``PYTHON*`` variables off; sys.path then holds read-only directories only. IPython
+#: reads no config files (they are code) and its profile is fresh in the kernel's run directory, so startup
+#: files planted in ``home/.ipython`` never run. The lock comes as soon as the last channel is bound, before
+#: ipykernel puts the cwd on sys.path and runs the shell's start-up; the connection file (it holds the key)
+#: is a memfd, so that the kernel needs no writable /tmp.
 LAUNCHER = r"""
-import base64, ctypes, json, os, socket, sys
+import base64, ctypes, json, os, socket, sys, time
 
 def lock(bpf):
     class Prog(ctypes.Structure):
@@ -90,16 +109,71 @@ log = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
 ready = os.dup(1)
 os.dup2(log, 1)
 os.dup2(log, 2)
-conn = "/tmp/.execspace-kernel.json"
-fd = os.open(conn, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-os.write(fd, json.dumps(cfg["connection"]).encode())
-os.close(fd)
+conn = os.memfd_create("execspace-kernel")
+os.write(conn, json.dumps(cfg["connection"]).encode())
+os.mkdir(cfg["profile"], 0o700)
 from ipykernel.kernelapp import IPKernelApp
-app = IPKernelApp.instance()
-app.initialize(["-f", conn, *cfg["args"]])
-os.unlink(conn)
-if cfg["lock"]:
-    lock(base64.b64decode(cfg["lock"]))
+
+class Kernel(IPKernelApp):
+    locked = not cfg["lock"]
+
+    # config files are code, and the profile directory is writable by the program
+    def load_config_file(self, *args, **kwargs):
+        pass
+
+    def init_heartbeat(self):
+        super().init_heartbeat()
+        hb = f"{self.ip}-{self.hb_port}"
+        deadline = time.monotonic() + 10
+        while not os.path.exists(hb):  # the heartbeat thread binds its channel
+            if time.monotonic() > deadline:
+                raise SystemExit("the heartbeat channel was not bound")
+            time.sleep(0.001)
+        if not self.locked:
+            lock(base64.b64decode(cfg["lock"]))
+            self.locked = True
+
+    def init_path(self):
+        if not self.locked:
+            raise SystemExit("the unix socket filter is not in force before the working directory goes on sys.path")
+        # where IPython puts it (-I makes IPython skip this): cells import the workspace's modules
+        at = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), 0)
+        sys.path.insert(at, "")
+
+def bounded(serialize, limit):
+    # a frame over the host's limit would end this kernel: its outputs become a note instead
+    def wrapped(msg, ident=None):
+        frames = serialize(msg, ident)
+        size = max(map(len, frames))
+        if size <= limit:
+            return frames
+        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
+        small = {
+            "stream": {"text": note + "\n"},
+            "error": {"evalue": note, "traceback": [note]},
+        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
+        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
+    return wrapped
+
+def split(stream, chars):
+    # long prints go out in pieces rather than as one message over the host's limit
+    def hook(msg):
+        text = msg["content"]["text"]
+        if len(text) <= chars:
+            return msg
+        for i in range(0, len(text), chars):
+            content = {**msg["content"], "text": text[i : i + chars]}
+            part = stream.session.msg("stream", content, parent=msg["parent_header"])
+            stream.session.send(stream.pub_thread, part, ident=stream.topic)
+        return None
+    return hook
+
+app = Kernel.instance()
+app.initialize(["-f", f"/proc/self/fd/{conn}", f"--ProfileDir.location={cfg['profile']}", *cfg["args"]])
+os.close(conn)
+app.session.serialize = bounded(app.session.serialize, cfg["message_bytes"])
+for stream in (sys.stdout, sys.stderr):
+    stream.register_hook(split(stream, cfg["message_bytes"] // 8))  # UTF-8 and JSON escapes: 6 bytes at most
 os.write(ready, cfg["ready"].encode())
 os.close(ready)
 app.start()
@@ -174,6 +248,11 @@ class SandboxedKernel:
     dir_fd: int
     context: zmq.asyncio.Context
     kc: Any = None
+    socket_fds: dict[str, int] = field(default_factory=dict)
+    """Channel → ``O_PATH`` fd of the kernel's socket file we connect to."""
+    monitors: list[zmq.Socket[Any]] = field(default_factory=list)
+    """Disconnect events of our shell and iopub sockets: a kernel whose connection dropped is gone for us."""
+    max_message_bytes: int = 0
 
     @property
     def pid(self) -> int | None:
@@ -181,14 +260,22 @@ class SandboxedKernel:
         return self.proc.pid
 
     async def is_alive(self) -> bool:
-        return not self.done.done()
+        return not self.done.done() and not self._cut()
+
+    def _cut(self) -> bool:
+        """Whether libzmq dropped a connection for good (a frame over ``max_message_bytes``)."""
+        return any(int(m.getsockopt(zmq.EVENTS)) & zmq.POLLIN for m in self.monitors)
 
     async def interrupt(self) -> None:
         if self.kc is not None and not self.done.done():
             self.kc.control_channel.send(self.kc.session.msg("interrupt_request", content={}))
 
     async def exit_status(self) -> tuple[int | None, str]:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.done), 1.0)  # a dying kernel cuts its connections first
         if not self.done.done():
+            if self._cut():
+                return None, f"it sent a message over max_message_bytes ({self.max_message_bytes}), which we refuse"
             return None, "it stopped responding"
         result = self.done.result()
         how = f"exit code {result.exit_code}"
@@ -200,6 +287,8 @@ class SandboxedKernel:
         if self.kc is not None:
             with contextlib.suppress(Exception):
                 self.kc.stop_channels()
+        for m in self.monitors:
+            m.close(linger=0)
         with contextlib.suppress(Exception):
             await self.proc.kill()
         with contextlib.suppress(Exception):
@@ -208,8 +297,9 @@ class SandboxedKernel:
         for n in PORTS.values():
             with contextlib.suppress(OSError):
                 os.unlink(f"k-{n}", dir_fd=self.dir_fd)
-        with contextlib.suppress(OSError):
-            os.close(self.dir_fd)
+        for fd in (*self.socket_fds.values(), self.dir_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +313,8 @@ class SandboxKernelConfig:
     limits: ResourceLimits
     """Applied to the whole kernel sandbox for its lifetime (cgroup or rlimits, as for programs)."""
     network: bool
+    max_message_bytes: int = RichOutputLimits().message_bytes
+    """Largest frame our sockets take from the kernel (``ZMQ_MAXMSGSIZE``)."""
 
     async def start(self, ws: Workspace, *, timeout: float) -> ZmqConnection:  # noqa: ASYNC109
         """A kernel in ``ws``'s sandbox (the pool and the launcher are in :mod:`.sandboxpool`)."""
@@ -238,11 +330,10 @@ async def start_sandboxed(
     timeout: float,  # noqa: ASYNC109 - start-up deadline handed down
 ) -> tuple[SandboxedKernel, Any]:
     """Start a kernel in ``ws``'s sandbox and connect a client; return (process, ``AsyncKernelClient``)."""
-    from jupyter_client.asynchronous.client import AsyncKernelClient
     from jupyter_client.connect import KernelConnectionInfo
 
     runner, python = cfg.runner, cfg.interpreter
-    spec = RunProgramSpec(python.path, ["-c", LAUNCHER], timeout=None, limits=cfg.limits)
+    spec = RunProgramSpec(python.path, ["-I", "-c", LAUNCHER], timeout=None, limits=cfg.limits)
     prep = runner.prepare(ws, spec)
     if isinstance(prep, RunResult):
         raise SetupFailed("jupyter", f"the kernel's interpreter is not in the sandbox: {prep.stderr.strip()}", _FIX)
@@ -256,6 +347,8 @@ async def start_sandboxed(
         "args": args,
         "site": list(python.site_dirs),
         "log": f"{run}/kernel.log",
+        "profile": f"{run}/ipython",
+        "message_bytes": cfg.max_message_bytes,
         "lock": "" if cfg.network else base64.b64encode(cfg.seccomp.unix_lock_bpf()).decode(),
         "ready": READY.decode(),
     }
@@ -265,8 +358,7 @@ async def start_sandboxed(
     with ConfinedRoot(str(ws.host_path)) as cr:
         dir_fd = cr.open_dir(split_relpath(prep.run_dir))
     context = zmq.asyncio.Context()
-    # never reconnect: a socket file swapped by code in the kernel must not redirect us
-    context.setsockopt(zmq.RECONNECT_IVL, -1)
+    context.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
     try:
         proc = await spawn(launch)
     except BaseException:
@@ -274,12 +366,19 @@ async def start_sandboxed(
         context.destroy(linger=0)
         raise
     kernel = SandboxedKernel(proc, asyncio.ensure_future(proc.wait()), dir_fd, context)
+    kernel.max_message_bytes = cfg.max_message_bytes
     try:
         await _wait_ready(kernel, prep.run_dir, time.monotonic() + timeout)
-        kc = AsyncKernelClient(context=context)
-        kc.load_connection_info(cast("KernelConnectionInfo", {**conn, "ip": f"/proc/self/fd/{dir_fd}/k"}))
+        kernel.socket_fds = _pin_sockets(dir_fd, prep.run_dir)
+        kc = _PinnedClient(context=context)
+        kc.load_connection_info(cast("KernelConnectionInfo", conn))
+        kc.socket_fds = kernel.socket_fds
         kernel.kc = kc
         kc.start_channels(hb=False)
+        kernel.monitors = [
+            channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            for channel in (kc.shell_channel, kc.iopub_channel)
+        ]
         await kc.wait_for_ready(timeout=max(0.1, timeout))
     except BaseException as exc:
         await kernel.stop()
@@ -309,10 +408,31 @@ async def _wait_ready(kernel: SandboxedKernel, run_dir: str, deadline: float) ->
         if kernel.done.done():
             why.append(f"it ended: {(await kernel.exit_status())[1]}")
         raise SetupFailed("jupyter", f"the sandboxed kernel did not start: {' | '.join(why)}", _FIX)
-    for n in PORTS.values():
-        st = os.stat(f"k-{n}", dir_fd=kernel.dir_fd, follow_symlinks=False)
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SetupFailed("jupyter", f"{run_dir}/k-{n} is not the kernel's socket", _FIX)
+
+
+def _pin_sockets(dir_fd: int, run_dir: str) -> dict[str, int]:
+    """Channel → ``O_PATH`` fd of the kernel's socket file for it (a link or anything else is refused)."""
+    fds: dict[str, int] = {}
+    try:
+        for port, n in PORTS.items():
+            fd = os.open(f"k-{n}", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            fds[port.removesuffix("_port")] = fd
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise SetupFailed("jupyter", f"{run_dir}/k-{n} is not the kernel's socket", _FIX)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
+
+
+class _PinnedClient(AsyncKernelClient):
+    """Connects each channel to the socket inode checked at start, reached through its ``O_PATH`` fd."""
+
+    socket_fds: dict[str, int]
+
+    def _make_url(self, channel: str) -> str:
+        return f"ipc:///proc/self/fd/{self.socket_fds[channel]}"
 
 
 def _log_tail(dir_fd: int) -> str:
