@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -77,6 +78,34 @@ async def test_file_size_limit(box: Box) -> None:
     r = await sh(box, 'head -c 5000000 /dev/zero > "$OUTPUT_DIR/big"', ResourceLimits(file_size_bytes=1 << 20))
     assert r.exit_code != 0
     assert (ws.host_path / "out" / "big").stat().st_size <= 1 << 20
+
+
+_FALLOCATE = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+fd = os.open(os.environ["OUTPUT_DIR"] + "/f", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"x" * 65536)
+for name, mode in (("keep_size", 0x01), ("zero_keep", 0x11), ("plain", 0x00), ("punch", 0x03)):
+    length = 4096 if name == "punch" else 200 << 20
+    ok = libc.fallocate(fd, mode, 0, length) == 0
+    print(name, "ok" if ok else errno.errorcode[ctypes.get_errno()])
+os.close(fd)
+"""
+
+
+async def test_fallocate_cannot_reserve_past_the_file_size_limit(box: Box) -> None:
+    """KEEP_SIZE reserves blocks without growing the file, so RLIMIT_FSIZE never sees them."""
+    require(box, "file_size_bytes")
+    engine, ws = box
+    assert ws.host_path is not None
+    r = await sh(box, f"python3 -c '{_FALLOCATE}'", ResourceLimits(file_size_bytes=20 << 20))
+    assert r.exit_code == 0, r.stderr
+    results = dict(line.split() for line in r.stdout.splitlines())
+    # plain fallocate past the limit gets the kernel's EFBIG; punching a hole frees blocks and stays allowed
+    unsupported = errno.errorcode[errno.EOPNOTSUPP]  # ENOTSUP on Linux: the same number
+    assert results == {"keep_size": unsupported, "zero_keep": unsupported, "plain": "EFBIG", "punch": "ok"}
+    assert (ws.host_path / "out" / "f").stat().st_blocks * 512 < 20 << 20
 
 
 async def test_disk_limit_checked_after_run(tmp_path: Path) -> None:

@@ -56,6 +56,8 @@ _AF_VSOCK = 40
 _SOCK_STREAM = 1
 _SOCK_SEQPACKET = 5
 _SOCK_TYPE_MASK = 0xF  # the rest of the type argument is SOCK_NONBLOCK / SOCK_CLOEXEC
+_FALLOC_KEEP_SIZE = 0x01  # punching holes (KEEP_SIZE | PUNCH_HOLE) frees blocks and stays allowed
+_FALLOC_ZERO_RANGE = 0x10
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _CLONE_NEW_FLAGS = (
@@ -179,6 +181,17 @@ ALWAYS: tuple[Deny, ...] = (
         "console selection paste is the same injection on a Linux virtual console",
         ((1, _INT, _TIOCLINUX),),
     ),
+    *(
+        Deny(
+            "fallocate(FALLOC_FL_KEEP_SIZE)",
+            ("fallocate",),
+            "reserves blocks past the end of a file without growing it: RLIMIT_FSIZE never sees them, so "
+            "file_size_bytes would not bound the disk a file takes (EOPNOTSUPP, as on a filesystem without it)",
+            ((1, _INT, mode),),
+            errno.EOPNOTSUPP,
+        )
+        for mode in (_FALLOC_KEEP_SIZE, _FALLOC_KEEP_SIZE | _FALLOC_ZERO_RANGE)
+    ),
 )
 
 #: Rules added when the network is restricted. With the network on, the sandbox shares the host's network
@@ -219,9 +232,11 @@ def describe() -> str:
     off_only = dict.fromkeys(f"{r.label} (network off only)" for r in RESTRICTED_NETWORK)
     eperm = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.EPERM)
     enosys = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.ENOSYS)
+    unsupported = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.EOPNOTSUPP)
     return (
         f"seccomp (libseccomp, loaded by bwrap): EPERM for {', '.join([*off_only, *eperm])}; "
-        f"ENOSYS for {', '.join(enosys)}; a syscall of another ABI (x32, 32-bit compat) kills the process"
+        f"ENOSYS for {', '.join(enosys)}; EOPNOTSUPP for {', '.join(unsupported)}; "
+        "a syscall of another ABI (x32, 32-bit compat) kills the process"
     )
 
 
