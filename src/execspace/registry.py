@@ -14,8 +14,11 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from .engine import BaseEngine
 from .errors import InvalidSpec, SetupFailed, UnsupportedBackend
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING costs an import on the command line's path
+if TYPE_CHECKING:
+    from .engine import BaseEngine  # engine imports this module lazily in open_engine
 
 __all__ = [
     "BACKENDS",

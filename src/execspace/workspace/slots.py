@@ -7,7 +7,7 @@ sanitises to a leading dot), and handing it out renames it to the new workspace'
 directory, and the rename is atomic (same filesystem). It only happens when the workspace directory does
 not exist yet, so a slot belongs to exactly one workspace and is never returned to a pool once handed out.
 
-A slot made by :func:`new_slot_dir` records its owner (:mod:`execspace.process.owner`) in a file inside it,
+A slot made by :func:`new_slot_dir` records its owner (:mod:`execspace.owner`) in a file inside it,
 removed when the slot becomes a workspace; :func:`sweep_stale_slots` removes the slots of owners that are
 provably gone (a crashed process never removed its pool).
 """
@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
-from ..process.owner import Owner, current_owner, owner_alive
+from ..owner import Owner, current_owner, owner_alive
 
 __all__ = [
     "OWNER_FILE",

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...process.owner import Owner, current_owner, owner_alive
+from ...owner import Owner, current_owner, owner_alive
 from ...workspace.slots import is_slot_dir
 
 __all__ = [
