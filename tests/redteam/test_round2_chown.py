@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -146,8 +147,10 @@ async def test_container_reopen_never_chowns_through_a_flipped_work_dir(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    """The container mounts the whole workspace writable: the program can flip ``work`` itself, an
-    intermediate component of every ``work/...`` layout path (``lchown`` follows it)."""
+    """On 240d4f8 the container mounted the whole workspace writable: the program flipped ``work`` itself, an
+    intermediate component of every ``work/...`` layout path (``lchown`` follows it). Now the workspace root is
+    read-only to it (F10), so ``work`` cannot be flipped at all; what it can still flip, ``work/inputs``, is
+    flipped while the host re-opens the workspace."""
     from tests.backends.container_support import container_engine
 
     daemon, image = request.getfixturevalue("docker_daemon"), request.getfixturevalue("test_image")
@@ -160,7 +163,15 @@ async def test_container_reopen_never_chowns_through_a_flipped_work_dir(
         async def run(spec: RunProgramSpec) -> RunResult:
             return await engine.runner.run_program(ws, spec)
 
-        async with _flipping(run, ws_dir, ws.path, ws.path, "work", [str(tmp_path / "victim-dir")]):
+        swap = (
+            "import os\nos.chdir(os.environ['WORKSPACE_DIR'])\ntry:\n    os.rename('work', '.w')\nexcept OSError as e:"
+        )
+        swap += "\n    print(e.errno)\nelse:\n    print('moved')"
+        moved = await run(RunProgramSpec("python3", ["-c", swap]))
+        assert moved.stdout.strip() in {str(errno.EROFS), str(errno.EBUSY)}, moved.stdout + moved.stderr
+        assert (ws_dir / "work").is_dir() and not (ws_dir / "work").is_symlink()
+        targets = [str(tmp_path / "victim-file"), str(tmp_path / "victim-dir")]
+        async with _flipping(run, ws_dir, ws.path, f"{ws.path}/work", "inputs", targets):
             for _ in range(ROUNDS):
                 with contextlib.suppress(PathDenied, FileNotFoundError):
                     await engine.manager.create_workspace("chown/container", path=ws_dir)
