@@ -29,6 +29,9 @@ uid, cgroup and rlimits, environment policy and supervision as ``run_program``. 
   host engine and every other tenant's kernel session.)
 * **Message size.** Our sockets refuse frames over ``max_message_bytes`` (``ZMQ_MAXMSGSIZE``): libzmq then
   cuts that connection for good, which we treat as the kernel's end (it is stopped, the cell says why).
+  And they queue at most :data:`RECEIVE_QUEUE` messages (``ZMQ_RCVHWM``, 1000 by default): a kernel that
+  sends faster than we write its outputs waits with the rest in its own, limited memory, so what one kernel
+  makes us hold does not grow with how far ahead of us it runs.
 * **Interrupts** go as ``interrupt_request`` messages on the control channel (a signal from the host
   would reach bwrap, not the kernel); ipykernel then signals its own process group.
 """
@@ -71,6 +74,8 @@ PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "
 READY = b"execspace-kernel-ready\n"
 #: Bytes kept of the launcher's own stdout/stderr pipes (only the ready line is expected there).
 _PIPE_BYTES = 64 * 1024
+#: Messages each of our sockets holds from a kernel before libzmq stops reading (the kernel then waits).
+RECEIVE_QUEUE = 2
 
 #: Runs in the sandbox as ``python -I -c``: reads its configuration from stdin, sends its own output to the
 #: kernel log, binds the kernel's channels, locks unix sockets out, says it is ready, serves.
@@ -359,6 +364,7 @@ async def start_sandboxed(
         dir_fd = cr.open_dir(split_relpath(prep.run_dir))
     context = zmq.asyncio.Context()
     context.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
+    context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
     try:
         proc = await spawn(launch)
     except BaseException:
