@@ -446,3 +446,27 @@ async def test_collect_survives_files_vanishing_during_the_walk(engine: BaseEngi
     finally:
         stop.set()
         thread.join()
+
+
+async def test_remove_and_rename_of_a_tree_check_every_entry_against_the_file_rule(tmp_path: Path) -> None:
+    """A tree holding a path the backend's rule keeps (a sandbox rule, say) is refused whole: nothing moves."""
+
+    def rule(ws: Workspace, path: str, mode: str) -> None:
+        if mode == "write" and (path == "work/keep" or path.startswith("work/keep/")):
+            raise PathDenied(path, "kept by the rule")
+
+    root = tmp_path / "ws"
+    (root / "work/keep").mkdir(parents=True)
+    (root / "work/keep/f.txt").write_text("kept")
+    (root / "work/other.txt").write_text("o")
+    ws = Workspace(id="rule", path=str(root), backend="local", host_path=root)
+    fs = HostWorkspaceFS(access=rule)
+    with pytest.raises(PathDenied, match="kept by the rule"):
+        await fs.remove(ws, "work")
+    with pytest.raises(PathDenied, match="kept by the rule"):
+        await fs.rename(ws, "work", "moved")
+    with pytest.raises(PathDenied, match="kept by the rule"):
+        await fs.rename(ws, "work/other.txt", "work/keep/other.txt")
+    assert (root / "work/keep/f.txt").read_text() == "kept" and (root / "work/other.txt").exists()
+    await fs.remove(ws, "work/other.txt")  # what the rule allows still goes
+    assert not (root / "work/other.txt").exists()

@@ -366,3 +366,25 @@ async def test_executor_runs_over_another_engine_with_its_own_path_view(tmp_path
     lines = result.output.splitlines()
     assert lines[0].startswith(f"{ws.path}/src/code_") and lines[1] == f"{ws.path}/work"
     assert [(f.name, f.content) for f in result.output_files] == [("out/s.txt", b"S")]
+
+
+async def test_unchanged_outputs_are_listed_not_read(
+    executor: CodeExecutor, local_engine: BaseEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes are found by the listing (size, mtime): only new or changed files are read, never the rest."""
+    ws = await local_engine.manager.create_workspace("listed")
+    await local_engine.fs.put_files(ws, [execspace.PutFile(f"out/old{i}.txt", b"x" * 100) for i in range(50)])
+    read: list[str] = []
+    collect = local_engine.fs.collect
+
+    async def counting_collect(ws: execspace.Workspace, patterns: object, **caps: int) -> list[execspace.File]:
+        files = await collect(ws, patterns, **caps)  # type: ignore[arg-type]
+        read.extend(f.name for f in files)
+        return files
+
+    monkeypatch.setattr(local_engine.fs, "collect", counting_collect)
+    result = await executor.execute_code(
+        run_input(("bash", "echo n > $OUTPUT_DIR/new.txt; echo y > $OUTPUT_DIR/old7.txt"), execution_id="listed")
+    )
+    assert sorted(f.name for f in result.output_files) == ["out/new.txt", "out/old7.txt"]
+    assert sorted(read) == ["out/new.txt", "out/old7.txt"]

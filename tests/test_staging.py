@@ -22,11 +22,12 @@ from execspace.errors import (
     PathDenied,
     UsageError,
 )
-from execspace.models import File, InputSpec, OutputSpec, PutFile, Workspace
+from execspace.models import File, FileEntry, InputSpec, OutputSpec, PutFile, Workspace
 from execspace.workspace.hostfs import HostWorkspaceFS
 from execspace.workspace.layout import ensure_layout
 from execspace.workspace.staging import (
     MetadataLocks,
+    WorkspaceFSBase,
     collect_outputs,
     load_ws_metadata,
     save_ws_metadata,
@@ -66,7 +67,7 @@ def fs(artifacts: InMemoryArtifactService, host_root: Path) -> HostWorkspaceFS:
     return HostWorkspaceFS(artifacts=artifacts, host_roots=[host_root])
 
 
-class RemoteLikeFS:
+class RemoteLikeFS(WorkspaceFSBase):
     """Only the WorkspaceFS primitives, for workspaces the host cannot see (``host_path=None``).
 
     Stands in for a container or remote backend: it has no ``link_host`` and the
@@ -74,8 +75,12 @@ class RemoteLikeFS:
     """
 
     def __init__(self, inner: HostWorkspaceFS, root: Path) -> None:
+        super().__init__()
         self.inner = inner
         self.root = root
+
+    async def stat(self, ws: Workspace, path: str) -> FileEntry:
+        return await self.inner.stat(self._real(ws), path)
 
     def _real(self, ws: Workspace) -> Workspace:
         return dataclasses.replace(ws, host_path=self.root)

@@ -69,7 +69,7 @@ def test_backend_specific_coroutine_methods_are_proxied_by_name(tmp_path: Path) 
     with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
         ws = engine.manager.create_workspace("sync/extra")
         engine.fs.put_files(ws, [PutFile("out/a.txt", "abc")])
-        assert engine.fs.list_files(ws, ["out/**"]) == [("out/a.txt", 3)]
+        assert engine.fs.disk_usage(ws) > 0
         with pytest.raises(AttributeError):
             _ = engine.fs.host_roots  # plain attributes of the async object are not exposed
 

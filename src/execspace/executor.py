@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import posixpath
 import re
 import secrets
@@ -25,6 +24,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol
+
+from wcmatch import glob as wglob
 
 from .engine import open_engine
 from .errors import InvalidSpec, UnsupportedLanguage, UsageError
@@ -36,6 +37,7 @@ from .models import (
     CodeExecutionInput,
     CodeExecutionResult,
     File,
+    FileKind,
     Persistence,
     PutFile,
     ResourceLimits,
@@ -55,7 +57,10 @@ EngineOpener = Callable[[], AbstractAsyncContextManager[Engine]]
 #: Exit code of a block that could not run, as a shell reports a missing command.
 NOT_RUN_EXIT_CODE = 127
 
-_Fingerprint = tuple[object, ...]
+#: What a call's output files looked like: ``path -> (size, mtime)``.
+_Listing = dict[str, tuple[int, float]]
+#: Most changed files collected by their literal paths; more are collected by the executor's globs.
+_MAX_LITERAL_PATHS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,21 +289,20 @@ class CodeExecutor:
 
     # -- output files ------------------------------------------------------------------
 
-    async def _snapshot(self, fs: WorkspaceFS, ws: Workspace) -> _Snapshot:
-        listing = await _listing(fs, ws, self.collect_globs)
-        if listing is not None:
-            return _Snapshot(listing, by_content=False)
-        files = await fs.collect(ws, self.collect_globs)
-        return _Snapshot({f.name: _content_key(f) for f in files}, by_content=True)
+    async def _snapshot(self, fs: WorkspaceFS, ws: Workspace) -> _Listing:
+        return await _listing(fs, ws, self.collect_globs)
 
-    async def _changed_files(self, fs: WorkspaceFS, ws: Workspace, before: _Snapshot) -> list[File]:
-        files = sorted(await fs.collect(ws, self.collect_globs), key=lambda f: f.name)
-        if not before.keys:
-            return files
-        if before.by_content:
-            return [f for f in files if before.keys.get(f.name) != _content_key(f)]
-        after = await _listing(fs, ws, self.collect_globs) or {}
-        return [f for f in files if after.get(f.name) is None or before.keys.get(f.name) != after[f.name]]
+    async def _changed_files(self, fs: WorkspaceFS, ws: Workspace, before: _Listing) -> list[File]:
+        """The files new or changed since ``before``, by their listing: only those are read."""
+        after = await _listing(fs, ws, self.collect_globs)
+        changed = {p for p, key in after.items() if before.get(p) != key}
+        if not changed:
+            return []
+        # literal paths when few changed (one glob per file costs a match per walked entry)
+        few = len(changed) <= _MAX_LITERAL_PATHS and len(changed) < len(after)
+        patterns = [str(wglob.escape(p)) for p in sorted(changed)] if few else self.collect_globs
+        files = await fs.collect(ws, patterns)
+        return sorted((f for f in files if f.name in changed), key=lambda f: f.name)
 
 
 class BlockKernels(Protocol):
@@ -317,30 +321,13 @@ class BlockKernels(Protocol):
     ) -> tuple[BlockResult, str]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    keys: dict[str, _Fingerprint]
-    by_content: bool
-    """Keys are (size, sha256) of the content, not (size, mtime) from a listing."""
+async def _listing(fs: WorkspaceFS, ws: Workspace, globs: Sequence[str]) -> _Listing:
+    """``path -> (size, mtime)`` of the regular files matching ``globs``, without reading them.
 
-
-async def _listing(fs: WorkspaceFS, ws: Workspace, globs: Sequence[str]) -> dict[str, _Fingerprint] | None:
-    """``path -> (size, mtime, …)`` from the fs's ``list_files``, or None when it cannot give mtimes.
-
-    A listing of sizes alone would miss a file rewritten with the same size, so then
-    the caller falls back to comparing content.
+    A rewrite changes the mtime even at the same size (only one in the same clock tick as the
+    listed write could pass unseen: Linux >= 6.13 stamps it finer once the mtime was read).
     """
-    list_files = getattr(fs, "list_files", None)
-    if list_files is None:
-        return None
-    entries: list[tuple[Any, ...]] = await list_files(ws, globs)
-    if any(len(e) < 3 for e in entries):
-        return None
-    return {str(e[0]): tuple(e[1:]) for e in entries}
-
-
-def _content_key(f: File) -> _Fingerprint:
-    return (f.size_bytes, hashlib.sha256(f.content).hexdigest())
+    return {e.path: (e.size, e.mtime) for e in await fs.list(ws, globs) if e.kind is FileKind.FILE}
 
 
 def _lf_newlines(code: str) -> str:

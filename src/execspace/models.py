@@ -25,6 +25,8 @@ __all__ = [
     "CodeExecutionInput",
     "CodeExecutionResult",
     "File",
+    "FileEntry",
+    "FileKind",
     "FileRef",
     "InputSpec",
     "OutputChunk",
@@ -241,6 +243,29 @@ class File:
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", errors="replace")
+
+
+class FileKind(enum.StrEnum):
+    """What a workspace entry is, judged on the entry itself (a symlink is never followed)."""
+
+    FILE = "file"
+    DIR = "dir"
+    SYMLINK = "symlink"
+    OTHER = "other"
+    """A FIFO, socket or device node."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One workspace entry as a listing or ``stat`` sees it, without reading its content."""
+
+    path: str
+    """Workspace-relative path."""
+    size: int
+    """Bytes of a regular file, length of a symlink's target; 0 for directories and other kinds."""
+    mtime: float
+    """Last modification, in seconds since the epoch (of the link itself for a symlink)."""
+    kind: FileKind
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,14 +7,16 @@ what it must return and what it must raise; the conformance suite in
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from .capabilities import Capabilities
 from .models import (
     File,
+    FileEntry,
     InputSpec,
     OutputChunk,
     OutputManifest,
@@ -25,6 +27,10 @@ from .models import (
     Workspace,
     WorkspacePolicy,
 )
+
+if TYPE_CHECKING:
+    from .artifacts import ArtifactService
+    from .workspace.staging import MetadataLocks
 
 __all__ = ["Engine", "ProgramHandle", "ProgramRunner", "WorkspaceFS", "WorkspaceManager"]
 
@@ -56,7 +62,26 @@ class WorkspaceManager(Protocol):
 
 @runtime_checkable
 class WorkspaceFS(Protocol):
-    """Moves files into and out of workspaces, confined to the workspace root."""
+    """Moves files into and out of workspaces, confined to the workspace root.
+
+    Every path is workspace-relative: absolute paths, ``..`` and a symlink in any component raise
+    ``PathDenied`` (nothing is ever followed through a link). Backends inherit
+    :class:`~execspace.workspace.staging.WorkspaceFSBase`, which gives ``stage_inputs``,
+    ``collect_outputs``, ``exists``, ``stage_directory``, ``locks``, ``host_roots`` and a no-op
+    ``check`` over the primitives; they write the primitives.
+    """
+
+    artifacts: ArtifactService | None
+    """The service ``artifact://`` inputs come from and saved outputs go to (None: none configured)."""
+    host_roots: tuple[Path, ...]
+    """The host directories ``host://`` inputs and ``stage_directory`` may read from, resolved."""
+    locks: MetadataLocks
+    """Per-workspace locks for the read-modify-write of ``metadata.json`` through this fs."""
+
+    def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:
+        """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path`` (workspace-relative,
+        or an absolute host path being read); every operation below runs it first."""
+        ...
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         """Write files; raise ``PathDenied`` for paths that leave the workspace."""
@@ -82,7 +107,39 @@ class WorkspaceFS(Protocol):
         """Read the regular files matching the globs (``**`` allowed), never through a symlink."""
         ...
 
-    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+    async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
+        """The entries matching the globs, without reading any content, in walk order (sorted).
+
+        Every kind is listed: regular files, directories (size 0; walked into), symlinks (never followed:
+        their own size and mtime) and others. Patterns are those of :meth:`collect`; one that is absolute
+        or climbs out raises ``PathDenied``. Entries the backend's rule hides are left out.
+        """
+        ...
+
+    async def stat(self, ws: Workspace, path: str) -> FileEntry:
+        """The entry at ``path`` itself (a symlink is reported, not followed); ``FileNotFoundError`` if absent."""
+        ...
+
+    async def exists(self, ws: Workspace, path: str) -> bool:
+        """Whether any entry (a dangling symlink too) is at ``path``; a refused path raises ``PathDenied``."""
+        ...
+
+    async def remove(self, ws: Workspace, path: str) -> None:
+        """Remove the file, link or whole tree at ``path``, never following a link (a read-only staged tree
+        too); ``FileNotFoundError`` if nothing is there."""
+        ...
+
+    async def make_dir(self, ws: Workspace, path: str) -> None:
+        """Create the directory ``path`` with missing parents; an existing directory is fine, anything else
+        in the way raises ``PathDenied``."""
+        ...
+
+    async def rename(self, ws: Workspace, src: str, dst: str) -> None:
+        """Move ``src`` (a link moves as a link) to ``dst``, replacing a file there, creating ``dst``'s parents;
+        ``FileNotFoundError`` if ``src`` is absent."""
+        ...
+
+    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> builtins.list[str]:
         """Stage inputs (artifact, host, workspace, skill, bytes); return the workspace paths written."""
         ...
 

@@ -22,6 +22,7 @@ Calling the facade from inside its own loop thread (e.g. from a coroutine given 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import contextlib
 import inspect
@@ -40,6 +41,7 @@ from .models import (
     CodeExecutionInput,
     CodeExecutionResult,
     File,
+    FileEntry,
     InputSpec,
     OutputChunk,
     OutputManifest,
@@ -143,7 +145,7 @@ class _Proxy:
     """Blocking versions of one engine part's coroutine methods.
 
     The typed methods cover the protocol; other coroutine methods a backend adds
-    (``list_files``…) are proxied by name.
+    (``disk_usage``…) are proxied by name.
     """
 
     def __init__(self, owner: SyncEngine) -> None:
@@ -204,7 +206,25 @@ class SyncWorkspaceFS(_Proxy):
         and ``max_total_bytes``."""
         return self._owner.call(lambda e: e.fs.collect(ws, patterns, **caps))
 
-    def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+    def list(self, ws: Workspace, patterns: Sequence[str]) -> builtins.list[FileEntry]:
+        return self._owner.call(lambda e: e.fs.list(ws, patterns))
+
+    def stat(self, ws: Workspace, path: str) -> FileEntry:
+        return self._owner.call(lambda e: e.fs.stat(ws, path))
+
+    def exists(self, ws: Workspace, path: str) -> bool:
+        return self._owner.call(lambda e: e.fs.exists(ws, path))
+
+    def remove(self, ws: Workspace, path: str) -> None:
+        self._owner.call(lambda e: e.fs.remove(ws, path))
+
+    def make_dir(self, ws: Workspace, path: str) -> None:
+        self._owner.call(lambda e: e.fs.make_dir(ws, path))
+
+    def rename(self, ws: Workspace, src: str, dst: str) -> None:
+        self._owner.call(lambda e: e.fs.rename(ws, src, dst))
+
+    def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> builtins.list[str]:
         return self._owner.call(lambda e: e.fs.stage_inputs(ws, inputs))
 
     def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from execspace import (
     BaseEngine,
+    FileKind,
     InputSpec,
     OutputSpec,
     Persistence,
@@ -314,3 +315,86 @@ async def test_kernel_gateway_without_shared_filesystem(tmp_path: Path) -> None:
         pid = int((await eng.extra("kernels").execute(ws, "import os\nprint(os.getpid())")).text)
         await eng.manager.cleanup(ws)
         assert not Path(ws.path).exists() and await wait_dead(pid)
+
+
+async def test_list_stat_exists_and_links_on_the_server(server: LocalServer, engine: BaseEngine, ws: Workspace) -> None:
+    root = on_server(server, ws)
+    outside = root.parent / "outside-list"
+    outside.mkdir(exist_ok=True)
+    (outside / "keep.txt").write_text("keep")
+    await engine.fs.put_files(ws, [PutFile("out/l/d/f.txt", "abc")])
+    os.symlink(outside, root / "out/l/link")
+    os.mkfifo(root / "out/l/fifo")
+    kinds = {e.path: (e.kind, e.size) for e in await engine.fs.list(ws, ["out/l/**"])}
+    assert kinds == {
+        "out/l/d": (FileKind.DIR, 0),
+        "out/l/d/f.txt": (FileKind.FILE, 3),
+        "out/l/fifo": (FileKind.OTHER, 0),
+        "out/l/link": (FileKind.SYMLINK, len(str(outside))),
+    }
+    assert (await engine.fs.stat(ws, "out/l/link")).kind is FileKind.SYMLINK
+    assert await engine.fs.exists(ws, "out/l/d/f.txt") and not await engine.fs.exists(ws, "out/l/nope")
+    with pytest.raises(FileNotFoundError):
+        await engine.fs.stat(ws, "out/l/nope")
+    for attempt in (
+        engine.fs.stat(ws, "out/l/link/keep.txt"),
+        engine.fs.remove(ws, "out/l/link/keep.txt"),
+        engine.fs.make_dir(ws, "out/l/link/new"),
+        engine.fs.rename(ws, "out/l/link/keep.txt", "out/stolen"),
+    ):
+        with pytest.raises(PathDenied, match="symlink"):
+            await attempt
+    await engine.fs.remove(ws, "out/l")  # the tree with the link in it: the link goes, its target stays
+    assert not (root / "out/l").exists() and (outside / "keep.txt").read_text() == "keep"
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "work/../../x"])
+async def test_tree_operations_refuse_traversal(
+    server: LocalServer, engine: BaseEngine, ws: Workspace, bad: str
+) -> None:
+    await engine.fs.put_files(ws, [PutFile("work/t.txt", "t")])
+    for attempt in (
+        engine.fs.stat(ws, bad),
+        engine.fs.exists(ws, bad),
+        engine.fs.remove(ws, bad),
+        engine.fs.make_dir(ws, bad),
+        engine.fs.rename(ws, "work/t.txt", bad),
+        engine.fs.rename(ws, bad, "work/t2.txt"),
+        engine.fs.list(ws, [bad]),
+    ):
+        with pytest.raises(PathDenied):
+            await attempt
+    files = engine.fs.files  # type: ignore[attr-defined]  # the agent refuses by itself too
+    for op, args in (("stat", {"path": bad}), ("remove_path", {"path": bad}), ("make_dir", {"path": bad})):
+        with pytest.raises(PathDenied):
+            await files.call(op, {"ws": ws.path, **args})
+    with pytest.raises(PathDenied):
+        await files.call("rename", {"ws": ws.path, "src": "work/t.txt", "dst": bad})
+    assert (on_server(server, ws) / "work/t.txt").read_text() == "t"
+
+
+async def test_make_dir_rename_and_remove_a_read_only_staged_tree(
+    server: LocalServer, engine: BaseEngine, ws: Workspace, allowed: Path
+) -> None:
+    root = on_server(server, ws)
+    await engine.fs.make_dir(ws, "work/m/n")
+    await engine.fs.make_dir(ws, "work/m/n")
+    assert (root / "work/m/n").is_dir()
+    await engine.fs.put_files(ws, [PutFile("work/new.txt", "new"), PutFile("work/old.txt", "old")])
+    await engine.fs.rename(ws, "work/new.txt", "work/old.txt")
+    assert (root / "work/old.txt").read_text() == "new" and not (root / "work/new.txt").exists()
+    await engine.fs.rename(ws, "work/m", "work/x/y/moved")
+    assert (root / "work/x/y/moved/n").is_dir()
+    with pytest.raises(FileNotFoundError):
+        await engine.fs.rename(ws, "work/missing", "work/z")
+    tree = allowed / "rotree"
+    (tree / "sub").mkdir(parents=True, exist_ok=True)
+    (tree / "sub" / "b.txt").write_text("b")
+    await engine.fs.stage_directory(ws, tree, "work/ro", read_only=True)
+    for p in (root / "work/ro/sub", root / "work/ro"):
+        p.chmod(0o555)
+    await engine.fs.remove(ws, "work/ro")
+    assert not (root / "work/ro").exists() and (tree / "sub" / "b.txt").read_text() == "b"
+    with pytest.raises(FileNotFoundError):
+        await engine.fs.remove(ws, "work/ro")

@@ -159,3 +159,131 @@ async def test_unrunnable_program_exit_codes_as_a_shell(any_engine: Engine, any_
     r = await any_engine.runner.run_program(any_ws, RunProgramSpec(cmd))
     assert r.exit_code == code, (r.exit_code, r.stderr)
     assert cmd in r.stderr
+
+
+# -- the file API's listing and tree operations ---------------------------------------------
+
+
+def outside_dir(tmp_path: Path) -> Path:
+    """A host directory outside the workspace with one file, which no file operation may touch."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    return outside
+
+
+def untouched(outside: Path) -> bool:
+    return sorted(p.name for p in outside.iterdir()) == ["keep.txt"] and (outside / "keep.txt").read_text() == "keep"
+
+
+async def test_list_gives_typed_entries_and_never_follows_links(any_engine: Engine, any_ws: Ws) -> None:
+    await any_engine.fs.put_files(any_ws, [PutFile("out/d/f.txt", b"abc")])
+    r = await run(any_engine, any_ws, 'cd "$OUTPUT_DIR" && ln -s /etc link && mkfifo fifo && echo ok')
+    assert r.exit_code == 0, r.stderr
+    entries = {e.path: e for e in await any_engine.fs.list(any_ws, ["out/**"])}
+    kinds = {p: (e.kind, e.size) for p, e in entries.items()}
+    assert kinds == {
+        "out/d": (execspace.FileKind.DIR, 0),
+        "out/d/f.txt": (execspace.FileKind.FILE, 3),
+        "out/fifo": (execspace.FileKind.OTHER, 0),
+        "out/link": (execspace.FileKind.SYMLINK, len("/etc")),
+    }
+    assert entries["out/d/f.txt"].mtime > 0
+    assert await any_engine.fs.list(any_ws, ["out/link/**"]) == []  # a link is never walked into
+    for bad in (["../**"], ["/etc/*"], ["out/../../x"]):
+        with pytest.raises(PathDenied):
+            await any_engine.fs.list(any_ws, bad)
+
+
+async def test_stat_and_exists_see_the_entry_itself(any_engine: Engine, any_ws: Ws) -> None:
+    await any_engine.fs.put_files(any_ws, [PutFile("work/f.txt", b"12345")])
+    r = await run(any_engine, any_ws, "ln -s /etc/passwd p && ln -s /no/such/target dangling")
+    assert r.exit_code == 0, r.stderr
+    f = await any_engine.fs.stat(any_ws, "work/f.txt")
+    assert (f.path, f.size, f.kind) == ("work/f.txt", 5, execspace.FileKind.FILE)
+    assert (await any_engine.fs.stat(any_ws, "work/p")).kind is execspace.FileKind.SYMLINK
+    assert (await any_engine.fs.stat(any_ws, "work")).kind is execspace.FileKind.DIR
+    assert await any_engine.fs.exists(any_ws, "work/dangling")  # the link itself is there
+    assert not await any_engine.fs.exists(any_ws, "work/missing")
+    with pytest.raises(FileNotFoundError):
+        await any_engine.fs.stat(any_ws, "work/missing")
+    for bad in ("../x", "/etc/passwd", "work/../../x"):
+        with pytest.raises(PathDenied):
+            await any_engine.fs.stat(any_ws, bad)
+        with pytest.raises(PathDenied):
+            await any_engine.fs.exists(any_ws, bad)
+
+
+async def test_a_directory_swapped_for_a_symlink_is_refused(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
+    outside = outside_dir(tmp_path)
+    await any_engine.fs.put_files(any_ws, [PutFile("work/sub/keep.txt", b"in"), PutFile("work/a.txt", b"a")])
+    r = await run(any_engine, any_ws, f"mv sub gone && ln -s {outside} sub")
+    assert r.exit_code == 0, r.stderr
+    fs = any_engine.fs
+    attempts = [
+        fs.stat(any_ws, "work/sub/keep.txt"),
+        fs.exists(any_ws, "work/sub/keep.txt"),
+        fs.remove(any_ws, "work/sub/keep.txt"),
+        fs.make_dir(any_ws, "work/sub/new"),
+        fs.rename(any_ws, "work/sub/keep.txt", "work/stolen.txt"),
+        fs.rename(any_ws, "work/a.txt", "work/sub/a.txt"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(PathDenied):
+            await attempt
+    assert await fs.list(any_ws, ["work/sub/**"]) == []
+    assert untouched(outside)
+    assert await fs.exists(any_ws, "work/gone/keep.txt") and not await fs.exists(any_ws, "work/stolen.txt")
+
+
+async def test_remove_takes_links_never_their_targets(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
+    outside = outside_dir(tmp_path)
+    await any_engine.fs.put_files(any_ws, [PutFile("work/t/deep/f.txt", b"x")])
+    r = await run(any_engine, any_ws, f"ln -s {outside} l && ln -s {outside} t/deep/l2 && ln -s {outside}/keep.txt t/k")
+    assert r.exit_code == 0, r.stderr
+    await any_engine.fs.remove(any_ws, "work/l")
+    await any_engine.fs.remove(any_ws, "work/t")
+    assert not await any_engine.fs.exists(any_ws, "work/l") and not await any_engine.fs.exists(any_ws, "work/t")
+    assert untouched(outside)
+    with pytest.raises(FileNotFoundError):
+        await any_engine.fs.remove(any_ws, "work/t")
+    for bad in ("../x", "/etc", "work/../.."):
+        with pytest.raises(PathDenied):
+            await any_engine.fs.remove(any_ws, bad)
+
+
+async def test_remove_a_tree_with_a_read_only_staged_dir(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
+    tree = tmp_path / "host" / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a")
+    (tree / "sub" / "b.txt").write_text("b")
+    await any_engine.fs.stage_directory(any_ws, tree, "work/ro", read_only=True)
+    r = await run(any_engine, any_ws, "chmod -R a-w ro && ls -R ro")
+    assert r.exit_code == 0 and "b.txt" in r.stdout, r.stderr
+    await any_engine.fs.remove(any_ws, "work/ro")
+    assert not await any_engine.fs.exists(any_ws, "work/ro")
+    assert (tree / "sub" / "b.txt").read_text() == "b"  # the host source is not touched
+
+
+async def test_make_dir_and_rename(any_engine: Engine, any_ws: Ws) -> None:
+    fs = any_engine.fs
+    await fs.make_dir(any_ws, "work/a/b")
+    await fs.make_dir(any_ws, "work/a/b")  # already there: fine
+    assert (await fs.stat(any_ws, "work/a/b")).kind is execspace.FileKind.DIR
+    await fs.put_files(any_ws, [PutFile("work/new.txt", b"new"), PutFile("work/old.txt", b"old")])
+    await fs.rename(any_ws, "work/new.txt", "work/old.txt")  # over an existing file: replaced
+    assert (await fs.read_file(any_ws, "work/old.txt")).content == b"new"
+    assert not await fs.exists(any_ws, "work/new.txt")
+    await fs.rename(any_ws, "work/a", "work/x/y/moved")  # a tree, into new parents
+    assert (await fs.stat(any_ws, "work/x/y/moved/b")).kind is execspace.FileKind.DIR
+    r = await run(any_engine, any_ws, "cat old.txt; test -d x/y/moved/b && echo moved")
+    assert r.stdout == "newmoved\n", r.stderr  # the program sees what the file API did
+    with pytest.raises(FileNotFoundError):
+        await fs.rename(any_ws, "work/missing", "work/z")
+    with pytest.raises(PathDenied):
+        await fs.rename(any_ws, "work/x", "work/x/y/inside")
+    with pytest.raises(PathDenied):
+        await fs.make_dir(any_ws, "work/old.txt/sub")  # a file is in the way
+    for src, dst in (("../x", "work/z"), ("work/old.txt", "../z"), ("work/old.txt", "/tmp/z")):
+        with pytest.raises(PathDenied):
+            await fs.rename(any_ws, src, dst)

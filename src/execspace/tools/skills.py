@@ -44,7 +44,8 @@ from ..models import ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ..process.capture import clip_text
 from ..protocols import Engine, WorkspaceFS
 from ..workspace.confine import split_relpath
-from ..workspace.staging import MetadataLocks, load_ws_metadata, save_ws_metadata
+from ..workspace.hostroots import HostRoots
+from ..workspace.staging import load_ws_metadata, save_ws_metadata
 from .execute_code import MAX_FILES_LISTED
 from .schema import ToolArguments, ToolSpec, check_arguments, error_result
 from .workspace_io import FileChange, WorkspaceIO
@@ -258,8 +259,6 @@ class SkillLibrary:
         self.roots = tuple(Path(r) for r in roots)
         self._skills: dict[str, Skill] = {}
         self._problems: list[SkillProblem] = []
-        # used only when the engine's fs has no locks of its own (see _locks_for)
-        self._own_locks = MetadataLocks()
         self.refresh()
 
     def refresh(self) -> None:
@@ -333,7 +332,8 @@ class SkillLibrary:
         skills = [self.get(n) for n in (sorted(self._skills) if names is None else names)]
         fs = engine.fs
         done: list[StagedSkill] = []
-        async with self._locks_for(fs).lock(ws):
+        # the fs's locks also serialise input staging and output collection on the same record
+        async with fs.locks.lock(ws):
             meta = await load_ws_metadata(fs, ws)
             try:
                 for skill in skills:
@@ -342,11 +342,6 @@ class SkillLibrary:
                 if any(d.copied for d in done) or meta.recovered_from or len(done) < len(skills):
                     await save_ws_metadata(fs, ws, meta)
         return done
-
-    def _locks_for(self, fs: WorkspaceFS) -> MetadataLocks:
-        # the fs's own locks also serialise input staging and output collection on the same record
-        own = getattr(fs, "locks", None)
-        return own if isinstance(own, MetadataLocks) else self._own_locks
 
     async def _stage_one(
         self, fs: WorkspaceFS, ws: Workspace, skill: Skill, records: dict[str, dict[str, Any]], force: bool
@@ -443,11 +438,8 @@ async def _staged_copy_present(fs: WorkspaceFS, ws: Workspace, dest: str) -> boo
 
 
 def _check_host_root(fs: WorkspaceFS, skill: Skill) -> None:
-    check = getattr(fs, "check_host_path", None)
-    if check is None:
-        return  # stage_directory enforces the roots itself; only the hint is lost
     try:
-        check(skill.path)
+        HostRoots(fs.host_roots).check(skill.path)
     except PathDenied as exc:
         raise PathDenied(
             str(skill.path),
@@ -457,15 +449,9 @@ def _check_host_root(fs: WorkspaceFS, skill: Skill) -> None:
 
 
 async def _remove_tree(fs: WorkspaceFS, ws: Workspace, dest: str) -> None:
-    remove = getattr(fs, "remove", None)
-    if remove is None:
-        # copying over the old tree would keep files the new version deleted: refuse instead
-        raise UsageError(
-            f"this backend's file system cannot remove the old copy of {dest!r}, so a changed skill "
-            "cannot be staged again; use a fresh workspace"
-        )
+    # the whole old copy goes: copying over it would keep files the new version deleted
     with contextlib.suppress(FileNotFoundError):
-        await remove(ws, dest)
+        await fs.remove(ws, dest)
 
 
 async def _require_script(fs: WorkspaceFS, ws: Workspace, name: str, rel: str) -> None:

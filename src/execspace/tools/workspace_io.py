@@ -127,17 +127,14 @@ class WorkspaceIO:
 
     @property
     def artifacts(self) -> ArtifactService | None:
-        if self._artifacts is not None:
-            return self._artifacts
-        found = getattr(self.engine.fs, "artifacts", None)
-        return found if isinstance(found, ArtifactService) else None
+        return self._artifacts if self._artifacts is not None else self.engine.fs.artifacts
 
     @property
     def scope(self) -> ArtifactScope:
         return self._scope or ArtifactScope.from_workspace_id(self.workspace.id)
 
     def _stager(self) -> Stager:
-        return Stager(self.engine.fs, artifacts=self.artifacts, host_roots=getattr(self.engine.fs, "host_roots", ()))
+        return Stager(self.engine.fs, artifacts=self.artifacts, host_roots=self.engine.fs.host_roots)
 
     # -- files in -------------------------------------------------------------------
 

@@ -268,6 +268,36 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
 
+    def lstat(self, path: str) -> os.stat_result:
+        """The entry at ``path`` itself (a symlink is not followed); ``FileNotFoundError`` if absent."""
+        parts = split_relpath(path)
+        dfd = self.open_dir(parts[:-1], display=path)
+        try:
+            return os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        finally:
+            os.close(dfd)
+
+    def make_dir(self, path: str) -> None:
+        """Create the directory ``path`` and missing parents; an existing directory is fine."""
+        os.close(self.open_dir(split_relpath(path), create=True, display=path))
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move the entry ``src`` (a link moves as a link) to ``dst``, replacing a file there; parents of
+        ``dst`` are created."""
+        src_parts, dst_parts = split_relpath(src), split_relpath(dst)
+        if dst_parts[: len(src_parts)] == src_parts:
+            raise PathDenied(dst, f"cannot move {src!r} into itself")
+        sfd = self.open_dir(src_parts[:-1], display=src)
+        try:
+            os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)  # FileNotFoundError when there is nothing
+            dfd = self.open_dir(dst_parts[:-1], create=True, display=dst)
+            try:
+                os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+
     def symlink(self, target: str, path: str) -> None:
         """Create (or replace) a symlink at ``path``; the target is not validated here."""
         parts = split_relpath(path)
@@ -317,6 +347,29 @@ class ConfinedRoot:
                 yield Entry(visit.rel, 0, 1, unreadable=True)
             elif visit.kind == "file" and stat.S_ISREG(visit.st.st_mode):
                 yield Entry(visit.rel, visit.st.st_size, visit.st.st_nlink)
+
+    def scan(self, start: list[str], max_entries: int = 200_000) -> Iterator[tuple[str, os.stat_result, bool]]:
+        """Yield ``(relpath, lstat, unreadable)`` for every entry below ``start`` (directories before what they
+        hold, sorted); symlinks are never followed. ``unreadable``: a directory whose entries we may not see.
+
+        Raises ``PathDenied`` for a tree deeper than :data:`MAX_WALK_DEPTH` below ``start``.
+        """
+        try:
+            fd = self.open_dir(start)
+        except (FileNotFoundError, NotADirectoryError, PathDenied):
+            return
+        except PermissionError:
+            if start:
+                yield "/".join(start), self.lstat("/".join(start)), True
+            return
+        budget = max_entries
+        for visit in _walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
+            if visit.kind == "done" or visit.rel == ".":
+                continue
+            budget -= 1
+            if budget < 0:
+                return
+            yield visit.rel, visit.st, visit.kind == "denied"
 
     def disk_usage(self) -> int:
         """Bytes of disk the workspace takes: allocated blocks of every file, directory and link, at any depth.

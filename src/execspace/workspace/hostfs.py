@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -17,21 +18,20 @@ from ..models import (
     DEFAULT_MAX_FILES,
     DEFAULT_MAX_TOTAL_BYTES,
     File,
-    InputSpec,
-    OutputManifest,
-    OutputSpec,
+    FileEntry,
+    FileKind,
     PutFile,
     Workspace,
 )
-from .confine import ConfinedRoot, split_relpath
-from .hostroots import HostRoots, HostSource, walk_tree
+from .confine import ConfinedRoot, Entry, split_relpath
+from .hostroots import HostSource, walk_tree
 from .metadata import is_metadata_temp
+from .staging import WorkspaceFSBase
 
 if TYPE_CHECKING:
     from ..artifacts import ArtifactService
-    from .staging import MetadataLocks
 
-__all__ = ["GLOB_FLAGS", "AccessHook", "HostWorkspaceFS", "glob_base", "normalize_globs"]
+__all__ = ["GLOB_FLAGS", "AccessHook", "HostWorkspaceFS", "entry_of", "glob_base", "normalize_globs"]
 
 #: A backend's file rule, run before each access: ``(ws, path, mode)`` raises ``PathDenied`` when
 #: ``mode`` is not allowed at ``path`` (workspace-relative, or an absolute host path being read).
@@ -99,14 +99,26 @@ def glob_base(pattern: str) -> list[str]:
     return base
 
 
-class HostWorkspaceFS:
+def entry_of(path: str, st: os.stat_result) -> FileEntry:
+    """The :class:`FileEntry` of an ``lstat`` result."""
+    if stat.S_ISREG(st.st_mode):
+        return FileEntry(path, st.st_size, st.st_mtime, FileKind.FILE)
+    if stat.S_ISLNK(st.st_mode):
+        return FileEntry(path, st.st_size, st.st_mtime, FileKind.SYMLINK)
+    kind = FileKind.DIR if stat.S_ISDIR(st.st_mode) else FileKind.OTHER
+    return FileEntry(path, 0, st.st_mtime, kind)
+
+
+class HostWorkspaceFS(WorkspaceFSBase):
     """File operations on host-directory workspaces, confined with fd-relative walks.
 
     ``host_roots`` are the host directories ``host://`` inputs and ``stage_directory``
     may read from; nothing else on the host is reachable through this object.
-    ``access`` is the backend's file rule (the sandbox's policy): writes it refuses raise
-    ``PathDenied`` before anything is written, reads it refuses raise too, and ``collect``
-    and staged host trees skip what it hides.
+    ``access`` is the backend's file rule (the sandbox's policy, the container's protected
+    paths): writes it refuses raise ``PathDenied`` before anything is written, reads it
+    refuses raise too, and ``collect``, ``list`` and staged host trees skip what it hides.
+    ``remove`` and ``rename`` of a directory check every entry in it, so that a tree
+    holding a path the rule keeps is refused whole, before anything moves.
     """
 
     def __init__(
@@ -117,22 +129,10 @@ class HostWorkspaceFS:
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         access: AccessHook | None = None,
     ) -> None:
-        self.artifacts = artifacts
+        super().__init__(artifacts, host_roots)
         self._access = access
         # uid/gid for what we create, per workspace (the sandbox uid when we run as root)
         self._owner = owner
-        self.roots = HostRoots(host_roots)
-        self.host_roots = self.roots.roots
-        self._locks: MetadataLocks | None = None
-
-    @property
-    def locks(self) -> MetadataLocks:
-        """Per-workspace locks serialising metadata read-modify-write."""
-        if self._locks is None:
-            from .staging import MetadataLocks  # staging builds on this module
-
-            self._locks = MetadataLocks()
-        return self._locks
 
     def owner(self, ws: Workspace) -> tuple[int, int] | None:
         return self._owner(ws) if self._owner is not None else None
@@ -213,18 +213,64 @@ class HostWorkspaceFS:
         limits = (max_files, max_file_bytes, max_total_bytes)
         return await asyncio.to_thread(_collect, root, globs, *limits, self._readable(ws))
 
-    async def list_files(self, ws: Workspace, patterns: Sequence[str]) -> list[tuple[str, int]]:
-        """Paths and sizes of regular files matching the globs (no content read)."""
+    async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
+        """Every entry matching the globs, of any kind, without reading content; symlinks are listed,
+        never followed, and directories (kind ``dir``, size 0) are listed and walked into."""
         root = self._root(ws)
-        globs = normalize_globs(patterns)
-
+        globs = collect_globs(patterns)
         readable = self._readable(ws)
 
-        def walk() -> list[tuple[str, int]]:
+        def walk() -> list[FileEntry]:
             with ConfinedRoot(root) as cr:
-                return [(e.relpath, e.size) for e in _matching(cr, globs) if not e.unreadable and readable(e.relpath)]
+                return [entry_of(rel, st) for rel, st in _listed(cr, globs) if readable(rel)]
 
         return await asyncio.to_thread(walk)
+
+    async def stat(self, ws: Workspace, path: str) -> FileEntry:
+        root = self._root(ws)
+        rel = "/".join(split_relpath(path))
+        self.check(ws, rel, "read")
+
+        def lstat() -> FileEntry:
+            with ConfinedRoot(root) as cr:
+                return entry_of(rel, cr.lstat(rel))
+
+        return await asyncio.to_thread(lstat)
+
+    async def make_dir(self, ws: Workspace, path: str) -> None:
+        root = self._root(ws)
+        rel = "/".join(split_relpath(path))
+        self.check(ws, rel, "write")
+
+        def mkdir() -> None:
+            with ConfinedRoot(root, self.owner(ws)) as cr:
+                cr.make_dir(rel)
+
+        await asyncio.to_thread(mkdir)
+
+    async def rename(self, ws: Workspace, src: str, dst: str) -> None:
+        root = self._root(ws)
+        src, dst = "/".join(split_relpath(src)), "/".join(split_relpath(dst))
+        self.check(ws, src, "write")
+        self.check(ws, dst, "write")
+
+        def move() -> None:
+            with ConfinedRoot(root, self.owner(ws)) as cr:
+                for rel in self._tree_below(cr, src):
+                    self.check(ws, rel, "write")
+                    self.check(ws, dst + rel[len(src) :], "write")
+                cr.rename(src, dst)
+
+        await asyncio.to_thread(move)
+
+    def _tree_below(self, cr: ConfinedRoot, path: str) -> Iterator[str]:
+        """What a rule must allow before the tree at ``path`` goes (nothing to check without a rule)."""
+        if self._access is None:
+            return
+        for rel, _, unreadable in cr.scan(split_relpath(path)):
+            if unreadable:
+                raise PathDenied(rel, "a directory in the tree cannot be read, so the file rule cannot be checked")
+            yield rel
 
     async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
         src = Path(src)
@@ -253,11 +299,14 @@ class HostWorkspaceFS:
 
     async def remove(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
-        self.check(ws, path, "write")
+        rel = "/".join(split_relpath(path))
+        self.check(ws, rel, "write")
 
         def rm() -> None:
             with ConfinedRoot(root) as cr:
-                cr.remove(path)
+                for below in self._tree_below(cr, rel):
+                    self.check(ws, below, "write")
+                cr.remove(rel)
 
         await asyncio.to_thread(rm)
 
@@ -278,18 +327,6 @@ class HostWorkspaceFS:
 
         await asyncio.to_thread(link)
 
-    # -- derived operations (written once in staging.py) ---------------------------------
-
-    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
-        from .staging import stage_inputs
-
-        return await stage_inputs(self, ws, inputs, artifacts=self.artifacts, host_roots=self.host_roots)
-
-    async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
-        from .staging import collect_outputs
-
-        return await collect_outputs(self, ws, spec, artifacts=self.artifacts)
-
     async def disk_usage(self, ws: Workspace) -> int:
         root = self._root(ws)
 
@@ -300,7 +337,7 @@ class HostWorkspaceFS:
         return await asyncio.to_thread(du)
 
 
-def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-def]
+def _matching(cr: ConfinedRoot, globs: list[str]) -> Iterator[Entry]:
     seen: set[str] = set()
     for start in walk_starts(globs):
         for entry in cr.walk(list(start)):
@@ -312,6 +349,17 @@ def _matching(cr: ConfinedRoot, globs: list[str]):  # type: ignore[no-untyped-de
             if entry.unreadable or wglob.globmatch(entry.relpath, globs, flags=GLOB_FLAGS):
                 seen.add(entry.relpath)
                 yield entry
+
+
+def _listed(cr: ConfinedRoot, globs: list[str]) -> Iterator[tuple[str, os.stat_result]]:
+    seen: set[str] = set()
+    for start in walk_starts(globs):
+        for rel, st, _ in cr.scan(list(start)):
+            if rel in seen or ("/" not in rel and is_metadata_temp(rel)):
+                continue
+            if wglob.globmatch(rel, globs, flags=GLOB_FLAGS):
+                seen.add(rel)
+                yield rel, st
 
 
 _UNREADABLE = "unreadable (permission denied: the program removed read permission)"

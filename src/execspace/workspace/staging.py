@@ -1,11 +1,16 @@
 """Staging inputs and collecting outputs, written once for every backend.
 
 Everything here goes through the :class:`~execspace.protocols.WorkspaceFS`
-primitives (``put_files``, ``read_file``, ``collect``, ``stage_directory``, and the
-optional ``link_host``), so it works the same on host directories, containers and
-remote sandboxes. ``metadata.json`` is read and written through the same
-primitives; its read-modify-write cycles are serialised per workspace by a
-:class:`MetadataLocks` object that the file system owns.
+primitives (``put_files``, ``read_file``, ``collect``, ``stage_directory``, the
+backend's ``check`` rule, and the optional ``link_host``), so it works the same on host
+directories, containers and remote sandboxes. ``metadata.json`` is read and written
+through the same primitives; its read-modify-write cycles are serialised per workspace
+by a :class:`MetadataLocks` object that the file system owns.
+
+:class:`WorkspaceFSBase` is what a backend's file system inherits (as fsspec's
+``AbstractFileSystem``): ``stage_inputs``/``collect_outputs`` by one :class:`Stager`,
+``exists`` over ``stat``, ``stage_directory`` over ``put_files``, the metadata locks, the
+allowed host roots and a no-op ``check``. A backend writes the primitives only.
 
 Input sources:
 
@@ -19,6 +24,7 @@ Input sources:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import hashlib
 import os
@@ -49,8 +55,11 @@ from ..errors import (
     UsageError,
 )
 from ..models import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES,
     DEFAULT_MAX_TOTAL_BYTES,
     File,
+    FileEntry,
     FileRef,
     InputSpec,
     OutputManifest,
@@ -59,7 +68,7 @@ from ..models import (
     Workspace,
 )
 from .confine import split_relpath
-from .hostroots import HostRoots, HostSource
+from .hostroots import HostRoots, HostSource, walk_tree
 from .layout import METADATA_FILE
 from .metadata import InputRecord, OutputRecord, WorkspaceMetadata, is_metadata_temp
 
@@ -69,6 +78,7 @@ __all__ = [
     "Stager",
     "StagingFS",
     "SupportsHostLink",
+    "WorkspaceFSBase",
     "collect_outputs",
     "load_ws_metadata",
     "save_ws_metadata",
@@ -85,6 +95,16 @@ _DEFAULT_INPUT_DIR = "work/inputs"
 
 class StagingFS(Protocol):
     """The primitives staging needs; every :class:`~execspace.protocols.WorkspaceFS` has them."""
+
+    @property
+    def locks(self) -> MetadataLocks:
+        """The per-workspace locks of ``metadata.json``, shared by everything that edits it through this fs."""
+        ...
+
+    def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:
+        """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path`` (workspace-relative, or
+        an absolute host path being read)."""
+        ...
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None: ...
 
@@ -223,8 +243,7 @@ class Stager:
         fs: the backend's file system (the primitives of :class:`StagingFS`).
         artifacts: the service for ``artifact://`` inputs and saved outputs.
         host_roots: host directories ``host://`` inputs may come from; nothing else is reachable.
-        locks: the per-workspace metadata locks; default ``fs.locks`` when the fs has
-            them, else private ones (then only this stager's calls are serialised).
+        locks: the per-workspace metadata locks; default ``fs.locks``.
         max_input_bytes: cap on one host file and on one workspace/skill copy.
         max_input_files: cap on the files of one workspace/skill copy.
     """
@@ -243,10 +262,7 @@ class Stager:
         self.artifacts = artifacts
         self._roots = HostRoots(host_roots)
         self.host_roots = self._roots.roots
-        if locks is None:
-            own = getattr(fs, "locks", None)
-            locks = own if isinstance(own, MetadataLocks) else MetadataLocks()
-        self.locks = locks
+        self.locks = fs.locks if locks is None else locks
         self.max_input_bytes = max_input_bytes
         self.max_input_files = max_input_files
 
@@ -360,10 +376,8 @@ class Stager:
         except FileNotFoundError:
             raise InputError(f"host input {plan.src!r} does not exist") from None
         with source:
-            check = getattr(self.fs, "check", None)
-            if check is not None:
-                # the backend's rules on host paths (e.g. credential stores) hold inside host_roots too
-                check(ws, str(source.path), "read")
+            # the backend's rules on host paths (e.g. credential stores) hold inside host_roots too
+            self.fs.check(ws, str(source.path), "read")
             if plan.mode == "link":
                 assert isinstance(self.fs, SupportsHostLink)  # checked by _plan
                 await self.fs.link_host(ws, source.path, plan.dest)
@@ -523,6 +537,116 @@ def _read_host_file(source: HostSource, cap: int) -> tuple[bytes, int]:
     if size > cap:
         raise LimitExceeded(f"host file {str(source.path)!r} grew past the {cap}-byte input cap while being read")
     return b"".join(chunks), 0o755 if source.st.st_mode & 0o111 else 0o644
+
+
+# -- the base every backend's file system inherits ----------------------------------------
+
+#: Most files (and bytes: the total collect cap) :meth:`WorkspaceFSBase.stage_directory` uploads.
+_UPLOAD_FILES = 10_000
+
+
+class WorkspaceFSBase(abc.ABC):
+    """Defaults over a backend's file primitives, written once (fsspec's ``AbstractFileSystem`` model).
+
+    A backend implements the primitives (``put_files``, ``read_file``, ``collect``, ``list``, ``stat``,
+    ``remove``, ``make_dir``, ``rename``) and inherits ``stage_inputs``/``collect_outputs`` (one
+    :class:`Stager` over them), ``exists`` (over ``stat``), ``stage_directory`` (the allowed host tree
+    uploaded with ``put_files``), the metadata ``locks``, the allowed ``host_roots`` and ``check``, the
+    backend's file rule (none here: a backend with one overrides it).
+    """
+
+    def __init__(self, artifacts: ArtifactService | None = None, host_roots: Sequence[Path | str] = ()) -> None:
+        self.artifacts = artifacts
+        self.roots = HostRoots(host_roots)
+        self.host_roots = self.roots.roots
+        self.locks = MetadataLocks()
+        self._stager: Stager | None = None
+
+    @abc.abstractmethod
+    async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None: ...
+
+    @abc.abstractmethod
+    async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File: ...
+
+    @abc.abstractmethod
+    async def collect(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = DEFAULT_MAX_FILES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> list[File]: ...
+
+    @abc.abstractmethod
+    async def stat(self, ws: Workspace, path: str) -> FileEntry: ...
+
+    def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:  # noqa: B027 - a default
+        """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path``; here, no rule."""
+
+    async def exists(self, ws: Workspace, path: str) -> bool:
+        """Whether an entry of any kind (a dangling symlink too) is at ``path``."""
+        try:
+            await self.stat(ws, path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
+        """Upload the allowed host tree ``src`` to ``dest``; symlinks in it are skipped, never followed."""
+        if not Path(src).is_absolute():
+            raise PathDenied(str(src), "stage_directory needs an absolute host path")
+        dest = "/".join(split_relpath(dest))
+        self.check(ws, dest, "write")
+        puts = await asyncio.to_thread(self._read_host_tree, ws, Path(src), dest, read_only)
+        await self.put_files(ws, puts)
+
+    def _read_host_tree(self, ws: Workspace, src: Path, dest: str, read_only: bool) -> list[PutFile]:
+        """The regular files of the allowed host tree ``src`` the file rule lets us read, capped."""
+
+        def keep(rel: tuple[str, ...]) -> bool:
+            try:
+                self.check(ws, os.path.join(source.path, *rel), "read")
+            except PathDenied:
+                return False
+            self.check(ws, "/".join((dest, *rel)), "write")
+            return True
+
+        puts: list[PutFile] = []
+        total = 0
+        with self.roots.open(src) as source:
+            if not source.is_dir:
+                raise InputError(f"stage_directory needs a directory, and {src} is a file")
+            self.check(ws, str(source.path), "read")
+            for entry in walk_tree(source.fd, keep):
+                if entry.fd is None:
+                    continue
+                with os.fdopen(os.dup(entry.fd), "rb") as f:
+                    data = f.read(DEFAULT_MAX_TOTAL_BYTES - total + 1)
+                total += len(data)
+                if total > DEFAULT_MAX_TOTAL_BYTES or len(puts) >= _UPLOAD_FILES:
+                    raise LimitExceeded(
+                        f"{src} is larger than {DEFAULT_MAX_TOTAL_BYTES} bytes or {_UPLOAD_FILES} files"
+                    )
+                mode = entry.st.st_mode & (0o555 if read_only else 0o755)
+                puts.append(PutFile("/".join((dest, *entry.rel)), data, mode))
+        return puts
+
+    @property
+    def stager(self) -> Stager:
+        """The stager over this file system, with its artifacts, host roots and locks."""
+        if self._stager is None:
+            self._stager = Stager(self, artifacts=self.artifacts, host_roots=self.host_roots, locks=self.locks)
+        return self._stager
+
+    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+        """Stage inputs (artifact, host, workspace, skill, bytes); return the workspace paths written."""
+        return await self.stager.stage_inputs(ws, inputs)
+
+    async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
+        """Collect outputs with caps, optionally saving them as artifacts, and record them in metadata."""
+        return await self.stager.collect_outputs(ws, spec)
 
 
 # -- functional front ---------------------------------------------------------------

@@ -37,8 +37,6 @@ from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...errors import (
     BackendError,
-    InputError,
-    LimitExceeded,
     PathDenied,
     SetupFailed,
     UnsupportedBackend,
@@ -50,19 +48,18 @@ from ...models import (
     DEFAULT_MAX_FILES,
     DEFAULT_MAX_TOTAL_BYTES,
     File,
-    InputSpec,
-    OutputManifest,
-    OutputSpec,
+    FileEntry,
+    FileKind,
     Persistence,
     PutFile,
     Workspace,
     WorkspacePolicy,
 )
 from ...workspace.confine import split_relpath
-from ...workspace.hostfs import GLOB_FLAGS, HostWorkspaceFS, collect_globs, normalize_globs, walk_starts
-from ...workspace.hostroots import HostRoots, walk_tree
+from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
+from ...workspace.staging import WorkspaceFSBase
 from .kernels import bind
 from .remote import NoPrograms, RemoteConnection, RemoteKernelSessions, RemoteLauncher, remote_capabilities
 
@@ -161,17 +158,17 @@ class FileKernel:
             await self._drop()
 
 
-class RemoteWorkspaceFS:
-    """WorkspaceFS for workspaces on the server: same paths rules, caps and errors as HostWorkspaceFS."""
+class RemoteWorkspaceFS(WorkspaceFSBase):
+    """WorkspaceFS for workspaces on the server: same paths rules, caps and errors as HostWorkspaceFS.
+
+    Staging, ``exists`` and ``stage_directory`` (host trees uploaded with ``put_files``) come from the base.
+    """
 
     def __init__(
         self, files: FileKernel, artifacts: ArtifactService | None = None, host_roots: Sequence[Path] = ()
     ) -> None:
+        super().__init__(artifacts, host_roots)
         self.files = files
-        self.artifacts = artifacts
-        self._host = HostWorkspaceFS(host_roots=host_roots)  # host_roots rules, and the metadata locks
-        self.host_roots = self._host.host_roots
-        self.locks = self._host.locks
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         for f in files:
@@ -231,7 +228,9 @@ class RemoteWorkspaceFS:
         globs = collect_globs(patterns)
         files: list[File] = []
         budget = max_total_bytes
-        for path, _size, nlink in await self._matching(ws, globs):
+        for path, _size, nlink, kind, _ in await self._matching(ws, globs):
+            if kind is not FileKind.FILE:
+                continue
             if len(files) >= max_files or budget <= 0:
                 break
             if nlink > 1:
@@ -244,34 +243,34 @@ class RemoteWorkspaceFS:
             files.append(File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, len(data) < size))
         return files
 
-    async def _matching(self, ws: Workspace, globs: list[str]) -> list[tuple[str, int, int]]:
+    async def _matching(self, ws: Workspace, globs: list[str]) -> list[_Found]:
         starts = walk_starts(globs)
         if not starts:
             return []
         found = await self.files.call("walk", {"ws": ws.path, "starts": starts, "max_entries": MAX_WALK_ENTRIES})
         return list(_selected(found, globs))
 
-    async def list_files(self, ws: Workspace, patterns: Sequence[str]) -> list[tuple[str, int]]:
-        """Paths and sizes of regular files matching the globs (no content read)."""
-        return [(path, size) for path, size, _ in await self._matching(ws, normalize_globs(patterns))]
+    async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
+        """Every entry matching the globs, of any kind (see HostWorkspaceFS.list); no content read."""
+        found = await self._matching(ws, collect_globs(patterns))
+        return [FileEntry(path, size, mtime, kind) for path, size, _, kind, mtime in found]
 
-    async def stage_directory(self, ws: Workspace, src: Path, dest: str, *, read_only: bool = False) -> None:
-        """Upload the allowed host tree ``src`` to ``dest``; symlinks in it are skipped, never followed."""
-        if not Path(src).is_absolute():
-            raise PathDenied(str(src), "stage_directory needs an absolute host path")
-        dest_parts = split_relpath(dest)
-        puts = await asyncio.to_thread(_read_host_tree, self._host.roots, Path(src), "/".join(dest_parts), read_only)
-        await self.put_files(ws, puts)
+    async def stat(self, ws: Workspace, path: str) -> FileEntry:
+        rel = "/".join(split_relpath(path))
+        (path, size, _, kind, mtime) = _checked(await self.files.call("stat", {"ws": ws.path, "path": rel}))
+        return FileEntry(path, size, mtime, kind)
 
-    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
-        from ...workspace.staging import stage_inputs
+    async def remove(self, ws: Workspace, path: str) -> None:
+        rel = "/".join(split_relpath(path))
+        await self.files.call("remove_path", {"ws": ws.path, "path": rel})
 
-        return await stage_inputs(self, ws, inputs, artifacts=self.artifacts, host_roots=self.host_roots)
+    async def make_dir(self, ws: Workspace, path: str) -> None:
+        rel = "/".join(split_relpath(path))
+        await self.files.call("make_dir", {"ws": ws.path, "path": rel})
 
-    async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
-        from ...workspace.staging import collect_outputs
-
-        return await collect_outputs(self, ws, spec, artifacts=self.artifacts)
+    async def rename(self, ws: Workspace, src: str, dst: str) -> None:
+        src, dst = "/".join(split_relpath(src)), "/".join(split_relpath(dst))
+        await self.files.call("rename", {"ws": ws.path, "src": src, "dst": dst})
 
     async def next_cell(self, ws: Workspace) -> int:
         return int(await self.files.call("next_cell", {"ws": ws.path}))
@@ -281,37 +280,28 @@ def _piece(path: str, data: bytes, mode: int, tmp: str | None, *, final: bool) -
     return {"path": path, "b64": base64.b64encode(data).decode(), "mode": mode, "tmp": tmp, "final": final}
 
 
-def _selected(found: Any, globs: list[str]) -> Iterator[tuple[str, int, int]]:
+#: One walk entry from the server, checked: path, size, hard links, kind, mtime.
+_Found = tuple[str, int, int, FileKind, float]
+
+
+def _checked(raw: Any) -> _Found:
+    """A walk or stat entry from the server, its path re-validated (whoever sent it) and its fields typed."""
+    path, size, nlink, kind, mtime = raw
+    split_relpath(str(path))  # a path that could leave the workspace is refused
+    return str(path), int(size), int(nlink), FileKind(kind), float(mtime)
+
+
+def _selected(found: Any, globs: list[str]) -> Iterator[_Found]:
     """The walk's entries that match the globs; the server's answer is checked before it is used."""
     seen: set[str] = set()
-    for path, size, nlink in found:
-        path = str(path)
-        split_relpath(path)  # a path that could leave the workspace is refused, whoever sent it
+    for raw in found:
+        entry = _checked(raw)
+        path = entry[0]
         if path in seen or ("/" not in path and is_metadata_temp(path)):
             continue
         if wglob.globmatch(path, globs, flags=GLOB_FLAGS):
             seen.add(path)
-            yield path, int(size), int(nlink)
-
-
-def _read_host_tree(roots: HostRoots, src: Path, dest: str, read_only: bool) -> list[PutFile]:
-    """The regular files of the allowed host tree ``src`` (no symlink followed), capped like a staged tree."""
-    puts: list[PutFile] = []
-    total = 0
-    with roots.open(src) as source:
-        if not source.is_dir:
-            raise InputError(f"stage_directory needs a directory, and {src} is a file")
-        for entry in walk_tree(source.fd):
-            if entry.fd is None:
-                continue
-            with os.fdopen(os.dup(entry.fd), "rb") as f:
-                data = f.read(DEFAULT_MAX_TOTAL_BYTES - total + 1)
-            total += len(data)
-            if total > DEFAULT_MAX_TOTAL_BYTES or len(puts) >= 10_000:
-                raise LimitExceeded(f"{src} is larger than {DEFAULT_MAX_TOTAL_BYTES} bytes or 10,000 files")
-            mode = entry.st.st_mode & (0o555 if read_only else 0o755)
-            puts.append(PutFile("/".join((dest, *entry.rel)), data, mode))
-    return puts
+            yield entry
 
 
 class FarLauncher(RemoteLauncher):

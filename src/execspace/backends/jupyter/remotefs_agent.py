@@ -215,7 +215,7 @@ def op_read(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_walk(args: dict[str, Any]) -> list[list[Any]]:
-    """Regular files below each start, sorted, without following symlinks: [path, size, nlinks]."""
+    """Every entry below each start, sorted, without following symlinks: [path, size, nlinks, kind, mtime]."""
     budget = [args["max_entries"]]
     found: list[list[Any]] = []
     for start in args["starts"]:
@@ -240,16 +240,109 @@ def walk_fd(fd: int, prefix: str, budget: list[int], found: list[list[Any]]) -> 
                 st = e.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
+            found.append(entry(rel, st))
             if stat.S_ISDIR(st.st_mode):
                 try:
                     sub = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
                 except OSError:
                     continue
                 walk_fd(sub, rel, budget, found)
-            elif stat.S_ISREG(st.st_mode):
-                found.append([rel, st.st_size, st.st_nlink])
     finally:
         os.close(fd)
+
+
+def entry(rel: str, st: os.stat_result) -> list[Any]:
+    """[path, size, nlinks, kind, mtime] of an lstat result (the kinds of execspace's FileKind)."""
+    if stat.S_ISREG(st.st_mode):
+        kind = "file"
+    elif stat.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    else:
+        kind = "dir" if stat.S_ISDIR(st.st_mode) else "other"
+    size = st.st_size if kind in ("file", "symlink") else 0
+    return [rel, size, st.st_nlink, kind, st.st_mtime]
+
+
+def op_stat(args: dict[str, Any]) -> list[Any]:
+    path = args["path"]
+    parts = split_relpath(path)
+    dfd = open_dir(args["ws"], parts[:-1], path)
+    try:
+        return entry("/".join(parts), os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False))
+    except FileNotFoundError:
+        raise Refused("FileNotFoundError", path, "no such file or directory") from None
+    finally:
+        os.close(dfd)
+
+
+def op_make_dir(args: dict[str, Any]) -> None:
+    path = args["path"]
+    os.close(open_dir(args["ws"], split_relpath(path), path, create=True))
+
+
+def op_rename(args: dict[str, Any]) -> None:
+    src, dst = args["src"], args["dst"]
+    src_parts, dst_parts = split_relpath(src), split_relpath(dst)
+    if dst_parts[: len(src_parts)] == src_parts:
+        raise Refused("PathDenied", dst, f"cannot move {src!r} into itself")
+    sfd = open_dir(args["ws"], src_parts[:-1], src)
+    try:
+        try:
+            os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise Refused("FileNotFoundError", src, "no such file or directory") from None
+        dfd = open_dir(args["ws"], dst_parts[:-1], dst, create=True)
+        try:
+            os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def op_remove_path(args: dict[str, Any]) -> None:
+    """Remove a file, link or tree inside the workspace by directory fds (a link is removed, never followed)."""
+    path = args["path"]
+    parts = split_relpath(path)
+    dfd = open_dir(args["ws"], parts[:-1], path)
+    try:
+        try:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise Refused("FileNotFoundError", path, "no such file or directory") from None
+        remove_entry(dfd, parts[-1], 0)
+    finally:
+        os.close(dfd)
+
+
+def remove_entry(dfd: int, name: str, depth: int) -> None:
+    """Remove ``name`` below ``dfd``; a directory is opened with ``O_NOFOLLOW`` (a symlink swapped in for it
+    is unlinked, never entered) and given back to its owner's write access (read-only staged trees)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EACCES):
+            raise
+        if exc.errno != errno.EACCES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dfd)
+            return
+        # a directory its program made unreadable: the server side is one principal, so giving it back is ours
+        os.chmod(name, 0o700, dir_fd=dfd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    try:
+        if depth > 256:
+            raise Refused("PathDenied", name, "more than 256 directory levels; flatten the tree")
+        st = os.fstat(fd)
+        if st.st_uid == os.getuid() and st.st_mode & 0o700 != 0o700:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+        for child in os.listdir(fd):
+            remove_entry(fd, child, depth + 1)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dfd)
 
 
 def op_next_cell(args: dict[str, Any]) -> int:
@@ -273,6 +366,10 @@ OPS: dict[str, Any] = {
     "write": op_write,
     "read": op_read,
     "walk": op_walk,
+    "stat": op_stat,
+    "make_dir": op_make_dir,
+    "rename": op_rename,
+    "remove_path": op_remove_path,
     "next_cell": op_next_cell,
 }
 
