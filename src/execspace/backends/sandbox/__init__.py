@@ -257,6 +257,8 @@ class SandboxProcess:
 def which_in_sandbox(cmd: str, path: str = MINIMAL_PATH) -> str | None:
     """The program a sandbox starts for ``cmd``: a bare name is looked up on the entries of ``path`` the sandbox
     sees (no ``/root``, ``/home``… ones); a path is started as given."""
+    if "/" in cmd:
+        return cmd
     return lookup_on_path(cmd, visible_path_entries(path) or MINIMAL_PATH)
 
 
