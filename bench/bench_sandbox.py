@@ -1,7 +1,7 @@
 """Sandbox-backend benchmarks (4): the library against bubblewrap started by hand.
 
 The "bare bwrap" baseline spawns the *exact* process execspace would: the
-runner's own ``prepare`` and ``wrap`` (which calls ``bwrap.build_argv``) build the
+runner's own ``preparation.prepare`` and ``wrap`` (which calls ``bwrap.build_argv``) build the
 launch once, before timing, on a second workspace of the same engine; every
 baseline run then spawns that argv with the same environment, cwd, uid/gid (the
 per-workspace sandbox uid when we are root) and seccomp filter, and nothing
@@ -57,7 +57,7 @@ class BareBwrap:
     def launch(self, cmd: list[str]) -> Any:
         key = tuple(cmd)
         if key not in self.launches:
-            prep = self.runner.prepare(self.ws, RunProgramSpec(cmd[0], cmd[1:]))
+            prep = self.runner.preparation.prepare(self.ws, RunProgramSpec(cmd[0], cmd[1:]))
             self.launches[key] = self.runner.wrap(prep)
         return self.launches[key]
 

@@ -82,10 +82,6 @@ def test_every_module_has_a_floor() -> None:
     assert [m for m in MODULES if m != "execspace" and _floor(m) is None] == []
 
 
-#: Imports still being replaced (issue 11): these lists only shrink.
-KNOWN_UPWARD = {"execspace.process.hostrunner (floor 2) -> execspace.protocols (floor 3)"}
-
-
 def test_no_import_runs_up_a_floor() -> None:
     upward = []
     for name, targets in EDGES.items():
@@ -93,16 +89,7 @@ def test_no_import_runs_up_a_floor() -> None:
             here, there = _floor(name), _floor(target)
             if here is not None and there is not None and there > here:
                 upward.append(f"{name} (floor {here}) -> {target} (floor {there})")
-    assert set(upward) - KNOWN_UPWARD == set()
-    assert KNOWN_UPWARD - set(upward) == set(), "an upward import is gone: drop it from the list"
-
-
-KNOWN_SIBLING_INTERNALS = {
-    "execspace.backends.jupyter -> execspace.backends.sandbox.seccomp",
-    "execspace.backends.jupyter.sandboxed -> execspace.backends.sandbox.bwrap",
-    "execspace.backends.jupyter.sandboxed -> execspace.backends.sandbox.seccomp",
-    "execspace.backends.jupyter.sandboxpool -> execspace.backends.sandbox.bwrap",
-}
+    assert upward == []
 
 
 def test_backends_use_each_other_only_through_the_public_package() -> None:
@@ -112,8 +99,7 @@ def test_backends_use_each_other_only_through_the_public_package() -> None:
             sibling = _floor(name) == _floor(target) == FLOORS["backends"] and _unit(name) != _unit(target)
             if sibling and target != _unit(target):  # a module inside another backend's package
                 reaching.add(f"{name} -> {target}")
-    assert reaching - KNOWN_SIBLING_INTERNALS == set()
-    assert KNOWN_SIBLING_INTERNALS - reaching == set(), "an internal use is gone: drop it from the list"
+    assert reaching == set()
 
 
 def test_no_two_packages_import_each_other() -> None:

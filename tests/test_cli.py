@@ -609,3 +609,21 @@ def test_unrunnable_programs_exit_as_in_a_shell(cli: Cli, tmp_path: Path, backen
         proc = cli("run", "--backend", backend, "--", cmd)
         assert proc.returncode == code, (cmd, proc.stderr)
         assert cmd.encode() in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["local", "sandbox"])
+@pytest.mark.parametrize("json_report", [False, True], ids=["streamed", "json"])
+def test_signals_and_timeouts_exit_as_in_a_shell(cli: Cli, tmp_path: Path, backend: str, json_report: bool) -> None:
+    """128 + N for a program killed by signal N, 124 for a timeout, the program's own code otherwise: the same on
+    every backend, streamed (start_program) or not (run_program; the sandbox's bwrap says 128 + N itself)."""
+    if backend == "sandbox":
+        _needs_sandbox()
+        make_traversable(tmp_path)
+    mode = ["--json"] if json_report else []
+    for script, status in (("kill -TERM $$", 128 + 15), ("kill -KILL $$", 128 + 9), ("exit 3", 3)):
+        proc = cli("run", "--backend", backend, *mode, "--", "sh", "-c", script)
+        assert proc.returncode == status, (script, proc.stderr)
+        if json_report:
+            assert json.loads(proc.stdout)["exit_code"] == (status if status < 128 else 128 - status)
+    timed_out = cli("run", "--backend", backend, *mode, "--timeout", "0.5", "--", "sleep", "30")
+    assert timed_out.returncode == 124, timed_out.stderr

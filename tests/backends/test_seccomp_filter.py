@@ -215,10 +215,10 @@ def test_each_call_gets_its_own_fd() -> None:
 
 def test_build_argv_passes_the_fd_to_bwrap() -> None:
     cfg = BwrapConfig("bwrap", network=False)
-    with_fd = build_argv(cfg, Path("/srv/ws"), "", ["true"], as_root_host=True, seccomp_fd=7)
+    with_fd = build_argv(cfg, Path("/srv/ws"), "", ["true"], seccomp_fd=7)
     i = with_fd.index("--seccomp")
     assert with_fd[i + 1] == "7" and i < with_fd.index("--")
-    assert "--seccomp" not in build_argv(cfg, Path("/srv/ws"), "", ["true"], as_root_host=True)
+    assert "--seccomp" not in build_argv(cfg, Path("/srv/ws"), "", ["true"])
 
 
 def test_unknown_syscall_name_fails_closed() -> None:

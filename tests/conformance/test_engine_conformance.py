@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,46 @@ async def test_make_dir_and_rename(any_engine: Engine, any_ws: Ws) -> None:
     for src, dst in (("../x", "work/z"), ("work/old.txt", "../z"), ("work/old.txt", "/tmp/z")):
         with pytest.raises(PathDenied):
             await fs.rename(any_ws, src, dst)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGUSR1])
+async def test_killed_by_signal_is_minus_n(any_engine: Engine, any_ws: Ws, sig: signal.Signals) -> None:
+    """Every backend reports a program killed by signal N as exit code -N (the CLI exits 128 + N), also where a
+    wrapper (bubblewrap, a container runtime) can only say 128 + N."""
+    r = await run(any_engine, any_ws, f"echo before; kill -{int(sig)} $$; echo after")
+    assert (r.exit_code, r.signal, r.stdout) == (-sig, sig, "before\n"), (r.exit_code, r.stderr)
+    assert not r.timed_out and r.limit_hit is None
+
+
+async def test_killed_by_signal_is_minus_n_when_started(any_engine: Engine, any_ws: Ws) -> None:
+    spec = RunProgramSpec("sh", ["-c", "kill -TERM $$"])
+    async with await any_engine.runner.start_program(any_ws, spec) as handle:
+        result = await handle.wait()
+    assert (result.exit_code, result.signal) == (-signal.SIGTERM, signal.SIGTERM), result
+
+
+async def test_a_program_exit_code_passes_through(any_engine: Engine, any_ws: Ws) -> None:
+    for code in (1, 2, 42, 125, 128):
+        r = await run(any_engine, any_ws, f"exit {code}")
+        assert (r.exit_code, r.signal) == (code, None), r
+
+
+async def test_timed_out_program_ends_by_a_signal(any_engine: Engine, any_ws: Ws) -> None:
+    """A timeout kills the program: the result says ``timed_out`` and the signal (the CLI exits 124)."""
+    r = await run(any_engine, any_ws, "sleep 30", timeout=0.5)
+    assert r.timed_out and r.limit_hit == "timeout"
+    assert r.exit_code < 0 and r.signal in (signal.SIGTERM, signal.SIGKILL), r.exit_code
+
+
+@pytest.mark.parametrize("cmd", ["/no/such/program-xyz", "./no-such-program-xyz", "no-such-program-xyz"])
+async def test_missing_program_is_127_when_started(any_engine: Engine, any_ws: Ws, cmd: str) -> None:
+    """``start_program`` of a program that does not exist: refused with ``FileNotFoundError`` (a bare name, looked
+    up before anything starts) or a handle whose result is 127 (a path, found missing where it would run)."""
+    try:
+        handle = await any_engine.runner.start_program(any_ws, RunProgramSpec(cmd))
+    except FileNotFoundError as exc:
+        assert cmd in str(exc)
+        return
+    async with handle:
+        result = await handle.wait()
+    assert result.exit_code == 127, (result.exit_code, result.stderr)

@@ -1,52 +1,31 @@
 """ProgramRunner for programs started as host processes (local, and wrapped by the sandbox).
 
-A subclass only changes how the prepared command is wrapped (``wrap``) and what
-the program sees as its workspace path; the spawn, supervision, environment
-policy and post-run checks are shared.
+Composed of the shared steps: :class:`~.preparation.RunPreparation` decides what the program gets, :meth:`wrap`
+turns that into the finished :class:`~.supervisor.Launch` (a wrapping backend overrides only this step), and the
+spawn, supervision, per-workspace bookkeeping and post-run checks are the same for every host process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
-import secrets
-import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
-from ..errors import PathDenied, UsageError
 from ..models import RunProgramSpec, RunResult, Workspace
-from ..protocols import ProgramHandle
-from ..workspace.confine import ConfinedRoot, split_relpath
-from ..workspace.layout import new_run_name, workspace_env
+from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import RUN_MARKER_VAR, Launch, MarkerSweeper, SupervisedProcess, spawn
+from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
 
-__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Prepared", "unisolated_capabilities"]
+__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "unisolated_capabilities"]
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
     "allocated blocks of the whole tree (fallocate reservations included, hard links once), measured after "
     "each run: a run can go over while it writes, then gets limit_hit=disk_bytes"
 )
-
-
-@dataclass(slots=True)
-class Prepared:
-    """A run after policy checks, before wrapping: everything a wrapper needs."""
-
-    ws: Workspace
-    root: Path
-    spec: RunProgramSpec
-    argv: list[str]
-    env: dict[str, str]
-    host_cwd: str
-    run_dir: str
-    marker: str
 
 
 class HostRunner:
@@ -60,57 +39,66 @@ class HostRunner:
         host_env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
+        program_root: Callable[[Workspace], str] | None = None,
+        lookup: ProgramLookup = lookup_on_path,
     ) -> None:
-        self._caps = capabilities
-        # uid/gid for the directories we create for a run (the sandbox uid when we run as root)
-        self._owner_of = owner
-        self.env_policy = env_policy or EnvPolicy()
-        self._host_env = host_env
+        self.preparation = RunPreparation(
+            capabilities, env_policy, host_env=host_env, owner=owner, program_root=program_root, lookup=lookup
+        )
         self.kill_grace = kill_grace
         self._sweeper = MarkerSweeper()
         # programs still running, by workspace directory: cleanup kills them before removing the tree
         self._live: dict[Path, set[asyncio.Future[SupervisedProcess]]] = {}
 
-    # -- hooks for wrapping backends -------------------------------------------------------
+    # -- the wrapper step --------------------------------------------------------------------
 
-    def _owner(self, ws: Workspace) -> tuple[int, int] | None:
-        return self._owner_of(ws) if self._owner_of is not None else None
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
+        """Turn a prepared run into the finished launch. The local backend spawns the program as is."""
+        return self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
 
-    def program_root(self, ws: Workspace) -> str:
-        """The workspace root as the program sees it."""
-        return str(ws.host_path)
-
-    def wrap(self, prep: Prepared) -> Launch:
-        """Turn a prepared run into what to spawn. The local backend spawns it as is."""
-        return self._launch(prep, prep.argv, prep.env, prep.host_cwd)
-
-    def after_run(self, prep: Prepared, result: RunResult) -> RunResult:
-        return result
+    def launch(
+        self, prep: PreparedRun, argv: list[str], env: dict[str, str], cwd: str, *, interactive: bool = False
+    ) -> Launch:
+        """The launch of ``argv`` for ``prep``: its stdin, deadline, output cap, rlimits and supervision."""
+        spec = prep.spec
+        return Launch(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            marker=prep.marker,
+            stdin=spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin,
+            interactive=interactive,
+            timeout=spec.timeout,
+            output_limit=spec.limits.output_bytes,
+            kill_grace=self.kill_grace,
+            preexec_fn=rlimit_preexec(spec.limits),
+            run_dir=prep.run_dir,
+            classify_exit=classify_rlimit_exit,
+            sweeper=self._sweeper,
+        )
 
     # -- ProgramRunner -----------------------------------------------------------------
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        prep = self.prepare(ws, spec)
+        prep = self.preparation.prepare(ws, spec)
         if isinstance(prep, RunResult):
             return prep
         try:
-            proc = await self._spawn(prep.root, self.wrap(prep))
+            proc = await self.spawn_prepared(prep, self.wrap(prep))
         except OSError as exc:
-            failed = _exec_failure(prep, exc)
+            failed = exec_failure(prep, exc)
             if failed is None:
                 raise
             return failed
         async with proc:
             result = await proc.wait()
-        return await self._post_run(prep, result)
+        return await finish_run(prep, result)
 
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
-        prep = self.prepare(ws, spec)
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        prep = self.preparation.prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())
-        launch = self.wrap(prep)
-        launch.interactive = True
-        return await self._spawn(prep.root, launch)
+        return await self.spawn_prepared(prep, self.wrap(prep, interactive=True))
 
     async def stop_programs(self, ws: Workspace) -> None:
         """Kill every program this runner started in ``ws`` that still runs (or is being started), and wait
@@ -121,7 +109,13 @@ class HostRunner:
         live = self._live.pop(ws.host_path, set())
         await asyncio.gather(*(_kill_started(started) for started in live))
 
-    async def _spawn(self, root: Path, launch: Launch) -> SupervisedProcess:
+    async def spawn_prepared(self, prep: PreparedRun, launch: Launch) -> SupervisedProcess:
+        """Start ``launch`` (made by :meth:`wrap` for ``prep``), known to :meth:`stop_programs` before it exists.
+
+        Raises:
+            OSError: it could not be started (``exec_failure`` says whether that is a 127/126).
+        """
+        root = prep.root
         # known before it exists: a program already running may not have been handed back to us yet
         started = asyncio.ensure_future(spawn(launch))
         live = self._live.setdefault(root, set())
@@ -139,103 +133,11 @@ class HostRunner:
             forget()
             raise
 
-    # -- shared steps ------------------------------------------------------------------
-
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> Prepared | RunResult:
-        """Check the spec against capabilities, set up cwd and run dir, build env and argv.
-
-        Returns a 127 :class:`RunResult` when the command does not exist, as a shell would.
-        """
-        self._caps().require(spec)
-        if ws.host_path is None:
-            raise UsageError(f"workspace {ws.id!r} is not a host workspace")
-        root = ws.host_path
-        host_cwd = self._host_cwd(ws, spec.cwd)
-        run_dir = new_run_name()
-        with ConfinedRoot(str(root), self._owner(ws)) as cr:
-            # fd-relative: a program that swapped runs/ for a symlink cannot make us create dirs elsewhere
-            os.close(cr.open_dir(split_relpath(run_dir), create=True))
-        marker = secrets.token_hex(8)
-        env = self.env_policy.build(
-            self._host_env if self._host_env is not None else os.environ,
-            spec.env,
-            workspace_env(self.program_root(ws), run_dir),
-            clean=spec.clean_env,
-        )
-        env[RUN_MARKER_VAR] = marker
-        program = self.resolve_program(spec.cmd, env["PATH"], host_cwd)
-        if program is None:
-            msg = f"execspace: command not found: {spec.cmd!r} (searched PATH={env['PATH']})\n"
-            return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
-        return Prepared(ws, root, spec, [program, *spec.args], env, host_cwd, run_dir, marker)
-
-    def resolve_program(self, cmd: str, path: str, cwd: str) -> str | None:
-        """Look a bare name up on the *run's* PATH, never the caller's."""
-        if "/" in cmd:
-            return cmd
-        return shutil.which(cmd, path=path)
-
-    def _host_cwd(self, ws: Workspace, cwd: str) -> str:
-        root = ws.host_path
-        assert root is not None
-        if not cwd or cwd in (".", "./"):
-            return str(root)
-        try:
-            parts = split_relpath(cwd)
-        except PathDenied as exc:
-            raise PathDenied(cwd, f"cwd must stay inside the workspace ({exc.reason})") from exc
-        with ConfinedRoot(str(root), self._owner(ws)) as cr:
-            os.close(cr.open_dir(parts, create=True))
-        return str(root.joinpath(*parts))
-
-    def _launch(self, prep: Prepared, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
-        spec = prep.spec
-        return Launch(
-            argv=argv,
-            env=env,
-            cwd=cwd,
-            marker=prep.marker,
-            stdin=spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin,
-            timeout=spec.timeout,
-            output_limit=spec.limits.output_bytes,
-            kill_grace=self.kill_grace,
-            preexec_fn=rlimit_preexec(spec.limits),
-            run_dir=prep.run_dir,
-            classify_exit=classify_rlimit_exit,
-            sweeper=self._sweeper,
-        )
-
-    async def _post_run(self, prep: Prepared, result: RunResult) -> RunResult:
-        result = self.after_run(prep, result)
-        cap = prep.ws.policy.max_disk_bytes
-        if cap is not None:
-            used = await asyncio.to_thread(_disk_usage, str(prep.root))
-            if used > cap and result.limit_hit is None:
-                result = replace(result, limit_hit="disk_bytes")
-        return result
-
 
 async def _kill_started(started: asyncio.Future[SupervisedProcess]) -> None:
     await asyncio.wait([started])
     if not started.cancelled() and started.exception() is None:
         await started.result().kill_now()
-
-
-def _exec_failure(prep: Prepared, exc: OSError) -> RunResult | None:
-    """A program that cannot be executed is a 127/126 result, as a shell reports it."""
-    if exc.errno == errno.ENOENT:
-        code, hint = 127, " (if the file exists, the interpreter on its #! line is missing)"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
-        code, hint = 126, " (is it executable, with a valid #! line?)"
-    else:
-        return None
-    msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}\n"
-    return RunResult(code, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=prep.run_dir)
-
-
-def _disk_usage(root: str) -> int:
-    with ConfinedRoot(root) as cr:
-        return cr.disk_usage()
 
 
 def unisolated_capabilities(

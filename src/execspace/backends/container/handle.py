@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import UsageError
 from ...models import OutputChunk, RunResult
-from ...process.hostrunner import Prepared
+from ...process.preparation import PreparedRun
 from .execrun import ExecRun
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ _POLL = 0.05
 class ContainerHandle:
     """Implements ``ProgramHandle`` for one exec in a workspace container."""
 
-    def __init__(self, runner: ContainerRunner, prep: Prepared) -> None:
+    def __init__(self, runner: ContainerRunner, prep: PreparedRun) -> None:
         self._runner = runner
         self._prep = prep
         self._loop = asyncio.get_running_loop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from collections.abc import Callable
 
@@ -12,7 +11,7 @@ from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import CapabilityError
 from ...models import RunProgramSpec, RunResult, Workspace
-from ...process.hostrunner import HostRunner, Prepared
+from ...process.preparation import PreparedRun, RunPreparation, finish_run, lookup_where_it_runs, signal_status
 from ...process.rlimits import classify_rlimit_exit
 from ...process.supervisor import RUN_MARKER_VAR
 from .config import CONTAINER_WORKSPACE
@@ -31,9 +30,9 @@ _KILL_SETTLES = (0.2, 0.5, 1.0, 5.0)
 _RUNTIME_FAILURE = b"OCI runtime exec failed"
 
 
-class ContainerRunner(HostRunner):
-    """Shares the host runner's checks (capabilities, cwd confinement, run dir, env policy);
-    only the launch differs: an exec in the workspace's long-lived container."""
+class ContainerRunner:
+    """The host runners' preparation (capabilities, cwd confinement, run dir, env policy); only the start
+    differs: an exec in the workspace's long-lived container."""
 
     def __init__(
         self,
@@ -42,21 +41,21 @@ class ContainerRunner(HostRunner):
         env_policy: EnvPolicy | None,
         owner: Callable[[Workspace], tuple[int, int] | None],
     ) -> None:
-        # the host's environment is not the container's: policy variables start from nothing
-        super().__init__(capabilities, env_policy, host_env={}, owner=owner)
+        self.preparation = RunPreparation(
+            capabilities,
+            env_policy,
+            host_env={},  # the host's environment is not the container's: policy variables start from nothing
+            owner=owner,
+            program_root=lambda _ws: CONTAINER_WORKSPACE,
+            lookup=lookup_where_it_runs,  # on the run's PATH, by the runtime (127 from there)
+        )
         self._containers = containers
         user = containers.config.user
         self._user = f"{user[0]}:{user[1]}"
 
-    def program_root(self, ws: Workspace) -> str:
-        return CONTAINER_WORKSPACE
-
-    def resolve_program(self, cmd: str, path: str, cwd: str) -> str | None:
-        return cmd  # looked up inside the container, on the run's PATH, by the runtime
-
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         self._check_spec(spec)
-        prep = self.prepare(ws, spec)
+        prep = self.preparation.prepare(ws, spec)
         if isinstance(prep, RunResult):
             return prep
         cid = await self._containers.ensure(ws)
@@ -70,10 +69,9 @@ class ContainerRunner(HostRunner):
         timed_out = await self._drive(run, prep)
         return await self.finish(run, prep, timed_out)
 
-    # HostRunner declares its concrete SupervisedProcess; both are ProgramHandles, which is the contract
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         self._check_spec(spec)
-        prep = self.prepare(ws, spec)
+        prep = self.preparation.prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())
         cid = await self._containers.ensure(ws)
@@ -87,11 +85,11 @@ class ContainerRunner(HostRunner):
         handle.begin(run)
         return handle
 
-    async def finish(self, run: ExecRun, prep: Prepared, timed_out: bool, killed: bool = False) -> RunResult:
+    async def finish(self, run: ExecRun, prep: PreparedRun, timed_out: bool, killed: bool = False) -> RunResult:
         """The result of an exec whose stream has ended, after the shared post-run checks."""
-        return await self._post_run(prep, await self._result(run, prep, timed_out, killed))
+        return await finish_run(prep, await self._result(run, prep, timed_out, killed))
 
-    def _argv(self, prep: Prepared) -> list[str]:
+    def _argv(self, prep: PreparedRun) -> list[str]:
         return [*rlimit_argv(prep.spec.limits, self._containers.config.memory_bytes), *prep.argv]
 
     def _check_spec(self, spec: RunProgramSpec) -> None:
@@ -105,11 +103,10 @@ class ContainerRunner(HostRunner):
                 f"pids below the container's {config.pids}", "container", "open the engine with pids= at most that"
             )
 
-    def _container_path(self, prep: Prepared) -> str:
-        rel = os.path.relpath(prep.host_cwd, prep.root)
-        return CONTAINER_WORKSPACE if rel == "." else f"{CONTAINER_WORKSPACE}/{rel}"
+    def _container_path(self, prep: PreparedRun) -> str:
+        return prep.program_cwd(CONTAINER_WORKSPACE)
 
-    async def _drive(self, run: ExecRun, prep: Prepared) -> bool:
+    async def _drive(self, run: ExecRun, prep: PreparedRun) -> bool:
         """Feed stdin and read output until the end or the deadline; kill on expiry or cancellation."""
         stdin = prep.spec.stdin.encode() if isinstance(prep.spec.stdin, str) else prep.spec.stdin
         feeder = asyncio.ensure_future(asyncio.to_thread(run.feed_stdin, stdin))
@@ -131,7 +128,7 @@ class ContainerRunner(HostRunner):
                 run.release()
         return timed_out
 
-    async def kill_run(self, run: ExecRun, prep: Prepared, pump: asyncio.Future[None]) -> None:
+    async def kill_run(self, run: ExecRun, prep: PreparedRun, pump: asyncio.Future[None]) -> None:
         """Kill what the run started and wait (bounded) for its stream to end.
 
         A kill can land before the daemon has started the exec's process; the stream then goes on,
@@ -148,10 +145,10 @@ class ContainerRunner(HostRunner):
         run.close()
         await pump
 
-    async def _result(self, run: ExecRun, prep: Prepared, timed_out: bool, killed: bool) -> RunResult:
-        code = await asyncio.to_thread(run.exit_code)
-        if code is None or ((timed_out or killed) and code == 128 + signal.SIGKILL):
-            code = -signal.SIGKILL  # the library's convention: killed by signal N is -N
+    async def _result(self, run: ExecRun, prep: PreparedRun, timed_out: bool, killed: bool) -> RunResult:
+        status = await asyncio.to_thread(run.exit_code)
+        # the runtime reports a program killed by signal N as 128 + N; the library's convention is -N
+        code = -signal.SIGKILL if status is None else signal_status(status)
         out, err = run.stdout, run.stderr
         raw_out, raw_err = out.getvalue(), err.getvalue()
         if code in (126, 127) and raw_out.startswith(_RUNTIME_FAILURE) and not raw_err:

@@ -262,8 +262,7 @@ async def _open_sandboxed(
     *,
     explicit: str,
 ) -> BaseEngine:
-    from ..sandbox import SandboxBackend, SandboxPolicy, SandboxRunner
-    from ..sandbox.seccomp import KernelSeccompFilters
+    from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxPolicy, SandboxRunner
     from .sandboxed import SandboxKernelConfig, find_interpreter
 
     if not _ipykernel_spec(kernel_opts["kernel_name"], language):
@@ -283,9 +282,7 @@ async def _open_sandboxed(
     limits = _kernel_limits(kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
     rich: RichOutputLimits = kernel_opts["rich_outputs"]
-    cfg = SandboxKernelConfig(
-        runner.with_seccomp(seccomp), seccomp, interpreter, limits, runner.network_default, rich.message_bytes
-    )
+    cfg = SandboxKernelConfig(runner, seccomp, interpreter, limits, runner.network_default, rich.message_bytes)
     # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
     pool_size = 0 if policy.no_access_globs else pool[0]
     manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, pool[1])

@@ -1,7 +1,8 @@
 """Jupyter kernels inside the OS sandbox, reached over IPC sockets in the workspace.
 
-The kernel is a program of the sandbox backend: the same bubblewrap command line, policy, per-workspace
-uid, cgroup and rlimits, environment policy and supervision as ``run_program``. What differs:
+The kernel is a long-lived process of the sandbox backend (its public
+:meth:`~execspace.backends.sandbox.SandboxRunner.start_process`): the same bubblewrap command line, policy,
+per-workspace uid, cgroup and rlimits, environment policy and supervision as ``run_program``. What differs:
 
 * **Transport.** The sandbox has its own (empty) network namespace, so the kernel's TCP ports would be
   out of our reach. It binds ZMQ ``ipc`` sockets instead, in its run directory (``runs/<run>/k-1``…
@@ -10,7 +11,7 @@ uid, cgroup and rlimits, environment policy and supervision as ``run_program``. 
   pinned to the directory we created even if a program renames things around it.
 * **Unix sockets.** The network-restricted seccomp filter refuses ``socket(AF_UNIX)`` (host daemons'
   sockets in bound directories); a kernel needs it to bind its channels. bwrap loads that filter without
-  the AF_UNIX rule (:class:`~execspace.backends.sandbox.seccomp.KernelSeccompFilters`); the launcher
+  the AF_UNIX rule (:class:`~execspace.backends.sandbox.KernelSeccompFilters`); the launcher
   below binds the channels, then stacks a filter refusing ``socket(AF_UNIX)`` on every thread
   (``SECCOMP_FILTER_FLAG_TSYNC``; bwrap set ``no_new_privs`` already) and checks that it holds, all
   before the kernel reads its first request, so user code never runs without it.
@@ -44,26 +45,21 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import site
 import stat
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from ...envpolicy import MINIMAL_PATH
 from ...errors import SetupFailed
-from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
-from ...process.supervisor import SupervisedProcess, spawn
-from ...workspace.confine import ConfinedRoot, split_relpath
-from ..sandbox import SandboxRunner
-from ..sandbox.bwrap import HIDDEN_TOP, SANDBOX_WORKSPACE, visible_path_entries
-from ..sandbox.seccomp import KernelSeccompFilters
+from ...models import ResourceLimits, RunResult, Workspace
+from ...process.supervisor import SupervisedProcess
+from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, which_in_sandbox
 from .local import PYTHON_KERNEL_ARGS, ZmqConnection
 from .outputs import RichOutputLimits
 
@@ -207,7 +203,7 @@ def find_interpreter() -> Interpreter | str:
     python = own if _reachable(own) else None
     if python is None:
         name = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        found = shutil.which(name, path=visible_path_entries(MINIMAL_PATH))
+        found = which_in_sandbox(name)
         python = found if found is not None and _reachable(found) else None
     if python is None:
         return (
@@ -217,13 +213,8 @@ def find_interpreter() -> Interpreter | str:
     for d in dirs:
         if not _reachable(d):
             return f"this environment's packages ({d}) are not readable by the sandbox uid"
-    hidden = {os.path.realpath(sys.prefix)} if _top(sys.prefix) in HIDDEN_TOP else set()
-    return Interpreter(python, dirs, tuple(sorted(hidden)))
-
-
-def _top(path: str) -> str:
-    parts = os.path.realpath(path).split("/")
-    return parts[1] if len(parts) > 1 else ""
+    prefix = os.path.realpath(sys.prefix)
+    return Interpreter(python, dirs, (prefix,) if hidden_by_default(prefix) else ())
 
 
 def _reachable(path: str) -> bool:
@@ -312,8 +303,9 @@ class SandboxKernelConfig:
     """How an engine starts its sandboxed kernels."""
 
     runner: SandboxRunner
-    """The engine's sandbox runner, with :class:`KernelSeccompFilters`."""
+    """The engine's sandbox runner."""
     seccomp: KernelSeccompFilters
+    """What bwrap loads for the kernel (the unix socket lock comes from the launcher)."""
     interpreter: Interpreter
     limits: ResourceLimits
     """Applied to the whole kernel sandbox for its lifetime (cgroup or rlimits, as for programs)."""
@@ -337,15 +329,22 @@ async def start_sandboxed(
     """Start a kernel in ``ws``'s sandbox and connect a client; return (process, ``AsyncKernelClient``)."""
     from jupyter_client.connect import KernelConnectionInfo
 
-    runner, python = cfg.runner, cfg.interpreter
-    spec = RunProgramSpec(python.path, ["-I", "-c", LAUNCHER], timeout=None, limits=cfg.limits)
-    prep = runner.prepare(ws, spec)
-    if isinstance(prep, RunResult):
-        raise SetupFailed("jupyter", f"the kernel's interpreter is not in the sandbox: {prep.stderr.strip()}", _FIX)
-    launch = runner.wrap(prep)
-    launch.interactive = True
+    python = cfg.interpreter
+    argv = [python.path, "-I", "-c", LAUNCHER]
+    limits = replace(cfg.limits, output_bytes=_PIPE_BYTES)
+    context = zmq.asyncio.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
+    context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+    try:
+        started = await cfg.runner.start_process(ws, argv, limits=limits, seccomp=cfg.seccomp)
+    except BaseException as exc:
+        context.destroy(linger=0)
+        if isinstance(exc, FileNotFoundError):  # the interpreter (or bwrap itself) is not there
+            raise SetupFailed("jupyter", f"the sandboxed kernel could not be started: {exc}", _FIX) from exc
+        raise
+    proc, dir_fd, run_dir = started.process, started.run_dir_fd, started.run_dir
     key = secrets.token_hex(32)
-    run = f"{SANDBOX_WORKSPACE}/{prep.run_dir}"
+    run = started.run_path
     conn = {**PORTS, "transport": "ipc", "ip": f"{run}/k", "key": key, "signature_scheme": "hmac-sha256"}
     payload = {
         "connection": conn,
@@ -357,25 +356,12 @@ async def start_sandboxed(
         "lock": "" if cfg.network else base64.b64encode(cfg.seccomp.unix_lock_bpf()).decode(),
         "ready": READY.decode(),
     }
-    launch.stdin = (json.dumps(payload) + "\n").encode()
-    launch.output_limit = _PIPE_BYTES
-    assert ws.host_path is not None
-    with ConfinedRoot(str(ws.host_path)) as cr:
-        dir_fd = cr.open_dir(split_relpath(prep.run_dir))
-    context = zmq.asyncio.Context()
-    context.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
-    context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
-    try:
-        proc = await spawn(launch)
-    except BaseException:
-        os.close(dir_fd)
-        context.destroy(linger=0)
-        raise
     kernel = SandboxedKernel(proc, asyncio.ensure_future(proc.wait()), dir_fd, context)
     kernel.max_message_bytes = cfg.max_message_bytes
     try:
-        await _wait_ready(kernel, prep.run_dir, time.monotonic() + timeout)
-        kernel.socket_fds = _pin_sockets(dir_fd, prep.run_dir)
+        await proc.write_stdin((json.dumps(payload) + "\n").encode())
+        await _wait_ready(kernel, run_dir, time.monotonic() + timeout)
+        kernel.socket_fds = _pin_sockets(dir_fd, run_dir)
         kc = _PinnedClient(context=context)
         kc.load_connection_info(cast("KernelConnectionInfo", conn))
         kc.socket_fds = kernel.socket_fds

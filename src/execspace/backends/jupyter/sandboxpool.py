@@ -29,7 +29,7 @@ from ...models import Workspace, WorkspacePolicy
 from ...workspace.hostmanager import HostWorkspaceManager, private_dir
 from ...workspace.layout import ensure_layout
 from ...workspace.slots import adopt_slot_dir, new_slot_dir
-from ..sandbox.bwrap import SANDBOX_WORKSPACE
+from ..sandbox import SANDBOX_WORKSPACE
 from .kernels import KernelSessions
 from .local import ZmqConnection
 from .pool import KernelPool, PooledKernel

@@ -17,8 +17,8 @@ import functools
 import os
 import shutil
 import sys
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,14 @@ from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
-from ...models import RunProgramSpec, RunResult, Workspace
-from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, Prepared, unisolated_capabilities
+from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
+from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...registry import Probe
 from ...rundirs import daemon_dirs
-from ...workspace.confine import ConfinedRoot
+from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
@@ -43,6 +44,7 @@ from .bwrap import (
     BwrapConfig,
     build_argv,
     find_bwrap,
+    hidden_by_default,
     is_sandbox_uid,
     policy_mounts,
     sandbox_uid,
@@ -51,9 +53,21 @@ from .bwrap import (
 from .cgroups import CgroupSupport
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
-from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
+from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 
-__all__ = ["Profile", "SandboxBackend", "SandboxPolicy", "SandboxRunner", "sandbox_layout_owner"]
+__all__ = [
+    "SANDBOX_WORKSPACE",
+    "KernelSeccompFilters",
+    "Profile",
+    "SandboxBackend",
+    "SandboxPolicy",
+    "SandboxProcess",
+    "SandboxRunner",
+    "SeccompFilters",
+    "hidden_by_default",
+    "sandbox_layout_owner",
+    "which_in_sandbox",
+]
 
 DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
@@ -69,7 +83,11 @@ def _is_root() -> bool:
 
 
 class SandboxRunner(HostRunner):
-    """A HostRunner that wraps each program in bubblewrap."""
+    """A HostRunner whose wrapper step puts each program in bubblewrap.
+
+    Also starts long-lived processes of other components in a workspace's sandbox (:meth:`start_process`: a
+    Jupyter kernel), under the same boundary, uid, limits and bookkeeping as a program.
+    """
 
     def __init__(
         self,
@@ -77,12 +95,22 @@ class SandboxRunner(HostRunner):
         *,
         network_default: bool,
         seccomp: SeccompFilters,
+        capabilities: Callable[[], Capabilities],
+        env_policy: EnvPolicy | None = None,
         policy: SandboxPolicy | None = None,
         hidden: Sequence[Path] = (),
         cgroups: CgroupSupport | None = None,
-        **kwargs: Any,
+        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
+        kill_grace: float = 2.0,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(
+            capabilities,
+            env_policy,
+            kill_grace=kill_grace,
+            owner=owner,
+            program_root=lambda _ws: SANDBOX_WORKSPACE,
+            lookup=which_in_sandbox,
+        )
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -98,58 +126,79 @@ class SandboxRunner(HostRunner):
         self.placeholders = Placeholders()
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
-        """The same runner (policy, uid, cgroups, environment) with other seccomp filters: for processes such as a
-        sandboxed Jupyter kernel (:class:`~.seccomp.KernelSeccompFilters`)."""
+        """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
+        seccomp filters: for processes such as a sandboxed Jupyter kernel (:class:`~.seccomp.KernelSeccompFilters`)."""
         clone = copy.copy(self)
         clone.seccomp = seccomp
         return clone
 
-    def program_root(self, ws: Workspace) -> str:
-        return SANDBOX_WORKSPACE
+    async def start_process(
+        self,
+        ws: Workspace,
+        argv: Sequence[str],
+        *,
+        limits: ResourceLimits,
+        seccomp: SeccompFilters | None = None,
+    ) -> SandboxProcess:
+        """Start a long-lived process in ``ws``'s sandbox, as a program would run there.
 
-    def resolve_program(self, cmd: str, path: str, cwd: str) -> str | None:
-        # the lookup must see what the sandbox sees: no /root, /home… entries
-        if "/" in cmd:
-            return cmd
-        return super().resolve_program(cmd, visible_path_entries(path) or MINIMAL_PATH, cwd)
+        The same boundary, policy mounts, uid and environment as :meth:`run_program`; ``limits`` hold for the whole
+        sandbox for the process's life (a cgroup where it can, else rlimits); no deadline; stdin stays open
+        (``process.write_stdin``); it dies with this process (``--die-with-parent``); the run's placeholders go
+        when it exits; :meth:`stop_programs` kills it with the workspace's programs.
 
-    def wrap(self, prep: Prepared) -> Launch:
+        Args:
+            seccomp: the filters bwrap loads (default: the runner's), e.g. :class:`KernelSeccompFilters`.
+
+        Raises:
+            FileNotFoundError: ``argv[0]`` is a bare name not found in the sandbox.
+            OSError: the sandbox could not be started.
+        """
+        runner = self if seccomp is None else self.with_seccomp(seccomp)
+        spec = RunProgramSpec(argv[0], list(argv[1:]), timeout=None, limits=limits)
+        prep = runner.preparation.prepare(ws, spec)
+        if isinstance(prep, RunResult):
+            raise FileNotFoundError(prep.stderr.strip())
+        launch = runner.wrap(prep, interactive=True)
+        # pinned now, to the directory made for this run, whatever a program renames around it later
+        with ConfinedRoot(str(prep.root)) as cr:
+            dir_fd = cr.open_dir(split_relpath(prep.run_dir))
+        try:
+            proc = await runner.spawn_prepared(prep, launch)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        return SandboxProcess(proc, prep.run_dir, f"{SANDBOX_WORKSPACE}/{prep.run_dir}", dir_fd)
+
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
         try:
-            launch = self._wrap(prep, held)
+            launch = self._wrap(prep, held, interactive)
         except BaseException:
             held.release()
             raise
         launch.on_exit.append(held.release)
         return launch
 
-    def _wrap(self, prep: Prepared, held: PlaceholderRun) -> Launch:
+    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool) -> Launch:
         network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
         env = dict(prep.env)
         env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
-        cwd_rel = os.path.relpath(prep.host_cwd, prep.root)
         res = self.resolvers(os.path.realpath(prep.root))
-        mounts = policy_mounts(res, "" if cwd_rel == "." else cwd_rel, held=held, hidden=self.hidden)
+        mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
         cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts)
         if not res.access("tmp").can_write:
             # read-only workspace: temporary files go to the sandbox's own tmpfs /tmp
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
-            argv = build_argv(
-                cfg,
-                prep.root,
-                "" if cwd_rel == "." else cwd_rel,
-                prep.argv,
-                as_root_host=_is_root(),
-                seccomp_fd=seccomp_fd,
-            )
-            launch = self._launch(prep, argv, env, str(prep.root))
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, prep.argv, seccomp_fd=seccomp_fd)
+            launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
             os.close(seccomp_fd)
             raise
-        launch.exit_status = functools.partial(_exec_failure_status, prep.argv[0])
+        launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
         launch.pass_fds = (*launch.pass_fds, seccomp_fd)
         launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
@@ -157,7 +206,7 @@ class SandboxRunner(HostRunner):
             self._drop_to_sandbox_uid(prep, launch)
         return launch
 
-    def _drop_to_sandbox_uid(self, prep: Prepared, launch: Launch) -> None:
+    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> None:
         """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits need one."""
         uid = sandbox_uid(prep.root)
         limits = prep.spec.limits
@@ -190,6 +239,29 @@ class SandboxRunner(HostRunner):
         launch.classify_exit = lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None)
 
 
+@dataclass(frozen=True, slots=True)
+class SandboxProcess:
+    """A long-lived process in a workspace's sandbox (:meth:`SandboxRunner.start_process`)."""
+
+    process: SupervisedProcess
+    """Its supervision: ``stream``, ``write_stdin``, ``kill``, ``wait`` (its pid is bwrap's, not its own)."""
+    run_dir: str
+    """Its run directory, workspace-relative (``runs/…``), writable by it."""
+    run_path: str
+    """The same directory as the process sees it (``/workspace/runs/…``)."""
+    run_dir_fd: int
+    """An fd of that directory, opened before the process started (so it is the one made for it): the caller's
+    to close."""
+
+
+def which_in_sandbox(cmd: str, path: str = MINIMAL_PATH) -> str | None:
+    """The program a sandbox starts for ``cmd``: a bare name is looked up on the entries of ``path`` the sandbox
+    sees (no ``/root``, ``/home``… ones); a path is started as given."""
+    if "/" in cmd:
+        return cmd
+    return lookup_on_path(cmd, visible_path_entries(path) or MINIMAL_PATH)
+
+
 #: bwrap's own error when the program cannot be executed, by strerror: what a shell exits with then
 _EXEC_ERRORS = {
     os.strerror(errno.ENOENT): 127,
@@ -200,11 +272,12 @@ _EXEC_ERRORS = {
 }
 
 
-def _exec_failure_status(program: str, code: int, stderr: bytes) -> int:
-    """127/126 when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
-    as the local backend and a shell report it; otherwise the program's own code."""
+def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> int:
+    """The program's exit code as every backend reports it, from bwrap's: 127/126 when bwrap's exec of
+    ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``), ``-N`` when the program was killed
+    by signal N (bwrap exits ``128 + N``), else the program's own code."""
     if code != 1:
-        return code
+        return signal_status(code)
     prefix = f"bwrap: execvp {program}: ".encode()
     if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
         return code
@@ -538,7 +611,7 @@ def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
         except SetupFailed as exc:
             return Probe(False, exc.cause, exc.fix)
         try:
-            argv = build_argv(cfg, ws, "", ["/bin/sh", "-c", check], as_root_host=_is_root(), seccomp_fd=seccomp_fd)
+            argv = build_argv(cfg, ws, "", ["/bin/sh", "-c", check], seccomp_fd=seccomp_fd)
             proc = subprocess.run(
                 argv,
                 capture_output=True,

@@ -45,6 +45,7 @@ __all__ = [
     "SANDBOX_WORKSPACE",
     "BwrapConfig",
     "build_argv",
+    "hidden_by_default",
     "is_sandbox_uid",
     "policy_mounts",
     "sandbox_uid",
@@ -127,7 +128,6 @@ class BwrapConfig:
     bwrap: str
     network: bool
     tmp_size: int | None = 256 * 1024 * 1024
-    extra_ro: Sequence[str] = ()
     mounts: Sequence[str] | None = None
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
 
@@ -174,14 +174,13 @@ def build_argv(
     cwd_rel: str,
     argv: Sequence[str],
     *,
-    as_root_host: bool,
     seccomp_fd: int | None = None,
 ) -> list[str]:
     """The complete bwrap command line for one run. No environment values appear in it.
 
     ``seccomp_fd``: an fd (passed to bwrap) holding the BPF program bwrap loads before exec (see :mod:`.seccomp`).
-    ``as_root_host`` no longer changes the command line: what the program may see of the host
-    (credential stores included) comes from the policy, in ``cfg.mounts`` (:func:`policy_mounts`).
+    What the program may see of the host (credential stores included) comes from the policy, in ``cfg.mounts``
+    (:func:`policy_mounts`), whoever starts it.
     """
     args = [
         cfg.bwrap,
@@ -208,8 +207,6 @@ def build_argv(
         args += ["--size", str(cfg.tmp_size)]
     args += ["--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
-    for path in cfg.extra_ro:
-        args += ["--ro-bind", path, path]
     ws = SANDBOX_WORKSPACE
     args += cfg.mounts if cfg.mounts is not None else ["--bind", str(ws_root), ws]
     args += [
@@ -222,12 +219,14 @@ def build_argv(
 
 def visible_path_entries(path: str) -> str:
     """Keep the PATH entries that exist inside the sandbox (not under hidden top-level dirs)."""
-    keep = []
-    for entry in path.split(":"):
-        parts = Path(entry).parts
-        if len(parts) > 1 and parts[0] == "/" and parts[1] not in HIDDEN_TOP:
-            keep.append(entry)
-    return ":".join(dict.fromkeys(keep))
+    return ":".join(dict.fromkeys(entry for entry in path.split(":") if not hidden_by_default(entry)))
+
+
+def hidden_by_default(path: str) -> bool:
+    """Whether the host path ``path`` (absolute) is missing from every sandbox unless a policy grants it:
+    it lies under a top-level directory the sandbox does not bind (``/home``, ``/root``, ``/tmp``…)."""
+    parts = Path(path).parts
+    return not (len(parts) > 1 and parts[0] == "/" and parts[1] not in HIDDEN_TOP)
 
 
 def find_bwrap(explicit: str | None = None) -> str | None:

@@ -24,7 +24,7 @@ import posixpath
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...errors import PolicyViolation
 from ...languages import available_languages
-from ...models import Workspace
-from ...process.hostrunner import HostRunner, Prepared
+from ...process.hostrunner import HostRunner
+from ...process.preparation import PreparedRun
 from ...process.rlimits import RLIMIT_ENFORCED
 from ...process.supervisor import Launch
 from ...registry import Probe
@@ -381,15 +381,25 @@ class SeatbeltRunner(HostRunner):
     workspace at its real host path (Seatbelt confines in place; nothing is remounted).
     """
 
-    def __init__(self, policy: SandboxPolicy, *, network_default: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        policy: SandboxPolicy,
+        *,
+        network_default: bool,
+        capabilities: Callable[[], Capabilities],
+        env_policy: EnvPolicy | None,
+        kill_grace: float,
+    ) -> None:
+        super().__init__(
+            capabilities,
+            env_policy,
+            kill_grace=kill_grace,
+            program_root=lambda ws: os.path.realpath(str(ws.host_path)),
+        )
         self.policy = policy
         self.network_default = network_default
 
-    def program_root(self, ws: Workspace) -> str:
-        return os.path.realpath(str(ws.host_path))
-
-    def wrap(self, prep: Prepared) -> Launch:
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
         network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
         root = os.path.realpath(prep.root)
         policy = self.policy.with_network(network)
@@ -400,7 +410,8 @@ class SeatbeltRunner(HostRunner):
             tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="execspace-sb-"))
             env.update(TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
         profile = build_profile(policy, root, tmpdir=tmpdir)
-        launch = self._launch(prep, [SANDBOX_EXEC, "-p", profile, "--", *prep.argv], env, prep.host_cwd)
+        argv = [SANDBOX_EXEC, "-p", profile, "--", *prep.argv]
+        launch = self.launch(prep, argv, env, prep.host_cwd, interactive=interactive)
         if tmpdir is not None:
             launch.on_exit.append(lambda: shutil.rmtree(tmpdir, ignore_errors=True))
         return launch

@@ -1,0 +1,209 @@
+"""The one run-preparation step every runner shares, and the exit codes every backend reports alike.
+
+Whatever finally starts the program (a host process, bubblewrap or Seatbelt around one, an exec in a container, a
+process on another machine), what it gets is decided here, once: the spec is checked against the backend's
+capabilities, the cwd and the run directory are made (fd-relative: the workspace is the program's to change), the
+environment is built by the policy, and a bare name is looked up on the run's ``PATH`` as the program will see it:
+a :class:`RunResult` with 127 when it is not there, as a shell says. A runner then turns the
+:class:`PreparedRun` into what it starts (for host processes, :meth:`~.hostrunner.HostRunner.wrap`).
+
+Exit codes, on every backend: 127 a program that does not exist, 126 one that cannot be executed, ``-N`` a program
+killed by signal N (a wrapper that can only say ``128 + N`` is mapped back by :func:`signal_status`); the CLI turns
+``-N`` into ``128 + N`` and a timeout into 124.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import secrets
+import shutil
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..capabilities import Capabilities
+from ..envpolicy import EnvPolicy
+from ..errors import PathDenied, UsageError
+from ..models import RunProgramSpec, RunResult, Workspace
+from ..workspace.confine import ConfinedRoot, split_relpath
+from ..workspace.layout import new_run_name, workspace_env
+from .supervisor import RUN_MARKER_VAR
+
+__all__ = [
+    "PreparedRun",
+    "ProgramLookup",
+    "RunPreparation",
+    "exec_failure",
+    "finish_run",
+    "lookup_on_path",
+    "lookup_where_it_runs",
+    "signal_status",
+]
+
+#: ``(command, the run's PATH) -> program to start``, or None when it is not there (a 127).
+ProgramLookup = Callable[[str, str], "str | None"]
+
+
+def lookup_on_path(cmd: str, path: str) -> str | None:
+    """Look a bare name up on the *run's* PATH (never the caller's); a path is started as given."""
+    return cmd if "/" in cmd else shutil.which(cmd, path=path)
+
+
+def lookup_where_it_runs(cmd: str, path: str) -> str | None:
+    """No lookup here: what starts the program looks it up where it runs (a container runtime reports 127 itself)."""
+    return cmd
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRun:
+    """A run after the policy checks, before a runner starts it: everything a wrapper needs."""
+
+    ws: Workspace
+    root: Path
+    """The workspace's host directory."""
+    spec: RunProgramSpec
+    argv: list[str]
+    """The program (looked up) and its arguments."""
+    env: dict[str, str]
+    """The run's whole environment (the run marker included)."""
+    cwd_rel: str
+    """The working directory relative to the workspace root ("" for the root itself), made."""
+    run_dir: str
+    """Workspace-relative directory of this run (``runs/…``), made."""
+    marker: str
+    """The value of ``EXECSPACE_RUN`` in the run's processes: how escaped descendants are found."""
+
+    @property
+    def host_cwd(self) -> str:
+        return str(self.root / self.cwd_rel) if self.cwd_rel else str(self.root)
+
+    def program_cwd(self, program_root: str) -> str:
+        """The working directory as the program sees it, its workspace being at ``program_root``."""
+        return f"{program_root}/{self.cwd_rel}" if self.cwd_rel else program_root
+
+
+class RunPreparation:
+    """Prepares runs in host-directory workspaces: capability check, cwd, run directory, environment, lookup.
+
+    Args:
+        capabilities: what the backend enforces (a run asking for more raises ``CapabilityError``).
+        env_policy: how the environment is built (default :class:`EnvPolicy`).
+        host_env: the variables the policy starts from (default: this process's; ``{}`` where the host's
+            environment is not the program's, e.g. a container).
+        owner: uid/gid for the directories made for a run (the sandbox uid when we run as root).
+        program_root: the workspace root as the program sees it (default: its host path).
+        lookup: how the program is found (default :func:`lookup_on_path`, on the run's PATH).
+    """
+
+    def __init__(
+        self,
+        capabilities: Callable[[], Capabilities],
+        env_policy: EnvPolicy | None = None,
+        *,
+        host_env: Mapping[str, str] | None = None,
+        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
+        program_root: Callable[[Workspace], str] | None = None,
+        lookup: ProgramLookup = lookup_on_path,
+    ) -> None:
+        self._caps = capabilities
+        self.env_policy = env_policy or EnvPolicy()
+        self._host_env = host_env
+        self._owner_of = owner
+        self._program_root = program_root
+        self._lookup = lookup
+
+    def program_root(self, ws: Workspace) -> str:
+        """The workspace root as the program sees it."""
+        return self._program_root(ws) if self._program_root is not None else str(ws.host_path)
+
+    def owner(self, ws: Workspace) -> tuple[int, int] | None:
+        return self._owner_of(ws) if self._owner_of is not None else None
+
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+        """Check ``spec``, make its cwd and run directory, build its environment and find its program.
+
+        Returns a 127 :class:`RunResult` when the command does not exist, as a shell would.
+
+        Raises:
+            CapabilityError: the spec asks for what the backend cannot enforce.
+            PathDenied: the cwd leaves the workspace.
+            UsageError: ``ws`` is not a host-directory workspace.
+        """
+        self._caps().require(spec)
+        if ws.host_path is None:
+            raise UsageError(f"workspace {ws.id!r} is not a host workspace")
+        root = ws.host_path
+        cwd_parts = self._cwd_parts(spec.cwd)
+        run_dir = new_run_name()
+        with ConfinedRoot(str(root), self.owner(ws)) as cr:
+            # fd-relative: a program that swapped runs/ (or a cwd on the way) for a symlink cannot make us
+            # create directories elsewhere
+            if cwd_parts:
+                os.close(cr.open_dir(cwd_parts, create=True))
+            os.close(cr.open_dir(split_relpath(run_dir), create=True))
+        marker = secrets.token_hex(8)
+        env = self.env_policy.build(
+            self._host_env if self._host_env is not None else os.environ,
+            spec.env,
+            workspace_env(self.program_root(ws), run_dir),
+            clean=spec.clean_env,
+        )
+        env[RUN_MARKER_VAR] = marker
+        program = self._lookup(spec.cmd, env["PATH"])
+        if program is None:
+            msg = f"execspace: command not found: {spec.cmd!r} (searched PATH={env['PATH']})\n"
+            return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
+        return PreparedRun(ws, root, spec, [program, *spec.args], env, "/".join(cwd_parts), run_dir, marker)
+
+    @staticmethod
+    def _cwd_parts(cwd: str) -> list[str]:
+        if not cwd or cwd in (".", "./"):
+            return []
+        try:
+            return split_relpath(cwd)
+        except PathDenied as exc:
+            raise PathDenied(cwd, f"cwd must stay inside the workspace ({exc.reason})") from exc
+
+
+async def finish_run(prep: PreparedRun, result: RunResult) -> RunResult:
+    """The checks after every run, whatever ran it: ``max_disk_bytes`` of the whole workspace tree."""
+    cap = prep.ws.policy.max_disk_bytes
+    if cap is not None:
+        used = await asyncio.to_thread(_disk_usage, str(prep.root))
+        if used > cap and result.limit_hit is None:
+            result = replace(result, limit_hit="disk_bytes")
+    return result
+
+
+def _disk_usage(root: str) -> int:
+    with ConfinedRoot(root) as cr:
+        return cr.disk_usage()
+
+
+def exec_failure(prep: PreparedRun, exc: OSError) -> RunResult | None:
+    """A program that cannot be executed is a 127/126 result, as a shell reports it; None for other errors."""
+    if exc.errno == errno.ENOENT:
+        code, hint = 127, " (if the file exists, the interpreter on its #! line is missing)"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
+        code, hint = 126, " (is it executable, with a valid #! line?)"
+    else:
+        return None
+    msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}\n"
+    return RunResult(code, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=prep.run_dir)
+
+
+#: The highest signal number: ``128 + N`` above it is an ordinary exit code.
+_MAX_SIGNAL = max(signal.valid_signals())
+
+
+def signal_status(code: int) -> int:
+    """``-N`` for ``128 + N``: what a wrapper that outlives its program (bubblewrap, a container runtime) exits
+    with when the program was killed by signal N, reported as the local backend reports it.
+
+    Such a wrapper says ``128 + N`` either way, so a program that itself exits with ``128 + N`` is reported as
+    killed by N too (as a shell's ``$?`` cannot tell them apart either).
+    """
+    return 128 - code if 128 < code <= 128 + _MAX_SIGNAL else code
