@@ -24,7 +24,7 @@ from execspace.process.capture import HeadTailBuffer
 from execspace.tools.envscrub import EnvAllowList, dropped_names, scrub
 from execspace.tools.schema import SCHEMA_KEYWORDS, InvalidArguments, ToolSpec, check_arguments
 from execspace.tools.workspace_exec import WorkspaceExecTool, fit_output, normalize_cwd, split_budget
-from tests.conformance import conftest as conformance
+from tests import bindings
 
 try:
     from execspace.tools.shellpolicy import CommandPolicy
@@ -39,7 +39,7 @@ except ImportError:
 pytestmark = pytest.mark.timeout(60)
 needs_policy = pytest.mark.skipif(CommandPolicy is None, reason="execspace.tools.shellpolicy is not written yet")
 
-any_engine = conformance.any_engine
+any_engine = bindings.any_engine
 WS_ID = "tools/user/exec"
 
 
