@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from execspace import RunProgramSpec
 from execspace.testing import conformance
+from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
+from tests.bindings import open_backend
 
 BINDING = """
 from execspace.testing.binding import Feature, backend_binding, bind
@@ -40,3 +44,21 @@ def test_pytest_stays_optional() -> None:
         "assert 'execspace.testing.conformance' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", ["local", "sandbox"])
+async def test_the_tag_marks_every_process_of_a_run_until_it_ends(
+    request: pytest.FixtureRequest, tmp_path: Path, name: str
+) -> None:
+    """What the redteam and runner tests poll for reaches a sandboxed run's escaped daemon, and goes with it."""
+    tag = new_tag()
+    script = "(setsid sleep 30 &); echo up; sleep 30"
+    async with open_backend(request, name, tmp_path) as engine:
+        ws = await engine.manager.create_workspace("tag/session")
+        spec = RunProgramSpec("sh", ["-c", script], env=tagged(tag))
+        async with await engine.runner.start_program(ws, spec) as handle:
+            assert (await anext(handle.stream())).data == b"up\n"
+            assert len(pids_with(tag)) >= 2  # the shell and its escaped daemon, at least
+            await handle.kill()
+            await handle.wait()
+        assert wait_no_process(tag) == []

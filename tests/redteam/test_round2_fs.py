@@ -13,7 +13,6 @@ import contextlib
 import os
 import resource
 import secrets
-import signal
 import stat
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 import execspace
 from execspace import PathDenied, RunProgramSpec, WorkspacePolicy
 from execspace.registry import probe_backend
+from execspace.testing.processes import wait_no_process
 from execspace.workspace.confine import MAX_WALK_DEPTH, ConfinedRoot
 from execspace.workspace.hostmanager import HostWorkspaceManager
 from tests.support import make_traversable
@@ -84,33 +84,6 @@ def snapshot(victim: Path) -> dict[str, tuple[int, int, int, bytes]]:
         st = p.lstat()
         out[str(p.relative_to(victim))] = (st.st_mode, st.st_uid, st.st_gid, p.read_bytes() if p.is_file() else b"")
     return out
-
-
-def pids_with(tag: str) -> list[int]:
-    """Host pids whose command line carries ``tag`` (sandboxed ones included: /proc shows every namespace)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if tag.encode() in cmdline:
-            found.append(int(name))
-    return found
-
-
-def wait_no_process(tag: str, deadline: float = 5.0) -> list[int]:
-    """Poll until no process carries ``tag``; return the survivors at the deadline (killed, for the next test)."""
-    end = time.monotonic() + deadline
-    while (left := pids_with(tag)) and time.monotonic() < end:
-        time.sleep(0.02)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return left
 
 
 async def wait_file(path: Path, deadline: float = 20.0) -> None:
