@@ -222,6 +222,7 @@ async def test_handle_timeout_and_leaving_the_block_kill(engine: execspace.BaseE
     assert procs.stdout.strip() == "0"
 
 
+@pytest.mark.slow
 async def test_handle_output_capped_while_streamed_whole(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
     size = 3_000_000
     spec = sh(f"head -c {size} /dev/zero | tr '\\0' x", limits=ResourceLimits(output_bytes=1000))

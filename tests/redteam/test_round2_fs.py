@@ -122,6 +122,7 @@ def turn() -> WorkspacePolicy:
 # -- F1: cleanup with a live program ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_cleanup_during_a_racing_program_leaves_the_victim_alone(
     engine: execspace.BaseEngine, tmp_path: Path
 ) -> None:
@@ -259,6 +260,7 @@ async def test_removal_by_fds_against_a_writer_nobody_can_stop(
 CHAIN = "import os\nfor _ in range({n}):\n    os.mkdir('d')\n    os.chdir('d')\nopen('bottom', 'w').write('x' * 5000)\n"
 
 
+@pytest.mark.slow
 def test_cli_survives_a_2000_deep_chain_and_removes_the_workspace(tmp_path: Path) -> None:
     if not asyncio.run(probe_backend("sandbox")).ok:
         pytest.skip("sandbox unavailable")

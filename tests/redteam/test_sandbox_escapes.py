@@ -80,6 +80,7 @@ async def test_remount_and_mount_tricks_fail(sandbox) -> None:  # type: ignore[n
     assert "rc=0" not in r.stdout  # nested user namespaces are disabled
 
 
+@pytest.mark.slow
 async def test_network_is_off(sandbox) -> None:  # type: ignore[no-untyped-def]
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
