@@ -10,6 +10,9 @@ Bind it in a test module of yours, and every case here (new ones too) runs on yo
 A case that needs more than the file API says so with ``@needs(Feature.…)``; a binding declares what its engine
 lacks (``lacks={Feature.PROGRAMS: "why"}``) and those cases are skipped with that reason. Needs pytest and
 pytest-asyncio; cases take the ``any_engine`` and ``any_ws`` fixtures.
+
+No ``__all__``: the star import takes every public name, so a case appended here needs no other edit (the
+helpers it brings along are harmless: cases resolve names in this module).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from execspace import (
     ResourceLimits,
     RunProgramSpec,
 )
+
+# the fixtures, for binding modules to star-import with the cases
 from execspace.testing.binding import Feature, any_engine, any_ws, needs, needs_programs
 
 pytestmark = pytest.mark.asyncio
@@ -200,13 +205,3 @@ async def test_unrunnable_program_exit_codes_as_a_shell(any_engine: Engine, any_
     r = await any_engine.runner.run_program(any_ws, RunProgramSpec(cmd))
     assert r.exit_code == code, (r.exit_code, r.stderr)
     assert cmd in r.stderr
-
-
-# what a binding module star-imports: every case (added ones too) and the fixtures they use
-__all__ = [
-    "any_engine",
-    "any_ws",
-    "needs_programs",
-    "pytestmark",
-    *(name for name in tuple(globals()) if name.startswith("test_")),
-]
