@@ -27,7 +27,7 @@ from bench_core import Plan, Report, Row, Stats, interleaved, ok, scratch_dir
 from execspace import RunProgramSpec
 from execspace.backends.container.config import ContainerConfig
 from execspace.backends.container.daemon import connect
-from execspace.backends.container.private_daemon import (
+from execspace.testing.private_daemon import (
     HOST_USR_BINDS,
     DaemonUnavailable,
     PrivateDaemon,

@@ -1,14 +1,22 @@
-"""Shared fixtures: a local engine rooted in the test's tmp dir, and one workspace in it."""
+"""Shared fixtures: a local engine rooted in the test's tmp dir, one workspace in it, and a Jupyter Server."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import concurrent.futures
+import importlib.util
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import execspace
 from execspace import BaseEngine, Workspace
+
+if TYPE_CHECKING:
+    from execspace.backends.jupyter.remote_server import LocalServer
 
 
 @pytest.fixture
@@ -22,7 +30,43 @@ async def ws(engine: BaseEngine) -> Workspace:
     return await engine.manager.create_workspace("test/session")
 
 
+@pytest.fixture(scope="session")
+def jupyter_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """One Jupyter Server for the session (about 2.5 s to start), for the conformance kit's remote modes.
+
+    Served from a thread with a loop of its own: the bindings ask for it from inside a running test loop.
+    """
+    if importlib.util.find_spec("jupyter_server") is None:
+        pytest.skip("jupyter_server is not installed (pip install jupyter_server)")
+    # imported here: the jupyter package costs every other test run 0.3 s
+    from execspace.backends.jupyter.remote_server import start_local_server
+
+    started: concurrent.futures.Future[LocalServer] = concurrent.futures.Future()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        try:
+            async with start_local_server(tmp_path_factory.mktemp("jupyter-server")) as server:
+                started.set_result(server)
+                await asyncio.to_thread(stop.wait)
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+            raise
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), name="jupyter-server")
+    thread.start()
+    try:
+        yield started.result(timeout=60)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+# tests/test_testing_kit.py runs pytest on a binding of the kit
+pytest_plugins = ["pytester"]
+
 # the daemon and image fixtures serve both the container tests and the conformance suite
 from tests.backends.docker_fixture import docker_daemon, test_image  # noqa: E402
 
-__all__ = ["docker_daemon", "engine", "test_image", "ws"]
+__all__ = ["docker_daemon", "engine", "jupyter_server", "test_image", "ws"]

@@ -8,22 +8,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+
+from execspace.testing.binding import make_traversable
+
+__all__ = ["CLI", "daemon_served", "make_traversable", "running_daemon"]
 
 CLI = [sys.executable, "-m", "execspace"]
-
-
-def make_traversable(path: Path) -> None:
-    """Let the sandbox's per-workspace uid traverse down to ``path`` (needed when tests run as root).
-
-    Only directories we own are touched; ``/`` and shared dirs like ``/tmp`` already allow traversal.
-    """
-    for p in (path, *path.parents):
-        if p == Path("/"):
-            break
-        st = p.stat()
-        if st.st_uid == os.getuid() and st.st_mode & 0o011 != 0o011:
-            p.chmod(st.st_mode | 0o011)
 
 
 @contextlib.contextmanager

@@ -267,6 +267,7 @@ def _still_open(sock: socket.socket) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_silent_client_delays_no_one(daemon: dict[str, str], tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as silent:
         silent.connect(daemon_socket_path(daemon))  # and says nothing
@@ -283,6 +284,7 @@ def test_a_silent_client_delays_no_one(daemon: dict[str, str], tmp_path: Path) -
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_command_outlives_the_handshake_timeout(daemon: dict[str, str], tmp_path: Path) -> None:
     script = f"sleep {_HANDSHAKE_TIMEOUT + 1:g}; echo done"
     done = subprocess.run(

@@ -28,6 +28,7 @@ from execspace import (
     Workspace,
     WorkspacePolicy,
 )
+from execspace.testing.processes import new_tag, tagged, wait_no_process
 
 PY = sys.executable
 MIB = 1024 * 1024
@@ -362,25 +363,21 @@ if os.fork() == 0:
 """
 
 
-def assert_stops_growing(path: Path) -> None:
-    first = path.stat().st_size
-    time.sleep(0.5)
-    assert path.stat().st_size == first, f"{path} still grows: a process survived the run"
-
-
 @pytest.mark.parametrize("pipes", ["close", "keep"])
 async def test_timeout_kills_escaped_daemon_and_keeps_partial_output(
     engine: BaseEngine, ws: Workspace, tmp_path: Path, pipes: str
 ) -> None:
     log = tmp_path / "daemon.log"
     code = DAEMON.format(tail="time.sleep(60)")
-    r = await engine.runner.run_program(ws, RunProgramSpec(PY, ["-c", code, str(log), pipes], timeout=1.0))
+    tag = new_tag("daemon")
+    spec = RunProgramSpec(PY, ["-c", code, str(log), pipes], timeout=1.0, env=tagged(tag))
+    r = await engine.runner.run_program(ws, spec)
     assert r.timed_out and r.limit_hit == "timeout"
     assert r.exit_code < 0
     assert "before-timeout" in r.stdout
     assert r.duration < 10
     assert log.exists()
-    assert_stops_growing(log)
+    assert not wait_no_process(tag), "the daemon survived the run"
     assert not r.ok
 
 
@@ -390,10 +387,12 @@ async def test_escaped_daemon_is_killed_after_normal_exit(
 ) -> None:
     log = tmp_path / "daemon.log"
     code = DAEMON.format(tail="time.sleep(0.3)")
-    r = await engine.runner.run_program(ws, RunProgramSpec(PY, ["-c", code, str(log), pipes], timeout=30))
+    tag = new_tag("daemon")
+    spec = RunProgramSpec(PY, ["-c", code, str(log), pipes], timeout=30, env=tagged(tag))
+    r = await engine.runner.run_program(ws, spec)
     assert r.exit_code == 0 and not r.timed_out
     assert log.exists()
-    assert_stops_growing(log)
+    assert not wait_no_process(tag), "the daemon survived the run"
 
 
 async def test_background_child_is_killed_after_normal_exit(engine: BaseEngine, ws: Workspace, tmp_path: Path) -> None:

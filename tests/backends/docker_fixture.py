@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from execspace.backends.container.daemon import connect
-from execspace.backends.container.private_daemon import (
+from execspace.testing.private_daemon import (
     HOST_USR_BINDS,
     DaemonUnavailable,
     import_host_usr_image,

@@ -21,6 +21,7 @@ from execspace.errors import CapabilityError, InvalidSpec, PolicyViolation, Setu
 from execspace.models import ResourceLimits
 from execspace.protocols import ProgramHandle
 from execspace.registry import probe_backend
+from execspace.testing.processes import new_tag, tagged, wait_no_process, wait_processes
 from tests.backends.container_support import container_engine, engine_fixture, labelled_containers, sh
 from tests.backends.docker_fixture import TEST_BINDS, Daemon
 
@@ -198,12 +199,14 @@ async def test_handle_kill_reaches_the_shell_through_its_children(
 ) -> None:
     # the exec's own `sh -c` was once missed by the marker scan while its children were found:
     # killing only those left the shell to carry on with the next command
-    async with await engine.runner.start_program(ws, sh("(sleep 1; touch late-child) & sleep 1; touch late-main")) as h:
-        await asyncio.sleep(0.3)
+    tag = new_tag("late")
+    spec = sh("(sleep 1; touch late-child) & sleep 1; touch late-main", env=tagged(tag))
+    async with await engine.runner.start_program(ws, spec) as h:
+        await wait_processes(tag, 4)  # the shell, the subshell and both sleeps
         await h.kill()
         r = await asyncio.wait_for(h.wait(), 10)
     assert r.exit_code == -9
-    await asyncio.sleep(1.2)
+    assert not wait_no_process(tag), "a process of the killed program is left"
     assert ws.host_path is not None
     assert not (ws.host_path / "work/late-child").exists() and not (ws.host_path / "work/late-main").exists()
 
@@ -219,6 +222,7 @@ async def test_handle_timeout_and_leaving_the_block_kill(engine: execspace.BaseE
     assert procs.stdout.strip() == "0"
 
 
+@pytest.mark.slow
 async def test_handle_output_capped_while_streamed_whole(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
     size = 3_000_000
     spec = sh(f"head -c {size} /dev/zero | tr '\\0' x", limits=ResourceLimits(output_bytes=1000))
@@ -366,12 +370,13 @@ async def test_runs_in_one_workspace_share_its_container(engine: execspace.BaseE
 async def test_kill_right_after_start_leaves_nothing(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
     """A kill that lands before the daemon has started the exec's process must still stop the program."""
     assert ws.host_path is not None
+    tag = new_tag("early")
     for i in range(8):
-        handle = await engine.runner.start_program(ws, sh(f"sleep 0.7; touch $WORK_DIR/survived-{i}"))
+        handle = await engine.runner.start_program(ws, sh(f"sleep 0.7; touch $WORK_DIR/survived-{i}", env=tagged(tag)))
         await asyncio.sleep(0.01 * (i % 4))  # different moments of the exec's start
         await handle.kill()
         await handle.wait()
-    await asyncio.sleep(1.2)
+    assert not wait_no_process(tag), "a killed program is left"
     assert not list((ws.host_path / "work").glob("survived-*"))
 
 

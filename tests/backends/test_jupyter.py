@@ -148,6 +148,7 @@ async def test_infinite_loop_is_interrupted_and_state_kept(kernels: KernelSessio
     assert (await kernels.execute(ws, "print(kept)")).text == "7\n"
 
 
+@pytest.mark.slow
 async def test_kernel_ignoring_interrupt_is_restarted(kernels: KernelSessions, ws: Workspace) -> None:
     await kernels.execute(ws, "kept = 7")
     code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"

@@ -129,6 +129,7 @@ async def test_infinite_loop_is_interrupted_within_the_timeout(kernels: RemoteKe
     assert (await kernels.execute(ws, "print(kept)")).text == "7\n"
 
 
+@pytest.mark.slow
 async def test_kernel_ignoring_interrupt_is_replaced(kernels: RemoteKernelSessions, ws: Workspace) -> None:
     pid = int((await kernels.execute(ws, "import os\nkept = 7\nprint(os.getpid())")).text)
     code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
@@ -150,6 +151,7 @@ async def test_kernel_killed_mid_run_is_reported_and_replaced(kernels: RemoteKer
     assert int(new_pid) != pid and kept == "False"
 
 
+@pytest.mark.slow
 async def test_kernel_killed_between_calls_is_replaced(kernels: RemoteKernelSessions, ws: Workspace) -> None:
     pid = int((await kernels.execute(ws, "import os\nkept = 1\nprint(os.getpid())")).text)
     os.kill(pid, signal.SIGKILL)  # as the OOM killer would, while the kernel is idle
@@ -230,6 +232,7 @@ async def test_no_server_gives_a_clear_error(tmp_path: Path) -> None:
         await open_remote_engine(server_url=f"http://127.0.0.1:{port}", token="t" * 43, workspace_root=tmp_path / "ws")
 
 
+@pytest.mark.slow
 async def test_kernel_gateway_works_and_its_death_is_a_clear_error(tmp_path: Path) -> None:
     pytest.importorskip("kernel_gateway")
     async with start_local_server(tmp_path, kind="gateway") as gw:

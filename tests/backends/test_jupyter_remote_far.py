@@ -298,6 +298,7 @@ async def test_programs_are_refused_and_capabilities_say_so(engine: BaseEngine, 
     assert any("file API trusts the server side" in line for line in caps.does_not_protect)
 
 
+@pytest.mark.slow
 async def test_kernel_gateway_without_shared_filesystem(tmp_path: Path) -> None:
     pytest.importorskip("kernel_gateway")
     async with (

@@ -190,6 +190,7 @@ async def test_memory_limit_kills_the_kernel_and_the_next_call_gets_a_fresh_one(
             assert (await ks.execute(ws, "kept")).text == "1\n"
 
 
+@pytest.mark.slow
 async def test_pids_limit_holds_in_the_kernel(engine: BaseEngine, tmp_path: Path) -> None:
     if "pids" not in engine.describe().enforced_limits:
         pytest.skip("pids is not enforced here: " + engine.describe().details["pids"])
@@ -223,6 +224,7 @@ async def test_timeout_interrupts_the_sandboxed_kernel_and_keeps_state(kernels: 
     assert (await kernels.execute(ws, "kept")).text == "7\n"
 
 
+@pytest.mark.slow
 async def test_kernel_ignoring_interrupt_is_restarted(kernels: KernelSessions, ws: Workspace) -> None:
     await kernels.execute(ws, "kept = 1")
     cell = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"

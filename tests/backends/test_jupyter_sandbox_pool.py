@@ -116,6 +116,7 @@ async def test_pooled_kernel_cannot_write_outside_or_reach_the_network(engine: B
     assert ws.host_path is not None and '"id": "nb/attacker"' in (ws.host_path / "metadata.json").read_text()
 
 
+@pytest.mark.slow
 async def test_two_new_workspaces_never_share_a_pooled_kernel(engine: BaseEngine, tmp_path: Path) -> None:
     ks = pool_of(engine)
     assert ks.pool is not None and await ks.pool.wait_ready(60)

@@ -14,7 +14,6 @@ import errno
 import os
 import resource
 import secrets
-import signal
 import stat
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import pytest
 import execspace
 from execspace import PathDenied, RunProgramSpec, WorkspacePolicy
 from execspace.registry import probe_backend
+from execspace.testing.processes import wait_no_process
 from execspace.workspace.confine import MAX_WALK_DEPTH, ConfinedRoot
 from execspace.workspace.hostmanager import HostWorkspaceManager
 from tests.support import make_traversable
@@ -87,33 +87,6 @@ def snapshot(victim: Path) -> dict[str, tuple[int, int, int, bytes]]:
     return out
 
 
-def pids_with(tag: str) -> list[int]:
-    """Host pids whose command line carries ``tag`` (sandboxed ones included: /proc shows every namespace)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if tag.encode() in cmdline:
-            found.append(int(name))
-    return found
-
-
-def wait_no_process(tag: str, deadline: float = 5.0) -> list[int]:
-    """Poll until no process carries ``tag``; return the survivors at the deadline (killed, for the next test)."""
-    end = time.monotonic() + deadline
-    while (left := pids_with(tag)) and time.monotonic() < end:
-        time.sleep(0.02)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return left
-
-
 async def wait_file(path: Path, deadline: float = 20.0) -> None:
     end = time.monotonic() + deadline
     while not path.exists():
@@ -150,6 +123,7 @@ def turn() -> WorkspacePolicy:
 # -- F1: cleanup with a live program ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_cleanup_during_a_racing_program_leaves_the_victim_alone(
     engine: execspace.BaseEngine, tmp_path: Path
 ) -> None:
@@ -287,6 +261,7 @@ async def test_removal_by_fds_against_a_writer_nobody_can_stop(
 CHAIN = "import os\nfor _ in range({n}):\n    os.mkdir('d')\n    os.chdir('d')\nopen('bottom', 'w').write('x' * 5000)\n"
 
 
+@pytest.mark.slow
 def test_cli_survives_a_2000_deep_chain_and_removes_the_workspace(tmp_path: Path) -> None:
     if not asyncio.run(probe_backend("sandbox")).ok:
         pytest.skip("sandbox unavailable")

@@ -149,6 +149,7 @@ async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolatio
 """
 
 
+@pytest.mark.slow
 async def test_dying_kernels_never_abort_the_host_process(tmp_path: Path) -> None:
     rounds = 36
     child = _host_child(tmp_path, _DEATHS.replace("ROUNDS", str(rounds)), timeout=220)
@@ -157,6 +158,7 @@ async def test_dying_kernels_never_abort_the_host_process(tmp_path: Path) -> Non
     assert f"deaths {rounds} other 42" in child.stdout, child.stdout + child.stderr[-2000:]
 
 
+@pytest.mark.slow
 async def test_a_swapped_socket_file_never_redirects_our_reconnect(engine: BaseEngine, tmp_path: Path) -> None:
     """The kernel replaces its socket files by links to a host socket and cuts our connections: whatever we
     reconnect to must be the kernel's own socket, never the host's."""
@@ -227,6 +229,7 @@ async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolatio
 """
 
 
+@pytest.mark.slow
 async def test_rich_output_flood_is_capped_and_host_memory_bounded(tmp_path: Path) -> None:
     child = _host_child(tmp_path, _FLOOD, timeout=220)
     assert child.returncode == 0, child.stderr[-3000:]

@@ -418,6 +418,7 @@ async def test_user_workspace_dir_is_left_as_it_was(tmp_path: Path) -> None:
         assert listing(project, skip) == before
 
 
+@pytest.mark.slow
 async def test_concurrent_runs_on_one_grant_hold_until_both_end(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     before = make_bare_project(project)

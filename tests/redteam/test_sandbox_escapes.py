@@ -18,6 +18,7 @@ import pytest
 import execspace
 from execspace import ResourceLimits, RunProgramSpec
 from execspace.registry import probe_backend
+from execspace.testing.processes import new_tag, tagged, wait_no_process
 from tests.support import make_traversable
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,6 +80,7 @@ async def test_remount_and_mount_tricks_fail(sandbox) -> None:  # type: ignore[n
     assert "rc=0" not in r.stdout  # nested user namespaces are disabled
 
 
+@pytest.mark.slow
 async def test_network_is_off(sandbox) -> None:  # type: ignore[no-untyped-def]
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -154,18 +156,15 @@ async def test_daemon_does_not_outlive_timeout(sandbox) -> None:  # type: ignore
     engine, ws = sandbox
     assert ws.host_path is not None
     log = ws.host_path / "out" / "daemon.log"
+    tag = new_tag("daemon")
     r = await sh(
         sandbox,
         "(setsid sh -c 'while true; do echo x >> $OUTPUT_DIR/daemon.log; sleep 0.05; done' &); sleep 30",
         timeout=1,
+        env=tagged(tag),
     )
-    assert r.timed_out
-    import asyncio
-
-    await asyncio.sleep(0.3)
-    size = log.stat().st_size
-    await asyncio.sleep(0.5)
-    assert log.stat().st_size == size
+    assert r.timed_out and log.stat().st_size > 0
+    assert not wait_no_process(tag), "the daemon outlived the run"
 
 
 async def test_env_values_not_on_command_line(sandbox) -> None:  # type: ignore[no-untyped-def]
@@ -204,21 +203,18 @@ async def test_metadata_and_skills_read_only(sandbox) -> None:  # type: ignore[n
 
 
 async def test_daemon_does_not_outlive_a_normal_exit(sandbox) -> None:  # type: ignore[no-untyped-def]
-    import asyncio
-
     engine, ws = sandbox
     assert ws.host_path is not None
     log = ws.host_path / "out" / "after-exit.log"
+    tag = new_tag("daemon")
     r = await sh(
         sandbox,
         "(setsid sh -c 'exec >/dev/null 2>&1; while true; do echo x >> $OUTPUT_DIR/after-exit.log; sleep 0.05; done' &)"
         "; sleep 0.3; echo main-done",
+        env=tagged(tag),
     )
-    assert r.exit_code == 0 and r.stdout == "main-done\n"
-    await asyncio.sleep(0.3)
-    size = log.stat().st_size
-    await asyncio.sleep(0.5)
-    assert log.stat().st_size == size
+    assert r.exit_code == 0 and r.stdout == "main-done\n" and log.stat().st_size > 0
+    assert not wait_no_process(tag), "the daemon outlived the run"
 
 
 async def test_kill_during_sandbox_setup_leaves_nothing(sandbox) -> None:  # type: ignore[no-untyped-def]
@@ -227,13 +223,14 @@ async def test_kill_during_sandbox_setup_leaves_nothing(sandbox) -> None:  # typ
 
     engine, ws = sandbox
     assert ws.host_path is not None
+    tag = new_tag("setup")
     for i in range(20):
-        spec = RunProgramSpec("sh", ["-c", f"sleep 0.5; touch $WORK_DIR/survived-{i}"])
+        spec = RunProgramSpec("sh", ["-c", f"sleep 0.5; touch $WORK_DIR/survived-{i}"], env=tagged(tag))
         handle = await engine.runner.start_program(ws, spec)
         await asyncio.sleep(0.002 * (i % 5))  # different moments of the set-up
         await handle.kill()
         await handle.wait()
-    await asyncio.sleep(1.0)
+    assert not wait_no_process(tag), "a killed program survived"
     assert not list((ws.host_path / "work").glob("survived-*"))
 
 

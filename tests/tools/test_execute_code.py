@@ -11,7 +11,7 @@ import pytest
 
 from execspace import BaseEngine, CodeExecutor, InvalidSpec, WorkspaceNotFound
 from execspace.tools import ExecuteCodeTool, Tool
-from tests.conformance.conftest import BACKENDS, open_backend
+from tests.bindings import BACKENDS, open_backend
 
 pytestmark = pytest.mark.timeout(60)
 

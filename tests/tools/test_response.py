@@ -15,7 +15,7 @@ import pytest
 
 from execspace import BaseEngine, CodeBlockDelimiter, CodeExecutor, InvalidSpec, WorkspaceNotFound
 from execspace.tools import FencedCodeProcessor
-from tests.conformance.conftest import BACKENDS, open_backend
+from tests.bindings import BACKENDS, open_backend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -378,6 +378,7 @@ def _differential(oracle: Oracle, pool: ThreadPoolExecutor, batches: int, batch_
     return stats
 
 
+@pytest.mark.slow
 def test_bash_runs_exactly_the_argv_the_policy_reports(bash_oracle: Oracle, pool: ThreadPoolExecutor) -> None:
     stats = _differential(bash_oracle, pool, batches=370, batch_size=50)
     print(f"bash oracle: {stats['run']} accepted commands ({stats['segments']} simple commands) of {stats['distinct']}")
@@ -404,6 +405,7 @@ def test_hypothesis_shrinks_single_commands(bash_oracle: Oracle) -> None:
     one_command()
 
 
+@pytest.mark.slow
 def test_dash_agrees_too(tmp_path: Path, pool: ThreadPoolExecutor) -> None:
     """A runner may use /bin/sh; on Debian that is dash, which must read accepted strings the same way."""
     if DASH is None:

@@ -28,7 +28,7 @@ from execspace.tools.skills import (
     skill_digest,
 )
 from execspace.workspace.metadata import WorkspaceMetadata
-from tests.conformance.conftest import BACKENDS, open_backend
+from tests.bindings import BACKENDS, open_backend
 
 pytestmark = pytest.mark.timeout(60)
 

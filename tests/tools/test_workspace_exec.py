@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 import execspace
 from execspace import BaseEngine, Capabilities, InvalidSpec, PutFile, Workspace
 from execspace.process.capture import HeadTailBuffer
+from execspace.testing.processes import new_tag, wait_no_process
 from execspace.tools.envscrub import EnvAllowList, dropped_names, scrub
 from execspace.tools.schema import SCHEMA_KEYWORDS, InvalidArguments, ToolSpec, check_arguments
 from execspace.tools.workspace_exec import WorkspaceExecTool, fit_output, normalize_cwd, split_budget
-from tests.conformance import conftest as conformance
+from tests import bindings
 
 try:
     from execspace.tools.shellpolicy import CommandPolicy
@@ -39,7 +40,7 @@ except ImportError:
 pytestmark = pytest.mark.timeout(60)
 needs_policy = pytest.mark.skipif(CommandPolicy is None, reason="execspace.tools.shellpolicy is not written yet")
 
-any_engine = conformance.any_engine
+any_engine = bindings.any_engine
 WS_ID = "tools/user/exec"
 
 
@@ -460,12 +461,13 @@ async def test_initial_stdin_of_a_background_session(tool: WorkspaceExecTool) ->
 
 
 async def test_kill_stops_the_whole_tree(tool: WorkspaceExecTool, ws: Workspace) -> None:
-    sid = await start(tool, "(sleep 1; touch late-child) & sleep 1; touch late-main")
+    tag = new_tag("late")  # in the shell's command line, and so in its forked subshell's
+    sid = await start(tool, f": {tag}; (sleep 1; touch late-child) & sleep 1; touch late-main")
     await tool.poll({"session_id": sid, "wait_ms": 200})
     r = await tool.kill({"session_id": sid})
     assert r["status"] == "killed" and r["exit_code"] < 0
     assert tool.session_ids == []
-    await asyncio.sleep(1.5)
+    assert not wait_no_process(tag), "a shell of the killed session is left"
     assert not (host(ws) / "work" / "late-child").exists() and not (host(ws) / "work" / "late-main").exists()
     assert (await tool.kill({"session_id": sid}))["error_type"] == "UnknownSession"
 
@@ -514,13 +516,14 @@ async def test_write_to_an_exited_session_says_so(tool: WorkspaceExecTool) -> No
 
 async def test_session_limit_and_aclose_kills_everything(any_engine: BaseEngine, ws: Workspace) -> None:
     tool = WorkspaceExecTool(any_engine, workspace_id=WS_ID, max_sessions=2)
-    await start(tool, "sleep 1; touch survived-1")
-    await start(tool, "sleep 1; touch survived-2")
+    tag = new_tag("session")  # in each shell's command line
+    await start(tool, f": {tag}; sleep 1; touch survived-1")
+    await start(tool, f": {tag}; sleep 1; touch survived-2")
     r = await run(tool, "true", background=True)
     assert r["status"] == "error" and "limit" in r["error"]
     await tool.aclose()
     assert tool.session_ids == []
-    await asyncio.sleep(1.5)
+    assert not wait_no_process(tag), "a shell of a closed session is left"
     assert not list((host(ws) / "work").glob("survived-*"))
 
 

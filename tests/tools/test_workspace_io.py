@@ -18,11 +18,11 @@ from execspace import (
 )
 from execspace.artifacts import ArtifactScope, InMemoryArtifactService
 from execspace.tools.workspace_io import FileChange, WorkspaceIO, artifact_path
-from tests.conformance import conftest as conformance
+from tests import bindings
 
 pytestmark = pytest.mark.timeout(60)
 
-any_engine = conformance.any_engine
+any_engine = bindings.any_engine
 SCOPE = ArtifactScope("app", "user", "session")
 
 

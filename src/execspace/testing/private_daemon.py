@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...languages import available_languages
-from .daemon import LANGUAGES_LABEL
+from ..backends.container.daemon import LANGUAGES_LABEL
+from ..languages import available_languages
 
 __all__ = [
     "HOST_USR_BINDS",

@@ -1,0 +1,132 @@
+"""This repository's bindings of the conformance kit (execspace.testing): one per mode of every backend.
+
+A mode that cannot run here skips with its reason, so the log shows which ran. The container mode runs against
+the session's docker fixture (a private dockerd when none answers); the jupyter remote modes against the
+session's Jupyter Server (tests/conftest.py). Other suites that run their own tests on several backends
+(tests/tools) open them with :func:`open_backend`, so that each mode is opened one way everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from itertools import count
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import execspace
+from execspace.registry import probe_backend
+from execspace.testing.binding import BindContext, EngineBinding, Feature, backend_binding, bind, open_bound
+from tests.backends.container_support import container_engine
+from tests.backends.docker_fixture import Daemon
+
+if TYPE_CHECKING:
+    from execspace.backends.jupyter.remote_server import LocalServer
+
+#: no warm pools: they have their own tests; here they would only start containers and kernels nobody uses
+_NO_POOL = {"pool_size": 0}
+
+
+@contextlib.asynccontextmanager
+async def _container(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+    # requested lazily: the other modes must not need (or skip for lack of) a daemon
+    daemon: Daemon = ctx.request.getfixturevalue("docker_daemon")
+    image: str = ctx.request.getfixturevalue("test_image")
+    async with container_engine(daemon, image, ctx.workspace_root, host_roots=list(ctx.host_roots), **_NO_POOL) as e:
+        yield e
+
+
+_remote_roots = count()
+
+
+@contextlib.asynccontextmanager
+async def _jupyter_remote(ctx: BindContext, *, shared_filesystem: bool) -> AsyncIterator[execspace.BaseEngine]:
+    server: LocalServer = ctx.request.getfixturevalue("jupyter_server")
+    where: dict[str, object] = (
+        {"workspace_root": ctx.workspace_root} if shared_filesystem else {"remote_root": f"conf{next(_remote_roots)}"}
+    )
+    async with execspace.open_engine(
+        "jupyter",
+        server_url=server.url,
+        token=server.token,
+        shared_filesystem=shared_filesystem,
+        host_roots=list(ctx.host_roots),
+        **where,
+    ) as engine:
+        yield engine
+
+
+@contextlib.asynccontextmanager
+async def _jupyter_shared(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+    async with _jupyter_remote(ctx, shared_filesystem=True) as engine:
+        yield engine
+
+
+@contextlib.asynccontextmanager
+async def _jupyter_far(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+    async with _jupyter_remote(ctx, shared_filesystem=False) as engine:
+        yield engine
+
+
+@contextlib.asynccontextmanager
+async def _jupyter_default(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+    # its default mode where the sandbox works (the test fails instead of falling back), host mode elsewhere
+    sandboxed = (await probe_backend("jupyter", kernel_isolation="sandbox")).ok
+    async with (JUPYTER_SANDBOXED if sandboxed else JUPYTER_HOST).open(ctx) as engine:
+        yield engine
+
+
+JUPYTER_HOST = backend_binding("jupyter", name="jupyter-host", options={"kernel_isolation": "none", **_NO_POOL})
+JUPYTER_SANDBOXED = backend_binding(
+    "jupyter",
+    name="jupyter-sandboxed",
+    options={"kernel_isolation": "sandbox", **_NO_POOL},
+    probe_options={"kernel_isolation": "sandbox"},
+    traversable=True,  # the per-workspace sandbox uid must reach the workspace
+)
+
+#: Every mode, by name: the conformance kit runs on each (its kernels have their own tests in tests/backends).
+MODES: dict[str, EngineBinding] = {
+    b.name: b
+    for b in (
+        backend_binding("local"),
+        backend_binding("sandbox", traversable=True),
+        EngineBinding("container", _container),
+        JUPYTER_HOST,
+        JUPYTER_SANDBOXED,
+        EngineBinding("jupyter-remote", _jupyter_shared),
+        EngineBinding(
+            "jupyter-remote-noshare",
+            _jupyter_far,
+            {Feature.PROGRAMS: "shared_filesystem=False refuses programs: code runs only in the server's kernels"},
+        ),
+    )
+}
+
+#: What the kit's cases get in tests/conformance.
+engine_binding = bind(*MODES.values())
+
+#: The backends other suites run their own tests on (with options of their own), and with jupyter in its
+#: default mode, what tests/tools runs on.
+BACKENDS = ["local", "sandbox", "container"]
+ENGINES = [*BACKENDS, "jupyter"]
+_OTHER_SUITES = {**MODES, "jupyter": EngineBinding("jupyter", _jupyter_default)}
+
+
+@contextlib.asynccontextmanager
+async def open_backend(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path, host_roots: list[Path] | None = None
+) -> AsyncIterator[execspace.BaseEngine]:
+    """An engine of mode ``name`` rooted in ``tmp_path/ws``, or a skip saying why it cannot run here.
+    ``host_roots`` defaults to ``tmp_path/host``."""
+    async with open_bound(_OTHER_SUITES[name], request, tmp_path, host_roots) as engine:
+        yield engine
+
+
+@pytest.fixture(params=ENGINES)
+async def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
+    """An engine of each of :data:`ENGINES`, for suites of their own (assign it to a module's fixture name)."""
+    async with open_backend(request, request.param, tmp_path) as engine:
+        yield engine
