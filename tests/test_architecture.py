@@ -18,7 +18,7 @@ FLOORS = {
     "process": 2,
     **dict.fromkeys(("protocols", "engine", "registry"), 3),
     "backends": 4,
-    **dict.fromkeys(("executor", "sync"), 5),
+    **dict.fromkeys(("executor", "sync", "testing"), 5),
     "tools": 6,
     "cli": 7,
     "__main__": 8,

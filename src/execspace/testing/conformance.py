@@ -223,6 +223,7 @@ def untouched(outside: Path) -> bool:
     return sorted(p.name for p in outside.iterdir()) == ["keep.txt"] and (outside / "keep.txt").read_text() == "keep"
 
 
+@needs(Feature.PROGRAMS)
 async def test_list_gives_typed_entries_and_never_follows_links(any_engine: Engine, any_ws: Ws) -> None:
     await any_engine.fs.put_files(any_ws, [PutFile("out/d/f.txt", b"abc")])
     r = await run(any_engine, any_ws, 'cd "$OUTPUT_DIR" && ln -s /etc link && mkfifo fifo && echo ok')
@@ -242,6 +243,7 @@ async def test_list_gives_typed_entries_and_never_follows_links(any_engine: Engi
             await any_engine.fs.list(any_ws, bad)
 
 
+@needs(Feature.PROGRAMS)
 async def test_stat_and_exists_see_the_entry_itself(any_engine: Engine, any_ws: Ws) -> None:
     await any_engine.fs.put_files(any_ws, [PutFile("work/f.txt", b"12345")])
     r = await run(any_engine, any_ws, "ln -s /etc/passwd p && ln -s /no/such/target dangling")
@@ -261,6 +263,7 @@ async def test_stat_and_exists_see_the_entry_itself(any_engine: Engine, any_ws: 
             await any_engine.fs.exists(any_ws, bad)
 
 
+@needs(Feature.PROGRAMS)
 async def test_a_directory_swapped_for_a_symlink_is_refused(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
     outside = outside_dir(tmp_path)
     await any_engine.fs.put_files(any_ws, [PutFile("work/sub/keep.txt", b"in"), PutFile("work/a.txt", b"a")])
@@ -283,6 +286,7 @@ async def test_a_directory_swapped_for_a_symlink_is_refused(any_engine: Engine, 
     assert await fs.exists(any_ws, "work/gone/keep.txt") and not await fs.exists(any_ws, "work/stolen.txt")
 
 
+@needs(Feature.PROGRAMS)
 async def test_remove_takes_links_never_their_targets(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
     outside = outside_dir(tmp_path)
     await any_engine.fs.put_files(any_ws, [PutFile("work/t/deep/f.txt", b"x")])
@@ -299,6 +303,7 @@ async def test_remove_takes_links_never_their_targets(any_engine: Engine, any_ws
             await any_engine.fs.remove(any_ws, bad)
 
 
+@needs(Feature.PROGRAMS)
 async def test_remove_a_tree_with_a_read_only_staged_dir(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
     tree = tmp_path / "host" / "tree"
     (tree / "sub").mkdir(parents=True)
@@ -312,6 +317,7 @@ async def test_remove_a_tree_with_a_read_only_staged_dir(any_engine: Engine, any
     assert (tree / "sub" / "b.txt").read_text() == "b"  # the host source is not touched
 
 
+@needs(Feature.PROGRAMS)
 async def test_make_dir_and_rename(any_engine: Engine, any_ws: Ws) -> None:
     fs = any_engine.fs
     await fs.make_dir(any_ws, "work/a/b")
@@ -336,6 +342,7 @@ async def test_make_dir_and_rename(any_engine: Engine, any_ws: Ws) -> None:
             await fs.rename(any_ws, src, dst)
 
 
+@needs(Feature.PROGRAMS)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGUSR1])
 async def test_killed_by_signal_is_minus_n(any_engine: Engine, any_ws: Ws, sig: signal.Signals) -> None:
     """Every backend reports a program killed by signal N as exit code -N (the CLI exits 128 + N), also where a
@@ -345,6 +352,7 @@ async def test_killed_by_signal_is_minus_n(any_engine: Engine, any_ws: Ws, sig: 
     assert not r.timed_out and r.limit_hit is None
 
 
+@needs(Feature.PROGRAMS)
 async def test_killed_by_signal_is_minus_n_when_started(any_engine: Engine, any_ws: Ws) -> None:
     spec = RunProgramSpec("sh", ["-c", "kill -TERM $$"])
     async with await any_engine.runner.start_program(any_ws, spec) as handle:
@@ -352,12 +360,14 @@ async def test_killed_by_signal_is_minus_n_when_started(any_engine: Engine, any_
     assert (result.exit_code, result.signal) == (-signal.SIGTERM, signal.SIGTERM), result
 
 
+@needs(Feature.PROGRAMS)
 async def test_a_program_exit_code_passes_through(any_engine: Engine, any_ws: Ws) -> None:
     for code in (1, 2, 42, 125, 128):
         r = await run(any_engine, any_ws, f"exit {code}")
         assert (r.exit_code, r.signal) == (code, None), r
 
 
+@needs(Feature.PROGRAMS)
 async def test_timed_out_program_ends_by_a_signal(any_engine: Engine, any_ws: Ws) -> None:
     """A timeout kills the program: the result says ``timed_out`` and the signal (the CLI exits 124)."""
     r = await run(any_engine, any_ws, "sleep 30", timeout=0.5)
@@ -365,6 +375,7 @@ async def test_timed_out_program_ends_by_a_signal(any_engine: Engine, any_ws: Ws
     assert r.exit_code < 0 and r.signal in (signal.SIGTERM, signal.SIGKILL), r.exit_code
 
 
+@needs(Feature.PROGRAMS)
 @pytest.mark.parametrize("cmd", ["/no/such/program-xyz", "./no-such-program-xyz", "no-such-program-xyz"])
 async def test_missing_program_is_127_when_started(any_engine: Engine, any_ws: Ws, cmd: str) -> None:
     """``start_program`` of a program that does not exist: refused with ``FileNotFoundError`` (a bare name, looked
