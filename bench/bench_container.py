@@ -34,6 +34,8 @@ from execspace.testing.private_daemon import (
     import_host_usr_image,
     start_private_daemon,
 )
+from execspace.workspace.layout import ensure_layout
+from execspace.workspace.protected import Placeholders
 
 SECTION = "6 container"
 TRUE = RunProgramSpec("true")
@@ -63,19 +65,25 @@ class PlainCycle:
     def __init__(self, client: Any, image: str, root: Path) -> None:
         self.client, self.root = client, root
         self.config = ContainerConfig(image=image, read_only_binds=HOST_USR_BINDS)
+        self.placeholders = Placeholders()
         self.n = 0
 
     def cycle(self) -> None:
         self.n += 1
         ws = self.root / f"plain-{self.n}"
         ws.mkdir()
-        kwargs = self.config.create_kwargs(ws, f"bench-plain-{self.n}-{time.monotonic_ns()}", {"bench": "1"})
-        container = self.client.containers.create(kwargs.pop("image"), **kwargs)
+        ensure_layout(ws)  # the hardened mounts bind its layout directories
+        held = self.placeholders.run()
         try:
-            container.start()
-            ok(container.exec_run(["true"], user="65534:65534").exit_code, "plain exec_run true")
+            kwargs = self.config.create_kwargs(ws, f"bench-plain-{self.n}-{time.monotonic_ns()}", {"bench": "1"}, held)
+            container = self.client.containers.create(kwargs.pop("image"), **kwargs)
+            try:
+                container.start()
+                ok(container.exec_run(["true"], user="65534:65534").exit_code, "plain exec_run true")
+            finally:
+                container.remove(force=True)
         finally:
-            container.remove(force=True)
+            held.release()
 
 
 async def _first_run(
