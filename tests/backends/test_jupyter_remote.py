@@ -30,9 +30,9 @@ from execspace import (
     Workspace,
     open_engine,
 )
-from execspace.backends.jupyter.remote import RemoteKernelSessions, open_remote_engine
-from execspace.backends.jupyter.remote_api import ServerApi
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
+from execspace.backends.jupyter.serverapi import ServerApi
+from execspace.backends.jupyter.serverkernels import RemoteKernelSessions, open_remote_engine
 from execspace.errors import BackendError, CapabilityError, InvalidSpec, SetupFailed
 from tests.backends.jupyter_support import alive, wait_dead
 

@@ -37,8 +37,8 @@ from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.slots import sweep_stale_slots
+from .hostkernels import HostLauncher
 from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
-from .local import HostLauncher
 from .outputs import RichOutputLimits
 
 __all__ = ["CellResult", "JupyterBackend", "KernelSessions", "RichOutputLimits"]
@@ -160,7 +160,7 @@ class JupyterBackend:
                 uses the defaults).
             server_url, token, server_root, ca_file, programs, shared_filesystem, remote_root: remote mode:
                 kernels on the Jupyter Server or
-                Kernel Gateway at ``server_url`` (see :func:`.remote.open_remote_engine` and
+                Kernel Gateway at ``server_url`` (see :func:`.serverkernels.open_remote_engine` and
                 docs/jupyter-remote.md); the sandbox's options do not apply there.
         """
         if server_url is not None:
@@ -169,7 +169,7 @@ class JupyterBackend:
                     "kernel_isolation='sandbox', policy, network and kernel_limits cannot apply to "
                     "a remote server's kernels; the server's own isolation is what they get"
                 )
-            from .remote import open_remote_engine
+            from .serverkernels import open_remote_engine
 
             return await open_remote_engine(
                 server_url=server_url,

@@ -60,7 +60,7 @@ from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
 from ...process.supervisor import SupervisedProcess
 from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, which_in_sandbox
-from .local import PYTHON_KERNEL_ARGS, ZmqConnection
+from .hostkernels import PYTHON_KERNEL_ARGS, ZmqConnection
 from .outputs import RichOutputLimits
 
 __all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]

@@ -61,12 +61,12 @@ from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspa
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
 from ...workspace.staging import WorkspaceFSBase
 from .kernels import bind
-from .remote import NoPrograms, RemoteConnection, RemoteKernelSessions, RemoteLauncher, remote_capabilities
+from .serverkernels import NoPrograms, RemoteConnection, RemoteKernelSessions, RemoteLauncher, remote_capabilities
 
 if TYPE_CHECKING:
     from ...artifacts import ArtifactService
     from ...envpolicy import EnvPolicy
-    from .remote_api import ServerApi
+    from .serverapi import ServerApi
 
 __all__ = [
     "CHUNK",
@@ -445,7 +445,7 @@ def open_far_engine(
     remote_root: str,
     options: dict[str, float],
 ) -> BaseEngine:
-    """The engine of ``shared_filesystem=False`` (see :func:`.remote.open_remote_engine`)."""
+    """The engine of ``shared_filesystem=False`` (see :func:`.serverkernels.open_remote_engine`)."""
     launcher = FarLauncher(api, env_policy, kernel_name=kernel_name)
     files = FileKernel(launcher, timeout=options["request_timeout"])
     fs = RemoteWorkspaceFS(files, artifacts, host_roots or ())

@@ -13,7 +13,7 @@ same path). Each kernel proves it when it starts by reading a random nonce that 
 workspace, then moves into the workspace's ``work/`` with the environment a local run gets. The file
 API (put/stage/collect) and programs are the local backend's, on this host. With
 ``shared_filesystem=False`` workspaces live on the server and files move through a kernel
-(:mod:`.remotefs`); see docs/jupyter-remote.md.
+(:mod:`.serverworkspaces`); see docs/jupyter-remote.md.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import default_workspace_root
 from ...workspace.layout import workspace_env
 from .kernels import KernelSessions, KernelWorkspaceManager, await_reply, bind, new_run_dir
-from .remote_api import MAX_MESSAGE_BYTES, ServerApi
+from .serverapi import MAX_MESSAGE_BYTES, ServerApi
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # jupyter_core's platformdirs notice
@@ -452,7 +452,7 @@ async def open_remote_engine(
         ca_file: CA bundle that signs an https server's certificate (the system's trust store otherwise).
         shared_filesystem: True: the server's kernels see ``workspace_root`` at the same path (checked with a
             nonce). False: workspaces live on the server under ``remote_root`` and files move through a kernel
-            (:mod:`.remotefs`); ``workspace_root`` and ``programs`` do not apply (programs are refused).
+            (:mod:`.serverworkspaces`); ``workspace_root`` and ``programs`` do not apply (programs are refused).
         remote_root: with ``shared_filesystem=False``, the server-side directory of the workspaces (relative
             to the kernels' start directory unless absolute; created private to the server's user).
         programs: ``"host"``: ``runner.run_program`` runs programs on this host as the caller (no isolation),
@@ -475,7 +475,7 @@ async def open_remote_engine(
         api.close()
         raise
     if not shared_filesystem:
-        from .remotefs import open_far_engine
+        from .serverworkspaces import open_far_engine
 
         opts = {"start_timeout": start_timeout, "interrupt_grace": interrupt_grace, "request_timeout": request_timeout}
         return open_far_engine(api, language, env_policy, host_roots, artifacts, kernel_name, remote_root, opts)

@@ -29,10 +29,10 @@ from execspace import (
     open_engine,
 )
 from execspace.artifacts import ArtifactScope, InMemoryArtifactService
-from execspace.backends.jupyter.remote import RemoteKernelSessions
-from execspace.backends.jupyter.remote_api import ServerApi
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
-from execspace.backends.jupyter.remotefs import CHUNK
+from execspace.backends.jupyter.serverapi import ServerApi
+from execspace.backends.jupyter.serverkernels import RemoteKernelSessions
+from execspace.backends.jupyter.serverworkspaces import CHUNK
 from execspace.errors import CapabilityError, LimitExceeded, PathDenied, UnsupportedBackend, WorkspaceNotFound
 from tests.backends.jupyter_support import wait_dead
 
