@@ -444,5 +444,5 @@ def _log_tail(dir_fd: int) -> str:
 
 _FIX = (
     "see kernel.log in the workspace's runs/ directory; the kernel's Python needs ipykernel and must be readable "
-    "by the sandbox (kernel_isolation='none' runs kernels on the host without a sandbox)"
+    "by the sandbox (mode=HostKernels() runs kernels on the host without a sandbox)"
 )
