@@ -89,7 +89,7 @@ class PlainCycle:
 async def _first_run(
     engine: execspace.BaseEngine, plain: PlainCycle, n: int, report: Report, label: str, target: bool
 ) -> None:
-    pool = engine.extra("pool")
+    pool = engine.pool
     made: list[execspace.Workspace] = []
 
     async def lib() -> None:

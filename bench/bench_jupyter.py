@@ -6,7 +6,7 @@ First result of a new session: a workspace's first ``1+1`` with a kernel from th
 against the same with a cold kernel start (pool off), one of each per round, each after the pool
 has refilled so that neither competes with a start-up the other caused (the pooled one does compete
 with the refill its own new workspace starts, as a caller's would). On host kernels
-(``kernel_isolation="none"``) and on sandboxed kernels (the default where bubblewrap works), whose
+(``mode=HostKernels()``) and on sandboxed kernels (the default where bubblewrap works), whose
 pooled kernels start in workspace slots; the sandboxed warm round trip is also measured against raw
 ``jupyter_client`` on the same sandboxed kernel (over its IPC sockets).
 """
@@ -20,6 +20,7 @@ from typing import Any
 import execspace
 from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir, timed
 from execspace import Workspace
+from execspace.backends.jupyter import HostKernels, SandboxedKernels
 
 SECTION = "5 jupyter"
 
@@ -45,7 +46,7 @@ def _client_of(kernels: Any, ws: Workspace) -> Any:
 
 
 async def _round_trip(plan: Plan, report: Report, engine: Any, what: str = "warm cell 1+1") -> None:
-    kernels = engine.extra("kernels")
+    kernels = engine.kernels
     ws = await engine.manager.create_workspace("bench/warm")
     assert (await kernels.execute(ws, "1+1")).text == "2\n"
     kc = _client_of(kernels, ws)
@@ -66,14 +67,14 @@ async def _first_result(
     plan: Plan, report: Report, pooled: Any, cold: Any, what: str = "first 1+1 of a new session (pool)"
 ) -> None:
     rounds = max(5, plan.python_iters // 10)
-    pool = pooled.extra("kernels").pool
+    pool = pooled.kernels.pool
     warm_t: list[float] = []
     cold_t: list[float] = []
     for i in range(rounds):
         for engine, times in ((pooled, warm_t), (cold, cold_t)):
             if not await pool.wait_ready(60):
                 raise RuntimeError(f"the warm pool did not fill: {pool.last_error}")
-            kernels = engine.extra("kernels")
+            kernels = engine.kernels
             ws = await engine.manager.create_workspace(f"bench/first-{i}")
             times.append(await timed(lambda k=kernels, w=ws: k.execute(w, "1+1")))
             await engine.manager.cleanup(ws)
@@ -84,17 +85,15 @@ async def _first_result(
 
 async def _sandboxed(plan: Plan, report: Report, log: Any, tmp: Any) -> None:
     if not await backend_ready(
-        "jupyter", "5 jupyter: sandboxed-kernel benchmarks", report, log, kernel_isolation="sandbox"
+        "jupyter", "5 jupyter: sandboxed-kernel benchmarks", report, log, mode=SandboxedKernels()
     ):
         return
     tmp.chmod(0o711)  # the per-workspace sandbox uid must traverse to the workspaces
     async with (
         execspace.open_engine(
-            "jupyter", workspace_root=tmp / "sb-pooled", pool_size=1, kernel_isolation="sandbox"
+            "jupyter", workspace_root=tmp / "sb-pooled", mode=SandboxedKernels(pool_size=1)
         ) as pooled,
-        execspace.open_engine(
-            "jupyter", workspace_root=tmp / "sb-cold", pool_size=0, kernel_isolation="sandbox"
-        ) as cold,
+        execspace.open_engine("jupyter", workspace_root=tmp / "sb-cold", mode=SandboxedKernels(pool_size=0)) as cold,
     ):
         log("5 jupyter: warm cell round trip, sandboxed kernel")
         await _round_trip(plan, report, cold, "warm cell 1+1 (sandboxed kernel)")
@@ -107,10 +106,8 @@ async def run_jupyter(plan: Plan, report: Report, log: Any) -> None:
         return
     with scratch_dir("execspace-bench-jupyter-") as tmp:
         async with (
-            execspace.open_engine(
-                "jupyter", workspace_root=tmp / "pooled", pool_size=1, kernel_isolation="none"
-            ) as pooled,
-            execspace.open_engine("jupyter", workspace_root=tmp / "cold", pool_size=0, kernel_isolation="none") as cold,
+            execspace.open_engine("jupyter", workspace_root=tmp / "pooled", mode=HostKernels(pool_size=1)) as pooled,
+            execspace.open_engine("jupyter", workspace_root=tmp / "cold", mode=HostKernels(pool_size=0)) as cold,
         ):
             log("5 jupyter: warm cell round trip")
             await _round_trip(plan, report, cold)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import execspace
+from execspace.backends.jupyter import HostKernels, SandboxedKernels, ServerKernels
 from execspace.registry import probe_backend
 from execspace.testing.binding import BindContext, EngineBinding, Feature, backend_binding, bind, open_bound
 from tests.backends.container_support import container_engine
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 #: no warm pools: they have their own tests; here they would only start containers and kernels nobody uses
 _NO_POOL = {"pool_size": 0}
+_HOST_KERNELS = HostKernels(pool_size=0)
+_SANDBOXED_KERNELS = SandboxedKernels(pool_size=0)
 
 
 @contextlib.asynccontextmanager
@@ -44,16 +47,11 @@ _remote_roots = count()
 @contextlib.asynccontextmanager
 async def _jupyter_remote(ctx: BindContext, *, shared_filesystem: bool) -> AsyncIterator[execspace.BaseEngine]:
     server: LocalServer = ctx.request.getfixturevalue("jupyter_server")
-    where: dict[str, object] = (
-        {"workspace_root": ctx.workspace_root} if shared_filesystem else {"remote_root": f"conf{next(_remote_roots)}"}
+    mode = ServerKernels(
+        server.url, server.token, shared_filesystem=shared_filesystem, remote_root=f"conf{next(_remote_roots)}"
     )
     async with execspace.open_engine(
-        "jupyter",
-        server_url=server.url,
-        token=server.token,
-        shared_filesystem=shared_filesystem,
-        host_roots=list(ctx.host_roots),
-        **where,
+        "jupyter", mode=mode, host_roots=list(ctx.host_roots), workspace_root=ctx.workspace_root
     ) as engine:
         yield engine
 
@@ -65,7 +63,7 @@ async def _jupyter_shared(ctx: BindContext) -> AsyncIterator[execspace.BaseEngin
 
 
 @contextlib.asynccontextmanager
-async def _jupyter_far(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+async def _jupyter_server_workspaces(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
     async with _jupyter_remote(ctx, shared_filesystem=False) as engine:
         yield engine
 
@@ -73,17 +71,17 @@ async def _jupyter_far(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
 @contextlib.asynccontextmanager
 async def _jupyter_default(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
     # its default mode where the sandbox works (the test fails instead of falling back), host mode elsewhere
-    sandboxed = (await probe_backend("jupyter", kernel_isolation="sandbox")).ok
+    sandboxed = (await probe_backend("jupyter", mode=_SANDBOXED_KERNELS)).ok
     async with (JUPYTER_SANDBOXED if sandboxed else JUPYTER_HOST).open(ctx) as engine:
         yield engine
 
 
-JUPYTER_HOST = backend_binding("jupyter", name="jupyter-host", options={"kernel_isolation": "none", **_NO_POOL})
+JUPYTER_HOST = backend_binding("jupyter", name="jupyter-host", options={"mode": _HOST_KERNELS})
 JUPYTER_SANDBOXED = backend_binding(
     "jupyter",
     name="jupyter-sandboxed",
-    options={"kernel_isolation": "sandbox", **_NO_POOL},
-    probe_options={"kernel_isolation": "sandbox"},
+    options={"mode": _SANDBOXED_KERNELS},
+    probe_options={"mode": _SANDBOXED_KERNELS},
     traversable=True,  # the per-workspace sandbox uid must reach the workspace
 )
 
@@ -99,7 +97,7 @@ MODES: dict[str, EngineBinding] = {
         EngineBinding("jupyter-remote", _jupyter_shared),
         EngineBinding(
             "jupyter-remote-noshare",
-            _jupyter_far,
+            _jupyter_server_workspaces,
             {Feature.PROGRAMS: "shared_filesystem=False refuses programs: code runs only in the server's kernels"},
         ),
     )

@@ -406,6 +406,12 @@ def test_doctor_json_lists_every_backend(cli: Cli, tmp_path: Path) -> None:
     assert local["ok"] is True
     assert local["capabilities"]["isolation"] == "none"
     assert "timeout" in local["capabilities"]["enforced_limits"]
+    assert local["capabilities"]["kernels"] is None  # no stateful kernels
+    jupyter = by_name["jupyter"]
+    if jupyter["ok"]:  # its default mode: kernels in the sandbox where it works, else on this host
+        kernels = jupyter["capabilities"]["kernels"]
+        assert kernels["languages"] == ["python"] and kernels["isolation"] in ("process", "none")
+        assert kernels["isolation"] == ("process" if _sandbox_works() else "none")
     for entry in report["backends"]:
         if not entry["ok"]:
             assert entry["reason"] and entry["capabilities"] is None
@@ -421,6 +427,8 @@ def test_doctor_text(cli: Cli) -> None:
     text = proc.stdout.decode()
     assert "local: OK" in text
     assert "isolation: none" in text
+    if "jupyter: OK" in text:
+        assert "kernels:   python, isolation " in text
     for name in BUILTIN_BACKENDS:
         assert f"{name}: " in text
     assert "default backend" in text

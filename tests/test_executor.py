@@ -388,3 +388,39 @@ async def test_unchanged_outputs_are_listed_not_read(
     )
     assert sorted(f.name for f in result.output_files) == ["out/new.txt", "out/old7.txt"]
     assert sorted(read) == ["out/new.txt", "out/old7.txt"]
+
+
+# -- engines with kernels (SupportsKernels) --------------------------------------------------
+
+
+class _PythonKernels:
+    """Kernels that answer python blocks themselves: where the executor sends a block shows in its text."""
+
+    def __init__(self) -> None:
+        self.blocks: list[str] = []
+
+    def handles(self, tag: str) -> bool:
+        return tag.split()[0] in ("python", "py")
+
+    async def run_block(
+        self,
+        ws: execspace.Workspace,
+        block: CodeBlock,
+        index: int,
+        *,
+        timeout: float | None,
+        limits: ResourceLimits,
+    ) -> tuple[execspace.BlockResult, str]:
+        self.blocks.append(block.code)
+        return execspace.BlockResult(index, block.language, 0, "kernel\n", "", 0.0), "kernel\n"
+
+
+async def test_blocks_of_the_kernels_language_go_to_the_engines_kernels(local_engine: BaseEngine) -> None:
+    assert not isinstance(local_engine, execspace.SupportsKernels)  # the plain engine has none
+    kernels = _PythonKernels()
+    parts = (local_engine.manager, local_engine.fs, local_engine.runner, local_engine.describe())
+    engine = execspace.KernelEngine("local", *parts, kernels)
+    assert isinstance(engine, execspace.SupportsKernels) and isinstance(engine.kernels, execspace.Kernels)
+    result = await CodeExecutor(engine, timeout=30.0).execute_code(run_input(("python", "x = 1"), ("bash", "echo sh")))
+    assert result.ok and result.output == "kernel\nsh\n"
+    assert kernels.blocks == ["x = 1"]  # bash ran as a program

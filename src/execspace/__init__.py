@@ -22,8 +22,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .capabilities import Capabilities, Isolation
-    from .engine import BaseEngine, open_engine
+    from .capabilities import Capabilities, Isolation, KernelCapabilities
+    from .engine import BaseEngine, KernelEngine, open_engine
     from .envpolicy import EnvPolicy
     from .errors import (
         ArtifactNotFound,
@@ -66,14 +66,24 @@ if TYPE_CHECKING:
         Workspace,
         WorkspacePolicy,
     )
-    from .protocols import Engine, ProgramHandle, ProgramRunner, WorkspaceFS, WorkspaceManager
+    from .protocols import (
+        Engine,
+        Kernels,
+        ProgramHandle,
+        ProgramRunner,
+        SupportsKernels,
+        WorkspaceFS,
+        WorkspaceManager,
+    )
 
 # Names resolve on first use (PEP 562): the ``execspace`` command's fast path imports this
 # package and must not pay for the whole library when a warm daemon runs the command.
 _LAZY = {
     "Capabilities": ".capabilities",
     "Isolation": ".capabilities",
+    "KernelCapabilities": ".capabilities",
     "BaseEngine": ".engine",
+    "KernelEngine": ".engine",
     "open_engine": ".engine",
     "EnvPolicy": ".envpolicy",
     "ArtifactNotFound": ".errors",
@@ -117,6 +127,8 @@ _LAZY = {
     "Workspace": ".models",
     "WorkspacePolicy": ".models",
     "Engine": ".protocols",
+    "Kernels": ".protocols",
+    "SupportsKernels": ".protocols",
     "ProgramHandle": ".protocols",
     "ProgramRunner": ".protocols",
     "WorkspaceFS": ".protocols",
@@ -163,6 +175,9 @@ __all__ = [
     "InputSpec",
     "InvalidSpec",
     "Isolation",
+    "KernelCapabilities",
+    "KernelEngine",
+    "Kernels",
     "LimitExceeded",
     "OutputChunk",
     "OutputManifest",
@@ -179,6 +194,7 @@ __all__ = [
     "RunProgramSpec",
     "RunResult",
     "SetupFailed",
+    "SupportsKernels",
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",

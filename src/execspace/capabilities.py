@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .errors import CapabilityError
 from .models import RunProgramSpec
 
-__all__ = ["LIMIT_NAMES", "Capabilities", "Isolation"]
+__all__ = ["LIMIT_NAMES", "Capabilities", "Isolation", "KernelCapabilities"]
 
 #: Every limit name a backend may declare in ``Capabilities.enforced_limits``.
 LIMIT_NAMES = frozenset(
@@ -27,6 +27,42 @@ class Isolation(enum.StrEnum):
     MICROVM = "microvm"
     REMOTE = "remote"
     """Runs on another machine; the host is out of reach, the remote's own boundary applies."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCapabilities:
+    """What an engine's stateful kernels (``engine.kernels``) offer: one kernel per workspace, whose
+    interpreter state lives across cells until the kernel is restarted (a timeout, a crash)."""
+
+    languages: tuple[str, ...]
+    """Code-block languages the kernels run (others go to programs)."""
+    isolation: Isolation
+    """Where the kernels run: ``none`` (this host, as the caller), ``process`` (the OS sandbox), ``remote``
+    (a Jupyter server's kernels: its own boundary applies, nothing of theirs runs on this host)."""
+    cell_limits: frozenset[str]
+    """Subset of :data:`LIMIT_NAMES` a cell gets (``timeout`` interrupts, then restarts the kernel)."""
+    kernel_limits: frozenset[str] = frozenset()
+    """Limits of each kernel as a whole, for its lifetime (not per cell)."""
+    network_control: bool = False
+    """The kernels' network can be turned off (when the engine opens, not per cell)."""
+    rich_output_files: int | None = None
+    """Most rich-output files one cell may leave under ``out/`` (None: not capped here)."""
+    rich_output_bytes: int | None = None
+    """Most decoded bytes of rich output one cell may leave (None: not capped here)."""
+    warm_pool: int = 0
+    """Kernels started ahead for the next new workspaces."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "languages": list(self.languages),
+            "isolation": str(self.isolation),
+            "cell_limits": sorted(self.cell_limits),
+            "kernel_limits": sorted(self.kernel_limits),
+            "network_control": self.network_control,
+            "rich_output_files": self.rich_output_files,
+            "rich_output_bytes": self.rich_output_bytes,
+            "warm_pool": self.warm_pool,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +97,8 @@ class Capabilities:
     """Code-block languages with a runtime on this backend."""
     does_not_protect: tuple[str, ...] = ()
     """Plain statements of what this backend does not protect against."""
+    kernels: KernelCapabilities | None = None
+    """The engine's stateful kernels (``engine.kernels``), or None when it has none."""
     details: dict[str, str] = field(default_factory=dict)
     """Backend-specific facts (versions, mode), for display only."""
 
@@ -99,5 +137,6 @@ class Capabilities:
             "max_disk_bytes": self.max_disk_bytes,
             "languages": list(self.languages),
             "does_not_protect": list(self.does_not_protect),
+            "kernels": None if self.kernels is None else self.kernels.as_dict(),
             "details": dict(self.details),
         }

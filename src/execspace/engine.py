@@ -6,13 +6,15 @@ import contextlib
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .capabilities import Capabilities
 from .errors import UsageError
-from .protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
+from .protocols import Kernels, ProgramRunner, WorkspaceFS, WorkspaceManager
 
-__all__ = ["BaseEngine", "open_engine"]
+__all__ = ["BaseEngine", "KernelEngine", "open_engine"]
+
+K = TypeVar("K", bound=Kernels)
 
 
 class _State(enum.Enum):
@@ -36,7 +38,6 @@ class BaseEngine:
         capabilities: Capabilities,
         *,
         on_close: Callable[[], Awaitable[None]] | None = None,
-        extra: dict[str, Any] | None = None,
     ) -> None:
         self._name = name
         self._manager = manager
@@ -45,7 +46,6 @@ class BaseEngine:
         self._caps = capabilities
         self._on_close = on_close
         self._state = _State.OPEN
-        self._extra = dict(extra or {})
 
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
@@ -73,10 +73,6 @@ class BaseEngine:
     def describe(self) -> Capabilities:
         return self._caps
 
-    def extra(self, key: str, default: Any = None) -> Any:
-        """Backend-specific facts (e.g. ``bwrap_path``), without widening the protocol."""
-        return self._extra.get(key, default)
-
     async def aclose(self) -> None:
         if self._state is _State.CLOSED:
             return
@@ -94,6 +90,31 @@ class BaseEngine:
 
     def __repr__(self) -> str:
         return f"<Engine {self._name} {self._caps.isolation} {self._state.value}>"
+
+
+class KernelEngine(BaseEngine, Generic[K]):
+    """An engine whose workspaces also have stateful kernels (:class:`~execspace.protocols.SupportsKernels`);
+    ``describe().kernels`` says what they offer."""
+
+    def __init__(
+        self,
+        name: str,
+        manager: WorkspaceManager,
+        fs: WorkspaceFS,
+        runner: ProgramRunner,
+        capabilities: Capabilities,
+        kernels: K,
+        *,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(name, manager, fs, runner, capabilities, on_close=on_close)
+        self._kernels = kernels
+
+    @property
+    def kernels(self) -> K:
+        # no open check: isinstance(engine, SupportsKernels) reads this on Python 3.11, and the kernels
+        # themselves refuse work once the engine has closed them
+        return self._kernels
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from wcmatch import glob as wglob
 
@@ -46,7 +46,7 @@ from .models import (
     Workspace,
     WorkspacePolicy,
 )
-from .protocols import Engine, WorkspaceFS
+from .protocols import Engine, SupportsKernels, WorkspaceFS
 
 __all__ = ["CodeBlockDelimiter", "CodeExecutor", "EngineOpener", "code_executor", "extract_code_blocks"]
 
@@ -252,11 +252,9 @@ class CodeExecutor:
         self, engine: Engine, ws: Workspace, block: CodeBlock, index: int
     ) -> tuple[BlockResult, str] | None:
         """Run the block in the engine's stateful kernel when it has one for this language."""
-        extra = getattr(engine, "extra", None)
-        kernels: BlockKernels | None = extra("kernels") if callable(extra) else None
-        if kernels is None or not kernels.handles(block.language):
+        if not isinstance(engine, SupportsKernels) or not engine.kernels.handles(block.language):
             return None
-        return await kernels.run_block(ws, block, index, timeout=self.timeout, limits=self.limits)
+        return await engine.kernels.run_block(ws, block, index, timeout=self.timeout, limits=self.limits)
 
     def _runtime_for(self, engine: Engine, ws: Workspace, tag: str) -> tuple[Language, tuple[str, ...]]:
         """The language of a fence tag and the command prefix that runs it on this engine."""
@@ -303,22 +301,6 @@ class CodeExecutor:
         patterns = [str(wglob.escape(p)) for p in sorted(changed)] if few else self.collect_globs
         files = await fs.collect(ws, patterns)
         return sorted((f for f in files if f.name in changed), key=lambda f: f.name)
-
-
-class BlockKernels(Protocol):
-    """Stateful kernels an engine offers as ``engine.extra("kernels")`` (the jupyter backend)."""
-
-    def handles(self, tag: str) -> bool: ...
-
-    async def run_block(
-        self,
-        ws: Workspace,
-        block: CodeBlock,
-        index: int,
-        *,
-        timeout: float | None,  # noqa: ASYNC109 - a deadline for the kernel, not for our task
-        limits: ResourceLimits,
-    ) -> tuple[BlockResult, str]: ...
 
 
 async def _listing(fs: WorkspaceFS, ws: Workspace, globs: Sequence[str]) -> _Listing:

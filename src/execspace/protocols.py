@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from .capabilities import Capabilities
 from .models import (
+    BlockResult,
+    CodeBlock,
     File,
     FileEntry,
     InputSpec,
@@ -22,6 +24,7 @@ from .models import (
     OutputManifest,
     OutputSpec,
     PutFile,
+    ResourceLimits,
     RunProgramSpec,
     RunResult,
     Workspace,
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from .artifacts import ArtifactService
     from .workspace.staging import MetadataLocks
 
-__all__ = ["Engine", "ProgramHandle", "ProgramRunner", "WorkspaceFS", "WorkspaceManager"]
+__all__ = ["Engine", "Kernels", "ProgramHandle", "ProgramRunner", "SupportsKernels", "WorkspaceFS", "WorkspaceManager"]
 
 
 @runtime_checkable
@@ -215,3 +218,32 @@ class Engine(Protocol):
     def describe(self) -> Capabilities: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Kernels(Protocol):
+    """Stateful kernels, one per workspace, that run code blocks of their language (``engine.kernels``)."""
+
+    def handles(self, tag: str) -> bool:
+        """Whether a code block with fence tag ``tag`` runs in a kernel (else it runs as a program)."""
+        ...
+
+    async def run_block(
+        self,
+        ws: Workspace,
+        block: CodeBlock,
+        index: int,
+        *,
+        timeout: float | None,  # noqa: ASYNC109 - a deadline for the kernel, not for our task
+        limits: ResourceLimits,
+    ) -> tuple[BlockResult, str]:
+        """Run one block in ``ws``'s kernel: its result and the text the executor shows for it."""
+        ...
+
+
+@runtime_checkable
+class SupportsKernels(Protocol):
+    """An engine with stateful kernels; its ``describe().kernels`` says what they offer."""
+
+    @property
+    def kernels(self) -> Kernels: ...

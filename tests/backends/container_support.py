@@ -43,7 +43,7 @@ async def container_engine(
     }
     async with execspace.open_engine("container", **settings) as engine:
         if warm:
-            await engine.extra("pool").ready()
+            await engine.pool.ready()
         yield engine
 
 
@@ -74,5 +74,5 @@ def labelled_containers(daemon: Daemon, label: str) -> dict[str, dict[str, Any]]
 
 def engine_containers(daemon: Daemon, engine: execspace.BaseEngine | str) -> dict[str, dict[str, Any]]:
     """The containers of ``engine`` (or of the engine with this id: it outlives the engine's close), by id."""
-    engine_id = engine if isinstance(engine, str) else engine.extra("engine_id")
+    engine_id = engine if isinstance(engine, str) else engine.engine_id
     return labelled_containers(daemon, f"{LABEL}.engine={engine_id}")

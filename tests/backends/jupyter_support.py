@@ -10,7 +10,10 @@ import time
 import pytest
 
 from execspace import BaseEngine
-from execspace.backends.jupyter import KernelSessions
+from execspace.backends.jupyter import (
+    KernelSessions,
+    SandboxedKernels,
+)
 from execspace.registry import probe_backend
 
 __all__ = ["alive", "kernels_of", "require_sandboxed_kernels", "wait_dead"]
@@ -34,7 +37,7 @@ async def wait_dead(pid: int, within: float = 10.0) -> bool:
 
 
 def kernels_of(engine: BaseEngine) -> KernelSessions:
-    ks = engine.extra("kernels")
+    ks = engine.kernels
     assert isinstance(ks, KernelSessions)
     return ks
 
@@ -42,6 +45,6 @@ def kernels_of(engine: BaseEngine) -> KernelSessions:
 async def require_sandboxed_kernels() -> None:
     """Skip unless kernels can run in the sandbox here (the probe also checks that the sandbox uid can read
     this environment's packages)."""
-    probe = await probe_backend("jupyter", kernel_isolation="sandbox")
+    probe = await probe_backend("jupyter", mode=SandboxedKernels())
     if not probe.ok:
         pytest.skip(f"no sandboxed kernels here: {probe.reason}")

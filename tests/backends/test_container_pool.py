@@ -35,7 +35,7 @@ async def test_new_workspace_runs_in_the_prestarted_container(
     ws = await pooled.manager.create_workspace("pool/a")
     used = await _container_of(pooled, ws)
     assert any(cid.startswith(used) for cid in warm)
-    await pooled.extra("pool").ready()
+    await pooled.pool.ready()
     # the pool refilled with a different container; the workspace keeps its own
     now = engine_containers(docker_daemon, pooled)
     assert len(now) == 2 and warm < set(now)
@@ -43,7 +43,7 @@ async def test_new_workspace_runs_in_the_prestarted_container(
 
 
 async def test_each_pooled_container_serves_one_workspace_and_starts_clean(pooled: execspace.BaseEngine) -> None:
-    pool = pooled.extra("pool")
+    pool = pooled.pool
     a = await pooled.manager.create_workspace("pool/a")
     r = await pooled.runner.run_program(a, sh("echo a > /tmp/left; echo a > /workspace/work/left; ls -A /tmp"))
     assert r.stdout == "left\n"
@@ -77,7 +77,7 @@ async def test_an_existing_workspace_directory_never_takes_a_slot(
         assert old.host_path is not None
         (old.host_path / "work" / "note.txt").write_text("still here\n")
     async with container_engine(docker_daemon, test_image, tmp_path / "ws", pool_size=1) as second:
-        pool = second.extra("pool")
+        pool = second.pool
         await pool.ready()
         warm = set(engine_containers(docker_daemon, second))
         again = await second.manager.create_workspace("kept")
@@ -93,10 +93,10 @@ async def test_close_removes_pool_containers_and_slot_directories(
 ) -> None:
     root = tmp_path / "ws"
     async with container_engine(docker_daemon, test_image, root, pool_size=2) as eng:
-        await eng.extra("pool").ready()
+        await eng.pool.ready()
         ws = await eng.manager.create_workspace("pool/closing")
         await eng.runner.run_program(ws, sh("true"))
-        await eng.extra("pool").ready()
+        await eng.pool.ready()
         assert len(engine_containers(docker_daemon, eng)) == 3
         assert len(list(root.glob(f"{SLOT_PREFIX}*"))) == 2
     assert engine_containers(docker_daemon, eng) == {}
@@ -110,7 +110,7 @@ async def test_a_pool_that_cannot_fill_fails_the_run_not_the_open(
     # the daemon refuses to create any container with more CPUs than the host has (the image is checked at open)
     root = tmp_path / "ws"
     async with container_engine(docker_daemon, test_image, root, pool_size=1, cpus=1000.0) as eng:
-        pool = eng.extra("pool")
+        pool = eng.pool
         await pool.ready()
         assert isinstance(pool.last_error, SetupFailed) and pool.available() == 0
         assert list(root.glob(f"{SLOT_PREFIX}*")) == []  # a failed slot leaves no directory behind

@@ -45,8 +45,8 @@ async def main(host, image, root, binds, then):
         ws = await eng.manager.create_workspace(name)
         r = await eng.runner.run_program(ws, RunProgramSpec("true"))
         assert r.exit_code == 0, r
-    await eng.extra("pool").ready()
-    print(json.dumps({"engine": eng.extra("engine_id")}), flush=True)
+    await eng.pool.ready()
+    print(json.dumps({"engine": eng.engine_id}), flush=True)
     if then.startswith("wait"):
         await asyncio.sleep(600)
     # "exit": leave without closing the engine; atexit must clean up
@@ -112,10 +112,10 @@ def test_the_watchdog_cleans_up_right_after_a_sigkill(docker_daemon: Daemon, tes
 
 async def test_closing_the_engine_ends_its_watchdog(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
     async with container_engine(docker_daemon, test_image, tmp_path, watchdog=True) as eng:
-        pid = eng.extra("watchdog_pid")
+        pid = eng.watchdog_pid
         assert isinstance(pid, int) and Path(f"/proc/{pid}").exists()
-        engine_id = eng.extra("engine_id")
-        await eng.extra("pool").ready()
+        engine_id = eng.engine_id
+        await eng.pool.ready()
     assert not Path(f"/proc/{pid}").exists()  # waited for: not even a zombie is left
     assert engine_containers(docker_daemon, engine_id) == {}
 

@@ -7,6 +7,7 @@ import base64
 import os
 import signal
 import time
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import pytest
 
 import execspace
 from execspace import BaseEngine, CodeBlock, CodeExecutionInput, CodeExecutor, PutFile, ResourceLimits, Workspace
-from execspace.backends.jupyter import JupyterBackend, KernelSessions
+from execspace.backends.jupyter import AutoKernels, HostKernels, JupyterBackend, KernelSessions, SandboxedKernels
+from execspace.protocols import SupportsKernels
 from execspace.registry import probe_backend
 from tests.backends.jupyter_support import alive, kernels_of
 from tests.support import make_traversable
@@ -27,7 +29,7 @@ TINY_GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAI
 async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
     # no warm pool here: these tests are about one kernel's behaviour, and pooled starts would compete for CPU
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0, pool_size=0, kernel_isolation="none"
+        "jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0, mode=HostKernels(pool_size=0)
     ) as eng:
         yield eng
 
@@ -46,9 +48,22 @@ async def test_probe_and_capabilities_are_honest() -> None:
     assert (await probe_backend("jupyter")).ok
     missing = await JupyterBackend.probe(kernel_name="no-such-kernel")
     assert not missing.ok and "no-such-kernel" in missing.reason and "execspace[jupyter]" in missing.fix
-    caps = JupyterBackend.capabilities()
+    caps = await JupyterBackend.capabilities(mode=HostKernels())
     assert caps.persistent_state and str(caps.isolation) == "none" and not caps.network_control
     assert "python" in caps.languages
+    assert caps.kernels is not None and str(caps.kernels.isolation) == "none" and caps.kernels.warm_pool == 1
+
+
+async def test_capabilities_of_the_default_mode_are_what_an_engine_opened_with_it_says(tmp_path: Path) -> None:
+    sandboxed = (await probe_backend("jupyter", mode=SandboxedKernels())).ok
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback where the sandbox does not work
+        stated = await JupyterBackend.capabilities()
+        async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", mode=AutoKernels()) as eng:
+            opened = eng.describe()
+    assert stated.kernels is not None and stated.kernels == opened.kernels
+    assert stated.isolation == opened.isolation == ("process" if sandboxed else "none")
+    assert isinstance(eng, SupportsKernels) and isinstance(eng.kernels, KernelSessions)
 
 
 async def test_state_persists_in_a_workspace(kernels: KernelSessions, ws: Workspace) -> None:
@@ -210,10 +225,8 @@ async def test_output_flood_is_capped(kernels: KernelSessions, ws: Workspace) ->
 
 
 async def test_cleanup_and_close_stop_kernels(tmp_path: Path) -> None:
-    async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", pool_size=0, kernel_isolation="none"
-    ) as eng:
-        ks: KernelSessions = eng.extra("kernels")
+    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", mode=HostKernels(pool_size=0)) as eng:
+        ks: KernelSessions = eng.kernels
         a = await eng.manager.create_workspace("a")
         b = await eng.manager.create_workspace("b")
         pid_a = int((await ks.execute(a, "import os; print(os.getpid())")).text)
@@ -278,9 +291,9 @@ async def test_pooled_kernel_serves_first_cell_bound_to_its_workspace(
     names = "print(sorted(k for k in globals() if k[0] != '_'))\nprint(__import__('os').getpid())"
     cold_names = (await kernels.execute(ws, names)).text.splitlines()[0]
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "pooled", pool_size=1, kernel_isolation="none"
+        "jupyter", workspace_root=tmp_path / "pooled", mode=HostKernels(pool_size=1)
     ) as eng:
-        ks: KernelSessions = eng.extra("kernels")
+        ks: KernelSessions = eng.kernels
         assert ks.pool is not None and await ks.pool.wait_ready()
         (pid,) = pooled_pids(ks)
         staging = [p for p in (tmp_path / "pooled" / ".kernel-pool").iterdir()]
@@ -302,10 +315,8 @@ async def test_pooled_kernel_serves_first_cell_bound_to_its_workspace(
 
 
 async def test_two_sessions_never_share_a_pooled_kernel(tmp_path: Path) -> None:
-    async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", pool_size=2, kernel_isolation="none"
-    ) as eng:
-        ks: KernelSessions = eng.extra("kernels")
+    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", mode=HostKernels(pool_size=2)) as eng:
+        ks: KernelSessions = eng.kernels
         assert ks.pool is not None and await ks.pool.wait_ready()
         pids = pooled_pids(ks)
         a, b = [await eng.manager.create_workspace(name) for name in ("a", "b")]
@@ -319,9 +330,9 @@ async def test_two_sessions_never_share_a_pooled_kernel(tmp_path: Path) -> None:
 async def test_idle_pooled_kernels_are_stopped_and_the_pool_refills_on_demand(tmp_path: Path) -> None:
     root = tmp_path / "ws"
     async with execspace.open_engine(
-        "jupyter", workspace_root=root, pool_size=1, pool_idle_timeout=0.5, kernel_isolation="none"
+        "jupyter", workspace_root=root, mode=HostKernels(pool_size=1, pool_idle_timeout=0.5)
     ) as eng:
-        ks: KernelSessions = eng.extra("kernels")
+        ks: KernelSessions = eng.kernels
         assert ks.pool is not None and await ks.pool.wait_ready()
         (pid,) = pooled_pids(ks)
         for _ in range(100):

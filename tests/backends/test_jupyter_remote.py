@@ -30,9 +30,10 @@ from execspace import (
     Workspace,
     open_engine,
 )
-from execspace.backends.jupyter.remote import RemoteKernelSessions, open_remote_engine
-from execspace.backends.jupyter.remote_api import ServerApi
+from execspace.backends.jupyter import JupyterBackend, ServerKernels
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
+from execspace.backends.jupyter.serverapi import ServerApi
+from execspace.backends.jupyter.serverkernels import RemoteKernelSessions
 from execspace.errors import BackendError, CapabilityError, InvalidSpec, SetupFailed
 from tests.backends.jupyter_support import alive, wait_dead
 
@@ -53,20 +54,18 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
 @pytest_asyncio.fixture(loop_scope="module")
 async def engine(server: LocalServer) -> AsyncIterator[BaseEngine]:
     # workspaces under the server's root, so kernels also start in work/ through the sessions API's path
-    async with open_engine(  # the public way in: the jupyter backend with a server_url
+    async with open_engine(
         "jupyter",
-        server_url=server.url,
-        token=server.token,
         workspace_root=server.root_dir / f"ws{next(_engines)}",
-        server_root=server.root_dir,
         interrupt_grace=1.0,
+        mode=ServerKernels(url=server.url, token=server.token, server_root=server.root_dir),
     ) as eng:
         yield eng
 
 
 @pytest.fixture
 def kernels(engine: BaseEngine) -> RemoteKernelSessions:
-    ks = engine.extra("kernels")
+    ks = engine.kernels
     assert isinstance(ks, RemoteKernelSessions)
     return ks
 
@@ -180,11 +179,11 @@ async def test_file_api_round_trips_through_the_kernel(
 
 
 async def test_cleanup_and_close_delete_kernels_on_the_server(server: LocalServer) -> None:
-    eng = await open_remote_engine(
-        server_url=server.url, token=server.token, workspace_root=server.root_dir / f"ws{next(_engines)}"
+    eng = await JupyterBackend.open(
+        workspace_root=server.root_dir / f"ws{next(_engines)}", mode=ServerKernels(url=server.url, token=server.token)
     )
     async with eng:
-        ks: RemoteKernelSessions = eng.extra("kernels")
+        ks: RemoteKernelSessions = eng.kernels
         a = await eng.manager.create_workspace("a")
         b = await eng.manager.create_workspace("b")
         pid_a = int((await ks.execute(a, "import os; print(os.getpid())")).text)
@@ -204,21 +203,28 @@ async def test_code_executor_runs_python_in_the_remote_kernel(engine: BaseEngine
     second = await ex.execute_code(CodeExecutionInput([CodeBlock("py", "total + 2")], execution_id="chat-1"))
     assert second.ok and second.output == "42\n"
     caps = engine.describe()
+    # programs run on this host (isolation none); the kernels are the server's
     assert caps.persistent_state and "remote kernels on" in caps.details["mode"] and str(caps.isolation) == "none"
+    assert caps.kernels is not None and str(caps.kernels.isolation) == "remote"
+    assert (
+        caps.kernels.cell_limits == {"timeout", "output_bytes"} and caps.as_dict()["kernels"]["isolation"] == "remote"
+    )
 
 
 async def test_wrong_token_is_refused_clearly(server: LocalServer, tmp_path: Path) -> None:
     with pytest.raises(SetupFailed, match=r"refused the token \(HTTP 403") as info:
-        await open_remote_engine(server_url=server.url, token="not-" + server.token, workspace_root=tmp_path / "ws")
+        await JupyterBackend.open(
+            workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token="not-" + server.token)
+        )
     assert "not-" not in str(info.value)  # the error never echoes a token
     with pytest.raises(SetupFailed, match="needs the server's token"):
-        await open_remote_engine(server_url=server.url, token="", workspace_root=tmp_path / "ws")
+        await JupyterBackend.open(workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token=""))
 
 
 async def test_unknown_kernel_spec_is_refused(server: LocalServer, tmp_path: Path) -> None:
     with pytest.raises(SetupFailed, match=r"no kernel spec 'nope' \(it has: .*python3"):
-        await open_remote_engine(
-            server_url=server.url, token=server.token, kernel_name="nope", workspace_root=tmp_path / "ws"
+        await JupyterBackend.open(
+            kernel_name="nope", workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token=server.token)
         )
 
 
@@ -229,7 +235,9 @@ async def test_no_server_gives_a_clear_error(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(BackendError, match=f"cannot reach the Jupyter server at http://127.0.0.1:{port}.*running"):
-        await open_remote_engine(server_url=f"http://127.0.0.1:{port}", token="t" * 43, workspace_root=tmp_path / "ws")
+        await JupyterBackend.open(
+            workspace_root=tmp_path / "ws", mode=ServerKernels(url=f"http://127.0.0.1:{port}", token="t" * 43)
+        )
 
 
 @pytest.mark.slow
@@ -241,10 +249,10 @@ async def test_kernel_gateway_works_and_its_death_is_a_clear_error(tmp_path: Pat
             assert await api.status_without_token() in (401, 403)
         finally:
             api.close()
-        async with await open_remote_engine(
-            server_url=gw.url, token=gw.token, workspace_root=tmp_path / "ws", interrupt_grace=1.0
+        async with await JupyterBackend.open(
+            workspace_root=tmp_path / "ws", interrupt_grace=1.0, mode=ServerKernels(url=gw.url, token=gw.token)
         ) as eng:
-            ks: RemoteKernelSessions = eng.extra("kernels")
+            ks: RemoteKernelSessions = eng.kernels
             ws = await eng.manager.create_workspace("gw")
             first = await ks.execute(ws, "import os\nx = 5\nprint(os.getpid(), os.getcwd())")
             kernel_pid, cwd = first.text.split()
@@ -275,25 +283,26 @@ async def test_https_server_needs_a_trusted_certificate(tmp_path: Path) -> None:
     async with start_local_server(root, certfile=str(cert), keyfile=str(key), ca_file=str(cert)) as srv:
         assert srv.url.startswith("https://127.0.0.1:")
         with pytest.raises(BackendError, match="TLS certificate not trusted"):
-            await open_remote_engine(server_url=srv.url, token=srv.token, workspace_root=root / "ws")
-        async with await open_remote_engine(
-            server_url=srv.url, token=srv.token, workspace_root=root / "ws", ca_file=str(cert)
+            await JupyterBackend.open(workspace_root=root / "ws", mode=ServerKernels(url=srv.url, token=srv.token))
+        async with await JupyterBackend.open(
+            workspace_root=root / "ws", mode=ServerKernels(url=srv.url, token=srv.token, ca_file=str(cert))
         ) as eng:
             ws = await eng.manager.create_workspace("tls")
-            cell = await eng.extra("kernels").execute(ws, "print(6 * 7)")
+            cell = await eng.kernels.execute(ws, "print(6 * 7)")
             assert cell.text == "42\n"
 
 
 async def test_programs_can_be_refused_so_code_runs_only_on_the_server(server: LocalServer) -> None:
     root = server.root_dir / f"ws{next(_engines)}"
-    async with await open_remote_engine(
-        server_url=server.url, token=server.token, workspace_root=root, programs="refuse"
+    async with await JupyterBackend.open(
+        workspace_root=root, mode=ServerKernels(url=server.url, token=server.token, programs="refuse")
     ) as eng:
         ws = await eng.manager.create_workspace("k-only")
         with pytest.raises(CapabilityError, match="programs='refuse'"):
             await eng.runner.run_program(ws, RunProgramSpec("touch", ["ran"], cwd="work"))
         assert not (ws.host_path / "work" / "ran").exists()
         assert eng.describe().languages == ("python",) and not eng.describe().streaming
+        assert str(eng.describe().isolation) == "remote"  # nothing runs on this host
         ex = CodeExecutor(eng, timeout=30)
         result = await ex.execute_code(
             CodeExecutionInput([CodeBlock("python", "print('in kernel')"), CodeBlock("bash", "touch ran2")])
@@ -311,10 +320,12 @@ async def test_server_that_cannot_see_the_workspace_is_refused(tmp_path: Path) -
     ws_root.mkdir(mode=0o700)
     hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$@"']
     async with start_local_server(tmp_path, wrapper=[*hide, str(ws_root)]) as srv:
-        async with await open_remote_engine(server_url=srv.url, token=srv.token, workspace_root=ws_root) as eng:
+        async with await JupyterBackend.open(
+            workspace_root=ws_root, mode=ServerKernels(url=srv.url, token=srv.token)
+        ) as eng:
             ws = await eng.manager.create_workspace("far")
             with pytest.raises(SetupFailed, match=r"do not see this host's workspace .* \(no shared filesystem"):
-                await eng.extra("kernels").execute(ws, "print(1)")
+                await eng.kernels.execute(ws, "print(1)")
             assert not list((ws.host_path / "runs").glob("kernel-*/bind-nonce"))  # no nonce left behind
         api = ServerApi(srv.url, srv.token)
         try:
@@ -340,7 +351,11 @@ async def test_cancelled_call_interrupts_its_cell(kernels: RemoteKernelSessions,
 
 
 async def test_sandbox_options_are_refused_for_a_remote_server(server: LocalServer) -> None:
-    for bad in ({"kernel_isolation": "sandbox"}, {"network": False}):
-        with pytest.raises(InvalidSpec, match="remote server"):
-            async with open_engine("jupyter", server_url=server.url, token=server.token, **bad):
+    # a server mode has no sandbox options, and none can be passed beside it
+    for bad in ({"policy": None}, {"network": False}):
+        with pytest.raises(InvalidSpec, match="has no option"):
+            async with open_engine("jupyter", mode=ServerKernels(server.url, server.token), **bad):
                 pass
+    with pytest.raises(InvalidSpec, match="not a kernel mode"):
+        async with open_engine("jupyter", mode={"url": server.url, "token": server.token}):
+            pass

@@ -15,7 +15,13 @@ import pytest
 
 import execspace
 from execspace import BaseEngine, ResourceLimits, RunProgramSpec, Workspace
-from execspace.backends.jupyter import KernelSessions
+from execspace.backends.jupyter import (
+    AutoKernels,
+    HostKernels,
+    KernelSessions,
+    SandboxedKernels,
+)
+from execspace.capabilities import Isolation
 from execspace.errors import InvalidSpec, SetupFailed
 from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
 from tests.support import make_traversable
@@ -33,7 +39,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
     make_traversable(tmp_path)
     # no warm pool here (its tests are in test_jupyter_sandbox_pool.py): pooled starts would compete for CPU
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", interrupt_grace=1.0, pool_size=0
+        "jupyter", workspace_root=tmp_path / "ws", interrupt_grace=1.0, mode=SandboxedKernels(pool_size=0)
     ) as eng:
         yield eng
 
@@ -52,7 +58,8 @@ async def test_capabilities_say_the_kernel_is_sandboxed(engine: BaseEngine) -> N
     caps = engine.describe()
     assert str(caps.isolation) == "process" and caps.persistent_state and caps.network_control
     assert not caps.network_default
-    assert caps.details["kernel_isolation"] == "sandbox" and engine.extra("kernel_isolation") == "sandbox"
+    assert caps.details["kernel_isolation"] == "sandbox" and caps.kernels is not None
+    assert caps.kernels.isolation is Isolation.PROCESS and caps.kernels.kernel_limits == {"memory_bytes", "pids"}
     assert "memory_bytes=" in caps.details["kernel_limits"]
     assert any("warm pool" in d for d in caps.does_not_protect) and caps.details["pool"] == "off (pool_size=0)"
 
@@ -175,10 +182,9 @@ async def test_memory_limit_kills_the_kernel_and_the_next_call_gets_a_fresh_one(
     async with execspace.open_engine(
         "jupyter",
         workspace_root=tmp_path / "mem",
-        kernel_isolation="sandbox",
-        kernel_limits=ResourceLimits(memory_bytes=limit),
+        mode=SandboxedKernels(kernel_limits=ResourceLimits(memory_bytes=limit)),
     ) as eng:
-        ks, ws = eng.extra("kernels"), await eng.manager.create_workspace("nb/mem")
+        ks, ws = eng.kernels, await eng.manager.create_workspace("nb/mem")
         assert (await ks.execute(ws, f"kept = 1\nMiB = {MiB}")).exit_code == 0
         result = await ks.execute(ws, hog, timeout=60)
         if cgroup:
@@ -195,12 +201,9 @@ async def test_pids_limit_holds_in_the_kernel(engine: BaseEngine, tmp_path: Path
     if "pids" not in engine.describe().enforced_limits:
         pytest.skip("pids is not enforced here: " + engine.describe().details["pids"])
     async with execspace.open_engine(
-        "jupyter",
-        workspace_root=tmp_path / "pids",
-        kernel_isolation="sandbox",
-        kernel_limits=ResourceLimits(pids=64),
+        "jupyter", workspace_root=tmp_path / "pids", mode=SandboxedKernels(kernel_limits=ResourceLimits(pids=64))
     ) as eng:
-        ks, ws = eng.extra("kernels"), await eng.manager.create_workspace("nb/pids")
+        ks, ws = eng.kernels, await eng.manager.create_workspace("nb/pids")
         cell = (
             "import threading, time\n"
             "started = 0\n"
@@ -282,21 +285,26 @@ async def test_auto_falls_back_loudly_and_sandbox_fails_closed(tmp_path: Path) -
     broken = tmp_path / "no-bwrap"
     with pytest.raises(SetupFailed, match="cannot sandbox kernels"):
         async with execspace.open_engine(
-            "jupyter", workspace_root=tmp_path / "a", kernel_isolation="sandbox", bwrap=str(broken)
+            "jupyter", workspace_root=tmp_path / "a", mode=SandboxedKernels(bwrap=str(broken))
         ):
             pass
     with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
         async with execspace.open_engine(
-            "jupyter", workspace_root=tmp_path / "b", bwrap=str(broken), pool_size=0
+            "jupyter", workspace_root=tmp_path / "b", mode=AutoKernels(bwrap=str(broken), pool_size=0)
         ) as eng:
             caps = eng.describe()
     assert str(caps.isolation) == "none" and caps.details["kernel_isolation"].startswith("none (auto")
+    assert caps.kernels is not None and str(caps.kernels.isolation) == "none"
     # sandbox options the host cannot honour: no fallback
     with pytest.raises(SetupFailed):
-        async with execspace.open_engine("jupyter", workspace_root=tmp_path / "c", bwrap=str(broken), network=False):
-            pass
-    with pytest.raises(InvalidSpec):
         async with execspace.open_engine(
-            "jupyter", workspace_root=tmp_path / "d", kernel_isolation="none", network=False
+            "jupyter", workspace_root=tmp_path / "c", mode=SandboxedKernels(bwrap=str(broken), network=False)
         ):
+            pass
+    # ... nor can they be given to host kernels: an option the mode has not is refused before anything opens
+    with pytest.raises(InvalidSpec, match="has no option network"):
+        async with execspace.open_engine("jupyter", workspace_root=tmp_path / "d", mode=HostKernels(), network=False):
+            pass
+    with pytest.raises(InvalidSpec, match="not a kernel mode"):
+        async with execspace.open_engine("jupyter", workspace_root=tmp_path / "d", mode="none"):
             pass

@@ -14,7 +14,10 @@ import pytest
 
 import execspace
 from execspace import BaseEngine, Persistence, RunProgramSpec, WorkspacePolicy
-from execspace.backends.jupyter import KernelSessions
+from execspace.backends.jupyter import (
+    KernelSessions,
+    SandboxedKernels,
+)
 from execspace.backends.sandbox import SandboxPolicy
 from execspace.backends.sandbox.bwrap import sandbox_uid
 from tests.backends.jupyter_support import alive, kernels_of, require_sandboxed_kernels
@@ -30,7 +33,7 @@ async def _sandbox_works() -> None:
 async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
     make_traversable(tmp_path)
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", pool_size=2
+        "jupyter", workspace_root=tmp_path / "ws", mode=SandboxedKernels(pool_size=2)
     ) as eng:
         yield eng
 
@@ -147,7 +150,7 @@ async def test_idle_pooled_kernels_are_stopped_and_slots_removed(tmp_path: Path)
     make_traversable(tmp_path)
     root = tmp_path / "ws"
     async with execspace.open_engine(
-        "jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=1, pool_idle_timeout=0.5
+        "jupyter", workspace_root=root, mode=SandboxedKernels(pool_size=1, pool_idle_timeout=0.5)
     ) as eng:
         ks = pool_of(eng)
         assert ks.pool is not None and await ks.pool.wait_ready(60)
@@ -176,7 +179,7 @@ async def test_no_pool_when_the_policy_has_no_access_globs(tmp_path: Path) -> No
     make_traversable(tmp_path)
     policy = SandboxPolicy(no_access_globs=("**/*.key",))
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", policy=policy, pool_size=1
+        "jupyter", workspace_root=tmp_path / "ws", mode=SandboxedKernels(policy=policy, pool_size=1)
     ) as eng:
         assert pool_of(eng).pool is None and "no-access globs" in eng.describe().details["pool"]
         ws = await eng.manager.create_workspace("nb/globs")
@@ -189,11 +192,11 @@ async def test_no_pool_when_the_policy_has_no_access_globs(tmp_path: Path) -> No
 _CRASHING_OWNER = """
 import asyncio, os, signal, sys
 import execspace
+from execspace.backends.jupyter import SandboxedKernels
 
 async def main():
-    async with execspace.open_engine("jupyter", workspace_root=sys.argv[1], kernel_isolation="sandbox",
-                                     pool_size=1) as eng:
-        assert await eng.extra("kernels").pool.wait_ready(60)
+    async with execspace.open_engine("jupyter", workspace_root=sys.argv[1], mode=SandboxedKernels(pool_size=1)) as eng:
+        assert await eng.kernels.pool.wait_ready(60)
         print("ready", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no atexit
 
@@ -215,7 +218,7 @@ async def test_a_crashed_engines_slots_are_swept_by_the_next_open(engine: BaseEn
     assert len(left) == 1  # what the crash left behind
     unjudged = root / ".pool-no-owner-record"
     unjudged.mkdir()
-    async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=0):
+    async with execspace.open_engine("jupyter", workspace_root=root, mode=SandboxedKernels(pool_size=0)):
         pass
     remaining = set(slots(root))
     assert not (left & remaining), "the dead owner's slot was not swept"

@@ -24,6 +24,7 @@ import pytest
 
 import execspace
 from execspace import BaseEngine, RunProgramSpec, Workspace
+from execspace.backends.jupyter import SandboxedKernels
 from execspace.backends.sandbox import SandboxPolicy
 from execspace.errors import SetupFailed
 from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
@@ -44,7 +45,7 @@ async def _sandbox_works() -> None:
 async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
     make_traversable(tmp_path)
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", pool_size=0
+        "jupyter", workspace_root=tmp_path / "ws", mode=SandboxedKernels(pool_size=0)
     ) as eng:
         yield eng
 
@@ -52,7 +53,8 @@ async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
 def _host_child(tmp_path: Path, body: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``body`` (the inside of ``async def main(root)``) in a child Python with an engine at ``root``."""
     make_traversable(tmp_path)
-    script = "import asyncio, os, sys\nimport execspace\n\nasync def main(root):\n" + textwrap.indent(body, "    ")
+    head = "import asyncio, os, sys\nimport execspace\nfrom execspace.backends.jupyter import SandboxedKernels\n"
+    script = head + "\nasync def main(root):\n" + textwrap.indent(body, "    ")
     script += "\n\nasyncio.run(main(sys.argv[1]))\n"
     return subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "ws")],
@@ -130,8 +132,8 @@ async def test_planted_startup_files_and_modules_never_run_before_the_lock(engin
 # -- F4: a kernel's death never takes the host down ---------------------------------------------------------
 
 _DEATHS = """
-async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=1) as eng:
-    ks = eng.extra("kernels")
+async with execspace.open_engine("jupyter", workspace_root=root, mode=SandboxedKernels(pool_size=1)) as eng:
+    ks = eng.kernels
     other = await eng.manager.create_workspace("tenant/other")
     assert (await ks.execute(other, "x = 41")).exit_code == 0
     died = 0
@@ -202,8 +204,8 @@ def hwm():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
-async with execspace.open_engine("jupyter", workspace_root=root, kernel_isolation="sandbox", pool_size=0) as eng:
-    ks = eng.extra("kernels")
+async with execspace.open_engine("jupyter", workspace_root=root, mode=SandboxedKernels(pool_size=0)) as eng:
+    ks = eng.kernels
     ws = await eng.manager.create_workspace("red/f13")
     warm = await ks.execute(ws, "from IPython.display import display, Image\\nprint('warm')")
     assert warm.exit_code == 0, warm.text
@@ -256,7 +258,7 @@ async def test_kernels_start_with_a_read_grant_on_tmp(tmp_path: Path) -> None:
     make_traversable(tmp_path)
     policy = SandboxPolicy().with_read_paths("/tmp")
     async with execspace.open_engine(
-        "jupyter", workspace_root=tmp_path / "ws", kernel_isolation="sandbox", pool_size=0, policy=policy
+        "jupyter", workspace_root=tmp_path / "ws", mode=SandboxedKernels(pool_size=0, policy=policy)
     ) as eng:
         ws: Workspace = await eng.manager.create_workspace("red/tmp")
         cell = await kernels_of(eng).execute(ws, "import os\nprint(os.access('/tmp', os.W_OK))")

@@ -99,6 +99,13 @@ def _caps_lines(caps: dict[str, Any]) -> list[str]:
         f"streaming: {_yes(caps['streaming'])}   clean env: {_yes(caps['clean_env'])}   "
         f"read-only mounts: {_yes(caps['read_only_mounts'])}   host paths: {_yes(caps['host_paths'])}",
     ]
+    kernels = caps.get("kernels")
+    if kernels:
+        lines.append(
+            f"kernels:   {', '.join(kernels['languages'])}, isolation {kernels['isolation']}; cells get "
+            f"{', '.join(kernels['cell_limits']) or 'no limits'}; whole kernel: "
+            f"{', '.join(kernels['kernel_limits']) or 'no limits'}; warm pool {kernels['warm_pool']}"
+        )
     if caps["does_not_protect"]:
         lines.append("does not protect against:")
         lines.extend(f"  - {item}" for item in caps["does_not_protect"])

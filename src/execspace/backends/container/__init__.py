@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace, WorkspacePolicy
+from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
@@ -45,6 +46,7 @@ __all__ = [
     "IMAGE_ENV",
     "ContainerBackend",
     "ContainerConfig",
+    "ContainerEngine",
     "WarmPool",
     "container_image",
     "reap_orphans",
@@ -170,7 +172,7 @@ class ContainerBackend:
         watchdog: bool = False,
         languages: Sequence[str] | None = None,
         protected: Sequence[str] = DEFAULT_PROTECTED,
-    ) -> BaseEngine:
+    ) -> ContainerEngine:
         """Open a container engine.
 
         Args:
@@ -244,9 +246,39 @@ class ContainerBackend:
             if guard is not None:
                 await asyncio.to_thread(_stop_watchdog, guard)
 
-        extra = {"workspace_root": root, "pool": pool, "daemon": info, "engine_id": containers.engine_id}
-        extra["watchdog_pid"] = guard.pid if guard is not None else None
-        return BaseEngine("container", manager, fs, runner, caps, on_close=close, extra=extra)
+        watchdog_pid = guard.pid if guard is not None else None
+        parts = (manager, fs, runner, caps)
+        return ContainerEngine(
+            *parts, pool=pool, engine_id=containers.engine_id, watchdog_pid=watchdog_pid, on_close=close
+        )
+
+
+class ContainerEngine(BaseEngine):
+    """The container backend's engine: the Engine seam, plus its warm pool and the ids its clean-up goes by."""
+
+    def __init__(
+        self,
+        manager: WorkspaceManager,
+        fs: WorkspaceFS,
+        runner: ProgramRunner,
+        capabilities: Capabilities,
+        *,
+        pool: WarmPool,
+        engine_id: str,
+        watchdog_pid: int | None,
+        on_close: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__("container", manager, fs, runner, capabilities, on_close=on_close)
+        self._pool = pool
+        self.engine_id = engine_id
+        """The label value its containers carry (``execspace.engine=…``): the reaper and watchdog go by it."""
+        self.watchdog_pid = watchdog_pid
+        """The watchdog process that removes its containers if this process dies (None: ``watchdog=False``)."""
+
+    @property
+    def pool(self) -> WarmPool:
+        """The warm pool of pre-started containers; ``await engine.pool.ready()`` waits for its refill."""
+        return self._pool
 
 
 class _ContainerWorkspaceManager(HostWorkspaceManager):

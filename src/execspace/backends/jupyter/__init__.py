@@ -1,20 +1,22 @@
 """The ``jupyter`` backend: a stateful Jupyter kernel per workspace, with rich outputs as files.
 
-``engine.extra("kernels")`` is a :class:`KernelSessions` that runs code in one kernel per
-workspace, and ``execspace.code_executor(backend="jupyter")`` sends the kernel's language
-(python) there, other languages to programs as usual.
+``engine.kernels`` is a :class:`KernelSessions` that runs code in one kernel per workspace (the engine is a
+:class:`~execspace.protocols.SupportsKernels`; ``describe().kernels`` says what its kernels offer), and
+``execspace.code_executor(backend="jupyter")`` sends the kernel's language (python) there, other languages
+to programs as usual.
 
-Where kernels run is ``kernel_isolation`` (see :meth:`JupyterBackend.open`):
+Where kernels run is the ``mode=`` of :meth:`JupyterBackend.open` (:mod:`.modes`):
 
-* ``"sandbox"``: each kernel is a program of the ``sandbox`` backend (bubblewrap, same policy,
-  per-workspace uid, network off by default, cgroup/rlimit limits for the whole kernel), reached
-  over IPC sockets in its workspace (:mod:`.sandboxed`); workspaces, the file API and programs are
-  the sandbox backend's too; a warm pool starts kernels in workspace slots that become new
-  workspaces (:mod:`.sandboxpool`). Fails closed with ``SetupFailed``.
-* ``"none"``: kernels and programs run on this host as the caller, with no isolation (like
-  ``local``); only for trusted code.
-* ``"auto"`` (default): ``"sandbox"`` when the sandbox works here, else ``"none"`` with a
+* :class:`SandboxedKernels`: each kernel is a program of the ``sandbox`` backend (bubblewrap, same policy,
+  per-workspace uid, network off by default, cgroup/rlimit limits for the whole kernel), reached over IPC
+  sockets in its workspace (:mod:`.sandboxed`); workspaces, the file API and programs are the sandbox
+  backend's too; a warm pool starts kernels in workspace slots that become new workspaces
+  (:mod:`.sandboxpool`). Fails closed with ``SetupFailed``.
+* :class:`HostKernels`: kernels and programs run on this host as the caller, with no isolation (like
+  ``local``, :mod:`.hostkernels`); only for trusted code.
+* :class:`AutoKernels` (default): sandboxed when the sandbox works here, else on the host with a
   ``RuntimeWarning`` and Capabilities saying isolation ``none`` and why: never a silent fallback.
+* :class:`ServerKernels`: kernels on a Jupyter Server or Kernel Gateway (:mod:`.server`).
 """
 
 from __future__ import annotations
@@ -25,29 +27,38 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ...capabilities import Capabilities, Isolation
-from ...engine import BaseEngine
+from ...capabilities import Capabilities, Isolation, KernelCapabilities
+from ...engine import BaseEngine, KernelEngine
 from ...envpolicy import EnvPolicy
-from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
+from ...errors import SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.slots import sweep_stale_slots
+from .hostkernels import HostLauncher
 from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
-from .local import HostLauncher
+from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
 from .outputs import RichOutputLimits
 
-__all__ = ["CellResult", "JupyterBackend", "KernelSessions", "RichOutputLimits"]
+__all__ = [
+    "AutoKernels",
+    "CellResult",
+    "HostKernels",
+    "JupyterBackend",
+    "KernelMode",
+    "KernelSessions",
+    "RichOutputLimits",
+    "SandboxedKernels",
+    "ServerKernels",
+]
 
 #: Staging directories of pooled kernels, under the workspace root; workspace ids never sanitise to a leading dot.
 POOL_DIR = ".kernel-pool"
 INSTALL_HINT = "pip install 'execspace[jupyter]'"
-
-KernelIsolation = Literal["auto", "sandbox", "none"]
 
 #: Limits of a sandboxed kernel's whole sandbox, for its lifetime (it is one long-lived program).
 DEFAULT_KERNEL_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=256, output_bytes=None)
@@ -72,39 +83,42 @@ class JupyterBackend:
     name = "jupyter"
 
     @classmethod
-    async def probe(
-        cls, *, kernel_name: str = "python3", kernel_isolation: KernelIsolation = "auto", **options: Any
-    ) -> Probe:
-        if options.get("server_url"):  # what the server offers is checked when the engine opens
-            return Probe(True, f"remote kernels on {options['server_url']}")
+    async def probe(cls, *, kernel_name: str = "python3", mode: KernelMode | None = None, **options: Any) -> Probe:
+        mode = check_mode(mode or AutoKernels())
+        if isinstance(mode, ServerKernels):  # what the server offers is checked when the engine opens
+            return Probe(True, f"remote kernels on {mode.url}")
         language = _kernel_language(kernel_name)
         if isinstance(language, Probe):
             return language
-        if kernel_isolation == "none":
+        if isinstance(mode, HostKernels):
             return Probe(True, f"kernel {kernel_name!r} ({language}) on this host, no isolation")
-        why_not = await _sandbox_unavailable(kernel_name, language, options)
+        why_not = await _sandbox_unavailable(kernel_name, language, mode.bwrap)
         if why_not is None:
             return Probe(True, f"kernel {kernel_name!r} ({language}) in the OS sandbox")
-        if kernel_isolation == "sandbox":
+        if isinstance(mode, SandboxedKernels):
             return Probe(False, f"cannot sandbox kernel {kernel_name!r}: {why_not[0]}", why_not[1])
         return Probe(True, f"kernel {kernel_name!r} ({language}) on this host, NO isolation: {why_not[0]}")
 
     @classmethod
-    def capabilities(cls, env_policy: EnvPolicy | None = None, *, language: str = "python") -> Capabilities:
-        """What host mode (``kernel_isolation="none"``) gives; an open engine's ``describe()`` tells its mode."""
-        base = unisolated_capabilities(
-            "jupyter",
-            env_policy,
-            DOES_NOT_PROTECT,
-            {
-                "mode": "kernel on this host (no sandbox)",
-                "kernel_isolation": "none",
-                "kernel_language": language,
-                "kernel_limits": "timeout (interrupt, then restart) and output_bytes only",
-            },
-        )
-        languages = base.languages if language in base.languages else (language, *base.languages)
-        return dataclasses.replace(base, persistent_state=True, languages=languages)
+    async def capabilities(
+        cls, env_policy: EnvPolicy | None = None, *, mode: KernelMode | None = None, kernel_name: str = "python3"
+    ) -> Capabilities:
+        """What an engine opened with ``mode`` (default :class:`AutoKernels`) on this host states, without
+        starting a kernel: sandboxed modes open (and close) the sandbox, since what it enforces here is known
+        only then. ``SetupFailed`` where the mode cannot work."""
+        mode = check_mode(mode or AutoKernels())
+        if isinstance(mode, ServerKernels):  # nothing to ask here: the server is reached when an engine opens
+            from .server import server_capabilities
+
+            return server_capabilities(env_policy, mode, mode.url, "python", RichOutputLimits())
+        common = {"env_policy": env_policy, "workspace_root": None, "host_roots": (), "artifacts": None}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the fallback is in the statement itself
+            engine = await _open_local(mode, {**common, "kill_grace": 2.0}, kernel_name, 2.0, RichOutputLimits(), False)
+        try:
+            return engine.describe()
+        finally:
+            await engine.aclose()
 
     @classmethod
     async def open(
@@ -115,81 +129,31 @@ class JupyterBackend:
         host_roots: Any = (),
         artifacts: Any = None,
         kill_grace: float = 2.0,
+        mode: KernelMode | None = None,
         kernel_name: str = "python3",
         interrupt_grace: float = 2.0,
-        pool_size: int = 1,
-        pool_idle_timeout: float = 600.0,
-        kernel_isolation: KernelIsolation = "auto",
-        policy: Any = None,
-        network: bool | None = None,
-        bwrap: str | None = None,
-        kernel_limits: ResourceLimits | None = None,
-        server_url: str | None = None,
-        token: str | None = None,
-        server_root: Path | str | None = None,
-        ca_file: str | None = None,
-        programs: Literal["host", "refuse"] = "host",
-        shared_filesystem: bool = True,
-        remote_root: str = "execspace-workspaces",
         rich_outputs: RichOutputLimits | None = None,
-    ) -> BaseEngine:
+    ) -> KernelEngine[KernelSessions]:
         """Open a jupyter engine.
 
         Args:
             workspace_root, env_policy, host_roots, artifacts, kill_grace: as for the local backend;
                 ``env_policy`` also builds each kernel's environment.
-            kernel_name: the installed kernel spec to start for each workspace (sandboxed: ipykernel specs only).
+            mode: where kernels run (default :class:`AutoKernels`): :class:`HostKernels`,
+                :class:`SandboxedKernels` or :class:`ServerKernels`, each with the options that apply to it
+                (pool, sandbox policy and limits, server URL and token; see :mod:`.modes`).
+            kernel_name: the installed kernel spec to start for each workspace (sandboxed: ipykernel specs only;
+                on a server: one of the server's Python specs).
             interrupt_grace: seconds a timed-out cell gets to stop after the interrupt before
                 its kernel is restarted.
-            pool_size: kernels kept started for the next new workspaces (0: none; Python kernels only). On
-                the host each is bound to its workspace by a silent cell; sandboxed ones start in a workspace
-                slot that is renamed into place (:mod:`.sandboxpool`), so they serve new workspaces only (not
-                reopened ones, nor ``path=``), and none with a policy's no-access globs. One covers sessions
-                opened one at a time (a refill takes about 0.5 s) for one idle process; raise it for bursts.
-            pool_idle_timeout: seconds a pooled kernel waits for a workspace before it is stopped; the pool
-                refills on the next kernel start (sandbox mode: the next workspace created).
-            kernel_isolation: ``"sandbox"`` (kernels and programs in the OS sandbox; ``SetupFailed`` if it
-                does not work here), ``"none"`` (on this host, no isolation) or ``"auto"`` (sandbox when it
-                works, else none with a ``RuntimeWarning``; ``describe()`` says which; ``SetupFailed`` instead
-                when ``policy``, ``network`` or ``kernel_limits`` is given, since the host cannot honour them).
-            policy, network, bwrap: the sandbox backend's options (sandbox mode).
-            kernel_limits: limits of each sandboxed kernel as a whole, for its lifetime (default
-                :data:`DEFAULT_KERNEL_LIMITS`, less what this host cannot enforce).
             rich_outputs: how many files and bytes of rich output one cell may leave under ``out/``, and the
-                largest message a sandboxed kernel may send (default :class:`RichOutputLimits`; remote mode
-                uses the defaults).
-            server_url, token, server_root, ca_file, programs, shared_filesystem, remote_root: remote mode:
-                kernels on the Jupyter Server or
-                Kernel Gateway at ``server_url`` (see :func:`.remote.open_remote_engine` and
-                docs/jupyter-remote.md); the sandbox's options do not apply there.
-        """
-        if server_url is not None:
-            if kernel_isolation == "sandbox" or policy is not None or network is not None or kernel_limits is not None:
-                raise InvalidSpec(
-                    "kernel_isolation='sandbox', policy, network and kernel_limits cannot apply to "
-                    "a remote server's kernels; the server's own isolation is what they get"
-                )
-            from .remote import open_remote_engine
+                largest message a sandboxed kernel may send (default :class:`RichOutputLimits`).
 
-            return await open_remote_engine(
-                server_url=server_url,
-                token=token or "",
-                server_root=server_root,
-                ca_file=ca_file,
-                programs=programs,
-                shared_filesystem=shared_filesystem,
-                remote_root=remote_root,
-                kernel_name=kernel_name,
-                interrupt_grace=interrupt_grace,
-                workspace_root=workspace_root,
-                env_policy=env_policy,
-                host_roots=host_roots,
-                artifacts=artifacts,
-                kill_grace=kill_grace,
-            )
-        language = _kernel_language(kernel_name)
-        if isinstance(language, Probe):
-            raise SetupFailed("jupyter", language.reason, language.fix)
+        Raises:
+            InvalidSpec: ``mode`` is not one of the modes.
+            SetupFailed: the mode cannot work here (the message says how to fix it).
+        """
+        mode = check_mode(mode or AutoKernels())
         common: dict[str, Any] = {
             "workspace_root": workspace_root,
             "env_policy": env_policy,
@@ -197,46 +161,60 @@ class JupyterBackend:
             "artifacts": artifacts,
             "kill_grace": kill_grace,
         }
-        kernel_opts: dict[str, Any] = {
-            "kernel_name": kernel_name,
-            "interrupt_grace": interrupt_grace,
-            "rich_outputs": rich_outputs or RichOutputLimits(),
-        }
-        fallback: str | None = None
-        sandbox_asked = policy is not None or network is not None or kernel_limits is not None
-        if kernel_isolation == "none" and sandbox_asked:
-            raise InvalidSpec("policy, network and kernel_limits apply to sandboxed kernels; kernel_isolation='none'")
-        if kernel_isolation != "none":
-            try:
-                return await _open_sandboxed(
-                    common,
-                    kernel_opts,
-                    language,
-                    policy,
-                    network,
-                    bwrap,
-                    kernel_limits,
-                    (pool_size, pool_idle_timeout),
-                    explicit=kernel_isolation,
-                )
-            except (SetupFailed, UnsupportedBackend) as exc:
-                # a caller who set the sandbox's options asked for what the host cannot give: fail, do not fall back
-                if kernel_isolation == "sandbox" or sandbox_asked:
-                    raise SetupFailed("jupyter", f"cannot sandbox kernels: {exc}", _SANDBOX_FIX) from exc
-                fallback = str(exc)
-                warnings.warn(
-                    f"execspace jupyter: kernels run on this host WITHOUT isolation: {fallback} "
-                    "(pass kernel_isolation='none' to choose this, or 'sandbox' to fail instead)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        return _open_host(common, kernel_opts, language, pool_size, pool_idle_timeout, fallback)
+        rich = rich_outputs or RichOutputLimits()
+        if isinstance(mode, ServerKernels):
+            from .server import open_server_engine
+
+            return await open_server_engine(
+                mode, common, kernel_name=kernel_name, interrupt_grace=interrupt_grace, rich_outputs=rich
+            )
+        return await _open_local(mode, common, kernel_name, interrupt_grace, rich, True)
 
 
-_SANDBOX_FIX = "see `execspace doctor`; or pass kernel_isolation='none' to run kernels on the host without isolation"
+async def _open_local(
+    mode: HostKernels | SandboxedKernels | AutoKernels,
+    common: dict[str, Any],
+    kernel_name: str,
+    interrupt_grace: float,
+    rich: RichOutputLimits,
+    start_pool: bool,
+) -> KernelEngine[KernelSessions]:
+    """Host, sandboxed or auto mode; ``start_pool=False`` starts no kernel (for a capability statement)."""
+    language = _kernel_language(kernel_name)
+    if isinstance(language, Probe):
+        raise SetupFailed("jupyter", language.reason, language.fix)
+    kernel_opts: dict[str, Any] = {
+        "kernel_name": kernel_name,
+        "interrupt_grace": interrupt_grace,
+        "rich_outputs": rich,
+    }
+    if isinstance(mode, HostKernels):
+        return _open_host(common, kernel_opts, language, mode, None, start_pool)
+    sandboxed = (
+        mode
+        if isinstance(mode, SandboxedKernels)
+        else SandboxedKernels(bwrap=mode.bwrap, pool_size=mode.pool_size, pool_idle_timeout=mode.pool_idle_timeout)
+    )
+    try:
+        return await _open_sandboxed(common, kernel_opts, language, sandboxed, start_pool)
+    except (SetupFailed, UnsupportedBackend) as exc:
+        if isinstance(mode, SandboxedKernels):  # asked for the sandbox: fail, do not fall back
+            raise SetupFailed("jupyter", f"cannot sandbox kernels: {exc}", _SANDBOX_FIX) from exc
+        fallback = str(exc)
+    warnings.warn(
+        f"execspace jupyter: kernels run on this host WITHOUT isolation: {fallback} "
+        "(pass mode=HostKernels() to choose this, or mode=SandboxedKernels() to fail instead)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    host = HostKernels(pool_size=mode.pool_size, pool_idle_timeout=mode.pool_idle_timeout)
+    return _open_host(common, kernel_opts, language, host, fallback, start_pool)
 
 
-async def _sandbox_unavailable(kernel_name: str, language: str, options: dict[str, Any]) -> tuple[str, str] | None:
+_SANDBOX_FIX = "see `execspace doctor`; or pass mode=HostKernels() to run kernels on the host without isolation"
+
+
+async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | None) -> tuple[str, str] | None:
     """Why kernels cannot run sandboxed here (cause, fix), or None."""
     from ..sandbox import SandboxBackend
     from .sandboxed import find_interpreter
@@ -246,7 +224,7 @@ async def _sandbox_unavailable(kernel_name: str, language: str, options: dict[st
     interpreter = find_interpreter()
     if isinstance(interpreter, str):
         return interpreter, "install python3 for this Python version system-wide, or a venv in a readable place"
-    probe = await SandboxBackend.probe(bwrap=options.get("bwrap"))
+    probe = await SandboxBackend.probe(bwrap=bwrap)
     return None if probe.ok else (probe.reason, probe.fix)
 
 
@@ -254,14 +232,9 @@ async def _open_sandboxed(
     common: dict[str, Any],
     kernel_opts: dict[str, Any],
     language: str,
-    policy: Any,
-    network: bool | None,
-    bwrap: str | None,
-    kernel_limits: ResourceLimits | None,
-    pool: tuple[int, float],
-    *,
-    explicit: str,
-) -> BaseEngine:
+    mode: SandboxedKernels,
+    start_pool: bool,
+) -> KernelEngine[KernelSessions]:
     from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxPolicy, SandboxRunner
     from .sandboxed import SandboxKernelConfig, find_interpreter
 
@@ -270,32 +243,27 @@ async def _open_sandboxed(
     interpreter = find_interpreter()
     if isinstance(interpreter, str):
         raise SetupFailed("jupyter", interpreter, "install python3 for this Python version system-wide")
-    policy = policy or SandboxPolicy()
+    policy = mode.policy or SandboxPolicy()
     if not policy.managed:
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")
     if interpreter.read_paths:
         policy = policy.with_read_paths(*interpreter.read_paths)
-    sb = await SandboxBackend.open(**common, policy=policy, network=network, bwrap=bwrap)
+    sb = await SandboxBackend.open(**common, policy=policy, network=mode.network, bwrap=mode.bwrap)
     runner = sb.runner
     assert isinstance(runner, SandboxRunner)
     sb_caps = sb.describe()
-    limits = _kernel_limits(kernel_limits, sb_caps.enforced_limits)
+    limits = _kernel_limits(mode.kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
     rich: RichOutputLimits = kernel_opts["rich_outputs"]
     cfg = SandboxKernelConfig(runner, seccomp, interpreter, limits, runner.network_default, rich.message_bytes)
     # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
-    pool_size = 0 if policy.no_access_globs else pool[0]
-    manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, pool[1])
+    pool_size = 0 if policy.no_access_globs else mode.pool_size
+    manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, mode.pool_idle_timeout)
     await asyncio.to_thread(sweep_stale_slots, manager.root)  # a crashed engine's pool, on this root
-    caps = _sandboxed_capabilities(sb_caps, language, cfg, _pool_detail(pool[0], pool_size), rich)
-    extra = {
-        "workspace_root": manager.root,
-        "kernels": kernels,
-        "bwrap": sb.extra("bwrap"),  # noqa: S610 - the engine's extras, not Django's
-        "kernel_isolation": "sandbox",
-    }
-    kernels.start_pool()
-    return BaseEngine("jupyter", manager, sb.fs, runner, caps, on_close=kernels.aclose, extra=extra)
+    caps = _sandboxed_capabilities(sb_caps, language, cfg, (mode.pool_size, pool_size), rich)
+    if start_pool:
+        kernels.start_pool()
+    return KernelEngine("jupyter", manager, sb.fs, runner, caps, kernels, on_close=kernels.aclose)
 
 
 def _slot_workspaces(
@@ -341,7 +309,7 @@ def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> Re
 
 
 def _sandboxed_capabilities(
-    sb: Capabilities, language: str, cfg: Any, pool: str, rich: RichOutputLimits
+    sb: Capabilities, language: str, cfg: Any, pool: tuple[int, int], rich: RichOutputLimits
 ) -> Capabilities:
     limits = cfg.limits
     applied = ", ".join(f"{n}={getattr(limits, n)}" for n in sorted(limits.requested())) or "none"
@@ -357,8 +325,18 @@ def _sandboxed_capabilities(
         "cells: timeout (interrupt message, then restart) and output_bytes",
         "kernel_interpreter": cfg.interpreter.path,
         "rich_outputs": rich.describe(),
-        "pool": pool,
+        "pool": _pool_detail(*pool),
     }
+    kernels = KernelCapabilities(
+        languages=(language,),
+        isolation=Isolation.PROCESS,
+        cell_limits=frozenset({"timeout", "output_bytes"}),
+        kernel_limits=limits.requested(),
+        network_control=True,
+        rich_output_files=rich.files_per_cell,
+        rich_output_bytes=rich.bytes_per_cell,
+        warm_pool=pool[1],
+    )
     languages = sb.languages if language in sb.languages else (language, *sb.languages)
     return dataclasses.replace(
         sb,
@@ -367,43 +345,70 @@ def _sandboxed_capabilities(
         languages=languages,
         does_not_protect=(*sb.does_not_protect, *SANDBOX_DOES_NOT_PROTECT),
         details=details,
+        kernels=kernels,
     )
+
+
+def _host_capabilities(
+    env_policy: EnvPolicy | None, language: str, rich: RichOutputLimits, pool_size: int
+) -> Capabilities:
+    base = unisolated_capabilities(
+        "jupyter",
+        env_policy,
+        DOES_NOT_PROTECT,
+        {
+            "mode": "kernel on this host (no sandbox)",
+            "kernel_isolation": "none",
+            "kernel_language": language,
+            "kernel_limits": "timeout (interrupt, then restart) and output_bytes only",
+            "rich_outputs": rich.describe(),
+        },
+    )
+    kernels = KernelCapabilities(
+        languages=(language,),
+        isolation=Isolation.NONE,
+        cell_limits=frozenset({"timeout", "output_bytes"}),
+        rich_output_files=rich.files_per_cell,
+        rich_output_bytes=rich.bytes_per_cell,
+        warm_pool=pool_size,
+    )
+    languages = base.languages if language in base.languages else (language, *base.languages)
+    return dataclasses.replace(base, persistent_state=True, languages=languages, kernels=kernels)
 
 
 def _open_host(
     common: dict[str, Any],
     kernel_opts: dict[str, Any],
     language: str,
-    pool_size: int,
-    pool_idle_timeout: float,
+    mode: HostKernels,
     fallback: str | None,
-) -> BaseEngine:
+    start_pool: bool,
+) -> KernelEngine[KernelSessions]:
     env_policy = common["env_policy"]
-    caps = JupyterBackend.capabilities(env_policy, language=language)
+    caps = _host_capabilities(env_policy, language, kernel_opts["rich_outputs"], mode.pool_size)
     if fallback is not None:
         caps = dataclasses.replace(
             caps, details={**caps.details, "kernel_isolation": f"none (auto: the sandbox is unavailable: {fallback})"}
         )
     assert caps.isolation is Isolation.NONE
-    caps = dataclasses.replace(caps, details={**caps.details, "rich_outputs": kernel_opts["rich_outputs"].describe()})
     fs = HostWorkspaceFS(artifacts=common["artifacts"], host_roots=common["host_roots"])
     root = Path(common["workspace_root"]) if common["workspace_root"] else default_workspace_root()
-    if pool_size > 0:
+    if mode.pool_size > 0:
         private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
     launcher = HostLauncher(
         env_policy,
         kernel_name=kernel_opts["kernel_name"],
         language=language,
         pool_dir=root / POOL_DIR,
-        pool_size=pool_size,
-        pool_idle_timeout=pool_idle_timeout,
+        pool_size=mode.pool_size,
+        pool_idle_timeout=mode.pool_idle_timeout,
     )
     kernels = KernelSessions(fs, launcher, language=language, **kernel_opts)
     runner = HostRunner(lambda: caps, env_policy, kill_grace=common["kill_grace"])
     manager = KernelWorkspaceManager(root, kernels, runner.stop_programs)
-    kernels.start_pool()
-    extra = {"workspace_root": manager.root, "kernels": kernels, "kernel_isolation": "none"}
-    return BaseEngine("jupyter", manager, fs, runner, caps, on_close=kernels.aclose, extra=extra)
+    if start_pool:
+        kernels.start_pool()
+    return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)
 
 
 def _ipykernel_spec(kernel_name: str, language: str) -> bool:

@@ -30,7 +30,7 @@ from typing import IO, Any, Literal
 
 from ...envpolicy import EnvPolicy
 from ...errors import ExecspaceError, SetupFailed, UsageError
-from .remote_api import ServerApi
+from .serverapi import ServerApi
 
 __all__ = ["LocalServer", "ServerKind", "start_local_server"]
 

@@ -1,6 +1,6 @@
 """The file operations remote mode runs inside a kernel on a server that does not share our filesystem.
 
-This file is not imported by execspace: its *text* is sent to the kernel (see :mod:`.remotefs`), so it uses
+This file is not imported by execspace: its *text* is sent to the kernel (see :mod:`.serverworkspaces`), so it uses
 only the standard library (and IPython, which every ipykernel has). Each call runs it in fresh globals with
 ``_ARGS`` set to a JSON string (a ``repr()`` literal, never code built from data); it publishes one result
 as a display message of type :data:`MIME`, ``{"ok": value}`` or ``{"error": [kind, path, why]}``.

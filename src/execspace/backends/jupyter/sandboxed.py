@@ -60,7 +60,7 @@ from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
 from ...process.supervisor import SupervisedProcess
 from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, which_in_sandbox
-from .local import PYTHON_KERNEL_ARGS, ZmqConnection
+from .hostkernels import PYTHON_KERNEL_ARGS, ZmqConnection
 from .outputs import RichOutputLimits
 
 __all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]
@@ -444,5 +444,5 @@ def _log_tail(dir_fd: int) -> str:
 
 _FIX = (
     "see kernel.log in the workspace's runs/ directory; the kernel's Python needs ipykernel and must be readable "
-    "by the sandbox (kernel_isolation='none' runs kernels on the host without a sandbox)"
+    "by the sandbox (mode=HostKernels() runs kernels on the host without a sandbox)"
 )

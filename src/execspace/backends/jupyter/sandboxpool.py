@@ -30,8 +30,8 @@ from ...workspace.hostmanager import HostWorkspaceManager, private_dir
 from ...workspace.layout import ensure_layout
 from ...workspace.slots import adopt_slot_dir, new_slot_dir
 from ..sandbox import SANDBOX_WORKSPACE
+from .hostkernels import ZmqConnection
 from .kernels import KernelSessions
-from .local import ZmqConnection
 from .pool import KernelPool, PooledKernel
 from .sandboxed import SandboxKernelConfig
 

@@ -66,4 +66,4 @@ class LocalBackend:
         root = Path(workspace_root) if workspace_root else None
         manager = HostWorkspaceManager("local", root, stop_programs=runner.stop_programs)
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
-        return BaseEngine("local", manager, fs, runner, caps, extra={"workspace_root": manager.root})
+        return BaseEngine("local", manager, fs, runner, caps)

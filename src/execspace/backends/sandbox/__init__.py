@@ -465,7 +465,7 @@ class SandboxBackend:
             private_root=not as_root,
             stop_programs=runner.stop_programs,
         )
-        return BaseEngine("sandbox", manager, fs, runner, caps, extra={"bwrap": bwrap_path, "workspace_root": root})
+        return BaseEngine("sandbox", manager, fs, runner, caps)
 
 
 _UNSUPPORTED_PLATFORM = (
@@ -545,8 +545,7 @@ def _open_unmanaged(
     runner_cls = ExternalRunner if policy.profile is Profile.EXTERNAL else HostRunner
     runner = runner_cls(lambda: caps, env_policy, kill_grace=kill_grace)
     manager = HostWorkspaceManager("sandbox", root, private_root=not _is_root(), stop_programs=runner.stop_programs)
-    extra = {"workspace_root": root, "profile": str(policy.profile)}
-    return BaseEngine("sandbox", manager, fs, runner, caps, extra=extra)
+    return BaseEngine("sandbox", manager, fs, runner, caps)
 
 
 def sandbox_layout_owner() -> Any:

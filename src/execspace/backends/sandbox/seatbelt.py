@@ -487,4 +487,4 @@ def seatbelt_engine(
         kill_grace=kill_grace,
     )
     manager = HostWorkspaceManager("sandbox", root, stop_programs=runner.stop_programs)
-    return BaseEngine("sandbox", manager, fs, runner, caps, extra={"workspace_root": root, "sandbox": SANDBOX_EXEC})
+    return BaseEngine("sandbox", manager, fs, runner, caps)

@@ -1,4 +1,4 @@
-"""Remote mode without a shared filesystem: workspaces live on the server, files move through a kernel.
+"""Server-side workspaces (``ServerKernels(shared_filesystem=False)``): files move through a kernel.
 
 Workspaces are directories under a root on the server's side (``remote_root``, relative to the kernels'
 start directory unless absolute), with the standard layout. A **file kernel**, one per engine, runs the
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import os
 import posixpath
@@ -33,8 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from wcmatch import glob as wglob
 
-from ...capabilities import Capabilities
-from ...engine import BaseEngine
 from ...errors import (
     BackendError,
     PathDenied,
@@ -61,21 +58,20 @@ from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspa
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
 from ...workspace.staging import WorkspaceFSBase
 from .kernels import bind
-from .remote import NoPrograms, RemoteConnection, RemoteKernelSessions, RemoteLauncher, remote_capabilities
+from .serverkernels import RemoteConnection, RemoteKernelSessions, RemoteLauncher
 
 if TYPE_CHECKING:
     from ...artifacts import ArtifactService
     from ...envpolicy import EnvPolicy
-    from .remote_api import ServerApi
+    from .serverapi import ServerApi
 
 __all__ = [
     "CHUNK",
-    "FarKernelSessions",
     "FileKernel",
     "RemoteWorkspaceFS",
     "RemoteWorkspaceManager",
-    "far_capabilities",
-    "open_far_engine",
+    "ServerWorkspaceKernels",
+    "ServerWorkspaceLauncher",
 ]
 
 #: Raw bytes per file call (base64 makes the message a third larger).
@@ -304,7 +300,7 @@ def _selected(found: Any, globs: list[str]) -> Iterator[_Found]:
             yield entry
 
 
-class FarLauncher(RemoteLauncher):
+class ServerWorkspaceLauncher(RemoteLauncher):
     """Starts a workspace's kernel and moves it into the workspace on the server."""
 
     def __init__(self, api: ServerApi, env_policy: EnvPolicy | None, *, kernel_name: str) -> None:
@@ -339,21 +335,23 @@ def _layout_args(ws: Workspace, extra: list[str]) -> dict[str, Any]:
     }
 
 
-class FarKernelSessions(RemoteKernelSessions):
+class ServerWorkspaceKernels(RemoteKernelSessions):
     """Remote kernels whose workspaces exist only on the server (no host path)."""
 
-    def __init__(self, api: ServerApi, fs: RemoteWorkspaceFS, launcher: FarLauncher, **options: Any) -> None:
+    def __init__(
+        self, api: ServerApi, fs: RemoteWorkspaceFS, launcher: ServerWorkspaceLauncher, **options: Any
+    ) -> None:
         super().__init__(api, fs, launcher=launcher, **options)
-        self._far_fs = fs
+        self._server_fs = fs
 
     async def next_cell_number(self, ws: Workspace) -> int:
-        return await self._far_fs.next_cell(ws)
+        return await self._server_fs.next_cell(ws)
 
 
 class RemoteWorkspaceManager:
     """Workspaces under ``remote_root`` on the server, created and removed by the file kernel."""
 
-    def __init__(self, files: FileKernel, kernels: FarKernelSessions, remote_root: str) -> None:
+    def __init__(self, files: FileKernel, kernels: ServerWorkspaceKernels, remote_root: str) -> None:
         self._files = files
         self._kernels = kernels
         self._remote_root = remote_root
@@ -402,69 +400,3 @@ class RemoteWorkspaceManager:
             del self._known[ws.id]
         await self._kernels.shutdown(ws)
         await self._files.call("remove", {"ws": ws.path})
-
-
-# -- the engine ----------------------------------------------------------------------------
-
-#: Added to remote mode's list when the server does not share our filesystem.
-FAR_DOES_NOT_PROTECT = (
-    "the file API trusts the server side: it runs in a kernel as the server's user, the same principal as the "
-    "workspaces' code, which can change any workspace of this engine on the server (what comes back is checked "
-    "before it is written on this host)",
-    "workspaces on the server have no disk quota, and are removed only by cleanup",
-)
-
-
-#: Why programs are refused: running them well needs a process API on the server.
-PROGRAMS_REFUSED = (
-    "This remote engine's workspaces are on the server (shared_filesystem=False): run code in the kernel "
-    "(engine.extra('kernels'), or CodeExecutor for python blocks); use subprocess from a cell if you must."
-)
-
-
-def far_capabilities(env_policy: EnvPolicy | None, server_url: str, language: str) -> Capabilities:
-    """Cells in the server's kernels, files through its file kernel, no programs, no host paths."""
-    base = remote_capabilities(env_policy, server_url, language, "refuse")
-    details = {
-        **base.details,
-        "mode": f"remote kernels on {server_url} (workspaces on the server, no shared filesystem; no programs)",
-        "files": f"through a file kernel on the server, in chunks of {CHUNK >> 20} MiB, with the host's path rules",
-    }
-    return dataclasses.replace(
-        base, host_paths=False, does_not_protect=(*base.does_not_protect, *FAR_DOES_NOT_PROTECT), details=details
-    )
-
-
-def open_far_engine(
-    api: ServerApi,
-    language: str,
-    env_policy: EnvPolicy | None,
-    host_roots: Any,
-    artifacts: Any,
-    kernel_name: str,
-    remote_root: str,
-    options: dict[str, float],
-) -> BaseEngine:
-    """The engine of ``shared_filesystem=False`` (see :func:`.remote.open_remote_engine`)."""
-    launcher = FarLauncher(api, env_policy, kernel_name=kernel_name)
-    files = FileKernel(launcher, timeout=options["request_timeout"])
-    fs = RemoteWorkspaceFS(files, artifacts, host_roots or ())
-    launcher.fs = fs
-    kernels = FarKernelSessions(
-        api,
-        fs,
-        launcher,
-        kernel_name=kernel_name,
-        language=language,
-        start_timeout=options["start_timeout"],
-        interrupt_grace=options["interrupt_grace"],
-    )
-    manager = RemoteWorkspaceManager(files, kernels, remote_root)
-
-    async def close() -> None:
-        await files.aclose()
-        await kernels.aclose()
-
-    caps = far_capabilities(env_policy, api.url, language)
-    extra = {"kernels": kernels, "server_url": api.url, "remote_root": remote_root}
-    return BaseEngine("jupyter", manager, fs, NoPrograms(PROGRAMS_REFUSED), caps, on_close=close, extra=extra)

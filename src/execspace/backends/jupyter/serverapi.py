@@ -39,7 +39,7 @@ class ServerApi:
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise UsageError(f"server_url must be http(s)://host:port[/base_url], got {url!r}")
+            raise UsageError(f"the server URL must be http(s)://host:port[/base_url], got {url!r}")
         self.url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
         self._ws_url = urlunsplit(
             ("wss" if parts.scheme == "https" else "ws", parts.netloc, parts.path.rstrip("/"), "", "")

@@ -29,10 +29,11 @@ from execspace import (
     open_engine,
 )
 from execspace.artifacts import ArtifactScope, InMemoryArtifactService
-from execspace.backends.jupyter.remote import RemoteKernelSessions
-from execspace.backends.jupyter.remote_api import ServerApi
+from execspace.backends.jupyter import ServerKernels
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
-from execspace.backends.jupyter.remotefs import CHUNK
+from execspace.backends.jupyter.serverapi import ServerApi
+from execspace.backends.jupyter.serverkernels import RemoteKernelSessions
+from execspace.backends.jupyter.serverworkspaces import CHUNK
 from execspace.errors import CapabilityError, LimitExceeded, PathDenied, UnsupportedBackend, WorkspaceNotFound
 from tests.backends.jupyter_support import wait_dead
 
@@ -59,13 +60,12 @@ def allowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def engine(server: LocalServer, allowed: Path) -> AsyncIterator[BaseEngine]:
     async with open_engine(
         "jupyter",
-        server_url=server.url,
-        token=server.token,
-        shared_filesystem=False,
-        remote_root=f"far{next(_roots)}",
         host_roots=[allowed],
         artifacts=InMemoryArtifactService(),
         interrupt_grace=1.0,
+        mode=ServerKernels(
+            url=server.url, token=server.token, shared_filesystem=False, remote_root=f"far{next(_roots)}"
+        ),
     ) as eng:
         yield eng
 
@@ -89,7 +89,7 @@ async def test_workspace_is_made_on_the_server_with_the_layout(
     for d in ("work", "work/inputs", "out", "runs", "skills", "src", "home", "tmp"):
         assert (root / d).is_dir(), d
     assert (root / "metadata.json").is_file() and oct(root.stat().st_mode & 0o777) == "0o700"
-    kernels: RemoteKernelSessions = engine.extra("kernels")
+    kernels: RemoteKernelSessions = engine.kernels
     cell = await kernels.execute(ws, "import os\nprint(os.getcwd())\nprint(os.environ['OUTPUT_DIR'])")
     assert cell.text == f"{root / 'work'}\n{root / 'out'}\n"
     again = await engine.manager.get_workspace("far/session")
@@ -168,7 +168,7 @@ async def test_links_and_fifos_planted_by_kernel_code_are_not_followed(
 ) -> None:
     secret = on_server(server, ws).parent / "secret.txt"  # outside the workspace, beside it on the server
     secret.write_text("TOP SECRET")
-    kernels: RemoteKernelSessions = engine.extra("kernels")
+    kernels: RemoteKernelSessions = engine.kernels
     plant = (
         "import os\n"
         f"os.makedirs('../out/trap', exist_ok=True)\n"
@@ -214,7 +214,7 @@ async def test_stage_inputs_uploads_bytes_and_allowed_host_files(
         ],
     )
     assert dests == ["work/inputs/raw.bin", "work/inputs/data.csv", "work/inputs/tree"]
-    kernels: RemoteKernelSessions = engine.extra("kernels")
+    kernels: RemoteKernelSessions = engine.kernels
     cell = await kernels.execute(
         ws,
         "print(open('inputs/raw.bin','rb').read(), open('inputs/data.csv').read().split(), "
@@ -230,7 +230,7 @@ async def test_stage_inputs_uploads_bytes_and_allowed_host_files(
 async def test_collect_outputs_saves_artifacts_and_cell_outputs_are_files_on_the_server(
     server: LocalServer, engine: BaseEngine, ws: Workspace
 ) -> None:
-    kernels: RemoteKernelSessions = engine.extra("kernels")
+    kernels: RemoteKernelSessions = engine.kernels
     cell = await kernels.execute(
         ws,
         "from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))\nopen('../out/r.txt','w').write('42')",
@@ -248,7 +248,7 @@ async def test_collect_outputs_saves_artifacts_and_cell_outputs_are_files_on_the
 
 async def test_cleanup_removes_the_workspace_and_its_kernel(server: LocalServer, engine: BaseEngine) -> None:
     ws = await engine.manager.create_workspace("far/gone")
-    kernels: RemoteKernelSessions = engine.extra("kernels")
+    kernels: RemoteKernelSessions = engine.kernels
     pid = int((await kernels.execute(ws, "import os\nprint(os.getpid())")).text)
     root = on_server(server, ws)
     assert root.is_dir()
@@ -265,7 +265,7 @@ async def test_turn_workspaces_of_one_id_get_their_own_kernels(engine: BaseEngin
     first = await engine.manager.create_workspace("far/turns", turn)
     second = await engine.manager.create_workspace("far/turns", turn)
     assert first.path != second.path
-    kernels: RemoteKernelSessions = engine.extra("kernels")
+    kernels: RemoteKernelSessions = engine.kernels
     cwds = [(await kernels.execute(w, "import os\nprint(os.getcwd())")).text for w in (first, second)]
     assert cwds == [f"{first.path}/work\n", f"{second.path}/work\n"]
     for w in (first, second):
@@ -274,10 +274,11 @@ async def test_turn_workspaces_of_one_id_get_their_own_kernels(engine: BaseEngin
 
 async def test_closing_the_engine_deletes_its_kernels_on_the_server(server: LocalServer) -> None:
     async with open_engine(
-        "jupyter", server_url=server.url, token=server.token, shared_filesystem=False, remote_root="farclose"
+        "jupyter",
+        mode=ServerKernels(url=server.url, token=server.token, shared_filesystem=False, remote_root="farclose"),
     ) as eng:
         ws = await eng.manager.create_workspace("closing")
-        await eng.extra("kernels").execute(ws, "1")
+        await eng.kernels.execute(ws, "1")
         api = ServerApi(server.url, server.token)
         assert len(await api.kernel_ids()) == 2  # the file kernel and the workspace's
     try:
@@ -293,7 +294,11 @@ async def test_programs_are_refused_and_capabilities_say_so(engine: BaseEngine, 
     with pytest.raises(CapabilityError):
         await engine.runner.start_program(ws, RunProgramSpec("true"))
     caps = engine.describe()
-    assert not caps.host_paths and caps.languages == ("python",) and str(caps.isolation) == "none"
+    # nothing runs on this host: programs are refused and the kernels are the server's
+    assert not caps.host_paths and caps.languages == ("python",) and str(caps.isolation) == "remote"
+    assert (
+        caps.kernels is not None and str(caps.kernels.isolation) == "remote" and caps.kernels.languages == ("python",)
+    )
     assert "no shared filesystem" in caps.details["mode"]
     assert any("file API trusts the server side" in line for line in caps.does_not_protect)
 
@@ -303,17 +308,17 @@ async def test_kernel_gateway_without_shared_filesystem(tmp_path: Path) -> None:
     pytest.importorskip("kernel_gateway")
     async with (
         start_local_server(tmp_path, kind="gateway") as gw,
-        open_engine("jupyter", server_url=gw.url, token=gw.token, shared_filesystem=False, remote_root="gwroot") as eng,
+        open_engine(
+            "jupyter", mode=ServerKernels(url=gw.url, token=gw.token, shared_filesystem=False, remote_root="gwroot")
+        ) as eng,
     ):
         ws = await eng.manager.create_workspace("gw")
         assert Path(ws.path) == tmp_path.resolve() / "gwroot" / Path(ws.path).name
         await eng.fs.put_files(ws, [PutFile("work/in.txt", "from us")])
-        cell = await eng.extra("kernels").execute(
-            ws, "print(open('in.txt').read())\n_ = open('../out/o','w').write('x')"
-        )
+        cell = await eng.kernels.execute(ws, "print(open('in.txt').read())\n_ = open('../out/o','w').write('x')")
         assert cell.text == "from us\n"
         assert [(f.name, f.text) for f in await eng.fs.collect(ws, ["out/*"])] == [("out/o", "x")]
-        pid = int((await eng.extra("kernels").execute(ws, "import os\nprint(os.getpid())")).text)
+        pid = int((await eng.kernels.execute(ws, "import os\nprint(os.getpid())")).text)
         await eng.manager.cleanup(ws)
         assert not Path(ws.path).exists() and await wait_dead(pid)
 

@@ -13,14 +13,13 @@ same path). Each kernel proves it when it starts by reading a random nonce that 
 workspace, then moves into the workspace's ``work/`` with the environment a local run gets. The file
 API (put/stage/collect) and programs are the local backend's, on this host. With
 ``shared_filesystem=False`` workspaces live on the server and files move through a kernel
-(:mod:`.remotefs`); see docs/jupyter-remote.md.
+(:mod:`.serverworkspaces`); both engines are assembled in :mod:`.server`; see docs/jupyter-remote.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
@@ -29,41 +28,26 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
-from ...capabilities import Capabilities
-from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
-from ...errors import CapabilityError, SetupFailed
-from ...models import RunProgramSpec, RunResult, Workspace
-from ...process.hostrunner import HostRunner, unisolated_capabilities
-from ...protocols import ProgramHandle, ProgramRunner, WorkspaceFS
-from ...workspace.hostfs import HostWorkspaceFS
-from ...workspace.hostmanager import default_workspace_root
+from ...errors import SetupFailed
+from ...models import Workspace
+from ...protocols import WorkspaceFS
 from ...workspace.layout import workspace_env
-from .kernels import KernelSessions, KernelWorkspaceManager, await_reply, bind, new_run_dir
-from .remote_api import MAX_MESSAGE_BYTES, ServerApi
+from .kernels import KernelSessions, await_reply, bind, new_run_dir
+from .outputs import RichOutputLimits
+from .serverapi import MAX_MESSAGE_BYTES, ServerApi
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # jupyter_core's platformdirs notice
     from jupyter_client.jsonutil import json_default
     from jupyter_client.session import Session
 
-__all__ = ["NoPrograms", "RemoteKernelSessions", "RemoteLauncher", "open_remote_engine", "remote_capabilities"]
+__all__ = ["RemoteConnection", "RemoteKernelSessions", "RemoteLauncher"]
 
-DOES_NOT_PROTECT = (
-    "no isolation: kernels run as the server's user, with that user's files, network and processes",
-    "anything running as the server's user can read its token and drive every kernel on it, including other "
-    "workspaces' kernels",
-    "the token and all code and outputs cross the network in clear text unless the server URL is https",
-    "network cannot be turned off",
-    "kernels are not limited in memory, CPU time or processes (cells get timeout and output_bytes only)",
-)
-#: Added with programs="host".
-PROGRAMS_DO_NOT_PROTECT = ("programs run on this host as you, with no isolation (rlimits and timeout only)",)
-ProgramsMode = Literal["host", "refuse"]
 _SERVER_RESTARTED = ("restarting", "autorestarting", "dead")
 _CLOSED = "the WebSocket connection to the server closed"
 #: iopub messages kept while nobody reads them (no cell running, or a reader far behind)
@@ -331,6 +315,7 @@ class RemoteKernelSessions(KernelSessions):
         server_root: Path | None = None,
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
+        rich_outputs: RichOutputLimits | None = None,
         launcher: RemoteLauncher | None = None,
     ) -> None:
         launcher = launcher or RemoteLauncher(api, env_policy, kernel_name=kernel_name, server_root=server_root)
@@ -341,6 +326,7 @@ class RemoteKernelSessions(KernelSessions):
             language=language,
             start_timeout=start_timeout,
             interrupt_grace=interrupt_grace,
+            rich_outputs=rich_outputs,
         )
 
 
@@ -367,162 +353,3 @@ def _write_nonce(run_dir: str) -> tuple[str, str]:
     with os.fdopen(fd, "w") as f:
         f.write(nonce)
     return path, nonce
-
-
-# -- the engine ----------------------------------------------------------------------------
-
-
-#: Why ``programs="refuse"`` refuses programs.
-REFUSED = (
-    "This remote engine was opened with programs='refuse': run code in the kernel (engine.extra('kernels')), "
-    "or open it with programs='host' to run programs on this host without isolation."
-)
-
-
-class NoPrograms:
-    """A runner that refuses every program with ``why``: code runs only in the server's kernels."""
-
-    def __init__(self, why: str = REFUSED) -> None:
-        self.why = why
-
-    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        raise CapabilityError("programs", "jupyter", self.why)
-
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
-        raise CapabilityError("programs", "jupyter", self.why)
-
-
-def remote_capabilities(
-    env_policy: EnvPolicy | None, server_url: str, language: str = "python", programs: ProgramsMode = "host"
-) -> Capabilities:
-    """What remote mode enforces: cells in the server's kernels; programs on this host (or none at all)."""
-    where = "programs run on this host" if programs == "host" else "no programs"
-    base = unisolated_capabilities(
-        "jupyter",
-        env_policy,
-        DOES_NOT_PROTECT + (PROGRAMS_DO_NOT_PROTECT if programs == "host" else ()),
-        {
-            "mode": f"remote kernels on {server_url} (shared filesystem; {where})",
-            "kernel_language": language,
-            "kernel_limits": "timeout (interrupt, then a fresh kernel) and output_bytes only",
-        },
-    )
-    if programs == "refuse":
-        return dataclasses.replace(
-            base,
-            persistent_state=True,
-            languages=(language,),
-            streaming=False,
-            clean_env=False,
-            # what cells get (CodeExecutor checks these before running anything); there are no programs
-            enforced_limits=frozenset({"timeout", "output_bytes"}),
-        )
-    languages = base.languages if language in base.languages else (language, *base.languages)
-    return dataclasses.replace(base, persistent_state=True, languages=languages)
-
-
-async def open_remote_engine(
-    *,
-    server_url: str,
-    token: str,
-    workspace_root: Path | str | None = None,
-    env_policy: EnvPolicy | None = None,
-    host_roots: Any = (),
-    artifacts: Any = None,
-    kill_grace: float = 2.0,
-    kernel_name: str = "python3",
-    interrupt_grace: float = 2.0,
-    server_root: Path | str | None = None,
-    ca_file: str | None = None,
-    shared_filesystem: bool = True,
-    remote_root: str = "execspace-workspaces",
-    programs: ProgramsMode = "host",
-    request_timeout: float = 30.0,
-    start_timeout: float = 30.0,
-) -> BaseEngine:
-    """Open a jupyter engine whose kernels run on the Jupyter Server or Kernel Gateway at ``server_url``.
-
-    Args:
-        server_url: ``http(s)://host:port[/base_url]`` of the server.
-        token: the server's token, sent as ``Authorization: token …``; an empty token is refused.
-        workspace_root, env_policy, host_roots, artifacts, kill_grace, kernel_name, interrupt_grace: as for
-            the local jupyter backend; ``env_policy`` builds each kernel's environment, which replaces the
-            server's in the kernel.
-        server_root: the server's root_dir on this host, if known (kernels then also start in ``work/``).
-        ca_file: CA bundle that signs an https server's certificate (the system's trust store otherwise).
-        shared_filesystem: True: the server's kernels see ``workspace_root`` at the same path (checked with a
-            nonce). False: workspaces live on the server under ``remote_root`` and files move through a kernel
-            (:mod:`.remotefs`); ``workspace_root`` and ``programs`` do not apply (programs are refused).
-        remote_root: with ``shared_filesystem=False``, the server-side directory of the workspaces (relative
-            to the kernels' start directory unless absolute; created private to the server's user).
-        programs: ``"host"``: ``runner.run_program`` runs programs on this host as the caller (no isolation),
-            like the local backend; ``"refuse"``: it raises :class:`CapabilityError` and code runs only in the
-            server's kernels (Capabilities list only the kernel's language).
-
-    Raises:
-        SetupFailed: bad token (HTTP 401/403), unknown or non-Python kernel; with a shared filesystem, a
-            kernel that does not see its workspace (on its first cell).
-        BackendError: the server cannot be reached.
-    """
-    if not token:
-        raise SetupFailed(
-            "jupyter", "remote mode needs the server's token", "pass token=...; never run a server without one"
-        )
-    api = ServerApi(server_url, token, ca_file=ca_file, request_timeout=request_timeout)
-    try:
-        language = await _remote_language(api, kernel_name)
-    except BaseException:
-        api.close()
-        raise
-    if not shared_filesystem:
-        from .remotefs import open_far_engine
-
-        opts = {"start_timeout": start_timeout, "interrupt_grace": interrupt_grace, "request_timeout": request_timeout}
-        return open_far_engine(api, language, env_policy, host_roots, artifacts, kernel_name, remote_root, opts)
-    caps = remote_capabilities(env_policy, api.url, language, programs)
-    fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
-    kernels = RemoteKernelSessions(
-        api,
-        fs,
-        env_policy,
-        kernel_name=kernel_name,
-        language=language,
-        server_root=Path(server_root) if server_root is not None else None,
-        start_timeout=start_timeout,
-        interrupt_grace=interrupt_grace,
-    )
-    root = Path(workspace_root) if workspace_root else default_workspace_root()
-    manager = KernelWorkspaceManager(root, kernels)
-    runner: ProgramRunner = (
-        HostRunner(lambda: caps, env_policy, kill_grace=kill_grace) if programs == "host" else NoPrograms()
-    )
-    return BaseEngine(
-        "jupyter",
-        manager,
-        fs,
-        runner,
-        caps,
-        on_close=kernels.aclose,
-        extra={"workspace_root": manager.root, "kernels": kernels, "server_url": api.url},
-    )
-
-
-async def _remote_language(api: ServerApi, kernel_name: str) -> str:
-    """The language of the server's kernel spec ``kernel_name``; only Python kernels can be bound to a workspace."""
-    specs = (await api.kernelspecs()).get("kernelspecs") or {}
-    if kernel_name not in specs:
-        known = ", ".join(sorted(specs)) or "none"
-        raise SetupFailed(
-            "jupyter",
-            f"the server at {api.url} has no kernel spec {kernel_name!r} (it has: {known})",
-            "pick one of those with kernel_name=..., or install the kernel on the server",
-        )
-    language = str((specs[kernel_name].get("spec") or {}).get("language", "")).lower()
-    if language != "python":
-        raise SetupFailed(
-            "jupyter",
-            f"kernel {kernel_name!r} is {language or 'of unknown language'}: remote mode moves kernels into their "
-            "workspace with a Python cell, so only Python kernels are supported",
-            "use a Python kernel spec, or the local jupyter backend for other kernels",
-        )
-    return language
