@@ -19,10 +19,12 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 from ..owner import Owner, current_owner, owner_alive
+from .layout import ensure_layout
 
 __all__ = [
     "OWNER_FILE",
@@ -30,6 +32,7 @@ __all__ = [
     "HasHostDir",
     "adopt_slot_dir",
     "is_slot_dir",
+    "laid_out_slot",
     "new_slot_dir",
     "sweep_stale_slots",
 ]
@@ -53,6 +56,20 @@ def new_slot_dir(root: Path, mode: int = 0o700) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump(current_owner().fields(_OWNER_PREFIX), f)
     return slot_dir
+
+
+@contextlib.contextmanager
+def laid_out_slot(root: Path) -> Iterator[Path]:
+    """A new slot in ``root`` with a workspace's layout, for the block to finish (its owner, what is started
+    in it); removed again if the block raises, so a failed fill leaves nothing in the root. Its metadata is
+    written when it becomes a workspace (which names it)."""
+    slot_dir = new_slot_dir(root)
+    try:
+        ensure_layout(slot_dir)
+        yield slot_dir
+    except BaseException:
+        shutil.rmtree(slot_dir, ignore_errors=True)
+        raise
 
 
 def sweep_stale_slots(root: Path) -> list[Path]:

@@ -36,7 +36,7 @@ from ...workspace.protected import DEFAULT_PROTECTED, ProtectedPaths
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
-from .pool import PoolSlot, WarmPool, adopt_slot_dir
+from .pool import PoolSlot, WarmPool, adopt_slot_dir, container_pool
 from .reaper import reap_orphans, start_watchdog
 from .runner import ContainerRunner
 
@@ -265,7 +265,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
         )
         self._containers = containers
         containers.pool_root = self.root
-        self.pool = WarmPool(pool_size, self._make_slot, containers.discard_slot)
+        self.pool = container_pool(pool_size, self._make_slot, containers.discard_slot)
 
     def _make_slot(self) -> PoolSlot:
         private_dir(self.root, 0o700)  # the slots live in the root: same filesystem, so the rename is atomic

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,8 +26,7 @@ from pathlib import Path
 
 from ...models import Workspace, WorkspacePolicy
 from ...workspace.hostmanager import HostWorkspaceManager, private_dir
-from ...workspace.layout import ensure_layout
-from ...workspace.slots import adopt_slot_dir, new_slot_dir
+from ...workspace.slots import adopt_slot_dir, laid_out_slot
 from ..sandbox import SANDBOX_WORKSPACE
 from .kernels import KernelSessions
 from .local import ZmqConnection
@@ -41,14 +39,9 @@ __all__ = ["SandboxLauncher", "SlotWorkspaceManager", "make_slot"]
 def make_slot(root: Path, root_mode: int, prepare: Callable[[Path], None] | None) -> Path:
     """A slot directory in ``root`` laid out and owned like a new workspace (runs in a worker thread)."""
     private_dir(root, root_mode)  # the slots live in the root: same filesystem, so the rename is atomic
-    slot = new_slot_dir(root)
-    try:
-        ensure_layout(slot)  # its metadata is written when it becomes a workspace (which names it)
+    with laid_out_slot(root) as slot:
         if prepare is not None:
             prepare(slot)  # as root: the slot's uid, which the workspace keeps (same inode)
-    except BaseException:
-        shutil.rmtree(slot, ignore_errors=True)
-        raise
     return slot
 
 
