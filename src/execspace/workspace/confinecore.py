@@ -18,7 +18,6 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 try:
@@ -31,6 +30,21 @@ except ImportError:  # shipped as text (no package): the same shape, so callers 
             self.reason = reason
             super().__init__(f"path {path!r} denied: {reason}")
 
+
+__all__ = [
+    "DIR_FLAGS",
+    "MAX_WALK_DEPTH",
+    "READ_FLAGS",
+    "PathDenied",
+    "Visit",
+    "open_regular",
+    "refuse_dir",
+    "remove_tree",
+    "split_relpath",
+    "step_dir",
+    "walk_tree",
+    "write_temp",
+]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -131,26 +145,29 @@ _REMOVE_PASSES = 20
 _RACED = frozenset({errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR})
 
 
-@dataclass(slots=True)
 class Visit:
     """One step of a walk: a non-directory entry (``file``), a directory entered (``dir``, its fd is
     ``dir_fd``'s child), left after all it held (``done``), or one we may not read (``denied``: only walks without
     ``owner_bits`` meet it); ``dir_fd`` is the directory holding ``name``."""
 
-    kind: Literal["file", "dir", "done", "denied"]
-    dir_fd: int
-    name: str
-    rel: str
-    st: os.stat_result
+    # plain classes, not dataclasses: shipped as text, this module is in no sys.modules for dataclasses to read
+    __slots__ = ("dir_fd", "kind", "name", "rel", "st")
+
+    def __init__(
+        self, kind: Literal["file", "dir", "done", "denied"], dir_fd: int, name: str, rel: str, st: os.stat_result
+    ) -> None:
+        self.kind, self.dir_fd, self.name, self.rel, self.st = kind, dir_fd, name, rel, st
 
 
-@dataclass(slots=True)
 class _Level:
-    fd: int  # -1 while outside the window of open directory fds
-    st: os.stat_result
-    name: str
-    rel: str
-    todo: list[str]  # names still to visit, the next one last
+    __slots__ = ("fd", "name", "rel", "st", "todo")
+
+    def __init__(self, fd: int, st: os.stat_result, name: str, rel: str, todo: list[str]) -> None:
+        self.fd = fd  # -1 while outside the window of open directory fds
+        self.st = st
+        self.name = name
+        self.rel = rel
+        self.todo = todo  # names still to visit, the next one last
 
 
 def walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits: int = 0) -> Iterator[Visit]:
