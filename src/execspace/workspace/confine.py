@@ -30,6 +30,7 @@ from .confinecore import (
     open_regular,
     refuse_dir,
     remove_tree,
+    rename_path,
     split_relpath,
     step_dir,
     walk_tree,
@@ -232,19 +233,7 @@ class ConfinedRoot:
     def rename(self, src: str, dst: str) -> None:
         """Move the entry ``src`` (a link moves as a link) to ``dst``, replacing a file there; parents of
         ``dst`` are created."""
-        src_parts, dst_parts = split_relpath(src), split_relpath(dst)
-        if dst_parts[: len(src_parts)] == src_parts:
-            raise PathDenied(dst, f"cannot move {src!r} into itself")
-        sfd = self.open_dir(src_parts[:-1], display=src)
-        try:
-            os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)  # FileNotFoundError when there is nothing
-            dfd = self.open_dir(dst_parts[:-1], create=True, display=dst)
-            try:
-                os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(sfd)
+        rename_path(lambda parts, create, display: self.open_dir(parts, create=create, display=display), src, dst)
 
     def symlink(self, target: str, path: str) -> None:
         """Create (or replace) a symlink at ``path``; the target is not validated here."""

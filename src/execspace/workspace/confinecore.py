@@ -40,6 +40,7 @@ __all__ = [
     "open_regular",
     "refuse_dir",
     "remove_tree",
+    "rename_path",
     "split_relpath",
     "step_dir",
     "walk_tree",
@@ -111,6 +112,25 @@ def refuse_dir(dfd: int, name: str, display: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
             raise PathDenied(display, "a directory exists at this path")
+
+
+def rename_path(open_dir: Callable[[list[str], bool, str], int], src: str, dst: str) -> None:
+    """Move the entry ``src`` (a link moves as a link) to ``dst``, replacing a file there; ``open_dir(parts,
+    create, display)`` opens a directory below the root (creating the parents of ``dst``).
+    ``FileNotFoundError`` when there is nothing at ``src``."""
+    src_parts, dst_parts = split_relpath(src), split_relpath(dst)
+    if dst_parts[: len(src_parts)] == src_parts:
+        raise PathDenied(dst, f"cannot move {src!r} into itself")
+    sfd = open_dir(src_parts[:-1], False, src)
+    try:
+        os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)
+        dfd = open_dir(dst_parts[:-1], True, dst)
+        try:
+            os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
 
 
 def write_temp(dfd: int, name: str, data: bytes | int, mode: int, owner: tuple[int, int] | None = None) -> str:

@@ -27,16 +27,17 @@ from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
-from ...models import Workspace, WorkspacePolicy
+from ...models import Workspace
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
 from ...workspace.protected import DEFAULT_PROTECTED, ProtectedPaths
+from ...workspace.slots import take_slot
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
-from .pool import PoolSlot, WarmPool, adopt_slot_dir, container_pool
+from .pool import PoolSlot, WarmPool, container_pool
 from .reaper import reap_orphans, start_watchdog
 from .runner import ContainerRunner
 
@@ -261,6 +262,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             prepare=prepare,
             program_path=lambda _p: CONTAINER_WORKSPACE,
             adopt=self._adopt_slot,
+            refill=lambda: self.pool.refill(),
             stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
         )
         self._containers = containers
@@ -271,26 +273,12 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
         private_dir(self.root, 0o700)  # the slots live in the root: same filesystem, so the rename is atomic
         return self._containers.make_slot()
 
-    async def create_workspace(
-        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
-    ) -> Workspace:
-        try:
-            return await super().create_workspace(exec_id, policy, path=path)
-        finally:
-            self.pool.refill()
-
     def _adopt_slot(self, ws_dir: Path) -> bool:
         """Rename a pool slot's directory to ``ws_dir`` if that workspace is new (else keep the slot)."""
-        if ws_dir.exists():
-            return False
-        slot = self.pool.take()
-        if slot is None:
-            return False
-        if adopt_slot_dir(slot, ws_dir):
+        slot = take_slot(self.pool, ws_dir)
+        if slot is not None:
             self._containers.adopt(ws_dir, slot)
-            return True
-        self.pool.give_back(slot)
-        return False
+        return slot is not None
 
 
 def _stop_watchdog(proc: subprocess.Popen[bytes]) -> None:

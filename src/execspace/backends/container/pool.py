@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...process.warmpool import WarmPool
-from ...workspace.slots import adopt_slot_dir
 
-__all__ = ["PoolSlot", "WarmPool", "adopt_slot_dir", "container_pool"]
+__all__ = ["PoolSlot", "WarmPool", "container_pool"]
 
 
 @dataclass(frozen=True, slots=True)

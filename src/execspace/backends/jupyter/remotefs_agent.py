@@ -30,6 +30,7 @@ with contextlib.suppress(ImportError):  # shipped as text: the core's text ran f
         open_regular,
         refuse_dir,
         remove_tree,
+        rename_path,
         split_relpath,
         step_dir,
         write_temp,
@@ -249,23 +250,11 @@ def op_make_dir(args: dict[str, Any]) -> None:
 
 
 def op_rename(args: dict[str, Any]) -> None:
-    src, dst = args["src"], args["dst"]
-    src_parts, dst_parts = split_relpath(src), split_relpath(dst)
-    if dst_parts[: len(src_parts)] == src_parts:
-        raise Refused("PathDenied", dst, f"cannot move {src!r} into itself")
-    sfd = open_dir(args["ws"], src_parts[:-1], src)
+    ws, src = args["ws"], args["src"]
     try:
-        try:
-            os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)
-        except FileNotFoundError:
-            raise Refused("FileNotFoundError", src, "no such file or directory") from None
-        dfd = open_dir(args["ws"], dst_parts[:-1], dst, create=True)
-        try:
-            os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
-        finally:
-            os.close(dfd)
-    finally:
-        os.close(sfd)
+        rename_path(lambda parts, create, display: open_dir(ws, parts, display, create), src, args["dst"])
+    except FileNotFoundError:
+        raise Refused("FileNotFoundError", src, "no such file or directory") from None
 
 
 def op_remove_path(args: dict[str, Any]) -> None:
