@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from .confinecore import (
     refuse_dir,
     remove_tree,
     rename_path,
+    scan_tree,
     split_relpath,
     step_dir,
     walk_tree,
@@ -299,14 +301,7 @@ class ConfinedRoot:
             if start:
                 yield "/".join(start), self.lstat("/".join(start)), True
             return
-        budget = max_entries
-        for visit in walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
-            if visit.kind == "done" or visit.rel == ".":
-                continue
-            budget -= 1
-            if budget < 0:
-                return
-            yield visit.rel, visit.st, visit.kind == "denied"
+        yield from itertools.islice(scan_tree(fd, "/".join(start)), max_entries)
 
     def disk_usage(self) -> int:
         """Bytes of disk the workspace takes: allocated blocks of every file, directory and link, at any depth.

@@ -41,6 +41,7 @@ __all__ = [
     "refuse_dir",
     "remove_tree",
     "rename_path",
+    "scan_tree",
     "split_relpath",
     "step_dir",
     "walk_tree",
@@ -253,6 +254,15 @@ def walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits
         for level in stack:
             if level.fd >= 0:
                 os.close(level.fd)
+
+
+def scan_tree(top: int, prefix: str) -> Iterator[tuple[str, os.stat_result, bool]]:
+    """Yield ``(relpath, lstat, unreadable)`` for every entry below the directory fd ``top`` (closed here),
+    directories before what they hold, sorted; symlinks are never followed. ``unreadable``: a directory whose
+    entries we may not see. Raises ``PathDenied`` for a tree deeper than :data:`MAX_WALK_DEPTH`."""
+    for visit in walk_tree(top, prefix, max_depth=MAX_WALK_DEPTH):
+        if visit.kind != "done" and visit.rel != ".":
+            yield visit.rel, visit.st, visit.kind == "denied"
 
 
 def _listing(fd: int) -> list[str]:

@@ -31,6 +31,7 @@ with contextlib.suppress(ImportError):  # shipped as text: the core's text ran f
         refuse_dir,
         remove_tree,
         rename_path,
+        scan_tree,
         split_relpath,
         step_dir,
         write_temp,
@@ -185,39 +186,24 @@ def op_read(args: dict[str, Any]) -> dict[str, Any]:
 
 def op_walk(args: dict[str, Any]) -> list[list[Any]]:
     """Every entry below each start, sorted, without following symlinks: [path, size, nlinks, kind, mtime]."""
-    budget = [args["max_entries"]]
+    budget = args["max_entries"]
     found: list[list[Any]] = []
     for start in args["starts"]:
         try:
             fd = open_dir(args["ws"], start, "/".join(start)) if start else open_root(args["ws"])
         except (Refused, PathDenied):
             continue
-        walk_fd(fd, "/".join(start), budget, found)
-    return found
-
-
-def walk_fd(fd: int, prefix: str, budget: list[int], found: list[list[Any]]) -> None:
-    try:
-        with os.scandir(fd) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            budget[0] -= 1
-            if budget[0] < 0:
-                return
-            rel = f"{prefix}/{e.name}" if prefix else e.name
-            try:
-                st = e.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            found.append(entry(rel, st))
+        dirs = {"/".join(start)}
+        for rel, st, unreadable in scan_tree(fd, "/".join(start)):
+            if unreadable and rel in dirs:
+                continue  # a directory listed already, whose entries we may not see
+            budget -= 1
+            if budget < 0:
+                return found
             if stat.S_ISDIR(st.st_mode):
-                try:
-                    sub = os.open(e.name, DIR_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue
-                walk_fd(sub, rel, budget, found)
-    finally:
-        os.close(fd)
+                dirs.add(rel)
+            found.append(entry(rel, st))
+    return found
 
 
 def entry(rel: str, st: os.stat_result) -> list[Any]:
