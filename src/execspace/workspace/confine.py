@@ -17,14 +17,27 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
-import secrets
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 from ..errors import PathDenied
+from .confinecore import (
+    DIR_FLAGS,
+    MAX_WALK_DEPTH,
+    READ_FLAGS,
+    open_regular,
+    refuse_dir,
+    remove_tree,
+    rename_path,
+    scan_tree,
+    split_relpath,
+    step_dir,
+    walk_tree,
+    write_temp,
+)
 
 __all__ = [
     "MAX_WALK_DEPTH",
@@ -33,24 +46,6 @@ __all__ = [
     "remove_tree",
     "split_relpath",
 ]
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_CHUNK = 1024 * 1024
-
-
-def split_relpath(path: str) -> list[str]:
-    """Split a workspace-relative path into components, refusing every escape form."""
-    if not path or "\0" in path:
-        raise PathDenied(path, "empty path or NUL byte")
-    if path.startswith("/"):
-        raise PathDenied(path, "absolute paths are not allowed; use a path relative to the workspace")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise PathDenied(path, "'..' components are not allowed")
-    if not parts:
-        raise PathDenied(path, "path names the workspace root itself")
-    return parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +66,7 @@ class ConfinedRoot:
         # owner: uid/gid given to files and directories we create (the sandbox's uid when we run as root)
         self.owner = owner
         try:
-            self._fd = os.open(root, _DIR_FLAGS)
+            self._fd = os.open(root, DIR_FLAGS)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -103,25 +98,7 @@ class ConfinedRoot:
             raise
 
     def _step(self, fd: int, name: str, create: bool, display: str) -> int:
-        try:
-            try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                    if self.owner is not None:
-                        os.chown(name, *self.owner, dir_fd=fd, follow_symlinks=False)
-                # what is there now may be a symlink a program swapped in since: refused like the first
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except OSError as exc:
-            # ``fd`` stays open here: open_dir owns it and closes it exactly once
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise PathDenied(display, f"component {name!r} is a symlink or not a directory") from exc
-            raise
-        os.close(fd)
-        return nfd
+        return step_dir(fd, name, create, display, self.owner)
 
     # -- ownership -----------------------------------------------------------------
     #
@@ -169,7 +146,7 @@ class ConfinedRoot:
         """Re-own one entry of ``dfd`` if ``old_uid`` owns it; return whether it is a directory to descend."""
         assert self.owner is not None
         try:
-            fd = os.open(name, _READ_FLAGS | os.O_NOCTTY, dir_fd=dfd)
+            fd = os.open(name, READ_FLAGS | os.O_NOCTTY, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # a symlink: its own owner changes, never its target's
                 with contextlib.suppress(FileNotFoundError):
@@ -203,22 +180,9 @@ class ConfinedRoot:
             os.close(dfd)
 
     def _replace(self, dfd: int, name: str, data: bytes | int, mode: int, display: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                raise PathDenied(display, "a directory exists at this path")
-        tmp = f".{name[:40]}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        refuse_dir(dfd, name, display)
+        tmp = write_temp(dfd, name, data, mode, self.owner)
         try:
-            with os.fdopen(fd, "wb", closefd=True) as f:
-                if isinstance(data, int):
-                    _copy_fd(data, f.fileno())
-                else:
-                    f.write(data)
-                # setuid/setgid bits are never carried into a workspace
-                os.fchmod(f.fileno(), mode & 0o777)
-                if self.owner is not None:
-                    os.fchown(f.fileno(), *self.owner)
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -230,22 +194,9 @@ class ConfinedRoot:
         parts = split_relpath(path)
         dfd = self.open_dir(parts[:-1], display=path)
         try:
-            try:
-                fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise PathDenied(path, "the file is a symlink") from exc
-                raise
+            return open_regular(dfd, parts[-1], path)
         finally:
             os.close(dfd)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise PathDenied(path, "not a regular file")
-        if st.st_nlink > 1:
-            os.close(fd)
-            raise PathDenied(path, "the file has several hard links and may alias a file outside the workspace")
-        return fd, st
 
     def read_file(self, path: str, max_bytes: int | None = None) -> tuple[bytes, int]:
         """Return up to ``max_bytes`` of the file and its full size."""
@@ -284,19 +235,7 @@ class ConfinedRoot:
     def rename(self, src: str, dst: str) -> None:
         """Move the entry ``src`` (a link moves as a link) to ``dst``, replacing a file there; parents of
         ``dst`` are created."""
-        src_parts, dst_parts = split_relpath(src), split_relpath(dst)
-        if dst_parts[: len(src_parts)] == src_parts:
-            raise PathDenied(dst, f"cannot move {src!r} into itself")
-        sfd = self.open_dir(src_parts[:-1], display=src)
-        try:
-            os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)  # FileNotFoundError when there is nothing
-            dfd = self.open_dir(dst_parts[:-1], create=True, display=dst)
-            try:
-                os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(sfd)
+        rename_path(lambda parts, create, display: self.open_dir(parts, create=create, display=display), src, dst)
 
     def symlink(self, target: str, path: str) -> None:
         """Create (or replace) a symlink at ``path``; the target is not validated here."""
@@ -337,7 +276,7 @@ class ConfinedRoot:
             yield Entry("/".join(start), 0, 1, unreadable=True)
             return
         budget = max_entries
-        for visit in _walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
+        for visit in walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
             if visit.kind == "done":
                 continue
             budget -= 1
@@ -362,14 +301,7 @@ class ConfinedRoot:
             if start:
                 yield "/".join(start), self.lstat("/".join(start)), True
             return
-        budget = max_entries
-        for visit in _walk_tree(fd, "/".join(start), max_depth=MAX_WALK_DEPTH):
-            if visit.kind == "done" or visit.rel == ".":
-                continue
-            budget -= 1
-            if budget < 0:
-                return
-            yield visit.rel, visit.st, visit.kind == "denied"
+        yield from itertools.islice(scan_tree(fd, "/".join(start)), max_entries)
 
     def disk_usage(self) -> int:
         """Bytes of disk the workspace takes: allocated blocks of every file, directory and link, at any depth.
@@ -381,7 +313,7 @@ class ConfinedRoot:
         total = _allocated(st)
         seen: set[tuple[int, int]] = set()
         # r-x for the owner on directories a program made unreadable: what it hid there counts too
-        for visit in _walk_tree(os.dup(self._fd), "", owner_bits=0o500):
+        for visit in walk_tree(os.dup(self._fd), "", owner_bits=0o500):
             if visit.kind == "done":
                 continue
             if visit.st.st_nlink > 1 and not stat.S_ISDIR(visit.st.st_mode):
@@ -393,212 +325,6 @@ class ConfinedRoot:
         return total
 
 
-#: Directory levels below its start that a walk (collect, listing) goes into; deeper trees are refused.
-MAX_WALK_DEPTH = 256
-#: Directory fds one walk holds at once: levels further up are closed and later reopened through ``..``
-#: (checked to be the same directory), so a tree of any depth is walked without recursion or running out of fds.
-_MAX_OPEN_DIRS = 32
-#: Times a removal starts over when entries appeared behind it (a program still writing) before giving up.
-_REMOVE_PASSES = 20
-#: What a concurrent change makes an unlink or rmdir fail with; the next pass sees the new state.
-_RACED = frozenset({errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR})
-
-
-@dataclass(slots=True)
-class _Visit:
-    """One step of a walk: a non-directory entry (``file``), a directory entered (``dir``, its fd is
-    ``dir_fd``'s child), left after all it held (``done``), or one we may not read (``denied``: only walks without
-    ``owner_bits`` meet it); ``dir_fd`` is the directory holding ``name``."""
-
-    kind: Literal["file", "dir", "done", "denied"]
-    dir_fd: int
-    name: str
-    rel: str
-    st: os.stat_result
-
-
-@dataclass(slots=True)
-class _Level:
-    fd: int  # -1 while outside the window of open directory fds
-    st: os.stat_result
-    name: str
-    rel: str
-    todo: list[str]  # names still to visit, the next one last
-
-
-def _walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits: int = 0) -> Iterator[_Visit]:
-    """Walk below the directory fd ``top`` (closed here) depth first, in sorted order, iteratively.
-
-    Symlinks are never followed and no directory on another filesystem is entered (a mount point is left
-    alone). ``owner_bits`` are given to the owner (us) of each directory before it is read: what removal
-    needs in a read-only staged tree, what a measure needs in a directory a program made unreadable.
-    """
-    # every fd opened here is on the stack at once, so that the finally closes it whatever is raised
-    top_st = os.fstat(top)
-    stack = [_Level(top, top_st, "", prefix, [])]
-    low = 0  # stack[:low] have their fds closed
-    try:
-        stack[0].todo = _listing(top)
-        while stack:
-            level = stack[-1]
-            if not level.todo:
-                if len(stack) == 1:
-                    break
-                parent = stack[-2]
-                if parent.fd < 0:
-                    parent.fd = _reopen_parent(level.fd, parent)
-                    low -= 1
-                stack.pop()
-                os.close(level.fd)
-                level.fd = -1
-                yield _Visit("done", parent.fd, level.name, level.rel, level.st)
-                continue
-            name = level.todo.pop()
-            rel = f"{level.rel}/{name}" if level.rel else name
-            try:
-                st = os.stat(name, dir_fd=level.fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed since the listing (a leftover process at work)
-            except PermissionError:  # a directory we may list but not search: its entries are unknown
-                yield _Visit("denied", level.fd, name, level.rel or ".", level.st)
-                level.todo.clear()
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                yield _Visit("file", level.fd, name, rel, st)
-                continue
-            if st.st_dev != top_st.st_dev:
-                continue
-            if max_depth is not None and len(stack) > max_depth:
-                raise PathDenied(rel, f"more than {max_depth} directory levels below the start; flatten the tree")
-            try:
-                sub = _open_subdir(level.fd, name, owner_bits, top_st.st_dev)
-            except PermissionError:
-                yield _Visit("denied", level.fd, name, rel, st)
-                continue
-            if sub is None:
-                continue
-            sub_st = os.fstat(sub)
-            stack.append(_Level(sub, sub_st, name, rel, []))
-            stack[-1].todo = _listing(sub)
-            if len(stack) - low > _MAX_OPEN_DIRS:
-                os.close(stack[low].fd)
-                stack[low].fd = -1
-                low += 1
-            yield _Visit("dir", level.fd, name, rel, sub_st)
-    finally:
-        for level in stack:
-            if level.fd >= 0:
-                os.close(level.fd)
-
-
-def _listing(fd: int) -> list[str]:
-    return sorted(os.listdir(fd), reverse=True)
-
-
-def _reopen_parent(child_fd: int, parent: _Level) -> int:
-    """Reopen a directory whose fd left the window, through its child's ``..``, if it is still the same one."""
-    fd = os.open("..", _DIR_FLAGS, dir_fd=child_fd)
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (parent.st.st_dev, parent.st.st_ino):
-        os.close(fd)
-        raise PathDenied(parent.rel or ".", "the tree was moved while being walked; retry once no program runs there")
-    return fd
-
-
-def _open_subdir(dfd: int, name: str, owner_bits: int, device: int) -> int | None:
-    """Open the directory ``name`` below ``dfd`` without following a link, with ``owner_bits`` given to its
-    owner (us) first; None if it is now no directory on ``device``. ``PermissionError`` when we may not open it
-    and have no ``owner_bits`` to give."""
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    except PermissionError:
-        if not owner_bits:
-            raise  # the caller reports it: a program took our access away
-        _grant_unopenable(dfd, name, owner_bits)
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-        except OSError:
-            return None
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if st.st_dev != device:
-        os.close(fd)
-        return None
-    if st.st_mode & owner_bits != owner_bits and st.st_uid == os.geteuid():
-        os.fchmod(fd, stat.S_IMODE(st.st_mode) | owner_bits)
-    return fd
-
-
-def _grant_unopenable(dfd: int, name: str, owner_bits: int) -> None:
-    """Add ``owner_bits`` to the directory ``name`` below ``dfd`` that we cannot open, never through a link."""
-    if not hasattr(os, "O_PATH"):  # macOS, where fchmodat takes AT_SYMLINK_NOFOLLOW
-        mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
-        os.chmod(name, stat.S_IMODE(mode) | owner_bits, dir_fd=dfd, follow_symlinks=False)
-        return
-    # Linux: an O_PATH fd needs no permission and pins the inode; chmod through /proc/self/fd acts on it alone
-    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | owner_bits)
-    finally:
-        os.close(fd)
-
-
 def _allocated(st: os.stat_result) -> int:
     blocks = getattr(st, "st_blocks", None)
     return st.st_size if blocks is None else blocks * 512
-
-
-def remove_tree(dfd: int, name: str, display: str, *, device: int | None = None) -> None:
-    """Remove ``name`` below the directory fd ``dfd`` with everything in it, by directory fds only.
-
-    No path is ever resolved again: a directory a program renames away and replaces with a symlink costs
-    that symlink, never what it points at. Nothing on a filesystem other than ``device`` (default: that of
-    ``name`` itself) is entered. Entries a program adds meanwhile are removed by another pass; raises
-    ``PathDenied`` if the tree is still changing after :data:`_REMOVE_PASSES` passes.
-    """
-    for _ in range(_REMOVE_PASSES):
-        if not _remove_pass(dfd, name, device):
-            return
-    raise PathDenied(display, "entries kept appearing while it was removed; stop what writes there and retry")
-
-
-def _remove_pass(dfd: int, name: str, device: int | None) -> bool:
-    """One removal attempt; return whether something is still there."""
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        _unless_raced(os.unlink, name, dfd)
-        return True
-    top = _open_subdir(dfd, name, 0o700, st.st_dev if device is None else device)
-    if top is None:
-        return True
-    try:
-        for visit in _walk_tree(top, "", owner_bits=0o700):
-            if visit.kind == "file":
-                _unless_raced(os.unlink, visit.name, visit.dir_fd)
-            elif visit.kind == "done":
-                _unless_raced(os.rmdir, visit.name, visit.dir_fd)
-    except PathDenied:
-        return True  # a directory was moved under the walk: start over from the top
-    _unless_raced(os.rmdir, name, dfd)
-    return True
-
-
-def _unless_raced(op: Callable[..., None], name: str, dfd: int) -> None:
-    try:
-        op(name, dir_fd=dfd)
-    except OSError as exc:
-        if exc.errno not in _RACED:
-            raise
-
-
-def _copy_fd(src_fd: int, dst_fd: int) -> None:
-    while chunk := os.read(src_fd, _CHUNK):
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view) :]

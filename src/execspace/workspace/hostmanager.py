@@ -59,15 +59,18 @@ class HostWorkspaceManager:
         program_path: Callable[[Path], str] = str,
         private_root: bool = True,
         adopt: Callable[[Path], bool] | None = None,
+        refill: Callable[[], None] | None = None,
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
-        when it put a directory there itself (a warm pool's slot, see :mod:`.slots`). ``stop_programs`` kills
+        when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
+        event loop after each creation, failed ones too (the pool tops up what it gave). ``stop_programs`` kills
         every program still running in a workspace; cleanup awaits it before removing the tree (the runner
         knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`)."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
+        self._refill = refill
         self._program_path = program_path
         self._private_root = private_root
         self.root = Path(root) if root is not None else default_workspace_root()
@@ -79,7 +82,13 @@ class HostWorkspaceManager:
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
     ) -> Workspace:
-        policy = policy or WorkspacePolicy()
+        try:
+            return await self._create_or_join(exec_id, policy or WorkspacePolicy(), path)
+        finally:
+            if self._refill is not None:
+                self._refill()
+
+    async def _create_or_join(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
         if path is None and policy.persistence is Persistence.SESSION and self._cached(exec_id):
             return self._known[exec_id]
         session = policy.persistence is Persistence.SESSION

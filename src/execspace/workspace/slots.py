@@ -19,19 +19,24 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..owner import Owner, current_owner, owner_alive
+from .layout import ensure_layout
 
 __all__ = [
     "OWNER_FILE",
     "SLOT_PREFIX",
     "HasHostDir",
+    "SlotPool",
     "adopt_slot_dir",
     "is_slot_dir",
+    "laid_out_slot",
     "new_slot_dir",
     "sweep_stale_slots",
+    "take_slot",
 ]
 
 SLOT_PREFIX = ".pool-"
@@ -45,6 +50,17 @@ class HasHostDir(Protocol):
     def host_dir(self) -> Path: ...
 
 
+S = TypeVar("S", bound=HasHostDir)
+
+
+class SlotPool(Protocol[S]):
+    """What :func:`take_slot` needs of a pool (:class:`execspace.process.warmpool.WarmPool` has it)."""
+
+    def take(self) -> S | None: ...
+
+    def give_back(self, item: S, /) -> None: ...
+
+
 def new_slot_dir(root: Path, mode: int = 0o700) -> Path:
     """Create a fresh slot directory in ``root`` (an absolute path), holding only the record of its owner."""
     slot_dir = root.absolute() / f"{SLOT_PREFIX}{secrets.token_hex(8)}"
@@ -53,6 +69,20 @@ def new_slot_dir(root: Path, mode: int = 0o700) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump(current_owner().fields(_OWNER_PREFIX), f)
     return slot_dir
+
+
+@contextlib.contextmanager
+def laid_out_slot(root: Path) -> Iterator[Path]:
+    """A new slot in ``root`` with a workspace's layout, for the block to finish (its owner, what is started
+    in it); removed again if the block raises, so a failed fill leaves nothing in the root. Its metadata is
+    written when it becomes a workspace (which names it)."""
+    slot_dir = new_slot_dir(root)
+    try:
+        ensure_layout(slot_dir)
+        yield slot_dir
+    except BaseException:
+        shutil.rmtree(slot_dir, ignore_errors=True)
+        raise
 
 
 def sweep_stale_slots(root: Path) -> list[Path]:
@@ -105,3 +135,17 @@ def adopt_slot_dir(slot: HasHostDir, ws_dir: Path) -> bool:
     with contextlib.suppress(FileNotFoundError):  # a workspace now: no longer a slot to sweep
         (ws_dir / OWNER_FILE).unlink()
     return True
+
+
+def take_slot(pool: SlotPool[S], ws_dir: Path) -> S | None:
+    """A pooled slot renamed to the new workspace ``ws_dir``, or None (the pool keeps its slots) if none is ready
+    or ``ws_dir`` exists already (a reopened session's directory never gets a slot renamed over it)."""
+    if ws_dir.exists():
+        return None
+    slot = pool.take()
+    if slot is None:
+        return None
+    if adopt_slot_dir(slot, ws_dir):
+        return slot
+    pool.give_back(slot)
+    return None

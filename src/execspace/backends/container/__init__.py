@@ -27,17 +27,18 @@ from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
-from ...models import Workspace, WorkspacePolicy
+from ...models import Workspace
 from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
 from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
 from ...workspace.protected import DEFAULT_PROTECTED, ProtectedPaths
+from ...workspace.slots import take_slot
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
-from .pool import PoolSlot, WarmPool, adopt_slot_dir
+from .pool import PoolSlot, WarmPool, container_pool
 from .reaper import reap_orphans, start_watchdog
 from .runner import ContainerRunner
 
@@ -263,7 +264,7 @@ class ContainerEngine(BaseEngine):
         runner: ProgramRunner,
         capabilities: Capabilities,
         *,
-        pool: WarmPool,
+        pool: WarmPool[PoolSlot],
         engine_id: str,
         watchdog_pid: int | None,
         on_close: Callable[[], Awaitable[None]],
@@ -276,7 +277,7 @@ class ContainerEngine(BaseEngine):
         """The watchdog process that removes its containers if this process dies (None: ``watchdog=False``)."""
 
     @property
-    def pool(self) -> WarmPool:
+    def pool(self) -> WarmPool[PoolSlot]:
         """The warm pool of pre-started containers; ``await engine.pool.ready()`` waits for its refill."""
         return self._pool
 
@@ -293,36 +294,23 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             prepare=prepare,
             program_path=lambda _p: CONTAINER_WORKSPACE,
             adopt=self._adopt_slot,
+            refill=lambda: self.pool.refill(),
             stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
         )
         self._containers = containers
         containers.pool_root = self.root
-        self.pool = WarmPool(pool_size, self._make_slot, containers.discard_slot)
+        self.pool = container_pool(pool_size, self._make_slot, containers.discard_slot)
 
     def _make_slot(self) -> PoolSlot:
         private_dir(self.root, 0o700)  # the slots live in the root: same filesystem, so the rename is atomic
         return self._containers.make_slot()
 
-    async def create_workspace(
-        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
-    ) -> Workspace:
-        try:
-            return await super().create_workspace(exec_id, policy, path=path)
-        finally:
-            self.pool.refill()
-
     def _adopt_slot(self, ws_dir: Path) -> bool:
         """Rename a pool slot's directory to ``ws_dir`` if that workspace is new (else keep the slot)."""
-        if ws_dir.exists():
-            return False
-        slot = self.pool.take()
-        if slot is None:
-            return False
-        if adopt_slot_dir(slot, ws_dir):
+        slot = take_slot(self.pool, ws_dir)
+        if slot is not None:
             self._containers.adopt(ws_dir, slot)
-            return True
-        self.pool.give_back(slot)
-        return False
+        return slot is not None
 
 
 def _stop_watchdog(proc: subprocess.Popen[bytes]) -> None:

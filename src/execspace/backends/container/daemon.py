@@ -15,9 +15,9 @@ from typing import Any
 from ...errors import SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace
-from ...workspace.layout import ensure_layout, sanitize_id
+from ...workspace.layout import sanitize_id
 from ...workspace.protected import PlaceholderRun, Placeholders
-from ...workspace.slots import is_slot_dir, new_slot_dir
+from ...workspace.slots import is_slot_dir, laid_out_slot
 from .config import ContainerConfig, check_binds, daemon_socket_path
 from .pool import PoolSlot
 from .reaper import LABEL, current_owner, owner_labels, remove_engine_containers
@@ -153,15 +153,10 @@ class WorkspaceContainers:
     def make_slot(self) -> PoolSlot:
         """A started container bound to a fresh, empty directory under ``pool_root`` (for the warm pool)."""
         assert self.pool_root is not None
-        slot_dir = new_slot_dir(self.pool_root)
-        try:
-            ensure_layout(slot_dir)  # its layout directories are bind mounts of the container
+        with laid_out_slot(self.pool_root) as slot_dir:  # its layout directories are bind mounts of the container
             if os.getuid() == 0:
                 os.lchown(slot_dir, *self.config.user)
             cid = self._create("pool", slot_dir, {f"{LABEL}.slot": str(slot_dir)})
-        except BaseException:
-            shutil.rmtree(slot_dir, ignore_errors=True)
-            raise
         return PoolSlot(cid, slot_dir)
 
     def discard_slot(self, slot: PoolSlot) -> None:

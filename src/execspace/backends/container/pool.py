@@ -14,15 +14,13 @@ returned to the pool once handed out.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...workspace.slots import adopt_slot_dir
+from ...process.warmpool import WarmPool
 
-__all__ = ["PoolSlot", "WarmPool", "adopt_slot_dir"]
+__all__ = ["PoolSlot", "WarmPool", "container_pool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,63 +29,14 @@ class PoolSlot:
     host_dir: Path
 
 
-class WarmPool:
-    """Keeps ``size`` started containers ready; :meth:`take` is safe from any thread."""
+def container_pool(size: int, make: Callable[[], PoolSlot], discard: Callable[[PoolSlot], None]) -> WarmPool[PoolSlot]:
+    """Containers are created and removed by blocking daemon calls, all the missing ones at once in worker
+    threads; an idle container is kept until the engine closes."""
 
-    def __init__(self, size: int, make: Callable[[], PoolSlot], discard: Callable[[PoolSlot], None]) -> None:
-        self.size = size
-        self._make = make
-        self._discard = discard
-        self._ready: deque[PoolSlot] = deque()
-        self._lock = threading.Lock()
-        self._fills: set[asyncio.Future[PoolSlot]] = set()
-        self._closed = False
-        self.last_error: BaseException | None = None
-        """Why the last fill failed (shown by diagnostics; the pool retries on the next take)."""
+    async def make_slot() -> PoolSlot:
+        return await asyncio.to_thread(make)
 
-    def take(self) -> PoolSlot | None:
-        with self._lock:
-            return self._ready.popleft() if self._ready else None
+    async def discard_slot(slot: PoolSlot) -> None:
+        await asyncio.to_thread(discard, slot)
 
-    def give_back(self, slot: PoolSlot) -> None:
-        """Return a slot that was taken but not used (its directory untouched)."""
-        with self._lock:
-            self._ready.appendleft(slot)
-
-    def available(self) -> int:
-        with self._lock:
-            return len(self._ready)
-
-    def refill(self) -> None:
-        """Start creating the missing containers in the background (call on the event loop)."""
-        if self._closed:
-            return
-        missing = self.size - self.available() - len(self._fills)
-        for _ in range(max(missing, 0)):
-            fill = asyncio.ensure_future(asyncio.to_thread(self._make))
-            self._fills.add(fill)
-            fill.add_done_callback(self._filled)
-
-    def _filled(self, fill: asyncio.Future[PoolSlot]) -> None:
-        self._fills.discard(fill)
-        if fill.cancelled():
-            return
-        exc = fill.exception()
-        if exc is not None:
-            self.last_error = exc  # no retry loop here: a broken image would spin
-            return
-        with self._lock:
-            self._ready.append(fill.result())
-
-    async def ready(self) -> None:
-        """Wait for the fills in flight (the pool is full afterwards unless one failed)."""
-        while self._fills:
-            await asyncio.gather(*self._fills, return_exceptions=True)
-            await asyncio.sleep(0)  # let the done callbacks run
-
-    async def close(self) -> None:
-        self._closed = True
-        await self.ready()
-        with self._lock:
-            slots, self._ready = list(self._ready), deque()
-        await asyncio.gather(*(asyncio.to_thread(self._discard, s) for s in slots))
+    return WarmPool(size, make_slot, discard_slot, starts_at_once=max(size, 1))

@@ -5,10 +5,10 @@ only the standard library (and IPython, which every ipykernel has). Each call ru
 ``_ARGS`` set to a JSON string (a ``repr()`` literal, never code built from data); it publishes one result
 as a display message of type :data:`MIME`, ``{"ok": value}`` or ``{"error": [kind, path, why]}``.
 
-The rules are those of :mod:`execspace.workspace.confine`, by necessity restated here: paths are relative
-with no ``..``; every component is opened from a directory fd with ``O_NOFOLLOW`` (a planted symlink is
-refused, never followed); reads take only regular files with one hard link, opened non-blocking (a FIFO
-cannot hang the kernel); writes go to a fresh temp file renamed into place.
+The rules are those of :mod:`execspace.workspace.confinecore`, whose text runs first in the same globals
+(see :mod:`.remotefs`): paths are relative with no ``..``; every component is opened from a directory fd with
+``O_NOFOLLOW``; reads take only regular files with one hard link, opened non-blocking; writes go to a fresh
+temp file renamed into place; removal works by directory fds. This file maps their refusals to error kinds.
 """
 
 from __future__ import annotations
@@ -19,14 +19,25 @@ import errno
 import json
 import os
 import re
-import secrets
 import shutil
 import stat
 from typing import Any
 
+with contextlib.suppress(ImportError):  # shipped as text: the core's text ran first, in these globals
+    from ...workspace.confinecore import (
+        DIR_FLAGS,
+        PathDenied,
+        open_regular,
+        refuse_dir,
+        remove_tree,
+        rename_path,
+        scan_tree,
+        split_relpath,
+        step_dir,
+        write_temp,
+    )
+
 MIME = "application/vnd.execspace.remotefs+json"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CELL_FILE = re.compile(r"^cell-(\d+)-")
 
 
@@ -38,22 +49,9 @@ class Refused(Exception):
         self.kind, self.path, self.why = kind, path, why
 
 
-def split_relpath(path: Any) -> list[str]:
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise Refused("PathDenied", str(path), "empty path or NUL byte")
-    if path.startswith("/"):
-        raise Refused("PathDenied", path, "absolute paths are not allowed; use a path relative to the workspace")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise Refused("PathDenied", path, "'..' components are not allowed")
-    if not parts:
-        raise Refused("PathDenied", path, "path names the workspace root itself")
-    return parts
-
-
 def open_root(ws: str) -> int:
     try:
-        return os.open(ws, _DIR_FLAGS)
+        return os.open(ws, DIR_FLAGS)
     except FileNotFoundError:
         raise Refused("FileNotFoundError", ws, "the workspace does not exist on the server") from None
     except OSError as exc:
@@ -65,21 +63,9 @@ def open_dir(ws: str, parts: list[str], display: str, create: bool = False) -> i
     try:
         for name in parts:
             try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                fd = step_dir(fd, name, create, display)
             except FileNotFoundError:
-                if not create:
-                    raise Refused("FileNotFoundError", display, "no such file or directory") from None
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Refused(
-                        "PathDenied", display, f"component {name!r} is a symlink or not a directory"
-                    ) from None
-                raise
-            os.close(fd)
-            fd = nfd
+                raise Refused("FileNotFoundError", display, "no such file or directory") from None
         return fd
     except BaseException:
         os.close(fd)
@@ -142,12 +128,7 @@ def _writable_retry(func: Any, path: str, exc: object) -> None:
 
 
 def write_new(dfd: int, name: str, data: bytes, mode: int) -> str:
-    tmp = f".{name[:40]}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        os.fchmod(f.fileno(), mode & 0o777)
-    return tmp
+    return write_temp(dfd, name, data, mode)
 
 
 def op_write(args: dict[str, Any]) -> list[str | None]:
@@ -167,9 +148,7 @@ def write_piece(dfd: int, name: str, item: dict[str, Any]) -> str | None:
     data = base64.b64decode(item["b64"])
     tmp: str | None = item["tmp"]
     if tmp is None:
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                raise Refused("PathDenied", item["path"], "a directory exists at this path")
+        refuse_dir(dfd, name, item["path"])
         tmp = write_new(dfd, name, data, item["mode"])
     else:
         if not re.fullmatch(r"\.[^/]{1,40}\.[0-9a-f]{12}\.tmp", tmp):
@@ -189,25 +168,16 @@ def op_read(args: dict[str, Any]) -> dict[str, Any]:
     parts = split_relpath(path)
     dfd = open_dir(args["ws"], parts[:-1], path)
     try:
-        fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dfd)
+        fd, st = open_regular(dfd, parts[-1], path)
     except FileNotFoundError:
         raise Refused("FileNotFoundError", path, "no such file") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refused("PathDenied", path, "the file is a symlink") from None
         if exc.errno == errno.EISDIR:
             raise Refused("IsADirectoryError", path, "is a directory") from None
         raise
     finally:
         os.close(dfd)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused("PathDenied", path, "not a regular file")
-        if st.st_nlink > 1:
-            raise Refused(
-                "PathDenied", path, "the file has several hard links and may alias a file outside the workspace"
-            )
         data = os.pread(fd, args["n"], args["offset"])
     finally:
         os.close(fd)
@@ -216,39 +186,24 @@ def op_read(args: dict[str, Any]) -> dict[str, Any]:
 
 def op_walk(args: dict[str, Any]) -> list[list[Any]]:
     """Every entry below each start, sorted, without following symlinks: [path, size, nlinks, kind, mtime]."""
-    budget = [args["max_entries"]]
+    budget = args["max_entries"]
     found: list[list[Any]] = []
     for start in args["starts"]:
         try:
             fd = open_dir(args["ws"], start, "/".join(start)) if start else open_root(args["ws"])
-        except Refused:
+        except (Refused, PathDenied):
             continue
-        walk_fd(fd, "/".join(start), budget, found)
-    return found
-
-
-def walk_fd(fd: int, prefix: str, budget: list[int], found: list[list[Any]]) -> None:
-    try:
-        with os.scandir(fd) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            budget[0] -= 1
-            if budget[0] < 0:
-                return
-            rel = f"{prefix}/{e.name}" if prefix else e.name
-            try:
-                st = e.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            found.append(entry(rel, st))
+        dirs = {"/".join(start)}
+        for rel, st, unreadable in scan_tree(fd, "/".join(start)):
+            if unreadable and rel in dirs:
+                continue  # a directory listed already, whose entries we may not see
+            budget -= 1
+            if budget < 0:
+                return found
             if stat.S_ISDIR(st.st_mode):
-                try:
-                    sub = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue
-                walk_fd(sub, rel, budget, found)
-    finally:
-        os.close(fd)
+                dirs.add(rel)
+            found.append(entry(rel, st))
+    return found
 
 
 def entry(rel: str, st: os.stat_result) -> list[Any]:
@@ -281,23 +236,11 @@ def op_make_dir(args: dict[str, Any]) -> None:
 
 
 def op_rename(args: dict[str, Any]) -> None:
-    src, dst = args["src"], args["dst"]
-    src_parts, dst_parts = split_relpath(src), split_relpath(dst)
-    if dst_parts[: len(src_parts)] == src_parts:
-        raise Refused("PathDenied", dst, f"cannot move {src!r} into itself")
-    sfd = open_dir(args["ws"], src_parts[:-1], src)
+    ws, src = args["ws"], args["src"]
     try:
-        try:
-            os.stat(src_parts[-1], dir_fd=sfd, follow_symlinks=False)
-        except FileNotFoundError:
-            raise Refused("FileNotFoundError", src, "no such file or directory") from None
-        dfd = open_dir(args["ws"], dst_parts[:-1], dst, create=True)
-        try:
-            os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
-        finally:
-            os.close(dfd)
-    finally:
-        os.close(sfd)
+        rename_path(lambda parts, create, display: open_dir(ws, parts, display, create), src, args["dst"])
+    except FileNotFoundError:
+        raise Refused("FileNotFoundError", src, "no such file or directory") from None
 
 
 def op_remove_path(args: dict[str, Any]) -> None:
@@ -310,46 +253,16 @@ def op_remove_path(args: dict[str, Any]) -> None:
             os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
             raise Refused("FileNotFoundError", path, "no such file or directory") from None
-        remove_entry(dfd, parts[-1], 0)
+        remove_tree(dfd, parts[-1], path)
     finally:
         os.close(dfd)
-
-
-def remove_entry(dfd: int, name: str, depth: int) -> None:
-    """Remove ``name`` below ``dfd``; a directory is opened with ``O_NOFOLLOW`` (a symlink swapped in for it
-    is unlinked, never entered) and given back to its owner's write access (read-only staged trees)."""
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EACCES):
-            raise
-        if exc.errno != errno.EACCES:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=dfd)
-            return
-        # a directory its program made unreadable: the server side is one principal, so giving it back is ours
-        os.chmod(name, 0o700, dir_fd=dfd)
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    try:
-        if depth > 256:
-            raise Refused("PathDenied", name, "more than 256 directory levels; flatten the tree")
-        st = os.fstat(fd)
-        if st.st_uid == os.getuid() and st.st_mode & 0o700 != 0o700:
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
-        for child in os.listdir(fd):
-            remove_entry(fd, child, depth + 1)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dfd)
 
 
 def op_next_cell(args: dict[str, Any]) -> int:
     """One past the highest ``cell-N-*`` in ``out/``, so a new kernel never overwrites older outputs."""
     try:
         fd = open_dir(args["ws"], ["out"], "out")
-    except Refused:
+    except (Refused, PathDenied):
         return 1
     try:
         numbers = [int(m.group(1)) for name in os.listdir(fd) if (m := _CELL_FILE.match(name))]
@@ -379,6 +292,8 @@ def main(request: dict[str, Any]) -> None:
         result = {"ok": OPS[request["op"]](request["args"])}
     except Refused as exc:
         result = {"error": [exc.kind, exc.path, exc.why]}
+    except PathDenied as exc:  # before OSError: it is a PermissionError
+        result = {"error": ["PathDenied", exc.path, exc.reason]}
     except OSError as exc:
         result = {"error": ["OSError", str(exc.filename or ""), f"{type(exc).__name__}: {exc.strerror or exc}"]}
     from IPython.display import publish_display_data

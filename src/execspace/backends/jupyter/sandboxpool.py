@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...models import Workspace, WorkspacePolicy
+from ...models import Workspace
 from ...workspace.hostmanager import HostWorkspaceManager, private_dir
-from ...workspace.layout import ensure_layout
-from ...workspace.slots import adopt_slot_dir, new_slot_dir
+from ...workspace.slots import laid_out_slot, take_slot
 from ..sandbox import SANDBOX_WORKSPACE
 from .hostkernels import ZmqConnection
 from .kernels import KernelSessions
-from .pool import KernelPool, PooledKernel
+from .pool import KernelPool
 from .sandboxed import SandboxKernelConfig
 
 __all__ = ["SandboxLauncher", "SlotWorkspaceManager", "make_slot"]
@@ -41,14 +39,9 @@ __all__ = ["SandboxLauncher", "SlotWorkspaceManager", "make_slot"]
 def make_slot(root: Path, root_mode: int, prepare: Callable[[Path], None] | None) -> Path:
     """A slot directory in ``root`` laid out and owned like a new workspace (runs in a worker thread)."""
     private_dir(root, root_mode)  # the slots live in the root: same filesystem, so the rename is atomic
-    slot = new_slot_dir(root)
-    try:
-        ensure_layout(slot)  # its metadata is written when it becomes a workspace (which names it)
+    with laid_out_slot(root) as slot:
         if prepare is not None:
             prepare(slot)  # as root: the slot's uid, which the workspace keeps (same inode)
-    except BaseException:
-        shutil.rmtree(slot, ignore_errors=True)
-        raise
     return slot
 
 
@@ -94,19 +87,12 @@ class SandboxLauncher:
     def adopt(self, ws_dir: Path) -> bool:
         """Make a pooled kernel's slot the new workspace ``ws_dir``; False if there is none ready or ``ws_dir``
         exists already (safe from a worker thread, where workspaces are created)."""
-        pooled = self.pool.take() if self.pool is not None and not ws_dir.exists() else None
+        pooled = take_slot(self.pool, ws_dir) if self.pool is not None else None
         if pooled is None:
-            return False
-        if not adopt_slot_dir(pooled, ws_dir):
-            self._return(pooled)
             return False
         with self._lock:
             self._adopted[ws_dir] = _Adopted(pooled.kernel, _inode(ws_dir))
         return True
-
-    def _return(self, pooled: PooledKernel) -> None:
-        assert self.pool is not None
-        self.pool.give_back(pooled)
 
     def refill(self) -> None:
         if self.pool is not None:
@@ -169,18 +155,11 @@ class SlotWorkspaceManager(HostWorkspaceManager):
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=private_root,
             adopt=launcher.adopt,
+            refill=launcher.refill,
             stop_programs=stop_programs,
         )
         self._launcher = launcher
         self._kernels = kernels
-
-    async def create_workspace(
-        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
-    ) -> Workspace:
-        try:
-            return await super().create_workspace(exec_id, policy, path=path)
-        finally:
-            self._launcher.refill()
 
     async def cleanup(self, ws: Workspace) -> None:
         await self._kernels.shutdown(ws)

@@ -2,10 +2,11 @@
 
 Workspaces are directories under a root on the server's side (``remote_root``, relative to the kernels'
 start directory unless absolute), with the standard layout. A **file kernel**, one per engine, runs the
-fixed program :mod:`.remotefs_agent` (its text, with the request as a JSON string literal) for every file
-operation: creating and removing workspaces, writing, reading and walking files with the rules of
-:mod:`execspace.workspace.confine` (fd-relative walks with ``O_NOFOLLOW``, regular singly linked files only,
-temp file then rename). Bytes cross base64-encoded in chunks of :data:`CHUNK` bytes, so no message is large.
+fixed program :mod:`.remotefs_agent` (its text after that of :mod:`execspace.workspace.confinecore`, with
+the request as a JSON string literal) for every file operation: creating and removing workspaces, writing,
+reading and walking files with the rules of the core (fd-relative walks with ``O_NOFOLLOW``, regular singly
+linked files only, temp file then rename). Bytes cross base64-encoded in chunks of :data:`CHUNK` bytes, so no
+message is large.
 
 Why a file kernel of its own rather than each workspace's kernel: a workspace's kernel is busy while a cell
 runs (up to its timeout), and file calls (collecting outputs, saving a cell's plots) must not wait for it,
@@ -82,15 +83,19 @@ _MIME = "application/vnd.execspace.remotefs+json"
 _ERRORS: dict[str, type[Exception]] = {"FileNotFoundError": FileNotFoundError, "IsADirectoryError": IsADirectoryError}
 
 
-def agent_source() -> str:
-    """The text of :mod:`.remotefs_agent`, the program every file call runs in the file kernel."""
-    return resources.files(__package__).joinpath("remotefs_agent.py").read_text(encoding="utf-8")
+def agent_source() -> tuple[str, str]:
+    """The texts every file call runs in the file kernel: the confinement core, then :mod:`.remotefs_agent`."""
+    core = resources.files("execspace.workspace").joinpath("confinecore.py").read_text(encoding="utf-8")
+    return core, resources.files(__package__).joinpath("remotefs_agent.py").read_text(encoding="utf-8")
 
 
-def agent_code(source: str, op: str, args: dict[str, Any]) -> str:
-    """The cell for one call: the fixed source, run in fresh globals with the request as a string literal."""
+def agent_code(source: tuple[str, str], op: str, args: dict[str, Any]) -> str:
+    """The cell for one call: the fixed texts, run one after the other in the same fresh globals (no package, so
+    their execspace imports fall back to the shipped text) with the request as a string literal."""
+    core, agent = source
     request = json.dumps({"op": op, "args": args})
-    return f"exec({source!r}, {{'__name__': '__execspace_remotefs__', '_ARGS': {request!r}}})"
+    globs = f"{{'__name__': '__execspace_remotefs__', '__package__': '', '_ARGS': {request!r}}}"
+    return f"(lambda g: (exec({core!r}, g), exec({agent!r}, g)))({globs})"
 
 
 class FileKernel:
