@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from execspace.testing.binding import make_traversable
+
 pytest.importorskip("e2b", reason="the server is tested with the official e2b SDK (pip install 'execspace[dev]')")
 
 API_KEY = "e2b_" + "0123456789abcdef" * 2
@@ -35,6 +37,8 @@ class Server:
 @contextlib.contextmanager
 def running_server(root: Path, *flags: str) -> Iterator[Server]:
     """``execspace serve`` on a free port, stopped with SIGTERM (as a user would) when the block ends."""
+    root.mkdir(parents=True, exist_ok=True)
+    make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
     env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", API_KEY]
     argv += ["--workspace-root", str(root), *flags]

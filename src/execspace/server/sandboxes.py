@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from ..errors import ExecspaceError
 from ..models import Persistence, Workspace, WorkspacePolicy
 from ..protocols import Engine
+from .commands import Commands
 from .options import ServerOptions
 from .watch import DirectoryWatch
 
@@ -61,6 +62,7 @@ class Sandbox:
     end_at: datetime
     access_token: str | None
     allow_internet_access: bool | None
+    commands: Commands
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -116,6 +118,7 @@ class Sandboxes:
                 end_at=started + timedelta(seconds=request.timeout),
                 access_token=secrets.token_urlsafe(24) if request.secure else None,
                 allow_internet_access=request.allow_internet_access,
+                commands=Commands(self.engine, ws),
             )
             self._live[sandbox_id] = sandbox
             return sandbox

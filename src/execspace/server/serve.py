@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -38,7 +38,7 @@ async def serve(
         )
         reaper = asyncio.create_task(sandboxes.reap())
         try:
-            await _Server(config, on_ready).serve()
+            await _Server(config, on_ready, sandboxes.close).serve()
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -47,11 +47,22 @@ async def serve(
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling where it listens once it does."""
+    """uvicorn's server, telling where it listens once it does, and ending every sandbox (so their open streams)
+    before it waits for the connections to close."""
 
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str, int], None] | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_ready: Callable[[str, int], None] | None,
+        before_shutdown: Callable[[], Awaitable[None]],
+    ) -> None:
         super().__init__(config)
         self._on_ready = on_ready
+        self._before_shutdown = before_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._before_shutdown()
+        await super().shutdown(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
