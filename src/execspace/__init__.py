@@ -22,6 +22,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .backend import BackendOptions, HostOptions, Probe
+    from .backends.container import ContainerOptions
+    from .backends.local import LocalOptions
+    from .backends.sandbox import SandboxOptions
     from .capabilities import Capabilities, Isolation, KernelCapabilities
     from .engine import BaseEngine, KernelEngine, open_engine
     from .envpolicy import EnvPolicy
@@ -79,6 +83,12 @@ if TYPE_CHECKING:
 # Names resolve on first use (PEP 562): the ``execspace`` command's fast path imports this
 # package and must not pay for the whole library when a warm daemon runs the command.
 _LAZY = {
+    "BackendOptions": ".backend",
+    "HostOptions": ".backend",
+    "Probe": ".backend",
+    "ContainerOptions": ".backends.container",
+    "LocalOptions": ".backends.local",
+    "SandboxOptions": ".backends.sandbox",
     "Capabilities": ".capabilities",
     "Isolation": ".capabilities",
     "KernelCapabilities": ".capabilities",
@@ -154,6 +164,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ArtifactNotFound",
     "BackendError",
+    "BackendOptions",
     "BaseEngine",
     "BlockResult",
     "Capabilities",
@@ -163,6 +174,7 @@ __all__ = [
     "CodeExecutionInput",
     "CodeExecutionResult",
     "CodeExecutor",
+    "ContainerOptions",
     "Engine",
     "EnvPolicy",
     "ExecspaceError",
@@ -171,6 +183,7 @@ __all__ = [
     "FileEntry",
     "FileKind",
     "FileRef",
+    "HostOptions",
     "InputError",
     "InputSpec",
     "InvalidSpec",
@@ -179,6 +192,7 @@ __all__ = [
     "KernelEngine",
     "Kernels",
     "LimitExceeded",
+    "LocalOptions",
     "OutputChunk",
     "OutputManifest",
     "OutputSpec",
@@ -186,6 +200,7 @@ __all__ = [
     "PathDenied",
     "Persistence",
     "PolicyViolation",
+    "Probe",
     "ProgramFailed",
     "ProgramHandle",
     "ProgramRunner",
@@ -193,6 +208,7 @@ __all__ = [
     "ResourceLimits",
     "RunProgramSpec",
     "RunResult",
+    "SandboxOptions",
     "SetupFailed",
     "SupportsKernels",
     "UnsupportedBackend",

@@ -89,7 +89,7 @@ def backend_binding(
     ``traversable``: the backend runs programs as another uid (the sandbox as root), which must reach the
     workspace root through the test's tmp dirs.
     """
-    opts = dict(options or {})
+    opts: dict[str, Any] = dict(options or {})  # any option of any backend: checked when it opens
     probing = dict(probe_options or {})
 
     @contextlib.asynccontextmanager
