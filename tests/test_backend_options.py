@@ -54,10 +54,10 @@ async def test_options_of_another_backend_are_invalid_spec(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("keywords", "says"),
     [
-        ({"kill_grace": "2"}, "option kill_grace takes float, not str '2'"),
-        ({"kill_grace": True}, "option kill_grace takes float, not bool True"),
-        ({"workspace_root": 3}, "option workspace_root takes Path | str | None, not int 3"),
-        ({"host_roots": "/srv"}, "option host_roots takes Sequence[Path | str], not str '/srv'"),
+        ({"kill_grace": "2"}, "option kill_grace takes float, not str"),
+        ({"kill_grace": True}, "option kill_grace takes float, not bool"),
+        ({"workspace_root": 3}, "option workspace_root takes Path | str | None, not int"),
+        ({"host_roots": "/srv"}, "option host_roots takes Sequence[Path | str], not str"),
         ({"host_roots": [Path("/srv"), 1]}, "option host_roots takes Sequence[Path | str]"),
         ({"artifacts": object()}, "option artifacts takes ArtifactService | None"),
         ({"env_policy": {"PATH": "/bin"}}, "option env_policy takes EnvPolicy | None, not dict"),
@@ -77,13 +77,14 @@ async def test_a_wrong_type_is_invalid_spec_naming_the_option(
 @pytest.mark.parametrize(
     ("build", "says"),
     [
-        (lambda: SandboxOptions(network="on"), "SandboxOptions: option network takes bool | None, not str 'on'"),
+        (lambda: SandboxOptions(network="on"), "SandboxOptions: option network takes bool | None, not str"),
         (lambda: SandboxOptions(policy="read-only"), "option policy takes SandboxPolicy | None"),
-        (lambda: ContainerOptions(user=(1000,)), "option user takes tuple[int, int] | None, not tuple (1000,)"),
-        (lambda: ContainerOptions(pids=1.5), "option pids takes int, not float 1.5"),
+        (lambda: ContainerOptions(user=(1000,)), "option user takes tuple[int, int] | None, not tuple"),
+        (lambda: ContainerOptions(pids=1.5), "option pids takes int, not float"),
         (lambda: ContainerOptions(read_only_binds={"/a": 1}), "option read_only_binds takes Mapping[str, str] | None"),
         (lambda: ContainerOptions(languages="python"), "option languages takes Sequence[str] | None"),
-        (lambda: JupyterOptions(mode="host"), "option mode takes HostKernels | SandboxedKernels | AutoKernels"),
+        (lambda: JupyterOptions(mode="host"), "jupyter: mode='host' is not a kernel mode; pass one of"),
+        (lambda: JupyterOptions(kernel_name=3), "option kernel_name takes str, not int"),
     ],
 )
 def test_each_backends_options_check_their_types_when_built(build: object, says: str) -> None:
@@ -91,6 +92,13 @@ def test_each_backends_options_check_their_types_when_built(build: object, says:
     with pytest.raises(InvalidSpec) as info:
         build()
     assert says in str(info.value)
+
+
+def test_a_refused_value_is_not_echoed() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        ContainerOptions(docker_host=b"tcp://user:s3cret@host")
+    assert "s3cret" not in str(info.value)
+    assert "option docker_host takes str | None, not bytes" in str(info.value)
 
 
 def test_well_typed_options_build_and_are_frozen() -> None:

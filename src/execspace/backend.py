@@ -10,6 +10,7 @@ wrong name, a wrong type or a missing required option is an ``InvalidSpec`` nami
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping, Sequence, Set
@@ -44,13 +45,15 @@ class BackendOptions:
     when a value is built (``InvalidSpec`` names the field, the type it takes and every valid option)."""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        cls: type = type(self)  # a plain type: mypy checks type[Self] against Hashable with the instances' __hash__
+        hints = _hints(cls)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if not _conforms(value, hints[field.name]):
+                # the type, never the value: it may be a secret
                 raise InvalidSpec(
                     f"{type(self).__name__}: option {field.name} takes {_describe(hints[field.name])}, "
-                    f"not {type(value).__name__} {value!r}; its options: {', '.join(self.option_names())}"
+                    f"not {type(value).__name__}; its options: {', '.join(self.option_names())}"
                 )
 
     @classmethod
@@ -108,6 +111,11 @@ class BackendFactory(Protocol[OptionsT]):
     async def probe(self, options: OptionsT, /) -> Probe: ...
 
     async def open(self, options: OptionsT, /) -> BaseEngine: ...
+
+
+@functools.cache  # resolving the annotations costs more than checking every field
+def _hints(cls: type) -> dict[str, object]:
+    return typing.get_type_hints(cls)
 
 
 def _required(field: dataclasses.Field[object]) -> bool:

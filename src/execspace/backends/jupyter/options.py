@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...backend import HostOptions
-from .modes import KernelMode
+from .modes import KernelMode, check_mode
 from .outputs import RichOutputLimits
 
 __all__ = ["JupyterOptions"]
@@ -31,3 +31,8 @@ class JupyterOptions(HostOptions):
     kernel_name: str = "python3"
     interrupt_grace: float = 2.0
     rich_outputs: RichOutputLimits | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None:
+            check_mode(self.mode)  # its refusal names every mode and where they come from
+        super().__post_init__()
