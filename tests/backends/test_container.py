@@ -15,7 +15,7 @@ import pytest
 
 import execspace
 from execspace import PutFile, RunProgramSpec
-from execspace.backends.container import ContainerBackend
+from execspace.backends.container import ContainerBackend, ContainerOptions
 from execspace.backends.container.reaper import LABEL
 from execspace.capabilities import Isolation
 from execspace.errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
@@ -47,7 +47,7 @@ def _our_containers(daemon: Daemon) -> set[str]:
 
 
 async def test_probe_without_daemon_says_why_and_how() -> None:
-    probe = await ContainerBackend.probe(docker_host="unix:///nonexistent/execspace.sock")
+    probe = await ContainerBackend.probe(ContainerOptions(docker_host="unix:///nonexistent/execspace.sock"))
     assert not probe.ok
     assert "/nonexistent/execspace.sock" in probe.reason
     assert "DOCKER_HOST" in probe.fix

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ...artifacts import ArtifactService
+from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
@@ -32,7 +34,6 @@ from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capa
 from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
-from ...registry import Probe
 from ...rundirs import daemon_dirs
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostfs import HostWorkspaceFS
@@ -51,6 +52,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .options import SandboxOptions
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
@@ -60,6 +62,7 @@ __all__ = [
     "KernelSeccompFilters",
     "Profile",
     "SandboxBackend",
+    "SandboxOptions",
     "SandboxPolicy",
     "SandboxProcess",
     "SandboxRunner",
@@ -335,16 +338,18 @@ def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
 
 class SandboxBackend:
     name = "sandbox"
+    options = SandboxOptions
 
     @classmethod
-    async def probe(
-        cls,
-        *,
-        bwrap: str | None = None,
-        seccomp: SeccompFilters | None = None,
-        cache: ProbeCache | None = None,
-        **options: Any,
+    async def probe(cls, options: SandboxOptions, /) -> Probe:
+        return await cls.probe_boundary(options.bwrap)
+
+    @classmethod
+    async def probe_boundary(
+        cls, bwrap: str | None = None, *, seccomp: SeccompFilters | None = None, cache: ProbeCache | None = None
     ) -> Probe:
+        """Whether the boundary holds here with bwrap ``bwrap``, loading ``seccomp`` (default: the filters every
+        run loads), with its verdict kept in ``cache``."""
         if sys.platform == "darwin":
             from .seatbelt import probe_seatbelt  # macOS only: Linux never pays for importing it
 
@@ -404,38 +409,21 @@ class SandboxBackend:
         )
 
     @classmethod
-    async def open(
-        cls,
-        *,
-        workspace_root: Path | str | None = None,
-        env_policy: EnvPolicy | None = None,
-        host_roots: Any = (),
-        artifacts: Any = None,
-        network: bool | None = None,
-        policy: SandboxPolicy | None = None,
-        bwrap: str | None = None,
-        kill_grace: float = 2.0,
-    ) -> BaseEngine:
-        """Open a sandbox engine; raise ``SetupFailed`` (cause and fix) if the boundary does not work here.
-
-        Args:
-            policy: what programs may touch (default: ``SandboxPolicy()``, workspace-write with
-                the network off). ``Profile.DANGER_FULL_ACCESS`` runs programs WITHOUT any sandbox
-                (like ``local``); ``Profile.EXTERNAL`` runs nothing (isolation is elsewhere) and
-                keeps the file rules.
-            network: shorthand for ``policy.with_network(network)``; a run may still override it.
-            bwrap: path of the bwrap binary (default: found on PATH).
-        """
+    async def open(cls, options: SandboxOptions, /) -> BaseEngine:
+        """Open a sandbox engine with ``options`` (see :class:`SandboxOptions`); raise ``SetupFailed`` (cause and
+        fix) if the boundary does not work here."""
+        workspace_root, env_policy, kill_grace = options.workspace_root, options.env_policy, options.kill_grace
+        host_roots, artifacts, bwrap = options.host_roots, options.artifacts, options.bwrap
         if sys.platform != "darwin" and not sys.platform.startswith("linux"):
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
-        policy = _resolve_policy(policy, network)
+        policy = _resolve_policy(options.policy, options.network)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
         seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
-        probe = await cls.probe(bwrap=bwrap, seccomp=seccomp)
+        probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
@@ -570,8 +558,8 @@ def _open_unmanaged(
     policy: SandboxPolicy,
     root: Path,
     env_policy: EnvPolicy | None,
-    host_roots: Any,
-    artifacts: Any,
+    host_roots: Sequence[Path | str],
+    artifacts: ArtifactService | None,
     kill_grace: float,
 ) -> BaseEngine:
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
