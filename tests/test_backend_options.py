@@ -83,7 +83,7 @@ async def test_a_wrong_type_is_invalid_spec_naming_the_option(
         (lambda: ContainerOptions(pids=1.5), "option pids takes int, not float"),
         (lambda: ContainerOptions(read_only_binds={"/a": 1}), "option read_only_binds takes Mapping[str, str] | None"),
         (lambda: ContainerOptions(languages="python"), "option languages takes Sequence[str] | None"),
-        (lambda: JupyterOptions(mode="host"), "jupyter: mode='host' is not a kernel mode; pass one of"),
+        (lambda: JupyterOptions(mode="host"), "jupyter: a str is not a kernel mode; pass one of"),
         (lambda: JupyterOptions(kernel_name=3), "option kernel_name takes str, not int"),
     ],
 )
@@ -99,6 +99,9 @@ def test_a_refused_value_is_not_echoed() -> None:
         ContainerOptions(docker_host=b"tcp://user:s3cret@host")
     assert "s3cret" not in str(info.value)
     assert "option docker_host takes str | None, not bytes" in str(info.value)
+    with pytest.raises(InvalidSpec) as info:  # a jupyter server's settings given as a mapping, token and all
+        JupyterOptions(mode={"url": "http://h:8888", "token": "s3cret"})
+    assert "s3cret" not in str(info.value) and "a dict is not a kernel mode" in str(info.value)
 
 
 def test_well_typed_options_build_and_are_frozen() -> None:
