@@ -22,6 +22,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .backend import BackendOptions, HostOptions, Probe
+    from .backends.container import ContainerOptions
+    from .backends.local import LocalOptions
+    from .backends.sandbox import SandboxOptions
     from .capabilities import Capabilities, Isolation, KernelCapabilities
     from .engine import BaseEngine, KernelEngine, open_engine
     from .envpolicy import EnvPolicy
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
         PathDenied,
         PolicyViolation,
         ProgramFailed,
+        ProgramNotFound,
         SetupFailed,
         UnsupportedBackend,
         UnsupportedLanguage,
@@ -59,6 +64,8 @@ if TYPE_CHECKING:
         OutputManifest,
         OutputSpec,
         Persistence,
+        ProgramInfo,
+        PtySize,
         PutFile,
         ResourceLimits,
         RunProgramSpec,
@@ -79,6 +86,12 @@ if TYPE_CHECKING:
 # Names resolve on first use (PEP 562): the ``execspace`` command's fast path imports this
 # package and must not pay for the whole library when a warm daemon runs the command.
 _LAZY = {
+    "BackendOptions": ".backend",
+    "HostOptions": ".backend",
+    "Probe": ".backend",
+    "ContainerOptions": ".backends.container",
+    "LocalOptions": ".backends.local",
+    "SandboxOptions": ".backends.sandbox",
     "Capabilities": ".capabilities",
     "Isolation": ".capabilities",
     "KernelCapabilities": ".capabilities",
@@ -103,6 +116,7 @@ _LAZY = {
     "UnsupportedLanguage": ".errors",
     "UsageError": ".errors",
     "WorkspaceNotFound": ".errors",
+    "ProgramNotFound": ".errors",
     "CodeBlockDelimiter": ".executor",
     "CodeExecutor": ".executor",
     "code_executor": ".executor",
@@ -121,6 +135,8 @@ _LAZY = {
     "OutputSpec": ".models",
     "Persistence": ".models",
     "PutFile": ".models",
+    "ProgramInfo": ".models",
+    "PtySize": ".models",
     "ResourceLimits": ".models",
     "RunProgramSpec": ".models",
     "RunResult": ".models",
@@ -154,6 +170,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ArtifactNotFound",
     "BackendError",
+    "BackendOptions",
     "BaseEngine",
     "BlockResult",
     "Capabilities",
@@ -163,6 +180,7 @@ __all__ = [
     "CodeExecutionInput",
     "CodeExecutionResult",
     "CodeExecutor",
+    "ContainerOptions",
     "Engine",
     "EnvPolicy",
     "ExecspaceError",
@@ -171,6 +189,7 @@ __all__ = [
     "FileEntry",
     "FileKind",
     "FileRef",
+    "HostOptions",
     "InputError",
     "InputSpec",
     "InvalidSpec",
@@ -179,6 +198,7 @@ __all__ = [
     "KernelEngine",
     "Kernels",
     "LimitExceeded",
+    "LocalOptions",
     "OutputChunk",
     "OutputManifest",
     "OutputSpec",
@@ -186,13 +206,18 @@ __all__ = [
     "PathDenied",
     "Persistence",
     "PolicyViolation",
+    "Probe",
     "ProgramFailed",
     "ProgramHandle",
+    "ProgramInfo",
+    "ProgramNotFound",
     "ProgramRunner",
+    "PtySize",
     "PutFile",
     "ResourceLimits",
     "RunProgramSpec",
     "RunResult",
+    "SandboxOptions",
     "SetupFailed",
     "SupportsKernels",
     "UnsupportedBackend",

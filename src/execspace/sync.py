@@ -30,7 +30,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .capabilities import Capabilities
 from .engine import open_engine as _open_async_engine
@@ -46,6 +46,8 @@ from .models import (
     OutputChunk,
     OutputManifest,
     OutputSpec,
+    ProgramInfo,
+    PtySize,
     PutFile,
     RunProgramSpec,
     RunResult,
@@ -53,6 +55,9 @@ from .models import (
     WorkspacePolicy,
 )
 from .protocols import Engine, ProgramHandle
+
+if TYPE_CHECKING:
+    from .backend import BackendOptions
 
 __all__ = [
     "STREAM_BUFFER_BYTES",
@@ -255,6 +260,17 @@ class SyncProgramRunner(_Proxy):
         self._owner._handles.add(sync_handle)
         return sync_handle
 
+    def list_programs(self, ws: Workspace) -> builtins.list[ProgramInfo]:
+        return self._owner.call(lambda e: e.runner.list_programs(ws))
+
+    def signal_program(self, ws: Workspace, key: int | str, sig: int) -> None:
+        """Send ``sig`` to a running program of ``ws`` by pid or tag (``ProgramNotFound`` if none)."""
+
+        async def send(e: Engine) -> None:
+            await (await e.runner.get_program(ws, key)).signal(sig)
+
+        self._owner.call(send)
+
 
 class _OutputPump:
     """Reads a handle's output stream from the moment it starts, without ever blocking the program.
@@ -321,6 +337,10 @@ class SyncProgramHandle:
         return self._handle.pid
 
     @property
+    def info(self) -> ProgramInfo:
+        return self._handle.info
+
+    @property
     def dropped_bytes(self) -> int:
         """Output bytes not kept for :meth:`iter_output` because too much was left unread."""
         return self._pump.dropped_bytes
@@ -335,6 +355,12 @@ class SyncProgramHandle:
 
     def close_stdin(self) -> None:
         self._owner._portal.call(self._handle.close_stdin)
+
+    def signal(self, sig: int) -> None:
+        self._owner._portal.call(self._handle.signal, sig)
+
+    def resize(self, size: PtySize) -> None:
+        self._owner._portal.call(self._handle.resize, size)
 
     def kill(self) -> None:
         self._owner._portal.call(self._handle.kill)
@@ -434,7 +460,9 @@ class SyncEngine:
 
 
 @contextlib.contextmanager
-def open_engine(backend: str | None = None, **options: Any) -> Iterator[SyncEngine]:
+def open_engine(
+    backend: str | None = None, *, options: BackendOptions | None = None, **keywords: object
+) -> Iterator[SyncEngine]:
     """Blocking :func:`execspace.open_engine`: same arguments, yields a :class:`SyncEngine`.
 
     The loop thread starts on entering the ``with`` block and stops on leaving it,
@@ -443,7 +471,7 @@ def open_engine(backend: str | None = None, **options: Any) -> Iterator[SyncEngi
     portal = _LoopThread(f"execspace-sync-{backend or 'default'}")
     stack = contextlib.AsyncExitStack()
     try:
-        engine = portal.call(stack.enter_async_context, _open_async_engine(backend, **options))
+        engine = portal.call(stack.enter_async_context, _open_async_engine(backend, options=options, **keywords))
     except BaseException:
         portal.close()
         raise

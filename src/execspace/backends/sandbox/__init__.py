@@ -22,17 +22,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ...artifacts import ArtifactService
+from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
-from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
+from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
 from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
-from ...registry import Probe
 from ...rundirs import daemon_dirs
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostfs import HostWorkspaceFS
@@ -51,6 +52,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .options import SandboxOptions
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
@@ -60,6 +62,7 @@ __all__ = [
     "KernelSeccompFilters",
     "Profile",
     "SandboxBackend",
+    "SandboxOptions",
     "SandboxPolicy",
     "SandboxProcess",
     "SandboxRunner",
@@ -115,6 +118,9 @@ class SandboxRunner(HostRunner):
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
         self.setpriv = shutil.which("setpriv")
+        # in the sandbox's own session (bwrap --new-session), util-linux's setsid --ctty makes a pty run's terminal
+        # the program's controlling tty: ^C, job control and SIGWINCH reach it and not bwrap
+        self.setsid = _visible(shutil.which("setsid"))
         self.bwrap = bwrap
         self.network_default = network_default
         self.seccomp = seccomp
@@ -191,13 +197,20 @@ class SandboxRunner(HostRunner):
         if not res.access("tmp").can_write:
             # read-only workspace: temporary files go to the sandbox's own tmpfs /tmp
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        inner = list(prep.argv)
+        if prep.spec.pty is not None:
+            if self.setsid is None:
+                raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
+            inner = [self.setsid, "--ctty", *inner]
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
-            argv = build_argv(cfg, prep.root, prep.cwd_rel, prep.argv, seccomp_fd=seccomp_fd)
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
             os.close(seccomp_fd)
             raise
+        launch.pty_controlling = False
+        launch.signal_target = _program_group
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
         launch.pass_fds = (*launch.pass_fds, seccomp_fd)
@@ -325,16 +338,18 @@ def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
 
 class SandboxBackend:
     name = "sandbox"
+    options = SandboxOptions
 
     @classmethod
-    async def probe(
-        cls,
-        *,
-        bwrap: str | None = None,
-        seccomp: SeccompFilters | None = None,
-        cache: ProbeCache | None = None,
-        **options: Any,
+    async def probe(cls, options: SandboxOptions, /) -> Probe:
+        return await cls.probe_boundary(options.bwrap)
+
+    @classmethod
+    async def probe_boundary(
+        cls, bwrap: str | None = None, *, seccomp: SeccompFilters | None = None, cache: ProbeCache | None = None
     ) -> Probe:
+        """Whether the boundary holds here with bwrap ``bwrap``, loading ``seccomp`` (default: the filters every
+        run loads), with its verdict kept in ``cache``."""
         if sys.platform == "darwin":
             from .seatbelt import probe_seatbelt  # macOS only: Linux never pays for importing it
 
@@ -376,6 +391,7 @@ class SandboxBackend:
             clean_env=True,
             read_only_mounts=True,
             streaming=True,
+            pty=_visible(shutil.which("setsid")) is not None,
             host_paths=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
@@ -393,38 +409,21 @@ class SandboxBackend:
         )
 
     @classmethod
-    async def open(
-        cls,
-        *,
-        workspace_root: Path | str | None = None,
-        env_policy: EnvPolicy | None = None,
-        host_roots: Any = (),
-        artifacts: Any = None,
-        network: bool | None = None,
-        policy: SandboxPolicy | None = None,
-        bwrap: str | None = None,
-        kill_grace: float = 2.0,
-    ) -> BaseEngine:
-        """Open a sandbox engine; raise ``SetupFailed`` (cause and fix) if the boundary does not work here.
-
-        Args:
-            policy: what programs may touch (default: ``SandboxPolicy()``, workspace-write with
-                the network off). ``Profile.DANGER_FULL_ACCESS`` runs programs WITHOUT any sandbox
-                (like ``local``); ``Profile.EXTERNAL`` runs nothing (isolation is elsewhere) and
-                keeps the file rules.
-            network: shorthand for ``policy.with_network(network)``; a run may still override it.
-            bwrap: path of the bwrap binary (default: found on PATH).
-        """
+    async def open(cls, options: SandboxOptions, /) -> BaseEngine:
+        """Open a sandbox engine with ``options`` (see :class:`SandboxOptions`); raise ``SetupFailed`` (cause and
+        fix) if the boundary does not work here."""
+        workspace_root, env_policy, kill_grace = options.workspace_root, options.env_policy, options.kill_grace
+        host_roots, artifacts, bwrap = options.host_roots, options.artifacts, options.bwrap
         if sys.platform != "darwin" and not sys.platform.startswith("linux"):
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
-        policy = _resolve_policy(policy, network)
+        policy = _resolve_policy(options.policy, options.network)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
         seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
-        probe = await cls.probe(bwrap=bwrap, seccomp=seccomp)
+        probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
@@ -478,6 +477,30 @@ _EXTERNAL_REFUSAL = (
     "engine refuses to run programs locally; run them where that isolation is, or open the engine "
     "with a managed profile (workspace-write, read-only)"
 )
+
+
+def _visible(path: str | None) -> str | None:
+    """``path`` if a sandbox sees it (under a top-level directory it binds), else None."""
+    return path if path is not None and not hidden_by_default(os.path.realpath(path)) else None
+
+
+def _program_group(bwrap_pid: int) -> int:
+    """The process group of the program bwrap runs: bwrap's child is the sandbox's init (in a session of its
+    own), whose child is the program; a signal for the program goes to that group, never to bwrap itself.
+    Until they exist (the sandbox is being set up), bwrap's own group."""
+    pid = bwrap_pid
+    for _ in range(2):
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            break
+        if not children:
+            break
+        pid = int(children[0])
+    with contextlib.suppress(OSError):
+        return os.getpgid(pid)
+    return bwrap_pid
 
 
 def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:
@@ -535,8 +558,8 @@ def _open_unmanaged(
     policy: SandboxPolicy,
     root: Path,
     env_policy: EnvPolicy | None,
-    host_roots: Any,
-    artifacts: Any,
+    host_roots: Sequence[Path | str],
+    artifacts: ArtifactService | None,
     kill_grace: float,
 ) -> BaseEngine:
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
