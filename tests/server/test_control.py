@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
-from e2b.exceptions import AuthenticationException, NotFoundException, RateLimitException, SandboxException
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery, SandboxState
+from e2b.exceptions import AuthenticationException, NotFoundException, RateLimitException
 
 from .conftest import Server, running_server
 
@@ -155,6 +155,29 @@ def test_full_server_answers_429_with_retry_after(tmp_path, monkeypatch: pytest.
         assert {second.sandbox_id, third.sandbox_id} == {s.sandbox_id for s in Sandbox.list().next_items()}
 
 
-def test_internet_access_is_refused_unless_allowed() -> None:
-    with pytest.raises(SandboxException, match="allow-internet-access"):
-        Sandbox.create(allow_internet_access=True)
+def test_sandboxes_are_offline_unless_the_server_allows_the_network(e2b_server: Server) -> None:
+    """e2b < 2.51 always asks for the network; without --allow-internet-access the sandbox is offline anyway."""
+    port = e2b_server.url.rsplit(":", 1)[1]
+    reach_the_server = f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo reached"
+    sbx = Sandbox.create(allow_internet_access=True)
+    try:
+        assert sbx.get_info().allow_internet_access is False
+        with pytest.raises(CommandExitException) as refused:
+            sbx.commands.run(reach_the_server)
+        assert "reached" not in refused.value.stdout
+        assert sbx.commands.run("echo local works").stdout == "local works\n"
+    finally:
+        sbx.kill()
+
+
+def test_the_network_when_the_server_allows_it(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with running_server(tmp_path / "ws", "--allow-internet-access") as server:
+        for name, value in server.sdk_env().items():
+            monkeypatch.setenv(name, value)
+        port = server.url.rsplit(":", 1)[1]
+        online = Sandbox.create(allow_internet_access=True)
+        assert online.get_info().allow_internet_access is True
+        assert online.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo reached").stdout == "reached\n"
+        offline = Sandbox.create()  # not asked for: offline
+        with pytest.raises(CommandExitException):
+            offline.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}")

@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--allow-internet-access",
         action="store_true",
-        help="let sandboxes created with allow_internet_access=True reach the network (default: refused)",
+        help="let sandboxes created with allow_internet_access=True reach the network (default: all offline)",
     )
     p.set_defaults(handler=command)
 

@@ -105,12 +105,6 @@ class ControlPlane:
         internet = body.get("allow_internet_access")
         if internet is not None and not isinstance(internet, bool):
             raise BadRequest("allow_internet_access must be a boolean")
-        if internet and not self.options.allow_internet_access:
-            return error_response(
-                403,
-                "this server keeps sandboxes off the network; start it with --allow-internet-access to allow "
-                "allow_internet_access=True",
-            )
         if body.get("autoPause") or (body.get("autoResume") or {}).get("enabled"):
             return error_response(
                 501, "pausing sandboxes (autoPause, autoResume) is not implemented by execspace serve"
@@ -122,7 +116,9 @@ class ControlPlane:
             metadata=_strings(body.get("metadata"), "metadata"),
             env_vars=_strings(body.get("envVars"), "envVars"),
             secure=bool(secure),
-            allow_internet_access=internet,
+            # e2b < 2.51 always asks for the network (its default): without the server's consent the sandbox is
+            # made offline all the same, and its info says so
+            allow_internet_access=bool(internet) and self.options.allow_internet_access,
         )
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
@@ -217,7 +213,7 @@ class ControlPlane:
             "diskSizeMB": self.options.disk_mb,
             "state": "running",
             "metadata": sandbox.metadata,
-            "allowInternetAccess": bool(sandbox.allow_internet_access),
+            "allowInternetAccess": sandbox.allow_internet_access,
             "domain": self.options.domain,
         }
         if with_token:

@@ -109,7 +109,14 @@ class ProcessService(ServiceBase, Process):
         }
         cwd = to_workspace(config.cwd) if config.cwd else HOME_DIR
         try:
-            return RunProgramSpec(cmd=config.cmd, args=list(config.args), env=env, cwd=cwd, timeout=None)
+            return RunProgramSpec(
+                cmd=config.cmd,
+                args=list(config.args),
+                env=env,
+                cwd=cwd,
+                timeout=None,
+                network="on" if sandbox.allow_internet_access else "off",
+            )
         except InvalidSpec as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
 

@@ -45,7 +45,8 @@ class ServerOptions:
     """Sandbox domain for host-based routing (``<port>-<sandboxID>.<domain>``); None: the SDK's
     ``E2B_SANDBOX_URL`` (header routing) is the way in."""
     allow_internet_access: bool = False
-    """Let a sandbox created with ``allow_internet_access=True`` reach the network (off: such a create is refused)."""
+    """Let a sandbox created with ``allow_internet_access=True`` reach the network (off: every sandbox is offline,
+    whatever it asks; its info reports ``allowInternetAccess: false``)."""
     max_upload_bytes: int = 1024 * 1024 * 1024
     """Largest file ``POST /files`` takes (after gzip decoding)."""
     reap_interval: float = 0.5

@@ -46,7 +46,8 @@ class CreateRequest:
     metadata: dict[str, str]
     env_vars: dict[str, str]
     secure: bool = True
-    allow_internet_access: bool | None = None
+    allow_internet_access: bool = False
+    """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
 
 
 @dataclass(slots=True)
@@ -61,7 +62,7 @@ class Sandbox:
     started_at: datetime
     end_at: datetime
     access_token: str | None
-    allow_internet_access: bool | None
+    allow_internet_access: bool
     commands: Commands
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
