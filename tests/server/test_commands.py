@@ -113,11 +113,29 @@ def test_killing_the_sandbox_ends_its_commands(sbx: Sandbox) -> None:
         sbx.commands.run("true")
 
 
-def test_pty_is_refused_loudly(sbx: Sandbox) -> None:
+def test_pty_size_input_and_exit_code(sbx: Sandbox) -> None:
     from e2b.sandbox.commands.command_handle import PtySize
 
-    with pytest.raises(SandboxException, match="PTY"):
-        sbx.pty.create(PtySize(rows=24, cols=80))
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.send_stdin(terminal.pid, b"stty size; test -t 0 && echo on-a-tty; exit 7\n")
+    received: list[bytes] = []
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait(on_pty=received.append)
+    assert ended.value.exit_code == 7
+    shown = b"".join(received)
+    assert b"24 80\r\n" in shown and b"on-a-tty\r\n" in shown
+
+
+def test_pty_resize_reaches_the_program(sbx: Sandbox) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.resize(terminal.pid, PtySize(rows=33, cols=111))
+    sbx.pty.send_stdin(terminal.pid, b"stty size; exit\n")
+    received: list[bytes] = []
+    terminal.wait(on_pty=received.append)
+    assert b"33 111" in b"".join(received)
+    assert sbx.pty.kill(terminal.pid) is False  # it has ended
 
 
 async def test_async_commands(asbx: AsyncSandbox) -> None:

@@ -2,14 +2,15 @@
 
 Commands arrive as the SDK sends them (``/bin/bash -l -c <cmd>``) and run in the sandbox's workspace with the
 sandbox's ``envVars`` under the call's ``envs``; ``cwd`` is an SDK path under ``/home/user`` (default the home),
-which is the workspace's ``work/``. A command outlives its stream: ``Connect`` follows it again, and killing the
-sandbox ends it. Not yet: PTYs (``pty`` in Start, ``Update``, PTY input), and signals other than SIGTERM/SIGKILL,
-which both end the program's tree.
+which is the workspace's ``work/``. A command outlives its stream: ``Connect`` attaches to it again (from now, as
+envd does), killing the sandbox ends it, and the client's ``Connect-Timeout-Ms`` ends only the stream. Each
+started program is waited for in the background, so that output nobody reads never holds it back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -21,17 +22,20 @@ from e2b.envd.process import process_pb as pb
 from e2b.envd.process.process_connect import Process
 from protobuf import Oneof
 
-from ..errors import InvalidSpec
-from ..models import OutputChunk, RunProgramSpec, RunResult
-from .commands import Command, CommandConfig, CommandNotFound, Follower
-from .paths import HOME_DIR, USER, to_workspace
+from ..errors import BackendError, CapabilityError, InvalidSpec, ProgramNotFound
+from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult
+from ..protocols import ProgramHandle
+from .paths import HOME_DIR, USER, to_sdk, to_workspace
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
 from .streams import deadline_of
 
 __all__ = ["ProcessService"]
 
-_NO_PTY = "PTYs are not implemented by execspace serve yet; run the command without pty"
+#: Chunks a stream may have waiting for its client before it stops taking more (the program is never held back:
+#: a reader that falls too far behind is cut off by the Engine, and the stream ends with an error).
+_STREAM_QUEUE = 64
+_SIGNALS = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM}
 
 
 def _event(event: Any) -> pb.ProcessEvent:
@@ -43,23 +47,21 @@ def _start_event(pid: int) -> pb.ProcessEvent:
     return _event(start)
 
 
-def _data_event(chunk: OutputChunk) -> pb.ProcessEvent:
+def _data_event(chunk: OutputChunk, pty: bool) -> pb.ProcessEvent:
     stdout: Oneof[Literal["stdout"], bytes] = Oneof("stdout", chunk.data)
     stderr: Oneof[Literal["stderr"], bytes] = Oneof("stderr", chunk.data)
-    output = pb.ProcessEvent.DataEvent(output=stdout if chunk.stream == "stdout" else stderr)
+    terminal: Oneof[Literal["pty"], bytes] = Oneof("pty", chunk.data)
+    output = pb.ProcessEvent.DataEvent(output=terminal if pty else stdout if chunk.stream == "stdout" else stderr)
     data: Oneof[Literal["data"], pb.ProcessEvent.DataEvent] = Oneof("data", output)
     return _event(data)
 
 
-def _end_event(result: RunResult | None, error: str | None) -> pb.ProcessEvent:
-    if result is None:
-        end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="unknown", error=error or "lost the process")
-    elif result.exit_code >= 0:
-        end = pb.ProcessEvent.EndEvent(
-            exit_code=result.exit_code, exited=True, status=f"exit status {result.exit_code}"
-        )
-    else:  # like Go's ProcessState: -1 and the signal's name when a signal ended it
-        end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status=f"signal: {_signal_name(-result.exit_code)}")
+def _end_event(result: RunResult) -> pb.ProcessEvent:
+    code = result.exit_code
+    if code >= 0:
+        end = pb.ProcessEvent.EndEvent(exit_code=code, exited=True, status=f"exit status {code}")
+    else:  # like Go's ProcessState, which envd reports: -1 and the signal's name
+        end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status=f"signal: {_signal_name(-code)}")
     ended: Oneof[Literal["end"], pb.ProcessEvent.EndEvent] = Oneof("end", end)
     return _event(ended)
 
@@ -81,41 +83,37 @@ class ProcessService(ServiceBase, Process):
         self, request: pb.StartRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.StartResponse]:
         sandbox = self.sandbox(ctx)
-        if request.has_field("pty"):
-            raise ConnectError(Code.UNIMPLEMENTED, _NO_PTY)
         config = request.process or pb.ProcessConfig()
-        tag = request.tag if request.has_field("tag") else None
         with rpc_errors(config.cwd or None):
-            spec = self._spec(sandbox, config)
-            stdin = request.stdin if request.has_field("stdin") else True
+            spec = self._spec(sandbox, request)
             try:
-                given = CommandConfig(config.cmd, list(config.args), dict(config.envs), config.cwd or None)
-                command, follower = await sandbox.commands.start(spec, given, tag=tag, stdin=stdin)
-            except CommandNotFound as exc:
-                raise ConnectError(Code.ALREADY_EXISTS, str(exc)) from None
+                handle = await self.sandboxes.engine.runner.start_program(sandbox.workspace, spec)
+            except CapabilityError as exc:
+                raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
             except (FileNotFoundError, NotADirectoryError) as exc:
                 raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd!r}: {exc}") from None
-        yield pb.StartResponse(event=_start_event(command.pid))
-        async for event in self._follow(sandbox, follower, ctx):
+        reader = handle.attach(from_start=True)
+        sandbox.keep_waiting(handle)
+        if request.has_field("stdin") and not request.stdin and spec.pty is None:
+            await handle.close_stdin()
+        yield pb.StartResponse(event=_start_event(handle.pid or 0))
+        async for event in self._follow(handle, reader, ctx, pty=spec.pty is not None):
             yield pb.StartResponse(event=event)
 
-    def _spec(self, sandbox: Sandbox, config: pb.ProcessConfig) -> RunProgramSpec:
-        env = {
-            "USER": USER,
-            "E2B_SANDBOX": "true",
-            "E2B_SANDBOX_ID": sandbox.id,
-            **sandbox.env_vars,
-            **dict(config.envs),
-        }
-        cwd = to_workspace(config.cwd) if config.cwd else HOME_DIR
+    def _spec(self, sandbox: Sandbox, request: pb.StartRequest) -> RunProgramSpec:
+        config = request.process or pb.ProcessConfig()
+        env = {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars, **config.envs}
+        size = request.pty.size if request.pty is not None else None
         try:
             return RunProgramSpec(
                 cmd=config.cmd,
                 args=list(config.args),
                 env=env,
-                cwd=cwd,
-                timeout=None,
+                cwd=to_workspace(config.cwd) if config.cwd else HOME_DIR,
+                timeout=None,  # a command lives until it exits, is killed, or its sandbox ends
                 network="on" if sandbox.allow_internet_access else "off",
+                tag=request.tag if request.has_field("tag") else None,
+                pty=PtySize(rows=size.rows, cols=size.cols) if request.pty is not None and size else None,
             )
         except InvalidSpec as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
@@ -124,109 +122,134 @@ class ProcessService(ServiceBase, Process):
         self, request: pb.ConnectRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.ConnectResponse]:
         sandbox = self.sandbox(ctx)
-        command = self._find(sandbox, request.process)
-        follower = Follower(command)
-        yield pb.ConnectResponse(event=_start_event(command.pid))
-        async for event in self._follow(sandbox, follower, ctx):
+        handle = await self._find(sandbox, request.process)
+        reader = handle.attach(from_start=False)
+        yield pb.ConnectResponse(event=_start_event(handle.pid or 0))
+        async for event in self._follow(handle, reader, ctx, pty=handle.info.pty is not None):
             yield pb.ConnectResponse(event=event)
 
     async def _follow(
-        self, sandbox: Sandbox, follower: Follower, ctx: RequestContext[Any, Any]
+        self, handle: ProgramHandle, reader: AsyncIterator[OutputChunk], ctx: RequestContext[Any, Any], *, pty: bool
     ) -> AsyncIterator[pb.ProcessEvent]:
-        """The command's output and end, with keepalives on a quiet stream, until the client's deadline."""
+        """The program's output and end, keepalives on a quiet stream, until the client's deadline."""
         loop = asyncio.get_running_loop()
         deadline = deadline_of(ctx)
         interval = _keepalive_interval(ctx, self.sandboxes.options.keepalive_interval)
+        # a task reads the output: a timeout around the reader itself would close it
+        queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue(_STREAM_QUEUE)
+        pump = asyncio.create_task(_pump(reader, queue))
         try:
             while True:
                 wait = interval if deadline is None else min(interval, deadline - loop.time())
                 if wait <= 0:
                     raise ConnectError(Code.DEADLINE_EXCEEDED, "the command ran past the request's timeout")
                 try:
-                    chunk = await asyncio.wait_for(follower.next(), wait)
+                    item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
-                    if deadline is None or loop.time() < deadline:
-                        yield _keepalive()
+                    yield _keepalive()
                     continue
-                if chunk is None:
-                    yield _end_event(follower.command.result, follower.command.error)
-                    return
-                yield _data_event(chunk)
+                if isinstance(item, BaseException):
+                    raise ConnectError(Code.RESOURCE_EXHAUSTED, str(item))
+                if item is None:
+                    break
+                yield _data_event(item, pty)
+            yield _end_event(await handle.wait())
         finally:
-            follower.close()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
 
     async def list(self, request: pb.ListRequest, ctx: RequestContext[Any, Any], /) -> pb.ListResponse:
         sandbox = self.sandbox(ctx)
-        return pb.ListResponse(processes=[_info(c) for c in sandbox.commands.all()])
+        programs = await self.sandboxes.engine.runner.list_programs(sandbox.workspace)
+        return pb.ListResponse(processes=[_info(p) for p in programs])
 
     async def send_signal(
         self, request: pb.SendSignalRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.SendSignalResponse:
         sandbox = self.sandbox(ctx)
-        command = self._find(sandbox, request.process)
-        if request.signal not in (pb.Signal.SIGKILL, pb.Signal.SIGTERM):
-            raise ConnectError(
-                Code.INVALID_ARGUMENT, f"signal {request.signal!r} is not supported: use SIGKILL or SIGTERM"
-            )
-        await command.handle.kill()
+        handle = await self._find(sandbox, request.process)
+        number = _SIGNALS.get(request.signal)
+        if number is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"signal {request.signal!r} is not one envd sends")
+        await handle.signal(number)
         return pb.SendSignalResponse()
 
     async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any], /) -> pb.SendInputResponse:
         sandbox = self.sandbox(ctx)
-        await self._write(self._find(sandbox, request.process), request.input)
+        await _write(await self._find(sandbox, request.process), request.input)
         return pb.SendInputResponse()
-
-    async def _write(self, command: Command, given: pb.ProcessInput | None) -> None:
-        match given.input if given is not None else None:
-            case Oneof(field="stdin", value=data):
-                with rpc_errors():
-                    await command.handle.write_stdin(data)
-            case Oneof(field="pty"):
-                raise ConnectError(Code.UNIMPLEMENTED, _NO_PTY)
-            case _:
-                raise ConnectError(Code.INVALID_ARGUMENT, "the input names neither stdin nor pty")
 
     async def close_stdin(
         self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.CloseStdinResponse:
         sandbox = self.sandbox(ctx)
-        await self._find(sandbox, request.process).handle.close_stdin()
+        await (await self._find(sandbox, request.process)).close_stdin()
         return pb.CloseStdinResponse()
 
     async def stream_input(
         self, request: AsyncIterator[pb.StreamInputRequest], ctx: RequestContext[Any, Any], /
     ) -> pb.StreamInputResponse:
         sandbox = self.sandbox(ctx)
-        command: Command | None = None
+        handle: ProgramHandle | None = None
         async for message in request:
             match message.event:
                 case Oneof(field="start", value=pb.StreamInputRequest.StartEvent() as start):
-                    command = self._find(sandbox, start.process)
+                    handle = await self._find(sandbox, start.process)
                 case Oneof(field="data", value=pb.StreamInputRequest.DataEvent() as data):
-                    if command is None:
+                    if handle is None:
                         raise ConnectError(Code.INVALID_ARGUMENT, "stream input must start with a start event")
-                    await self._write(command, data.input)
+                    await _write(handle, data.input)
         return pb.StreamInputResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: RequestContext[Any, Any], /) -> pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, _NO_PTY)
+        sandbox = self.sandbox(ctx)
+        handle = await self._find(sandbox, request.process)
+        size = request.pty.size if request.pty is not None else None
+        if size is None:
+            return pb.UpdateResponse()
+        with rpc_errors():
+            await handle.resize(PtySize(rows=size.rows, cols=size.cols))
+        return pb.UpdateResponse()
 
-    def _find(self, sandbox: Sandbox, selector: pb.ProcessSelector | None) -> Command:
+    async def _find(self, sandbox: Sandbox, selector: pb.ProcessSelector | None) -> ProgramHandle:
+        key: int | str
+        match selector.selector if selector is not None else None:
+            case Oneof(field="pid", value=int() as pid):
+                key = pid
+            case Oneof(field="tag", value=str() as tag):
+                key = tag
+            case _:
+                raise ConnectError(Code.INVALID_ARGUMENT, "the process selector names neither a pid nor a tag")
         try:
-            match selector.selector if selector is not None else None:
-                case Oneof(field="pid", value=int() as pid):
-                    return sandbox.commands.find(pid=pid)
-                case Oneof(field="tag", value=str() as tag):
-                    return sandbox.commands.find(tag=tag)
-        except CommandNotFound as exc:
+            return await self.sandboxes.engine.runner.get_program(sandbox.workspace, key)
+        except ProgramNotFound as exc:
             raise ConnectError(Code.NOT_FOUND, str(exc)) from None
-        raise ConnectError(Code.INVALID_ARGUMENT, "the process selector names neither a pid nor a tag")
 
 
-def _info(command: Command) -> pb.ProcessInfo:
-    given = command.config
-    config = pb.ProcessConfig(cmd=given.cmd, args=list(given.args), envs=dict(given.envs), cwd=given.cwd)
-    return pb.ProcessInfo(config=config, pid=command.pid, tag=command.tag)
+async def _pump(reader: AsyncIterator[OutputChunk], queue: asyncio.Queue[OutputChunk | BaseException | None]) -> None:
+    try:
+        async for chunk in reader:
+            await queue.put(chunk)
+    except BackendError as exc:  # this reader fell too far behind and was cut off
+        await queue.put(exc)
+        return
+    await queue.put(None)
+
+
+async def _write(handle: ProgramHandle, given: pb.ProcessInput | None) -> None:
+    """stdin and pty input both go to the program's stdin, which is its terminal when it has one."""
+    match given.input if given is not None else None:
+        case Oneof(field="stdin" | "pty", value=bytes() as data):
+            with rpc_errors():
+                await handle.write_stdin(data)
+        case _:
+            raise ConnectError(Code.INVALID_ARGUMENT, "the input names neither stdin nor pty")
+
+
+def _info(program: ProgramInfo) -> pb.ProcessInfo:
+    config = pb.ProcessConfig(cmd=program.cmd, args=list(program.args), envs=dict(program.env), cwd=to_sdk(program.cwd))
+    return pb.ProcessInfo(config=config, pid=program.pid, tag=program.tag)
 
 
 def _keepalive_interval(ctx: RequestContext[Any, Any], most: float) -> float:

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..errors import ExecspaceError
-from ..models import Persistence, Workspace, WorkspacePolicy
-from ..protocols import Engine
-from .commands import Commands
+from ..models import Persistence, RunResult, Workspace, WorkspacePolicy
+from ..protocols import Engine, ProgramHandle
 from .options import ServerOptions
 from .watch import DirectoryWatch
 
@@ -63,11 +62,18 @@ class Sandbox:
     end_at: datetime
     access_token: str | None
     allow_internet_access: bool
-    commands: Commands
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the sandbox is killed or expires: its streams end."""
+    waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)
+    """One task per started program, waiting for its end (which also lets its output flow when nobody reads)."""
+
+    def keep_waiting(self, handle: ProgramHandle) -> None:
+        task = asyncio.ensure_future(handle.wait())
+        self.waiting.add(task)
+        task.add_done_callback(self.waiting.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is the followers' to report
 
 
 def _now() -> datetime:
@@ -119,7 +125,6 @@ class Sandboxes:
                 end_at=started + timedelta(seconds=request.timeout),
                 access_token=secrets.token_urlsafe(24) if request.secure else None,
                 allow_internet_access=request.allow_internet_access,
-                commands=Commands(self.engine, ws),
             )
             self._live[sandbox_id] = sandbox
             return sandbox
