@@ -12,7 +12,6 @@ import hmac
 from typing import Any
 
 from connectrpc.code import Code
-from connectrpc.errors import ConnectError
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
 from e2b.envd.process.process_connect import ProcessASGIApplication
 from starlette.datastructures import Headers
@@ -25,7 +24,7 @@ from .control import ControlPlane, error_response
 from .envd_fs import FilesystemService
 from .envd_process import ProcessService
 from .files import FilesAPI, SignatureError, signed_sandbox
-from .routing import CODE_INTERPRETER_PORT, ENVD_PORT, target_of
+from .routing import CODE_INTERPRETER_PORT, ENVD_PORT, Target, target_of
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
 
 __all__ = ["E2BApp"]
@@ -50,52 +49,40 @@ class E2BApp:
             return  # lifespan: the server's owner opens and closes what it serves
         headers = Headers(scope=scope)
         target = target_of(headers, self.sandboxes.options.domain)
-        path: str = scope["path"]
-        signed = path == "/files" and b"signature=" in scope.get("query_string", b"")
+        signed = scope["path"] == "/files" and b"signature=" in scope.get("query_string", b"")
         if target is None and not signed:
             await self._control(scope, receive, send)
             return
         try:
-            sandbox = self._authorized(scope, headers, target.sandbox_id if target else None, signed)
-        except SandboxGone as exc:
-            await _respond(scope, receive, send, path, 502, Code.UNAVAILABLE, str(exc))
-            return
-        except PermissionError as exc:
-            await _respond(scope, receive, send, path, 401, Code.UNAUTHENTICATED, str(exc))
-            return
-        if target is not None and target.port == CODE_INTERPRETER_PORT:
-            await _respond(
-                scope,
-                receive,
-                send,
-                path,
-                501,
-                Code.UNIMPLEMENTED,
-                f"the code interpreter ({scope['method']} {path} on port {CODE_INTERPRETER_PORT}) is not "
-                "implemented by execspace serve yet; run code with commands.run",
-            )
-            return
-        if target is not None and target.port != ENVD_PORT:
-            await _respond(
-                scope,
-                receive,
-                send,
-                path,
-                502,
-                Code.UNAVAILABLE,
-                f"port {target.port} is not open in sandbox {sandbox.id}: only envd ({ENVD_PORT}) is served",
-            )
+            sandbox = self._sandbox(scope, headers, target, signed)
+        except _Refused as refused:
+            await refused.respond(scope, receive, send)
             return
         await self._envd(scope, receive, send, sandbox)
 
-    def _authorized(self, scope: Scope, headers: Headers, sandbox_id: str | None, signed: bool) -> Sandbox:
-        if sandbox_id is None:  # a signed URL without headers: its signature names the sandbox
+    def _sandbox(self, scope: Scope, headers: Headers, target: Target | None, signed: bool) -> Sandbox:
+        """The sandbox of a data-plane request, once it is known to exist, the port served and the caller
+        entitled; else raise :class:`_Refused` with the answer."""
+        path: str = scope["path"]
+        if target is None:  # a signed URL without headers: its signature names the sandbox
             try:
                 return signed_sandbox(Request(scope), self.sandboxes.by_token())
             except SignatureError as exc:
-                raise PermissionError(str(exc)) from None
-        sandbox = self.sandboxes.get(sandbox_id)
-        if sandbox.access_token is None or scope["path"] == "/health":
+                raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
+        try:
+            sandbox = self.sandboxes.get(target.sandbox_id)
+        except SandboxGone as exc:
+            raise _Refused(path, 502, Code.UNAVAILABLE, str(exc)) from None
+        if target.port == CODE_INTERPRETER_PORT:
+            message = (
+                f"the code interpreter ({scope['method']} {path} on port {CODE_INTERPRETER_PORT}) is not "
+                "implemented by execspace serve yet; run code with commands.run"
+            )
+            raise _Refused(path, 501, Code.UNIMPLEMENTED, message)
+        if target.port != ENVD_PORT:
+            message = f"port {target.port} is not open in sandbox {sandbox.id}: only envd ({ENVD_PORT}) is served"
+            raise _Refused(path, 502, Code.UNAVAILABLE, message)
+        if sandbox.access_token is None or path == "/health":
             return sandbox
         token = headers.get("x-access-token", "")
         if hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
@@ -104,10 +91,9 @@ class E2BApp:
             try:
                 return signed_sandbox(Request(scope), [sandbox])
             except SignatureError as exc:
-                raise PermissionError(str(exc)) from None
-        raise PermissionError(
-            "missing or wrong X-Access-Token: send the envdAccessToken that create/connect returned for this sandbox"
-        )
+                raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
+        message = "missing or wrong X-Access-Token: send the envdAccessToken that create/connect returned"
+        raise _Refused(path, 401, Code.UNAUTHENTICATED, message)
 
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
         path: str = scope["path"]
@@ -128,14 +114,19 @@ class E2BApp:
             await error_response(status, f"{method} {path} {what}")(scope, receive, send)
 
 
-async def _respond(
-    scope: Scope, receive: Receive, send: Send, path: str, status: int, code: Code, message: str
-) -> None:
-    """An error in the caller's protocol: Connect's JSON for RPCs, E2B's ``{"code","message"}`` otherwise."""
-    response: Response
-    if path.startswith(_RPC_PREFIXES):
-        body: dict[str, Any] = {"code": ConnectError(code, message).code.value, "message": message}
-        response = JSONResponse(body, status_code=status)
-    else:
-        response = error_response(status, message)
-    await response(scope, receive, send)
+class _Refused(Exception):
+    """A data-plane request answered with an error, in the caller's protocol: Connect's JSON for RPCs, E2B's
+    ``{"code","message"}`` otherwise."""
+
+    def __init__(self, path: str, status: int, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.path, self.status, self.code, self.message = path, status, code, message
+
+    async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response: Response
+        if self.path.startswith(_RPC_PREFIXES):
+            body: dict[str, Any] = {"code": self.code.value, "message": self.message}
+            response = JSONResponse(body, status_code=self.status)
+        else:
+            response = error_response(self.status, self.message)
+        await response(scope, receive, send)
