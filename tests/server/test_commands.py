@@ -75,6 +75,13 @@ def test_stdin_and_close_stdin(sbx: Sandbox) -> None:
     assert handle.wait().stdout == "line one\n\x00\x01 bytes\nend\n"
 
 
+def test_stream_input_in_order(sbx: Sandbox) -> None:
+    handle = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(handle.pid, (f"chunk {i}\n" for i in range(50)))
+    sbx.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "".join(f"chunk {i}\n" for i in range(50))
+
+
 def test_connect_follows_a_running_command(sbx: Sandbox) -> None:
     handle = sbx.commands.run("read x; echo got $x", background=True, stdin=True)
     again = sbx.commands.connect(handle.pid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.parse
 from datetime import UTC, datetime
 
 import httpx
@@ -107,6 +108,25 @@ async def test_async_lifecycle() -> None:
     finally:
         assert await sbx.kill()
     assert not await sbx.is_running()
+
+
+def test_list_order_started_after_and_template(e2b_server: Server) -> None:
+    tag = f"order-{time.monotonic_ns()}"
+    made = [Sandbox.create(metadata={"tag": tag}) for _ in range(3)]
+    try:
+        query = urllib.parse.urlencode({"tag": tag})
+        with httpx.Client(base_url=e2b_server.url, headers={"X-API-KEY": e2b_server.key}) as http:
+            asc = http.get("/v2/sandboxes", params={"metadata": query, "order": "asc"}).json()
+            assert [s["sandboxID"] for s in asc] == [s.sandbox_id for s in made]
+            after = http.get("/v2/sandboxes", params={"metadata": query, "startedAfter": asc[1]["startedAt"]}).json()
+            assert [s["sandboxID"] for s in after] == [made[2].sandbox_id, made[1].sandbox_id]  # inclusive
+            other = http.get("/v2/sandboxes", params={"metadata": query, "template": "code-interpreter-v1"}).json()
+            assert other == []
+            bad = http.get("/v2/sandboxes", params={"nextToken": "garbage!"})
+            assert bad.status_code == 400
+    finally:
+        for s in made:
+            s.kill()
 
 
 def test_wrong_api_key_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
