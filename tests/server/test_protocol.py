@@ -42,6 +42,16 @@ def test_binary_codec_unary_and_stream(sbx: Sandbox, e2b_server: Server) -> None
     assert events[-1].field == "end" and events[-1].value.exit_code == 5
 
 
+def test_keepalives_on_a_quiet_stream(sbx: Sandbox, e2b_server: Server) -> None:
+    processes = ProcessClientSync(e2b_server.url)
+    config = process_pb.ProcessConfig(cmd="/bin/bash", args=["-c", "sleep 3.5; echo late"])
+    headers = {**_headers(sbx), "Keepalive-Ping-Interval": "1"}
+    kinds = [r.event.event.field for r in processes.start(process_pb.StartRequest(process=config), headers=headers)]
+    assert kinds[0] == "start" and kinds[-1] == "end"
+    assert kinds.count("keepalive") >= 2
+    assert "data" in kinds
+
+
 def test_host_based_routing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with running_server(tmp_path / "ws", "--domain", "sbx.example") as server:
         for name, value in server.sdk_env().items():
