@@ -87,9 +87,12 @@ class _Protocol(asyncio.SubprocessProtocol):
         self.owner._on_exit()
 
 
-async def spawn(launch: Launch) -> SupervisedProcess:
-    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot."""
-    proc = SupervisedProcess(launch)
+async def spawn(launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None) -> SupervisedProcess:
+    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot.
+
+    ``process`` makes the handle (default :class:`SupervisedProcess`, a host process; a subclass may start it
+    elsewhere, e.g. through a sandbox session's supervisor)."""
+    proc = (process or SupervisedProcess)(launch)
     try:
         await proc._start()
     except BaseException:
@@ -127,27 +130,9 @@ class SupervisedProcess:
     # -- start ---------------------------------------------------------------------
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
         la = self._launch
-        kwargs: dict[str, Any] = {}
-        if la.user is not None:
-            kwargs.update(user=la.user, group=la.group, extra_groups=[])
-        if la.preexec_fn is not None:
-            kwargs["preexec_fn"] = la.preexec_fn
         self._t0 = time.monotonic()
-        transport, _ = await loop.subprocess_exec(
-            lambda: _Protocol(self),
-            *la.argv,
-            stdin=asyncio.subprocess.PIPE if (la.stdin is not None or la.interactive) else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(la.env),
-            cwd=la.cwd,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=tuple(la.pass_fds),
-            **kwargs,
-        )
+        transport = await self._open_transport()
         self._transport = transport
         if la.interactive:
             # queue from the start so that a stream() opened right after spawn misses nothing,
@@ -161,6 +146,30 @@ class SupervisedProcess:
         if la.stdin is not None:
             self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
         self._done = asyncio.ensure_future(self._supervise())
+
+    async def _open_transport(self) -> asyncio.SubprocessTransport:
+        """Start the process; its output goes to :meth:`_on_data`, its pipes' and its own end are reported."""
+        loop = asyncio.get_running_loop()
+        la = self._launch
+        kwargs: dict[str, Any] = {}
+        if la.user is not None:
+            kwargs.update(user=la.user, group=la.group, extra_groups=[])
+        if la.preexec_fn is not None:
+            kwargs["preexec_fn"] = la.preexec_fn
+        transport, _ = await loop.subprocess_exec(
+            lambda: _Protocol(self),
+            *la.argv,
+            stdin=asyncio.subprocess.PIPE if (la.stdin is not None or la.interactive) else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(la.env),
+            cwd=la.cwd,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(la.pass_fds),
+            **kwargs,
+        )
+        return transport
 
     @property
     def pid(self) -> int | None:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
@@ -54,6 +54,11 @@ from .cgroups import CgroupSupport
 from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
+from .session import SessionConfig
+from .supervisorbin import SESSION_FIX, supervisor_binary
+
+#: How the sandbox backend runs programs (see :data:`MODE_DETAILS`).
+SandboxMode = Literal["per-run", "session"]
 
 __all__ = [
     "SANDBOX_WORKSPACE",
@@ -64,6 +69,7 @@ __all__ = [
     "SandboxProcess",
     "SandboxRunner",
     "SeccompFilters",
+    "SessionConfig",
     "hidden_by_default",
     "sandbox_layout_owner",
     "which_in_sandbox",
@@ -75,6 +81,24 @@ DOES_NOT_PROTECT = (
     "with network on: anything reachable from this host, including services on other hosts",
     "CPU time is an rlimit per process, not a total; without cgroups memory is an rlimit per process too",
     "disk usage is measured after a run (limit_hit), not stopped while the program writes",
+)
+
+
+#: ``Capabilities.details["mode"]``: what survives what in each mode.
+MODE_DETAILS = {
+    "per-run": "per-run: one sandbox per run; nothing a run starts survives it",
+    "session": "session: one sandbox per workspace, whose supervisor (PID 1) starts every run; programs started "
+    "by one call survive it and share the sandbox (a server of one call is reachable on localhost by the next); "
+    "nothing survives the session (workspace cleanup, idle timeout, engine close)",
+}
+#: What session mode shares between the runs of one workspace, stated in ``details["session"]``.
+SESSION_DETAILS = (
+    "the programs of one session share its uid, /tmp and PID namespace: they can see and signal each other, "
+    "never the supervisor; their stdio are sockets (so no program reopens another's through /proc; "
+    "/dev/stdout cannot be opened either); a run's timeout kills its process group through the supervisor and "
+    "its escaped descendants by their run marker from the host (one that drops the marker from its environment "
+    "lives until the session ends); no cgroup per run: a run asking for another network setting, pids, or a "
+    "cgroup-enforced memory_bytes runs in a sandbox of its own, as in per-run mode"
 )
 
 
@@ -170,27 +194,34 @@ class SandboxRunner(HostRunner):
             raise
         return SandboxProcess(proc, prep.run_dir, f"{SANDBOX_WORKSPACE}/{prep.run_dir}", dir_fd)
 
-    def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
+        """The bwrap launch of ``prep``; ``init_fd``: the program is a session's supervisor, read from that fd
+        (see :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
         try:
-            launch = self._wrap(prep, held, interactive)
+            launch = self._wrap(prep, held, interactive, init_fd)
         except BaseException:
             held.release()
             raise
         launch.on_exit.append(held.release)
         return launch
 
-    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool) -> Launch:
-        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
+    def program_env(self, prep: PreparedRun) -> dict[str, str]:
+        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides, and
+        temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
         env = dict(prep.env)
         env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
+        if not self.resolvers(os.path.realpath(prep.root)).access("tmp").can_write:
+            env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        return env
+
+    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
+        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
+        env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
         mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
-        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts)
-        if not res.access("tmp").can_write:
-            # read-only workspace: temporary files go to the sandbox's own tmpfs /tmp
-            env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
             argv = build_argv(cfg, prep.root, prep.cwd_rel, prep.argv, seccomp_fd=seccomp_fd)
@@ -200,7 +231,7 @@ class SandboxRunner(HostRunner):
             raise
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
-        launch.pass_fds = (*launch.pass_fds, seccomp_fd)
+        launch.pass_fds = (*launch.pass_fds, seccomp_fd, *(() if init_fd is None else (init_fd,)))
         launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
@@ -344,6 +375,10 @@ class SandboxBackend:
         path = find_bwrap(bwrap)
         if path is None:
             return Probe(False, "bubblewrap (bwrap) is not installed", "apt-get install bubblewrap")
+        if options.get("mode") == "session" and not (shutil.which("cc") or shutil.which("gcc")):
+            return Probe(
+                False, "session mode builds its supervisor with a C compiler, and none is on PATH", SESSION_FIX
+            )
         return await asyncio.to_thread(_cached_probe, path, seccomp or SeccompFilters(), cache or ProbeCache())
 
     @classmethod
@@ -354,6 +389,7 @@ class SandboxBackend:
         *,
         policy: SandboxPolicy | None = None,
         cgroups: CgroupSupport | None = None,
+        mode: SandboxMode = "per-run",
     ) -> Capabilities:
         if policy is not None and not policy.managed:
             return _unmanaged_capabilities(policy, env_policy)
@@ -389,6 +425,8 @@ class SandboxBackend:
                 "disk_bytes": DISK_BYTES_DETAIL,
                 "seccomp": describe(),
                 "profile": (policy or SandboxPolicy()).summary(),
+                "mode": MODE_DETAILS[mode],
+                **({"session": SESSION_DETAILS} if mode == "session" else {}),
             },
         )
 
@@ -404,6 +442,8 @@ class SandboxBackend:
         policy: SandboxPolicy | None = None,
         bwrap: str | None = None,
         kill_grace: float = 2.0,
+        mode: SandboxMode = "per-run",
+        session: SessionConfig | None = None,
     ) -> BaseEngine:
         """Open a sandbox engine; raise ``SetupFailed`` (cause and fix) if the boundary does not work here.
 
@@ -414,13 +454,25 @@ class SandboxBackend:
                 keeps the file rules.
             network: shorthand for ``policy.with_network(network)``; a run may still override it.
             bwrap: path of the bwrap binary (default: found on PATH).
+            mode: ``"per-run"`` (a sandbox per run) or ``"session"`` (a sandbox per workspace whose programs
+                outlive a call, see :mod:`.sessionrunner`; Linux, managed profiles; needs a C compiler once).
+            session: how session mode keeps its sessions (default :class:`SessionConfig`).
         """
+        if mode not in MODE_DETAILS:
+            raise InvalidSpec(f"sandbox mode must be 'per-run' or 'session', not {mode!r}")
+        if session is not None and mode != "session":
+            raise InvalidSpec("session= configures mode='session'; give mode='session' too")
         if sys.platform != "darwin" and not sys.platform.startswith("linux"):
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
         policy = _resolve_policy(policy, network)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
+        if mode == "session" and (sys.platform == "darwin" or not policy.managed):
+            raise UnsupportedBackend(
+                "sandbox mode='session' runs on Linux with a managed profile (workspace-write, read-only); "
+                "use mode='per-run' here"
+            )
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
         seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
@@ -428,7 +480,7 @@ class SandboxBackend:
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
-        caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups)
+        caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups, mode=mode)
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
 
@@ -445,27 +497,67 @@ class SandboxBackend:
             return uid, uid
 
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
-        runner = SandboxRunner(
-            bwrap_path,
-            network_default=policy.network_enabled,
-            seccomp=seccomp,
-            policy=policy,
-            hidden=(root, private, *_daemon_dirs(as_root)),
-            cgroups=cgroups,
-            owner=owner,
-            capabilities=lambda: caps,
-            env_policy=env_policy,
-            kill_grace=kill_grace,
-        )
+        runner_options: dict[str, Any] = {
+            "network_default": policy.network_enabled,
+            "seccomp": seccomp,
+            "policy": policy,
+            "hidden": (root, private, *_daemon_dirs(as_root)),
+            "cgroups": cgroups,
+            "owner": owner,
+            "capabilities": lambda: caps,
+            "env_policy": env_policy,
+            "kill_grace": kill_grace,
+        }
+        prepare = sandbox_layout_owner() if as_root else None
+        if mode == "session":
+            return await _open_session(bwrap_path, runner_options, session or SessionConfig(), root, prepare, fs, caps)
+        runner = SandboxRunner(bwrap_path, **runner_options)
         manager = HostWorkspaceManager(
             "sandbox",
             root,
-            prepare=sandbox_layout_owner() if as_root else None,
+            prepare=prepare,
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=not as_root,
             stop_programs=runner.stop_programs,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
+
+
+async def _open_session(
+    bwrap: str,
+    runner_options: dict[str, Any],
+    config: SessionConfig,
+    root: Path,
+    prepare: Callable[[Path], None] | None,
+    fs: HostWorkspaceFS,
+    caps: Capabilities,
+) -> BaseEngine:
+    from .sessionrunner import SessionRunner  # it builds on SandboxRunner, defined here
+
+    supervisor = await asyncio.to_thread(supervisor_binary, _private_execspace_dir())
+    policy: SandboxPolicy = runner_options["policy"]
+    runner = SessionRunner(
+        bwrap,
+        supervisor=supervisor,
+        config=config,
+        workspace_root=root,
+        root_mode=0o711 if _is_root() else 0o700,
+        prepare_slot=prepare,
+        # no-access globs are judged against a workspace's files when its sandbox starts; a slot has none
+        pool=not policy.no_access_globs,
+        **runner_options,
+    )
+    manager = HostWorkspaceManager(
+        "sandbox",
+        root,
+        prepare=prepare,
+        program_path=lambda _p: SANDBOX_WORKSPACE,
+        private_root=not _is_root(),
+        adopt=runner.adopt if runner.pool is not None else None,
+        refill=runner.refill if runner.pool is not None else None,
+        stop_programs=runner.stop_programs,
+    )
+    return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
 
 
 _UNSUPPORTED_PLATFORM = (
