@@ -52,6 +52,7 @@ _FLAG_CTTY = 1
 #: Largest spawn request (argv, environment, cwd): within a SOCK_SEQPACKET datagram of the default buffer size.
 MAX_REQUEST = 192 * 1024
 _MAX_ERRNO = 4095
+_LAST_WORDS = 2.0  # seconds to wait for bwrap's exit (and its error) after a session failed to start
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,21 +124,24 @@ class Session:
         exited = asyncio.ensure_future(bwrap.wait())
         try:
             waited: set[asyncio.Future[Any]] = {self._ready, exited}
-            done, _ = await asyncio.wait(waited, timeout=self.config.start_timeout, return_when="FIRST_COMPLETED")
+            await asyncio.wait(waited, timeout=self.config.start_timeout, return_when="FIRST_COMPLETED")
+            if self._ready.done() and self._ready.exception() is None:
+                self.supervisor_pid = _only_child(bwrap.pid)
+                return
+            # its channel may close before bwrap is reaped: bwrap's last words say why
+            await asyncio.wait({exited}, timeout=_LAST_WORDS)
         finally:
             if not exited.done():
                 exited.cancel()
-        if self._ready.done() and self._ready.exception() is None:
-            self.supervisor_pid = _only_child(bwrap.pid)
-            return
-        if exited in done and not exited.cancelled() and exited.exception() is None:
+        if exited.done() and not exited.cancelled() and exited.exception() is None:
             err = exited.result().stderr.strip().splitlines()[-1:] or [f"exit code {exited.result().exit_code}"]
-            reason = f"exited before it was ready: {err[0]}"
-        elif self.broken is not None:
-            raise self.broken
+            reason = f"did not start: {err[0]}"
         else:
             reason = f"was not ready within {self.config.start_timeout} s"
-        self._fail(reason)
+        if self.broken is None:
+            self._fail(reason)
+        else:
+            self.broken = self._error(reason)  # says more than the channel's EOF did
         assert self.broken is not None
         raise self.broken
 
@@ -162,14 +166,17 @@ class Session:
         """The supervisor broke the protocol, hung or died: end this session, and tell its programs why."""
         if not self.usable:
             return
-        self.broken = BackendError(
-            f"sandbox session of workspace {self.name!r}: its supervisor {reason}; the session was ended and "
-            "its programs killed. The next run starts a new session; if this repeats, use mode='per-run'"
-        )
+        self.broken = self._error(reason)
         self._shutdown_channel(self.broken)
         task = self._loop.create_task(self._kill())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _error(self, reason: str) -> BackendError:
+        return BackendError(
+            f"sandbox session of workspace {self.name!r}: its supervisor {reason}; the session was ended and "
+            "its programs killed. The next run starts a new session; if this repeats, use mode='per-run'"
+        )
 
     def _shutdown_channel(self, error: BackendError | None) -> None:
         with contextlib.suppress(ValueError, OSError):
@@ -178,6 +185,7 @@ class Session:
         for _, fut, _ in self._pending.values():
             if not fut.done():
                 fut.set_exception(error or BackendError(f"sandbox session of workspace {self.name!r} was ended"))
+                fut.exception()  # its requester is told by _request, or has gone
         self._pending.clear()
         for _, fds in self._outbox:
             _close_all(fds)
@@ -220,7 +228,7 @@ class Session:
             )
         pid, err = await self._request(_OP_SPAWN, _SPAWNED, body, fds, program)
         if err:
-            raise OSError(err, os.strerror(err))
+            raise OSError(err, os.strerror(err), argv[0])
         return pid
 
     def signal(self, pid: int, sig: int, *, group: bool) -> None:
@@ -460,6 +468,12 @@ class SessionProgram(SupervisedProcess):
             self.session_pid = await self._session.spawn(
                 self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=self._pty is not None
             )
+        except BackendError:
+            for pipe in pipes.values():
+                pipe.close()
+            if self._session.broken is not None:
+                raise
+            self.session_ended(None)  # ended (workspace cleanup) while this run started: killed with it
         except BaseException:
             for pipe in pipes.values():
                 pipe.close()
