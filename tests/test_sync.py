@@ -247,3 +247,19 @@ def test_unread_output_never_blocks_the_program_and_is_capped(tmp_path: Path) ->
         assert result.stdout_total_bytes == 5_000_000
         assert kept <= 100_000
         assert kept + handle.dropped_bytes == 5_000_000
+
+
+def test_started_programs_are_listed_signalled_and_inspected(tmp_path: Path) -> None:
+    import signal
+
+    with execspace.sync.open_engine("local", workspace_root=tmp_path / "ws") as engine:
+        ws = engine.manager.create_workspace("procs")
+        script = 'trap "echo bye; exit 5" TERM; echo up; while :; do sleep 0.05; done'
+        with engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", script], tag="loop")) as handle:
+            assert next(handle.iter_output()).data == b"up\n"
+            assert [p.tag for p in engine.runner.list_programs(ws)] == ["loop"]
+            assert handle.info.tag == "loop" and handle.info.pid == handle.pid
+            engine.runner.signal_program(ws, "loop", signal.SIGTERM)
+            assert (handle.wait().exit_code, b"".join(c.data for c in handle.iter_output())) == (5, b"bye\n")
+        with pytest.raises(execspace.ProgramNotFound):
+            engine.runner.signal_program(ws, "loop", signal.SIGTERM)

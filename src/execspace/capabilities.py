@@ -85,6 +85,8 @@ class Capabilities:
     """Staged directories can be made read-only to the program."""
     streaming: bool
     """``start_program`` streams output as it comes and accepts stdin."""
+    pty: bool = False
+    """``start_program`` runs a program on a pseudo-terminal when the spec asks (``spec.pty``)."""
     persistent_state: bool = False
     """Interpreter state (variables, imports) persists between code executions."""
     host_paths: bool = False
@@ -115,6 +117,8 @@ class Capabilities:
             raise CapabilityError("a timeout", self.backend, "Set timeout=None or choose another backend.")
         if spec.clean_env and not self.clean_env:
             raise CapabilityError("a clean environment", self.backend)
+        if spec.pty is not None and not self.pty:
+            raise CapabilityError("a pseudo-terminal", self.backend, "Run without a pty, or see `execspace doctor`.")
         if spec.network == "off" and not self.network_control:
             raise CapabilityError(
                 "network off",
@@ -131,6 +135,7 @@ class Capabilities:
             "clean_env": self.clean_env,
             "read_only_mounts": self.read_only_mounts,
             "streaming": self.streaming,
+            "pty": self.pty,
             "persistent_state": self.persistent_state,
             "host_paths": self.host_paths,
             "enforced_limits": sorted(self.enforced_limits),

@@ -16,6 +16,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── SetupFailed                 the backend cannot start here (missing binary, daemon, kernel…)
     ├── UnsupportedBackend          unknown backend, or one that cannot exist on this platform
     ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
+    ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
     ├── InputError                  an input reference that cannot be resolved (bad scheme, missing source)
     ├── ExecutionTimeout            a run exceeded its deadline (also TimeoutError); carries the partial result
@@ -46,6 +47,7 @@ __all__ = [
     "PathDenied",
     "PolicyViolation",
     "ProgramFailed",
+    "ProgramNotFound",
     "SetupFailed",
     "UnsupportedBackend",
     "UnsupportedLanguage",
@@ -125,6 +127,11 @@ class UnsupportedBackend(ExecspaceError):
 
 class WorkspaceNotFound(ExecspaceError, LookupError):
     """No workspace exists for that id or path."""
+
+
+class ProgramNotFound(ExecspaceError, LookupError):
+    """No program started in this workspace with that pid or tag is still running (it ended, or never was):
+    list the running ones with ``runner.list_programs(ws)``."""
 
 
 class ArtifactNotFound(ExecspaceError, LookupError):

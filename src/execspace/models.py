@@ -33,6 +33,8 @@ __all__ = [
     "OutputManifest",
     "OutputSpec",
     "Persistence",
+    "ProgramInfo",
+    "PtySize",
     "PutFile",
     "ResourceLimits",
     "RunProgramSpec",
@@ -86,6 +88,20 @@ class ResourceLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class PtySize:
+    """A terminal's size in character cells."""
+
+    rows: int = 24
+    cols: int = 80
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "cols"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 < value <= 10_000:
+                raise InvalidSpec(f"pty {name} must be an integer from 1 to 10000, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class RunProgramSpec:
     """One program to run in a workspace."""
 
@@ -104,6 +120,12 @@ class RunProgramSpec:
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     network: Literal["off", "on"] | None = None
     """Network access for this run; ``None`` keeps the engine's default."""
+    tag: str | None = None
+    """The caller's name for a started program: ``list_programs`` reports it, ``get_program`` finds it by it."""
+    pty: PtySize | None = None
+    """Run on a pseudo-terminal of this size: stdin, stdout and stderr are the terminal, all output comes as
+    ``stdout`` chunks (raw bytes, with the terminal's echo and CR LF), ``stderr`` stays empty. A backend whose
+    ``Capabilities.pty`` is false raises ``CapabilityError``."""
 
     def __post_init__(self) -> None:
         if not self.cmd:
@@ -114,6 +136,8 @@ class RunProgramSpec:
         if "\0" in self.cmd or any(not isinstance(a, str) or "\0" in a for a in self.args):
             raise InvalidSpec("cmd and args must be strings without NUL bytes")
         _positive("timeout", self.timeout)
+        if self.tag is not None and (not self.tag or "\0" in self.tag or len(self.tag) > 256):
+            raise InvalidSpec("tag must be 1 to 256 characters without NUL bytes")
         for key, value in self.env.items():
             if not key or "=" in key or "\0" in key:
                 raise InvalidSpec(f"invalid environment variable name {key!r}")
@@ -174,6 +198,23 @@ class OutputChunk:
 
     stream: Literal["stdout", "stderr"]
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramInfo:
+    """A program started with ``start_program`` that is still running, as ``list_programs`` reports it."""
+
+    pid: int
+    """The program's process id where it runs (inside the sandbox or container for backends with their own
+    PID namespace); ``get_program`` takes it."""
+    cmd: str
+    args: tuple[str, ...]
+    cwd: str
+    """Workspace-relative working directory, as the spec gave it."""
+    env: Mapping[str, str]
+    """The variables the spec added (not the whole environment: policy variables are not echoed back)."""
+    tag: str | None = None
+    pty: PtySize | None = None
 
 
 class Persistence(enum.StrEnum):

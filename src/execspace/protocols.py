@@ -23,6 +23,8 @@ from .models import (
     OutputChunk,
     OutputManifest,
     OutputSpec,
+    ProgramInfo,
+    PtySize,
     PutFile,
     ResourceLimits,
     RunProgramSpec,
@@ -153,21 +155,50 @@ class WorkspaceFS(Protocol):
 
 @runtime_checkable
 class ProgramHandle(Protocol):
-    """A started program: stream its output, feed stdin, kill it, wait for its result.
+    """A started program: stream its output, feed stdin, signal or kill it, wait for its result.
 
-    Usable as an async context manager; leaving the block kills and reaps the program.
+    Usable as an async context manager; leaving the block kills and reaps the program. A program started
+    with ``start_program`` outlives the call that started it: it runs until it exits, is killed, or its
+    workspace is cleaned up, and ``runner.get_program`` hands out another handle to it meanwhile.
     """
 
     @property
-    def pid(self) -> int | None: ...
-
-    def stream(self) -> AsyncIterator[OutputChunk]:
-        """Yield output chunks as they arrive, until both streams close."""
+    def pid(self) -> int | None:
+        """The id ``ProgramInfo.pid`` reports (None before the program started)."""
         ...
 
-    async def write_stdin(self, data: bytes | str) -> None: ...
+    @property
+    def info(self) -> ProgramInfo: ...
 
-    async def close_stdin(self) -> None: ...
+    def stream(self) -> AsyncIterator[OutputChunk]:
+        """Yield output chunks as they arrive, until both streams close: the program's main reader, which
+        paces the program (a slow reader pauses its pipes). Call it once."""
+        ...
+
+    def attach(self, *, from_start: bool = True) -> AsyncIterator[OutputChunk]:
+        """Another reader of the output, any number at once: from the start (as much as the backend kept,
+        at least the first MiB) or only what comes from now, until the program's output ends. "Now" is this
+        call: the reader is registered before it returns, not when it is first iterated.
+
+        An attached reader never slows the program: one that falls more than a bounded buffer behind ends
+        with ``BackendError`` (attach again, from now)."""
+        ...
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        """Write to the program's stdin (its terminal with a pty); ``UsageError`` once stdin is closed."""
+        ...
+
+    async def close_stdin(self) -> None:
+        """Close stdin (end of file for the program; with a pty, the terminal's EOF character). Idempotent."""
+        ...
+
+    async def signal(self, sig: int) -> None:
+        """Send signal ``sig`` to the program's process group; nothing once it has exited."""
+        ...
+
+    async def resize(self, size: PtySize) -> None:
+        """Resize the program's terminal (the program gets SIGWINCH); ``UsageError`` without a pty."""
+        ...
 
     async def kill(self) -> None:
         """Kill the whole program tree (TERM, then KILL after a grace period)."""
@@ -195,7 +226,20 @@ class ProgramRunner(Protocol):
         ...
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
-        """Start a program for streaming/interactive use."""
+        """Start a program for streaming/interactive use (``spec.tag`` names it, ``spec.pty`` gives it a
+        terminal); it runs until it exits, is killed or the workspace is cleaned up."""
+        ...
+
+    async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
+        """The programs started in ``ws`` with ``start_program`` that are still running, oldest first."""
+        ...
+
+    async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
+        """A handle to a running program of ``ws``, by pid (int) or tag (str; the newest with that tag).
+
+        Raises:
+            ProgramNotFound: no program of ``ws`` with that pid or tag is running.
+        """
         ...
 
 

@@ -46,6 +46,8 @@ from .models import (
     OutputChunk,
     OutputManifest,
     OutputSpec,
+    ProgramInfo,
+    PtySize,
     PutFile,
     RunProgramSpec,
     RunResult,
@@ -255,6 +257,17 @@ class SyncProgramRunner(_Proxy):
         self._owner._handles.add(sync_handle)
         return sync_handle
 
+    def list_programs(self, ws: Workspace) -> builtins.list[ProgramInfo]:
+        return self._owner.call(lambda e: e.runner.list_programs(ws))
+
+    def signal_program(self, ws: Workspace, key: int | str, sig: int) -> None:
+        """Send ``sig`` to a running program of ``ws`` by pid or tag (``ProgramNotFound`` if none)."""
+
+        async def send(e: Engine) -> None:
+            await (await e.runner.get_program(ws, key)).signal(sig)
+
+        self._owner.call(send)
+
 
 class _OutputPump:
     """Reads a handle's output stream from the moment it starts, without ever blocking the program.
@@ -321,6 +334,10 @@ class SyncProgramHandle:
         return self._handle.pid
 
     @property
+    def info(self) -> ProgramInfo:
+        return self._handle.info
+
+    @property
     def dropped_bytes(self) -> int:
         """Output bytes not kept for :meth:`iter_output` because too much was left unread."""
         return self._pump.dropped_bytes
@@ -335,6 +352,12 @@ class SyncProgramHandle:
 
     def close_stdin(self) -> None:
         self._owner._portal.call(self._handle.close_stdin)
+
+    def signal(self, sig: int) -> None:
+        self._owner._portal.call(self._handle.signal, sig)
+
+    def resize(self, size: PtySize) -> None:
+        self._owner._portal.call(self._handle.resize, size)
 
     def kill(self) -> None:
         self._owner._portal.call(self._handle.kill)

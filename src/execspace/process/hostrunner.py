@@ -11,13 +11,18 @@ import asyncio
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
-from ..models import RunProgramSpec, RunResult, Workspace
+from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
+from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
 from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
+
+if TYPE_CHECKING:
+    from ..protocols import ProgramHandle
 
 __all__ = ["DISK_BYTES_DETAIL", "HostRunner", "unisolated_capabilities"]
 
@@ -49,6 +54,7 @@ class HostRunner:
         self._sweeper = MarkerSweeper()
         # programs still running, by workspace directory: cleanup kills them before removing the tree
         self._live: dict[Path, set[asyncio.Future[SupervisedProcess]]] = {}
+        self.programs = ProgramTable()
 
     # -- the wrapper step --------------------------------------------------------------------
 
@@ -75,6 +81,8 @@ class HostRunner:
             run_dir=prep.run_dir,
             classify_exit=classify_rlimit_exit,
             sweeper=self._sweeper,
+            info=program_info(spec, 0) if interactive else None,
+            pty=spec.pty,
         )
 
     # -- ProgramRunner -----------------------------------------------------------------
@@ -98,7 +106,20 @@ class HostRunner:
         prep = self.preparation.prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())
-        return await self.spawn_prepared(prep, self.wrap(prep, interactive=True))
+        launch = self.wrap(prep, interactive=True)
+        proc = await self.spawn_prepared(prep, launch)
+        forget = self.programs.add(ws, proc)
+        if proc.finished:  # supervision ended before it was listed: its on_exit hooks have run
+            forget()
+        else:
+            launch.on_exit.append(forget)
+        return proc
+
+    async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
+        return self.programs.list(ws)
+
+    async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
+        return self.programs.get(ws, key)
 
     async def stop_programs(self, ws: Workspace) -> None:
         """Kill every program this runner started in ``ws`` that still runs (or is being started), and wait
@@ -162,6 +183,7 @@ def unisolated_capabilities(
         clean_env=True,
         read_only_mounts=False,
         streaming=True,
+        pty=True,
         host_paths=True,
         enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
         languages=available_languages(path),

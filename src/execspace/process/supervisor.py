@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import fcntl
 import os
 import signal
+import struct
+import termios
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +33,9 @@ from types import TracebackType
 from typing import Any, Literal
 
 from ..errors import UsageError
-from ..models import OutputChunk, RunResult
+from ..models import OutputChunk, ProgramInfo, PtySize, RunResult
 from .capture import HeadTailBuffer
+from .programs import OutputLog
 
 __all__ = ["RUN_MARKER_VAR", "Launch", "MarkerSweeper", "SupervisedProcess", "kill_marked_processes", "spawn"]
 
@@ -71,6 +76,16 @@ class Launch:
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
+    info: ProgramInfo | None = None
+    """What ``list_programs`` reports (its pid is filled in once started); started programs only."""
+    pty: PtySize | None = None
+    """Run on a new pseudo-terminal of this size: it is the program's stdin, stdout and stderr."""
+    pty_controlling: bool = True
+    """The started process takes the terminal as its controlling tty. False when a wrapper starts the program in
+    a session of its own (bwrap's ``--new-session``) and something inside takes it there (``setsid --ctty``)."""
+    signal_target: Callable[[int], int] | None = None
+    """Maps the started process's pid to the pid whose process group ``signal()`` reaches (a wrapper such as
+    bwrap puts the program in a session of its own)."""
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -85,6 +100,39 @@ class _Protocol(asyncio.SubprocessProtocol):
 
     def process_exited(self) -> None:
         self.owner._on_exit()
+
+
+class _PtyReader(asyncio.Protocol):
+    """Reads the terminal's master side: everything the program writes to its tty comes here as stdout."""
+
+    def __init__(self, owner: SupervisedProcess) -> None:
+        self.owner = owner
+
+    def data_received(self, data: bytes) -> None:
+        self.owner._on_data(1, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # EIO once the last holder of the terminal's other side is gone: the end of the output
+        self.owner._on_pipe_closed(1)
+
+
+def _set_size(fd: int, size: PtySize) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.cols, 0, 0))
+
+
+def _take_terminal() -> None:
+    # in the child, after setsid(): the terminal on fd 0 becomes the session's controlling tty (job control,
+    # SIGWINCH on resize, ^C as SIGINT)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _pty_preexec(then: Callable[[], None] | None) -> Callable[[], None]:
+    def preexec() -> None:
+        _take_terminal()
+        if then is not None:
+            then()
+
+    return preexec
 
 
 async def spawn(launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None) -> SupervisedProcess:
@@ -126,6 +174,11 @@ class SupervisedProcess:
         self._t0 = 0.0
         self._stdin_task: asyncio.Task[None] | None = None
         self._streaming = False
+        self._log = OutputLog() if launch.interactive else None
+        self._readers: dict[int, asyncio.ReadTransport] = {}
+        self._pty_writer: asyncio.WriteTransport | None = None
+        self._pty_master: int | None = None
+        self._stdin_closed = False
 
     # -- start ---------------------------------------------------------------------
 
@@ -148,38 +201,99 @@ class SupervisedProcess:
         self._done = asyncio.ensure_future(self._supervise())
 
     async def _open_transport(self) -> asyncio.SubprocessTransport:
-        """Start the process; its output goes to :meth:`_on_data`, its pipes' and its own end are reported."""
+        """Start the process with its output wired to :meth:`_on_data` (``_readers``, or the pty's); return its
+        transport (pid, exit code, stdin pipe)."""
         loop = asyncio.get_running_loop()
         la = self._launch
         kwargs: dict[str, Any] = {}
         if la.user is not None:
             kwargs.update(user=la.user, group=la.group, extra_groups=[])
-        if la.preexec_fn is not None:
-            kwargs["preexec_fn"] = la.preexec_fn
-        transport, _ = await loop.subprocess_exec(
-            lambda: _Protocol(self),
-            *la.argv,
-            stdin=asyncio.subprocess.PIPE if (la.stdin is not None or la.interactive) else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(la.env),
-            cwd=la.cwd,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=tuple(la.pass_fds),
-            **kwargs,
-        )
+        if la.pty is not None:
+            slave = self._open_pty(la.pty)
+            kwargs.update(stdin=slave, stdout=slave, stderr=slave)
+            preexec = _pty_preexec(la.preexec_fn) if la.pty_controlling else la.preexec_fn
+            if preexec is not None:
+                kwargs["preexec_fn"] = preexec
+            self._open_pipes = {1}
+        else:
+            slave = None
+            wants_stdin = la.stdin is not None or la.interactive
+            kwargs.update(
+                stdin=asyncio.subprocess.PIPE if wants_stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            if la.preexec_fn is not None:
+                kwargs["preexec_fn"] = la.preexec_fn
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: _Protocol(self),
+                *la.argv,
+                env=dict(la.env),
+                cwd=la.cwd,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=tuple(la.pass_fds),
+                **kwargs,
+            )
+        except BaseException:
+            self._close_pty()
+            raise
+        finally:
+            if slave is not None:
+                os.close(slave)  # the program holds it now; ours would keep the output from ever ending
+        if la.pty is not None:
+            await self._connect_pty(loop)
+        else:
+            for fd in (1, 2):
+                pipe = transport.get_pipe_transport(fd)
+                if pipe is not None:
+                    self._readers[fd] = pipe  # type: ignore[assignment]
         return transport
+
+    def _open_pty(self, size: PtySize) -> int:
+        master, slave = os.openpty()
+        os.set_blocking(master, False)
+        self._pty_master = master
+        _set_size(master, size)
+        return slave
+
+    async def _connect_pty(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._pty_master is not None
+        reader, _ = await loop.connect_read_pipe(lambda: _PtyReader(self), os.fdopen(self._pty_master, "rb", 0))
+        self._readers[1] = reader
+        writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(os.dup(self._pty_master), "wb", 0))
+        self._pty_writer = writer
+
+    def _close_pty(self) -> None:
+        if self._pty_master is not None and not self._readers:
+            with contextlib.suppress(OSError):
+                os.close(self._pty_master)
+        self._pty_master = None
 
     @property
     def pid(self) -> int | None:
         return self._transport.get_pid() if self._transport else None
+
+    @property
+    def finished(self) -> bool:
+        """Supervision is over: the program was reaped and the run's ``on_exit`` hooks have run."""
+        return self._done is not None and self._done.done()
+
+    @property
+    def info(self) -> ProgramInfo:
+        template = self._launch.info
+        if template is None:
+            raise UsageError("only programs started with start_program have a ProgramInfo")
+        return dataclasses.replace(template, pid=self.pid or 0)
 
     # -- protocol callbacks ----------------------------------------------------------
 
     def _on_data(self, fd: int, data: bytes) -> None:
         (self._out if fd == 1 else self._err).write(data)
         chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
+        if self._log is not None:
+            self._log.append(chunk)
         if self._queue is None:
             if self._backlog is not None and len(data) <= self._backlog_room:
                 self._backlog.append(chunk)
@@ -195,6 +309,8 @@ class SupervisedProcess:
         self._open_pipes.discard(fd)
         if not self._open_pipes & {1, 2}:
             self._pipes_closed.set()
+            if self._log is not None:
+                self._log.close()
             if self._queue is not None:
                 self._queue.put_nowait(None)
 
@@ -202,15 +318,12 @@ class SupervisedProcess:
         self._exited.set()
 
     def _pause_pipes(self, pause: bool) -> None:
-        if self._transport is None:
-            return
-        for fd in (1, 2):
-            pipe = self._transport.get_pipe_transport(fd)
-            if pipe is not None and not pipe.is_closing():
+        for pipe in self._readers.values():
+            if not pipe.is_closing():
                 if pause:
-                    pipe.pause_reading()  # type: ignore[attr-defined]
+                    pipe.pause_reading()
                 else:
-                    pipe.resume_reading()  # type: ignore[attr-defined]
+                    pipe.resume_reading()
 
     # -- supervision -----------------------------------------------------------------
 
@@ -242,6 +355,9 @@ class SupervisedProcess:
         assert self._transport is not None
         code = self._transport.get_returncode()
         self._transport.close()
+        for pipe in (*self._readers.values(), self._pty_writer):
+            if pipe is not None:
+                pipe.close()
         for hook in la.on_exit:
             hook()
         return self._result(-signal.SIGKILL if code is None else code, timed_out)
@@ -274,6 +390,27 @@ class SupervisedProcess:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
+
+    async def signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is None or self._exited.is_set():
+            return
+        target = self._launch.signal_target
+        group = target(pid) if target is not None else pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, sig)
+
+    async def resize(self, size: PtySize) -> None:
+        if self._launch.pty is None:
+            raise UsageError("this program has no terminal to resize: start it with pty=PtySize(...)")
+        if self._pty_writer is not None and not self._pty_writer.is_closing():
+            with contextlib.suppress(OSError):  # the terminal is gone: the program ended
+                _set_size(self._pty_writer.get_extra_info("pipe").fileno(), size)
+
+    def attach(self, *, from_start: bool = True) -> AsyncIterator[OutputChunk]:
+        if self._log is None:
+            raise UsageError("only programs started with start_program can be attached to")
+        return self._log.attach(from_start=from_start)
 
     async def _kill_tree(self) -> None:
         self._signal_group(signal.SIGTERM)
@@ -312,7 +449,7 @@ class SupervisedProcess:
     async def write_stdin(self, data: bytes | str) -> None:
         pipe = self._stdin_pipe()
         if pipe is None:
-            raise UsageError("stdin is not open: start the program with interactive=True or stdin data")
+            raise UsageError("stdin is closed: it was closed, or the program was started without stdin")
         pipe.write(data.encode() if isinstance(data, str) else data)
         # respect flow control so that huge stdin does not pile up in memory
         with contextlib.suppress(ConnectionError, BrokenPipeError):
@@ -323,14 +460,19 @@ class SupervisedProcess:
 
     async def close_stdin(self) -> None:
         pipe = self._stdin_pipe()
-        if pipe is not None:
-            with contextlib.suppress(OSError):
+        if pipe is None:
+            return
+        self._stdin_closed = True
+        with contextlib.suppress(OSError):
+            if self._launch.pty is not None:
+                pipe.write(b"\x04")  # the terminal stays: EOF is its end-of-file character (VEOF)
+            else:
                 pipe.close()
 
     def _stdin_pipe(self) -> asyncio.WriteTransport | None:
-        if self._transport is None:
+        if self._transport is None or self._stdin_closed:
             return None
-        pipe = self._transport.get_pipe_transport(0)
+        pipe = self._pty_writer if self._launch.pty is not None else self._transport.get_pipe_transport(0)
         if pipe is None or pipe.is_closing():
             return None
         return pipe  # type: ignore[return-value]

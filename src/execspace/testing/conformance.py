@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -388,3 +389,141 @@ async def test_missing_program_is_127_when_started(any_engine: Engine, any_ws: W
     async with handle:
         result = await handle.wait()
     assert result.exit_code == 127, (result.exit_code, result.stderr)
+
+
+# -- the process API: programs that outlive the call, listed, attached to, signalled, on a terminal ----------
+
+
+async def read_until(reader: AsyncIterator[execspace.OutputChunk], needle: bytes, within: float = 10.0) -> bytes:
+    """What ``reader`` yields until ``needle`` has appeared (AssertionError with what came, after ``within``)."""
+    seen = b""
+
+    async def scan() -> None:
+        nonlocal seen
+        async for chunk in reader:
+            seen += chunk.data
+            if needle in seen:
+                return
+        raise AssertionError(f"the output ended before {needle!r}: {seen!r}")
+
+    try:
+        await asyncio.wait_for(scan(), within)
+    except TimeoutError:
+        raise AssertionError(f"no {needle!r} within {within} s: {seen!r}") from None
+    return seen
+
+
+async def wait_listed(engine: Engine, ws: Ws, count: int, within: float = 10.0) -> list[execspace.ProgramInfo]:
+    """Poll ``list_programs`` until it lists ``count`` programs."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        listed = await engine.runner.list_programs(ws)
+        if len(listed) == count or asyncio.get_running_loop().time() > deadline:
+            return listed
+        await asyncio.sleep(0.01)
+
+
+@needs(Feature.PROGRAMS)
+async def test_started_programs_are_listed_and_found_until_they_end(any_engine: Engine, any_ws: Ws) -> None:
+    runner = any_engine.runner
+    assert await runner.list_programs(any_ws) == []
+    server = await runner.start_program(any_ws, RunProgramSpec("sleep", ["30"], tag="server", env={"K": "v"}))
+    other = await runner.start_program(any_ws, RunProgramSpec("sh", ["-c", "read x"], cwd="out"))
+    try:
+        listed = await runner.list_programs(any_ws)
+        assert [(p.cmd, p.args, p.tag, p.cwd) for p in listed] == [
+            ("sleep", ("30",), "server", "work"),
+            ("sh", ("-c", "read x"), None, "out"),
+        ]
+        assert listed[0].env == {"K": "v"} and listed[0].pid == server.info.pid and server.info.pid > 0
+        assert (await runner.get_program(any_ws, "server")).info == server.info
+        assert (await runner.get_program(any_ws, other.info.pid)).info == other.info
+        other_ws = await any_engine.manager.create_workspace("conformance-other")
+        assert await runner.list_programs(other_ws) == []  # another workspace's programs are not its own
+        with pytest.raises(execspace.ProgramNotFound):
+            await runner.get_program(other_ws, "server")
+    finally:
+        await server.kill()
+        await other.close_stdin()
+    await server.wait()
+    await other.wait()
+    assert await wait_listed(any_engine, any_ws, 0) == []
+    for key in ("server", server.info.pid):
+        with pytest.raises(execspace.ProgramNotFound):
+            await runner.get_program(any_ws, key)
+
+
+@needs(Feature.PROGRAMS)
+async def test_attach_from_the_start_and_from_now(any_engine: Engine, any_ws: Ws) -> None:
+    spec = RunProgramSpec("sh", ["-c", 'echo one; read x; echo "two:$x"'])
+    async with await any_engine.runner.start_program(any_ws, spec) as handle:
+        early = handle.attach(from_start=True)
+        assert b"one\n" in await read_until(early, b"one\n")
+        again = await any_engine.runner.get_program(any_ws, handle.info.pid)
+        late = again.attach(from_start=False)
+        replay = handle.attach(from_start=True)
+        await handle.write_stdin("x\n")
+        assert await read_until(late, b"two:x\n") == b"two:x\n"  # nothing from before it attached
+        assert await read_until(replay, b"two:x\n") == b"one\ntwo:x\n"
+        assert await read_until(early, b"two:x\n") == b"two:x\n"
+        result = await handle.wait()
+    assert (result.exit_code, result.stdout) == (0, "one\ntwo:x\n")
+
+
+@needs(Feature.PROGRAMS)
+async def test_signal_reaches_the_program(any_engine: Engine, any_ws: Ws) -> None:
+    script = 'trap "echo got-usr1; exit 3" USR1; echo ready; while :; do sleep 0.05; done'
+    async with await any_engine.runner.start_program(any_ws, RunProgramSpec("sh", ["-c", script])) as handle:
+        await read_until(handle.attach(), b"ready\n")
+        await handle.signal(signal.SIGUSR1)
+        result = await asyncio.wait_for(handle.wait(), 10)
+    assert (result.exit_code, result.stdout) == (3, "ready\ngot-usr1\n"), result
+    await handle.signal(signal.SIGUSR1)  # once it has ended: nothing, no error
+
+
+@needs(Feature.PROGRAMS)
+async def test_stdin_closed_is_closed(any_engine: Engine, any_ws: Ws) -> None:
+    async with await any_engine.runner.start_program(any_ws, RunProgramSpec("cat")) as handle:
+        await handle.close_stdin()
+        await handle.close_stdin()  # idempotent
+        with pytest.raises(execspace.UsageError):
+            await handle.write_stdin("late\n")
+        result = await handle.wait()
+    assert (result.exit_code, result.stdout) == (0, "")
+
+
+@needs(Feature.PROGRAMS)
+async def test_pty_or_a_clear_refusal(any_engine: Engine, any_ws: Ws) -> None:
+    """With ``Capabilities.pty`` a program runs on a terminal of the size asked (stdin echoed, a tty, resizable);
+    without it, asking for one fails closed."""
+    script = 'stty size; [ -t 0 ] && [ -t 1 ] && echo is-a-tty; read line; echo "got:$line"'
+    spec = RunProgramSpec("sh", ["-c", script], pty=execspace.PtySize(rows=30, cols=100))
+    if not any_engine.describe().pty:
+        with pytest.raises(CapabilityError):
+            await any_engine.runner.start_program(any_ws, spec)
+        return
+    async with await any_engine.runner.start_program(any_ws, spec) as handle:
+        reader = handle.attach()
+        await read_until(reader, b"is-a-tty")
+        await handle.write_stdin("hello\n")
+        await read_until(reader, b"got:hello")
+        result = await handle.wait()
+    assert result.exit_code == 0 and result.stderr == ""
+    assert "30 100\r\n" in result.stdout and "hello\r\n" in result.stdout, result.stdout  # the terminal echoes
+
+
+@needs(Feature.PROGRAMS)
+async def test_pty_resize_reaches_the_program(any_engine: Engine, any_ws: Ws) -> None:
+    if not any_engine.describe().pty:
+        pytest.skip("this engine has no pty (test_pty_or_a_clear_refusal checks the refusal)")
+    script = 'trap "stty size" WINCH; echo ready; while :; do sleep 0.05; done'
+    spec = RunProgramSpec("sh", ["-c", script], pty=execspace.PtySize(rows=24, cols=80))
+    async with await any_engine.runner.start_program(any_ws, spec) as handle:
+        reader = handle.attach()
+        await read_until(reader, b"ready")
+        await handle.resize(execspace.PtySize(rows=40, cols=120))
+        assert b"40 120" in await read_until(reader, b"40 120")
+        await handle.kill()
+    with pytest.raises(execspace.UsageError):  # no terminal: nothing to resize
+        async with await any_engine.runner.start_program(any_ws, RunProgramSpec("true")) as plain:
+            await plain.resize(execspace.PtySize())

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...process.capture import HeadTailBuffer
 
-__all__ = ["KILL_SCRIPT", "ExecRun"]
+__all__ = ["KILL_SCRIPT", "SIGNAL_SCRIPT", "ExecRun"]
 
 #: Run as the program's own user in a second exec: kills every process that carries the run's
 #: marker, with its process group (each exec starts as a session leader, so that catches the
@@ -32,6 +32,20 @@ for pass in 1 2; do
       kill -9 "$p" 2>/dev/null
     fi
   done
+done
+exit 0
+"""
+
+#: Run like KILL_SCRIPT: sends signal ``$3`` once to each process group of the run's marked processes (the exec's
+#: main one is a session leader; its children share its group unless they left it).
+SIGNAL_SCRIPT = r"""
+m="$1=$2"; seen=" "
+for d in /proc/[0-9]*; do
+  if grep -qzx -- "$m" "$d/environ" 2>/dev/null; then
+    s=$(cat "$d/stat" 2>/dev/null) || continue; s=${s##*) }; set -- "$1" "$2" "$3" $s; g=$6
+    case "$seen" in *" $g "*) continue ;; esac
+    [ "$g" -gt 1 ] && kill -s "$3" -- "-$g" 2>/dev/null; seen="$seen$g "
+  fi
 done
 exit 0
 """
@@ -151,6 +165,21 @@ class ExecRun:
             self._container, ["sh", "-c", KILL_SCRIPT, "sh", marker_var, marker], user=user
         )["Id"]
         self._api.exec_start(kill_id)
+
+    def signal(self, marker_var: str, marker: str, user: str, signame: str) -> None:
+        """Send ``signame`` (e.g. ``TERM``) to the run's process groups, from a second exec."""
+        script = ["sh", "-c", SIGNAL_SCRIPT, "sh", marker_var, marker, signame]
+        signal_id = self._api.exec_create(self._container, script, user=user)["Id"]
+        self._api.exec_start(signal_id)
+
+    def pid(self, wait: float = 1.0) -> int:
+        """The exec's main process id as the daemon reports it (0 if it does not within ``wait``)."""
+        deadline = time.monotonic() + wait
+        while True:
+            pid = int(self._api.exec_inspect(self._exec_id).get("Pid") or 0)
+            if pid or time.monotonic() > deadline:
+                return pid
+            time.sleep(0.002)
 
     def exit_code(self, wait: float = 2.0) -> int | None:
         """The exec's exit status once the daemon has it; ``None`` if it never reports one."""

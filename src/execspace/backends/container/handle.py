@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ...errors import UsageError
-from ...models import OutputChunk, RunResult
+from ...models import OutputChunk, ProgramInfo, PtySize, RunResult
 from ...process.preparation import PreparedRun
+from ...process.programs import OutputLog, program_info
 from .execrun import ExecRun
 
 if TYPE_CHECKING:
@@ -48,6 +51,8 @@ class ContainerHandle:
         self._streaming = False
         self._stdin_open = True
         self._stdin_task: asyncio.Future[None] | None = None
+        self._log = OutputLog()
+        self._info = program_info(prep.spec, 0)
 
     # -- called by the runner ----------------------------------------------------------------
 
@@ -58,10 +63,15 @@ class ContainerHandle:
                 return
         chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody streams any more
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+            self._loop.call_soon_threadsafe(self._deliver, chunk)
 
-    def begin(self, run: ExecRun) -> None:
+    def _deliver(self, chunk: OutputChunk) -> None:
+        self._queue.put_nowait(chunk)
+        self._log.append(chunk)
+
+    def begin(self, run: ExecRun, pid: int) -> None:
         self._run = run
+        self._info = dataclasses.replace(self._info, pid=pid)
         self._pump = asyncio.ensure_future(asyncio.to_thread(run.pump))
         self._done = asyncio.ensure_future(self._supervise(run, self._pump))
         stdin = self._prep.spec.stdin
@@ -79,16 +89,43 @@ class ContainerHandle:
         finally:
             self._released.set()
             self._queue.put_nowait(None)
+            self._log.close()
             run.close()  # unblocks a stdin writer the program never read from
             if pump.done():
                 run.release()
         return await self._runner.finish(run, self._prep, timed_out, killed=self._killed and not timed_out)
 
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the run is over (at once if it is)."""
+        assert self._done is not None
+        self._done.add_done_callback(lambda _f: callback())
+
     # -- ProgramHandle ---------------------------------------------------------------------
 
     @property
     def pid(self) -> int | None:
-        return None  # the program's pid lives in the container's namespace, not on this host
+        """The exec's main process as the daemon reports it (a pid of the daemon's host)."""
+        return self._info.pid or None
+
+    @property
+    def info(self) -> ProgramInfo:
+        return self._info
+
+    @property
+    def finished(self) -> bool:
+        return self._done is not None and self._done.done()
+
+    def attach(self, *, from_start: bool = True) -> AsyncIterator[OutputChunk]:
+        return self._log.attach(from_start=from_start)
+
+    async def signal(self, sig: int) -> None:
+        if self._run is None or self.finished:
+            return
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        await self._runner.signal_run(self._run, self._prep, name)
+
+    async def resize(self, size: PtySize) -> None:
+        raise UsageError("this program has no terminal to resize: the container backend runs programs without a pty")
 
     async def stream(self) -> AsyncIterator[OutputChunk]:
         """Yield output as it arrives (from the start: nothing is lost before the first call)."""

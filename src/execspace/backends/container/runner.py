@@ -10,10 +10,12 @@ from collections.abc import Callable
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import CapabilityError
-from ...models import RunProgramSpec, RunResult, Workspace
+from ...models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ...process.preparation import PreparedRun, RunPreparation, finish_run, lookup_where_it_runs, signal_status
+from ...process.programs import ProgramTable
 from ...process.rlimits import classify_rlimit_exit
 from ...process.supervisor import RUN_MARKER_VAR
+from ...protocols import ProgramHandle
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
 from .execrun import ExecRun
@@ -52,6 +54,7 @@ class ContainerRunner:
         self._containers = containers
         user = containers.config.user
         self._user = f"{user[0]}:{user[1]}"
+        self.programs = ProgramTable()
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         self._check_spec(spec)
@@ -79,11 +82,24 @@ class ContainerRunner:
         run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes, handle.on_chunk)
         try:
             await asyncio.to_thread(run.start, self._argv(prep), prep.env, self._container_path(prep), self._user)
+            pid = await asyncio.to_thread(run.pid)
         except Exception:
             self._containers.forget(ws)
             raise
-        handle.begin(run)
+        handle.begin(run, pid)
+        forget = self.programs.add(ws, handle)
+        handle.when_done(forget)
         return handle
+
+    async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
+        return self.programs.list(ws)
+
+    async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
+        return self.programs.get(ws, key)
+
+    async def signal_run(self, run: ExecRun, prep: PreparedRun, signame: str) -> None:
+        with contextlib.suppress(Exception):  # the exec may have ended meanwhile
+            await asyncio.to_thread(run.signal, RUN_MARKER_VAR, prep.marker, self._user, signame)
 
     async def finish(self, run: ExecRun, prep: PreparedRun, timed_out: bool, killed: bool = False) -> RunResult:
         """The result of an exec whose stream has ended, after the shared post-run checks."""

@@ -22,8 +22,8 @@ from typing import Any
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import KernelEngine
 from ...envpolicy import EnvPolicy
-from ...errors import CapabilityError, SetupFailed
-from ...models import RunProgramSpec, RunResult, Workspace
+from ...errors import CapabilityError, ProgramNotFound, SetupFailed
+from ...models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...protocols import ProgramHandle, ProgramRunner
 from ...workspace.hostfs import HostWorkspaceFS
@@ -85,6 +85,12 @@ class NoPrograms:
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
         raise CapabilityError("programs", "jupyter", self.why)
+
+    async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
+        return []
+
+    async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
+        raise ProgramNotFound(f"no program runs in workspace {ws.id!r}: {self.why}")
 
 
 def server_capabilities(

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
-from ...errors import InvalidSpec, SetupFailed, UnsupportedBackend
+from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
@@ -139,6 +139,9 @@ class SandboxRunner(HostRunner):
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
         self.setpriv = shutil.which("setpriv")
+        # in the sandbox's own session (bwrap --new-session), util-linux's setsid --ctty makes a pty run's terminal
+        # the program's controlling tty: ^C, job control and SIGWINCH reach it and not bwrap
+        self.setsid = _visible(shutil.which("setsid"))
         self.bwrap = bwrap
         self.network_default = network_default
         self.seccomp = seccomp
@@ -222,13 +225,20 @@ class SandboxRunner(HostRunner):
         res = self.resolvers(os.path.realpath(prep.root))
         mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
         cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
+        inner = list(prep.argv)
+        if prep.spec.pty is not None:
+            if self.setsid is None:
+                raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
+            inner = [self.setsid, "--ctty", *inner]
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
-            argv = build_argv(cfg, prep.root, prep.cwd_rel, prep.argv, seccomp_fd=seccomp_fd)
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
             os.close(seccomp_fd)
             raise
+        launch.pty_controlling = False
+        launch.signal_target = _program_group
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
         launch.pass_fds = (*launch.pass_fds, seccomp_fd, *(() if init_fd is None else (init_fd,)))
@@ -412,6 +422,8 @@ class SandboxBackend:
             clean_env=True,
             read_only_mounts=True,
             streaming=True,
+            # a session's supervisor makes the terminal the program's controlling tty itself
+            pty=mode == "session" or _visible(shutil.which("setsid")) is not None,
             host_paths=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
@@ -570,6 +582,30 @@ _EXTERNAL_REFUSAL = (
     "engine refuses to run programs locally; run them where that isolation is, or open the engine "
     "with a managed profile (workspace-write, read-only)"
 )
+
+
+def _visible(path: str | None) -> str | None:
+    """``path`` if a sandbox sees it (under a top-level directory it binds), else None."""
+    return path if path is not None and not hidden_by_default(os.path.realpath(path)) else None
+
+
+def _program_group(bwrap_pid: int) -> int:
+    """The process group of the program bwrap runs: bwrap's child is the sandbox's init (in a session of its
+    own), whose child is the program; a signal for the program goes to that group, never to bwrap itself.
+    Until they exist (the sandbox is being set up), bwrap's own group."""
+    pid = bwrap_pid
+    for _ in range(2):
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            break
+        if not children:
+            break
+        pid = int(children[0])
+    with contextlib.suppress(OSError):
+        return os.getpgid(pid)
+    return bwrap_pid
 
 
 def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:

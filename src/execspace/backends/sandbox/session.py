@@ -23,20 +23,19 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import fcntl
 import functools
 import itertools
 import os
 import signal
 import socket
 import struct
-import termios
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import BackendError, InvalidSpec
+from ...models import RunResult
 from ...process.supervisor import Launch, SupervisedProcess, spawn
 
 __all__ = ["MAX_REQUEST", "Session", "SessionConfig", "SessionProgram", "start_session"]
@@ -395,12 +394,12 @@ class _Reader(asyncio.Protocol):
 
 class _SessionTransport(asyncio.SubprocessTransport):
     """What :class:`~execspace.process.supervisor.SupervisedProcess` needs of its transport, for a program
-    of a session: its pid in the session, its exit code, its stdio."""
+    of a session: its pid in the session, its exit code, its stdin."""
 
-    def __init__(self, program: SessionProgram, pipes: dict[int, asyncio.BaseTransport]) -> None:
+    def __init__(self, program: SessionProgram, stdin: asyncio.BaseTransport | None) -> None:
         super().__init__()
         self._program = program
-        self._pipes = pipes
+        self._stdin = stdin
 
     def get_pid(self) -> int:
         return self._program.session_pid or 0
@@ -409,10 +408,10 @@ class _SessionTransport(asyncio.SubprocessTransport):
         return self._program.returncode()
 
     def get_pipe_transport(self, fd: int) -> asyncio.BaseTransport | None:
-        return self._pipes.get(fd)
+        return self._stdin if fd == 0 else None
 
     def send_signal(self, signal: int) -> None:
-        self._program.signal_leader(signal)
+        self._program._signal_group(signal)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -421,34 +420,25 @@ class _SessionTransport(asyncio.SubprocessTransport):
         self.send_signal(signal.SIGKILL)
 
     def close(self) -> None:
-        for pipe in self._pipes.values():
-            pipe.close()
+        if self._stdin is not None:
+            self._stdin.close()
 
     def is_closing(self) -> bool:
-        return all(p.is_closing() for p in self._pipes.values())
+        return self._stdin is None or self._stdin.is_closing()
 
 
 class SessionProgram(SupervisedProcess):
     """A program a session's supervisor started: supervised like a host process (deadline, output caps, group
-    kill, marker sweep), its process group signalled through the supervisor.
+    kill, marker sweep, attach, pty), its process group signalled through the supervisor.
 
     Its ``pid`` is the one it has in the session (what ``ps`` there shows). If the session breaks, its
     :meth:`wait` raises the session's :class:`~execspace.errors.BackendError`.
     """
 
-    def __init__(
-        self,
-        launch: Launch,
-        *,
-        session: Session,
-        rlimits: Sequence[tuple[int, int, int]] = (),
-        pty: tuple[int, int] | None = None,
-    ) -> None:
+    def __init__(self, launch: Launch, *, session: Session, rlimits: Sequence[tuple[int, int, int]] = ()) -> None:
         super().__init__(launch)
         self._session = session
         self._rlimits = rlimits
-        self._pty = pty
-        self._master: int | None = None
         self.session_pid: int | None = None
         self._status: int | None = None
         self._ended = False
@@ -462,68 +452,56 @@ class SessionProgram(SupervisedProcess):
     async def _open_transport(self) -> asyncio.SubprocessTransport:
         loop = asyncio.get_running_loop()
         la = self._launch
-        child, pipes = await (self._pty_stdio(loop) if self._pty is not None else self._socket_stdio(loop))
+        stdin: asyncio.BaseTransport | None = None
+        if la.pty is not None:
+            slave = self._open_pty(la.pty)
+            child = [slave, os.dup(slave), os.dup(slave)]
+            self._open_pipes = {1}
+        else:
+            child, stdin = await self._socket_stdio(loop)
         self._floor = _last_pid()
         try:
             self.session_pid = await self._session.spawn(
-                self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=self._pty is not None
+                self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=la.pty is not None
             )
         except BackendError:
-            for pipe in pipes.values():
-                pipe.close()
             if self._session.broken is not None:
+                self._close_stdio(stdin)
                 raise
             self.session_ended(None)  # ended (workspace cleanup) while this run started: killed with it
         except BaseException:
-            for pipe in pipes.values():
-                pipe.close()
+            self._close_stdio(stdin)
             raise
-        return _SessionTransport(self, pipes)
+        if la.pty is not None:
+            await self._connect_pty(loop)
+        return _SessionTransport(self, stdin)
 
-    async def _socket_stdio(self, loop: asyncio.AbstractEventLoop) -> tuple[list[int], dict[int, Any]]:
+    async def _socket_stdio(self, loop: asyncio.AbstractEventLoop) -> tuple[list[int], asyncio.BaseTransport | None]:
         la = self._launch
         child: list[int] = []
-        pipes: dict[int, Any] = {}
+        stdin: asyncio.BaseTransport | None = None
         try:
             if la.stdin is not None or la.interactive:
                 ours, theirs = socket.socketpair()
                 child.append(theirs.detach())
-                pipes[0], _ = await loop.connect_write_pipe(asyncio.Protocol, ours)
+                stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, ours)
             else:
                 child.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
             for fd in (1, 2):
                 ours, theirs = socket.socketpair()
                 child.append(theirs.detach())
-                pipes[fd], _ = await loop.connect_read_pipe(functools.partial(_Reader, self, fd), ours)
+                self._readers[fd], _ = await loop.connect_read_pipe(functools.partial(_Reader, self, fd), ours)
         except BaseException:
             _close_all(child)
-            for pipe in pipes.values():
-                pipe.close()
+            self._close_stdio(stdin)
             raise
-        return child, pipes
+        return child, stdin
 
-    async def _pty_stdio(self, loop: asyncio.AbstractEventLoop) -> tuple[list[int], dict[int, Any]]:
-        assert self._pty is not None
-        master, slave = os.openpty()
-        os.set_inheritable(master, False)
-        self._master = master
-        self._set_size(*self._pty)
-        self._open_pipes.discard(2)  # one stream: the terminal's
-        writer = os.fdopen(os.dup(master), "wb", buffering=0)
-        reader = os.fdopen(master, "rb", buffering=0)
-        pipes: dict[int, Any] = {}
-        pipes[0], _ = await loop.connect_write_pipe(asyncio.Protocol, writer)
-        pipes[1], _ = await loop.connect_read_pipe(functools.partial(_Reader, self, 1), reader)
-        return [slave, os.dup(slave), os.dup(slave)], pipes
-
-    def _set_size(self, rows: int, cols: int) -> None:
-        if self._master is not None:
-            fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-    def resize_terminal(self, rows: int, cols: int) -> None:
-        """Set the pty's size (the program gets SIGWINCH); nothing for a program without one."""
-        with contextlib.suppress(OSError):
-            self._set_size(rows, cols)
+    def _close_stdio(self, stdin: asyncio.BaseTransport | None) -> None:
+        for pipe in (stdin, *self._readers.values()):
+            if pipe is not None:
+                pipe.close()
+        self._close_pty()
 
     # -- what the session reports -------------------------------------------------------------
 
@@ -544,13 +522,13 @@ class SessionProgram(SupervisedProcess):
 
     # -- supervision through the session -------------------------------------------------------
 
-    def signal_leader(self, sig: int) -> None:
-        if self.session_pid is not None and self._status is None:
-            self._session.signal(self.session_pid, sig, group=False)
-
     def _signal_group(self, sig: int) -> None:
         # also after the leader's exit: what is left of its group does not outlive the run
         if self.session_pid is not None:
+            self._session.signal(self.session_pid, sig, group=True)
+
+    async def signal(self, sig: int) -> None:
+        if self.session_pid is not None and not self._exited.is_set():
             self._session.signal(self.session_pid, sig, group=True)
 
     async def _sweep(self) -> None:
@@ -558,7 +536,7 @@ class SessionProgram(SupervisedProcess):
         if sweeper is not None:
             await sweeper.sweep(self._launch.marker, self._floor)
 
-    async def wait(self) -> Any:
+    async def wait(self) -> RunResult:
         result = await super().wait()
         if self._error is not None:
             raise self._error
