@@ -51,7 +51,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
-from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
+from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 from .session import SessionConfig
@@ -215,9 +215,13 @@ class SandboxRunner(HostRunner):
         temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
         env = dict(prep.env)
         env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
-        if not self.resolvers(os.path.realpath(prep.root)).access("tmp").can_write:
+        if not self.access_of(prep.root, "tmp").can_write:
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
         return env
+
+    def access_of(self, root: Path, rel: str) -> Access:
+        """What the policy gives a program at ``rel`` of the workspace at ``root``."""
+        return self.resolvers(os.path.realpath(root)).access(rel)
 
     def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
         network = self.network_default if prep.spec.network is None else prep.spec.network == "on"

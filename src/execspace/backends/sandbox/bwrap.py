@@ -26,6 +26,7 @@ Design (see docs/backends/sandbox.md):
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import posixpath
@@ -229,6 +230,7 @@ def build_argv(
     return args
 
 
+@functools.lru_cache(maxsize=64)  # every run asks, with one of a few PATHs
 def visible_path_entries(path: str) -> str:
     """Keep the PATH entries that exist inside the sandbox (not under hidden top-level dirs)."""
     return ":".join(dict.fromkeys(entry for entry in path.split(":") if not hidden_by_default(entry)))

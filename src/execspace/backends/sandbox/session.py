@@ -36,7 +36,7 @@ from typing import Any
 
 from ...errors import BackendError, InvalidSpec
 from ...models import RunResult
-from ...process.supervisor import Launch, SupervisedProcess, spawn
+from ...process.supervisor import RUN_MARKER_VAR, Launch, SupervisedProcess, spawn
 
 __all__ = ["MAX_REQUEST", "Session", "SessionConfig", "SessionProgram", "start_session"]
 
@@ -313,14 +313,14 @@ class Session:
                 return f"sent message kind {kind} before it was ready"
             self._ready.set_result(None)
             return None
-        if kind == _EXITED and ident == 0 and a in self._unclaimed:
+        if kind == _EXITED and ident in (0, 1) and a in self._unclaimed:
             self._unclaimed.discard(a)
             return None
         if kind == _EXITED:
-            program = self._programs.pop(a, None) if ident == 0 else None
+            program = self._programs.pop(a, None) if ident in (0, 1) else None
             if program is None or not _valid_status(b):
                 return f"reported the exit of a program it was not running (pid {a}, status {b})"
-            program.reported_exit(b)
+            program.reported_exit(b, group_left=ident == 1)
             return None
         if kind in (_SPAWNED, _SIGNALED) and ident in self._abandoned:
             self._abandoned.discard(ident)
@@ -360,6 +360,50 @@ def _only_child(pid: int | None) -> int | None:
     except OSError:
         return None
     return int(children[0]) if len(children) == 1 else None
+
+
+def kill_marked_children(supervisor: int, marker: str) -> int:
+    """SIGKILL the processes of the session (the supervisor's descendants) whose environment carries ``marker``;
+    return how many. Walking the session's tree in ``/proc`` instead of scanning every process of the host keeps
+    a run's teardown cheap, and finds what left the run's process group (``setsid``) wherever it is."""
+    needle = f"{RUN_MARKER_VAR}={marker}\0".encode()
+    killed = 0
+    for _ in range(3):  # a dying parent may fork once more: look again until quiet
+        found = 0
+        for pid in _descendants(supervisor):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    marked = needle in f.read()
+            except OSError:
+                continue
+            if marked:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    found += 1
+        if not found:
+            break
+        killed += found
+    return killed
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -441,6 +485,7 @@ class SessionProgram(SupervisedProcess):
         self._rlimits = rlimits
         self.session_pid: int | None = None
         self._status: int | None = None
+        self._group_left = True
         self._ended = False
         self._error: BackendError | None = None
         self._floor = 0
@@ -505,8 +550,9 @@ class SessionProgram(SupervisedProcess):
 
     # -- what the session reports -------------------------------------------------------------
 
-    def reported_exit(self, status: int) -> None:
+    def reported_exit(self, status: int, *, group_left: bool) -> None:
         self._status = status
+        self._group_left = group_left
         self._exited.set()
 
     def session_ended(self, error: BackendError | None) -> None:
@@ -523,8 +569,9 @@ class SessionProgram(SupervisedProcess):
     # -- supervision through the session -------------------------------------------------------
 
     def _signal_group(self, sig: int) -> None:
-        # also after the leader's exit: what is left of its group does not outlive the run
-        if self.session_pid is not None:
+        # also after the leader's exit: what is left of its group does not outlive the run (the supervisor says
+        # whether anything is: a group without members cannot get any)
+        if self.session_pid is not None and (self._status is None or self._group_left):
             self._session.signal(self.session_pid, sig, group=True)
 
     async def signal(self, sig: int) -> None:
@@ -532,8 +579,10 @@ class SessionProgram(SupervisedProcess):
             self._session.signal(self.session_pid, sig, group=True)
 
     async def _sweep(self) -> None:
-        sweeper = self._launch.sweeper
-        if sweeper is not None:
+        supervisor = self._session.supervisor_pid
+        if supervisor is not None:
+            kill_marked_children(supervisor, self._launch.marker)
+        elif (sweeper := self._launch.sweeper) is not None:
             await sweeper.sweep(self._launch.marker, self._floor)
 
     async def wait(self) -> RunResult:

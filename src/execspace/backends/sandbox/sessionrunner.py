@@ -33,10 +33,12 @@ from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, take_slot
 from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
+from .policy import Access
 from .session import Session, SessionConfig, SessionProgram, start_session
 
 __all__ = ["SessionRunner"]
 
+_MAX_DECISIONS = 4096
 #: Output of the session's bwrap kept for its error message (bwrap says why it could not start).
 _BWRAP_OUTPUT = 64 * 1024
 
@@ -70,6 +72,7 @@ class SessionRunner(SandboxRunner):
         self.supervisor = supervisor
         self.config = config
         self._session_seccomp = self.seccomp
+        self._decisions: dict[tuple[Path, str], Access] = {}
         self._sessions: dict[Path, asyncio.Future[Session]] = {}
         self._lock = threading.Lock()
         self._adopted: dict[Path, tuple[Session, tuple[int, int]]] = {}
@@ -96,10 +99,20 @@ class SessionRunner(SandboxRunner):
             return False  # RLIMIT_NPROC would count the whole session's processes
         return not (limits.memory_bytes is not None and "memory_bytes" in self.cgroups.enforced)
 
+    def access_of(self, root: Path, rel: str) -> Access:
+        # every run asks for its cwd and tmp; the answer depends on the policy and the path only
+        key = (root, rel)
+        found = self._decisions.get(key)
+        if found is None:
+            if len(self._decisions) > _MAX_DECISIONS:
+                self._decisions.clear()
+            found = self._decisions[key] = super().access_of(root, rel)
+        return found
+
     def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
         if init_fd is not None or not self.fits_session(prep.spec):
             return super().wrap(prep, interactive=interactive, init_fd=init_fd)
-        if prep.cwd_rel and not self.resolvers(os.path.realpath(prep.root)).access(prep.cwd_rel).can_read:
+        if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.program_env(prep)
         launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)

@@ -11,7 +11,7 @@
  *                then NUL-terminated strings: cwd, argv[argc], env[envc]; SCM_RIGHTS: stdin, stdout, stderr.
  *   op 2 SIGNAL: i32 pid, i32 signal, u32 group (kill the process group pid).
  * Supervisor -> host, 16-byte packets: u32 kind, u32 id, i32 a, i32 b
- *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd), 3 EXITED (0, pid, wait status),
+ *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd), 3 EXITED (group left: 0/1, pid, wait status),
  *   4 SIGNALED (id, errno, 0).
  */
 #define _GNU_SOURCE
@@ -65,7 +65,8 @@ static void reap(void) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        if (untrack(pid)) reply(MSG_EXITED, 0, pid, status);
+        /* whether its process group lives on (its background children): else the host need not kill it */
+        if (untrack(pid)) reply(MSG_EXITED, kill(-pid, 0) == 0, pid, status);
     }
 }
 
