@@ -311,3 +311,48 @@ async def test_killing_the_host_process_leaves_no_process(tmp_path: Path) -> Non
         finally:
             proc.kill()
     assert not wait_no_process(tag), "killing the host left processes of its session"
+
+
+async def test_an_idle_session_ends_and_the_next_run_starts_a_new_one(tmp_path: Path) -> None:
+    probe = await probe_backend("sandbox", mode="session")
+    if not probe.ok:
+        pytest.skip(f"sandbox session mode unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    config = SessionConfig(pool_size=0, idle_timeout=0.2)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", mode="session", session=config) as e:
+        ws = await e.manager.create_workspace("sessions/idle")
+        assert (await sh(e, ws, "echo one")).stdout == "one\n"
+        first = session_of(e, ws).supervisor_pid
+        assert first is not None
+        assert await wait_gone(first), "an idle session was kept past its idle timeout"
+        assert (await sh(e, ws, "echo two")).stdout == "two\n"
+        assert session_of(e, ws).supervisor_pid not in (None, first)
+
+
+async def test_a_pooled_session_becomes_the_new_workspaces_and_only_its(tmp_path: Path) -> None:
+    probe = await probe_backend("sandbox", mode="session")
+    if not probe.ok:
+        pytest.skip(f"sandbox session mode unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    config = SessionConfig(pool_size=1)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", mode="session", session=config) as e:
+        pool = e.runner.pool  # type: ignore[attr-defined]
+        pool.refill()
+        assert await pool.ready(10)
+        pooled = pool.idle()[0].session
+        ws = await e.manager.create_workspace("sessions/pooled")
+        assert ws.host_path is not None
+        (ws.host_path / "work" / "mine.txt").write_text("mine")
+        r = await sh(e, ws, "cat mine.txt")
+        assert r.stdout == "mine", r
+        assert session_of(e, ws) is pooled
+        # a second workspace gets another session (a fresh pooled one, or a cold one): never this one
+        other = await e.manager.create_workspace("sessions/other")
+        assert "mine.txt" not in (await sh(e, other, "ls /workspace/work")).stdout
+        assert session_of(e, other) is not pooled
+        # removed before its first run, a pooled workspace takes its session along
+        await pool.ready(10)
+        unused = pool.idle()[0].session
+        gone = await e.manager.create_workspace("sessions/unused")
+        await e.manager.cleanup(gone)
+        assert unused.supervisor_pid is not None and await wait_gone(unused.supervisor_pid)

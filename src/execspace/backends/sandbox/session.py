@@ -23,7 +23,6 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import functools
 import itertools
 import os
 import signal
@@ -51,6 +50,7 @@ _FLAG_CTTY = 1
 #: Largest spawn request (argv, environment, cwd): within a SOCK_SEQPACKET datagram of the default buffer size.
 MAX_REQUEST = 192 * 1024
 _MAX_ERRNO = 4095
+_READ_SIZE = 256 * 1024
 _LAST_WORDS = 2.0  # seconds to wait for bwrap's exit (and its error) after a session failed to start
 
 
@@ -421,19 +421,57 @@ def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None
     return done
 
 
-class _Reader(asyncio.Protocol):
-    def __init__(self, owner: SessionProgram, fd: int) -> None:
-        self.owner = owner
-        self.fd = fd
+class _SocketReader(asyncio.ReadTransport):
+    """The host's reading end of one of a program's output sockets, on the event loop as it is (no transport
+    set-up round trip per run): data to the program's :meth:`_on_data`, end of file to ``_on_pipe_closed``."""
 
-    def data_received(self, data: bytes) -> None:
-        self.owner._on_data(self.fd, data)
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, owner: SessionProgram, fd: int) -> None:
+        super().__init__()
+        self._loop = loop
+        self._sock = sock
+        self._owner = owner
+        self._fd = fd
+        self._paused = False
+        self._closing = False
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._readable)
 
-    def eof_received(self) -> bool | None:
-        return None
+    def _readable(self) -> None:
+        try:
+            data = self._sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._owner._on_data(self._fd, data)
+        else:
+            self.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.owner._on_pipe_closed(self.fd)
+    def is_reading(self) -> bool:
+        return not (self._paused or self._closing)
+
+    def pause_reading(self) -> None:
+        if self.is_reading():
+            self._loop.remove_reader(self._sock.fileno())
+            self._paused = True
+
+    def resume_reading(self) -> None:
+        if self._paused and not self._closing:
+            self._paused = False
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        if not self._paused:
+            self._loop.remove_reader(self._sock.fileno())
+        self._closing = True
+        self._sock.close()
+        self._owner._on_pipe_closed(self._fd)
 
 
 class _SessionTransport(asyncio.SubprocessTransport):
@@ -535,7 +573,7 @@ class SessionProgram(SupervisedProcess):
             for fd in (1, 2):
                 ours, theirs = socket.socketpair()
                 child.append(theirs.detach())
-                self._readers[fd], _ = await loop.connect_read_pipe(functools.partial(_Reader, self, fd), ours)
+                self._readers[fd] = _SocketReader(loop, ours, self, fd)
         except BaseException:
             _close_all(child)
             self._close_stdio(stdin)

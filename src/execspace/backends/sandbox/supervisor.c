@@ -42,6 +42,8 @@ static int chan = -1;
 static pid_t tracked[MAX_TRACKED];
 static size_t ntracked;
 static unsigned char packet[MAX_PACKET + 1];
+/* written by a vfork child (which shares our memory until it execs or exits): why its exec failed */
+static volatile int32_t child_err;
 
 static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
     uint32_t msg[4] = {kind, id, (uint32_t)a, (uint32_t)b};
@@ -93,8 +95,9 @@ static const char *read_str(struct reader *r) {
     return s;
 }
 
-static void child(int *fds, uint32_t flags, const struct rlimit *lims, const int *res, uint32_t nlim,
-                  const char *cwd, char **argv, char **envp, int errpipe) {
+/* the vfork child: system calls only, then exec or _exit */
+__attribute__((noreturn)) static void child(int *fds, uint32_t flags, const struct rlimit *lims, const int *res, uint32_t nlim,
+                  const char *cwd, char **argv, char **envp) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -114,10 +117,19 @@ static void child(int *fds, uint32_t flags, const struct rlimit *lims, const int
         execve(argv[0], argv, envp);
         err = errno;
     }
-    int32_t e = err;
-    ssize_t ignored = write(errpipe, &e, sizeof e);
-    (void)ignored;
+    child_err = err;
     _exit(127);
+}
+
+/* vfork: we resume once the child has exec'd (or failed to, in child_err). Its own frame: nothing of the
+ * caller's lives across the vfork. */
+__attribute__((noinline)) static pid_t start_child(int *fds, uint32_t flags, const struct rlimit *lims,
+                                                   const int *res, uint32_t nlim, const char *cwd, char **argv,
+                                                   char **envp) {
+    child_err = 0;
+    pid_t pid = vfork();
+    if (pid == 0) child(fds, flags, lims, res, nlim, cwd, argv, envp);
+    return pid;
 }
 
 static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
@@ -146,26 +158,13 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     for (uint32_t i = 0; !bad && i < envc; i++) bad = (envp[i] = (char *)read_str(r)) == NULL;
     int32_t err = 0;
     pid_t pid = 0;
-    int errpipe[2];
     if (bad || r->at != r->end) {
         err = EINVAL;
     } else if (ntracked == MAX_TRACKED) {
         err = EAGAIN;
-    } else if (pipe2(errpipe, O_CLOEXEC) < 0) {
-        err = errno;
-    } else if ((pid = fork()) < 0) {
-        err = errno;
-        close(errpipe[0]);
-        close(errpipe[1]);
-    } else if (pid == 0) {
-        child(fds, flags, lims, res, nlim, cwd, argv, envp, errpipe[1]);
     } else {
-        close(errpipe[1]);
-        ssize_t n;
-        do n = read(errpipe[0], &err, sizeof err);
-        while (n < 0 && errno == EINTR);
-        if (n != (ssize_t)sizeof err) err = 0; /* closed by the exec: the program runs */
-        close(errpipe[0]);
+        pid = start_child(fds, flags, lims, res, nlim, cwd, argv, envp);
+        err = pid < 0 ? errno : child_err;
         if (err == 0) tracked[ntracked++] = pid; /* a failed child is reaped without a report */
     }
     free(argv);
