@@ -168,7 +168,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sessions-") as tmp:
         root = Path(tmp)
         if os.geteuid() == 0:
-            os.chmod(root, 0o711)  # noqa: S103 - the sandbox uid must reach the workspaces
+            os.chmod(root, 0o711)  # the sandbox uid must reach the workspaces
         async with execspace.open_engine(
             "sandbox", mode="session", session=SessionConfig(pool_size=0), workspace_root=root / "ws"
         ) as engine:
