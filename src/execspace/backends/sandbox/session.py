@@ -635,15 +635,17 @@ async def start_session(launch: Launch, sock: socket.socket, name: str, config: 
     and wait until the supervisor is ready.
 
     Raises:
-        BackendError: it did not start (bwrap's error in the message).
-        OSError: bwrap could not be executed.
+        BackendError: it did not start (bwrap's error in the message), or bwrap could not be executed.
     """
     session = Session(sock, name, config)
     try:
         bwrap = await spawn(launch)
-    except BaseException:
+    except BaseException as exc:
         session.closed = True
         session._shutdown_channel(None)
+        if isinstance(exc, OSError):
+            # not the run's program failing to start (a 127), but the sandbox around it
+            raise session._error(f"could not be started: {exc}") from exc
         raise
     try:
         await session.started(bwrap)
