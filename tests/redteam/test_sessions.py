@@ -356,3 +356,13 @@ async def test_a_pooled_session_becomes_the_new_workspaces_and_only_its(tmp_path
         gone = await e.manager.create_workspace("sessions/unused")
         await e.manager.cleanup(gone)
         assert unused.supervisor_pid is not None and await wait_gone(unused.supervisor_pid)
+
+
+async def test_large_arguments_pass_and_too_large_ones_are_refused_clearly(engine: Engine) -> None:
+    ws = await engine.manager.create_workspace("sessions/args")
+    chunk = "a" * 100_000  # one argument may not exceed 128 KiB on Linux
+    r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", 'echo "$#"', "sh", *[chunk] * 10]))
+    assert r.exit_code == 0 and r.stdout == "10\n", r
+    with pytest.raises(execspace.InvalidSpec, match="stdin or a file"):
+        await engine.runner.run_program(ws, RunProgramSpec("true", [chunk] * 30))
+    assert (await sh(engine, ws, "echo fine")).stdout == "fine\n"

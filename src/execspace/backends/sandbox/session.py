@@ -47,8 +47,11 @@ _SIGNAL = struct.Struct("=iiI")
 _OP_SPAWN, _OP_SIGNAL = 1, 2
 _READY, _SPAWNED, _EXITED, _SIGNALED = 1, 2, 3, 4
 _FLAG_CTTY = 1
-#: Largest spawn request (argv, environment, cwd): within a SOCK_SEQPACKET datagram of the default buffer size.
-MAX_REQUEST = 192 * 1024
+#: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
+#: buffers cannot take a datagram that large (``net.core.wmem_max``).
+MAX_REQUEST = 2 * 1024 * 1024
+_SEND_BUFFER = 2 * MAX_REQUEST
+_DATAGRAM_OVERHEAD = 64 * 1024
 _MAX_ERRNO = 4095
 _READ_SIZE = 256 * 1024
 _LAST_WORDS = 2.0  # seconds to wait for bwrap's exit (and its error) after a session failed to start
@@ -86,6 +89,11 @@ class Session:
         self.config = config
         self._sock = sock
         sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+        buffer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        self.max_request = min(MAX_REQUEST, buffer - _DATAGRAM_OVERHEAD)
+        """Largest spawn request this session's channel takes in one datagram."""
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[int, asyncio.Future[tuple[int, int]], SessionProgram | None]] = {}
@@ -219,11 +227,11 @@ class Session:
         body = _SPAWN.pack(_FLAG_CTTY if ctty else 0, len(rlimits), len(argv), len(env))
         body += b"".join(_RLIMIT.pack(which, 0, soft, hard) for which, soft, hard in rlimits)
         body += b"".join(os.fsencode(s) + b"\0" for s in strings)
-        if len(body) > MAX_REQUEST:
+        if len(body) > self.max_request:
             _close_all(fds)
             raise InvalidSpec(
                 f"the arguments and environment of a session run take {len(body)} bytes, more than "
-                f"{MAX_REQUEST}; pass large data through stdin or a file, or use mode='per-run'"
+                f"{self.max_request}; pass large data through stdin or a file, or use mode='per-run'"
             )
         pid, err = await self._request(_OP_SPAWN, _SPAWNED, body, fds, program)
         if err:

@@ -73,6 +73,7 @@ class SessionRunner(SandboxRunner):
         self.config = config
         self._session_seccomp = self.seccomp
         self._decisions: dict[tuple[Path, str], Access] = {}
+        self._ending: set[asyncio.Task[None]] = set()
         self._sessions: dict[Path, asyncio.Future[Session]] = {}
         self._lock = threading.Lock()
         self._adopted: dict[Path, tuple[Session, tuple[int, int]]] = {}
@@ -138,7 +139,12 @@ class SessionRunner(SandboxRunner):
         timeout = self.config.idle_timeout
         if session.active == 0 and timeout is not None and session.usable:
             loop = asyncio.get_running_loop()
-            session.idle_timer = loop.call_later(timeout, lambda: loop.create_task(self._end_idle(root, session)))
+            session.idle_timer = loop.call_later(timeout, self._schedule_end, root, session)
+
+    def _schedule_end(self, root: Path, session: Session) -> None:
+        task = asyncio.get_running_loop().create_task(self._end_idle(root, session))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
     async def _end_idle(self, root: Path, session: Session) -> None:
         if session.active == 0:

@@ -31,7 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAX_PACKET (256 * 1024)
+#define MAX_PACKET (2 * 1024 * 1024 + 64 * 1024) /* the host sends at most 2 MiB */
 #define MAX_TRACKED 4096
 #define FLAG_CTTY 1u
 
