@@ -11,12 +11,23 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "execspace"
 
 #: Floor of each top-level module or package of execspace (docs/architecture.md).
-GROUND = ("models", "errors", "capabilities", "envpolicy", "languages", "mime", "artifacts", "owner", "rundirs")
+GROUND = (
+    "models",
+    "errors",
+    "capabilities",
+    "envpolicy",
+    "languages",
+    "mime",
+    "artifacts",
+    "owner",
+    "rundirs",
+    "userconfig",
+)
 FLOORS = {
     **dict.fromkeys(GROUND, 0),
     "workspace": 1,
     "process": 2,
-    **dict.fromkeys(("protocols", "engine", "registry"), 3),
+    **dict.fromkeys(("protocols", "backend", "engine", "registry"), 3),
     "backends": 4,
     **dict.fromkeys(("executor", "sync", "testing"), 5),
     "tools": 6,

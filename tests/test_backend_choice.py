@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import InvalidSpec
+from execspace import InvalidSpec, SetupFailed
+from execspace.backends.container import container_image
 from execspace.registry import probe_backend
 from tests.backends.docker_fixture import Daemon
 
@@ -36,14 +37,73 @@ async def test_options_for_another_backend_than_the_default_say_so(tmp_path: Pat
             pass
 
 
+@pytest.fixture
+def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user config file, in a config home of this test's (not written yet)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    path = tmp_path / "config" / "execspace" / "config.toml"
+    path.parent.mkdir(parents=True)
+    return path
+
+
 async def test_container_probe_without_an_image_fails_with_the_fix(
-    docker_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+    docker_daemon: Daemon, config_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(IMAGE_ENV, raising=False)
+    config_file.write_text("[container]\n# image = 'not set'\n")
     probe = await probe_backend("container", docker_host=docker_daemon.host)
     assert not probe.ok
     assert probe.reason == "no container image is named"
     assert IMAGE_ENV in probe.fix and "--image" in probe.fix
+    assert f"under [container] in {config_file}" in probe.fix
+
+
+def test_the_image_comes_from_the_argument_then_the_environment_then_the_config_file(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file.write_text('[container]\nimage = "from-file:1"\n')
+    monkeypatch.setenv(IMAGE_ENV, "from-env:1")
+    assert container_image("from-argument:1") == "from-argument:1"
+    assert container_image(None) == "from-env:1"
+    monkeypatch.setenv(IMAGE_ENV, " ")
+    assert container_image(None) == "from-file:1"
+    config_file.unlink()
+    with pytest.raises(SetupFailed, match="no container image is named"):
+        container_image(None)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[container]\nimage = from-file\n", "is not valid TOML: Invalid value (at line 2, column 9)"),
+        ("[container]\nimage = 3\n", "has [container] image = 3, not a string"),
+        ('container = "img"\n', "has container = 'img', not a table"),
+    ],
+)
+async def test_a_malformed_config_file_fails_the_probe_naming_it(
+    text: str, says: str, docker_daemon: Daemon, config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    config_file.write_text(text)
+    probe = await probe_backend("container", docker_host=docker_daemon.host)
+    assert not probe.ok
+    assert f"the config file {config_file} {says}" in probe.reason
+    assert str(config_file) in probe.fix
+    with pytest.raises(SetupFailed, match="the config file"):
+        container_image(None)
+    assert container_image("given:1") == "given:1"  # the file is read only when it is needed
+
+
+async def test_container_image_comes_from_the_config_file(
+    docker_daemon: Daemon, test_image: str, config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    config_file.write_text(f"[container]\nimage = {test_image!r}\n")
+    assert (await probe_backend("container", docker_host=docker_daemon.host)).ok
+    async with execspace.open_engine(
+        "container", docker_host=docker_daemon.host, workspace_root=tmp_path / "ws", pool_size=0
+    ) as engine:
+        assert engine.describe().details["image"] == test_image
 
 
 async def test_container_probe_fails_for_an_image_the_daemon_lacks(docker_daemon: Daemon) -> None:
@@ -54,10 +114,10 @@ async def test_container_probe_fails_for_an_image_the_daemon_lacks(docker_daemon
 
 
 async def test_container_open_without_an_image_is_setup_failed(
-    docker_daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    docker_daemon: Daemon, config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(IMAGE_ENV, raising=False)
-    with pytest.raises(execspace.SetupFailed, match="no container image is named"):
+    with pytest.raises(SetupFailed, match="no container image is named"):
         async with execspace.open_engine("container", docker_host=docker_daemon.host, workspace_root=tmp_path):
             pass
 
@@ -88,6 +148,7 @@ def test_cli_without_bwrap_and_with_a_daemon_but_no_image_refuses_clearly(
     """The verified crash: no usable bubblewrap, a reachable daemon, no image → a TypeError and exit 1."""
     env = {k: v for k, v in os.environ.items() if k != IMAGE_ENV}
     env.update(PATH=_path_without_bwrap(tmp_path), DOCKER_HOST=docker_daemon.host, TMPDIR=str(tmp_path))
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "no-config")
     proc = subprocess.run([EXECSPACE, "run", "--", "true"], capture_output=True, cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 125, proc.stderr
     stderr = proc.stderr.decode()

@@ -22,6 +22,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .backend import BackendOptions, HostOptions, Probe
+    from .backends.container import ContainerOptions
+    from .backends.local import LocalOptions
+    from .backends.sandbox import SandboxOptions
     from .capabilities import Capabilities, Isolation, KernelCapabilities
     from .engine import BaseEngine, KernelEngine, open_engine
     from .envpolicy import EnvPolicy
@@ -82,6 +86,12 @@ if TYPE_CHECKING:
 # Names resolve on first use (PEP 562): the ``execspace`` command's fast path imports this
 # package and must not pay for the whole library when a warm daemon runs the command.
 _LAZY = {
+    "BackendOptions": ".backend",
+    "HostOptions": ".backend",
+    "Probe": ".backend",
+    "ContainerOptions": ".backends.container",
+    "LocalOptions": ".backends.local",
+    "SandboxOptions": ".backends.sandbox",
     "Capabilities": ".capabilities",
     "Isolation": ".capabilities",
     "KernelCapabilities": ".capabilities",
@@ -160,6 +170,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ArtifactNotFound",
     "BackendError",
+    "BackendOptions",
     "BaseEngine",
     "BlockResult",
     "Capabilities",
@@ -169,6 +180,7 @@ __all__ = [
     "CodeExecutionInput",
     "CodeExecutionResult",
     "CodeExecutor",
+    "ContainerOptions",
     "Engine",
     "EnvPolicy",
     "ExecspaceError",
@@ -177,6 +189,7 @@ __all__ = [
     "FileEntry",
     "FileKind",
     "FileRef",
+    "HostOptions",
     "InputError",
     "InputSpec",
     "InvalidSpec",
@@ -185,6 +198,7 @@ __all__ = [
     "KernelEngine",
     "Kernels",
     "LimitExceeded",
+    "LocalOptions",
     "OutputChunk",
     "OutputManifest",
     "OutputSpec",
@@ -192,6 +206,7 @@ __all__ = [
     "PathDenied",
     "Persistence",
     "PolicyViolation",
+    "Probe",
     "ProgramFailed",
     "ProgramHandle",
     "ProgramInfo",
@@ -202,6 +217,7 @@ __all__ = [
     "ResourceLimits",
     "RunProgramSpec",
     "RunResult",
+    "SandboxOptions",
     "SetupFailed",
     "SupportsKernels",
     "UnsupportedBackend",

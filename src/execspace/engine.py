@@ -6,11 +6,14 @@ import contextlib
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .capabilities import Capabilities
 from .errors import UsageError
 from .protocols import Kernels, ProgramRunner, WorkspaceFS, WorkspaceManager
+
+if TYPE_CHECKING:
+    from .backend import BackendOptions
 
 __all__ = ["BaseEngine", "KernelEngine", "open_engine"]
 
@@ -118,27 +121,26 @@ class KernelEngine(BaseEngine, Generic[K]):
 
 
 @contextlib.asynccontextmanager
-async def open_engine(backend: str | None = None, **options: Any) -> AsyncIterator[BaseEngine]:
+async def open_engine(
+    backend: str | None = None, *, options: BackendOptions | None = None, **keywords: object
+) -> AsyncIterator[BaseEngine]:
     """Open a backend's Engine for the duration of the ``async with`` block.
 
     ``backend=None`` picks the safest backend that works on this host; it never
     picks ``local`` (no isolation), which must be asked for by name. Options are
-    the backend's own (see each backend's ``open``), e.g. ``workspace_root``,
+    the backend's own typed options (``LocalOptions``, ``SandboxOptions``,
+    ``ContainerOptions``, ``JupyterOptions``…), given as ``options=`` or as
+    keywords (over ``options=`` when both are), e.g. ``workspace_root``,
     ``env_policy``, ``host_roots``, ``artifacts``.
 
     Raises:
         UnsupportedBackend: unknown name.
-        InvalidSpec: an option the backend does not take, or one it needs is missing.
+        InvalidSpec: an option the backend does not take, of the wrong type, or one it needs is missing.
         SetupFailed: the backend cannot work here (the message says how to fix it).
     """
-    from .registry import check_options, choose_default_backend, load_backend
+    from .registry import open_backend
 
-    chosen = backend in (None, "auto")
-    name = await choose_default_backend(options) if chosen else backend
-    assert name is not None
-    factory = load_backend(name)
-    check_options(name, factory, options, chosen=chosen)
-    engine = await factory.open(**options)
+    engine = await open_backend(backend, options, keywords)
     try:
         yield engine
     finally:

@@ -7,13 +7,13 @@ group (value ``"module:Factory"``); built-in names cannot be overridden.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
+from .backend import BackendFactory, BackendOptions, Probe
 from .errors import InvalidSpec, SetupFailed, UnsupportedBackend
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING costs an import on the command line's path
@@ -26,30 +26,12 @@ __all__ = [
     "BackendFactory",
     "BackendInfo",
     "Probe",
-    "check_options",
+    "build_options",
     "choose_default_backend",
     "load_backend",
+    "open_backend",
     "probe_backend",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """Whether a backend works on this host, and if not, why and how to fix it."""
-
-    ok: bool
-    reason: str = ""
-    fix: str = ""
-
-
-class BackendFactory(Protocol):
-    name: str
-
-    @classmethod
-    async def probe(cls, **options: Any) -> Probe: ...
-
-    @classmethod
-    async def open(cls, **options: Any) -> BaseEngine: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +106,8 @@ class _KnownBackends(Mapping[str, BackendInfo]):
 BACKENDS: Mapping[str, BackendInfo] = _KnownBackends()
 
 
-def load_backend(name: str) -> BackendFactory:
-    """Import and return the factory of backend ``name``."""
+def load_backend(name: str) -> BackendFactory[Any]:
+    """Import and return the factory of backend ``name`` (which options class it takes is known only then)."""
     info = _BUILTIN.get(name) or BACKENDS.get(name)  # built-ins never wait for the entry-point scan
     if info is None:
         raise UnsupportedBackend(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
@@ -134,44 +116,67 @@ def load_backend(name: str) -> BackendFactory:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise SetupFailed(name, f"cannot import {module_name} ({exc})", info.install_hint) from exc
-    factory: BackendFactory = getattr(module, attr)
+    factory: BackendFactory[Any] = getattr(module, attr)
     return factory
 
 
-async def probe_backend(name: str, **options: Any) -> Probe:
-    """Probe one backend without raising."""
+def build_options(
+    name: str,
+    factory: BackendFactory[Any],
+    options: BackendOptions | None = None,
+    keywords: Mapping[str, object] | None = None,
+    *,
+    chosen: bool = False,
+) -> BackendOptions:
+    """The one typed value ``factory`` takes: ``options`` (its options class, or a base of it such as
+    ``HostOptions``) with ``keywords`` over it; ``InvalidSpec`` naming what is wrong and the valid options."""
+    cls: type[BackendOptions] = factory.options
+    given = dict(options.as_keywords() if options is not None else {})
+    if options is not None and not isinstance(options, cls):
+        if not issubclass(cls, type(options)):
+            raise InvalidSpec(f"backend {name!r} takes {cls.__name__}, not {type(options).__name__}")
+    elif options is not None:
+        cls = type(options)  # a subclass of the factory's own keeps what it adds
+    hint = " (it was chosen as the default: name the backend your options are for)" if chosen else ""
+    return cls.from_keywords(name, {**given, **(keywords or {})}, hint=hint)
+
+
+async def probe_backend(name: str, options: BackendOptions | None = None, /, **keywords: object) -> Probe:
+    """Probe one backend with the options it would be opened with, without raising (options it does not take
+    are a failed probe saying so)."""
     try:
         factory = load_backend(name)
+        built = build_options(name, factory, options, keywords)
     except SetupFailed as exc:
         return Probe(False, exc.cause, exc.fix)
+    except InvalidSpec as exc:
+        return Probe(False, str(exc), "pass only the options listed")
     try:
-        return await factory.probe(**options)
+        return await factory.probe(built)
     except Exception as exc:  # a probe must never take the caller down
         return Probe(False, f"probe failed: {exc}", (_BUILTIN.get(name) or BACKENDS[name]).install_hint)
 
 
-def check_options(name: str, factory: BackendFactory, options: Mapping[str, Any], *, chosen: bool = False) -> None:
-    """``InvalidSpec`` naming the options ``factory.open`` does not take or needs, before it is called: a
-    ``TypeError`` from deep inside would say neither which backend nor what it takes."""
-    params = inspect.signature(factory.open).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    accepted = sorted(n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-    unknown = sorted(set(options) - set(accepted))
-    missing = [n for n in accepted if params[n].default is params[n].empty and n not in options]
-    if not (unknown or missing):
-        return
-    problem = f"has no option {', '.join(unknown)}" if unknown else f"needs the option {', '.join(missing)}"
-    hint = " (it was chosen as the default: name the backend your options are for)" if chosen else ""
-    raise InvalidSpec(f"backend {name!r} {problem}{hint}; its options: {', '.join(accepted)}")
+async def open_backend(
+    name: str | None, options: BackendOptions | None = None, keywords: Mapping[str, object] | None = None
+) -> BaseEngine:
+    """Open backend ``name`` (``None`` or ``"auto"``: the default choice) with its options built once."""
+    chosen = name in (None, "auto")
+    if chosen:
+        name = await choose_default_backend(keywords, options)
+    assert name is not None
+    factory = load_backend(name)
+    return await factory.open(build_options(name, factory, options, keywords, chosen=chosen))
 
 
-async def choose_default_backend(options: Mapping[str, Any] | None = None) -> str:
-    """The safest backend that works here, probed with the options it would be opened with; ``SetupFailed``
-    listing why each failed."""
+async def choose_default_backend(
+    keywords: Mapping[str, object] | None = None, options: BackendOptions | None = None
+) -> str:
+    """The safest backend that works here, probed with the options it would be opened with (those it takes: the
+    rest are an ``InvalidSpec`` when it opens); ``SetupFailed`` listing why each failed."""
     reasons = []
     for name in DEFAULT_ORDER:
-        probe = await probe_backend(name, **(options or {}))
+        probe = await _probe_candidate(name, keywords or {}, options)
         if probe.ok:
             return name
         reasons.append(f"{name}: {probe.reason}" + (f" (fix: {probe.fix})" if probe.fix else ""))
@@ -180,3 +185,11 @@ async def choose_default_backend(options: Mapping[str, Any] | None = None) -> st
         "no isolating backend works on this host [" + "; ".join(reasons) + "]",
         "fix one of the above, or pass backend='local' (CLI: --backend local) to run WITHOUT isolation",
     )
+
+
+async def _probe_candidate(name: str, keywords: Mapping[str, object], options: BackendOptions | None) -> Probe:
+    try:
+        taken = load_backend(name).options.option_names()
+    except SetupFailed as exc:
+        return Probe(False, exc.cause, exc.fix)
+    return await probe_backend(name, options, **{k: v for k, v in keywords.items() if k in taken})

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .capabilities import Capabilities
 from .engine import open_engine as _open_async_engine
@@ -55,6 +55,9 @@ from .models import (
     WorkspacePolicy,
 )
 from .protocols import Engine, ProgramHandle
+
+if TYPE_CHECKING:
+    from .backend import BackendOptions
 
 __all__ = [
     "STREAM_BUFFER_BYTES",
@@ -457,7 +460,9 @@ class SyncEngine:
 
 
 @contextlib.contextmanager
-def open_engine(backend: str | None = None, **options: Any) -> Iterator[SyncEngine]:
+def open_engine(
+    backend: str | None = None, *, options: BackendOptions | None = None, **keywords: object
+) -> Iterator[SyncEngine]:
     """Blocking :func:`execspace.open_engine`: same arguments, yields a :class:`SyncEngine`.
 
     The loop thread starts on entering the ``with`` block and stops on leaving it,
@@ -466,7 +471,7 @@ def open_engine(backend: str | None = None, **options: Any) -> Iterator[SyncEngi
     portal = _LoopThread(f"execspace-sync-{backend or 'default'}")
     stack = contextlib.AsyncExitStack()
     try:
-        engine = portal.call(stack.enter_async_context, _open_async_engine(backend, **options))
+        engine = portal.call(stack.enter_async_context, _open_async_engine(backend, options=options, **keywords))
     except BaseException:
         portal.close()
         raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 import execspace
 from execspace import PutFile, RunProgramSpec
-from execspace.backends.container import ContainerBackend
+from execspace.backends.container import ContainerBackend, ContainerOptions
 from execspace.backends.container.reaper import LABEL
 from execspace.capabilities import Isolation
 from execspace.errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
@@ -46,7 +47,7 @@ def _our_containers(daemon: Daemon) -> set[str]:
 
 
 async def test_probe_without_daemon_says_why_and_how() -> None:
-    probe = await ContainerBackend.probe(docker_host="unix:///nonexistent/execspace.sock")
+    probe = await ContainerBackend.probe(ContainerOptions(docker_host="unix:///nonexistent/execspace.sock"))
     assert not probe.ok
     assert "/nonexistent/execspace.sock" in probe.reason
     assert "DOCKER_HOST" in probe.fix
@@ -131,7 +132,7 @@ async def test_timeout_kills_what_the_program_started(engine: execspace.BaseEngi
         ws, sh("sleep 300 >/dev/null 2>&1 & echo $! > /workspace/out/child.pid; sleep 300", timeout=1)
     )
     assert r.timed_out and r.limit_hit == "timeout"
-    assert r.exit_code == -9
+    assert r.exit_code == -signal.SIGTERM  # TERM first: the shell had no handler for it
     assert 0.9 <= r.duration < 4 and time.monotonic() - start < 8
     assert ws.host_path is not None
     child = (ws.host_path / "out/child.pid").read_text().strip()
@@ -189,7 +190,7 @@ async def test_handle_kill_takes_the_whole_tree(engine: execspace.BaseEngine, ws
         await handle.kill()
         r = await asyncio.wait_for(handle.wait(), 10)
     assert time.monotonic() - start < 6
-    assert r.exit_code == -9 and not r.timed_out and r.stdout == "ready\n"
+    assert r.exit_code == -signal.SIGTERM and not r.timed_out and r.stdout == "ready\n"
     procs = await engine.runner.run_program(ws, sh(_COUNT_SLEEP_300))
     assert procs.stdout.strip() == "0"
 
@@ -205,7 +206,7 @@ async def test_handle_kill_reaches_the_shell_through_its_children(
         await wait_processes(tag, 4)  # the shell, the subshell and both sleeps
         await h.kill()
         r = await asyncio.wait_for(h.wait(), 10)
-    assert r.exit_code == -9
+    assert r.exit_code == -signal.SIGTERM
     assert not wait_no_process(tag), "a process of the killed program is left"
     assert ws.host_path is not None
     assert not (ws.host_path / "work/late-child").exists() and not (ws.host_path / "work/late-main").exists()
@@ -214,7 +215,7 @@ async def test_handle_kill_reaches_the_shell_through_its_children(
 async def test_handle_timeout_and_leaving_the_block_kill(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
     async with await engine.runner.start_program(ws, sh("echo started; sleep 300", timeout=0.5)) as handle:
         r = await asyncio.wait_for(handle.wait(), 10)
-    assert r.timed_out and r.limit_hit == "timeout" and r.exit_code == -9
+    assert r.timed_out and r.limit_hit == "timeout" and r.exit_code == -signal.SIGTERM
     assert r.stdout == "started\n" and 0.45 <= r.duration < 6
     async with await engine.runner.start_program(ws, sh("sleep 300")):
         pass  # leaving without wait() must not leave the program running
@@ -396,3 +397,18 @@ async def test_languages_come_from_the_image_label_and_code_runs_with_them(
         async with container_engine(docker_daemon, "execspace-test/no-such-image:1", tmp_path / "d", pool_size=0):
             pass
     assert "build-container-image.sh" in info.value.fix
+
+
+async def test_kill_after_the_grace_takes_a_child_that_ignored_term(
+    engine: execspace.BaseEngine, ws: execspace.Workspace
+) -> None:
+    """The TERM phase ends when the stream does; a child that ignored TERM and closed its output goes too."""
+    tag = new_tag("stubborn")
+    script = "(trap '' TERM; exec sleep 300 >/dev/null 2>&1) & echo ready; sleep 300"
+    async with await engine.runner.start_program(ws, sh(script, env=tagged(tag))) as handle:
+        assert (await asyncio.wait_for(anext(handle.stream()), 5)).data == b"ready\n"
+        await wait_processes(tag, 3)  # the shell and both sleeps
+        await handle.kill()
+        r = await asyncio.wait_for(handle.wait(), 10)
+    assert r.exit_code == -signal.SIGTERM
+    assert not wait_no_process(tag), "the child that ignored SIGTERM is left"

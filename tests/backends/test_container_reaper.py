@@ -34,13 +34,13 @@ pytest.importorskip("docker", reason="the docker SDK is not installed (pip insta
 # opens an engine (pool of 1), runs in two workspaces, reports its pid and engine, then waits or exits
 _OWNER = """
 import asyncio, json, sys
-from execspace.backends.container import ContainerBackend
+from execspace.backends.container import ContainerBackend, ContainerOptions
 from execspace import RunProgramSpec
 
 async def main(host, image, root, binds, then):
-    eng = await ContainerBackend.open(image=image, docker_host=host, workspace_root=root,
+    eng = await ContainerBackend.open(ContainerOptions(image=image, docker_host=host, workspace_root=root,
                                       read_only_binds=json.loads(binds), pool_size=1,
-                                      watchdog=then.endswith("watchdog"))
+                                      watchdog=then.endswith("watchdog")))
     for name in ("a", "b"):
         ws = await eng.manager.create_workspace(name)
         r = await eng.runner.run_program(ws, RunProgramSpec("true"))

@@ -15,7 +15,14 @@ import pytest
 
 import execspace
 from execspace import BaseEngine, CodeBlock, CodeExecutionInput, CodeExecutor, PutFile, ResourceLimits, Workspace
-from execspace.backends.jupyter import AutoKernels, HostKernels, JupyterBackend, KernelSessions, SandboxedKernels
+from execspace.backends.jupyter import (
+    AutoKernels,
+    HostKernels,
+    JupyterBackend,
+    JupyterOptions,
+    KernelSessions,
+    SandboxedKernels,
+)
 from execspace.protocols import SupportsKernels
 from execspace.registry import probe_backend
 from tests.backends.jupyter_support import alive, kernels_of
@@ -46,7 +53,7 @@ async def ws(engine: BaseEngine) -> Workspace:
 
 async def test_probe_and_capabilities_are_honest() -> None:
     assert (await probe_backend("jupyter")).ok
-    missing = await JupyterBackend.probe(kernel_name="no-such-kernel")
+    missing = await JupyterBackend.probe(JupyterOptions(kernel_name="no-such-kernel"))
     assert not missing.ok and "no-such-kernel" in missing.reason and "execspace[jupyter]" in missing.fix
     caps = await JupyterBackend.capabilities(mode=HostKernels())
     assert caps.persistent_state and str(caps.isolation) == "none" and not caps.network_control

@@ -30,7 +30,7 @@ from execspace import (
     Workspace,
     open_engine,
 )
-from execspace.backends.jupyter import JupyterBackend, ServerKernels
+from execspace.backends.jupyter import JupyterBackend, JupyterOptions, ServerKernels
 from execspace.backends.jupyter.remote_server import LocalServer, start_local_server
 from execspace.backends.jupyter.serverapi import ServerApi
 from execspace.backends.jupyter.serverkernels import RemoteKernelSessions
@@ -180,7 +180,10 @@ async def test_file_api_round_trips_through_the_kernel(
 
 async def test_cleanup_and_close_delete_kernels_on_the_server(server: LocalServer) -> None:
     eng = await JupyterBackend.open(
-        workspace_root=server.root_dir / f"ws{next(_engines)}", mode=ServerKernels(url=server.url, token=server.token)
+        JupyterOptions(
+            workspace_root=server.root_dir / f"ws{next(_engines)}",
+            mode=ServerKernels(url=server.url, token=server.token),
+        )
     )
     async with eng:
         ks: RemoteKernelSessions = eng.kernels
@@ -214,17 +217,25 @@ async def test_code_executor_runs_python_in_the_remote_kernel(engine: BaseEngine
 async def test_wrong_token_is_refused_clearly(server: LocalServer, tmp_path: Path) -> None:
     with pytest.raises(SetupFailed, match=r"refused the token \(HTTP 403") as info:
         await JupyterBackend.open(
-            workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token="not-" + server.token)
+            JupyterOptions(
+                workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token="not-" + server.token)
+            )
         )
     assert "not-" not in str(info.value)  # the error never echoes a token
     with pytest.raises(SetupFailed, match="needs the server's token"):
-        await JupyterBackend.open(workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token=""))
+        await JupyterBackend.open(
+            JupyterOptions(workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token=""))
+        )
 
 
 async def test_unknown_kernel_spec_is_refused(server: LocalServer, tmp_path: Path) -> None:
     with pytest.raises(SetupFailed, match=r"no kernel spec 'nope' \(it has: .*python3"):
         await JupyterBackend.open(
-            kernel_name="nope", workspace_root=tmp_path / "ws", mode=ServerKernels(url=server.url, token=server.token)
+            JupyterOptions(
+                kernel_name="nope",
+                workspace_root=tmp_path / "ws",
+                mode=ServerKernels(url=server.url, token=server.token),
+            )
         )
 
 
@@ -236,7 +247,9 @@ async def test_no_server_gives_a_clear_error(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     with pytest.raises(BackendError, match=f"cannot reach the Jupyter server at http://127.0.0.1:{port}.*running"):
         await JupyterBackend.open(
-            workspace_root=tmp_path / "ws", mode=ServerKernels(url=f"http://127.0.0.1:{port}", token="t" * 43)
+            JupyterOptions(
+                workspace_root=tmp_path / "ws", mode=ServerKernels(url=f"http://127.0.0.1:{port}", token="t" * 43)
+            )
         )
 
 
@@ -250,7 +263,9 @@ async def test_kernel_gateway_works_and_its_death_is_a_clear_error(tmp_path: Pat
         finally:
             api.close()
         async with await JupyterBackend.open(
-            workspace_root=tmp_path / "ws", interrupt_grace=1.0, mode=ServerKernels(url=gw.url, token=gw.token)
+            JupyterOptions(
+                workspace_root=tmp_path / "ws", interrupt_grace=1.0, mode=ServerKernels(url=gw.url, token=gw.token)
+            )
         ) as eng:
             ks: RemoteKernelSessions = eng.kernels
             ws = await eng.manager.create_workspace("gw")
@@ -283,9 +298,13 @@ async def test_https_server_needs_a_trusted_certificate(tmp_path: Path) -> None:
     async with start_local_server(root, certfile=str(cert), keyfile=str(key), ca_file=str(cert)) as srv:
         assert srv.url.startswith("https://127.0.0.1:")
         with pytest.raises(BackendError, match="TLS certificate not trusted"):
-            await JupyterBackend.open(workspace_root=root / "ws", mode=ServerKernels(url=srv.url, token=srv.token))
+            await JupyterBackend.open(
+                JupyterOptions(workspace_root=root / "ws", mode=ServerKernels(url=srv.url, token=srv.token))
+            )
         async with await JupyterBackend.open(
-            workspace_root=root / "ws", mode=ServerKernels(url=srv.url, token=srv.token, ca_file=str(cert))
+            JupyterOptions(
+                workspace_root=root / "ws", mode=ServerKernels(url=srv.url, token=srv.token, ca_file=str(cert))
+            )
         ) as eng:
             ws = await eng.manager.create_workspace("tls")
             cell = await eng.kernels.execute(ws, "print(6 * 7)")
@@ -295,7 +314,7 @@ async def test_https_server_needs_a_trusted_certificate(tmp_path: Path) -> None:
 async def test_programs_can_be_refused_so_code_runs_only_on_the_server(server: LocalServer) -> None:
     root = server.root_dir / f"ws{next(_engines)}"
     async with await JupyterBackend.open(
-        workspace_root=root, mode=ServerKernels(url=server.url, token=server.token, programs="refuse")
+        JupyterOptions(workspace_root=root, mode=ServerKernels(url=server.url, token=server.token, programs="refuse"))
     ) as eng:
         ws = await eng.manager.create_workspace("k-only")
         with pytest.raises(CapabilityError, match="programs='refuse'"):
@@ -321,7 +340,7 @@ async def test_server_that_cannot_see_the_workspace_is_refused(tmp_path: Path) -
     hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$@"']
     async with start_local_server(tmp_path, wrapper=[*hide, str(ws_root)]) as srv:
         async with await JupyterBackend.open(
-            workspace_root=ws_root, mode=ServerKernels(url=srv.url, token=srv.token)
+            JupyterOptions(workspace_root=ws_root, mode=ServerKernels(url=srv.url, token=srv.token))
         ) as eng:
             ws = await eng.manager.create_workspace("far")
             with pytest.raises(SetupFailed, match=r"do not see this host's workspace .* \(no shared filesystem"):

@@ -357,14 +357,14 @@ needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not
 
 @needs_bwrap
 async def test_probe_reports_the_working_filter() -> None:
-    probe = await SandboxBackend.probe(seccomp=sc.SeccompFilters())
+    probe = await SandboxBackend.probe_boundary(seccomp=sc.SeccompFilters())
     assert probe.ok, probe
     assert "socket(AF_UNIX) refused with EPERM" in probe.reason
 
 
 @needs_bwrap
 async def test_probe_fails_closed_when_seccomp_does_not_load() -> None:
-    probe = await SandboxBackend.probe(seccomp=_Unloadable())
+    probe = await SandboxBackend.probe_boundary(seccomp=_Unloadable())
     assert not probe.ok
     assert "seccomp" in probe.reason
     assert probe.fix == sc.LOAD_FAILED_FIX
@@ -372,7 +372,7 @@ async def test_probe_fails_closed_when_seccomp_does_not_load() -> None:
 
 @needs_bwrap
 async def test_probe_fails_closed_when_the_filter_lets_af_unix_through() -> None:
-    probe = await SandboxBackend.probe(seccomp=_AllowAll())
+    probe = await SandboxBackend.probe_boundary(seccomp=_AllowAll())
     assert not probe.ok
     assert "did not refuse socket(AF_UNIX)" in probe.reason
 

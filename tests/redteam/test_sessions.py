@@ -16,7 +16,7 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
-from execspace.backends.sandbox import SandboxBackend, SessionConfig
+from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
 from execspace.backends.sandbox.session import Session
 from execspace.errors import BackendError
 from execspace.registry import probe_backend
@@ -35,7 +35,7 @@ async def open_session_engine(tmp_path: Path, request_timeout: float = 10.0) -> 
         pytest.skip(f"sandbox session mode unavailable: {probe.reason}")
     make_traversable(tmp_path)
     config = SessionConfig(pool_size=0, request_timeout=request_timeout)
-    return await SandboxBackend.open(workspace_root=tmp_path / "ws", mode="session", session=config)
+    return await SandboxBackend.open(SandboxOptions(workspace_root=tmp_path / "ws", mode="session", session=config))
 
 
 @pytest.fixture

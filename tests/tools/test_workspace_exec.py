@@ -472,6 +472,30 @@ async def test_kill_stops_the_whole_tree(tool: WorkspaceExecTool, ws: Workspace)
     assert (await tool.kill({"session_id": sid}))["error_type"] == "UnknownSession"
 
 
+async def test_tty_session_runs_on_a_terminal(tool: WorkspaceExecTool, any_engine: BaseEngine) -> None:
+    command = '[ -t 0 ] && stty size; read -r x; echo "got $x"'
+    if not any_engine.describe().pty:
+        r = await run(tool, command, background=True, tty=True)
+        assert r["status"] == "error" and r["error_type"] == "CapabilityError", r
+        return
+    sid = await start(tool, command, tty=True)
+    r = await tool.poll({"session_id": sid, "wait_ms": 5000})
+    assert r["output"] == "24 80\r\n", r
+    r = await tool.write_stdin({"session_id": sid, "input": "hi", "append_newline": True, "wait_ms": 5000})
+    text, last = await poll_until_exited(tool, sid) if r["status"] == "running" else ("", r)
+    assert r["output"] + text == "hi\r\ngot hi\r\n"  # the terminal echoes the input
+    assert last["exit_code"] == 0
+
+
+async def test_a_signal_reaches_the_session_and_it_goes_on(tool: WorkspaceExecTool) -> None:
+    sid = await start(tool, 'trap "echo caught" INT; echo ready; while :; do sleep 0.05; done')
+    assert (await tool.poll({"session_id": sid, "wait_ms": 5000}))["output"] == "ready\n"
+    r = await tool.kill({"session_id": sid, "signal": "INT", "wait_ms": 5000})
+    assert (r["status"], r["output"]) == ("running", "caught\n"), r
+    r = await tool.kill({"session_id": sid})
+    assert r["status"] == "killed" and tool.session_ids == []
+
+
 async def test_session_timeout(tool: WorkspaceExecTool) -> None:
     sid = await start(tool, "echo hi; sleep 30", timeout_sec=1)
     text, last = await poll_until_exited(tool, sid)

@@ -268,7 +268,8 @@ def add_image_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image",
         metavar="NAME",
-        help="container: the image to run in (default $EXECSPACE_CONTAINER_IMAGE); implies --backend container",
+        help="container: the image to run in (default $EXECSPACE_CONTAINER_IMAGE, else [container] image in "
+        "$XDG_CONFIG_HOME/execspace/config.toml); implies --backend container",
     )
 
 

@@ -413,7 +413,9 @@ class SupervisedProcess:
         return self._log.attach(from_start=from_start)
 
     async def _kill_tree(self) -> None:
-        self._signal_group(signal.SIGTERM)
+        # TERM goes to the program itself (inside a wrapper such as bwrap, which would die of it and take the
+        # program down with SIGKILL): its handlers get the grace period to clean up
+        await self.signal(signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._launch.kill_grace):
                 await self._exited.wait()

@@ -84,12 +84,13 @@ def backend_binding(
 ) -> EngineBinding:
     """The binding of a registered backend (built in or from the ``execspace.backends`` entry-point group):
     probed with ``probe_options`` (a failed probe skips, with its reason and fix), then opened with
-    ``execspace.open_engine(backend, workspace_root=..., host_roots=..., **options)``.
+    ``execspace.open_engine(backend, workspace_root=..., host_roots=..., **options)``: the keywords its options
+    class takes (see :mod:`execspace.backend`).
 
     ``traversable``: the backend runs programs as another uid (the sandbox as root), which must reach the
     workspace root through the test's tmp dirs.
     """
-    opts = dict(options or {})
+    opts: dict[str, Any] = dict(options or {})  # any option of any backend: checked when it opens
     probing = dict(probe_options or {})
 
     @contextlib.asynccontextmanager

@@ -527,3 +527,17 @@ async def test_pty_resize_reaches_the_program(any_engine: Engine, any_ws: Ws) ->
     with pytest.raises(execspace.UsageError):  # no terminal: nothing to resize
         async with await any_engine.runner.start_program(any_ws, RunProgramSpec("true")) as plain:
             await plain.resize(execspace.PtySize())
+
+
+@needs(Feature.PROGRAMS)
+async def test_timeout_and_kill_give_the_program_its_term_handler(any_engine: Engine, any_ws: Ws) -> None:
+    """A timeout or a kill sends SIGTERM to the program itself first (not to a wrapper that would take it down
+    with SIGKILL): its handler runs within the grace period."""
+    script = 'trap "echo cleaned-up; exit 0" TERM; echo up; while :; do sleep 0.05; done'
+    r = await run(any_engine, any_ws, script, timeout=1)
+    assert r.timed_out and r.stdout == "up\ncleaned-up\n", (r.stdout, r.stderr)
+    async with await any_engine.runner.start_program(any_ws, RunProgramSpec("sh", ["-c", script])) as handle:
+        await read_until(handle.attach(), b"up\n")
+        await handle.kill()
+        result = await handle.wait()
+    assert result.stdout == "up\ncleaned-up\n", (result.stdout, result.stderr)

@@ -22,13 +22,14 @@ a backend that cannot give a clean environment is refused (fails closed).
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Protocol
 
 from ..errors import CapabilityError, ExecspaceError, InvalidSpec, PathDenied, UsageError
-from ..models import ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ..models import PtySize, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ..process.capture import HeadTailBuffer
 from ..protocols import Engine
 from ..workspace.confine import split_relpath
@@ -139,6 +140,7 @@ class _Request:
     stdin: str | None
     timeout: float
     dropped_env: list[str] = field(default_factory=list)
+    tty: bool = False
 
 
 class _BoundTool:
@@ -286,7 +288,8 @@ class WorkspaceExecTool:
         if self.policy is not None:
             dropped, env = dropped_names(env, self.env_allow), scrub(env, self.env_allow)
         timeout = float(args.get("timeout_sec") or self.default_timeout)  # the schema bounds it
-        return _Request(command, normalize_cwd(args.get("cwd")), env, args.get("stdin"), timeout, dropped)
+        cwd = normalize_cwd(args.get("cwd"))
+        return _Request(command, cwd, env, args.get("stdin"), timeout, dropped, tty=bool(args.get("tty")))
 
     def _gate(self, command: str) -> None:
         """Policy mode: the backend must give a clean environment, and the command must pass."""
@@ -319,6 +322,7 @@ class WorkspaceExecTool:
             stdin=request.stdin,
             timeout=request.timeout,
             limits=replace(self.limits, output_bytes=output_bytes),
+            pty=PtySize() if request.tty else None,
         )
 
     async def _run(self, ws: Workspace, request: _Request) -> dict[str, Any]:
@@ -392,10 +396,16 @@ class WorkspaceExecTool:
             return error_result(exc)
 
     async def kill(self, arguments: ToolArguments) -> dict[str, Any]:
-        """``workspace_kill``: kill the session's whole process tree; report its last output."""
+        """``workspace_kill``: kill the session's whole process tree, or send it one signal (INT is Ctrl-C);
+        report its last output."""
         try:
             args = check_arguments(self._specs["kill"].parameters, arguments)
             session = self._sessions.get(args["session_id"])
+            if args["signal"] != "KILL":
+                if not session.exited:
+                    await session.handle.signal(signal.Signals[f"SIG{args['signal']}"])
+                await session.settle(args["wait_ms"] / 1000)
+                return await self._view(session)
             was_running = not session.exited
             await session.kill()
             out = await self._view(session)
@@ -494,6 +504,10 @@ def _exec_description(tool: WorkspaceExecTool, prefix: str) -> str:
     return text
 
 
+#: Signals a model may send to a session (``workspace_kill``'s ``signal``).
+_SIGNALS = ("KILL", "INT", "TERM", "HUP", "QUIT", "USR1", "USR2")
+
+
 def _build_specs(prefix: str, tool: WorkspaceExecTool) -> dict[str, ToolSpec]:
     exec_params = {
         "type": "object",
@@ -525,6 +539,12 @@ def _build_specs(prefix: str, tool: WorkspaceExecTool) -> dict[str, ToolSpec]:
                 "type": "boolean",
                 "default": False,
                 "description": "Start the command and return at once with a session_id instead of waiting.",
+            },
+            "tty": {
+                "type": "boolean",
+                "default": False,
+                "description": "Run on a terminal (24x80) for programs that need one (REPLs, prompts, curses): "
+                "output is what the terminal shows (input echoed, CR LF line ends), stderr is part of it.",
             },
         },
         "required": ["command"],
@@ -558,7 +578,17 @@ def _build_specs(prefix: str, tool: WorkspaceExecTool) -> dict[str, ToolSpec]:
     }
     kill_params = {
         "type": "object",
-        "properties": {"session_id": _SESSION_ID},
+        "properties": {
+            "session_id": _SESSION_ID,
+            "signal": {
+                "type": "string",
+                "enum": list(_SIGNALS),
+                "default": "KILL",
+                "description": "KILL (default) ends the session and everything it started. Any other is sent to "
+                "the program and the session goes on: INT is Ctrl-C, TERM asks it to stop, HUP, QUIT, USR1, USR2.",
+            },
+            "wait_ms": _wait_ms(500, "the program's reaction to a signal other than KILL"),
+        },
         "required": ["session_id"],
         "additionalProperties": False,
     }
@@ -577,7 +607,8 @@ def _build_specs(prefix: str, tool: WorkspaceExecTool) -> dict[str, ToolSpec]:
         ),
         "kill": ToolSpec(
             f"{prefix}kill",
-            "Stop a background session and everything it started; returns its last output.",
+            "Stop a background session and everything it started, or send it a signal (INT = Ctrl-C); "
+            "returns its last output.",
             kill_params,
         ),
     }

@@ -124,7 +124,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
     def __init__(
         self,
         artifacts: ArtifactService | None = None,
-        host_roots: Sequence[Path] = (),
+        host_roots: Sequence[Path | str] = (),
         *,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         access: AccessHook | None = None,

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
@@ -29,15 +29,16 @@ from ...errors import InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace
 from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
-from ...registry import Probe
+from ...userconfig import config_path, config_string
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
-from ...workspace.protected import DEFAULT_PROTECTED, ProtectedPaths
+from ...workspace.protected import ProtectedPaths
 from ...workspace.slots import take_slot
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .limits import PER_RUN_LIMITS
+from .options import ContainerOptions
 from .pool import PoolSlot, WarmPool, container_pool
 from .reaper import reap_orphans, start_watchdog
 from .runner import ContainerRunner
@@ -48,6 +49,7 @@ __all__ = [
     "ContainerBackend",
     "ContainerConfig",
     "ContainerEngine",
+    "ContainerOptions",
     "WarmPool",
     "container_image",
     "reap_orphans",
@@ -67,14 +69,15 @@ DOES_NOT_PROTECT = (
 
 
 def container_image(image: str | None) -> str:
-    """The image to use: ``image``, else ``$EXECSPACE_CONTAINER_IMAGE``; ``SetupFailed`` when neither names one."""
-    name = image or os.environ.get(IMAGE_ENV, "").strip()
+    """The image to use: ``image``, else ``$EXECSPACE_CONTAINER_IMAGE``, else ``[container] image`` of the user
+    config file; ``SetupFailed`` when none names one (or the file is malformed)."""
+    name = image or os.environ.get(IMAGE_ENV, "").strip() or config_string("container", "container", "image")
     if not name:
         raise SetupFailed(
             "container",
             "no container image is named",
-            f"pass image='NAME' (CLI: --image NAME) or set {IMAGE_ENV}; "
-            "build one offline with scripts/build-container-image.sh",
+            f"pass image='NAME' (CLI: --image NAME), set {IMAGE_ENV}, or write image = \"NAME\" under "
+            f"[container] in {config_path()}; build one offline with scripts/build-container-image.sh",
         )
     return name
 
@@ -82,10 +85,13 @@ def container_image(image: str | None) -> str:
 class ContainerBackend:
     name = "container"
 
+    options = ContainerOptions
+
     @classmethod
-    async def probe(cls, *, docker_host: str | None = None, image: str | None = None, **options: Any) -> Probe:
+    async def probe(cls, options: ContainerOptions, /) -> Probe:
         """Works here when a daemon answers AND it has the image ``open`` would use: the default choice must
         never land on a backend that cannot open."""
+        docker_host, image = options.docker_host, options.image
         try:
             client = await asyncio.to_thread(connect, docker_host, 3.0)
         except SetupFailed as exc:
@@ -153,73 +159,33 @@ class ContainerBackend:
         )
 
     @classmethod
-    async def open(
-        cls,
-        *,
-        image: str | None = None,
-        docker_host: str | None = None,
-        workspace_root: Path | str | None = None,
-        env_policy: EnvPolicy | None = None,
-        host_roots: Any = (),
-        artifacts: Any = None,
-        user: tuple[int, int] | None = None,
-        memory_bytes: int = 512 * 1024 * 1024,
-        pids: int = 256,
-        cpus: float = 1.0,
-        read_only_binds: Mapping[str, str] | None = None,
-        network: str = "none",
-        pool_size: int = 1,
-        reap_on_open: bool = True,
-        watchdog: bool = False,
-        languages: Sequence[str] | None = None,
-        protected: Sequence[str] = DEFAULT_PROTECTED,
-    ) -> ContainerEngine:
-        """Open a container engine.
-
-        Args:
-            image: the image every workspace container runs (it needs ``/bin/sh``, ``sleep`` and ``grep``);
-                default ``$EXECSPACE_CONTAINER_IMAGE``. ``SetupFailed`` when neither names one.
-            docker_host: daemon URL (``unix:///run/podman/podman.sock``…); default ``$DOCKER_HOST``, else the
-                default socket.
-            workspace_root: where workspaces are created on this host.
-            env_policy: how the run's environment is built (the host's variables never enter).
-            user: uid:gid programs run as; default 65534 when we are root, else our own (never 0).
-            memory_bytes / pids / cpus: limits of each workspace container.
-            read_only_binds: host path → container path mounted read-only (a relaxation; sockets refused).
-            network: ``"none"`` (default), or the name of a daemon network (e.g. ``"bridge"``) to let programs
-                reach the network: an explicit relaxation, reported by ``describe()``. ``"host"`` is refused.
-            pool_size: started containers kept ready for new workspaces (0: create on first run).
-            reap_on_open: first remove containers left by crashed processes (see ``reaper.py``).
-            watchdog: also start a small process that removes this engine's containers as soon as our process
-                ends, however it ends (SIGKILL included); costs one Python process per engine.
-            languages: the languages whose runtimes the image has (code blocks and skill scripts need them);
-                default: what the image declares in its ``execspace.languages`` label, none without it.
-            protected: workspace paths programs and the file API never write (the workspace root is read-only
-                to programs anyway; an entry below a layout directory is mounted read-only). Pass a shorter
-                list to opt out of some (``.execspace`` stays).
-        """
+    async def open(cls, options: ContainerOptions, /) -> ContainerEngine:
+        """Open a container engine with ``options`` (see :class:`ContainerOptions`)."""
+        docker_host, pool_size, languages = options.docker_host, options.pool_size, options.languages
         if pool_size < 0:
             raise PolicyViolation("pool_size must be 0 or more")
         unknown = set(languages or ()) - {lang.name for lang in LANGUAGES}
         if unknown:
             raise InvalidSpec(f"unknown languages {sorted(unknown)}; known: {[lang.name for lang in LANGUAGES]}")
-        image = container_image(image)
+        image = container_image(options.image)
         config = ContainerConfig(
             image=image,
-            user=user or (DEFAULT_USER if os.getuid() == 0 else (os.getuid(), os.getgid())),
-            memory_bytes=memory_bytes,
-            pids=pids,
-            cpus=cpus,
-            read_only_binds=dict(read_only_binds or {}),
-            network=network,
-            protected=tuple(protected),
+            user=options.user or (DEFAULT_USER if os.getuid() == 0 else (os.getuid(), os.getgid())),
+            memory_bytes=options.memory_bytes,
+            pids=options.pids,
+            cpus=options.cpus,
+            read_only_binds=dict(options.read_only_binds or {}),
+            network=options.network,
+            protected=tuple(options.protected),
         )
         client = await asyncio.to_thread(connect, docker_host)
-        root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("container")
+        root = (
+            Path(options.workspace_root) if options.workspace_root else default_workspace_root().with_name("container")
+        )
         try:
             info = await asyncio.to_thread(daemon_info, client, docker_host)
             declared = await asyncio.to_thread(image_languages, client, image)
-            if reap_on_open:
+            if options.reap_on_open:
                 await asyncio.to_thread(reap_orphans, client, root)
         except BaseException:
             await asyncio.to_thread(client.close)
@@ -227,19 +193,24 @@ class ContainerBackend:
         containers = WorkspaceContainers(client, config, daemon_socket_path(docker_host))
         # started before any container exists, so that none is ever outside its watch
         try:
-            guard = start_watchdog(docker_host, containers.engine_id, root) if watchdog else None
+            guard = start_watchdog(docker_host, containers.engine_id, root) if options.watchdog else None
         except BaseException:
             await containers.close()
             raise
-        caps = cls.capabilities(config, str(info), pool_size, watchdog, declared if languages is None else languages)
+        caps = cls.capabilities(
+            config, str(info), pool_size, options.watchdog, declared if languages is None else languages
+        )
         owner = _owner(config) if os.getuid() == 0 else _no_owner
         manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size)
         pool = manager.pool
         pool.refill()
         fs = HostWorkspaceFS(
-            artifacts=artifacts, host_roots=host_roots, owner=owner, access=ProtectedPaths(config.protected)
+            artifacts=options.artifacts,
+            host_roots=options.host_roots,
+            owner=owner,
+            access=ProtectedPaths(config.protected),
         )
-        runner = ContainerRunner(containers, lambda: caps, env_policy or EnvPolicy(), owner)
+        runner = ContainerRunner(containers, lambda: caps, options.env_policy or EnvPolicy(), owner)
 
         async def close() -> None:
             await pool.close()

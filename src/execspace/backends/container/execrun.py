@@ -14,7 +14,10 @@ from typing import Any
 
 from ...process.capture import HeadTailBuffer
 
-__all__ = ["KILL_SCRIPT", "SIGNAL_SCRIPT", "ExecRun"]
+__all__ = ["KILL_GRACE", "KILL_SCRIPT", "SIGNAL_SCRIPT", "ExecRun"]
+
+#: Seconds a timed-out or killed program has between SIGTERM and SIGKILL (its handlers' time to clean up).
+KILL_GRACE = 2.0
 
 #: Run as the program's own user in a second exec: kills every process that carries the run's
 #: marker, with its process group (each exec starts as a session leader, so that catches the

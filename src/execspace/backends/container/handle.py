@@ -21,7 +21,7 @@ from ...errors import UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunResult
 from ...process.preparation import PreparedRun
 from ...process.programs import OutputLog, program_info
-from .execrun import ExecRun
+from .execrun import KILL_GRACE, ExecRun
 
 if TYPE_CHECKING:
     from .runner import ContainerRunner
@@ -85,7 +85,7 @@ class ContainerHandle:
         except TimeoutError:
             timed_out = True
             self._released.set()  # a pump waiting for a consumer must reach the end of the stream
-            await self._runner.kill_run(run, self._prep, pump)
+            await self._runner.kill_run(run, self._prep, pump, grace=KILL_GRACE)
         finally:
             self._released.set()
             self._queue.put_nowait(None)
@@ -153,13 +153,13 @@ class ContainerHandle:
                 await asyncio.to_thread(self._run.end_stdin)
 
     async def kill(self) -> None:
-        """Kill every process of the run (SIGKILL: the marker sweep leaves no grace to use)."""
+        """Kill every process of the run: SIGTERM, then SIGKILL after the grace period."""
         assert self._run is not None and self._pump is not None
         if self._pump.done():
             return
         self._killed = True
         self._released.set()
-        await self._runner.kill_run(self._run, self._prep, self._pump)
+        await self._runner.kill_run(self._run, self._prep, self._pump, grace=KILL_GRACE)
 
     async def wait(self) -> RunResult:
         assert self._done is not None

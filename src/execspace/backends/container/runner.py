@@ -18,7 +18,7 @@ from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
-from .execrun import ExecRun
+from .execrun import KILL_GRACE, ExecRun
 from .handle import ContainerHandle
 from .limits import rlimit_argv
 
@@ -132,7 +132,7 @@ class ContainerRunner:
             await asyncio.wait_for(asyncio.shield(pump), prep.spec.timeout)
         except TimeoutError:
             timed_out = True
-            await self.kill_run(run, prep, pump)
+            await self.kill_run(run, prep, pump, grace=KILL_GRACE)
         except BaseException:
             await asyncio.shield(self.kill_run(run, prep, pump))
             raise
@@ -144,12 +144,20 @@ class ContainerRunner:
                 run.release()
         return timed_out
 
-    async def kill_run(self, run: ExecRun, prep: PreparedRun, pump: asyncio.Future[None]) -> None:
+    async def kill_run(
+        self, run: ExecRun, prep: PreparedRun, pump: asyncio.Future[None], *, grace: float = 0.0
+    ) -> None:
         """Kill what the run started and wait (bounded) for its stream to end.
 
-        A kill can land before the daemon has started the exec's process; the stream then goes on,
-        so the kill is repeated until it ends, a bounded number of times.
+        With a ``grace``, SIGTERM first and up to ``grace`` seconds for the stream to end; then SIGKILL to whatever
+        of the run is left either way (a child that ignored the TERM and let go of the stream too). A kill can land
+        before the daemon has started the exec's process; the stream then goes on, so the kill is repeated until
+        it ends, a bounded number of times.
         """
+        if grace:
+            await self.signal_run(run, prep, "TERM")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pump), grace)
         for settle in _KILL_SETTLES:
             with contextlib.suppress(Exception):  # the exec may have ended on its own meanwhile
                 await asyncio.to_thread(run.kill, RUN_MARKER_VAR, prep.marker, self._user)

@@ -29,19 +29,20 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
 from ...envpolicy import EnvPolicy
 from ...errors import SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
-from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.slots import sweep_stale_slots
 from .hostkernels import HostLauncher
 from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
 from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
+from .options import JupyterOptions
 from .outputs import RichOutputLimits
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "CellResult",
     "HostKernels",
     "JupyterBackend",
+    "JupyterOptions",
     "KernelMode",
     "KernelSessions",
     "RichOutputLimits",
@@ -82,9 +84,11 @@ DOES_NOT_PROTECT = (
 class JupyterBackend:
     name = "jupyter"
 
+    options = JupyterOptions
+
     @classmethod
-    async def probe(cls, *, kernel_name: str = "python3", mode: KernelMode | None = None, **options: Any) -> Probe:
-        mode = check_mode(mode or AutoKernels())
+    async def probe(cls, options: JupyterOptions, /) -> Probe:
+        mode, kernel_name = check_mode(options.mode or AutoKernels()), options.kernel_name
         if isinstance(mode, ServerKernels):  # what the server offers is checked when the engine opens
             return Probe(True, f"remote kernels on {mode.url}")
         language = _kernel_language(kernel_name)
@@ -111,69 +115,38 @@ class JupyterBackend:
             from .server import server_capabilities
 
             return server_capabilities(env_policy, mode, mode.url, "python", RichOutputLimits())
-        common = {"env_policy": env_policy, "workspace_root": None, "host_roots": (), "artifacts": None}
+        common = HostOptions(env_policy=env_policy)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the fallback is in the statement itself
-            engine = await _open_local(mode, {**common, "kill_grace": 2.0}, kernel_name, 2.0, RichOutputLimits(), False)
+            engine = await _open_local(mode, common, kernel_name, 2.0, RichOutputLimits(), False)
         try:
             return engine.describe()
         finally:
             await engine.aclose()
 
     @classmethod
-    async def open(
-        cls,
-        *,
-        workspace_root: Path | str | None = None,
-        env_policy: EnvPolicy | None = None,
-        host_roots: Any = (),
-        artifacts: Any = None,
-        kill_grace: float = 2.0,
-        mode: KernelMode | None = None,
-        kernel_name: str = "python3",
-        interrupt_grace: float = 2.0,
-        rich_outputs: RichOutputLimits | None = None,
-    ) -> KernelEngine[KernelSessions]:
-        """Open a jupyter engine.
-
-        Args:
-            workspace_root, env_policy, host_roots, artifacts, kill_grace: as for the local backend;
-                ``env_policy`` also builds each kernel's environment.
-            mode: where kernels run (default :class:`AutoKernels`): :class:`HostKernels`,
-                :class:`SandboxedKernels` or :class:`ServerKernels`, each with the options that apply to it
-                (pool, sandbox policy and limits, server URL and token; see :mod:`.modes`).
-            kernel_name: the installed kernel spec to start for each workspace (sandboxed: ipykernel specs only;
-                on a server: one of the server's Python specs).
-            interrupt_grace: seconds a timed-out cell gets to stop after the interrupt before
-                its kernel is restarted.
-            rich_outputs: how many files and bytes of rich output one cell may leave under ``out/``, and the
-                largest message a sandboxed kernel may send (default :class:`RichOutputLimits`).
+    async def open(cls, options: JupyterOptions, /) -> KernelEngine[KernelSessions]:
+        """Open a jupyter engine with ``options`` (see :class:`JupyterOptions`).
 
         Raises:
             InvalidSpec: ``mode`` is not one of the modes.
             SetupFailed: the mode cannot work here (the message says how to fix it).
         """
-        mode = check_mode(mode or AutoKernels())
-        common: dict[str, Any] = {
-            "workspace_root": workspace_root,
-            "env_policy": env_policy,
-            "host_roots": host_roots,
-            "artifacts": artifacts,
-            "kill_grace": kill_grace,
-        }
-        rich = rich_outputs or RichOutputLimits()
+        mode = check_mode(options.mode or AutoKernels())
+        kernel_name, interrupt_grace = options.kernel_name, options.interrupt_grace
+        rich = options.rich_outputs or RichOutputLimits()
         if isinstance(mode, ServerKernels):
             from .server import open_server_engine
 
             return await open_server_engine(
-                mode, common, kernel_name=kernel_name, interrupt_grace=interrupt_grace, rich_outputs=rich
+                mode, options, kernel_name=kernel_name, interrupt_grace=interrupt_grace, rich_outputs=rich
             )
-        return await _open_local(mode, common, kernel_name, interrupt_grace, rich, True)
+        return await _open_local(mode, options, kernel_name, interrupt_grace, rich, True)
 
 
 async def _open_local(
     mode: HostKernels | SandboxedKernels | AutoKernels,
-    common: dict[str, Any],
+    common: HostOptions,
     kernel_name: str,
     interrupt_grace: float,
     rich: RichOutputLimits,
@@ -216,7 +189,7 @@ _SANDBOX_FIX = "see `execspace doctor`; or pass mode=HostKernels() to run kernel
 
 async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | None) -> tuple[str, str] | None:
     """Why kernels cannot run sandboxed here (cause, fix), or None."""
-    from ..sandbox import SandboxBackend
+    from ..sandbox import SandboxBackend, SandboxOptions
     from .sandboxed import find_interpreter
 
     if not _ipykernel_spec(kernel_name, language):
@@ -224,18 +197,18 @@ async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | Non
     interpreter = find_interpreter()
     if isinstance(interpreter, str):
         return interpreter, "install python3 for this Python version system-wide, or a venv in a readable place"
-    probe = await SandboxBackend.probe(bwrap=bwrap)
+    probe = await SandboxBackend.probe(SandboxOptions(bwrap=bwrap))
     return None if probe.ok else (probe.reason, probe.fix)
 
 
 async def _open_sandboxed(
-    common: dict[str, Any],
+    common: HostOptions,
     kernel_opts: dict[str, Any],
     language: str,
     mode: SandboxedKernels,
     start_pool: bool,
 ) -> KernelEngine[KernelSessions]:
-    from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxPolicy, SandboxRunner
+    from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxOptions, SandboxPolicy, SandboxRunner
     from .sandboxed import SandboxKernelConfig, find_interpreter
 
     if not _ipykernel_spec(kernel_opts["kernel_name"], language):
@@ -248,7 +221,8 @@ async def _open_sandboxed(
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")
     if interpreter.read_paths:
         policy = policy.with_read_paths(*interpreter.read_paths)
-    sb = await SandboxBackend.open(**common, policy=policy, network=mode.network, bwrap=mode.bwrap)
+    own = {"policy": policy, "network": mode.network, "bwrap": mode.bwrap}
+    sb = await SandboxBackend.open(SandboxOptions.from_keywords("sandbox", {**common.shared(), **own}))
     runner = sb.runner
     assert isinstance(runner, SandboxRunner)
     sb_caps = sb.describe()
@@ -377,22 +351,22 @@ def _host_capabilities(
 
 
 def _open_host(
-    common: dict[str, Any],
+    common: HostOptions,
     kernel_opts: dict[str, Any],
     language: str,
     mode: HostKernels,
     fallback: str | None,
     start_pool: bool,
 ) -> KernelEngine[KernelSessions]:
-    env_policy = common["env_policy"]
+    env_policy = common.env_policy
     caps = _host_capabilities(env_policy, language, kernel_opts["rich_outputs"], mode.pool_size)
     if fallback is not None:
         caps = dataclasses.replace(
             caps, details={**caps.details, "kernel_isolation": f"none (auto: the sandbox is unavailable: {fallback})"}
         )
     assert caps.isolation is Isolation.NONE
-    fs = HostWorkspaceFS(artifacts=common["artifacts"], host_roots=common["host_roots"])
-    root = Path(common["workspace_root"]) if common["workspace_root"] else default_workspace_root()
+    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots)
+    root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
     if mode.pool_size > 0:
         private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
     launcher = HostLauncher(
@@ -404,7 +378,7 @@ def _open_host(
         pool_idle_timeout=mode.pool_idle_timeout,
     )
     kernels = KernelSessions(fs, launcher, language=language, **kernel_opts)
-    runner = HostRunner(lambda: caps, env_policy, kill_grace=common["kill_grace"])
+    runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace)
     manager = KernelWorkspaceManager(root, kernels, runner.stop_programs)
     if start_pool:
         kernels.start_pool()

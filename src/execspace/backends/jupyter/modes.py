@@ -139,6 +139,7 @@ def check_mode(mode: Any) -> KernelMode:
     if isinstance(mode, _MODES):
         return mode
     names = ", ".join(f"{m.__name__}(…)" for m in _MODES)
+    # the type only: a mapping passed by mistake may hold a server token
     raise InvalidSpec(
-        f"jupyter: mode={mode!r} is not a kernel mode; pass one of {names} from execspace.backends.jupyter"
+        f"jupyter: a {type(mode).__name__} is not a kernel mode; pass one of {names} from execspace.backends.jupyter"
     )

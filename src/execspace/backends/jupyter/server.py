@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ...backend import HostOptions
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import KernelEngine
 from ...envpolicy import EnvPolicy
@@ -138,14 +139,13 @@ def server_capabilities(
 
 async def open_server_engine(
     mode: ServerKernels,
-    common: dict[str, Any],
+    common: HostOptions,
     *,
     kernel_name: str,
     interrupt_grace: float,
     rich_outputs: RichOutputLimits,
 ) -> KernelEngine[KernelSessions]:
-    """The engine of ``mode`` (``common``: the host options workspace_root, env_policy, host_roots, artifacts,
-    kill_grace).
+    """The engine of ``mode`` (``common``: the shared host options).
 
     Raises:
         SetupFailed: no token, a refused token (HTTP 401/403), an unknown or non-Python kernel; with a shared
@@ -162,7 +162,7 @@ async def open_server_engine(
     except BaseException:
         api.close()
         raise
-    caps = server_capabilities(common["env_policy"], mode, api.url, language, rich_outputs)
+    caps = server_capabilities(common.env_policy, mode, api.url, language, rich_outputs)
     opts: dict[str, Any] = {
         "kernel_name": kernel_name,
         "language": language,
@@ -172,13 +172,13 @@ async def open_server_engine(
     }
     if not mode.shared_filesystem:
         return _server_workspaces(api, mode, common, caps, opts)
-    fs = HostWorkspaceFS(artifacts=common["artifacts"], host_roots=common["host_roots"])
+    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots)
     server_root = Path(mode.server_root) if mode.server_root is not None else None
-    kernels = RemoteKernelSessions(api, fs, common["env_policy"], server_root=server_root, **opts)
-    root = Path(common["workspace_root"]) if common["workspace_root"] else default_workspace_root()
+    kernels = RemoteKernelSessions(api, fs, common.env_policy, server_root=server_root, **opts)
+    root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
     manager = KernelWorkspaceManager(root, kernels)
     runner: ProgramRunner = (
-        HostRunner(lambda: caps, common["env_policy"], kill_grace=common["kill_grace"])
+        HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace)
         if mode.programs == "host"
         else NoPrograms()
     )
@@ -186,11 +186,11 @@ async def open_server_engine(
 
 
 def _server_workspaces(
-    api: ServerApi, mode: ServerKernels, common: dict[str, Any], caps: Capabilities, opts: dict[str, Any]
+    api: ServerApi, mode: ServerKernels, common: HostOptions, caps: Capabilities, opts: dict[str, Any]
 ) -> KernelEngine[KernelSessions]:
-    launcher = ServerWorkspaceLauncher(api, common["env_policy"], kernel_name=opts["kernel_name"])
+    launcher = ServerWorkspaceLauncher(api, common.env_policy, kernel_name=opts["kernel_name"])
     files = FileKernel(launcher, timeout=mode.request_timeout)
-    fs = RemoteWorkspaceFS(files, common["artifacts"], common["host_roots"] or ())
+    fs = RemoteWorkspaceFS(files, common.artifacts, common.host_roots or ())
     launcher.fs = fs
     kernels = ServerWorkspaceKernels(api, fs, launcher, **opts)
     manager = RemoteWorkspaceManager(files, kernels, mode.remote_root)

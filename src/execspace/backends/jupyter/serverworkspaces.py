@@ -166,7 +166,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
     """
 
     def __init__(
-        self, files: FileKernel, artifacts: ArtifactService | None = None, host_roots: Sequence[Path] = ()
+        self, files: FileKernel, artifacts: ArtifactService | None = None, host_roots: Sequence[Path | str] = ()
     ) -> None:
         super().__init__(artifacts, host_roots)
         self.files = files

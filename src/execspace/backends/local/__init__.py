@@ -10,18 +10,18 @@ the whole process tree, and rlimits for memory, CPU time and file size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...process.hostrunner import HostRunner, unisolated_capabilities
-from ...registry import Probe
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "LocalOptions"]
 
 DOES_NOT_PROTECT = (
     "no isolation: the program runs as your user with your files, network, credentials and processes",
@@ -31,11 +31,17 @@ DOES_NOT_PROTECT = (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocalOptions(HostOptions):
+    """The local backend's options: the shared host options (:class:`~execspace.backend.HostOptions`) only."""
+
+
 class LocalBackend:
     name = "local"
+    options = LocalOptions
 
     @classmethod
-    async def probe(cls, **options: Any) -> Probe:
+    async def probe(cls, options: LocalOptions, /) -> Probe:
         return Probe(True, "always available (no isolation)")
 
     @classmethod
@@ -43,27 +49,11 @@ class LocalBackend:
         return unisolated_capabilities("local", env_policy, DOES_NOT_PROTECT)
 
     @classmethod
-    async def open(
-        cls,
-        *,
-        workspace_root: Path | str | None = None,
-        env_policy: EnvPolicy | None = None,
-        host_roots: Any = (),
-        artifacts: Any = None,
-        kill_grace: float = 2.0,
-    ) -> BaseEngine:
-        """Open a local engine.
-
-        Args:
-            workspace_root: where workspaces are created (default: a private dir under $TMPDIR).
-            env_policy: how the environment is built (default: core variables, secrets dropped).
-            host_roots: host directories that ``host://`` inputs may read from.
-            artifacts: an ``ArtifactService`` for ``artifact://`` inputs and saved outputs.
-            kill_grace: seconds between SIGTERM and SIGKILL when a run is killed.
-        """
-        caps = cls.capabilities(env_policy)
-        runner = HostRunner(lambda: caps, env_policy, kill_grace=kill_grace)
-        root = Path(workspace_root) if workspace_root else None
+    async def open(cls, options: LocalOptions, /) -> BaseEngine:
+        """Open a local engine with ``options`` (see :class:`LocalOptions`)."""
+        caps = cls.capabilities(options.env_policy)
+        runner = HostRunner(lambda: caps, options.env_policy, kill_grace=options.kill_grace)
+        root = Path(options.workspace_root) if options.workspace_root else None
         manager = HostWorkspaceManager("local", root, stop_programs=runner.stop_programs)
-        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots)
+        fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots)
         return BaseEngine("local", manager, fs, runner, caps)

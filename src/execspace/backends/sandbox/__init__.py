@@ -20,8 +20,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from ...artifacts import ArtifactService
+from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
@@ -32,7 +34,6 @@ from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capa
 from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
-from ...registry import Probe
 from ...rundirs import daemon_dirs
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostfs import HostWorkspaceFS
@@ -51,20 +52,19 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .options import SandboxMode, SandboxOptions
 from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 from .session import SessionConfig
 from .supervisorbin import SESSION_FIX, supervisor_binary
 
-#: How the sandbox backend runs programs (see :data:`MODE_DETAILS`).
-SandboxMode = Literal["per-run", "session"]
-
 __all__ = [
     "SANDBOX_WORKSPACE",
     "KernelSeccompFilters",
     "Profile",
     "SandboxBackend",
+    "SandboxOptions",
     "SandboxPolicy",
     "SandboxProcess",
     "SandboxRunner",
@@ -100,6 +100,10 @@ SESSION_DETAILS = (
     "lives until the session ends); no cgroup per run: a run asking for another network setting, pids, or a "
     "cgroup-enforced memory_bytes runs in a sandbox of its own, as in per-run mode"
 )
+
+
+def _c_compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
 
 
 def _is_root() -> bool:
@@ -370,16 +374,22 @@ def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
 
 class SandboxBackend:
     name = "sandbox"
+    options = SandboxOptions
 
     @classmethod
-    async def probe(
-        cls,
-        *,
-        bwrap: str | None = None,
-        seccomp: SeccompFilters | None = None,
-        cache: ProbeCache | None = None,
-        **options: Any,
+    async def probe(cls, options: SandboxOptions, /) -> Probe:
+        if options.mode == "session" and sys.platform.startswith("linux") and not _c_compiler():
+            return Probe(
+                False, "session mode builds its supervisor with a C compiler, and none is on PATH", SESSION_FIX
+            )
+        return await cls.probe_boundary(options.bwrap)
+
+    @classmethod
+    async def probe_boundary(
+        cls, bwrap: str | None = None, *, seccomp: SeccompFilters | None = None, cache: ProbeCache | None = None
     ) -> Probe:
+        """Whether the boundary holds here with bwrap ``bwrap``, loading ``seccomp`` (default: the filters every
+        run loads), with its verdict kept in ``cache``."""
         if sys.platform == "darwin":
             from .seatbelt import probe_seatbelt  # macOS only: Linux never pays for importing it
 
@@ -389,10 +399,6 @@ class SandboxBackend:
         path = find_bwrap(bwrap)
         if path is None:
             return Probe(False, "bubblewrap (bwrap) is not installed", "apt-get install bubblewrap")
-        if options.get("mode") == "session" and not (shutil.which("cc") or shutil.which("gcc")):
-            return Probe(
-                False, "session mode builds its supervisor with a C compiler, and none is on PATH", SESSION_FIX
-            )
         return await asyncio.to_thread(_cached_probe, path, seccomp or SeccompFilters(), cache or ProbeCache())
 
     @classmethod
@@ -447,42 +453,16 @@ class SandboxBackend:
         )
 
     @classmethod
-    async def open(
-        cls,
-        *,
-        workspace_root: Path | str | None = None,
-        env_policy: EnvPolicy | None = None,
-        host_roots: Any = (),
-        artifacts: Any = None,
-        network: bool | None = None,
-        policy: SandboxPolicy | None = None,
-        bwrap: str | None = None,
-        kill_grace: float = 2.0,
-        mode: SandboxMode = "per-run",
-        session: SessionConfig | None = None,
-    ) -> BaseEngine:
-        """Open a sandbox engine; raise ``SetupFailed`` (cause and fix) if the boundary does not work here.
-
-        Args:
-            policy: what programs may touch (default: ``SandboxPolicy()``, workspace-write with
-                the network off). ``Profile.DANGER_FULL_ACCESS`` runs programs WITHOUT any sandbox
-                (like ``local``); ``Profile.EXTERNAL`` runs nothing (isolation is elsewhere) and
-                keeps the file rules.
-            network: shorthand for ``policy.with_network(network)``; a run may still override it.
-            bwrap: path of the bwrap binary (default: found on PATH).
-            mode: ``"per-run"`` (a sandbox per run) or ``"session"`` (a sandbox per workspace whose programs
-                outlive a call, see :mod:`.sessionrunner`; Linux, managed profiles; needs a C compiler once).
-            session: how session mode keeps its sessions (default :class:`SessionConfig`).
-        """
-        if mode not in MODE_DETAILS:
-            raise InvalidSpec(f"sandbox mode must be 'per-run' or 'session', not {mode!r}")
-        if session is not None and mode != "session":
-            raise InvalidSpec("session= configures mode='session'; give mode='session' too")
+    async def open(cls, options: SandboxOptions, /) -> BaseEngine:
+        """Open a sandbox engine with ``options`` (see :class:`SandboxOptions`; ``mode="session"``: see
+        :mod:`.sessionrunner`); raise ``SetupFailed`` (cause and fix) if the boundary does not work here."""
+        workspace_root, env_policy, kill_grace = options.workspace_root, options.env_policy, options.kill_grace
+        host_roots, artifacts, bwrap, mode = options.host_roots, options.artifacts, options.bwrap, options.mode
         if sys.platform != "darwin" and not sys.platform.startswith("linux"):
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
-        policy = _resolve_policy(policy, network)
+        policy = _resolve_policy(options.policy, options.network)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if mode == "session" and (sys.platform == "darwin" or not policy.managed):
             raise UnsupportedBackend(
@@ -492,7 +472,7 @@ class SandboxBackend:
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
         seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
-        probe = await cls.probe(bwrap=bwrap, seccomp=seccomp)
+        probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
@@ -526,7 +506,8 @@ class SandboxBackend:
         }
         prepare = sandbox_layout_owner() if as_root else None
         if mode == "session":
-            return await _open_session(bwrap_path, runner_options, session or SessionConfig(), root, prepare, fs, caps)
+            config = options.session or SessionConfig()
+            return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
         runner = SandboxRunner(bwrap_path, **runner_options)
         manager = HostWorkspaceManager(
             "sandbox",
@@ -667,8 +648,8 @@ def _open_unmanaged(
     policy: SandboxPolicy,
     root: Path,
     env_policy: EnvPolicy | None,
-    host_roots: Any,
-    artifacts: Any,
+    host_roots: Sequence[Path | str],
+    artifacts: ArtifactService | None,
     kill_grace: float,
 ) -> BaseEngine:
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""

@@ -1,0 +1,53 @@
+"""The container backend's options (the ``options`` of :class:`~execspace.backends.container.ContainerBackend`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ...backend import HostOptions
+from ...workspace.protected import DEFAULT_PROTECTED
+
+__all__ = ["ContainerOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerOptions(HostOptions):
+    """The shared host options (:class:`~execspace.backend.HostOptions`; ``env_policy`` builds the run's
+    environment: the host's variables never enter), and:
+
+    Args:
+        image: the image every workspace container runs (it needs ``/bin/sh``, ``sleep`` and ``grep``); default
+            ``$EXECSPACE_CONTAINER_IMAGE``, else ``[container] image`` of the user config file
+            (``$XDG_CONFIG_HOME/execspace/config.toml``). ``SetupFailed`` when none names one.
+        docker_host: daemon URL (``unix:///run/podman/podman.sock``…); default ``$DOCKER_HOST``, else the
+            default socket.
+        user: uid:gid programs run as; default 65534 when we are root, else our own (never 0).
+        memory_bytes / pids / cpus: limits of each workspace container.
+        read_only_binds: host path → container path mounted read-only (a relaxation; sockets refused).
+        network: ``"none"`` (default), or the name of a daemon network (e.g. ``"bridge"``) to let programs
+            reach the network: an explicit relaxation, reported by ``describe()``. ``"host"`` is refused.
+        pool_size: started containers kept ready for new workspaces (0: create on first run).
+        reap_on_open: first remove containers left by crashed processes (see ``reaper.py``).
+        watchdog: also start a small process that removes this engine's containers as soon as our process
+            ends, however it ends (SIGKILL included); costs one Python process per engine.
+        languages: the languages whose runtimes the image has (code blocks and skill scripts need them);
+            default: what the image declares in its ``execspace.languages`` label, none without it.
+        protected: workspace paths programs and the file API never write (the workspace root is read-only
+            to programs anyway; an entry below a layout directory is mounted read-only). Pass a shorter
+            list to opt out of some (``.execspace`` stays).
+    """
+
+    image: str | None = None
+    docker_host: str | None = None
+    user: tuple[int, int] | None = None
+    memory_bytes: int = 512 * 1024 * 1024
+    pids: int = 256
+    cpus: float = 1.0
+    read_only_binds: Mapping[str, str] | None = None
+    network: str = "none"
+    pool_size: int = 1
+    reap_on_open: bool = True
+    watchdog: bool = False
+    languages: Sequence[str] | None = None
+    protected: Sequence[str] = DEFAULT_PROTECTED
