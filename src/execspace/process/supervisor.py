@@ -135,9 +135,12 @@ def _pty_preexec(then: Callable[[], None] | None) -> Callable[[], None]:
     return preexec
 
 
-async def spawn(launch: Launch) -> SupervisedProcess:
-    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot."""
-    proc = SupervisedProcess(launch)
+async def spawn(launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None) -> SupervisedProcess:
+    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot.
+
+    ``process`` makes the handle (default :class:`SupervisedProcess`, a host process; a subclass may start it
+    elsewhere, e.g. through a sandbox session's supervisor)."""
+    proc = (process or SupervisedProcess)(launch)
     try:
         await proc._start()
     except BaseException:
@@ -180,6 +183,26 @@ class SupervisedProcess:
     # -- start ---------------------------------------------------------------------
 
     async def _start(self) -> None:
+        la = self._launch
+        self._t0 = time.monotonic()
+        transport = await self._open_transport()
+        self._transport = transport
+        if la.interactive:
+            # queue from the start so that a stream() opened right after spawn misses nothing,
+            # including what arrived while the pipes were being connected (kept in the backlog)
+            self._queue = asyncio.Queue()
+            for early in self._backlog or ():
+                self._queue.put_nowait(early)
+            self._backlog = None
+        if transport.get_returncode() is not None:  # exited before the protocol was wired
+            self._exited.set()
+        if la.stdin is not None:
+            self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
+        self._done = asyncio.ensure_future(self._supervise())
+
+    async def _open_transport(self) -> asyncio.SubprocessTransport:
+        """Start the process with its output wired to :meth:`_on_data` (``_readers``, or the pty's); return its
+        transport (pid, exit code, stdin pipe)."""
         loop = asyncio.get_running_loop()
         la = self._launch
         kwargs: dict[str, Any] = {}
@@ -202,7 +225,6 @@ class SupervisedProcess:
             )
             if la.preexec_fn is not None:
                 kwargs["preexec_fn"] = la.preexec_fn
-        self._t0 = time.monotonic()
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: _Protocol(self),
@@ -220,7 +242,6 @@ class SupervisedProcess:
         finally:
             if slave is not None:
                 os.close(slave)  # the program holds it now; ours would keep the output from ever ending
-        self._transport = transport
         if la.pty is not None:
             await self._connect_pty(loop)
         else:
@@ -228,18 +249,7 @@ class SupervisedProcess:
                 pipe = transport.get_pipe_transport(fd)
                 if pipe is not None:
                     self._readers[fd] = pipe  # type: ignore[assignment]
-        if la.interactive:
-            # queue from the start so that a stream() opened right after spawn misses nothing,
-            # including what arrived while the pipes were being connected (kept in the backlog)
-            self._queue = asyncio.Queue()
-            for early in self._backlog or ():
-                self._queue.put_nowait(early)
-            self._backlog = None
-        if transport.get_returncode() is not None:  # exited before the protocol was wired
-            self._exited.set()
-        if la.stdin is not None:
-            self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
-        self._done = asyncio.ensure_future(self._supervise())
+        return transport
 
     def _open_pty(self, size: PtySize) -> int:
         master, slave = os.openpty()
