@@ -574,23 +574,26 @@ def _visible(path: str | None) -> str | None:
     return path if path is not None and not hidden_by_default(os.path.realpath(path)) else None
 
 
-def _program_group(bwrap_pid: int) -> int:
+def _program_group(bwrap_pid: int) -> int | None:
     """The process group of the program bwrap runs: bwrap's child is the sandbox's init (in a session of its
     own), whose child is the program; a signal for the program goes to that group, never to bwrap itself.
-    Until they exist (the sandbox is being set up), bwrap's own group."""
+    None until the program exists (the sandbox is being set up)."""
     pid = bwrap_pid
     for _ in range(2):
         try:
             with open(f"/proc/{pid}/task/{pid}/children") as f:
                 children = f.read().split()
         except OSError:
-            break
+            return None
         if not children:
-            break
+            return None
         pid = int(children[0])
-    with contextlib.suppress(OSError):
-        return os.getpgid(pid)
-    return bwrap_pid
+    try:
+        group, own = os.getpgid(pid), os.getpgid(bwrap_pid)
+    except OSError:
+        return None
+    # the program is forked before it leaves bwrap's group: until then a signal would reach bwrap too
+    return None if group == own else group
 
 
 def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:

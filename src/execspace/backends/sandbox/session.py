@@ -624,6 +624,13 @@ class SessionProgram(SupervisedProcess):
         if self.session_pid is not None and not self._exited.is_set():
             self._session.signal(self.session_pid, sig, group=True)
 
+    def _terminate(self) -> bool:
+        # the supervisor started it (or never will): the TERM goes through the session, never to a host pid
+        if self.session_pid is None or self._exited.is_set():
+            return False
+        self._session.signal(self.session_pid, signal.SIGTERM, group=True)
+        return True
+
     async def _sweep(self) -> None:
         supervisor = self._session.supervisor_pid
         if supervisor is not None:
