@@ -18,6 +18,7 @@ import pytest
 
 import execspace
 from execspace.backends.jupyter import HostKernels, SandboxedKernels, ServerKernels
+from execspace.backends.sandbox import SessionConfig
 from execspace.registry import probe_backend
 from execspace.testing.binding import BindContext, EngineBinding, Feature, backend_binding, bind, open_bound
 from tests.backends.container_support import container_engine
@@ -85,12 +86,22 @@ JUPYTER_SANDBOXED = backend_binding(
     traversable=True,  # the per-workspace sandbox uid must reach the workspace
 )
 
+#: Session mode: a pool of one, so that the kit's workspaces also come from pooled sessions.
+SANDBOX_SESSION = backend_binding(
+    "sandbox",
+    name="sandbox-session",
+    options={"mode": "session", "session": SessionConfig(pool_size=1)},
+    probe_options={"mode": "session"},
+    traversable=True,
+)
+
 #: Every mode, by name: the conformance kit runs on each (its kernels have their own tests in tests/backends).
 MODES: dict[str, EngineBinding] = {
     b.name: b
     for b in (
         backend_binding("local"),
         backend_binding("sandbox", traversable=True),
+        SANDBOX_SESSION,
         EngineBinding("container", _container),
         JUPYTER_HOST,
         JUPYTER_SANDBOXED,
@@ -109,6 +120,8 @@ engine_binding = bind(*MODES.values())
 #: The backends other suites run their own tests on (with options of their own), and with jupyter in its
 #: default mode, what tests/tools runs on.
 BACKENDS = ["local", "sandbox", "container"]
+#: The sandbox's modes, for the suites that attack it (tests/redteam).
+SANDBOX_MODES = ["sandbox", "sandbox-session"]
 ENGINES = [*BACKENDS, "jupyter"]
 _OTHER_SUITES = {**MODES, "jupyter": EngineBinding("jupyter", _jupyter_default)}
 

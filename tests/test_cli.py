@@ -359,6 +359,75 @@ def test_interrupting_the_cli_kills_the_program_and_removes_the_workspace(
     assert list(workspaces.iterdir()) == []
 
 
+def _started(tmp_path: Path, *argv: str, stdin: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [EXECSPACE, "run", *argv],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    )
+
+
+def _backend(name: str) -> str:
+    if name == "sandbox" and not _sandbox_works():
+        pytest.skip("no working sandbox here")
+    return name
+
+
+@pytest.mark.parametrize("backend", ["local", "sandbox"])
+def test_stdin_is_streamed_as_it_arrives_and_an_open_pipe_holds_nothing(tmp_path: Path, backend: str) -> None:
+    """The program starts at once and reads what the caller writes when it writes it; an agent harness's stdin
+    that never closes does not hold the start."""
+    backend = _backend(backend)
+    script = 'echo started; read line; echo "got:$line"; cat'
+    with _started(tmp_path, "--backend", backend, "--", "sh", "-c", script) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"  # before any byte of stdin: on main it waited for EOF
+        proc.stdin.write(b"hello\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"got:hello\n"
+        proc.stdin.write(b"rest\n")
+        proc.stdin.close()
+        assert proc.stdout.read() == b"rest\n" and proc.wait(timeout=30) == 0
+    with _started(tmp_path, "--backend", backend, "--", "echo", "hi") as proc:  # stdin open and never written
+        assert proc.stdout is not None
+        assert proc.stdout.read() == b"hi\n" and proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("backend", ["local", "sandbox"])
+def test_ctrl_c_reaches_the_program_whose_handler_runs_and_the_report_follows(tmp_path: Path, backend: str) -> None:
+    backend = _backend(backend)
+    script = 'trap "echo caught-int; exit 7" INT; echo ready; while :; do sleep 0.05; done'
+    with _started(tmp_path, "--backend", backend, "--keep", "--", "sh", "-c", script) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        rest, errors = proc.stdout.read(), proc.stderr.read()
+        assert proc.wait(timeout=30) == 7, errors  # the program's own status
+    assert rest == b"caught-int\n"
+    assert b"interrupted by SIGINT: sent to the program, which exited on its own" in errors
+    assert b"workspace kept at " in errors
+
+
+def test_a_program_that_ignores_the_signal_is_killed_after_the_grace_and_json_reports_it(tmp_path: Path) -> None:
+    script = """trap '' INT; echo ready; touch "$WORK_DIR/armed"; while :; do sleep 0.05; done"""
+    argv = ("--backend", "local", "--json", "--grace", "0.5", "--", "sh", "-c", script)
+    with _started(tmp_path, *argv, stdin=subprocess.DEVNULL) as proc:
+        deadline = time.monotonic() + 30
+        workspaces = tmp_path / "tmpdir" / f"execspace-{os.getuid()}" / "workspaces"
+        while not list(workspaces.glob("*/work/armed")):  # past the trap: ^C is ignored from here on
+            assert time.monotonic() < deadline, "the program never started"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    report = json.loads(out)
+    assert report["interrupted"] == "interrupted by SIGINT: sent to the program, which was then killed"
+    assert report["stdout"] == "ready\n" and report["exit_code"] == -signal.SIGTERM
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
 # -- default backend ----------------------------------------------------------------------
 
 

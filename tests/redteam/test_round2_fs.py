@@ -18,8 +18,9 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from execspace.registry import probe_backend
 from execspace.testing.processes import wait_no_process
 from execspace.workspace.confine import MAX_WALK_DEPTH, ConfinedRoot
 from execspace.workspace.hostmanager import HostWorkspaceManager
+from tests.redteam.conftest import SANDBOX_MODES
 from tests.support import make_traversable
 
 pytestmark = pytest.mark.timeout(180)
@@ -94,25 +96,28 @@ async def wait_file(path: Path, deadline: float = 20.0) -> None:
         await asyncio.sleep(0.005)
 
 
-@pytest.fixture(params=["local", "sandbox"])
+@pytest.fixture(params=["local", "sandbox", "sandbox-session"])
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    name = request.param
+    name, _, mode = request.param.partition("-")
+    options = SANDBOX_MODES["session" if mode else "per-run"]
     if name == "sandbox":
-        probe = await probe_backend("sandbox")
+        probe = await probe_backend("sandbox", **options)
         if not probe.ok:
             pytest.skip(f"sandbox unavailable: {probe.reason}")
         make_traversable(tmp_path)
-    async with execspace.open_engine(name, workspace_root=tmp_path / "ws") as eng:
+    else:
+        options = {}
+    async with execspace.open_engine(name, workspace_root=tmp_path / "ws", **options) as eng:
         yield eng
 
 
 @pytest.fixture
-async def sandbox(tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
-    probe = await probe_backend("sandbox")
+async def sandbox(tmp_path: Path, sandbox_mode: Mapping[str, Any]) -> AsyncIterator[execspace.BaseEngine]:
+    probe = await probe_backend("sandbox", **sandbox_mode)
     if not probe.ok:
         pytest.skip(f"sandbox unavailable: {probe.reason}")
     make_traversable(tmp_path)
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", **sandbox_mode) as eng:
         yield eng
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,12 +26,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def sandbox(tmp_path: Path) -> AsyncIterator[tuple[execspace.BaseEngine, execspace.Workspace]]:
-    probe = await probe_backend("sandbox")
+async def sandbox(
+    tmp_path: Path, sandbox_mode: Mapping[str, Any]
+) -> AsyncIterator[tuple[execspace.BaseEngine, execspace.Workspace]]:
+    probe = await probe_backend("sandbox", **sandbox_mode)
     if not probe.ok:
         pytest.skip(f"sandbox unavailable: {probe.reason}")
     make_traversable(tmp_path)
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", **sandbox_mode) as engine:
         yield engine, await engine.manager.create_workspace("red/team/s")
 
 

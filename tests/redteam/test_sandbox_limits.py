@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,12 +20,12 @@ Box = tuple[execspace.BaseEngine, execspace.Workspace]
 
 
 @pytest.fixture
-async def box(tmp_path: Path) -> AsyncIterator[Box]:
-    probe = await probe_backend("sandbox")
+async def box(tmp_path: Path, sandbox_mode: Mapping[str, Any]) -> AsyncIterator[Box]:
+    probe = await probe_backend("sandbox", **sandbox_mode)
     if not probe.ok:
         pytest.skip(f"sandbox unavailable: {probe.reason}")
     make_traversable(tmp_path)
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", **sandbox_mode) as engine:
         yield engine, await engine.manager.create_workspace("limits/user/s")
 
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import platform
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import execspace
 from execspace import RunProgramSpec
+from execspace.errors import BackendError
 from execspace.registry import probe_backend
 from tests.support import make_traversable
 
@@ -59,12 +61,12 @@ def nr(name: str) -> int:
 
 
 @pytest.fixture
-async def sandbox(tmp_path: Path) -> AsyncIterator[Box]:
-    probe = await probe_backend("sandbox")
+async def sandbox(tmp_path: Path, sandbox_mode: Mapping[str, Any]) -> AsyncIterator[Box]:
+    probe = await probe_backend("sandbox", **sandbox_mode)
     if not probe.ok:
         pytest.skip(f"sandbox unavailable: {probe.reason}")
     make_traversable(tmp_path)
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", **sandbox_mode) as engine:
         yield engine, await engine.manager.create_workspace("red/team/seccomp")
 
 
@@ -379,6 +381,11 @@ async def test_filter_fd_is_closed_when_the_spawn_fails(sandbox: Box) -> None:
     engine, ws = sandbox
     # a fake: point the runner at a bwrap that does not exist, so that the spawn itself fails
     engine.runner.bwrap = "/nonexistent/bwrap"  # type: ignore[attr-defined]
-    r = await engine.runner.run_program(ws, RunProgramSpec("true"))
-    assert r.exit_code == 127
+    if engine.describe().details["mode"].startswith("session"):
+        # the workspace's session cannot start: a run in it says so, naming the missing bwrap
+        with pytest.raises(BackendError, match="nonexistent/bwrap"):
+            await engine.runner.run_program(ws, RunProgramSpec("true"))
+    else:
+        r = await engine.runner.run_program(ws, RunProgramSpec("true"))
+        assert r.exit_code == 127
     assert _open_filter_fds() == []

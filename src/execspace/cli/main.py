@@ -18,6 +18,7 @@ from .. import __version__
 from ..errors import ExecspaceError
 from . import daemon, demo, doctor, execcode, run, serve
 from .console import EXIT_EXECSPACE_ERROR, error, error_message
+from .signals import CommandSignals
 
 __all__ = ["build_parser", "main"]
 
@@ -59,24 +60,16 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
 
 
 async def _call(handler: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
-    """Run the command; SIGTERM cancels it like Ctrl-C does, so that the program
-    (in its own session, out of reach of our signals) is killed and the workspace removed."""
+    """Run the command; SIGTERM cancels it like Ctrl-C does, so that the program (in its own session, out of reach
+    of our signals) is killed and the workspace removed, unless the command routes it to a program it runs
+    (``args.signals``)."""
     task = asyncio.current_task()
     assert task is not None
-    loop = asyncio.get_running_loop()
-    terminated = False
-
-    def on_term() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, on_term)
-    try:
-        return await handler(args)
-    except asyncio.CancelledError:
-        if terminated:
-            return 128 + signal.SIGTERM
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+    with CommandSignals(task) as signals:
+        args.signals = signals
+        try:
+            return await handler(args)
+        except asyncio.CancelledError:
+            if signals.terminated:
+                return 128 + signal.SIGTERM
+            raise

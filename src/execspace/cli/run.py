@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..models import (
     WorkspacePolicy,
 )
 from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
-from .streaming import stream_program
+from .streaming import run_program, stdin_source
 
 __all__ = [
     "EXIT_NOT_EXECUTABLE",
@@ -114,7 +114,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--artifacts", type=host_path, metavar="DIR", help="artifact store directory for artifact:// inputs")
     p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="K=V", help="set a variable")
     p.add_argument("--cwd", default="work", metavar="REL", help="working directory in the workspace (default work)")
-    p.add_argument("--no-stdin", action="store_true", help="do not read our stdin (otherwise read unless a TTY)")
+    p.add_argument(
+        "--no-stdin",
+        action="store_true",
+        help="do not pass our stdin (otherwise passed as it arrives, unless a TTY)",
+    )
+    p.add_argument(
+        "--grace",
+        type=_positive,
+        default=5.0,
+        metavar="SEC",
+        help="after Ctrl-C, SIGTERM or SIGHUP (passed to the program), seconds before its tree is killed (default 5; "
+        "a second signal kills it at once)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming output")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(handler=command)
@@ -236,18 +248,6 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
     )
 
 
-def read_stdin(disabled: bool) -> bytes | None:
-    """All of our stdin when it is a pipe or file; ``None`` for a terminal or when disabled."""
-    if disabled or sys.stdin is None:
-        return None
-    try:
-        if os.isatty(sys.stdin.fileno()):
-            return None
-    except (OSError, ValueError):
-        return None
-    return sys.stdin.buffer.read()
-
-
 def sandbox_policy(args: argparse.Namespace) -> Any:
     """The sandbox policy the profile flags ask for, or None when none was given."""
     if args.unprotect and not args.write:
@@ -315,13 +315,13 @@ def exit_status(result: RunResult) -> int:
 
 
 async def execute(
-    engine: BaseEngine, ws: Workspace, spec: RunProgramSpec, stdin: bytes | None, *, live: bool
-) -> RunResult:
-    """Run the program; a command that cannot be started is a 127/126 result, as in a shell."""
+    engine: BaseEngine, ws: Workspace, spec: RunProgramSpec, stdin: int | None, args: argparse.Namespace
+) -> tuple[RunResult, str | None]:
+    """Run the program with our stdin streamed to it and our signals routed to it; a command that cannot be
+    started is a 127/126 result, as in a shell. Also returns the line saying what a routed signal did."""
+    live = not args.json
     try:
-        if live:
-            return await stream_program(engine.runner, ws, spec, stdin)
-        return await engine.runner.run_program(ws, replace(spec, stdin=stdin))
+        return await run_program(engine.runner, ws, spec, stdin, live=live, grace=args.grace, signals=args.signals)
     except ExecspaceError:
         raise
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
@@ -329,14 +329,14 @@ async def execute(
         text = str(exc) if str(exc).startswith("execspace:") else f"execspace: cannot run {spec.cmd!r}: {exc}"
         if live:
             print(text, file=sys.stderr, flush=True)
-        return RunResult(code, "", text + "\n", 0.0, raw_stderr=(text + "\n").encode())
+        return RunResult(code, "", text + "\n", 0.0, raw_stderr=(text + "\n").encode()), None
 
 
 async def command(args: argparse.Namespace) -> int:
     spec = build_spec(args, program_argv(args.command))
     globs = collect_globs(args.collect)
     inputs = [parse_input(v) for v in args.input]
-    stdin = read_stdin(args.no_stdin)
+    stdin = stdin_source(args.no_stdin)
     options = engine_options(args, inputs)  # may pick the sandbox backend for the profile flags
     if args.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
@@ -347,12 +347,12 @@ async def command(args: argparse.Namespace) -> int:
         ws, remove = await open_workspace(engine, args)
         try:
             await engine.fs.stage_inputs(ws, [i.spec for i in inputs])
-            result = await execute(engine, ws, spec, stdin, live=not args.json)
+            result, interrupted = await execute(engine, ws, spec, stdin, args)
             manifest = await engine.fs.collect_outputs(ws, OutputSpec(globs=globs))
         finally:
             if remove:
                 await engine.manager.cleanup(ws)
-        report(args, caps, ws, result, manifest, kept=not remove)
+        report(args, caps, ws, result, manifest, kept=not remove, interrupted=interrupted)
     return exit_status(result)
 
 
@@ -380,9 +380,12 @@ def report(
     manifest: OutputManifest,
     *,
     kept: bool,
+    interrupted: str | None = None,
 ) -> None:
     outputs = _outputs(manifest, kept)
     workspace = str(ws.host_path or ws.path) if kept else None
+    if interrupted is not None and not args.json:
+        progress(interrupted)
     if args.json:
         print_json(
             {
@@ -400,6 +403,7 @@ def report(
                 "workspace": workspace,
                 "outputs": outputs,
                 "outputs_limits_hit": manifest.limits_hit,
+                "interrupted": interrupted,
             }
         )
         return

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import stat
 import sys
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 from typing import BinaryIO
 
@@ -13,8 +16,9 @@ from ..errors import UsageError
 from ..models import OutputChunk, RunProgramSpec, RunResult, Workspace
 from ..protocols import ProgramHandle, ProgramRunner
 from .console import warn
+from .signals import CommandSignals
 
-__all__ = ["stream_program"]
+__all__ = ["SignalForwarder", "run_program", "stdin_source"]
 
 
 class _Sink:
@@ -82,34 +86,133 @@ def _write(target: BinaryIO, data: bytes) -> bool:
     return True
 
 
-async def _feed(handle: ProgramHandle, data: bytes | None) -> None:
+_STDIN_CHUNK = 64 * 1024
+
+
+def stdin_source(disabled: bool) -> int | None:
+    """The fd of our stdin when it is a pipe, socket or file the program should read; None for a terminal (the
+    program gets an empty stdin) or when disabled."""
+    if disabled or sys.stdin is None:
+        return None
+    try:
+        fd = sys.stdin.fileno()
+        return None if os.isatty(fd) else fd
+    except (OSError, ValueError):
+        return None
+
+
+async def _chunks(fd: int) -> AsyncIterator[bytes]:
+    """What arrives on ``fd``, as it arrives, until end of file: never the whole of it first."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        # a file or a device such as /dev/null (epoll takes neither): read in a thread, chunk by chunk
+        while chunk := await asyncio.to_thread(os.read, fd, _STDIN_CHUNK):
+            yield chunk
+        return
+    reader = asyncio.StreamReader(limit=_STDIN_CHUNK)
+    loop = asyncio.get_running_loop()
+    # a duplicate: the transport closes what it was given, and our fd 0 must stay
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(fd), "rb", 0)
+    )
+    try:
+        while chunk := await reader.read(_STDIN_CHUNK):
+            yield chunk
+    finally:
+        transport.close()
+
+
+async def _feed(handle: ProgramHandle, source: int | None) -> None:
     # the program may exit without reading: a closed pipe is not our error
     with contextlib.suppress(UsageError, OSError):
-        if data:
-            await handle.write_stdin(data)
+        if source is not None:
+            async for chunk in _chunks(source):
+                await handle.write_stdin(chunk)
         await handle.close_stdin()
 
 
-async def stream_program(runner: ProgramRunner, ws: Workspace, spec: RunProgramSpec, stdin: bytes | None) -> RunResult:
-    """Run ``spec``, copying its output to our stdout/stderr live; return the result.
+class SignalForwarder:
+    """A signal routed to a running program goes to the program first; if it still runs ``grace`` seconds later,
+    or at a second signal, its tree is killed. The command then reports as usual."""
 
-    ``stdin`` is written to the program and then closed (``None``: closed at once).
+    def __init__(self, handle: ProgramHandle, grace: float) -> None:
+        self._handle = handle
+        self._grace = grace
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self.received: list[signal.Signals] = []
+        self.killed = False
+
+    def cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _spawn(self, step: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(step)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        self.received.append(sig)
+        if len(self.received) == 1:
+            self._spawn(self._handle.signal(sig))
+            self._timer = asyncio.get_running_loop().call_later(self._grace, self._kill)
+        else:
+            self._kill()
+
+    def _kill(self) -> None:
+        if not self.killed:
+            self.killed = True
+            self._spawn(self._handle.kill())
+
+    def reason(self) -> str | None:
+        """One line on what the signals did, for the report (None when none came)."""
+        if not self.received:
+            return None
+        name = self.received[0].name
+        if self.killed:
+            return f"interrupted by {name}: sent to the program, which was then killed"
+        return f"interrupted by {name}: sent to the program, which exited on its own"
+
+
+async def run_program(
+    runner: ProgramRunner,
+    ws: Workspace,
+    spec: RunProgramSpec,
+    stdin: int | None,
+    *,
+    live: bool,
+    grace: float,
+    signals: CommandSignals,
+) -> tuple[RunResult, str | None]:
+    """Run ``spec`` with our stdin streamed to it, its output copied to our stdout/stderr live when ``live``;
+    return the result and, when a signal came, the line that says what it did.
+
     When our stdout is closed by its reader the program is killed, as SIGPIPE would.
     """
     handle = await runner.start_program(ws, replace(spec, stdin=None))
     sink = _Sink()
+    forwarder = SignalForwarder(handle, grace)
     async with handle:
         feeder = asyncio.create_task(_feed(handle, stdin))
-        killed = False
         try:
-            async for chunk in handle.stream():
-                sink.write(chunk)
-                if sink.stdout_closed and not killed:
-                    killed = True
-                    await handle.kill()
-            result = await handle.wait()
+            with signals.routed(forwarder.on_signal):
+                if live:
+                    await _show(handle, sink)
+                result = await handle.wait()
         finally:
+            forwarder.cancel_timer()
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
-    sink.replay_missed(result)
-    return result
+    if live:
+        sink.replay_missed(result)
+    return result, forwarder.reason()
+
+
+async def _show(handle: ProgramHandle, sink: _Sink) -> None:
+    killed = False
+    async for chunk in handle.stream():
+        sink.write(chunk)
+        if sink.stdout_closed and not killed:
+            killed = True
+            await handle.kill()

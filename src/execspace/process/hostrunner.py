@@ -130,15 +130,18 @@ class HostRunner:
         live = self._live.pop(ws.host_path, set())
         await asyncio.gather(*(_kill_started(started) for started in live))
 
-    async def spawn_prepared(self, prep: PreparedRun, launch: Launch) -> SupervisedProcess:
+    async def spawn_prepared(
+        self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
+    ) -> SupervisedProcess:
         """Start ``launch`` (made by :meth:`wrap` for ``prep``), known to :meth:`stop_programs` before it exists.
+        ``process`` makes its handle (see :func:`~.supervisor.spawn`).
 
         Raises:
             OSError: it could not be started (``exec_failure`` says whether that is a 127/126).
         """
         root = prep.root
         # known before it exists: a program already running may not have been handed back to us yet
-        started = asyncio.ensure_future(spawn(launch))
+        started = asyncio.ensure_future(spawn(launch, process))
         live = self._live.setdefault(root, set())
         live.add(started)
 

@@ -44,6 +44,8 @@ RUN_MARKER_VAR = "EXECSPACE_RUN"
 _STREAM_QUEUE_HIGH = 64  # chunks buffered for a slow stream consumer before the pipe is paused
 _STREAM_BACKLOG = 1024 * 1024  # bytes kept for stream() from before it is first called
 _DRAIN_AFTER_EXIT = 0.5  # seconds to wait for pipes held by leftovers after the main process exits
+_SIGNAL_SETUP_WAIT = 2.0  # seconds signal() waits for a wrapper to start the program
+_SIGNAL_SETUP_POLL = 0.002
 
 
 @dataclass(slots=True)
@@ -83,9 +85,9 @@ class Launch:
     pty_controlling: bool = True
     """The started process takes the terminal as its controlling tty. False when a wrapper starts the program in
     a session of its own (bwrap's ``--new-session``) and something inside takes it there (``setsid --ctty``)."""
-    signal_target: Callable[[int], int] | None = None
-    """Maps the started process's pid to the pid whose process group ``signal()`` reaches (a wrapper such as
-    bwrap puts the program in a session of its own)."""
+    signal_target: Callable[[int], int | None] | None = None
+    """Maps the started process's pid to the process group ``signal()`` reaches (a wrapper such as bwrap puts the
+    program in a session of its own); None while the wrapper has not started the program yet."""
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -135,9 +137,12 @@ def _pty_preexec(then: Callable[[], None] | None) -> Callable[[], None]:
     return preexec
 
 
-async def spawn(launch: Launch) -> SupervisedProcess:
-    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot."""
-    proc = SupervisedProcess(launch)
+async def spawn(launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None) -> SupervisedProcess:
+    """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot.
+
+    ``process`` makes the handle (default :class:`SupervisedProcess`, a host process; a subclass may start it
+    elsewhere, e.g. through a sandbox session's supervisor)."""
+    proc = (process or SupervisedProcess)(launch)
     try:
         await proc._start()
     except BaseException:
@@ -180,6 +185,26 @@ class SupervisedProcess:
     # -- start ---------------------------------------------------------------------
 
     async def _start(self) -> None:
+        la = self._launch
+        self._t0 = time.monotonic()
+        transport = await self._open_transport()
+        self._transport = transport
+        if la.interactive:
+            # queue from the start so that a stream() opened right after spawn misses nothing,
+            # including what arrived while the pipes were being connected (kept in the backlog)
+            self._queue = asyncio.Queue()
+            for early in self._backlog or ():
+                self._queue.put_nowait(early)
+            self._backlog = None
+        if transport.get_returncode() is not None:  # exited before the protocol was wired
+            self._exited.set()
+        if la.stdin is not None:
+            self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
+        self._done = asyncio.ensure_future(self._supervise())
+
+    async def _open_transport(self) -> asyncio.SubprocessTransport:
+        """Start the process with its output wired to :meth:`_on_data` (``_readers``, or the pty's); return its
+        transport (pid, exit code, stdin pipe)."""
         loop = asyncio.get_running_loop()
         la = self._launch
         kwargs: dict[str, Any] = {}
@@ -202,7 +227,6 @@ class SupervisedProcess:
             )
             if la.preexec_fn is not None:
                 kwargs["preexec_fn"] = la.preexec_fn
-        self._t0 = time.monotonic()
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: _Protocol(self),
@@ -220,7 +244,6 @@ class SupervisedProcess:
         finally:
             if slave is not None:
                 os.close(slave)  # the program holds it now; ours would keep the output from ever ending
-        self._transport = transport
         if la.pty is not None:
             await self._connect_pty(loop)
         else:
@@ -228,18 +251,7 @@ class SupervisedProcess:
                 pipe = transport.get_pipe_transport(fd)
                 if pipe is not None:
                     self._readers[fd] = pipe  # type: ignore[assignment]
-        if la.interactive:
-            # queue from the start so that a stream() opened right after spawn misses nothing,
-            # including what arrived while the pipes were being connected (kept in the backlog)
-            self._queue = asyncio.Queue()
-            for early in self._backlog or ():
-                self._queue.put_nowait(early)
-            self._backlog = None
-        if transport.get_returncode() is not None:  # exited before the protocol was wired
-            self._exited.set()
-        if la.stdin is not None:
-            self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
-        self._done = asyncio.ensure_future(self._supervise())
+        return transport
 
     def _open_pty(self, size: PtySize) -> int:
         master, slave = os.openpty()
@@ -381,14 +393,25 @@ class SupervisedProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
 
+    def _program_group(self) -> int | None:
+        pid = self.pid
+        target = self._launch.signal_target
+        return pid if pid is None or target is None else target(pid)
+
     async def signal(self, sig: int) -> None:
         pid = self.pid
-        if pid is None or self._exited.is_set():
+        if pid is None:
             return
-        target = self._launch.signal_target
-        group = target(pid) if target is not None else pid
+        # a wrapper still setting up has no program to take the signal yet: wait for it (a few ms), as the signal
+        # is the program's, not the wrapper's to die of
+        for _ in range(int(_SIGNAL_SETUP_WAIT / _SIGNAL_SETUP_POLL)):  # its start shows in /proc only: poll
+            if (group := self._program_group()) is not None or self._exited.is_set():
+                break
+            await asyncio.sleep(_SIGNAL_SETUP_POLL)
+        if self._exited.is_set():
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, sig)
+            os.killpg(pid if group is None else group, sig)
 
     async def resize(self, size: PtySize) -> None:
         if self._launch.pty is None:
@@ -402,13 +425,23 @@ class SupervisedProcess:
             raise UsageError("only programs started with start_program can be attached to")
         return self._log.attach(from_start=from_start)
 
+    def _terminate(self) -> bool:
+        """Send SIGTERM to the program if it has started (not to a wrapper still setting up); whether it was sent."""
+        group = self._program_group()
+        if group is None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGTERM)
+        return True
+
     async def _kill_tree(self) -> None:
         # TERM goes to the program itself (inside a wrapper such as bwrap, which would die of it and take the
-        # program down with SIGKILL): its handlers get the grace period to clean up
-        await self.signal(signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._launch.kill_grace):
-                await self._exited.wait()
+        # program down with SIGKILL): its handlers get the grace period to clean up. A program not started yet
+        # (the wrapper still sets up) has no handler to run: it must never start, so SIGKILL at once
+        if self._terminate():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._launch.kill_grace):
+                    await self._exited.wait()
         self._signal_group(signal.SIGKILL)
         await self._exited.wait()
 

@@ -52,10 +52,12 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
-from .options import SandboxOptions
-from .policy import Profile, Resolvers, SandboxPolicy, file_access_hook
+from .options import SandboxMode, SandboxOptions
+from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
+from .session import SessionConfig
+from .supervisorbin import SESSION_FIX, supervisor_binary
 
 __all__ = [
     "SANDBOX_WORKSPACE",
@@ -67,6 +69,7 @@ __all__ = [
     "SandboxProcess",
     "SandboxRunner",
     "SeccompFilters",
+    "SessionConfig",
     "hidden_by_default",
     "sandbox_layout_owner",
     "which_in_sandbox",
@@ -79,6 +82,28 @@ DOES_NOT_PROTECT = (
     "CPU time is an rlimit per process, not a total; without cgroups memory is an rlimit per process too",
     "disk usage is measured after a run (limit_hit), not stopped while the program writes",
 )
+
+
+#: ``Capabilities.details["mode"]``: what survives what in each mode.
+MODE_DETAILS = {
+    "per-run": "per-run: one sandbox per run; nothing a run starts survives it",
+    "session": "session: one sandbox per workspace, whose supervisor (PID 1) starts every run; programs started "
+    "by one call survive it and share the sandbox (a server of one call is reachable on localhost by the next); "
+    "nothing survives the session (workspace cleanup, idle timeout, engine close)",
+}
+#: What session mode shares between the runs of one workspace, stated in ``details["session"]``.
+SESSION_DETAILS = (
+    "the programs of one session share its uid, /tmp and PID namespace: they can see and signal each other, "
+    "never the supervisor; their stdio are sockets (so no program reopens another's through /proc; "
+    "/dev/stdout cannot be opened either); a run's timeout kills its process group through the supervisor and "
+    "its escaped descendants by their run marker from the host (one that drops the marker from its environment "
+    "lives until the session ends); no cgroup per run: a run asking for another network setting, pids, or a "
+    "cgroup-enforced memory_bytes runs in a sandbox of its own, as in per-run mode"
+)
+
+
+def _c_compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
 
 
 def _is_root() -> bool:
@@ -176,27 +201,38 @@ class SandboxRunner(HostRunner):
             raise
         return SandboxProcess(proc, prep.run_dir, f"{SANDBOX_WORKSPACE}/{prep.run_dir}", dir_fd)
 
-    def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
+        """The bwrap launch of ``prep``; ``init_fd``: the program is a session's supervisor, read from that fd
+        (see :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
         try:
-            launch = self._wrap(prep, held, interactive)
+            launch = self._wrap(prep, held, interactive, init_fd)
         except BaseException:
             held.release()
             raise
         launch.on_exit.append(held.release)
         return launch
 
-    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool) -> Launch:
-        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
+    def program_env(self, prep: PreparedRun) -> dict[str, str]:
+        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides, and
+        temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
         env = dict(prep.env)
         env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
+        if not self.access_of(prep.root, "tmp").can_write:
+            env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        return env
+
+    def access_of(self, root: Path, rel: str) -> Access:
+        """What the policy gives a program at ``rel`` of the workspace at ``root``."""
+        return self.resolvers(os.path.realpath(root)).access(rel)
+
+    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
+        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
+        env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
         mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
-        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts)
-        if not res.access("tmp").can_write:
-            # read-only workspace: temporary files go to the sandbox's own tmpfs /tmp
-            env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
         inner = list(prep.argv)
         if prep.spec.pty is not None:
             if self.setsid is None:
@@ -213,7 +249,7 @@ class SandboxRunner(HostRunner):
         launch.signal_target = _program_group
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
-        launch.pass_fds = (*launch.pass_fds, seccomp_fd)
+        launch.pass_fds = (*launch.pass_fds, seccomp_fd, *(() if init_fd is None else (init_fd,)))
         launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
@@ -342,6 +378,10 @@ class SandboxBackend:
 
     @classmethod
     async def probe(cls, options: SandboxOptions, /) -> Probe:
+        if options.mode == "session" and sys.platform.startswith("linux") and not _c_compiler():
+            return Probe(
+                False, "session mode builds its supervisor with a C compiler, and none is on PATH", SESSION_FIX
+            )
         return await cls.probe_boundary(options.bwrap)
 
     @classmethod
@@ -369,6 +409,7 @@ class SandboxBackend:
         *,
         policy: SandboxPolicy | None = None,
         cgroups: CgroupSupport | None = None,
+        mode: SandboxMode = "per-run",
     ) -> Capabilities:
         if policy is not None and not policy.managed:
             return _unmanaged_capabilities(policy, env_policy)
@@ -391,7 +432,8 @@ class SandboxBackend:
             clean_env=True,
             read_only_mounts=True,
             streaming=True,
-            pty=_visible(shutil.which("setsid")) is not None,
+            # a session's supervisor makes the terminal the program's controlling tty itself
+            pty=mode == "session" or _visible(shutil.which("setsid")) is not None,
             host_paths=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
@@ -405,21 +447,28 @@ class SandboxBackend:
                 "disk_bytes": DISK_BYTES_DETAIL,
                 "seccomp": describe(),
                 "profile": (policy or SandboxPolicy()).summary(),
+                "mode": MODE_DETAILS[mode],
+                **({"session": SESSION_DETAILS} if mode == "session" else {}),
             },
         )
 
     @classmethod
     async def open(cls, options: SandboxOptions, /) -> BaseEngine:
-        """Open a sandbox engine with ``options`` (see :class:`SandboxOptions`); raise ``SetupFailed`` (cause and
-        fix) if the boundary does not work here."""
+        """Open a sandbox engine with ``options`` (see :class:`SandboxOptions`; ``mode="session"``: see
+        :mod:`.sessionrunner`); raise ``SetupFailed`` (cause and fix) if the boundary does not work here."""
         workspace_root, env_policy, kill_grace = options.workspace_root, options.env_policy, options.kill_grace
-        host_roots, artifacts, bwrap = options.host_roots, options.artifacts, options.bwrap
+        host_roots, artifacts, bwrap, mode = options.host_roots, options.artifacts, options.bwrap, options.mode
         if sys.platform != "darwin" and not sys.platform.startswith("linux"):
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
         policy = _resolve_policy(options.policy, options.network)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
+        if mode == "session" and (sys.platform == "darwin" or not policy.managed):
+            raise UnsupportedBackend(
+                "sandbox mode='session' runs on Linux with a managed profile (workspace-write, read-only); "
+                "use mode='per-run' here"
+            )
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
         seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
@@ -427,7 +476,7 @@ class SandboxBackend:
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
-        caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups)
+        caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups, mode=mode)
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
 
@@ -444,27 +493,68 @@ class SandboxBackend:
             return uid, uid
 
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
-        runner = SandboxRunner(
-            bwrap_path,
-            network_default=policy.network_enabled,
-            seccomp=seccomp,
-            policy=policy,
-            hidden=(root, private, *_daemon_dirs(as_root)),
-            cgroups=cgroups,
-            owner=owner,
-            capabilities=lambda: caps,
-            env_policy=env_policy,
-            kill_grace=kill_grace,
-        )
+        runner_options: dict[str, Any] = {
+            "network_default": policy.network_enabled,
+            "seccomp": seccomp,
+            "policy": policy,
+            "hidden": (root, private, *_daemon_dirs(as_root)),
+            "cgroups": cgroups,
+            "owner": owner,
+            "capabilities": lambda: caps,
+            "env_policy": env_policy,
+            "kill_grace": kill_grace,
+        }
+        prepare = sandbox_layout_owner() if as_root else None
+        if mode == "session":
+            config = options.session or SessionConfig()
+            return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
+        runner = SandboxRunner(bwrap_path, **runner_options)
         manager = HostWorkspaceManager(
             "sandbox",
             root,
-            prepare=sandbox_layout_owner() if as_root else None,
+            prepare=prepare,
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=not as_root,
             stop_programs=runner.stop_programs,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
+
+
+async def _open_session(
+    bwrap: str,
+    runner_options: dict[str, Any],
+    config: SessionConfig,
+    root: Path,
+    prepare: Callable[[Path], None] | None,
+    fs: HostWorkspaceFS,
+    caps: Capabilities,
+) -> BaseEngine:
+    from .sessionrunner import SessionRunner  # it builds on SandboxRunner, defined here
+
+    supervisor = await asyncio.to_thread(supervisor_binary, _private_execspace_dir())
+    policy: SandboxPolicy = runner_options["policy"]
+    runner = SessionRunner(
+        bwrap,
+        supervisor=supervisor,
+        config=config,
+        workspace_root=root,
+        root_mode=0o711 if _is_root() else 0o700,
+        prepare_slot=prepare,
+        # no-access globs are judged against a workspace's files when its sandbox starts; a slot has none
+        pool=not policy.no_access_globs,
+        **runner_options,
+    )
+    manager = HostWorkspaceManager(
+        "sandbox",
+        root,
+        prepare=prepare,
+        program_path=lambda _p: SANDBOX_WORKSPACE,
+        private_root=not _is_root(),
+        adopt=runner.adopt if runner.pool is not None else None,
+        refill=runner.refill if runner.pool is not None else None,
+        stop_programs=runner.stop_programs,
+    )
+    return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
 
 
 _UNSUPPORTED_PLATFORM = (
@@ -484,23 +574,26 @@ def _visible(path: str | None) -> str | None:
     return path if path is not None and not hidden_by_default(os.path.realpath(path)) else None
 
 
-def _program_group(bwrap_pid: int) -> int:
+def _program_group(bwrap_pid: int) -> int | None:
     """The process group of the program bwrap runs: bwrap's child is the sandbox's init (in a session of its
     own), whose child is the program; a signal for the program goes to that group, never to bwrap itself.
-    Until they exist (the sandbox is being set up), bwrap's own group."""
+    None until the program exists (the sandbox is being set up)."""
     pid = bwrap_pid
     for _ in range(2):
         try:
             with open(f"/proc/{pid}/task/{pid}/children") as f:
                 children = f.read().split()
         except OSError:
-            break
+            return None
         if not children:
-            break
+            return None
         pid = int(children[0])
-    with contextlib.suppress(OSError):
-        return os.getpgid(pid)
-    return bwrap_pid
+    try:
+        group, own = os.getpgid(pid), os.getpgid(bwrap_pid)
+    except OSError:
+        return None
+    # the program is forked before it leaves bwrap's group: until then a signal would reach bwrap too
+    return None if group == own else group
 
 
 def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:

@@ -26,6 +26,7 @@ Design (see docs/backends/sandbox.md):
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import posixpath
@@ -43,6 +44,7 @@ from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_un
 
 __all__ = [
     "SANDBOX_WORKSPACE",
+    "SUPERVISOR_PATH",
     "BwrapConfig",
     "build_argv",
     "hidden_by_default",
@@ -54,6 +56,8 @@ __all__ = [
 
 #: Where the workspace appears inside the sandbox.
 SANDBOX_WORKSPACE = "/workspace"
+#: Where a sandbox session's supervisor is, read-only (a copy bwrap makes of it, see :mod:`.session`).
+SUPERVISOR_PATH = "/.execspace-supervisor"
 
 #: Top-level host entries never bound into the sandbox.
 HIDDEN_TOP = frozenset(
@@ -130,6 +134,9 @@ class BwrapConfig:
     tmp_size: int | None = 256 * 1024 * 1024
     mounts: Sequence[str] | None = None
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
+    init_fd: int | None = None
+    """A session's supervisor binary (an fd passed to bwrap): copied to :data:`SUPERVISOR_PATH` and run as
+    PID 1 of the sandbox (``--as-pid-1``, no bwrap init), the program being ``[SUPERVISOR_PATH, ...]``."""
 
 
 def _top_level_binds() -> list[str]:
@@ -199,6 +206,8 @@ def build_argv(
     ]
     if not cfg.network:
         args.append("--unshare-net")
+    if cfg.init_fd is not None:
+        args.append("--as-pid-1")
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     args += _top_level_binds()
@@ -207,6 +216,10 @@ def build_argv(
         args += ["--size", str(cfg.tmp_size)]
     args += ["--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
+    if cfg.init_fd is not None:
+        # a copy, not a bind: the binary is in a directory private to this user, which the sandbox's uid
+        # cannot reach (and /proc/self/fd is masked: the supervisor is PID 1)
+        args += ["--perms", "0755", "--ro-bind-data", str(cfg.init_fd), SUPERVISOR_PATH]
     ws = SANDBOX_WORKSPACE
     args += cfg.mounts if cfg.mounts is not None else ["--bind", str(ws_root), ws]
     args += [
@@ -217,6 +230,7 @@ def build_argv(
     return args
 
 
+@functools.lru_cache(maxsize=64)  # every run asks, with one of a few PATHs
 def visible_path_entries(path: str) -> str:
     """Keep the PATH entries that exist inside the sandbox (not under hidden top-level dirs)."""
     return ":".join(dict.fromkeys(entry for entry in path.split(":") if not hidden_by_default(entry)))

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ...backend import HostOptions
+from ...errors import InvalidSpec
 from .policy import SandboxPolicy
+from .session import SessionConfig
 
-__all__ = ["SandboxOptions"]
+__all__ = ["SandboxMode", "SandboxOptions"]
+
+#: How the sandbox backend runs programs: a sandbox per run, or one per workspace (``details["mode"]`` says more).
+SandboxMode = Literal["per-run", "session"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,8 +26,19 @@ class SandboxOptions(HostOptions):
             ``Profile.EXTERNAL`` runs nothing (isolation is elsewhere) and keeps the file rules.
         network: shorthand for ``policy.with_network(network)``; a run may still override it.
         bwrap: path of the bwrap binary (default: found on PATH).
+        mode: ``"per-run"`` (a sandbox per run, the default) or ``"session"`` (one sandbox per workspace whose
+            programs outlive a call; Linux, managed profiles; builds its supervisor with a C compiler once).
+        session: how session mode keeps its sessions (default :class:`SessionConfig`); only with
+            ``mode="session"``.
     """
 
     policy: SandboxPolicy | None = None
     network: bool | None = None
     bwrap: str | None = None
+    mode: SandboxMode = "per-run"
+    session: SessionConfig | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.session is not None and self.mode != "session":
+            raise InvalidSpec("SandboxOptions: session= configures mode='session'; give mode='session' too")

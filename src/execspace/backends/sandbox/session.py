@@ -1,0 +1,670 @@
+"""Sandbox sessions: one long-lived sandbox per workspace, whose programs a supervisor inside it starts.
+
+A session is one bwrap, built by the same command line as a per-run sandbox (:func:`.bwrap.build_argv`: the
+same namespaces, mounts, seccomp filter, uid and cgroup), whose program is the supervisor (``supervisor.c``,
+built by :mod:`.supervisorbin`) running as PID 1 of the sandbox's PID namespace. The host talks to it over an
+inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. For each run the host makes the stdio
+(socketpairs, or a pty) and passes the program's ends with ``SCM_RIGHTS``; the supervisor forks, execs and
+answers with the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals
+process groups on request. Output goes from the program straight to the host, never through the supervisor.
+
+Why socketpairs and not pipes: the programs of a session share a uid, and a pipe can be opened again through
+``/proc/<pid>/fd`` by any process of that uid (stealing another run's stdin or output); a socket cannot.
+
+The host trusts nothing the supervisor says (:class:`Session`): every message is one 16-byte packet of a known
+kind that answers an open request (or reports a program it started), within ``request_timeout``; anything else
+ends that session, with a :class:`~execspace.errors.BackendError` its runs report. A run's timeout signals its
+process group through the supervisor, and its escaped descendants are found by their run marker from the host
+(as in per-run mode), so a run never ends the session.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import BackendError, InvalidSpec
+from ...models import RunResult
+from ...process.supervisor import RUN_MARKER_VAR, Launch, SupervisedProcess, spawn
+
+__all__ = ["MAX_REQUEST", "Session", "SessionConfig", "SessionProgram", "start_session"]
+
+_MSG = struct.Struct("=IIii")
+_HEAD = struct.Struct("=II")
+_SPAWN = struct.Struct("=IIII")
+_RLIMIT = struct.Struct("=IIQQ")
+_SIGNAL = struct.Struct("=iiI")
+_OP_SPAWN, _OP_SIGNAL = 1, 2
+_READY, _SPAWNED, _EXITED, _SIGNALED = 1, 2, 3, 4
+_FLAG_CTTY = 1
+#: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
+#: buffers cannot take a datagram that large (``net.core.wmem_max``).
+MAX_REQUEST = 2 * 1024 * 1024
+_SEND_BUFFER = 2 * MAX_REQUEST
+_DATAGRAM_OVERHEAD = 64 * 1024
+_MAX_ERRNO = 4095
+_READ_SIZE = 256 * 1024
+_LAST_WORDS = 2.0  # seconds to wait for bwrap's exit (and its error) after a session failed to start
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """How a sandbox engine in session mode keeps its sessions."""
+
+    pool_size: int = 2
+    """Sessions started ahead on laid-out slots, so that a new workspace's first run does not wait for one."""
+    idle_timeout: float | None = 300.0
+    """Seconds a session without programs is kept before it is ended (the next run starts a new one)."""
+    request_timeout: float = 10.0
+    """Seconds the supervisor has to answer a request; past that the session is ended as hung."""
+    start_timeout: float = 10.0
+    """Seconds a new session has to report ready."""
+
+
+def _last_pid() -> int:
+    """The host's last pid handed out: every process a run starts after this has a larger one (until the
+    counter wraps, which the marker sweep notices)."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+class Session:
+    """The host side of one session's supervisor: its channel, its requests and the programs it started."""
+
+    def __init__(self, sock: socket.socket, name: str, config: SessionConfig) -> None:
+        self.name = name
+        self.config = config
+        self._sock = sock
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+        buffer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        self.max_request = min(MAX_REQUEST, buffer - _DATAGRAM_OVERHEAD)
+        """Largest spawn request this session's channel takes in one datagram."""
+        self._loop = asyncio.get_running_loop()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[int, asyncio.Future[tuple[int, int]], SessionProgram | None]] = {}
+        self._abandoned: set[int] = set()
+        """Requests whose caller was cancelled: their answer is expected, and dropped."""
+        self._unclaimed: set[int] = set()
+        """Programs started for an abandoned request (killed): their exit is expected, and dropped."""
+        self._programs: dict[int, SessionProgram] = {}
+        self._ready: asyncio.Future[None] = self._loop.create_future()
+        self._outbox: deque[tuple[bytes, list[int]]] = deque()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.broken: BackendError | None = None
+        self.closed = False
+        self.bwrap: SupervisedProcess | None = None
+        self.supervisor_pid: int | None = None
+        """The supervisor's pid on the host (its pid in the session is 1)."""
+        self.active = 0
+        """Programs started and not yet over (the runner's idle timer runs while there are none)."""
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    @property
+    def usable(self) -> bool:
+        return self.broken is None and not self.closed
+
+    # -- start and end -------------------------------------------------------------------
+
+    async def started(self, bwrap: SupervisedProcess) -> None:
+        """Wait until the supervisor in ``bwrap`` says it is ready.
+
+        Raises:
+            BackendError: bwrap or the supervisor exited first, or the start took longer than ``start_timeout``.
+        """
+        self.bwrap = bwrap
+        exited = asyncio.ensure_future(bwrap.wait())
+        try:
+            waited: set[asyncio.Future[Any]] = {self._ready, exited}
+            await asyncio.wait(waited, timeout=self.config.start_timeout, return_when="FIRST_COMPLETED")
+            if self._ready.done() and self._ready.exception() is None:
+                self.supervisor_pid = _only_child(bwrap.pid)
+                return
+            # its channel may close before bwrap is reaped: bwrap's last words say why
+            await asyncio.wait({exited}, timeout=_LAST_WORDS)
+        finally:
+            if not exited.done():
+                exited.cancel()
+        if exited.done() and not exited.cancelled() and exited.exception() is None:
+            err = exited.result().stderr.strip().splitlines()[-1:] or [f"exit code {exited.result().exit_code}"]
+            reason = f"did not start: {err[0]}"
+        else:
+            reason = f"was not ready within {self.config.start_timeout} s"
+        if self.broken is None:
+            self._fail(reason)
+        else:
+            self.broken = self._error(reason)  # says more than the channel's EOF did
+        assert self.broken is not None
+        raise self.broken
+
+    async def close(self) -> None:
+        """End the session: every process in it is killed (the supervisor is its PID namespace's init) and the
+        host waits until bwrap is reaped. Idempotent."""
+        if not self.closed:
+            self.closed = True
+            if self.idle_timer is not None:
+                self.idle_timer.cancel()
+            self._shutdown_channel(None)
+        await self._kill()
+
+    async def _kill(self) -> None:
+        if self.supervisor_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.supervisor_pid, signal.SIGKILL)
+        if self.bwrap is not None:
+            await self.bwrap.kill_now()
+
+    def _fail(self, reason: str) -> None:
+        """The supervisor broke the protocol, hung or died: end this session, and tell its programs why."""
+        if not self.usable:
+            return
+        self.broken = self._error(reason)
+        self._shutdown_channel(self.broken)
+        task = self._loop.create_task(self._kill())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _error(self, reason: str) -> BackendError:
+        return BackendError(
+            f"sandbox session of workspace {self.name!r}: its supervisor {reason}; the session was ended and "
+            "its programs killed. The next run starts a new session; if this repeats, use mode='per-run'"
+        )
+
+    def _shutdown_channel(self, error: BackendError | None) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._sock.fileno())
+            self._loop.remove_writer(self._sock.fileno())
+        for _, fut, _ in self._pending.values():
+            if not fut.done():
+                fut.set_exception(error or BackendError(f"sandbox session of workspace {self.name!r} was ended"))
+                fut.exception()  # its requester is told by _request, or has gone
+        self._pending.clear()
+        for _, fds in self._outbox:
+            _close_all(fds)
+        self._outbox.clear()
+        programs, self._programs = list(self._programs.values()), {}
+        for program in programs:
+            program.session_ended(error)
+        self._sock.close()
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def spawn(
+        self,
+        program: SessionProgram,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        fds: list[int],
+        rlimits: Sequence[tuple[int, int, int]],
+        *,
+        ctty: bool,
+    ) -> int:
+        """Start ``argv`` with ``fds`` as its stdin, stdout and stderr (taken over: closed once sent); its pid in
+        the session.
+
+        Raises:
+            OSError: the exec failed (its errno).
+            BackendError: the session is over or broke.
+            InvalidSpec: argv and environment are too large for one request.
+        """
+        strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+        body = _SPAWN.pack(_FLAG_CTTY if ctty else 0, len(rlimits), len(argv), len(env))
+        body += b"".join(_RLIMIT.pack(which, 0, soft, hard) for which, soft, hard in rlimits)
+        body += b"".join(os.fsencode(s) + b"\0" for s in strings)
+        if len(body) > self.max_request:
+            _close_all(fds)
+            raise InvalidSpec(
+                f"the arguments and environment of a session run take {len(body)} bytes, more than "
+                f"{self.max_request}; pass large data through stdin or a file, or use mode='per-run'"
+            )
+        pid, err = await self._request(_OP_SPAWN, _SPAWNED, body, fds, program)
+        if err:
+            raise OSError(err, os.strerror(err), argv[0])
+        return pid
+
+    def signal(self, pid: int, sig: int, *, group: bool) -> None:
+        """Ask for ``sig`` to ``pid`` (its process group with ``group``), without waiting for the answer."""
+        if not self.usable:
+            return
+        task = self._loop.create_task(self._request(_OP_SIGNAL, _SIGNALED, _SIGNAL.pack(pid, sig, int(group)), []))
+        self._tasks.add(task)
+        task.add_done_callback(_forget(self._tasks))
+
+    async def _request(
+        self, op: int, kind: int, body: bytes, fds: list[int], program: SessionProgram | None = None
+    ) -> tuple[int, int]:
+        if not self.usable:
+            _close_all(fds)
+            raise self.broken or BackendError(f"sandbox session of workspace {self.name!r} was ended")
+        ident = next(self._ids) & 0xFFFF_FFFF
+        fut: asyncio.Future[tuple[int, int]] = self._loop.create_future()
+        self._pending[ident] = (kind, fut, program)
+        self._send(_HEAD.pack(op, ident) + body, fds)
+        try:
+            async with asyncio.timeout(self.config.request_timeout):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
+            assert self.broken is not None
+            raise self.broken from None
+        except asyncio.CancelledError:
+            if ident in self._pending:
+                self._abandoned.add(ident)
+            raise
+        finally:
+            self._pending.pop(ident, None)
+
+    def _send(self, data: bytes, fds: list[int]) -> None:
+        self._outbox.append((data, fds))
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._outbox and self.usable:
+            data, fds = self._outbox[0]
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            try:
+                self._sock.sendmsg([data], anc)
+            except BlockingIOError:
+                self._loop.add_writer(self._sock.fileno(), self._flush)
+                return
+            except OSError as exc:
+                self._fail(f"channel failed ({exc.strerror})")
+                return
+            self._outbox.popleft()
+            _close_all(fds)
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_writer(self._sock.fileno())
+
+    # -- what the supervisor says -----------------------------------------------------------
+
+    def _readable(self) -> None:
+        while self.usable:
+            try:
+                # no room for ancillary data: fds it might send are discarded by the kernel (MSG_CTRUNC)
+                data, _, flags, _ = self._sock.recvmsg(_MSG.size + 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._fail(f"channel failed ({exc.strerror})")
+                return
+            if not data:
+                self._fail("exited")
+                return
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) != _MSG.size:
+                self._fail(f"sent a malformed message ({len(data)} bytes, flags {flags:#x})")
+                return
+            problem = self._dispatch(*_MSG.unpack(data))
+            if problem is not None:
+                self._fail(problem)
+                return
+
+    def _dispatch(self, kind: int, ident: int, a: int, b: int) -> str | None:
+        """Act on one message; what is wrong with it, if anything."""
+        if not self._ready.done():
+            if (kind, ident, a, b) != (_READY, 0, 0, 0):
+                return f"sent message kind {kind} before it was ready"
+            self._ready.set_result(None)
+            return None
+        if kind == _EXITED and ident in (0, 1) and a in self._unclaimed:
+            self._unclaimed.discard(a)
+            return None
+        if kind == _EXITED:
+            program = self._programs.pop(a, None) if ident in (0, 1) else None
+            if program is None or not _valid_status(b):
+                return f"reported the exit of a program it was not running (pid {a}, status {b})"
+            program.reported_exit(b, group_left=ident == 1)
+            return None
+        if kind in (_SPAWNED, _SIGNALED) and ident in self._abandoned:
+            self._abandoned.discard(ident)
+            if kind == _SPAWNED and b == 0 and a > 1 and a not in self._programs:
+                self._unclaimed.add(a)
+                self.signal(a, signal.SIGKILL, group=True)  # started for a caller who has gone
+            return None
+        want, fut, program = self._pending.get(ident, (0, None, None))
+        if fut is None or want != kind or fut.done():
+            return f"answered a request it was not asked (kind {kind}, id {ident})"
+        started = b == 0 and a > 1 and a not in self._programs and a not in self._unclaimed
+        if kind == _SPAWNED and not ((0 < b <= _MAX_ERRNO and a == 0) or started):
+            return f"answered a start with an impossible pid/errno ({a}, {b})"
+        if kind == _SIGNALED and not (0 <= a <= _MAX_ERRNO and b == 0):
+            return f"answered a signal with an impossible errno ({a}, {b})"
+        if kind == _SPAWNED and b == 0 and program is not None:
+            self._programs[a] = program
+        fut.set_result((a, b))
+        return None
+
+
+def _valid_status(status: int) -> bool:
+    try:
+        os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return False
+    return status >= 0
+
+
+def _only_child(pid: int | None) -> int | None:
+    """bwrap's one child (with ``--as-pid-1``, the supervisor itself), by its host pid."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
+
+
+def kill_marked_children(supervisor: int, marker: str) -> int:
+    """SIGKILL the processes of the session (the supervisor's descendants) whose environment carries ``marker``;
+    return how many. Walking the session's tree in ``/proc`` instead of scanning every process of the host keeps
+    a run's teardown cheap, and finds what left the run's process group (``setsid``) wherever it is."""
+    needle = f"{RUN_MARKER_VAR}={marker}\0".encode()
+    killed = 0
+    for _ in range(3):  # a dying parent may fork once more: look again until quiet
+        found = 0
+        for pid in _descendants(supervisor):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    marked = needle in f.read()
+            except OSError:
+                continue
+            if marked:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    found += 1
+        if not found:
+            break
+        killed += found
+    return killed
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # a failed signal ended the session already; nothing more to say
+
+    return done
+
+
+class _SocketReader(asyncio.ReadTransport):
+    """The host's reading end of one of a program's output sockets, on the event loop as it is (no transport
+    set-up round trip per run): data to the program's :meth:`_on_data`, end of file to ``_on_pipe_closed``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, owner: SessionProgram, fd: int) -> None:
+        super().__init__()
+        self._loop = loop
+        self._sock = sock
+        self._owner = owner
+        self._fd = fd
+        self._paused = False
+        self._closing = False
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self._sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._owner._on_data(self._fd, data)
+        else:
+            self.close()
+
+    def is_reading(self) -> bool:
+        return not (self._paused or self._closing)
+
+    def pause_reading(self) -> None:
+        if self.is_reading():
+            self._loop.remove_reader(self._sock.fileno())
+            self._paused = True
+
+    def resume_reading(self) -> None:
+        if self._paused and not self._closing:
+            self._paused = False
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        if not self._paused:
+            self._loop.remove_reader(self._sock.fileno())
+        self._closing = True
+        self._sock.close()
+        self._owner._on_pipe_closed(self._fd)
+
+
+class _SessionTransport(asyncio.SubprocessTransport):
+    """What :class:`~execspace.process.supervisor.SupervisedProcess` needs of its transport, for a program
+    of a session: its pid in the session, its exit code, its stdin."""
+
+    def __init__(self, program: SessionProgram, stdin: asyncio.BaseTransport | None) -> None:
+        super().__init__()
+        self._program = program
+        self._stdin = stdin
+
+    def get_pid(self) -> int:
+        return self._program.session_pid or 0
+
+    def get_returncode(self) -> int | None:
+        return self._program.returncode()
+
+    def get_pipe_transport(self, fd: int) -> asyncio.BaseTransport | None:
+        return self._stdin if fd == 0 else None
+
+    def send_signal(self, signal: int) -> None:
+        self._program._signal_group(signal)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
+
+    def is_closing(self) -> bool:
+        return self._stdin is None or self._stdin.is_closing()
+
+
+class SessionProgram(SupervisedProcess):
+    """A program a session's supervisor started: supervised like a host process (deadline, output caps, group
+    kill, marker sweep, attach, pty), its process group signalled through the supervisor.
+
+    Its ``pid`` is the one it has in the session (what ``ps`` there shows). If the session breaks, its
+    :meth:`wait` raises the session's :class:`~execspace.errors.BackendError`.
+    """
+
+    def __init__(self, launch: Launch, *, session: Session, rlimits: Sequence[tuple[int, int, int]] = ()) -> None:
+        super().__init__(launch)
+        self._session = session
+        self._rlimits = rlimits
+        self.session_pid: int | None = None
+        self._status: int | None = None
+        self._group_left = True
+        self._ended = False
+        self._error: BackendError | None = None
+        self._floor = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.session_pid
+
+    async def _open_transport(self) -> asyncio.SubprocessTransport:
+        loop = asyncio.get_running_loop()
+        la = self._launch
+        stdin: asyncio.BaseTransport | None = None
+        if la.pty is not None:
+            slave = self._open_pty(la.pty)
+            child = [slave, os.dup(slave), os.dup(slave)]
+            self._open_pipes = {1}
+        else:
+            child, stdin = await self._socket_stdio(loop)
+        self._floor = _last_pid()
+        try:
+            self.session_pid = await self._session.spawn(
+                self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=la.pty is not None
+            )
+        except BackendError:
+            if self._session.broken is not None:
+                self._close_stdio(stdin)
+                raise
+            self.session_ended(None)  # ended (workspace cleanup) while this run started: killed with it
+        except BaseException:
+            self._close_stdio(stdin)
+            raise
+        if la.pty is not None:
+            await self._connect_pty(loop)
+        return _SessionTransport(self, stdin)
+
+    async def _socket_stdio(self, loop: asyncio.AbstractEventLoop) -> tuple[list[int], asyncio.BaseTransport | None]:
+        la = self._launch
+        child: list[int] = []
+        stdin: asyncio.BaseTransport | None = None
+        try:
+            if la.stdin is not None or la.interactive:
+                ours, theirs = socket.socketpair()
+                child.append(theirs.detach())
+                stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, ours)
+            else:
+                child.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            for fd in (1, 2):
+                ours, theirs = socket.socketpair()
+                child.append(theirs.detach())
+                self._readers[fd] = _SocketReader(loop, ours, self, fd)
+        except BaseException:
+            _close_all(child)
+            self._close_stdio(stdin)
+            raise
+        return child, stdin
+
+    def _close_stdio(self, stdin: asyncio.BaseTransport | None) -> None:
+        for pipe in (stdin, *self._readers.values()):
+            if pipe is not None:
+                pipe.close()
+        self._close_pty()
+
+    # -- what the session reports -------------------------------------------------------------
+
+    def reported_exit(self, status: int, *, group_left: bool) -> None:
+        self._status = status
+        self._group_left = group_left
+        self._exited.set()
+
+    def session_ended(self, error: BackendError | None) -> None:
+        """The session is over (closed, or broken with ``error``): so is this program."""
+        self._ended = True
+        self._error = error
+        self._exited.set()
+
+    def returncode(self) -> int | None:
+        if self._status is not None:
+            return os.waitstatus_to_exitcode(self._status)
+        return -signal.SIGKILL if self._ended else None
+
+    # -- supervision through the session -------------------------------------------------------
+
+    def _signal_group(self, sig: int) -> None:
+        # also after the leader's exit: what is left of its group does not outlive the run (the supervisor says
+        # whether anything is: a group without members cannot get any)
+        if self.session_pid is not None and (self._status is None or self._group_left):
+            self._session.signal(self.session_pid, sig, group=True)
+
+    async def signal(self, sig: int) -> None:
+        if self.session_pid is not None and not self._exited.is_set():
+            self._session.signal(self.session_pid, sig, group=True)
+
+    def _terminate(self) -> bool:
+        # the supervisor started it (or never will): the TERM goes through the session, never to a host pid
+        if self.session_pid is None or self._exited.is_set():
+            return False
+        self._session.signal(self.session_pid, signal.SIGTERM, group=True)
+        return True
+
+    async def _sweep(self) -> None:
+        supervisor = self._session.supervisor_pid
+        if supervisor is not None:
+            kill_marked_children(supervisor, self._launch.marker)
+        elif (sweeper := self._launch.sweeper) is not None:
+            await sweeper.sweep(self._launch.marker, self._floor)
+
+    async def wait(self) -> RunResult:
+        result = await super().wait()
+        if self._error is not None:
+            raise self._error
+        return result
+
+
+async def start_session(launch: Launch, sock: socket.socket, name: str, config: SessionConfig) -> Session:
+    """Spawn the session's bwrap (``launch``, whose program is the supervisor on the other end of ``sock``)
+    and wait until the supervisor is ready.
+
+    Raises:
+        BackendError: it did not start (bwrap's error in the message), or bwrap could not be executed.
+    """
+    session = Session(sock, name, config)
+    try:
+        bwrap = await spawn(launch)
+    except BaseException as exc:
+        session.closed = True
+        session._shutdown_channel(None)
+        if isinstance(exc, OSError):
+            # not the run's program failing to start (a 127), but the sandbox around it
+            raise session._error(f"could not be started: {exc}") from exc
+        raise
+    try:
+        await session.started(bwrap)
+    except BaseException:
+        await session.close()
+        raise
+    return session

@@ -1,0 +1,280 @@
+"""Session mode of the sandbox backend: a :class:`SandboxRunner` whose runs go through the workspace's session.
+
+One session (:mod:`.session`) per workspace, started on its first run or taken from a warm pool of sessions
+started on laid-out slots (:mod:`execspace.workspace.slots`), kept while the workspace lives or until
+``idle_timeout`` passes without programs, ended on cleanup and engine close. A run the session cannot give what
+it asks runs in a sandbox of its own, exactly as in per-run mode: another network setting than the session's,
+``pids`` or a cgroup-enforced ``memory_bytes`` (a session's processes share one uid and one cgroup), other
+seccomp filters (:meth:`with_seccomp`, e.g. a kernel's), or a policy with no-access globs (judged against the
+workspace's files when a sandbox starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import PathDenied
+from ...models import ResourceLimits, RunProgramSpec, Workspace
+from ...process.preparation import PreparedRun
+from ...process.rlimits import rlimit_values
+from ...process.supervisor import Launch, SupervisedProcess
+from ...process.warmpool import WarmPool
+from ...workspace.hostmanager import private_dir
+from ...workspace.slots import laid_out_slot, take_slot
+from . import SandboxRunner
+from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
+from .policy import Access
+from .session import Session, SessionConfig, SessionProgram, start_session
+
+__all__ = ["SessionRunner"]
+
+_MAX_DECISIONS = 4096
+#: Output of the session's bwrap kept for its error message (bwrap says why it could not start).
+_BWRAP_OUTPUT = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Pooled:
+    host_dir: Path
+    session: Session
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+class SessionRunner(SandboxRunner):
+    """Runs programs through a long-lived sandbox session per workspace (see the module)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        supervisor: Path,
+        config: SessionConfig,
+        workspace_root: Path,
+        root_mode: int,
+        prepare_slot: Callable[[Path], None] | None,
+        pool: bool,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.supervisor = supervisor
+        self.config = config
+        self._session_seccomp = self.seccomp
+        self._decisions: dict[tuple[Path, str], Access] = {}
+        self._ending: set[asyncio.Task[None]] = set()
+        self._sessions: dict[Path, asyncio.Future[Session]] = {}
+        self._lock = threading.Lock()
+        self._adopted: dict[Path, tuple[Session, tuple[int, int]]] = {}
+        self._workspace_root = workspace_root
+        self._root_mode = root_mode
+        self._prepare_slot = prepare_slot
+        self.pool: WarmPool[_Pooled] | None = (
+            WarmPool(config.pool_size, self._make_pooled, self._discard_pooled, idle_timeout=None)
+            if pool and config.pool_size > 0
+            else None
+        )
+
+    # -- which runs go through the session ---------------------------------------------------------
+
+    def fits_session(self, spec: RunProgramSpec) -> bool:
+        """Whether the session gives ``spec`` what it asks (else it runs in a sandbox of its own)."""
+        if self.seccomp is not self._session_seccomp or self.policy.no_access_globs:
+            # globs are judged against the workspace's files when a sandbox starts: each run gets its own
+            return False
+        if spec.network is not None and (spec.network == "on") != self.network_default:
+            return False
+        limits = spec.limits
+        if limits.pids is not None and os.geteuid() == 0:
+            return False  # RLIMIT_NPROC would count the whole session's processes
+        return not (limits.memory_bytes is not None and "memory_bytes" in self.cgroups.enforced)
+
+    def access_of(self, root: Path, rel: str) -> Access:
+        # every run asks for its cwd and tmp; the answer depends on the policy and the path only
+        key = (root, rel)
+        found = self._decisions.get(key)
+        if found is None:
+            if len(self._decisions) > _MAX_DECISIONS:
+                self._decisions.clear()
+            found = self._decisions[key] = super().access_of(root, rel)
+        return found
+
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
+        if init_fd is not None or not self.fits_session(prep.spec):
+            return super().wrap(prep, interactive=interactive, init_fd=init_fd)
+        if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
+            raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
+        env = self.program_env(prep)
+        launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)
+        launch.preexec_fn = None  # the supervisor sets the rlimits
+        return launch
+
+    async def spawn_prepared(
+        self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
+    ) -> SupervisedProcess:
+        if process is not None or not self.fits_session(prep.spec):
+            return await super().spawn_prepared(prep, launch, process)
+        session = await self._session(prep.ws)
+        session.active += 1
+        if session.idle_timer is not None:
+            session.idle_timer.cancel()
+            session.idle_timer = None
+        launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
+        make = functools.partial(SessionProgram, session=session, rlimits=rlimit_values(prep.spec.limits))
+        return await super().spawn_prepared(prep, launch, make)
+
+    def _program_over(self, root: Path, session: Session) -> None:
+        session.active -= 1
+        timeout = self.config.idle_timeout
+        if session.active == 0 and timeout is not None and session.usable:
+            loop = asyncio.get_running_loop()
+            session.idle_timer = loop.call_later(timeout, self._schedule_end, root, session)
+
+    def _schedule_end(self, root: Path, session: Session) -> None:
+        task = asyncio.get_running_loop().create_task(self._end_idle(root, session))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _end_idle(self, root: Path, session: Session) -> None:
+        if session.active == 0:
+            fut = self._sessions.get(root)
+            if fut is not None and fut.done() and not fut.exception() and fut.result() is session:
+                del self._sessions[root]
+            await session.close()
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    async def _session(self, ws: Workspace) -> Session:
+        """The workspace's session: the running one, a pooled one renamed into place, or a new one."""
+        assert ws.host_path is not None
+        root = ws.host_path
+        fut = self._sessions.get(root)
+        if fut is not None and (not fut.done() or (fut.exception() is None and fut.result().usable)):
+            return await asyncio.shield(fut)
+        with self._lock:
+            adopted = self._adopted.pop(root, None)
+        if adopted is not None:
+            session, inode = adopted
+            if session.usable and await asyncio.to_thread(_same_inode, root, inode):
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(session)
+                self._sessions[root] = fut
+                return session
+            await session.close()
+        fut = asyncio.ensure_future(self._start(ws))
+        self._sessions[root] = fut
+        try:
+            return await asyncio.shield(fut)
+        except BaseException:
+            if self._sessions.get(root) is fut:
+                del self._sessions[root]
+            raise
+
+    async def _start(self, ws: Workspace) -> Session:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            binary = os.open(self.supervisor, os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        try:
+            spec = RunProgramSpec(
+                SUPERVISOR_PATH,
+                [str(theirs.fileno())],
+                cwd="",
+                timeout=None,
+                limits=ResourceLimits(output_bytes=_BWRAP_OUTPUT),
+            )
+            prep = self.preparation.prepare(ws, spec)
+            assert isinstance(prep, PreparedRun)  # a path is never looked up
+            launch = super().wrap(prep, init_fd=binary)
+        except BaseException:
+            for sock in (ours, theirs):
+                sock.close()
+            os.close(binary)
+            raise
+        launch.pass_fds = (*launch.pass_fds, theirs.fileno())
+        # bwrap has its own copies once started (or failed to start): ours go then
+        launch.after_spawn += [functools.partial(os.close, binary), theirs.close]
+        return await start_session(launch, ours, ws.id, self.config)
+
+    async def stop_programs(self, ws: Workspace) -> None:
+        """End the workspace's session (everything in it dies with its supervisor), then reap its programs."""
+        if ws.host_path is not None:
+            fut = self._sessions.pop(ws.host_path, None)
+            with self._lock:
+                adopted = self._adopted.pop(ws.host_path, None)
+            sessions = [adopted[0]] if adopted is not None else []
+            if fut is not None:
+                with contextlib.suppress(Exception):
+                    sessions.append(await asyncio.shield(fut))
+            await asyncio.gather(*(s.close() for s in sessions))
+        await super().stop_programs(ws)
+
+    async def aclose(self) -> None:
+        """End every session of this engine, the pooled ones too. Idempotent."""
+        if self.pool is not None:
+            await self.pool.close()
+        futures, self._sessions = list(self._sessions.values()), {}
+        with self._lock:
+            adopted, self._adopted = [s for s, _ in self._adopted.values()], {}
+        sessions = list(adopted)
+        for fut in futures:
+            with contextlib.suppress(Exception):
+                sessions.append(await asyncio.shield(fut))
+        await asyncio.gather(*(s.close() for s in sessions))
+
+    # -- the warm pool -----------------------------------------------------------------------------
+
+    def adopt(self, ws_dir: Path) -> bool:
+        """Make a pooled session's slot the new workspace ``ws_dir`` (from a worker thread)."""
+        pooled = take_slot(self.pool, ws_dir) if self.pool is not None else None
+        if pooled is None:
+            return False
+        with self._lock:
+            self._adopted[ws_dir] = (pooled.session, _inode(ws_dir))
+        return True
+
+    def refill(self) -> None:
+        if self.pool is not None:
+            self.pool.refill()
+
+    async def _make_pooled(self) -> _Pooled:
+        slot = await asyncio.to_thread(self._make_slot)
+        ws = Workspace(id=slot.name, path=SANDBOX_WORKSPACE, backend="sandbox", host_path=slot)
+        try:
+            return _Pooled(slot, await self._start(ws))
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, slot, True)
+            raise
+
+    def _make_slot(self) -> Path:
+        private_dir(self._workspace_root, self._root_mode)  # same filesystem as the workspaces: atomic rename
+        with laid_out_slot(self._workspace_root) as slot:
+            if self._prepare_slot is not None:
+                self._prepare_slot(slot)
+        return slot
+
+    @staticmethod
+    async def _discard_pooled(pooled: _Pooled) -> None:
+        await pooled.session.close()
+        await asyncio.to_thread(shutil.rmtree, pooled.host_dir, True)
+
+
+def _same_inode(path: Path, inode: tuple[int, int]) -> bool:
+    try:
+        return _inode(path) == inode
+    except OSError:
+        return False

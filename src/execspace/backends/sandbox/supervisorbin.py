@@ -1,0 +1,91 @@
+"""The session supervisor's binary: ``supervisor.c`` built on first use with the system C compiler.
+
+Cached per user in a private (0700) directory, named by the sha256 of the source and of the compiler's identity,
+written under a temporary name and renamed into place; a cached file is used only when it is a regular file of
+ours that nobody else can write, in a directory nobody else can write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ...errors import SetupFailed
+
+__all__ = ["SESSION_FIX", "SOURCE", "supervisor_binary"]
+
+SOURCE = Path(__file__).with_name("supervisor.c")
+#: How to get session mode working where it cannot build its supervisor.
+SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"'
+
+
+def supervisor_binary(cache_root: Path) -> Path:
+    """The built supervisor in ``cache_root/bin`` (built now if missing). Blocking: call it in a thread.
+
+    Raises:
+        SetupFailed: no C compiler, the build failed, or the cache directory is not private to this user.
+    """
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SetupFailed(
+            "sandbox", "session mode builds its supervisor with a C compiler, and none is on PATH", SESSION_FIX
+        )
+    source = SOURCE.read_bytes()
+    try:
+        ident = subprocess.run([cc, "--version"], capture_output=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SetupFailed("sandbox", f"the C compiler {cc} does not run: {exc}", SESSION_FIX) from exc
+    key = hashlib.sha256(source + b"\0" + os.path.realpath(cc).encode() + b"\0" + ident).hexdigest()[:32]
+    directory = _private_dir(cache_root / "bin")
+    target = directory / f"supervisor-{key}"
+    if _trusted_file(target):
+        return target
+    _build(cc, directory, target)
+    if not _trusted_file(target):
+        raise SetupFailed(
+            "sandbox", f"the supervisor built at {target} is not a private file of this user", SESSION_FIX
+        )
+    return target
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SetupFailed(
+            "sandbox",
+            f"{path} must be a directory of uid {os.geteuid()} with mode 0700 (it holds the session supervisor)",
+            f"remove {path}; it is made again on the next use",
+        )
+    return path
+
+
+def _trusted_file(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _build(cc: str, directory: Path, target: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".build-", dir=directory)
+    os.close(fd)
+    try:
+        # dynamic: each session gets its own copy of the binary (bwrap --ro-bind-data), so small beats static;
+        # the libc it maps is the page cache's, shared with every other process
+        done = subprocess.run([cc, "-O2", "-o", tmp, str(SOURCE)], capture_output=True, timeout=120, check=False)
+        if done.returncode != 0:
+            err = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise SetupFailed("sandbox", f"building the session supervisor with {cc} failed: {err[0]}", SESSION_FIX)
+        os.chmod(tmp, 0o755)  # noqa: S103 - the sandbox's uid executes it; nobody can write it
+        os.rename(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
