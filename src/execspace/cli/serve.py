@@ -30,6 +30,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", default="sandbox", help="backend each sandbox's workspace lives on (default sandbox)")
     p.add_argument(
+        "--sandbox-mode",
+        choices=("session", "per-run"),
+        default="session",
+        help="with --backend sandbox: one sandbox per E2B sandbox whose commands it forks (session, the default), "
+        "or a fresh sandbox per command (per-run)",
+    )
+    p.add_argument(
         "--workspace-root", metavar="DIR", help="where the sandboxes' workspaces live (default: the backend's)"
     )
     p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
@@ -75,7 +82,9 @@ async def command(args: argparse.Namespace) -> int:
             lines.append(f"  export E2B_API_KEY={keys[0]}")
         print("\n".join(lines), flush=True)
 
-    backend_options = {"workspace_root": args.workspace_root} if args.workspace_root else {}
+    backend_options: dict[str, object] = {"workspace_root": args.workspace_root} if args.workspace_root else {}
+    if args.backend == "sandbox":
+        backend_options["mode"] = args.sandbox_mode
     await serve(
         options, host=args.host, port=args.port, backend=args.backend, backend_options=backend_options, on_ready=ready
     )
