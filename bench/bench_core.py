@@ -57,6 +57,11 @@ class Plan:
     sandbox_concurrency: int = 100
     sandbox_rounds: int = 9
     cli_iters: int = 10
+    serve_iters: int = 40
+    serve_concurrency: int = 50
+    serve_rounds: int = 5
+    serve_commands: int = 500
+    serve_idle: int = 200
 
     @classmethod
     def quick(cls) -> Plan:
@@ -71,6 +76,10 @@ class Plan:
             sandbox_python_iters=10,
             sandbox_rounds=3,
             cli_iters=5,
+            serve_iters=10,
+            serve_rounds=2,
+            serve_commands=200,
+            serve_idle=50,
         )
 
 

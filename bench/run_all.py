@@ -22,6 +22,7 @@ from bench_container import run_container
 from bench_core import Plan, Report, Row, machine_info, run_core
 from bench_jupyter import run_jupyter
 from bench_sandbox import run_sandbox
+from bench_serve import run_serve
 
 
 def _num(value: float, unit: str) -> str:
@@ -126,7 +127,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    p.add_argument("--only", choices=("core", "sandbox", "jupyter", "container"), help="run one group of benchmarks")
+    p.add_argument(
+        "--only", choices=("core", "sandbox", "jupyter", "container", "serve"), help="run one group of benchmarks"
+    )
     return p.parse_args(argv)
 
 
@@ -136,7 +139,13 @@ async def run(args: argparse.Namespace, report: Report) -> None:
     def log(msg: str) -> None:
         print(f"... {msg}", file=sys.stderr, flush=True)
 
-    groups = {"core": run_core, "sandbox": run_sandbox, "jupyter": run_jupyter, "container": run_container}
+    groups = {
+        "core": run_core,
+        "sandbox": run_sandbox,
+        "jupyter": run_jupyter,
+        "container": run_container,
+        "serve": run_serve,
+    }
     for name, group in groups.items():
         if args.only not in (None, name):
             continue

@@ -32,6 +32,7 @@ FLOORS = {
     **dict.fromkeys(("executor", "sync", "testing"), 5),
     "tools": 6,
     "cli": 7,
+    "server": 7,
     "__main__": 8,
 }
 

@@ -1,0 +1,227 @@
+"""`execspace serve` benchmarks (7): the official E2B SDK against the server, with same-run baselines.
+
+A server subprocess (``execspace serve --port 0``, the default ``sandbox`` backend) is started first. Creation is
+compared with a **bare POST loop**: ``POST /v2/sandboxes`` by a plain httpx client on a kept-alive connection (the
+shape of Cube Sandbox's ``benchmark.py``), so the row shows what the SDK adds; each created sandbox is killed
+untimed. The targets are the issue's, from the figures self-hosted services publish (Cube: < 60 ms cold create,
+67 ms average / 90 ms p95 at 50 concurrent, < 5 MB per sandbox). The command round trip is compared with a unary
+envd call (``files.exists``) on the same sandbox: the protocol's floor, without a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir
+
+SECTION = "7 serve"
+KEY = "e2b_" + "0123456789abcdef" * 2
+
+
+@contextlib.contextmanager
+def _server(root: Any, max_sandboxes: int) -> Iterator[tuple[str, int]]:
+    argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", KEY, "--workspace-root", str(root)]
+    argv += ["--max-sandboxes", str(max_sandboxes)]
+    env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        assert proc.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and selector.select(timeout=deadline - time.monotonic()):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if b"listening on " in line:
+                yield line.split(b"listening on ", 1)[1].split()[0].decode(), proc.pid
+                return
+        raise RuntimeError("execspace serve did not start")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+    except OSError:  # gone meanwhile
+        return 0
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants (a sandbox session's bwrap and supervisor are the server's children)."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{name}/stat") as f:
+                parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def _tree_pss_kib(root: int) -> int:
+    return sum(_pss_kib(pid) for pid in _tree(root))
+
+
+def _row(name: str, lib: list[float], base: list[float], base_label: str, target_ms: float, p90: bool = False) -> Row:
+    row = Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(base, 1000), base_label)
+    value = row.lib.p90 if p90 else row.lib.median
+    row.target, row.passed = f"{'p90' if p90 else 'median'} ≤ {target_ms:g} ms", value <= target_ms
+    return row
+
+
+async def run_serve(plan: Plan, report: Report, log: Any) -> None:
+    if not await backend_ready("sandbox", "7 serve benchmarks", report, log):
+        return
+    try:
+        from e2b import AsyncSandbox, Sandbox
+    except ImportError:
+        report.notes.append("serve: e2b is not installed (pip install 'execspace[dev]'): skipped")
+        return
+    log("7 serve")
+    with scratch_dir("execspace-bench-serve-") as root, _server(root, 10 * plan.serve_concurrency) as (url, pid):
+        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=KEY)
+        http = httpx.Client(base_url=url, headers={"X-API-KEY": KEY})
+        made: list[str] = []
+
+        async def bare_create() -> None:
+            answer = await asyncio.to_thread(http.post, "/v2/sandboxes", json={"templateID": "base"})
+            if answer.status_code != 201:
+                raise RuntimeError(f"bare create answered {answer.status_code}: {answer.text}")
+            made.append(answer.json()["sandboxID"])
+
+        async def sdk_create() -> None:
+            made.append((await asyncio.to_thread(Sandbox.create)).sandbox_id)
+
+        async def sdk_create_and_run() -> None:
+            sbx = await asyncio.to_thread(Sandbox.create)
+            made.append(sbx.sandbox_id)
+            await asyncio.to_thread(sbx.commands.run, "true")
+
+        async def kill_made() -> None:
+            while made:
+                http.delete(f"/sandboxes/{made.pop()}")
+
+        try:
+            iters, warmup = plan.serve_iters, plan.warmup // 3
+            lib, cold, base = await interleaved([sdk_create, sdk_create_and_run, bare_create], iters, warmup)
+            await kill_made()
+            report.rows.append(_row("create → 201 (SDK Sandbox.create)", lib, base, "bare POST loop", 10))
+            report.rows.append(_row("create + first commands.run('true')", cold, base, "bare POST loop", 25))
+            await _concurrent_creates(AsyncSandbox, url, plan, report)
+            await _round_trip(Sandbox, plan, report)
+            await _commands_across_sandboxes(AsyncSandbox, plan, report)
+            await _idle_memory(Sandbox, pid, plan, report)
+        finally:
+            await kill_made()
+            http.close()
+
+
+async def _concurrent_creates(sandbox_cls: Any, url: str, plan: Plan, report: Report) -> None:
+    """Per-create latency with ``serve_concurrency`` creates at once: the SDK's async client against bare POSTs."""
+    n = plan.serve_concurrency
+    lib: list[float] = []
+    base: list[float] = []
+    async with httpx.AsyncClient(base_url=url, headers={"X-API-KEY": KEY}, limits=httpx.Limits(max_connections=n)) as c:
+
+        async def bare() -> tuple[float, str]:
+            t0 = time.perf_counter()
+            answer = await c.post("/v2/sandboxes", json={"templateID": "base"})
+            return time.perf_counter() - t0, answer.json()["sandboxID"]
+
+        async def sdk() -> tuple[float, str]:
+            t0 = time.perf_counter()
+            sbx = await sandbox_cls.create()
+            return time.perf_counter() - t0, sbx.sandbox_id
+
+        for i in range(plan.serve_rounds):
+            for step, out in ((sdk, lib), (bare, base)) if i % 2 == 0 else ((bare, base), (sdk, lib)):
+                done = await asyncio.gather(*(step() for _ in range(n)))
+                out.extend(t for t, _ in done)
+                await asyncio.gather(*(c.delete(f"/sandboxes/{sid}") for _, sid in done))
+    label = "bare httpx POSTs, as many at once"
+    report.rows.append(_row(f"create, {n} concurrent (per create)", lib, base, label, 10))
+    report.rows.append(_row(f"create, {n} concurrent (per create, p90)", lib, base, label, 30, p90=True))
+
+
+async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
+    sbx = await asyncio.to_thread(sandbox_cls.create)
+    try:
+
+        async def run_true() -> None:
+            await asyncio.to_thread(sbx.commands.run, "true")
+
+        async def stat() -> None:
+            await asyncio.to_thread(sbx.files.exists, "nothing-here")
+
+        lib, base = await interleaved([run_true, stat], plan.serve_iters, plan.warmup // 3)
+        report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
+    finally:
+        await asyncio.to_thread(sbx.kill)
+
+
+async def _commands_across_sandboxes(sandbox_cls: Any, plan: Plan, report: Report) -> None:
+    """``serve_commands`` concurrent ``commands.run('true')`` over ``serve_concurrency`` sandboxes: errors counted."""
+    sandboxes = await asyncio.gather(*(sandbox_cls.create() for _ in range(plan.serve_concurrency)))
+    try:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
+            *(sandboxes[i % len(sandboxes)].commands.run("true") for i in range(plan.serve_commands)),
+            return_exceptions=True,
+        )
+        elapsed = time.perf_counter() - t0
+        errors = [r for r in results if isinstance(r, BaseException)]
+        row = Row(
+            SECTION,
+            f"{plan.serve_commands} concurrent commands.run over {len(sandboxes)} sandboxes",
+            "runs/s",
+            Stats.of([len(results) / elapsed]),
+            None,
+            "",
+            higher_is_better=True,
+        )
+        row.target, row.passed = "0 errors", not errors
+        row.note = f"{len(errors)} errors" + (f", first: {type(errors[0]).__name__}: {errors[0]}" if errors else "")
+        report.rows.append(row)
+    finally:
+        await asyncio.gather(*(s.kill() for s in sandboxes), return_exceptions=True)
+
+
+async def _idle_memory(sandbox_cls: Any, pid: int, plan: Plan, report: Report) -> None:
+    """What an idle sandbox that has run a command costs: the PSS growth of the server and everything it started
+    (in session mode each such sandbox keeps its session: a bwrap and a supervisor)."""
+    warm = await asyncio.to_thread(sandbox_cls.create)
+    await asyncio.to_thread(warm.commands.run, "true")
+    gc.collect()
+    before = _tree_pss_kib(pid)
+    held = [await asyncio.to_thread(sandbox_cls.create) for _ in range(plan.serve_idle)]
+    for sbx in held:
+        await asyncio.to_thread(sbx.commands.run, "true")
+    per = (_tree_pss_kib(pid) - before) / len(held)
+    name = f"memory per idle sandbox after a command ({len(held)} held; PSS, server + its sessions)"
+    row = Row(SECTION, name, "KiB", Stats.of([per]), None, "")
+    row.target, row.passed = "≤ 5 MB", per <= 5 * 1024
+    report.rows.append(row)
+    for sbx in [warm, *held]:
+        await asyncio.to_thread(sbx.kill)

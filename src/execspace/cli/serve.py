@@ -1,0 +1,91 @@
+"""``execspace serve``: the E2B-compatible sandbox server (see docs/server.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import SetupFailed
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve sandboxes to the official E2B SDK (E2B-compatible control plane and envd on one port)",
+        description=(
+            "An E2B-compatible server: point the e2b SDK at it (E2B_API_URL and E2B_SANDBOX_URL) and each "
+            "Sandbox.create() gets a workspace on this host's backend. Needs the 'serve' extra."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=3000, help="port to listen on; 0 picks a free one (default 3000)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="an X-API-KEY clients must send (repeatable); without one a random key is made and printed",
+    )
+    p.add_argument("--backend", default="sandbox", help="backend each sandbox's workspace lives on (default sandbox)")
+    p.add_argument(
+        "--sandbox-mode",
+        choices=("session", "per-run"),
+        default="session",
+        help="with --backend sandbox: one sandbox per E2B sandbox whose commands it forks (session, the default), "
+        "or a fresh sandbox per command (per-run)",
+    )
+    p.add_argument(
+        "--workspace-root", metavar="DIR", help="where the sandboxes' workspaces live (default: the backend's)"
+    )
+    p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
+    p.add_argument(
+        "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
+    )
+    p.add_argument(
+        "--domain", help="answer host-based routing for <port>-<sandboxID>.DOMAIN (behind wildcard DNS + TLS)"
+    )
+    p.add_argument(
+        "--allow-internet-access",
+        action="store_true",
+        help="let sandboxes created with allow_internet_access=True reach the network (default: all offline)",
+    )
+    p.set_defaults(handler=command)
+
+
+async def command(args: argparse.Namespace) -> int:
+    try:
+        from ..server import ServerOptions, generate_api_key, serve
+    except ImportError as exc:
+        raise SetupFailed(
+            "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
+        ) from None
+    keys = tuple(args.api_key) or (generate_api_key(),)
+    options = ServerOptions(
+        api_keys=keys,
+        max_sandboxes=args.max_sandboxes,
+        max_upload_bytes=args.max_upload_mb * 1024 * 1024,
+        domain=args.domain,
+        allow_internet_access=args.allow_internet_access,
+    )
+
+    def ready(host: str, port: int) -> None:
+        url = f"http://{host}:{port}"
+        lines = [
+            f"execspace serve: listening on {url} (backend {args.backend})",
+            "point the E2B SDK at it:",
+            f"  export E2B_API_URL={url}",
+            f"  export E2B_SANDBOX_URL={url}",
+        ]
+        if not args.api_key:
+            lines.append(f"  export E2B_API_KEY={keys[0]}")
+        print("\n".join(lines), flush=True)
+
+    backend_options: dict[str, object] = {"workspace_root": args.workspace_root} if args.workspace_root else {}
+    if args.backend == "sandbox":
+        backend_options["mode"] = args.sandbox_mode
+    await serve(
+        options, host=args.host, port=args.port, backend=args.backend, backend_options=backend_options, on_ready=ready
+    )
+    return 0

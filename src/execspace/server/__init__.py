@@ -1,0 +1,14 @@
+"""``execspace serve``: an E2B-compatible sandbox server, so the official E2B SDK runs unchanged against this host.
+
+One ASGI application (:class:`E2BApp`) serves E2B's control plane and every sandbox's envd on one port; each
+sandbox is a workspace on an Engine the server opens, reached only through the Engine seam. See docs/server.md.
+"""
+
+from __future__ import annotations
+
+from .app import E2BApp
+from .options import ENVD_VERSION, ServerOptions, generate_api_key
+from .sandboxes import Sandboxes
+from .serve import serve
+
+__all__ = ["ENVD_VERSION", "E2BApp", "Sandboxes", "ServerOptions", "generate_api_key", "serve"]

@@ -1,0 +1,132 @@
+"""The one ASGI application: control plane and every sandbox's envd on a single port.
+
+A request that names a sandbox (headers or host, see :mod:`.routing`), or carries a file-URL signature, is for the
+data plane: an unknown or ended sandbox answers 502 "... was not found" (the SDK reads that as "sandbox gone"),
+then the sandbox's access token is checked (``X-Access-Token``, or the signature), then envd's route runs. Anything
+else is the control plane, which checks ``X-API-KEY``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from connectrpc.code import Code
+from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
+from e2b.envd.process.process_connect import ProcessASGIApplication
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Router
+from starlette.types import Receive, Scope, Send
+
+from .control import ControlPlane, error_response
+from .envd_fs import FilesystemService
+from .envd_process import ProcessService
+from .files import FilesAPI, SignatureError, signed_sandbox
+from .routing import CODE_INTERPRETER_PORT, ENVD_PORT, Target, target_of
+from .sandboxes import Sandbox, Sandboxes, SandboxGone
+
+__all__ = ["E2BApp"]
+
+_RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
+#: envd routes the SDK knows but that are not implemented here (answered 501, naming them).
+_ENVD_NOT_IMPLEMENTED = ("/envs", "/metrics", "/init", "/files/compose")
+
+
+class E2BApp:
+    """The server's ASGI callable over a sandbox table."""
+
+    def __init__(self, sandboxes: Sandboxes) -> None:
+        self.sandboxes = sandboxes
+        self._control = Router(routes=ControlPlane(sandboxes).routes())
+        self._files = FilesAPI(sandboxes)
+        self._process = ProcessASGIApplication(ProcessService(sandboxes), read_max_bytes=16 * 1024 * 1024)
+        self._filesystem = FilesystemASGIApplication(FilesystemService(sandboxes))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # lifespan: the server's owner opens and closes what it serves
+        headers = Headers(scope=scope)
+        target = target_of(headers, self.sandboxes.options.domain)
+        signed = scope["path"] == "/files" and b"signature=" in scope.get("query_string", b"")
+        if target is None and not signed:
+            await self._control(scope, receive, send)
+            return
+        try:
+            sandbox = self._sandbox(scope, headers, target, signed)
+        except _Refused as refused:
+            await refused.respond(scope, receive, send)
+            return
+        await self._envd(scope, receive, send, sandbox)
+
+    def _sandbox(self, scope: Scope, headers: Headers, target: Target | None, signed: bool) -> Sandbox:
+        """The sandbox of a data-plane request, once it is known to exist, the port served and the caller
+        entitled; else raise :class:`_Refused` with the answer."""
+        path: str = scope["path"]
+        if target is None:  # a signed URL without headers: its signature names the sandbox
+            try:
+                return signed_sandbox(Request(scope), self.sandboxes.by_token())
+            except SignatureError as exc:
+                raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
+        try:
+            sandbox = self.sandboxes.get(target.sandbox_id)
+        except SandboxGone as exc:
+            raise _Refused(path, 502, Code.UNAVAILABLE, str(exc)) from None
+        if target.port == CODE_INTERPRETER_PORT:
+            message = (
+                f"the code interpreter ({scope['method']} {path} on port {CODE_INTERPRETER_PORT}) is not "
+                "implemented by execspace serve yet; run code with commands.run"
+            )
+            raise _Refused(path, 501, Code.UNIMPLEMENTED, message)
+        if target.port != ENVD_PORT:
+            message = f"port {target.port} is not open in sandbox {sandbox.id}: only envd ({ENVD_PORT}) is served"
+            raise _Refused(path, 502, Code.UNAVAILABLE, message)
+        if sandbox.access_token is None or path == "/health":
+            return sandbox
+        token = headers.get("x-access-token", "")
+        if hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+            return sandbox
+        if signed:
+            try:
+                return signed_sandbox(Request(scope), [sandbox])
+            except SignatureError as exc:
+                raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
+        message = "missing or wrong X-Access-Token: send the envdAccessToken that create/connect returned"
+        raise _Refused(path, 401, Code.UNAUTHENTICATED, message)
+
+    async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path.startswith("/process.Process/"):
+            await self._process(scope, receive, send)
+        elif path.startswith("/filesystem.Filesystem/"):
+            await self._filesystem(scope, receive, send)
+        elif path == "/health" and method == "GET":
+            await Response(status_code=204)(scope, receive, send)
+        elif path == "/files" and method == "GET":
+            await (await self._files.download(Request(scope, receive), sandbox))(scope, receive, send)
+        elif path == "/files" and method == "POST":
+            await (await self._files.upload(Request(scope, receive), sandbox))(scope, receive, send)
+        else:
+            status = 501 if path in _ENVD_NOT_IMPLEMENTED else 404
+            what = "is not implemented by execspace serve" if status == 501 else "is not an envd route"
+            await error_response(status, f"{method} {path} {what}")(scope, receive, send)
+
+
+class _Refused(Exception):
+    """A data-plane request answered with an error, in the caller's protocol: Connect's JSON for RPCs, E2B's
+    ``{"code","message"}`` otherwise."""
+
+    def __init__(self, path: str, status: int, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.path, self.status, self.code, self.message = path, status, code, message
+
+    async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response: Response
+        if self.path.startswith(_RPC_PREFIXES):
+            body: dict[str, Any] = {"code": self.code.value, "message": self.message}
+            response = JSONResponse(body, status_code=self.status)
+        else:
+            response = error_response(self.status, self.message)
+        await response(scope, receive, send)

@@ -1,0 +1,308 @@
+"""The control plane: E2B's REST API for creating, finding, extending and killing sandboxes.
+
+Both route generations are served (e2b <= 2.50 creates with ``POST /sandboxes``, later ones with
+``POST /v2/sandboxes``). Every other route answers 501 with a JSON error naming it, never 404/405, so an SDK call
+we do not implement fails loudly at once. Errors are E2B's ``{"code": <int>, "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .options import ENVD_VERSION, TEMPLATES, ServerOptions
+from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
+
+__all__ = ["ControlPlane", "error_response"]
+
+#: E2B reports which client (team) made a sandbox; there is one here.
+CLIENT_ID = "execspace"
+_ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_MAX_LIST_LIMIT = 1000
+
+
+class BadRequest(Exception):
+    """A request body or query the control plane cannot take (answered 400)."""
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+class ControlPlane:
+    """The REST handlers over the sandbox table."""
+
+    def __init__(self, sandboxes: Sandboxes) -> None:
+        self.sandboxes = sandboxes
+        self.options: ServerOptions = sandboxes.options
+
+    def routes(self) -> list[BaseRoute]:
+        guard = self._authenticated
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/sandboxes", guard(self.create_v1), methods=["POST"]),
+            Route("/v2/sandboxes", guard(self.create_v2), methods=["POST"]),
+            Route("/sandboxes", guard(self.list_v1), methods=["GET"]),
+            Route("/v2/sandboxes", guard(self.list_v2), methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}", guard(self.info), methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}", guard(self.kill), methods=["DELETE"]),
+            Route("/sandboxes/{sandbox_id}/timeout", guard(self.set_timeout), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/connect", guard(self.connect_v1), methods=["POST"]),
+            Route("/v2/sandboxes/{sandbox_id}/connect", guard(self.connect_v2), methods=["POST"]),
+            Route("/{path:path}", guard(self.not_implemented), methods=_ALL_METHODS),
+        ]
+
+    def _authenticated(
+        self, handler: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def checked(request: Request) -> Response:
+            key = request.headers.get("x-api-key", "")
+            if not any(hmac.compare_digest(key.encode(), k.encode()) for k in self.options.api_keys):
+                return error_response(401, "Invalid API key: send one the server was started with (--api-key)")
+            try:
+                return await handler(request)
+            except BadRequest as exc:
+                return error_response(400, str(exc))
+            except SandboxGone as exc:
+                return error_response(404, f"sandbox {exc.sandbox_id!r} not found")
+            except SandboxesFull as exc:
+                return error_response(429, str(exc), {"Retry-After": "1"})
+
+        return checked
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def not_implemented(self, request: Request) -> Response:
+        return error_response(501, f"{request.method} {request.url.path} is not implemented by execspace serve")
+
+    # creation and connection
+
+    async def create_v1(self, request: Request) -> Response:
+        return await self._create(request, v1=True)
+
+    async def create_v2(self, request: Request) -> Response:
+        return await self._create(request, v1=False)
+
+    async def _create(self, request: Request, *, v1: bool) -> Response:
+        body = await _json_object(request)
+        template = body.get("templateID")
+        if template not in TEMPLATES:
+            raise BadRequest(f"templateID must be one of {', '.join(TEMPLATES)}, got {template!r}")
+        internet = body.get("allow_internet_access")
+        if internet is not None and not isinstance(internet, bool):
+            raise BadRequest("allow_internet_access must be a boolean")
+        if body.get("autoPause") or (body.get("autoResume") or {}).get("enabled"):
+            return error_response(
+                501, "pausing sandboxes (autoPause, autoResume) is not implemented by execspace serve"
+            )
+        secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
+        create = CreateRequest(
+            template=template,
+            timeout=self._timeout(body.get("timeout", self.options.default_timeout)),
+            metadata=_strings(body.get("metadata"), "metadata"),
+            env_vars=_strings(body.get("envVars"), "envVars"),
+            secure=bool(secure),
+            # e2b < 2.51 always asks for the network (its default): without the server's consent the sandbox is
+            # made offline all the same, and its info says so
+            allow_internet_access=bool(internet) and self.options.allow_internet_access,
+        )
+        sandbox = await self.sandboxes.create(create)
+        return JSONResponse(self._sandbox(sandbox), status_code=201)
+
+    async def connect_v1(self, request: Request) -> Response:
+        return await self._connect(request)
+
+    async def connect_v2(self, request: Request) -> Response:
+        return await self._connect(request)
+
+    async def _connect(self, request: Request) -> Response:
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        if "timeout" in body:
+            self.sandboxes.extend(sandbox, self._timeout(body["timeout"]))
+        return JSONResponse(self._sandbox(sandbox), status_code=200)
+
+    # lifetime
+
+    async def kill(self, request: Request) -> Response:
+        if await self.sandboxes.kill(request.path_params["sandbox_id"]):
+            return Response(status_code=204)
+        return error_response(404, f"sandbox {request.path_params['sandbox_id']!r} not found")
+
+    async def set_timeout(self, request: Request) -> Response:
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        self.sandboxes.set_timeout(sandbox, self._timeout(body.get("timeout")))
+        return Response(status_code=204)
+
+    def _timeout(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BadRequest(f"timeout must be a positive number of seconds, got {value!r}")
+        if value > self.options.max_timeout:
+            raise BadRequest(f"timeout {value}s is above this server's maximum of {self.options.max_timeout}s")
+        return value
+
+    # information
+
+    async def info(self, request: Request) -> Response:
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        return JSONResponse(self._detail(sandbox, with_token=True))
+
+    async def list_v1(self, request: Request) -> Response:
+        found = _filtered(self.sandboxes, request.query_params.get("metadata"), None, None)
+        return JSONResponse([self._detail(s, with_token=False) for s in _ordered(found, descending=True)])
+
+    async def list_v2(self, request: Request) -> Response:
+        query = request.query_params
+        states = {s for value in query.getlist("state") for s in value.split(",") if s}
+        if states - {"running", "paused"}:
+            raise BadRequest(f"state must be running or paused, got {','.join(sorted(states))}")
+        if states and "running" not in states:
+            return JSONResponse([])  # nothing is ever paused here
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise BadRequest(f"order must be asc or desc, got {order!r}")
+        limit = _limit(query.get("limit"))
+        after = _started_after(query.get("startedAfter"))
+        found = _filtered(self.sandboxes, query.get("metadata"), query.get("template"), after)
+        ordered = _ordered(found, descending=order == "desc")
+        token = query.get("nextToken")
+        if token:
+            ordered = _after_cursor(ordered, token, descending=order == "desc")
+        page, rest = ordered[:limit], ordered[limit:]
+        headers = {"x-next-token": _cursor(page[-1])} if rest else None
+        return JSONResponse([self._detail(s, with_token=False) for s in page], headers=headers)
+
+    def _sandbox(self, sandbox: Sandbox) -> dict[str, Any]:
+        return {
+            "templateID": sandbox.template,
+            "sandboxID": sandbox.id,
+            "alias": sandbox.template,
+            "clientID": CLIENT_ID,
+            "envdVersion": ENVD_VERSION,
+            "envdAccessToken": sandbox.access_token,
+            "trafficAccessToken": None,
+            "domain": self.options.domain,
+        }
+
+    def _detail(self, sandbox: Sandbox, *, with_token: bool) -> dict[str, Any]:
+        detail = {
+            "templateID": sandbox.template,
+            "sandboxID": sandbox.id,
+            "alias": sandbox.template,
+            "clientID": CLIENT_ID,
+            "startedAt": _iso(sandbox.started_at),
+            "endAt": _iso(sandbox.end_at),
+            "envdVersion": ENVD_VERSION,
+            "cpuCount": self.options.cpu_count,
+            "memoryMB": self.options.memory_mb,
+            "diskSizeMB": self.options.disk_mb,
+            "state": "running",
+            "metadata": sandbox.metadata,
+            "allowInternetAccess": sandbox.allow_internet_access,
+            "domain": self.options.domain,
+        }
+        if with_token:
+            detail["envdAccessToken"] = sandbox.access_token
+        return detail
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _strings(value: Any, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise BadRequest(f"{name} must be an object of strings")
+    return dict(value)
+
+
+def _metadata_query(raw: str | None) -> dict[str, str]:
+    """The SDK sends ``metadata`` as ``urlencode({quote(k): quote(v)})``: each key and value is quoted twice inside
+    the (itself encoded) parameter."""
+    pairs = urllib.parse.parse_qsl(raw or "", keep_blank_values=True)
+    return {urllib.parse.unquote(k): urllib.parse.unquote(v) for k, v in pairs}
+
+
+def _filtered(
+    sandboxes: Iterable[Sandbox],
+    metadata: str | None,
+    template: str | None,
+    started_after: datetime | None,
+) -> list[Sandbox]:
+    wanted = _metadata_query(metadata)
+    return [
+        s
+        for s in sandboxes
+        if all(s.metadata.get(k) == v for k, v in wanted.items())
+        and (template is None or s.template == template)
+        and (started_after is None or s.started_at >= started_after)
+    ]
+
+
+def _ordered(found: list[Sandbox], *, descending: bool) -> list[Sandbox]:
+    return sorted(found, key=lambda s: (s.started_at, s.id), reverse=descending)
+
+
+def _cursor(sandbox: Sandbox) -> str:
+    return base64.urlsafe_b64encode(f"{sandbox.started_at.isoformat()}|{sandbox.id}".encode()).decode()
+
+
+def _after_cursor(ordered: list[Sandbox], token: str, *, descending: bool) -> list[Sandbox]:
+    try:
+        started, _, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+        key = (datetime.fromisoformat(started), sandbox_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise BadRequest("nextToken is not one this server gave out") from None
+    if descending:
+        return [s for s in ordered if (s.started_at, s.id) < key]
+    return [s for s in ordered if (s.started_at, s.id) > key]
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return 100
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise BadRequest(f"limit must be an integer, got {raw!r}") from None
+    if not 0 < limit <= _MAX_LIST_LIMIT:
+        raise BadRequest(f"limit must be between 1 and {_MAX_LIST_LIMIT}, got {limit}")
+    return limit
+
+
+def _started_after(raw: str | None) -> datetime | None:
+    if raw is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"startedAfter must be an ISO-8601 time, got {raw!r}") from None
+    if moment.tzinfo is None:
+        raise BadRequest("startedAfter must carry a time zone")
+    return moment

@@ -1,0 +1,175 @@
+"""envd's ``filesystem.Filesystem`` Connect service over the Engine's file API."""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from e2b.envd.filesystem import filesystem_pb as pb
+from e2b.envd.filesystem.filesystem_connect import Filesystem
+from protobuf import Oneof
+from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
+from wcmatch import glob as wglob
+
+from ..models import FileEntry, FileKind
+from .paths import USER, to_sdk, to_workspace
+from .rpc import ServiceBase, rpc_errors
+from .sandboxes import Sandbox
+from .streams import deadline_of, until_closed
+from .watch import Change, DirectoryWatch
+
+__all__ = ["FilesystemService", "entry_info"]
+
+#: Polling watchers one sandbox may keep at once (each costs a directory walk per poll).
+MAX_WATCHERS = 64
+
+_TYPES = {FileKind.FILE: pb.FileType.FILE, FileKind.DIR: pb.FileType.DIRECTORY, FileKind.SYMLINK: pb.FileType.SYMLINK}
+_EVENTS = {"create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE}
+
+
+def entry_info(entry: FileEntry) -> pb.EntryInfo:
+    """envd's view of an entry. The Engine's entries carry no mode, permissions or link target (yet), so those
+    fields stay empty; everything in the home belongs to ``user``."""
+    path = to_sdk(entry.path)
+    return pb.EntryInfo(
+        name=posixpath.basename(path),
+        type=_TYPES.get(entry.kind, pb.FileType.UNSPECIFIED),
+        path=path,
+        size=entry.size,
+        owner=USER,
+        group=USER,
+        modified_time=Timestamp.from_nanos(int(entry.mtime * 1e9)),
+        is_symlink=entry.kind is FileKind.SYMLINK,
+    )
+
+
+class FilesystemService(ServiceBase, Filesystem):
+    async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any], /) -> pb.StatResponse:
+        sandbox = self.sandbox(ctx)
+        return pb.StatResponse(entry=await self._stat(sandbox, request.path))
+
+    async def _stat(self, sandbox: Sandbox, path: str) -> pb.EntryInfo:
+        with rpc_errors(path):
+            return entry_info(await self.sandboxes.engine.fs.stat(sandbox.workspace, to_workspace(path)))
+
+    async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
+        sandbox = self.sandbox(ctx)
+        directory = await self._directory(sandbox, request.path)
+        base = wglob.escape(directory)
+        patterns = [base + "/*" * level for level in range(1, max(request.depth, 1) + 1)]
+        with rpc_errors(request.path):
+            entries = await self.sandboxes.engine.fs.list(sandbox.workspace, patterns)
+        return pb.ListDirResponse(entries=[entry_info(e) for e in entries if e.path != directory])
+
+    async def _directory(self, sandbox: Sandbox, path: str) -> str:
+        """The workspace path of ``path``, which must be a directory."""
+        with rpc_errors(path):
+            directory = to_workspace(path)
+            entry = await self.sandboxes.engine.fs.stat(sandbox.workspace, directory)
+        if entry.kind is not FileKind.DIR:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"path {path!r} is not a directory")
+        return directory
+
+    async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any], /) -> pb.MakeDirResponse:
+        sandbox = self.sandbox(ctx)
+        fs = self.sandboxes.engine.fs
+        with rpc_errors(request.path):
+            path = to_workspace(request.path)
+            if await fs.exists(sandbox.workspace, path):
+                raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
+            await fs.make_dir(sandbox.workspace, path)
+        return pb.MakeDirResponse(entry=await self._stat(sandbox, request.path))
+
+    async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any], /) -> pb.MoveResponse:
+        sandbox = self.sandbox(ctx)
+        with rpc_errors(request.source):
+            await self.sandboxes.engine.fs.rename(
+                sandbox.workspace, to_workspace(request.source), to_workspace(request.destination)
+            )
+        return pb.MoveResponse(entry=await self._stat(sandbox, request.destination))
+
+    async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any], /) -> pb.RemoveResponse:
+        sandbox = self.sandbox(ctx)
+        with rpc_errors(request.path):
+            await self.sandboxes.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
+        return pb.RemoveResponse()
+
+    # watching: the sync SDK polls a watcher, the async one streams
+
+    async def _watch(self, sandbox: Sandbox, path: str, recursive: bool) -> DirectoryWatch:
+        directory = await self._directory(sandbox, path)
+        watch = DirectoryWatch(self.sandboxes.engine.fs, sandbox.workspace, directory, recursive=recursive)
+        with rpc_errors(path):
+            await watch.start()
+        return watch
+
+    async def create_watcher(
+        self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any], /
+    ) -> pb.CreateWatcherResponse:
+        sandbox = self.sandbox(ctx)
+        if len(sandbox.watchers) >= MAX_WATCHERS:
+            raise ConnectError(
+                Code.RESOURCE_EXHAUSTED, f"a sandbox keeps at most {MAX_WATCHERS} watchers; remove one first"
+            )
+        watch = await self._watch(sandbox, request.path, request.recursive)
+        watcher_id = secrets.token_hex(8)
+        sandbox.watchers[watcher_id] = (watch, request.include_entry)
+        return pb.CreateWatcherResponse(watcher_id=watcher_id)
+
+    async def get_watcher_events(
+        self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[Any, Any], /
+    ) -> pb.GetWatcherEventsResponse:
+        sandbox = self.sandbox(ctx)
+        found = sandbox.watchers.get(request.watcher_id)
+        if found is None:
+            raise ConnectError(Code.NOT_FOUND, f"no watcher {request.watcher_id!r} in this sandbox")
+        watch, include_entry = found
+        with rpc_errors():
+            changes = await watch.changes()
+        return pb.GetWatcherEventsResponse(events=[_event(c, include_entry) for c in changes])
+
+    async def remove_watcher(
+        self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any], /
+    ) -> pb.RemoveWatcherResponse:
+        sandbox = self.sandbox(ctx)
+        if sandbox.watchers.pop(request.watcher_id, None) is None:
+            raise ConnectError(Code.NOT_FOUND, f"no watcher {request.watcher_id!r} in this sandbox")
+        return pb.RemoveWatcherResponse()
+
+    async def watch_dir(
+        self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any], /
+    ) -> AsyncIterator[pb.WatchDirResponse]:
+        sandbox = self.sandbox(ctx)
+        watch = await self._watch(sandbox, request.path, request.recursive)
+        start: Oneof[Literal["start"], pb.WatchDirResponse.StartEvent] = Oneof(
+            "start", pb.WatchDirResponse.StartEvent()
+        )
+        yield pb.WatchDirResponse(event=start)
+        options = self.sandboxes.options
+        alive: Oneof[Literal["keepalive"], pb.WatchDirResponse.KeepAlive] = Oneof(
+            "keepalive", pb.WatchDirResponse.KeepAlive()
+        )
+        keepalive = pb.WatchDirResponse(event=alive)
+        quiet = 0.0
+        async for _ in until_closed(sandbox.closed, deadline_of(ctx), options.watch_interval):
+            with rpc_errors():
+                changes = await watch.changes()
+            for change in changes:
+                event: Oneof[Literal["filesystem"], pb.FilesystemEvent] = Oneof(
+                    "filesystem", _event(change, request.include_entry)
+                )
+                yield pb.WatchDirResponse(event=event)
+            quiet = 0.0 if changes else quiet + options.watch_interval
+            if quiet >= options.keepalive_interval:
+                quiet = 0.0
+                yield keepalive
+
+
+def _event(change: Change, include_entry: bool) -> pb.FilesystemEvent:
+    entry = entry_info(change.entry) if include_entry and change.entry is not None else None
+    return pb.FilesystemEvent(name=change.name, type=_EVENTS[change.kind], entry=entry)

@@ -1,0 +1,71 @@
+"""What ``execspace serve`` is configured with."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, field
+
+from ..errors import InvalidSpec
+
+__all__ = ["ENVD_VERSION", "TEMPLATES", "ServerOptions", "generate_api_key"]
+
+#: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
+#: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
+#: ``close_stdin``, 0.5.7 octet-stream and gzip uploads. 0.6.2 (file metadata as xattrs) is not implemented.
+ENVD_VERSION = "0.5.7"
+#: The templates a sandbox may be created from (each is the same sandbox for now; runtime environments per template
+#: are their own issue).
+TEMPLATES = ("base", "code-interpreter-v1")
+
+
+def generate_api_key() -> str:
+    """A key in the format older SDKs check (``e2b_`` + hex; e2b < 2.30 refuses others unless
+    ``E2B_VALIDATE_API_KEY=false``)."""
+    return "e2b_" + secrets.token_hex(20)
+
+
+def _host_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """The server's settings; ``execspace serve`` builds one from its flags."""
+
+    api_keys: tuple[str, ...]
+    """Keys a control-plane request may carry in ``X-API-KEY``; at least one."""
+    max_sandboxes: int = 100
+    """Live sandboxes at once; a create beyond answers 429 with ``Retry-After``."""
+    default_timeout: int = 300
+    """Seconds a sandbox lives when create names no timeout (E2B's default)."""
+    max_timeout: int = 24 * 3600
+    domain: str | None = None
+    """Sandbox domain for host-based routing (``<port>-<sandboxID>.<domain>``); None: the SDK's
+    ``E2B_SANDBOX_URL`` (header routing) is the way in."""
+    allow_internet_access: bool = False
+    """Let a sandbox created with ``allow_internet_access=True`` reach the network (off: every sandbox is offline,
+    whatever it asks; its info reports ``allowInternetAccess: false``)."""
+    max_upload_bytes: int = 1024 * 1024 * 1024
+    """Largest file ``POST /files`` takes (after gzip decoding)."""
+    reap_interval: float = 0.5
+    """Seconds between checks for expired sandboxes."""
+    watch_interval: float = 0.2
+    """Seconds between polls of a watched directory."""
+    keepalive_interval: float = 30.0
+    """Seconds between keepalive events on a quiet stream."""
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Reported in sandbox info (not enforced per sandbox yet)."""
+    memory_mb: int = field(default_factory=_host_memory_mb)
+    disk_mb: int = field(default_factory=lambda: shutil.disk_usage("/").total // (1024 * 1024))
+
+    def __post_init__(self) -> None:
+        if not self.api_keys or any(not k for k in self.api_keys):
+            raise InvalidSpec("the server needs at least one non-empty API key")
+        if self.max_sandboxes < 1:
+            raise InvalidSpec(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")
+        if self.max_upload_bytes < 1:
+            raise InvalidSpec(f"max_upload_bytes must be at least 1, got {self.max_upload_bytes}")
+        if not 0 < self.default_timeout <= self.max_timeout:
+            raise InvalidSpec("default_timeout must be positive and at most max_timeout")

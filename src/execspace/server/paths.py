@@ -1,0 +1,56 @@
+"""The paths the E2B SDK speaks (``/home/user/...``) and the workspace paths the Engine speaks (``work/...``).
+
+An E2B sandbox has one user, ``user``, whose home is ``/home/user``; relative paths and ``~`` are taken from
+there, as envd does. Here that home is the workspace's ``work/`` directory, so ``/home/user/a.txt`` is the
+workspace file ``work/a.txt``. Only the file API is translated: a program started in the sandbox still sees the
+backend's own paths (the sandbox backend mounts the workspace at ``/workspace``) until the program's view of paths
+(issue 13) lands. Paths outside the home are refused with :class:`PathOutsideHome`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from ..errors import UsageError
+
+__all__ = ["HOME", "HOME_DIR", "USER", "PathOutsideHome", "check_user", "to_sdk", "to_workspace"]
+
+USER = "user"
+HOME = "/home/user"
+#: The workspace directory that plays the home.
+HOME_DIR = "work"
+
+
+class PathOutsideHome(UsageError):
+    """An SDK path that is not under ``/home/user``: execspace sandboxes expose only the home."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path!r} is outside {HOME}: execspace sandboxes expose only the user's home; "
+            f"use a path under {HOME} (or a relative one)"
+        )
+
+
+def to_workspace(path: str) -> str:
+    """The workspace-relative path of an SDK path; raise :class:`PathOutsideHome` outside the home."""
+    if path in ("", "~") or path.startswith("~/"):
+        path = HOME + path[1:]
+    absolute = posixpath.normpath(posixpath.join(HOME, path))
+    if absolute == HOME:
+        return HOME_DIR
+    if not absolute.startswith(HOME + "/"):
+        raise PathOutsideHome(path)
+    return HOME_DIR + absolute[len(HOME) :]
+
+
+def to_sdk(workspace_path: str) -> str:
+    """The SDK path of a workspace path under the home (``work/a`` → ``/home/user/a``)."""
+    if workspace_path == HOME_DIR:
+        return HOME
+    return HOME + workspace_path[len(HOME_DIR) :]
+
+
+def check_user(user: str | None) -> None:
+    """Refuse any user but ``user``: an execspace sandbox has that one."""
+    if user not in (None, "", USER):
+        raise UsageError(f"user {user!r} does not exist in execspace sandboxes; the only user is {USER!r}")

@@ -1,0 +1,175 @@
+"""The live sandboxes: one workspace each on the server's Engine, with E2B's lifetime, metadata and token.
+
+Creation reserves a slot before it awaits anything, so ``max_sandboxes`` holds under concurrent creates; kill and
+expiry drop the sandbox from the table first (every later request for it answers "not found") and then remove
+its workspace with everything in it, its programs included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from ..errors import ExecspaceError
+from ..models import Persistence, RunResult, Workspace, WorkspacePolicy
+from ..protocols import Engine, ProgramHandle
+from .options import ServerOptions
+from .watch import DirectoryWatch
+
+__all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
+
+_log = logging.getLogger("execspace.server")
+
+
+class SandboxGone(ExecspaceError, LookupError):
+    """No live sandbox has that id (never created, killed, or expired)."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        super().__init__(f"The sandbox {sandbox_id} was not found; it was killed, it expired or it never existed")
+        self.sandbox_id = sandbox_id
+
+
+class SandboxesFull(ExecspaceError):
+    """The server runs its maximum of sandboxes; retry after one ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    template: str
+    timeout: int
+    metadata: dict[str, str]
+    env_vars: dict[str, str]
+    secure: bool = True
+    allow_internet_access: bool = False
+    """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
+
+
+@dataclass(slots=True)
+class Sandbox:
+    """One live sandbox. Mutable: its end time moves with set-timeout and connect."""
+
+    id: str
+    template: str
+    workspace: Workspace
+    metadata: dict[str, str]
+    env_vars: dict[str, str]
+    started_at: datetime
+    end_at: datetime
+    access_token: str | None
+    allow_internet_access: bool
+    watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
+    """Polling watchers by id, with whether their events carry the entry."""
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the sandbox is killed or expires: its streams end."""
+    waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)
+    """One task per started program, waiting for its end (which also lets its output flow when nobody reads)."""
+
+    def keep_waiting(self, handle: ProgramHandle) -> None:
+        task = asyncio.ensure_future(handle.wait())
+        self.waiting.add(task)
+        task.add_done_callback(self.waiting.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is the followers' to report
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Sandboxes:
+    """The table of live sandboxes and the reaper that ends expired ones."""
+
+    def __init__(self, engine: Engine, options: ServerOptions) -> None:
+        self.engine = engine
+        self.options = options
+        self._live: dict[str, Sandbox] = {}
+        self._reserved = 0
+        self._removing: set[asyncio.Task[None]] = set()
+
+    def __iter__(self) -> Iterator[Sandbox]:
+        return iter(list(self._live.values()))
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        sandbox = self._live.get(sandbox_id)
+        if sandbox is None or sandbox.end_at <= _now():
+            raise SandboxGone(sandbox_id)
+        return sandbox
+
+    def by_token(self) -> Iterator[Sandbox]:
+        return (s for s in self._live.values() if s.access_token is not None)
+
+    async def create(self, request: CreateRequest) -> Sandbox:
+        if len(self._live) + self._reserved >= self.options.max_sandboxes:
+            raise SandboxesFull(
+                f"this server already runs its maximum of {self.options.max_sandboxes} sandboxes; "
+                "retry when one ends, or start it with a larger --max-sandboxes"
+            )
+        self._reserved += 1
+        try:
+            sandbox_id = secrets.token_hex(10)
+            ws = await self.engine.manager.create_workspace(
+                f"e2b/{sandbox_id}", WorkspacePolicy(persistence=Persistence.TURN)
+            )
+            started = _now()
+            sandbox = Sandbox(
+                id=sandbox_id,
+                template=request.template,
+                workspace=ws,
+                metadata=request.metadata,
+                env_vars=request.env_vars,
+                started_at=started,
+                end_at=started + timedelta(seconds=request.timeout),
+                access_token=secrets.token_urlsafe(24) if request.secure else None,
+                allow_internet_access=request.allow_internet_access,
+            )
+            self._live[sandbox_id] = sandbox
+            return sandbox
+        finally:
+            self._reserved -= 1
+
+    def set_timeout(self, sandbox: Sandbox, seconds: int) -> None:
+        sandbox.end_at = _now() + timedelta(seconds=seconds)
+
+    def extend(self, sandbox: Sandbox, seconds: int) -> None:
+        """Make the sandbox live at least ``seconds`` more (connect never shortens a lifetime)."""
+        sandbox.end_at = max(sandbox.end_at, _now() + timedelta(seconds=seconds))
+
+    async def kill(self, sandbox_id: str) -> bool:
+        """End the sandbox and remove everything of it; False if there was none."""
+        sandbox = self._live.pop(sandbox_id, None)
+        if sandbox is None:
+            return False
+        await self._remove(sandbox)
+        return True
+
+    async def _remove(self, sandbox: Sandbox) -> None:
+        sandbox.closed.set()
+        try:
+            await self.engine.manager.cleanup(sandbox.workspace)
+        except Exception:
+            # the sandbox is gone for its clients either way; say loudly that its workspace may be left
+            _log.exception("removing the workspace of sandbox %s failed", sandbox.id)
+            raise
+
+    async def reap(self) -> None:
+        """End expired sandboxes until cancelled; each removal runs on its own, so a slow one delays no other."""
+        while True:
+            now = _now()
+            for sandbox in [s for s in self._live.values() if s.end_at <= now]:
+                self._live.pop(sandbox.id, None)
+                task = asyncio.create_task(self._remove(sandbox))
+                self._removing.add(task)
+                task.add_done_callback(self._removing.discard)
+            await asyncio.sleep(self.options.reap_interval)
+
+    async def close(self) -> None:
+        """Kill every sandbox (server shutdown)."""
+        sandboxes = list(self._live.values())
+        self._live.clear()
+        await asyncio.gather(*(self._remove(s) for s in sandboxes), return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._removing, return_exceptions=True)

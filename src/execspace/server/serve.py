@@ -1,0 +1,71 @@
+"""Running the server: open the Engine, serve the app with uvicorn, and remove every sandbox on the way out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+
+from ..engine import open_engine
+from .app import E2BApp
+from .options import ServerOptions
+from .sandboxes import Sandboxes
+
+__all__ = ["serve"]
+
+
+async def serve(
+    options: ServerOptions,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 3000,
+    backend: str | None = "sandbox",
+    backend_options: dict[str, Any] | None = None,
+    on_ready: Callable[[str, int], None] | None = None,
+) -> None:
+    """Serve until cancelled or signalled (SIGINT/SIGTERM); on the way out every sandbox is killed and removed.
+
+    ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this is how to learn it).
+    """
+    async with open_engine(backend, **(backend_options or {})) as engine:
+        sandboxes = Sandboxes(engine, options)
+        config = uvicorn.Config(
+            E2BApp(sandboxes), host=host, port=port, lifespan="off", log_level="warning", access_log=False
+        )
+        reaper = asyncio.create_task(sandboxes.reap())
+        try:
+            await _Server(config, on_ready, sandboxes.close).serve()
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await sandboxes.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling where it listens once it does, and ending every sandbox (so their open streams)
+    before it waits for the connections to close."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_ready: Callable[[str, int], None] | None,
+        before_shutdown: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+        self._before_shutdown = before_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._before_shutdown()
+        await super().shutdown(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_ready is not None:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            self._on_ready(host, port)

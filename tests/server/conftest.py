@@ -1,0 +1,91 @@
+"""A real ``execspace serve`` subprocess for the official E2B SDK to talk to, and the SDK pointed at it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from execspace.testing.binding import make_traversable
+
+pytest.importorskip("e2b", reason="the server is tested with the official e2b SDK (pip install 'execspace[dev]')")
+
+API_KEY = "e2b_" + "0123456789abcdef" * 2
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    key: str
+    root: Path
+    """The directory the sandboxes' workspaces live in."""
+    process: subprocess.Popen[bytes]
+
+    def sdk_env(self) -> dict[str, str]:
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.key}
+
+
+@contextlib.contextmanager
+def running_server(root: Path, *flags: str) -> Iterator[Server]:
+    """``execspace serve`` on a free port, stopped with SIGTERM (as a user would) when the block ends."""
+    root.mkdir(parents=True, exist_ok=True)
+    make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
+    env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", API_KEY]
+    argv += ["--workspace-root", str(root), *flags]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = _listening_url(process)
+        yield Server(url, API_KEY, root, process)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def _listening_url(process: subprocess.Popen[bytes], within: float = 30.0) -> str:
+    assert process.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + within
+    seen = b""
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if b"listening on " in line:
+            return line.split(b"listening on ", 1)[1].split()[0].decode()
+    raise AssertionError(f"execspace serve did not start: {seen.decode(errors='replace')}")
+
+
+@pytest.fixture(scope="session")
+def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tmp_path_factory.mktemp("serve"), "--max-upload-mb", "64") as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def sdk_env(e2b_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
+    """Point the SDK at the server, as a user would with these environment variables."""
+    for name, value in e2b_server.sdk_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    return e2b_server
