@@ -9,7 +9,6 @@ session's Jupyter Server (tests/conftest.py). Other suites that run their own te
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from itertools import count
 from pathlib import Path
@@ -133,10 +132,8 @@ MODES: dict[str, EngineBinding] = {
         ),
     )
 }
-#: The e2b backend against ``execspace serve``: opt-in (EXECSPACE_E2B_CONFORMANCE=1) until it passes every case;
-#: it fails three today (signals other than KILL do not reach the program through serve, ENOTDIR is 127).
-if os.environ.get("EXECSPACE_E2B_CONFORMANCE") == "1":
-    MODES["e2b-serve"] = EngineBinding("e2b-serve", _e2b_serve)
+#: The e2b backend against ``execspace serve`` (in its default sandbox-session mode).
+MODES["e2b-serve"] = EngineBinding("e2b-serve", _e2b_serve)
 
 #: What the kit's cases get in tests/conformance.
 engine_binding = bind(*MODES.values())
