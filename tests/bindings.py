@@ -77,6 +77,25 @@ async def _jupyter_default(ctx: BindContext) -> AsyncIterator[execspace.BaseEngi
         yield engine
 
 
+@contextlib.asynccontextmanager
+async def _e2b_serve(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+    pytest.importorskip("e2b", reason="the e2b backend needs the official SDK (pip install 'execspace[e2b]')")
+    from tests.server.conftest import Server
+
+    server: Server = ctx.request.getfixturevalue("e2b_server")
+    async with execspace.open_engine(
+        "e2b",
+        api_url=server.url,
+        sandbox_url=server.url,
+        api_key=server.key,
+        template="base",
+        persistence="turn",  # each test's sandboxes are killed when its engine closes
+        host_roots=list(ctx.host_roots),
+        kill_grace=1.0,
+    ) as engine:
+        yield engine
+
+
 JUPYTER_HOST = backend_binding("jupyter", name="jupyter-host", options={"mode": _HOST_KERNELS})
 JUPYTER_SANDBOXED = backend_binding(
     "jupyter",
@@ -113,6 +132,8 @@ MODES: dict[str, EngineBinding] = {
         ),
     )
 }
+#: The e2b backend against ``execspace serve`` (in its default sandbox-session mode).
+MODES["e2b-serve"] = EngineBinding("e2b-serve", _e2b_serve)
 
 #: What the kit's cases get in tests/conformance.
 engine_binding = bind(*MODES.values())

@@ -70,3 +70,14 @@ pytest_plugins = ["pytester"]
 from tests.backends.docker_fixture import docker_daemon, test_image  # noqa: E402
 
 __all__ = ["docker_daemon", "engine", "jupyter_server", "test_image", "ws"]
+
+
+@pytest.fixture(scope="session")
+def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One ``execspace serve`` for the session, for the e2b backend's conformance mode (tests/server has its own)."""
+    if importlib.util.find_spec("e2b") is None or importlib.util.find_spec("uvicorn") is None:
+        pytest.skip("the e2b mode needs the e2b SDK and the server's extra (pip install 'execspace[serve,e2b]')")
+    from tests.server.conftest import running_server
+
+    with running_server(tmp_path_factory.mktemp("e2b-serve")) as server:
+        yield server

@@ -190,6 +190,34 @@ def test_fresh_workspace_is_removed_and_keep_keeps_it(cli: Cli) -> None:
     assert str(ws / "out" / "k.txt") in kept.stderr.decode()  # the outputs summary shows the host path
 
 
+def _tree(root: Path) -> list[tuple[str, int, int, int]]:
+    return sorted(
+        (str(p.relative_to(root)), p.lstat().st_mode, p.lstat().st_uid, p.lstat().st_gid)
+        for p in [root, *root.rglob("*")]
+    )
+
+
+def test_workspace_refuses_a_directory_of_the_users_own_and_changes_nothing(cli: Cli, tmp_path: Path) -> None:
+    """`--workspace .` in a project once re-owned it and added the layout; now it takes --adopt to do that."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "main.py").write_text("print('hi')\n")
+    before = _tree(project)
+    proc = cli("run", "--backend", "local", "--workspace", str(project), "--", "python3", "main.py")
+    assert proc.returncode == 125
+    assert b"not an execspace workspace" in proc.stderr and b"--adopt" in proc.stderr and b"--input" in proc.stderr
+    assert _tree(project) == before  # not one mode, owner or entry changed
+    adopted = cli("run", "--backend", "local", "--workspace", str(project), "--adopt", "--", "ls", "..")
+    assert adopted.returncode == 0, adopted.stderr
+    assert {"main.py", "src", "work", "out", "metadata.json"} <= set(adopted.stdout.decode().split())
+    # a workspace execspace made, and an empty directory, need no --adopt
+    again = cli("run", "--backend", "local", "--workspace", str(project), "--", "true")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fresh = cli("run", "--backend", "local", "--workspace", str(empty), "--", "true")
+    assert (again.returncode, fresh.returncode) == (0, 0), (again.stderr, fresh.stderr)
+
+
 # -- inputs and outputs -------------------------------------------------------------------
 
 

@@ -50,6 +50,12 @@ _BUILTIN = {
         "pip install 'execspace[docker]' and run a Docker or Podman daemon",
         "one hardened container per workspace (Docker Engine API / Podman)",
     ),
+    "e2b": BackendInfo(
+        "e2b",
+        "execspace.backends.e2b:E2BBackend",
+        "pip install 'execspace[e2b]' and point it at an E2B-protocol service (api_url, api_key)",
+        "remote sandboxes over the E2B protocol (E2B cloud, Cube Sandbox, self-hosted E2B, execspace serve)",
+    ),
     "jupyter": BackendInfo(
         "jupyter",
         "execspace.backends.jupyter:JupyterBackend",

@@ -20,6 +20,7 @@ from ..errors import (
     UsageError,
     WorkspaceNotFound,
 )
+from ..workspace.layout import LAYOUT_DIRS, METADATA_FILE
 
 __all__ = [
     "EXIT_EXECSPACE_ERROR",
@@ -74,10 +75,19 @@ def error_message(exc: ExecspaceError) -> str:
     return f"{msg} {hint}" if msg.endswith(".") else f"{msg}. {hint}"
 
 
-def workspace_dir(path: Path, flag: str) -> Path:
-    """``path`` as an absolute directory to adopt as a workspace; refused when a file is in the way."""
+def workspace_dir(path: Path, flag: str, *, adopt: bool = False) -> Path:
+    """``path`` as an absolute directory to use as a workspace: a new or empty directory, or a workspace execspace
+    made; a directory of the user's own only when ``adopt`` (it gets the layout, and as root a sandbox owner)."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path}: exists and is not a directory; pass a new or existing directory")
+    if not adopt and path.is_dir() and not (path / METADATA_FILE).exists() and any(path.iterdir()):
+        layout = ", ".join(f"{d}/" for d in LAYOUT_DIRS if "/" not in d)
+        raise UsageError(
+            f"{flag} {path}: not an execspace workspace, and not empty: using it would add {layout} and "
+            f"{METADATA_FILE} to it, run the program in its work/, and as root hand the directory to a sandbox "
+            "uid. Nothing was changed. Copy it in instead (--input DIR:work/src), name a new or empty directory, "
+            "or pass --adopt to make it a workspace anyway"
+        )
     return path.absolute()
 
 

@@ -67,6 +67,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
     p.add_argument("--workspace", metavar="DIR", type=host_path, help="use DIR as the workspace and keep it")
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="with --workspace: make a non-empty directory of yours a workspace (it gets home/ out/ runs/ ... and "
+        "metadata.json; as root it is handed to a sandbox uid)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
     p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
@@ -300,7 +306,7 @@ def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict
 async def open_workspace(engine: BaseEngine, args: argparse.Namespace) -> tuple[Workspace, bool]:
     """The workspace to run in, and whether to remove it afterwards."""
     if args.workspace is not None:
-        path = workspace_dir(args.workspace, "--workspace")
+        path = workspace_dir(args.workspace, "--workspace", adopt=args.adopt)
         return await engine.manager.create_workspace(args.id, path=path), False
     ws = await engine.manager.create_workspace(args.id, WorkspacePolicy(persistence=Persistence.TURN))
     return ws, not args.keep

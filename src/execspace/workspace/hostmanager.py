@@ -17,7 +17,7 @@ from .confine import remove_tree
 from .layout import METADATA_FILE, ensure_layout, sanitize_id
 from .metadata import WorkspaceMetadata, save_metadata
 
-__all__ = ["HostWorkspaceManager", "default_workspace_root"]
+__all__ = ["HostWorkspaceManager", "default_workspace_root", "remove_workspace_tree"]
 
 
 def default_workspace_root() -> Path:
@@ -171,10 +171,10 @@ class HostWorkspaceManager:
             await self._stop_programs(ws)
         if ws.host_path is None:
             return
-        await asyncio.to_thread(_remove_tree, ws.host_path)
+        await asyncio.to_thread(remove_workspace_tree, ws.host_path)
 
 
-def _remove_tree(path: Path) -> None:
+def remove_workspace_tree(path: Path) -> None:
     """Remove a workspace directory by fds (see :func:`.confine.remove_tree`); its parent is ours, not the
     program's, so that one is opened by path."""
     try:

@@ -1,0 +1,77 @@
+"""The e2b backend: workspaces and programs in remote sandboxes over the E2B protocol (E2B cloud, Cube Sandbox,
+a self-hosted E2B, ``execspace serve``), through the official ``e2b`` SDK's async API.
+
+Each workspace is a directory with the standard layout in a sandbox; which sandbox is the persistence option's
+choice (see :class:`E2BOptions`). Files move through the SDK's files API, programs run through its commands API;
+the sandbox is the boundary, and :meth:`E2BBackend.capabilities` says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from ...backend import Probe
+from ...capabilities import Capabilities, Isolation
+from ...engine import BaseEngine
+from .fs import E2BWorkspaceFS, E2BWorkspaceManager
+from .options import E2BOptions
+from .runner import E2BRunner
+from .sandboxes import Sandboxes
+
+__all__ = ["E2BBackend", "E2BOptions"]
+
+
+class E2BBackend:
+    """The factory registered as ``e2b``."""
+
+    name = "e2b"
+    options = E2BOptions
+
+    @classmethod
+    async def probe(cls, options: E2BOptions, /) -> Probe:
+        if importlib.util.find_spec("e2b") is None:
+            return Probe(False, "the e2b SDK is not installed", "pip install 'execspace[e2b]'")
+        if not (options.api_key or os.environ.get("E2B_API_KEY")):
+            return Probe(False, "no API key for the E2B service", "pass api_key=... or set E2B_API_KEY")
+        if not (options.api_url or os.environ.get("E2B_API_URL") or options.domain or os.environ.get("E2B_DOMAIN")):
+            # the SDK would pick E2B's cloud: fine when meant, so say where calls go rather than refuse
+            return Probe(True, "no api_url or domain given: the SDK uses E2B's cloud (api.e2b.app)")
+        return Probe(True)
+
+    @classmethod
+    def capabilities(cls, options: E2BOptions) -> Capabilities:
+        isolation = Isolation.MICROVM if options.isolation == "microvm" else Isolation.REMOTE
+        return Capabilities(
+            backend="e2b",
+            isolation=isolation,
+            network_control=not options.allow_internet_access,
+            network_default=options.allow_internet_access,
+            clean_env=True,
+            read_only_mounts=False,
+            streaming=True,
+            pty=False,
+            persistent_state=options.persistence == "session",
+            host_paths=False,
+            enforced_limits=frozenset({"timeout", "output_bytes"}),
+            does_not_protect=(
+                "the sandbox service's own boundary is the protection: a program can read and change everything "
+                "of its sandbox (other workspaces sharing a sandbox given by sandbox_id too)",
+                "resource limits are the template's (cpu, memory, disk), not per run",
+            ),
+            details={"template": options.template, "persistence": options.persistence},
+        )
+
+    @classmethod
+    async def open(cls, options: E2BOptions, /) -> BaseEngine:
+        from ...errors import SetupFailed
+
+        probe = await cls.probe(options)
+        if not probe.ok:
+            raise SetupFailed("e2b", probe.reason, probe.fix)
+        caps = cls.capabilities(options)
+        boxes = Sandboxes(options)
+        manager = E2BWorkspaceManager(boxes)
+        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
+        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace)
+        return BaseEngine("e2b", manager, fs, runner, caps, on_close=boxes.aclose)

@@ -1,0 +1,196 @@
+"""Workspaces in E2B sandboxes: a directory with the standard layout in the sandbox, files over the SDK.
+
+Content moves through the SDK's files API (``/files``: binary-safe, never base64 through a cell or a command).
+Every path is checked where it is, in the sandbox, by the agent (:mod:`.agent`): components opened from directory
+fds with ``O_NOFOLLOW``, so a symlink a program planted is refused, never followed. Writes are uploaded to a
+private staging directory and then moved into place by the agent (a planted link is replaced, not written
+through). Reads are checked by the agent, then fetched: a program racing that check can only make us read a
+file of its own sandbox, which it could read anyway (the sandbox, not the workspace, is the boundary here).
+"""
+
+from __future__ import annotations
+
+import builtins
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import PathDenied
+from ...mime import SNIFF_BYTES, guess_mime
+from ...models import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    File,
+    FileEntry,
+    FileKind,
+    PutFile,
+    Workspace,
+    WorkspacePolicy,
+)
+from ...workspace.confine import split_relpath
+from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
+from ...workspace.layout import LAYOUT_DIRS
+from ...workspace.metadata import is_metadata_temp
+from ...workspace.staging import WorkspaceFSBase
+from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
+
+if TYPE_CHECKING:
+    from ...artifacts import ArtifactService
+
+__all__ = ["E2BWorkspaceFS", "E2BWorkspaceManager"]
+
+_KINDS = {"file": FileKind.FILE, "dir": FileKind.DIR, "symlink": FileKind.SYMLINK, "other": FileKind.OTHER}
+
+
+class E2BWorkspaceManager:
+    """One workspace per id, in the sandbox the persistence option gives it."""
+
+    def __init__(self, boxes: Sandboxes) -> None:
+        self._boxes = boxes
+
+    async def create_workspace(
+        self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
+    ) -> Workspace:
+        if path is not None:
+            from ...errors import UnsupportedBackend
+
+            raise UnsupportedBackend("the e2b backend has no host paths: its workspaces live in remote sandboxes")
+        key = workspace_key(exec_id)
+        box = await self._boxes.for_workspace(key)
+        root = box.root_of(key)
+        await box.agent("root", ws=root, layout=list(LAYOUT_DIRS))
+        return Workspace(id=exec_id, path=root, backend="e2b", policy=policy or WorkspacePolicy())
+
+    async def get_workspace(self, exec_id: str) -> Workspace:
+        key = workspace_key(exec_id)
+        box = await self._boxes.for_workspace(key, create=False)
+        root = box.root_of(key)
+        await box.agent("stat", ws=root, path="work")
+        return Workspace(id=exec_id, path=root, backend="e2b")
+
+    async def cleanup(self, ws: Workspace) -> None:
+        key = workspace_key(ws.id)
+        try:
+            box = self._boxes.box(key)
+        except LookupError:
+            return
+        if box.owned:
+            await self._boxes.forget(key)  # its own sandbox: killing it stops its programs and removes everything
+            return
+        await sdk_call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
+        await self._boxes.forget(key)
+
+
+class E2BWorkspaceFS(WorkspaceFSBase):
+    """The file primitives over the SDK's files API, every path checked in the sandbox."""
+
+    def __init__(
+        self, boxes: Sandboxes, artifacts: ArtifactService | None = None, host_roots: Sequence[Path | str] = ()
+    ) -> None:
+        super().__init__(artifacts, host_roots)
+        self._boxes = boxes
+
+    def _box(self, ws: Workspace) -> Box:
+        return self._boxes.box(workspace_key(ws.id))
+
+    async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
+        if not files:
+            return
+        plan = [("/".join(split_relpath(f.path)), f) for f in files]  # refuses escapes before any upload
+        box = self._box(ws)
+        stage = f"{box.stage_dir()}/{secrets.token_hex(8)}"
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        entries = []
+        moves = []
+        for i, (dest, f) in enumerate(plan):
+            data = f.content.encode() if isinstance(f.content, str) else f.content
+            entries.append(WriteEntry(path=box.sdk_path(f"{stage}/{i}"), data=data))
+            moves.append([str(i), dest, f.mode])
+        await sdk_call("uploading files", box.sandbox.files.write_files(entries), gone=f"workspace {ws.id!r}")
+        await box.agent("install", ws=ws.path, stage=stage, files=moves)
+
+    async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
+        rel = "/".join(split_relpath(path))
+        box = self._box(ws)
+        (size,) = await box.agent("readable", ws=ws.path, paths=[rel])
+        data = await self._fetch(box, ws, rel)
+        size = max(size, len(data))
+        if max_bytes is not None and len(data) > max_bytes:
+            data = data[:max_bytes]
+        return File(rel, data, guess_mime(rel, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
+
+    async def _fetch(self, box: Box, ws: Workspace, rel: str) -> bytes:
+        content = await sdk_call(
+            f"reading {rel}",
+            box.sandbox.files.read(box.sdk_path(f"{ws.path}/{rel}"), format="bytes"),
+            gone=f"workspace {ws.id!r}",
+        )
+        return bytes(content)
+
+    async def _entries(self, ws: Workspace, patterns: Sequence[str]) -> builtins.list[tuple[FileEntry, int]]:
+        from wcmatch import glob as wglob
+
+        globs = collect_globs(patterns)
+        if not globs:
+            return []
+        starts = [list(s) for s in walk_starts(globs)]
+        listed = await self._box(ws).agent("scan", ws=ws.path, starts=starts)
+        out: builtins.list[tuple[FileEntry, int]] = []
+        seen: set[str] = set()
+        for rel, size, mtime, kind, nlink in listed:
+            if rel in seen or ("/" not in rel and is_metadata_temp(rel)):
+                continue
+            if wglob.globmatch(rel, globs, flags=GLOB_FLAGS):
+                seen.add(rel)
+                out.append((FileEntry(rel, size, mtime, _KINDS[kind]), nlink))
+        return out
+
+    async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
+        return [e for e, _ in await self._entries(ws, patterns)]
+
+    async def collect(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = DEFAULT_MAX_FILES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> builtins.list[File]:
+        box = self._box(ws)
+        files: builtins.list[File] = []
+        budget = max_total_bytes
+        for entry, nlink in await self._entries(ws, patterns):
+            if entry.kind is not FileKind.FILE or nlink > 1:
+                continue  # links are never followed; a hard link may alias a file outside
+            if len(files) >= max_files or budget <= 0:
+                break
+            try:
+                (size,) = await box.agent("readable", ws=ws.path, paths=[entry.path])
+                data = await self._fetch(box, ws, entry.path)
+            except (PathDenied, FileNotFoundError):
+                continue  # swapped for a link or removed since the walk: skipped, never followed
+            cap = min(max_file_bytes, budget)
+            kept = data[:cap]
+            budget -= len(kept)
+            size = max(size, len(data))
+            files.append(File(entry.path, kept, guess_mime(entry.path, kept[:SNIFF_BYTES]), size, len(kept) < size))
+        return files
+
+    async def stat(self, ws: Workspace, path: str) -> FileEntry:
+        rel = "/".join(split_relpath(path))
+        got, size, mtime, kind, _ = await self._box(ws).agent("stat", ws=ws.path, path=rel)
+        return FileEntry(got, size, mtime, _KINDS[kind])
+
+    async def remove(self, ws: Workspace, path: str) -> None:
+        await self._box(ws).agent("remove", ws=ws.path, path="/".join(split_relpath(path)))
+
+    async def make_dir(self, ws: Workspace, path: str) -> None:
+        await self._box(ws).agent("mkdir", ws=ws.path, path="/".join(split_relpath(path)))
+
+    async def rename(self, ws: Workspace, src: str, dst: str) -> None:
+        s, d = "/".join(split_relpath(src)), "/".join(split_relpath(dst))
+        await self._box(ws).agent("rename", ws=ws.path, src=s, dst=d)

@@ -1,0 +1,64 @@
+"""The e2b backend's options (the ``options`` of :class:`~execspace.backends.e2b.E2BBackend`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ...artifacts import ArtifactService
+from ...backend import BackendOptions
+from ...envpolicy import EnvPolicy
+
+__all__ = ["E2BOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class E2BOptions(BackendOptions):
+    """Where the E2B-protocol service is and how its sandboxes are made (E2B cloud, Cube Sandbox, a self-hosted
+    E2B, ``execspace serve``). Unset connection options fall back to the SDK's environment variables
+    (``E2B_API_KEY``, ``E2B_API_URL``, ``E2B_DOMAIN``, ``E2B_SANDBOX_URL``).
+
+    Args:
+        api_url: the control plane (``POST /v2/sandboxes``…), e.g. ``http://127.0.0.1:3000`` for ``execspace serve``.
+        api_key: the service's key (sent as ``X-API-KEY``); never echoed in an error.
+        domain: the sandbox domain (``<port>-<id>.<domain>`` routing), e.g. ``e2b.app`` or Cube's ``cube.app``.
+        sandbox_url: one URL for every sandbox's envd (header routing), as ``execspace serve`` takes it.
+        template: the template sandboxes are created from.
+        sandbox_timeout: seconds a sandbox lives without being used again (each connect extends it).
+        request_timeout: seconds one control-plane or file request may take before it fails.
+        env_vars: environment of every process of the sandbox (given at creation).
+        metadata: metadata of every sandbox we create (``execspace.*`` keys are ours).
+        secure: envd access tokens (the default; off only for services that cannot issue them).
+        allow_internet_access: whether programs may reach the network (off by default: secure by default).
+        persistence: ``session``: one stable sandbox per workspace id, found again by its metadata from other
+            engines and after a restart (left running when the engine closes; ``cleanup`` kills it);
+            ``turn``: a fresh sandbox for each ``create_workspace``, killed when the engine closes.
+        sandbox_id: run every workspace in this existing sandbox; not ours, so never killed by us.
+        isolation: what the service's boundary is: ``remote`` (default) or ``microvm`` when you know it runs
+            each sandbox in a KVM microVM (E2B cloud, Cube Sandbox).
+        env_policy: how a run's environment is built (default: core variables, secrets dropped).
+        host_roots: host directories ``host://`` inputs may read from (uploaded: the sandbox never sees the host).
+        artifacts: an ``ArtifactService`` for ``artifact://`` inputs and saved outputs.
+        kill_grace: seconds between SIGTERM and SIGKILL when a run is killed or times out.
+    """
+
+    api_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    domain: str | None = None
+    sandbox_url: str | None = None
+    template: str = "code-interpreter-v1"
+    sandbox_timeout: int = 300
+    request_timeout: float = 30.0
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    secure: bool = True
+    allow_internet_access: bool = False
+    persistence: Literal["session", "turn"] = "session"
+    sandbox_id: str | None = None
+    isolation: Literal["remote", "microvm"] = "remote"
+    env_policy: EnvPolicy | None = None
+    host_roots: Sequence[Path | str] = ()
+    artifacts: ArtifactService | None = None
+    kill_grace: float = 2.0

@@ -1,0 +1,342 @@
+"""Programs in E2B sandboxes over the SDK's commands API.
+
+Each run is one background command: ``bash -l -c`` (what envd always starts) makes the cwd and run directory,
+then starts the program under ``env -i`` with exactly the environment the policy built, through a ``sh`` that
+records its pid in the run directory and ``exec``s the program. The ``bash`` stays as the parent, so a program
+killed by signal N ends it with ``128 + N``, reported as ``-N`` like every backend does. Timeouts are ours (the
+SDK's stream deadline is only a backstop): SIGTERM to the program, then after the grace SIGKILL to every process
+that carries the run's marker (found in the sandbox's ``/proc``). A timeout is ``timed_out``, never exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+import shlex
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ...capabilities import Capabilities
+from ...envpolicy import EnvPolicy
+from ...errors import BackendError, CapabilityError, UsageError
+from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
+from ...process.capture import HeadTailBuffer
+from ...process.preparation import signal_status
+from ...process.programs import OutputLog, ProgramTable, program_info
+from ...process.supervisor import RUN_MARKER_VAR
+from ...protocols import ProgramHandle
+from ...workspace.confine import split_relpath
+from ...workspace.layout import new_run_name, workspace_env
+from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
+
+if TYPE_CHECKING:
+    from e2b import AsyncCommandHandle
+
+__all__ = ["E2BProgram", "E2BRunner"]
+
+#: Sends ``$3`` to the program whose pid the run recorded in ``$1`` (waiting briefly for it to be written).
+_SIGNAL = 'for i in $(seq 100); do [ -s "$1" ] && break; sleep 0.02; done; kill -s "$2" "$(cat "$1")" 2>/dev/null; :'
+#: SIGKILLs every process of the sandbox whose environment holds ``$1`` (the run's marker), twice for forks.
+_KILL = (
+    'for pass in 1 2; do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null'
+    ' && kill -9 "${d#/proc/}" 2>/dev/null; done; done; :'
+)
+#: After the last kill, how long the command's stream may take to end before we stop waiting for it.
+_SETTLE = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Prepared:
+    ws: Workspace
+    spec: RunProgramSpec
+    box: Box
+    command: str
+    run_dir: str
+    marker: str
+    pidfile: str
+
+
+class E2BRunner:
+    """Runs programs in the workspace's sandbox; the same checks and environment as every runner."""
+
+    def __init__(
+        self,
+        boxes: Sandboxes,
+        capabilities: Callable[[], Capabilities],
+        env_policy: EnvPolicy | None,
+        kill_grace: float,
+    ) -> None:
+        self._boxes = boxes
+        self._caps = capabilities
+        self.env_policy = env_policy or EnvPolicy()
+        self.kill_grace = kill_grace
+        self.programs = ProgramTable()
+
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> _Prepared:
+        self._caps().require(spec)
+        options = self._boxes.options
+        if spec.network == "on" and not options.allow_internet_access:
+            raise CapabilityError("network on", "e2b", "open the engine with allow_internet_access=True")
+        if spec.network == "off" and options.allow_internet_access:
+            raise CapabilityError("network off", "e2b", "its sandboxes were created with allow_internet_access=True")
+        box = self._boxes.box(workspace_key(ws.id))
+        cwd = "/".join(split_relpath(spec.cwd)) if spec.cwd not in ("", ".", "./") else ""
+        run_dir = new_run_name()
+        marker = f"{RUN_MARKER_VAR}={secrets.token_hex(8)}"
+        env = self.env_policy.build(
+            {}, {**options.env_vars, **spec.env}, workspace_env(ws.path, run_dir), clean=spec.clean_env
+        )
+        root = shlex.quote(ws.path)
+        here = shlex.quote(f"{ws.path}/{cwd}" if cwd else ws.path)
+        pidfile = f"{ws.path}/{run_dir}/.pid"
+        assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
+        command = (
+            f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n"
+            # env, not the shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where
+            # dash says 127 for all of them
+            f'env -i {assignments} {shlex.quote(marker)} /bin/sh -c \'echo $$ > "$0"; exec env -- "$@"\' '
+            f"{shlex.quote(pidfile)} {program}\n"
+            f"s=$?; echo $s > {shlex.quote(pidfile + '.status')}; exit $s"
+        )
+        return _Prepared(ws, spec, box, command, run_dir, marker, pidfile)
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        program = await self._start(self.prepare(ws, spec))
+        await program.close_stdin()  # a run reads only the stdin its spec gives
+        return await program.wait()
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
+        program = await self._start(self.prepare(ws, spec))
+        program.when_done(self.programs.add(ws, program))
+        return program
+
+    async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
+        return self.programs.list(ws)
+
+    async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
+        return self.programs.get(ws, key)
+
+    async def _start(self, prep: _Prepared) -> E2BProgram:
+        program = E2BProgram(self, prep)
+        await program.begin()
+        return program
+
+    async def send_signal(self, prep: _Prepared, sig: int) -> None:
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        await self._sh(prep, _SIGNAL, prep.pidfile, name)
+
+    async def kill_marked(self, prep: _Prepared) -> None:
+        await self._sh(prep, _KILL, prep.marker)
+
+    async def _sh(self, prep: _Prepared, script: str, *args: str) -> None:
+        line = f"sh -c {shlex.quote(script)} sh " + " ".join(shlex.quote(a) for a in args)
+        with contextlib.suppress(Exception):  # the program (or its sandbox) may be gone meanwhile
+            await sdk_call("signalling a program", prep.box.sandbox.commands.run(line))
+
+
+class E2BProgram:
+    """One background command as a ``ProgramHandle``."""
+
+    def __init__(self, runner: E2BRunner, prep: _Prepared) -> None:
+        self._runner = runner
+        self._prep = prep
+        limit = prep.spec.limits.output_bytes
+        self._out = HeadTailBuffer(limit)
+        self._err = HeadTailBuffer(limit)
+        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._log = OutputLog()
+        self._info = program_info(prep.spec, 0)
+        self._handle: AsyncCommandHandle[None] | None = None
+        self._done: asyncio.Future[RunResult] | None = None
+        self._stdin_open = True
+        self._killing: asyncio.Task[None] | None = None
+        self._started = 0.0
+
+    def _on(self, stream: str) -> Callable[[str], None]:
+        def take(text: str) -> None:
+            data = text.encode("utf-8", "surrogateescape")
+            (self._out if stream == "stdout" else self._err).write(data)
+            chunk = OutputChunk("stdout" if stream == "stdout" else "stderr", data)
+            self._queue.put_nowait(chunk)
+            self._log.append(chunk)
+
+        return take
+
+    async def begin(self) -> None:
+        spec = self._prep.spec
+        backstop = 0 if spec.timeout is None else spec.timeout + self._runner.kill_grace + 2 * _SETTLE
+        self._started = time.monotonic()
+        handle: AsyncCommandHandle[None] = await sdk_call(
+            f"starting {spec.cmd!r}",
+            self._prep.box.sandbox.commands.run(
+                self._prep.command,
+                background=True,
+                stdin=True,
+                timeout=backstop,
+                on_stdout=self._on("stdout"),
+                on_stderr=self._on("stderr"),
+                retain_output=False,
+            ),
+            gone=f"the workspace {self._prep.ws.id!r}",
+        )
+        self._handle = handle
+        self._info = dataclasses.replace(self._info, pid=handle.pid)
+        self._done = asyncio.ensure_future(self._supervise(handle))
+        if spec.stdin:
+            data = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
+            await self.write_stdin(data)
+            await self.close_stdin()
+
+    async def _end(self, handle: AsyncCommandHandle[None]) -> int:
+        from e2b import CommandExitException
+
+        try:
+            result = await handle.wait()
+        except CommandExitException as exc:
+            return int(exc.exit_code)
+        return int(result.exit_code)
+
+    async def _supervise(self, handle: AsyncCommandHandle[None]) -> RunResult:
+        spec = self._prep.spec
+        ending = asyncio.ensure_future(self._end(handle))
+        timed_out = False
+        try:
+            try:
+                code = await asyncio.wait_for(asyncio.shield(ending), spec.timeout)
+            except TimeoutError:
+                timed_out = True
+                code = await self._stop(ending)
+        except Exception as exc:
+            raise BackendError(
+                f"the run of {spec.cmd!r} in workspace {self._prep.ws.id!r} was lost ({exc}); "
+                "its sandbox may have expired or the service is unreachable"
+            ) from exc
+        finally:
+            self._queue.put_nowait(None)
+            self._log.close()
+        if code == -1:  # envd's "ended by a signal", which the SDK does not name: the wrapper wrote it down
+            code = await self._recorded_status()
+        code = signal_status(code)
+        return self._result(code, timed_out)
+
+    async def _stop(self, ending: asyncio.Future[int]) -> int:
+        """TERM to the program, then (after the grace) KILL to everything of the run; the exit code."""
+        await self._runner.send_signal(self._prep, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(ending), self._runner.kill_grace)
+        await self._runner.kill_marked(self._prep)
+        assert self._handle is not None
+        with contextlib.suppress(Exception):
+            await self._handle.kill()
+        try:
+            return await asyncio.wait_for(asyncio.shield(ending), _SETTLE)
+        except TimeoutError:
+            ending.cancel()
+            with contextlib.suppress(Exception):
+                await self._handle.disconnect()
+            return -signal.SIGKILL
+
+    async def _recorded_status(self) -> int:
+        box = self._prep.box
+        try:
+            text = await box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
+            return int(text.strip())
+        except Exception:  # no record: the wrapper itself was killed, by our SIGKILL
+            return -signal.SIGKILL
+
+    def _result(self, code: int, timed_out: bool) -> RunResult:
+        raw_out, raw_err = self._out.getvalue(), self._err.getvalue()
+        return RunResult(
+            exit_code=code,
+            stdout=raw_out.decode("utf-8", "replace"),
+            stderr=raw_err.decode("utf-8", "replace"),
+            duration=time.monotonic() - self._started,
+            timed_out=timed_out,
+            stdout_truncated=self._out.truncated,
+            stderr_truncated=self._err.truncated,
+            stdout_total_bytes=self._out.total,
+            stderr_total_bytes=self._err.total,
+            limit_hit="timeout" if timed_out else None,
+            raw_stdout=raw_out,
+            raw_stderr=raw_err,
+            run_dir=self._prep.run_dir,
+        )
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        assert self._done is not None
+        self._done.add_done_callback(lambda _f: callback())
+
+    @property
+    def pid(self) -> int | None:
+        return self._info.pid or None
+
+    @property
+    def info(self) -> ProgramInfo:
+        return self._info
+
+    @property
+    def finished(self) -> bool:
+        return self._done is not None and self._done.done()
+
+    async def stream(self) -> AsyncIterator[OutputChunk]:
+        while (chunk := await self._queue.get()) is not None:
+            yield chunk
+        self._queue.put_nowait(None)
+
+    def attach(self, *, from_start: bool = True) -> AsyncIterator[OutputChunk]:
+        return self._log.attach(from_start=from_start)
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        if not self._stdin_open or self._handle is None:
+            raise UsageError("stdin is closed")
+        payload = data.encode() if isinstance(data, str) else data
+        for at in range(0, len(payload), 64 * 1024):  # bounded requests
+            with contextlib.suppress(Exception):  # the program ended or closed its stdin
+                await self._handle.send_stdin(payload[at : at + 64 * 1024])
+
+    async def close_stdin(self) -> None:
+        if self._stdin_open and self._handle is not None:
+            self._stdin_open = False
+            with contextlib.suppress(Exception):
+                await self._handle.close_stdin()
+
+    async def signal(self, sig: int) -> None:
+        if not self.finished:
+            await self._runner.send_signal(self._prep, sig)
+
+    async def resize(self, size: PtySize) -> None:
+        raise UsageError("this program has no terminal to resize: the e2b backend runs programs without a pty")
+
+    async def kill(self) -> None:
+        assert self._done is not None
+        if self._done.done():
+            return
+        await self._runner.send_signal(self._prep, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._done), self._runner.kill_grace)
+            return
+        await self._runner.kill_marked(self._prep)
+        assert self._handle is not None
+        with contextlib.suppress(Exception):
+            await self._handle.kill()
+
+    async def wait(self) -> RunResult:
+        assert self._done is not None
+        return await asyncio.shield(self._done)
+
+    async def __aenter__(self) -> E2BProgram:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._done is not None and not self._done.done():
+            await self.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._done), _SETTLE)

@@ -1,0 +1,270 @@
+"""The sandboxes of one e2b engine: created, found again by metadata, reused by id, killed only when ours.
+
+Every SDK call goes through :func:`sdk_call`, which turns the SDK's exceptions into execspace errors that say what
+was lost and what to do (a gone sandbox, a refused key, a full service, a service that does not answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import shlex
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ...errors import BackendError, PathDenied, SetupFailed, WorkspaceNotFound
+from ...workspace.layout import sanitize_id
+from .options import E2BOptions
+
+if TYPE_CHECKING:
+    from e2b import AsyncSandbox
+
+__all__ = ["HOME", "Box", "Sandboxes", "sdk_call"]
+
+T = TypeVar("T")
+
+#: The sandbox user's home, where E2B templates (and ``execspace serve``) put it.
+HOME = "/home/user"
+_WS_KEY = "execspace.workspace"
+
+
+def _agent_text() -> str:
+    core = resources.files("execspace.workspace").joinpath("confinecore.py").read_text(encoding="utf-8")
+    agent = resources.files(__package__).joinpath("agent.py").read_text(encoding="utf-8")
+    # one file: the agent's own __future__ import may not follow the core's code
+    return core + "\n" + agent.replace("from __future__ import annotations\n", "", 1)
+
+
+_AGENT = _agent_text()
+_AGENT_NAME = f".execspace/agent-{hashlib.sha256(_AGENT.encode()).hexdigest()[:12]}.py"
+
+
+async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
+    """Await an SDK call, its failures as execspace errors naming ``what`` failed (``gone``: what a lost
+    sandbox took with it)."""
+    from e2b import CommandExitException
+    from e2b import exceptions as ex
+
+    try:
+        return await call
+    except CommandExitException:
+        raise  # a command's own exit status: for the caller to read
+    except ex.AuthenticationException as exc:
+        raise SetupFailed(
+            "e2b", f"{what}: the E2B service refused the API key ({exc})", "check api_key / E2B_API_KEY"
+        ) from exc
+    except ex.RateLimitException as exc:
+        raise BackendError(
+            f"{what}: the E2B service is at capacity (429, after the SDK's retries honouring Retry-After); "
+            "retry later, kill sandboxes you no longer need or raise the service's limit"
+        ) from exc
+    except ex.ServiceBusyException as exc:
+        raise BackendError(f"{what}: the E2B service is busy (503); retry later") from exc
+    except (ex.SandboxNotFoundException, ex.SandboxNotRunningException) as exc:
+        raise BackendError(
+            f"{what}: the sandbox is gone (expired after sandbox_timeout, or killed): {gone or 'its state'} "
+            "was lost; create the workspace again to start afresh, and raise sandbox_timeout to keep it longer"
+        ) from exc
+    except ex.TimeoutException as exc:
+        raise BackendError(f"{what}: no answer within the timeout ({exc}); is the E2B service up?") from exc
+    except ex.SandboxException as exc:
+        raise BackendError(f"{what}: {exc}") from exc
+    except OSError as exc:
+        raise BackendError(f"{what}: cannot reach the E2B service ({exc}); check api_url / sandbox_url") from exc
+
+
+@dataclass(eq=False)
+class Box:
+    """One sandbox as this engine holds it."""
+
+    sandbox: AsyncSandbox
+    owned: bool
+    """Created by us (killed by ``cleanup``, and per turn at close); a sandbox given by id never is."""
+    workspace: str
+    """The key of the workspace it was made for ("" for a sandbox given by id)."""
+    home: str = HOME
+    """The home as programs see it: E2B's ``/home/user``, elsewhere where the service puts what its files API
+    calls ``/home/user`` (``execspace serve`` today: the workspace's ``work/``); found as a command's cwd."""
+
+    def sdk_path(self, path: str) -> str:
+        """The files-API path of ``path`` as programs see it (under :attr:`home`)."""
+        return HOME + path[len(self.home) :]
+
+    def root_of(self, key: str) -> str:
+        return f"{self.home}/.execspace/ws/{key}"
+
+    def stage_dir(self) -> str:
+        return f"{self.home}/.execspace/stage"
+
+    @property
+    def id(self) -> str:
+        return str(self.sandbox.sandbox_id)
+
+    async def agent(self, op: str, **args: object) -> Any:
+        """Run one op of the in-sandbox agent; its refusals as execspace/OS errors."""
+        from e2b import CommandExitException
+
+        payload = shlex.quote(json.dumps({"op": op, **args}))
+        gone = f"the workspace {self.workspace!r} (sandbox {self.id})"
+        try:
+            result = await sdk_call(
+                f"file operation {op}",
+                self.sandbox.commands.run(f"python3 {self.home}/{_AGENT_NAME} {payload}"),
+                gone=gone,
+            )
+        except CommandExitException as exc:
+            if exc.exit_code == 127:
+                raise SetupFailed(
+                    "e2b",
+                    f"the sandbox's template has no python3, which the file checks need ({exc.stderr.strip()})",
+                    "use a template with python3 (code-interpreter-v1, base)",
+                ) from exc
+            raise BackendError(f"file operation {op} failed in sandbox {self.id}: {exc.stderr.strip()}") from exc
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        if "error" in answer:
+            raise _refusal(*answer["error"])
+        return answer["ok"]
+
+    async def install_agent(self) -> None:
+        await sdk_call("installing the file agent", self.sandbox.files.write(f"{HOME}/{_AGENT_NAME}", _AGENT))
+        where = await sdk_call("finding the home", self.sandbox.commands.run("pwd"))
+        self.home = where.stdout.strip() or HOME
+
+
+def _refusal(kind: str, path: str, why: str) -> Exception:
+    if kind == "PathDenied":
+        return PathDenied(path, why)
+    if kind == "FileNotFoundError":
+        return FileNotFoundError(2, why, path)
+    if kind == "IsADirectoryError":
+        return IsADirectoryError(21, why, path)
+    if kind == "WorkspaceGone":
+        return BackendError(f"the workspace directory {path} is gone from its sandbox: its files were lost")
+    return BackendError(f"{kind} at {path!r}: {why}")
+
+
+class Sandboxes:
+    """The sandboxes of one engine, by workspace key (``sanitize_id`` of its id)."""
+
+    def __init__(self, options: E2BOptions) -> None:
+        self.options = options
+        self._boxes: dict[str, Box] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._shared: Box | None = None
+        self._turns: list[Box] = []
+
+    def api(self) -> dict[str, Any]:
+        """The connection options of every SDK call (unset ones: the SDK's environment variables)."""
+        o = self.options
+        given = {"api_key": o.api_key, "api_url": o.api_url, "domain": o.domain, "sandbox_url": o.sandbox_url}
+        return {k: v for k, v in given.items() if v is not None} | {"request_timeout": o.request_timeout}
+
+    def box(self, key: str) -> Box:
+        found = self._boxes.get(key)
+        if found is None:
+            raise WorkspaceNotFound(f"workspace {key!r} is not open in this engine: create_workspace it first")
+        return found
+
+    async def for_workspace(self, key: str, *, create: bool = True) -> Box:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if self.options.persistence == "session" and key in self._boxes:
+                return self._boxes[key]
+            box = await self._open(key, create)
+            self._boxes[key] = box
+            return box
+
+    async def _open(self, key: str, create: bool) -> Box:
+        if self.options.sandbox_id is not None:
+            if self._shared is None:
+                self._shared = await self._connect(self.options.sandbox_id)
+            return self._shared
+        if self.options.persistence == "session":
+            existing = await self._find(key)
+            if existing is not None:
+                box = Box(existing, True, key)
+                await box.install_agent()
+                return box
+        if not create:
+            raise WorkspaceNotFound(f"no sandbox holds workspace {key!r} (it was cleaned up, or it expired)")
+        box = await self._create(key)
+        if self.options.persistence == "turn":
+            self._turns.append(box)
+        return box
+
+    async def _connect(self, sandbox_id: str) -> Box:
+        from e2b import AsyncSandbox
+
+        sandbox = await sdk_call(
+            f"connecting to sandbox {sandbox_id}",
+            AsyncSandbox.connect(sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
+            gone=f"sandbox {sandbox_id}",
+        )
+        box = Box(sandbox, False, "")
+        await box.install_agent()
+        return box
+
+    async def _find(self, key: str) -> Any:
+        """The running sandbox we made for workspace ``key`` (by its metadata), connected, or None."""
+        from e2b import AsyncSandbox, SandboxQuery
+
+        query = SandboxQuery(metadata={_WS_KEY: key}, state=["running"])  # type: ignore[list-item]
+        paginator = AsyncSandbox.list(query=query, **self.api())
+        listed = await sdk_call("listing sandboxes", paginator.next_items())
+        mine = listed  # the key is ours: whatever template it has, it holds this workspace
+        if not mine:
+            return None
+        sandbox = await sdk_call(
+            f"connecting to sandbox {mine[0].sandbox_id}",
+            AsyncSandbox.connect(mine[0].sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
+            gone=f"workspace {key!r}",
+        )
+        return sandbox
+
+    async def _create(self, key: str) -> Box:
+        from e2b import AsyncSandbox
+
+        o = self.options
+        sandbox = await sdk_call(
+            f"creating a sandbox from template {o.template!r}",
+            AsyncSandbox.create(
+                template=o.template,
+                timeout=o.sandbox_timeout,
+                metadata={**o.metadata, _WS_KEY: key},
+                envs=dict(o.env_vars),
+                secure=o.secure,
+                allow_internet_access=o.allow_internet_access,
+                **self.api(),
+            ),
+        )
+        box = Box(sandbox, True, key)
+        await box.install_agent()
+        return box
+
+    async def forget(self, key: str) -> None:
+        """Drop workspace ``key``: its sandbox is killed when it is ours and only its own."""
+        box = self._boxes.pop(key, None)
+        if box is not None and box.owned:
+            await self.kill(box)
+
+    @staticmethod
+    async def kill(box: Box) -> None:
+        if not box.owned:
+            return
+        await sdk_call(f"killing sandbox {box.id}", box.sandbox.kill())
+
+    async def aclose(self) -> None:
+        """Kill the per-turn sandboxes; session ones stay (found again by their metadata) until they expire."""
+        turns, self._turns = self._turns, []
+        self._boxes.clear()
+        for box in turns:
+            with contextlib.suppress(BackendError):  # gone already, or the service is down: it expires on its own
+                await self.kill(box)
+
+
+def workspace_key(exec_id: str) -> str:
+    return sanitize_id(exec_id)

@@ -1,0 +1,76 @@
+"""``execspace ws``: list, rm and gc of the workspaces left on this host, never touching anything else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import RunProgramSpec
+
+pytestmark = pytest.mark.asyncio
+
+
+def ws_cli(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "EXECSPACE_DAEMON": "off"}
+    return subprocess.run(
+        [sys.executable, "-m", "execspace", "ws", "--root", str(root), "--json", *args],
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+
+
+async def make_workspaces(root: Path, ids: list[str]) -> list[Path]:
+    async with execspace.open_engine("local", workspace_root=root) as engine:
+        made = []
+        for ws_id in ids:
+            ws = await engine.manager.create_workspace(ws_id)
+            await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "echo x > ../out/o.txt"]))
+            assert ws.host_path is not None
+            made.append(ws.host_path)
+        return made
+
+
+async def test_list_rm_and_gc_touch_only_workspaces(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    old, recent = await make_workspaces(root, ["app/old", "app/recent"])
+    stray = root / "not-a-workspace"
+    stray.mkdir()
+    (stray / "keep.txt").write_text("mine")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    (old / "work" / "link").symlink_to(outside)  # a link in a workspace is removed, never followed
+    (root / "linked").symlink_to(old)  # a link at the root is not a workspace
+    week_ago = time.time() - 7 * 86400
+    record = json.loads((old / "metadata.json").read_text())
+    (old / "metadata.json").write_text(json.dumps({**record, "created_at": week_ago, "updated_at": week_ago}))
+    for entry in ("", "runs", "work", "out", "metadata.json"):
+        os.utime(old / entry, (week_ago, week_ago), follow_symlinks=False)
+    listed = json.loads(ws_cli(root, "list").stdout)["workspaces"]
+    assert [(w["id"], w["path"]) for w in listed] == [("app/old", str(old)), ("app/recent", str(recent))]
+    # last used a week ago by its record and by its directories' times: only that one goes
+    dry = json.loads(ws_cli(root, "gc", "--older-than", "1d", "--dry-run").stdout)
+    assert [w["path"] for w in dry["would_remove"]] == [str(old)] and old.exists()
+    gone = json.loads(ws_cli(root, "gc", "--older-than", "1d").stdout)
+    assert [w["path"] for w in gone["removed"]] == [str(old)]
+    assert not old.exists() and recent.exists() and (outside / "precious").read_text() == "x"
+    assert (stray / "keep.txt").read_text() == "mine" and (root / "linked").is_symlink()
+    by_id = json.loads(ws_cli(root, "rm", "app/recent").stdout)
+    assert [w["path"] for w in by_id["removed"]] == [str(recent)] and not recent.exists()
+
+
+async def test_rm_refuses_what_is_not_a_workspace_and_says_how_to_find_them(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (ws,) = await make_workspaces(root, ["a"])
+    for target in (str(tmp_path), str(root / "nope"), "no-such-id"):
+        proc = ws_cli(root, "rm", target)
+        assert proc.returncode == 125 and b"execspace ws list" in proc.stderr, proc.stderr
+    assert ws.exists()
