@@ -113,6 +113,8 @@ class Session:
         self.active = 0
         """Programs started and not yet over (the runner's idle timer runs while there are none)."""
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.owner: tuple[int, int] | None = None
+        """The uid/gid its programs run as, when it differs from ours (as root)."""
         self._loop.add_reader(sock.fileno(), self._readable)
 
     @property
@@ -258,17 +260,25 @@ class Session:
         self._send(_HEAD.pack(op, ident) + body, fds)
         try:
             async with asyncio.timeout(self.config.request_timeout):
-                return await asyncio.shield(fut)
+                # not shielded (one loop turn less): a request given up is answered all the same, and dropped
+                return await fut
         except TimeoutError:
             self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
             assert self.broken is not None
             raise self.broken from None
         except asyncio.CancelledError:
-            if ident in self._pending:
+            if fut.done() and not fut.cancelled():
+                self._disown(kind, *fut.result())  # answered, but its caller has gone
+            elif ident in self._pending:
                 self._abandoned.add(ident)
             raise
         finally:
             self._pending.pop(ident, None)
+
+    def _disown(self, kind: int, pid: int, err: int) -> None:
+        if kind == _SPAWNED and err == 0 and self._programs.pop(pid, None) is not None:
+            self._unclaimed.add(pid)
+            self.signal(pid, signal.SIGKILL, group=True)  # started for a caller who has gone
 
     def _send(self, data: bytes, fds: list[int]) -> None:
         self._outbox.append((data, fds))
@@ -380,8 +390,7 @@ def kill_marked_children(supervisor: int, marker: str) -> int:
         found = 0
         for pid in _descendants(supervisor):
             try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    marked = needle in f.read()
+                marked = needle in _read_proc(f"/proc/{pid}/environ")
             except OSError:
                 continue
             if marked:
@@ -405,13 +414,24 @@ def _descendants(pid: int) -> list[int]:
             continue
         for task in tasks:
             try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
+                children = [int(c) for c in _read_proc(f"/proc/{parent}/task/{task}/children").split()]
             except OSError:
                 continue
             found += children
             todo += children
     return found
+
+
+def _read_proc(path: str) -> bytes:
+    """The whole of a ``/proc`` file, in plain system calls: a run's teardown reads a few of them, every run."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -550,7 +570,8 @@ class SessionProgram(SupervisedProcess):
             self._open_pipes = {1}
         else:
             child, stdin = await self._socket_stdio(loop)
-        self._floor = _last_pid()
+        # the floor of a host-wide sweep, needed only when the session's tree cannot be walked
+        self._floor = _last_pid() if self._session.supervisor_pid is None else 0
         try:
             self.session_pid = await self._session.spawn(
                 self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=la.pty is not None
@@ -645,14 +666,18 @@ class SessionProgram(SupervisedProcess):
         return result
 
 
-async def start_session(launch: Launch, sock: socket.socket, name: str, config: SessionConfig) -> Session:
+async def start_session(
+    launch: Launch, sock: socket.socket, name: str, config: SessionConfig, *, owner: tuple[int, int] | None = None
+) -> Session:
     """Spawn the session's bwrap (``launch``, whose program is the supervisor on the other end of ``sock``)
-    and wait until the supervisor is ready.
+    and wait until the supervisor is ready. ``owner``: the uid/gid the session runs as (as root), for the
+    directories made for its runs.
 
     Raises:
         BackendError: it did not start (bwrap's error in the message), or bwrap could not be executed.
     """
     session = Session(sock, name, config)
+    session.owner = owner
     try:
         bwrap = await spawn(launch)
     except BaseException as exc:
