@@ -352,8 +352,9 @@ class SupervisedProcess:
         # leftovers of the group (background children) do not outlive the run
         self._signal_group(signal.SIGKILL)
         try:
-            async with asyncio.timeout(_DRAIN_AFTER_EXIT):
-                await self._pipes_closed.wait()
+            if not self._pipes_closed.is_set():  # most runs: their output ended with them, no timer needed
+                async with asyncio.timeout(_DRAIN_AFTER_EXIT):
+                    await self._pipes_closed.wait()
         except TimeoutError:
             # something that left the group still holds our pipes: find it by marker
             await self._sweep()

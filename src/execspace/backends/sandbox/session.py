@@ -228,7 +228,7 @@ class Session:
         strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
         body = _SPAWN.pack(_FLAG_CTTY if ctty else 0, len(rlimits), len(argv), len(env))
         body += b"".join(_RLIMIT.pack(which, 0, soft, hard) for which, soft, hard in rlimits)
-        body += b"".join(os.fsencode(s) + b"\0" for s in strings)
+        body += os.fsencode("\0".join(strings) + "\0")
         if len(body) > self.max_request:
             _close_all(fds)
             raise InvalidSpec(
@@ -403,13 +403,15 @@ def kill_marked_children(supervisor: int, marker: str) -> int:
     return killed
 
 
-def _descendants(pid: int) -> list[int]:
+def _descendants(supervisor: int) -> list[int]:
     found: list[int] = []
-    todo = [pid]
+    todo = [supervisor]
     while todo:
         parent = todo.pop()
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            # the supervisor has one thread (supervisor.c): its children are its main task's, and in the usual
+            # case, a run that left nothing behind, that one read is the whole walk
+            tasks = [str(parent)] if parent == supervisor else os.listdir(f"/proc/{parent}/task")
         except OSError:
             continue
         for task in tasks:
