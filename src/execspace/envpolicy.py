@@ -14,6 +14,7 @@ Order of construction (later wins):
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ MINIMAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+@functools.lru_cache(maxsize=1024)  # every run asks about the same few names
 def is_secret_name(name: str) -> bool:
     """True when ``name`` looks like it holds a credential (``API_KEY``, ``GITHUB_TOKEN``…)."""
     upper = name.upper()

@@ -104,6 +104,8 @@ class Session:
         self._programs: dict[int, SessionProgram] = {}
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._outbox: deque[tuple[bytes, list[int]]] = deque()
+        self._writing = False
+        """Waiting for the channel to take more (a writer is on the loop)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self.broken: BackendError | None = None
         self.closed = False
@@ -292,14 +294,17 @@ class Session:
                 self._sock.sendmsg([data], anc)
             except BlockingIOError:
                 self._loop.add_writer(self._sock.fileno(), self._flush)
+                self._writing = True
                 return
             except OSError as exc:
                 self._fail(f"channel failed ({exc.strerror})")
                 return
             self._outbox.popleft()
             _close_all(fds)
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_writer(self._sock.fileno())
+        if self._writing:  # only once the channel was full: most requests go out at once
+            self._writing = False
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_writer(self._sock.fileno())
 
     # -- what the supervisor says -----------------------------------------------------------
 
