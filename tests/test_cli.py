@@ -518,6 +518,29 @@ def test_doctor_json_lists_every_backend(cli: Cli, tmp_path: Path) -> None:
     assert b"probing backends" in proc.stderr
 
 
+def test_doctor_states_each_sandbox_mode(cli: Cli) -> None:
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0
+    by_name = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+    modes = {m["mode"]: m for m in by_name["sandbox"]["modes"]}
+    assert set(modes) == {"per-run", "session"}
+    assert modes["per-run"]["guarantee"].startswith("per-run: one sandbox per run")
+    assert modes["session"]["guarantee"].startswith("session: one sandbox per workspace")
+    assert modes["per-run"]["ok"] is _sandbox_works()
+    # session mode also needs a C compiler for its supervisor: without one it says so, and how to fix it
+    has_cc = shutil.which("cc") is not None or shutil.which("gcc") is not None
+    assert modes["session"]["ok"] is (_sandbox_works() and has_cc)
+    if not modes["session"]["ok"]:
+        assert modes["session"]["reason"] and modes["session"]["fix"]
+    assert by_name["local"]["modes"] == []  # no modes to choose from: no lines
+    text = cli("doctor").stdout.decode()
+    sandbox = text.split("sandbox: ", 1)[1].split("\n\n", 1)[0]
+    assert "  modes:\n" in sandbox
+    state = "OK; one sandbox per workspace" if modes["session"]["ok"] else "NOT AVAILABLE: "
+    assert f"    - session: {state}" in sandbox
+    assert "    - per-run: " in sandbox
+
+
 def test_doctor_text(cli: Cli) -> None:
     proc = cli("doctor")
     assert proc.returncode == 0
