@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +26,7 @@ pytest.importorskip(
     "ipykernel", reason="the code interpreter's kernels are ipykernel: pip install 'execspace[jupyter]'"
 )
 
+JS_SDK = os.environ.get("EXECSPACE_E2B_JS", "")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -225,3 +229,17 @@ def test_a_timeout_in_the_request_interrupts_the_cell(e2b_server: Server) -> Non
             assert any(json.loads(line).get("text") == "5" for line in again)
         finally:
             http.delete(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": API_KEY})
+
+
+@pytest.mark.skipif(not JS_SDK, reason="set EXECSPACE_E2B_JS to a directory with `npm install @e2b/code-interpreter`")
+def test_js_code_interpreter_sdk_smoke(e2b_server: Server) -> None:
+    node = shutil.which("node")
+    assert node is not None, "node is not installed"
+    script = Path(JS_SDK) / f"code-interpreter-{os.getpid()}.mjs"  # beside its node_modules, so the import resolves
+    shutil.copy(Path(__file__).with_name("js") / "code_interpreter.mjs", script)
+    try:
+        env = {**os.environ, **e2b_server.sdk_env()}
+        run = subprocess.run([node, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        script.unlink()
+    assert run.returncode == 0 and run.stdout.strip() == "ok", f"{run.stdout}{run.stderr}"
