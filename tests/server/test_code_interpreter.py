@@ -243,3 +243,15 @@ def test_js_code_interpreter_sdk_smoke(e2b_server: Server) -> None:
     finally:
         script.unlink()
     assert run.returncode == 0 and run.stdout.strip() == "ok", f"{run.stdout}{run.stderr}"
+
+
+def test_another_backend_is_refused_saying_which_to_use(tmp_path: Path) -> None:
+    with running_server(tmp_path / "serve", "--backend", "local") as server:
+        sandbox = ci.Sandbox.create(api_key=server.key, api_url=server.url, sandbox_url=server.url)
+        try:
+            with pytest.raises(ci.SandboxException, match="--backend sandbox"):
+                sandbox.run_code("1")
+            sandbox.files.write("still.txt", "works")  # the sandbox itself goes on
+            assert sandbox.files.read("still.txt") == "works"
+        finally:
+            sandbox.kill()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine import KernelEngine, open_engine
 from ..errors import ExecspaceError, SetupFailed
 from .paths import HOME, USER, to_workspace
-from .sandboxes import Sandbox
+from .sandboxes import Sandbox, SandboxGone
 
 if TYPE_CHECKING:
     from ..backends.jupyter import KernelSessions
@@ -112,7 +112,8 @@ def normalise_language(language: str | None) -> str:
 class CodeInterpreter:
     """Every sandbox's contexts, over one lazily opened sandboxed ``jupyter`` engine."""
 
-    def __init__(self, workspace_root: Path | None) -> None:
+    def __init__(self, backend: str, workspace_root: Path | None) -> None:
+        self._backend = backend
         self._workspace_root = workspace_root
         self._stack = AsyncExitStack()
         self._engine: KernelEngine[KernelSessions] | None = None
@@ -250,6 +251,8 @@ class CodeInterpreter:
         engine = await self._jupyter()
         kernel = await engine.kernels.launcher.start(sandbox.workspace, timeout=_START_TIMEOUT)
         try:
+            if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
+                raise SandboxGone(sandbox.id)
             work = posixpath.join(sandbox.workspace.path, to_workspace(context.cwd))
             env = {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars}
             kernel.execute(_setup(work, env), silent=True)
@@ -263,6 +266,13 @@ class CodeInterpreter:
         """The sandboxed ``jupyter`` engine (opened once, on first use: a host without it fails a cell, not the
         server)."""
         async with self._opening:
+            if self._backend != "sandbox":
+                raise SetupFailed(
+                    "serve",
+                    f"the code interpreter runs its kernels in the OS sandbox on the sandbox backend's workspaces, "
+                    f"and this server's backend is {self._backend}",
+                    "start execspace serve with --backend sandbox (the default)",
+                )
             if self._engine is None:
                 from ..backends.jupyter import SandboxedKernels
 

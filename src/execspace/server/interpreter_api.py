@@ -23,7 +23,7 @@ from .interpreter import (
     TooManyContexts,
     json_line,
 )
-from .sandboxes import Sandbox
+from .sandboxes import Sandbox, SandboxGone
 
 __all__ = ["InterpreterAPI"]
 
@@ -55,6 +55,8 @@ class InterpreterAPI:
                 return PlainTextResponse("OK")
         except ContextNotFound as exc:
             return PlainTextResponse(str(exc), status_code=404)
+        except SandboxGone as exc:
+            return error_response(502, str(exc))
         except LanguageUnavailable as exc:
             return error_response(501, str(exc))
         except TooManyContexts as exc:
