@@ -282,7 +282,7 @@ class CodeInterpreter:
                     )
                 except ImportError as exc:
                     raise SetupFailed(
-                        "serve", f"the code interpreter needs {exc.name}", "pip install 'execspace[serve,jupyter]'"
+                        "serve", f"the code interpreter needs {exc.name}", "pip install 'execspace[serve]'"
                     ) from exc
                 assert isinstance(engine, KernelEngine)
                 self._engine = engine
