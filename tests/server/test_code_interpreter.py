@@ -150,17 +150,22 @@ def test_files_written_by_code_are_seen_by_files_and_back(sbx: ci.Sandbox) -> No
 def test_killing_the_sandbox_ends_its_kernels() -> None:
     sandbox = ci.Sandbox.create(timeout=60)
     tag = new_tag("kernel")
-    code = (
-        "import os, subprocess, sys\n"
-        "sleeper = [sys.executable, '-c', 'import time; time.sleep(300)']\n"
-        f"subprocess.Popen(sleeper, env={{**os.environ, {TAG_VARIABLE!r}: {tag!r}}})"
-    )
+    code = _tagged_sleeper(tag)
     try:
         assert sandbox.run_code(code).error is None
         assert asyncio.run(wait_processes(tag, 1))  # a process of the kernel's sandbox, as the host sees it
     finally:
         sandbox.kill()
     assert wait_no_process(tag, within=10) == []
+
+
+def _tagged_sleeper(tag: str) -> str:
+    """A cell that starts a process carrying ``tag``, in the kernel's sandbox, as the host sees it."""
+    return (
+        "import os, subprocess, sys\n"
+        "sleeper = [sys.executable, '-c', 'import time; time.sleep(300)']\n"
+        f"subprocess.Popen(sleeper, env={{**os.environ, {TAG_VARIABLE!r}: {tag!r}}})"
+    )
 
 
 def test_the_host_name_routes_to_the_code_interpreter(tmp_path: Path) -> None:
@@ -255,3 +260,20 @@ def test_another_backend_is_refused_saying_which_to_use(tmp_path: Path) -> None:
             assert sandbox.files.read("still.txt") == "works"
         finally:
             sandbox.kill()
+
+
+def test_a_kernel_that_dies_is_reported_and_replaced(sbx: ci.Sandbox) -> None:
+    sbx.run_code("lost = 1")
+    died = sbx.run_code("import os; os._exit(3)")
+    assert died.error is not None and died.error.name == "KernelDied"
+    after = sbx.run_code("'lost' in dir()")
+    assert after.error is None and after.text == "False"  # a fresh kernel: the state is gone, the context works
+
+
+def test_a_stopped_server_leaves_no_kernel_behind(tmp_path: Path) -> None:
+    tag = new_tag("kernel")
+    with running_server(tmp_path / "serve") as server:
+        sandbox = ci.Sandbox.create(api_key=server.key, api_url=server.url, sandbox_url=server.url)
+        assert sandbox.run_code(_tagged_sleeper(tag)).error is None
+        assert asyncio.run(wait_processes(tag, 1))
+    assert wait_no_process(tag, within=10) == []
