@@ -7,6 +7,7 @@ language without a kernel here, 429 for too many contexts; a kernel that cannot 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,8 @@ from .interpreter import (
 from .sandboxes import Sandbox, SandboxGone
 
 __all__ = ["InterpreterAPI"]
+
+_log = logging.getLogger("execspace.server")
 
 
 class InterpreterAPI:
@@ -97,6 +100,7 @@ async def _first(lines: AsyncIterator[dict[str, Any]], context: Context) -> dict
     except ExecspaceError:
         raise
     except Exception as exc:
+        _log.exception("context %s: the cell could not start", context.id)
         raise SetupFailed("serve", f"context {context.id}: {exc}", "see the server's log") from exc
 
 
