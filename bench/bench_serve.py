@@ -131,6 +131,7 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
             report.rows.append(_row("create + first commands.run('true')", cold, base, "bare POST loop", 25))
             await _concurrent_creates(AsyncSandbox, url, plan, report)
             await _round_trip(Sandbox, plan, report)
+            await _run_code_round_trip(plan, report)
             await _commands_across_sandboxes(AsyncSandbox, plan, report)
             await _idle_memory(Sandbox, pid, plan, report)
         finally:
@@ -177,6 +178,41 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
 
         lib, base = await interleaved([run_true, stat], plan.serve_iters, plan.warmup // 3)
         report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
+    finally:
+        await asyncio.to_thread(sbx.kill)
+
+
+async def _run_code_round_trip(plan: Plan, report: Report) -> None:
+    """``run_code`` in a live context (its kernel started) against ``commands.run('true')`` in the same sandbox, and
+    a new sandbox's first ``run_code`` (it waits for its kernel's start: no warm pool of kernels yet)."""
+    try:
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+    except ImportError:
+        report.notes.append("serve: e2b-code-interpreter is not installed: run_code not measured")
+        return
+    cold = []
+    for _ in range(3):
+        sbx = await asyncio.to_thread(CodeSandbox.create)
+        started = time.perf_counter()
+        await asyncio.to_thread(sbx.run_code, "x = 1")
+        cold.append(time.perf_counter() - started)
+        await asyncio.to_thread(sbx.kill)
+    report.rows.append(
+        Row(SECTION, "first run_code of a new sandbox (kernel start)", "ms", Stats.of(cold, 1000), None, "")
+    )
+    sbx = await asyncio.to_thread(CodeSandbox.create)
+    try:
+        await asyncio.to_thread(sbx.run_code, "x = 1")
+
+        async def run_code() -> None:
+            await asyncio.to_thread(sbx.run_code, "x + 1")
+
+        async def run_true() -> None:
+            await asyncio.to_thread(sbx.commands.run, "true")
+
+        lib, base = await interleaved([run_code, run_true], plan.serve_iters, plan.warmup // 3)
+        name, base_label = "run_code('x + 1') in a live context", "commands.run('true')"
+        report.rows.append(Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(base, 1000), base_label))
     finally:
         await asyncio.to_thread(sbx.kill)
 
