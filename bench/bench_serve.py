@@ -24,7 +24,10 @@ from typing import Any
 
 import httpx
 
+import execspace
 from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir
+from execspace import RunProgramSpec
+from execspace.testing.binding import make_traversable
 
 SECTION = "7 serve"
 KEY = "e2b_" + "0123456789abcdef" * 2
@@ -176,8 +179,22 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
         async def stat() -> None:
             await asyncio.to_thread(sbx.files.exists, "nothing-here")
 
-        lib, base = await interleaved([run_true, stat], plan.serve_iters, plan.warmup // 3)
+        with scratch_dir("execspace-bench-direct-") as root:
+            make_traversable(root)  # as root, the session's uid must reach its workspace
+            async with execspace.open_engine("sandbox", mode="session", workspace_root=root) as engine:
+                ws = await engine.manager.create_workspace("bench/direct")
+                login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"])
+
+                async def direct() -> None:  # what serve does for commands.run('true'), without the protocol
+                    await engine.runner.run_program(ws, login_true)
+
+                lib, base, floor = await interleaved([run_true, stat, direct], plan.serve_iters, plan.warmup // 3)
         report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
+        direct_label = "bash -l -c true through the sandbox engine (session mode) directly"
+        report.rows.append(
+            Row(SECTION, "commands.run('true') vs the engine alone", "ms", Stats.of(lib, 1000), Stats.of(floor, 1000),
+                direct_label)
+        )  # fmt: skip
     finally:
         await asyncio.to_thread(sbx.kill)
 
