@@ -45,3 +45,21 @@ def test_autogen_argument_order_is_caught_and_any_fence_tag_kept() -> None:
         CodeBlock("print(1)", "python")
     assert CodeBlock("python title=x", "1").language == "python title=x"  # a model's fence is kept as it came
     assert CodeBlock("", "echo untagged").language == ""
+
+
+def test_an_absolute_input_destination_is_named_as_the_destination(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "data.csv").write_text("a\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "execspace", "run", "--backend", "local", "--input", "data.csv:/etc/x", "--", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        env={**os.environ, "EXECSPACE_DAEMON": "off"},
+        timeout=60,
+    )
+    assert proc.returncode == 125
+    assert b"DEST is a path in the workspace" in proc.stderr and b"--input data.csv:work/x" in proc.stderr
+    assert b"does not exist" not in proc.stderr  # it once read the DEST as part of the SRC
