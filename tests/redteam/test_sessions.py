@@ -229,6 +229,37 @@ async def test_a_lying_supervisor_ends_only_its_session(engine: Engine, tmp_path
     assert (await sh(engine, bad, "echo again")).stdout == "again\n"
 
 
+_NEVER_REPORTS_EXITS = """\
+#!/usr/bin/python3
+import socket, struct, sys
+chan = socket.socket(fileno=int(sys.argv[1]))
+chan.send(struct.pack('=IIii', 1, 0, 0, 0))
+while request := chan.recv(1 << 20):
+    op, ident = struct.unpack_from('=II', request)
+    # spawned (a pid that never runs) and signalled as asked, but no exit is ever reported
+    chan.send(struct.pack('=IIii', 2 if op == 1 else 4, ident, 4242 if op == 1 else 0, 0))
+"""
+
+
+async def test_a_supervisor_that_never_reports_an_exit_cannot_hold_a_kill(engine: Engine, tmp_path: Path) -> None:
+    """A kill waits for the supervisor's word that the program ended; one that never comes ends the session (the
+    request timeout, 2 s here) instead of holding the caller forever (a tools suite once hung on it)."""
+    ws = await engine.manager.create_workspace("sessions/mute")
+    real = engine.runner.supervisor  # type: ignore[attr-defined]
+    liar = tmp_path / "mute"
+    liar.write_text(_NEVER_REPORTS_EXITS)
+    liar.chmod(0o755)
+    engine.runner.supervisor = liar  # type: ignore[attr-defined]
+    try:
+        handle = await engine.runner.start_program(ws, RunProgramSpec("sleep", ["300"]))
+        await asyncio.wait_for(handle.kill(), 15)  # TERM, the 2 s grace, KILL, then 2 s for the word
+        with pytest.raises(BackendError, match="after SIGKILL"):
+            await asyncio.wait_for(handle.wait(), 5)
+    finally:
+        engine.runner.supervisor = real  # type: ignore[attr-defined]
+    assert (await sh(engine, ws, "echo again")).stdout == "again\n"  # a new session, a real supervisor
+
+
 async def test_a_stopped_supervisor_ends_only_its_session_and_its_runs_report_it(engine: Engine) -> None:
     good = await engine.manager.create_workspace("sessions/good")
     bad = await engine.manager.create_workspace("sessions/stopped")

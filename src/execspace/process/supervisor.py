@@ -454,6 +454,10 @@ class SupervisedProcess:
                 async with asyncio.timeout(self._launch.kill_grace):
                     await self._exited.wait()
         self._signal_group(signal.SIGKILL)
+        await self._killed()
+
+    async def _killed(self) -> None:
+        """Wait for the end of a program sent SIGKILL (a host process: the kernel sees to it)."""
         await self._exited.wait()
 
     # -- ProgramHandle -------------------------------------------------------------------

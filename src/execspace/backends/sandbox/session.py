@@ -652,6 +652,16 @@ class SessionProgram(SupervisedProcess):
         if self.session_pid is not None and not self._exited.is_set():
             self._session.signal(self.session_pid, sig, group=True)
 
+    async def _killed(self) -> None:
+        # the supervisor reports the end of a SIGKILLed program at once; one that says nothing is broken or lying,
+        # and must not hold this caller forever: the session ends, and with it this program
+        try:
+            async with asyncio.timeout(self._session.config.request_timeout):
+                await self._exited.wait()
+        except TimeoutError:
+            self._session._fail(f"did not report the end of program {self.session_pid} after SIGKILL")
+            await self._exited.wait()
+
     def _terminate(self) -> bool:
         # the supervisor started it (or never will): the TERM goes through the session, never to a host pid
         if self.session_pid is None or self._exited.is_set():
