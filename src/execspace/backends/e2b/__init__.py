@@ -59,7 +59,12 @@ class E2BBackend:
                 "of its sandbox (other workspaces sharing a sandbox given by sandbox_id too)",
                 "resource limits are the template's (cpu, memory, disk), not per run",
             ),
-            details={"template": options.template, "persistence": options.persistence},
+            details={
+                "template": options.template,
+                "persistence": options.persistence,
+                "pty": "none: the SDK's sandbox.pty starts only an interactive bash, never a given program",
+                "signals": "sent with kill inside the sandbox (the SDK's envd signal call sends only SIGKILL)",
+            },
         )
 
     @classmethod

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
-from ...errors import BackendError, CapabilityError, UsageError
+from ...errors import BackendError, CapabilityError, SandboxLost, UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
 from ...process.preparation import signal_status
@@ -172,7 +172,7 @@ class E2BProgram:
         spec = self._prep.spec
         backstop = 0 if spec.timeout is None else spec.timeout + self._runner.kill_grace + 2 * _SETTLE
         self._started = time.monotonic()
-        handle: AsyncCommandHandle[None] = await sdk_call(
+        handle: AsyncCommandHandle[None] = await self._prep.box.call(
             f"starting {spec.cmd!r}",
             self._prep.box.sandbox.commands.run(
                 self._prep.command,
@@ -183,7 +183,6 @@ class E2BProgram:
                 on_stderr=self._on("stderr"),
                 retain_output=False,
             ),
-            gone=f"the workspace {self._prep.ws.id!r}",
         )
         self._handle = handle
         self._info = dataclasses.replace(self._info, pid=handle.pid)
@@ -213,9 +212,11 @@ class E2BProgram:
                 timed_out = True
                 code = await self._stop(ending)
         except Exception as exc:
+            box = self._prep.box  # which of the two it was, said by the service: gone, unreachable or neither
+            await box.call(f"the run of {spec.cmd!r}", box.sandbox.get_info())
             raise BackendError(
-                f"the run of {spec.cmd!r} in workspace {self._prep.ws.id!r} was lost ({exc}); "
-                "its sandbox may have expired or the service is unreachable"
+                f"the run of {spec.cmd!r} in workspace {self._prep.ws.id!r} was lost ({exc}); its sandbox is "
+                "still there: run it again"
             ) from exc
         finally:
             self._queue.put_nowait(None)
@@ -243,10 +244,14 @@ class E2BProgram:
             return -signal.SIGKILL
 
     async def _recorded_status(self) -> int:
+        """The status the wrapper wrote down; a sandbox found gone meanwhile is why the run ended, and said."""
         box = self._prep.box
         try:
-            text = await box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
+            status = box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
+            text = await box.call(f"the run of {self._prep.spec.cmd!r}", status)
             return int(text.strip())
+        except SandboxLost:
+            raise
         except Exception:  # no record: the wrapper itself was killed, by our SIGKILL
             return -signal.SIGKILL
 

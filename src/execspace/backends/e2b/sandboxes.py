@@ -11,13 +11,13 @@ import contextlib
 import hashlib
 import json
 import shlex
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...errors import BackendError, PathDenied, SetupFailed, WorkspaceNotFound
-from ...workspace.layout import sanitize_id
+from ...errors import BackendError, PathDenied, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ _AGENT_NAME = f".execspace/agent-{hashlib.sha256(_AGENT.encode()).hexdigest()[:1
 async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
     """Await an SDK call, its failures as execspace errors naming ``what`` failed (``gone``: what a lost
     sandbox took with it)."""
+    import httpx  # the SDK's transport: its errors escape the SDK on the files API
     from e2b import CommandExitException
     from e2b import exceptions as ex
 
@@ -65,15 +66,17 @@ async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
     except ex.ServiceBusyException as exc:
         raise BackendError(f"{what}: the E2B service is busy (503); retry later") from exc
     except (ex.SandboxNotFoundException, ex.SandboxNotRunningException) as exc:
-        raise BackendError(
+        raise SandboxLost(
             f"{what}: the sandbox is gone (expired after sandbox_timeout, or killed): {gone or 'its state'} "
             "was lost; create the workspace again to start afresh, and raise sandbox_timeout to keep it longer"
         ) from exc
-    except ex.TimeoutException as exc:
+    except ex.SandboxUnreachableException as exc:
+        raise BackendError(f"{what}: cannot reach the E2B service ({exc}); is it up? check sandbox_url") from exc
+    except (ex.TimeoutException, httpx.TimeoutException) as exc:
         raise BackendError(f"{what}: no answer within the timeout ({exc}); is the E2B service up?") from exc
     except ex.SandboxException as exc:
         raise BackendError(f"{what}: {exc}") from exc
-    except OSError as exc:
+    except (OSError, httpx.TransportError) as exc:
         raise BackendError(f"{what}: cannot reach the E2B service ({exc}); check api_url / sandbox_url") from exc
 
 
@@ -89,6 +92,20 @@ class Box:
     home: str = HOME
     """The home as programs see it: E2B's ``/home/user``, elsewhere where the service puts what its files API
     calls ``/home/user`` (``execspace serve`` today: the workspace's ``work/``); found as a command's cwd."""
+    on_lost: Callable[[Box], Awaitable[str]] | None = None
+    """What the engine does when the sandbox turns out gone (forget it, or replace it); says what it did."""
+
+    async def call(self, what: str, call: Awaitable[T]) -> T:
+        """:func:`sdk_call` on this sandbox: a lost sandbox is reported naming its workspace, after
+        :attr:`on_lost` has dealt with it."""
+        try:
+            return await sdk_call(what, call, gone=f"the workspace {self.workspace!r} (sandbox {self.id})")
+        except SandboxLost as exc:
+            if self.on_lost is None:
+                raise
+            lost = f"the sandbox {self.id} is gone (expired after sandbox_timeout, or killed)"
+            then = await self.on_lost(self)
+            raise SandboxLost(f"{what}: {lost}: the workspace {self.workspace!r} was lost. {then}") from exc.__cause__
 
     def sdk_path(self, path: str) -> str:
         """The files-API path of ``path`` as programs see it (under :attr:`home`)."""
@@ -109,12 +126,9 @@ class Box:
         from e2b import CommandExitException
 
         payload = shlex.quote(json.dumps({"op": op, **args}))
-        gone = f"the workspace {self.workspace!r} (sandbox {self.id})"
         try:
-            result = await sdk_call(
-                f"file operation {op}",
-                self.sandbox.commands.run(f"python3 {self.home}/{_AGENT_NAME} {payload}"),
-                gone=gone,
+            result = await self.call(
+                f"file operation {op}", self.sandbox.commands.run(f"python3 {self.home}/{_AGENT_NAME} {payload}")
             )
         except CommandExitException as exc:
             if exc.exit_code == 127:
@@ -186,7 +200,7 @@ class Sandboxes:
         if self.options.persistence == "session":
             existing = await self._find(key)
             if existing is not None:
-                box = Box(existing, True, key)
+                box = Box(existing, True, key, on_lost=self._lost)
                 await box.install_agent()
                 return box
         if not create:
@@ -204,15 +218,15 @@ class Sandboxes:
             AsyncSandbox.connect(sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
             gone=f"sandbox {sandbox_id}",
         )
-        box = Box(sandbox, False, "")
+        box = Box(sandbox, False, "", on_lost=self._lost)
         await box.install_agent()
         return box
 
     async def _find(self, key: str) -> Any:
         """The running sandbox we made for workspace ``key`` (by its metadata), connected, or None."""
-        from e2b import AsyncSandbox, SandboxQuery
+        from e2b import AsyncSandbox, SandboxQuery, SandboxState
 
-        query = SandboxQuery(metadata={_WS_KEY: key}, state=["running"])  # type: ignore[list-item]
+        query = SandboxQuery(metadata={_WS_KEY: key}, state=[SandboxState.RUNNING])
         paginator = AsyncSandbox.list(query=query, **self.api())
         listed = await sdk_call("listing sandboxes", paginator.next_items())
         mine = listed  # the key is ours: whatever template it has, it holds this workspace
@@ -241,9 +255,31 @@ class Sandboxes:
                 **self.api(),
             ),
         )
-        box = Box(sandbox, True, key)
+        box = Box(sandbox, True, key, on_lost=self._lost)
         await box.install_agent()
         return box
+
+    async def _lost(self, box: Box) -> str:
+        """Deal with ``box``'s sandbox being gone: per session (and a sandbox given by id) it is forgotten, so
+        that the next ``create_workspace`` starts afresh; per turn a fresh sandbox takes its place at once."""
+        if not box.owned:
+            self._shared = None
+            self._boxes = {k: b for k, b in self._boxes.items() if b is not box}
+            return "It was given by sandbox_id: point sandbox_id at a running sandbox."
+        if self.options.persistence == "session":
+            if self._boxes.get(box.workspace) is box:
+                del self._boxes[box.workspace]
+            return "create_workspace makes a fresh sandbox for it; raise sandbox_timeout to keep sandboxes longer."
+        try:
+            fresh = await self._create(box.workspace)
+            await fresh.agent("root", ws=fresh.root_of(box.workspace), layout=list(LAYOUT_DIRS))
+        except BackendError as exc:
+            return f"Recreating it failed too: {exc}"
+        box.sandbox, box.home = fresh.sandbox, fresh.home  # every holder of the box (a prepared run…) moves on
+        return (
+            f"A fresh sandbox ({box.id}) now holds the workspace, empty (per-turn persistence keeps nothing): "
+            "put its inputs again and retry."
+        )
 
     async def forget(self, key: str) -> None:
         """Drop workspace ``key``: its sandbox is killed when it is ours and only its own."""
