@@ -107,12 +107,11 @@ class E2BRunner:
         return _Prepared(ws, spec, box, command, run_dir, marker, pidfile)
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        program = await self._start(self.prepare(ws, spec))
-        await program.close_stdin()  # a run reads only the stdin its spec gives
+        program = await self._start(self.prepare(ws, spec), interactive=False)
         return await program.wait()
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
-        program = await self._start(self.prepare(ws, spec))
+        program = await self._start(self.prepare(ws, spec), interactive=True)
         program.when_done(self.programs.add(ws, program))
         return program
 
@@ -122,9 +121,10 @@ class E2BRunner:
     async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
         return self.programs.get(ws, key)
 
-    async def _start(self, prep: _Prepared) -> E2BProgram:
+    async def _start(self, prep: _Prepared, *, interactive: bool) -> E2BProgram:
+        """``interactive``: stdin stays open for ``write_stdin``; else the program reads only its spec's stdin."""
         program = E2BProgram(self, prep)
-        await program.begin()
+        await program.begin(interactive)
         return program
 
     async def send_signal(self, prep: _Prepared, sig: int) -> None:
@@ -154,7 +154,7 @@ class E2BProgram:
         self._info = program_info(prep.spec, 0)
         self._handle: AsyncCommandHandle[None] | None = None
         self._done: asyncio.Future[RunResult] | None = None
-        self._stdin_open = True
+        self._stdin_open = False
         self._killing: asyncio.Task[None] | None = None
         self._started = 0.0
 
@@ -168,8 +168,10 @@ class E2BProgram:
 
         return take
 
-    async def begin(self) -> None:
+    async def begin(self, interactive: bool) -> None:
         spec = self._prep.spec
+        # no stdin at all saves a round trip per run: envd closes it at the start
+        self._stdin_open = interactive or bool(spec.stdin)
         backstop = 0 if spec.timeout is None else spec.timeout + self._runner.kill_grace + 2 * _SETTLE
         self._started = time.monotonic()
         handle: AsyncCommandHandle[None] = await self._prep.box.call(
@@ -177,7 +179,7 @@ class E2BProgram:
             self._prep.box.sandbox.commands.run(
                 self._prep.command,
                 background=True,
-                stdin=True,
+                stdin=self._stdin_open,
                 timeout=backstop,
                 on_stdout=self._on("stdout"),
                 on_stderr=self._on("stderr"),
@@ -187,7 +189,7 @@ class E2BProgram:
         self._handle = handle
         self._info = dataclasses.replace(self._info, pid=handle.pid)
         self._done = asyncio.ensure_future(self._supervise(handle))
-        if spec.stdin:
+        if spec.stdin:  # the spec's stdin is all the program reads
             data = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
             await self.write_stdin(data)
             await self.close_stdin()
