@@ -167,9 +167,10 @@ async def test_async_commands(asbx: AsyncSandbox) -> None:
     assert (await handle.wait()).stdout == "async\n"
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_stopped_server_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: int) -> None:
-    """Stopped as a user stops it (SIGTERM, Ctrl-C), the server kills every sandbox and removes its workspace."""
+    """Stopped as a user stops it (SIGTERM, Ctrl-C), the server kills every sandbox and removes its workspace;
+    killed (SIGKILL), it leaves no process either (each session dies with its parent)."""
     tag = new_tag("serve-stop")
     with running_server(tmp_path / "ws") as server:
         for name, value in server.sdk_env().items():
@@ -183,4 +184,6 @@ def test_a_stopped_server_leaves_no_process(tmp_path: Path, monkeypatch: pytest.
         server.process.send_signal(how)
         server.process.wait(timeout=20)
     assert wait_no_process(tag) == []
-    assert not any(p for p in (tmp_path / "ws").rglob("*") if p.is_file()), "every workspace was removed"
+    if how != signal.SIGKILL:  # a killed server removes nothing; its sandboxes are gone all the same
+        left = [p for p in (tmp_path / "ws").rglob("*") if p.is_file()]
+        assert not left, f"every workspace was removed: {left}"

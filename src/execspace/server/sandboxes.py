@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..errors import ExecspaceError
+from ..errors import ExecspaceError, ProgramNotFound
 from ..models import Persistence, RunResult, Workspace, WorkspacePolicy
 from ..protocols import Engine, ProgramHandle
 from .options import ServerOptions
@@ -149,11 +149,24 @@ class Sandboxes:
     async def _remove(self, sandbox: Sandbox) -> None:
         sandbox.closed.set()
         try:
+            await self._end_commands(sandbox)
             await self.engine.manager.cleanup(sandbox.workspace)
         except Exception:
             # the sandbox is gone for its clients either way; say loudly that its workspace may be left
             _log.exception("removing the workspace of sandbox %s failed", sandbox.id)
             raise
+
+    async def _end_commands(self, sandbox: Sandbox) -> None:
+        """Kill the sandbox's commands and wait until each has ended, its bookkeeping in the workspace included,
+        so that nothing writes into the workspace while it is removed."""
+        runner, ws = self.engine.runner, sandbox.workspace
+
+        async def kill(pid: int) -> None:
+            with contextlib.suppress(ProgramNotFound):
+                await (await runner.get_program(ws, pid)).kill()
+
+        await asyncio.gather(*(kill(p.pid) for p in await runner.list_programs(ws)), return_exceptions=True)
+        await asyncio.gather(*sandbox.waiting, return_exceptions=True)
 
     async def reap(self) -> None:
         """End expired sandboxes until cancelled; each removal runs on its own, so a slow one delays no other."""
