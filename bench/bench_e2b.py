@@ -3,7 +3,9 @@
 
 The ratio is the protocol's overhead: the SDK's HTTP and Connect round trips, serve's routing, and what the e2b
 engine adds on top (a wrapper shell per run, the in-sandbox agent's path checks per file operation). The target is
-the issue's: run_program at most 2× the direct call. A put + read of a 1 MiB file shows the files API's cost.
+the issue's: run_program at most 2× the direct call. A bare SDK ``commands.run`` on the same server shows how much
+of it is the protocol and serve (the floor) and how much the engine. A put + read of a 1 MiB file shows the files
+API's cost (one upload, one download, and one in-sandbox agent start per path check).
 
     python bench/bench_e2b.py [--quick]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ async def run_e2b(plan: Plan, report: Report, log: Any) -> None:
         return
     log("8 e2b")
     with scratch_dir("execspace-bench-e2b-") as root, _server(root / "serve", 10) as (url, _pid):
+        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=KEY)  # for the SDK's own row
         remote = execspace.open_engine(
             "e2b", api_url=url, sandbox_url=url, api_key=KEY, template="base", persistence="turn"
         )
@@ -64,12 +68,25 @@ async def _run_true(
     async def sandbox_run() -> None:
         ok((await direct.runner.run_program(near, spec)).exit_code, "sandbox run_program('/bin/true')")
 
-    lib, base = await interleaved([e2b_run, sandbox_run], plan.serve_iters, plan.warmup // 3)
+    from e2b import AsyncSandbox
+
+    bare = await AsyncSandbox.create(template="base")  # the protocol's own floor: the SDK, no engine
+    try:
+
+        async def sdk_run() -> None:
+            await bare.commands.run("/bin/true")
+
+        steps = [e2b_run, sandbox_run, sdk_run]
+        lib, base, floor = await interleaved(steps, plan.serve_iters, plan.warmup // 3)
+    finally:
+        await bare.kill()
     name = "run_program('/bin/true') via execspace serve"
     row = Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(base, 1000), _BASELINE)
     assert row.ratio is not None
     row.target, row.passed = "≤ 2× direct", row.ratio <= 2.0
     report.rows.append(row)
+    name = "SDK commands.run('/bin/true') on execspace serve (no engine)"
+    report.rows.append(Row(SECTION, name, "ms", Stats.of(floor, 1000), Stats.of(base, 1000), _BASELINE))
 
 
 async def _put_read(

@@ -98,10 +98,9 @@ class E2BRunner:
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
         command = (
             f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n"
-            # env, not the shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where
-            # dash says 127 for all of them
-            f'env -i {assignments} {shlex.quote(marker)} /bin/sh -c \'echo $$ > "$0"; exec env -- "$@"\' '
-            f"{shlex.quote(pidfile)} {program}\n"
+            # a subshell records its own pid (the program's, across the execs), then env, not a shell, execs the
+            # program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says 127 for all of them
+            f"(echo $BASHPID > {shlex.quote(pidfile)}; exec env -i {assignments} {shlex.quote(marker)} {program})\n"
             f"s=$?; echo $s > {shlex.quote(pidfile + '.status')}; exit $s"
         )
         return _Prepared(ws, spec, box, command, run_dir, marker, pidfile)
