@@ -236,3 +236,40 @@ async def test_wrong_api_key_is_setup_failed(e2b_server: Server) -> None:
         with pytest.raises(SetupFailed, match="refused the API key") as caught:
             await engine.manager.create_workspace("locked-out")
         assert "f" * 32 not in str(caught.value)
+
+
+async def _agents(server: Server, sandbox_id: str) -> list[int]:
+    """The pids of our file agents in that sandbox, as envd lists its processes."""
+    sandbox = await AsyncSandbox.connect(sandbox_id, **_connection(server))
+    return [p.pid for p in await sandbox.commands.list() if ".execspace/agent-" in " ".join([p.cmd, *p.args])]
+
+
+async def test_file_agent_ends_with_the_engine(e2b_server: Server, mark: str) -> None:
+    """A session sandbox outlives the engine; the engine's file agent in it does not."""
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("agent-ends")
+        await engine.fs.put_files(ws, [PutFile("work/a", b"a")])
+        (sandbox_id,) = await _running(e2b_server, **{"execspace.test": mark})
+        assert len(await _agents(e2b_server, sandbox_id)) == 1
+
+    async def no_agent() -> bool:
+        return not await _agents(e2b_server, sandbox_id)
+
+    await _until("the agent's exit", no_agent)
+
+
+async def test_a_killed_file_agent_is_started_again(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, persistence="turn", metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("agent-killed")
+        await engine.fs.put_files(ws, [PutFile("work/a", b"kept")])
+        (sandbox_id,) = await _running(e2b_server, **{"execspace.test": mark})
+        (pid,) = await _agents(e2b_server, sandbox_id)
+        sandbox = await AsyncSandbox.connect(sandbox_id, **_connection(e2b_server))
+        assert await sandbox.commands.kill(pid)  # as a program of the sandbox could
+
+        async def gone() -> bool:
+            return pid not in await _agents(e2b_server, sandbox_id)
+
+        await _until("the agent's end", gone)
+        assert (await engine.fs.read_file(ws, "work/a")).content == b"kept"
+        assert len(await _agents(e2b_server, sandbox_id)) == 1

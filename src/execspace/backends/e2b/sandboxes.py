@@ -10,9 +10,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import shlex
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +20,7 @@ from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
 
 if TYPE_CHECKING:
-    from e2b import AsyncSandbox
+    from e2b import AsyncCommandHandle, AsyncSandbox
 
 __all__ = ["HOME", "Box", "Sandboxes", "sdk_call"]
 
@@ -80,6 +79,65 @@ async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
         raise BackendError(f"{what}: cannot reach the E2B service ({exc}); check api_url / sandbox_url") from exc
 
 
+#: Seconds the agent waits for a request before it ends itself (a client that went away leaves none for long).
+_AGENT_IDLE = 600
+
+
+class _Lines:
+    """The agent's stdout as whole lines (its output arrives in chunks cut anywhere)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.stderr = ""
+        self._partial = ""
+
+    def feed(self, text: str) -> None:
+        *whole, self._partial = (self._partial + text).split("\n")
+        for line in whole:
+            self.queue.put_nowait(line)
+
+    def feed_err(self, text: str) -> None:
+        self.stderr = (self.stderr + text)[-2000:]
+
+
+class _AgentProcess:
+    """The long-lived agent of one sandbox: requests on its stdin, one answer line each on its stdout."""
+
+    def __init__(self, handle: AsyncCommandHandle[str], lines: _Lines) -> None:
+        self.handle = handle
+        self.lines = lines
+        self.ended: asyncio.Future[int] = asyncio.ensure_future(self._exit_code())
+        self.ended.add_done_callback(lambda _f: lines.queue.put_nowait(None))
+
+    async def _exit_code(self) -> int:
+        from e2b import CommandExitException
+
+        try:
+            return int((await self.handle.wait()).exit_code)
+        except CommandExitException as exc:
+            return int(exc.exit_code)
+
+    async def answer(self, what: str, within: float) -> str:
+        try:
+            line = await asyncio.wait_for(self.lines.queue.get(), within)
+        except TimeoutError:
+            raise BackendError(f"{what}: no answer within {within:g} s; is the E2B service up?") from None
+        if line is not None:
+            return line
+        self.lines.queue.put_nowait(None)  # for whoever asks next: it stays ended
+        try:
+            code: int | None = await self.ended
+        except Exception:  # the stream broke: the service went away
+            code = None
+        if code == 127:
+            raise SetupFailed(
+                "e2b",
+                f"the sandbox's template has no python3, which the file checks need ({self.lines.stderr.strip()})",
+                "use a template with python3 (code-interpreter-v1, base)",
+            )
+        raise BackendError(f"{what}: the file agent ended (exit {code}) before answering: {self.lines.stderr.strip()}")
+
+
 @dataclass(eq=False)
 class Box:
     """One sandbox as this engine holds it."""
@@ -94,6 +152,10 @@ class Box:
     calls ``/home/user`` (``execspace serve`` today: the workspace's ``work/``); found as a command's cwd."""
     on_lost: Callable[[Box], Awaitable[str]] | None = None
     """What the engine does when the sandbox turns out gone (forget it, or replace it); says what it did."""
+    timeout: float = 30.0
+    """Seconds the agent may take to answer (the engine's ``request_timeout``)."""
+    _agent: _AgentProcess | None = field(default=None, init=False, repr=False)
+    _agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     async def call(self, what: str, call: Awaitable[T]) -> T:
         """:func:`sdk_call` on this sandbox: a lost sandbox is reported naming its workspace, after
@@ -123,25 +185,57 @@ class Box:
 
     async def agent(self, op: str, **args: object) -> Any:
         """Run one op of the in-sandbox agent; its refusals as execspace/OS errors."""
-        from e2b import CommandExitException
-
-        payload = shlex.quote(json.dumps({"op": op, **args}))
-        try:
-            result = await self.call(
-                f"file operation {op}", self.sandbox.commands.run(f"python3 {self.home}/{_AGENT_NAME} {payload}")
-            )
-        except CommandExitException as exc:
-            if exc.exit_code == 127:
-                raise SetupFailed(
-                    "e2b",
-                    f"the sandbox's template has no python3, which the file checks need ({exc.stderr.strip()})",
-                    "use a template with python3 (code-interpreter-v1, base)",
-                ) from exc
-            raise BackendError(f"file operation {op} failed in sandbox {self.id}: {exc.stderr.strip()}") from exc
-        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        request = json.dumps({"op": op, **args}) + "\n"
+        async with self._agent_lock:  # one request at a time: answers come back in order on one stdout
+            agent = await self._running_agent()
+            try:
+                await self.call(f"file operation {op}", agent.handle.send_stdin(request))
+            except SandboxLost:
+                raise
+            except BackendError:
+                # the service may answer "no such process" a moment before our stream of it ends
+                await asyncio.wait([agent.ended], timeout=1.0)
+                if not agent.ended.done():
+                    raise
+                # it had ended (idle, or killed) before the request: it never read it, a new one does
+                agent = await self._running_agent()
+                await self.call(f"file operation {op}", agent.handle.send_stdin(request))
+            line = await agent.answer(f"file operation {op} in sandbox {self.id}", self.timeout)
+        answer = json.loads(line)
         if "error" in answer:
             raise _refusal(*answer["error"])
         return answer["ok"]
+
+    async def _running_agent(self) -> _AgentProcess:
+        if self._agent is None or self._agent.ended.done():
+            self._agent = await self._start_agent()
+        return self._agent
+
+    async def _start_agent(self) -> _AgentProcess:
+        lines = _Lines()
+        handle = await self.call(
+            "starting the file agent",
+            self.sandbox.commands.run(
+                f"exec python3 {self.home}/{_AGENT_NAME} {_AGENT_IDLE}",
+                background=True,
+                stdin=True,
+                timeout=0,  # it lives as long as it is used; it ends itself when idle
+                on_stdout=lines.feed,
+                on_stderr=lines.feed_err,
+            ),
+        )
+        return _AgentProcess(handle, lines)
+
+    def renew(self, fresh: Box) -> None:
+        """Go on with ``fresh``'s sandbox in place of a lost one (every holder of this box moves on)."""
+        self.sandbox, self.home, self._agent = fresh.sandbox, fresh.home, fresh._agent
+
+    async def release(self) -> None:
+        """End our agent (stdin closed: it exits), as the sandbox may outlive this engine."""
+        agent, self._agent = self._agent, None
+        if agent is not None and not agent.ended.done():
+            with contextlib.suppress(Exception):  # gone already: nothing left to end
+                await agent.handle.close_stdin()
 
     async def install_agent(self) -> None:
         await sdk_call("installing the file agent", self.sandbox.files.write(f"{HOME}/{_AGENT_NAME}", _AGENT))
@@ -200,7 +294,7 @@ class Sandboxes:
         if self.options.persistence == "session":
             existing = await self._find(key)
             if existing is not None:
-                box = Box(existing, True, key, on_lost=self._lost)
+                box = Box(existing, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
                 await box.install_agent()
                 return box
         if not create:
@@ -218,7 +312,7 @@ class Sandboxes:
             AsyncSandbox.connect(sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
             gone=f"sandbox {sandbox_id}",
         )
-        box = Box(sandbox, False, "", on_lost=self._lost)
+        box = Box(sandbox, False, "", on_lost=self._lost, timeout=self.options.request_timeout)
         await box.install_agent()
         return box
 
@@ -255,7 +349,7 @@ class Sandboxes:
                 **self.api(),
             ),
         )
-        box = Box(sandbox, True, key, on_lost=self._lost)
+        box = Box(sandbox, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
         await box.install_agent()
         return box
 
@@ -275,7 +369,7 @@ class Sandboxes:
             await fresh.agent("root", ws=fresh.root_of(box.workspace), layout=list(LAYOUT_DIRS))
         except BackendError as exc:
             return f"Recreating it failed too: {exc}"
-        box.sandbox, box.home = fresh.sandbox, fresh.home  # every holder of the box (a prepared run…) moves on
+        box.renew(fresh)
         return (
             f"A fresh sandbox ({box.id}) now holds the workspace, empty (per-turn persistence keeps nothing): "
             "put its inputs again and retry."
@@ -296,7 +390,11 @@ class Sandboxes:
     async def aclose(self) -> None:
         """Kill the per-turn sandboxes; session ones stay (found again by their metadata) until they expire."""
         turns, self._turns = self._turns, []
+        kept = [b for b in {*self._boxes.values(), *([self._shared] if self._shared else [])} if b not in turns]
         self._boxes.clear()
+        self._shared = None
+        for box in kept:
+            await box.release()
         for box in turns:
             with contextlib.suppress(BackendError):  # gone already, or the service is down: it expires on its own
                 await self.kill(box)
