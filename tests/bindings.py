@@ -139,8 +139,8 @@ MODES["e2b-serve"] = EngineBinding("e2b-serve", _e2b_serve)
 engine_binding = bind(*MODES.values())
 
 #: The backends other suites run their own tests on (with options of their own), and with jupyter in its
-#: default mode, what tests/tools runs on.
-BACKENDS = ["local", "sandbox", "container"]
+#: default mode, what tests/tools runs on (the sandbox in both its modes: the tools meet session mode too).
+BACKENDS = ["local", "sandbox", "sandbox-session", "container"]
 #: The sandbox's modes, for the suites that attack it (tests/redteam).
 SANDBOX_MODES = ["sandbox", "sandbox-session"]
 ENGINES = [*BACKENDS, "jupyter"]

@@ -240,6 +240,49 @@ def test_input_is_staged_and_output_collected_to_the_host(cli: Cli, tmp_path: Pa
     assert (ws / "work" / "in" / "d.txt").read_text() == "hello data\n"
 
 
+def test_collected_outputs_reach_the_host_when_the_workspace_goes(cli: Cli, tmp_path: Path) -> None:
+    """--collect names what the user wants: copied to ./execspace-out/<run> (or --out DIR) before the workspace is
+    removed; a link planted in --out DIR is replaced, never written through."""
+    script = "echo a > ../out/a.txt; mkdir ../out/sub; echo b > ../out/sub/b.txt; echo evil > ../out/evil.txt"
+    proc = cli("run", "--backend", "local", "--json", "--collect", "out/**", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["workspace"] is None and report["out_dir"] is not None
+    out_dir = Path(report["out_dir"])
+    assert out_dir.parent == tmp_path / "execspace-out"
+    assert (out_dir / "a.txt").read_text() == "a\n" and (out_dir / "sub" / "b.txt").read_text() == "b\n"
+    assert {o["path"]: o["saved_path"] for o in report["outputs"]}["out/a.txt"] == str(out_dir / "a.txt")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    (mine / "evil.txt").symlink_to(precious)
+    again = cli("run", "--backend", "local", "--out", str(mine), "--collect", "out/**", "--", "sh", "-c", script)
+    assert again.returncode == 0, again.stderr
+    assert precious.read_text() == "keep me" and (mine / "evil.txt").read_text() == "evil\n"
+    assert not (mine / "evil.txt").is_symlink() and b"copied to" in again.stderr
+
+
+def test_json_inlines_outputs_nobody_keeps_and_reports_its_own_failure_as_json(cli: Cli) -> None:
+    import base64
+
+    proc = cli("run", "--backend", "local", "--json", "--", "sh", "-c", "printf 'x\\0y' > ../out/bin.dat")
+    assert proc.returncode == 0, proc.stderr
+    (out,) = json.loads(proc.stdout)["outputs"]
+    assert base64.b64decode(out["content_base64"]) == b"x\0y" and out["content_truncated"] is False
+    failed = cli("run", "--backend", "nosuch", "--json", "--", "true")
+    assert failed.returncode == 125
+    assert json.loads(failed.stdout)["error"]["type"] == "UnsupportedBackend"
+
+
+def test_exec_code_out_keeps_the_files(cli: Cli, tmp_path: Path) -> None:
+    code = "import os\nopen(os.environ['OUTPUT_DIR'] + '/r.txt', 'w').write('result')\n"
+    (tmp_path / "job.py").write_text(code)
+    proc = cli("exec-code", "--backend", "local", "--out", str(tmp_path / "kept"), "job.py")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "kept" / "r.txt").read_text() == "result" and b"copied to" in proc.stderr
+
+
 def test_input_directory_and_default_destination(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.txt").write_text("in a dir\n")
@@ -516,6 +559,29 @@ def test_doctor_json_lists_every_backend(cli: Cli, tmp_path: Path) -> None:
     if report["default"]["backend"] is None:
         assert "--backend local" in report["default"]["reason"]
     assert b"probing backends" in proc.stderr
+
+
+def test_doctor_states_each_sandbox_mode(cli: Cli) -> None:
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0
+    by_name = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+    modes = {m["mode"]: m for m in by_name["sandbox"]["modes"]}
+    assert set(modes) == {"per-run", "session"}
+    assert modes["per-run"]["guarantee"].startswith("per-run: one sandbox per run")
+    assert modes["session"]["guarantee"].startswith("session: one sandbox per workspace")
+    assert modes["per-run"]["ok"] is _sandbox_works()
+    # session mode also needs a C compiler for its supervisor: without one it says so, and how to fix it
+    has_cc = shutil.which("cc") is not None or shutil.which("gcc") is not None
+    assert modes["session"]["ok"] is (_sandbox_works() and has_cc)
+    if not modes["session"]["ok"]:
+        assert modes["session"]["reason"] and modes["session"]["fix"]
+    assert by_name["local"]["modes"] == []  # no modes to choose from: no lines
+    text = cli("doctor").stdout.decode()
+    sandbox = text.split("sandbox: ", 1)[1].split("\n\n", 1)[0]
+    assert "  modes:\n" in sandbox
+    state = "OK; one sandbox per workspace" if modes["session"]["ok"] else "NOT AVAILABLE: "
+    assert f"    - session: {state}" in sandbox
+    assert "    - per-run: " in sandbox
 
 
 def test_doctor_text(cli: Cli) -> None:

@@ -609,3 +609,17 @@ async def test_sigterm_ignoring_program_is_killed_after_grace(quick_engine: Base
     assert r.timed_out and r.exit_code == -signal.SIGKILL
     assert r.stdout == "armed\n"
     assert r.duration < 5
+
+
+async def test_runs_that_draw_the_same_run_dir_name_get_their_own(
+    engine: BaseEngine, ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import execspace.process.preparation as preparation
+
+    names = iter(["runs/20260101T000000-aaaaaa", "runs/20260101T000000-aaaaaa", "runs/20260101T000000-bbbbbb"])
+    monkeypatch.setattr(preparation, "new_run_name", lambda: next(names))
+    first = await sh(engine, ws, 'echo one > "$RUN_DIR/n"')
+    second = await sh(engine, ws, 'echo two > "$RUN_DIR/n"')
+    assert (first.run_dir, second.run_dir) == ("runs/20260101T000000-aaaaaa", "runs/20260101T000000-bbbbbb")
+    assert (host(ws) / first.run_dir / "n").read_text() == "one\n"
+    assert (host(ws) / second.run_dir / "n").read_text() == "two\n"

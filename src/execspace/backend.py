@@ -25,7 +25,7 @@ from .errors import InvalidSpec
 if typing.TYPE_CHECKING:
     from .engine import BaseEngine  # engine imports the registry, which imports this module
 
-__all__ = ["BackendFactory", "BackendOptions", "HostOptions", "Probe"]
+__all__ = ["BackendFactory", "BackendOptions", "HostOptions", "Probe", "option_choices"]
 
 OptionsT = TypeVar("OptionsT", bound="BackendOptions")
 
@@ -116,6 +116,13 @@ class BackendFactory(Protocol[OptionsT]):
 @functools.cache  # resolving the annotations costs more than checking every field
 def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
+
+
+def option_choices(options: type, name: str) -> tuple[object, ...]:
+    """The values option ``name`` of the options class ``options`` takes when it is a ``Literal`` (a backend's
+    modes, for ``execspace doctor``); ``()`` for any other option."""
+    hint = _hints(options).get(name)
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
 
 
 def _required(field: dataclasses.Field[object]) -> bool:

@@ -14,6 +14,7 @@ Order of construction (later wins):
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ __all__ = ["CORE_VARIABLES", "MINIMAL_PATH", "SECRET_MARKERS", "EnvPolicy", "is_
 CORE_VARIABLES = frozenset(
     {"PATH", "SHELL", "HOME", "TMPDIR", "TMP", "TEMP", "LANG", "LC_ALL", "LC_CTYPE", "USER", "LOGNAME", "TERM", "TZ"}
 )
+_CORE_ORDER = tuple(sorted(CORE_VARIABLES))
 #: Substrings that mark a variable name as a secret (matched on the upper-cased name).
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
 MINIMAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -32,6 +34,7 @@ MINIMAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+@functools.lru_cache(maxsize=1024)  # every run asks about the same few names
 def is_secret_name(name: str) -> bool:
     """True when ``name`` looks like it holds a credential (``API_KEY``, ``GITHUB_TOKEN``…)."""
     upper = name.upper()
@@ -75,9 +78,11 @@ class EnvPolicy:
     def _inherited(self, host_env: Mapping[str, str], inherit: str) -> dict[str, str]:
         if inherit == "none":
             return {}
-        env = {k: v for k, v in host_env.items() if _VALID_NAME.match(k)}
         if inherit == "core":
-            env = {k: v for k, v in env.items() if k in CORE_VARIABLES}
+            # a dozen lookups, not a walk of the whole host environment (every run pays for this)
+            env = {k: host_env[k] for k in _CORE_ORDER if k in host_env}
+        else:
+            env = {k: v for k, v in host_env.items() if _VALID_NAME.match(k)}
         if self.exclude_secrets:
             env = {k: v for k, v in env.items() if not is_secret_name(k)}
         if self.exclude:

@@ -8,6 +8,7 @@ import inspect
 import sys
 from typing import Any
 
+from ..backend import option_choices
 from ..capabilities import Capabilities
 from ..engine import open_engine
 from ..errors import SetupFailed
@@ -43,6 +44,23 @@ async def backend_capabilities(name: str) -> Capabilities:
         return engine.describe()
 
 
+async def _modes(name: str) -> list[dict[str, Any]]:
+    """A backend with a ``mode`` option of fixed choices (the sandbox's per-run and session): each one's probe
+    and the guarantee its capabilities state (``details["mode"]``)."""
+    factory = load_backend(name)
+    declared = getattr(factory, "capabilities", None)
+    takes_mode = callable(declared) and "mode" in inspect.signature(declared).parameters
+    found = []
+    for mode in option_choices(factory.options, "mode"):
+        probe = await probe_backend(name, mode=mode)
+        caps = declared(mode=mode) if takes_mode else None  # type: ignore[misc]
+        if inspect.isawaitable(caps):
+            caps = await caps
+        guarantee = caps.details.get("mode", "") if isinstance(caps, Capabilities) else ""
+        found.append({"mode": mode, "ok": probe.ok, "reason": probe.reason, "fix": probe.fix, "guarantee": guarantee})
+    return found
+
+
 async def _inspect(name: str) -> dict[str, Any]:
     info = BACKENDS[name]
     probe = await probe_backend(name)
@@ -53,6 +71,7 @@ async def _inspect(name: str) -> dict[str, Any]:
         "reason": probe.reason,
         "fix": probe.fix or ("" if probe.ok else info.install_hint),
         "capabilities": None,
+        "modes": await _modes(name),
     }
     if probe.ok:
         try:
@@ -123,7 +142,18 @@ def _entry_lines(entry: dict[str, Any]) -> list[str]:
         body.extend(_caps_lines(entry["capabilities"]))
     else:
         body.append(f"capabilities unavailable: {entry.get('capabilities_error', '?')}")
+    if entry.get("modes"):
+        body.append("modes:")
+        body.extend(f"  - {_mode_line(mode)}" for mode in entry["modes"])
     return lines + [f"  {line}" for line in body]
+
+
+def _mode_line(mode: dict[str, Any]) -> str:
+    if not mode["ok"]:
+        fix = f" (fix: {mode['fix']})" if mode["fix"] else ""
+        return f"{mode['mode']}: NOT AVAILABLE: {mode['reason']}{fix}"
+    guarantee = mode["guarantee"].removeprefix(f"{mode['mode']}: ")
+    return f"{mode['mode']}: OK; {guarantee or 'no statement'}"
 
 
 def _daemon() -> dict[str, Any]:

@@ -12,7 +12,8 @@ from ..executor import code_executor, extract_code_blocks
 from ..languages import LANGUAGES
 from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionInput, CodeExecutionResult
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
-from .run import add_image_option, container_options, parse_timeout
+from .outputs import inline, save_files
+from .run import add_image_option, container_options, host_path, parse_timeout
 
 __all__ = ["add_parser", "code_blocks", "command"]
 
@@ -40,6 +41,7 @@ def add_parser(sub: Any) -> None:
         help=f"seconds per block; 'none' for no limit (default {DEFAULT_TIMEOUT:g})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", type=host_path, metavar="DIR", help="copy the output files into DIR (out/x lands as DIR/x)")
     p.add_argument("file", metavar="FILE|-", help="file to run, or - for stdin")
     p.set_defaults(handler=command)
 
@@ -84,12 +86,16 @@ async def command(args: argparse.Namespace) -> int:
         caps = ex.engine.describe()
         warn_if_unisolated(caps)
         result = await ex.execute_code(CodeExecutionInput(blocks, execution_id=None))
+    saved = save_files(result.output_files, args.out) if args.out is not None else {}
     if args.json:
-        print_json({"backend": caps.backend, "isolation": str(caps.isolation), **as_json(result)})
+        report = as_json(result)
+        for row in report["files"]:
+            row["saved_path"] = str(saved[row["name"]]) if row["name"] in saved else None
+        print_json({"backend": caps.backend, "isolation": str(caps.isolation), **report})
     else:
         sys.stdout.write(result.output)
         sys.stdout.flush()
-        _report_files(result)
+        _report_files(result, args.out)
     return 0 if result.ok else EXIT_BLOCK_FAILED
 
 
@@ -111,16 +117,17 @@ def as_json(result: CodeExecutionResult) -> dict[str, Any]:
             for b in result.blocks
         ],
         "files": [
-            {"name": f.name, "mime": f.mime_type, "size": f.size_bytes, "truncated": f.truncated}
+            {"name": f.name, "mime": f.mime_type, "size": f.size_bytes, "truncated": f.truncated, **inline(f)}
             for f in result.output_files
         ],
     }
 
 
-def _report_files(result: CodeExecutionResult) -> None:
+def _report_files(result: CodeExecutionResult, out: Path | None) -> None:
     if not result.output_files:
         return
-    progress(f"{len(result.output_files)} output file(s) (the workspace was removed):")
+    where = f"copied to {printable(str(out))}" if out else "the workspace was removed: pass --out DIR to keep them"
+    progress(f"{len(result.output_files)} output file(s) ({where}):")
     for f in result.output_files:
         print(f"  {printable(f.name)}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
     sys.stderr.flush()

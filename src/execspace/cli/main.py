@@ -17,7 +17,7 @@ from typing import NoReturn
 from .. import __version__
 from ..errors import ExecspaceError
 from . import daemon, demo, doctor, execcode, run, serve, workspaces
-from .console import EXIT_EXECSPACE_ERROR, error, error_message
+from .console import EXIT_EXECSPACE_ERROR, error, error_message, print_json
 from .signals import CommandSignals
 
 __all__ = ["build_parser", "main"]
@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
         return asyncio.run(_call(handler, args))
     except ExecspaceError as exc:
         error(error_message(exc))
+        if vars(args).get("json"):  # a caller parsing --json gets the failure as JSON too
+            print_json({"error": {"type": type(exc).__name__, "message": error_message(exc)}})
         return EXIT_EXECSPACE_ERROR
     except OSError as exc:  # a host operation of ours failed (a path in the way, a full disk)
         error(f"{exc}; check the path and its permissions, then retry")

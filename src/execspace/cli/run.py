@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from ..engine import BaseEngine, open_engine
 from ..errors import ExecspaceError, InputError, PathDenied, UsageError
 from ..models import (
     DEFAULT_TIMEOUT,
+    File,
     InputSpec,
     OutputManifest,
     OutputSpec,
@@ -27,6 +29,7 @@ from ..models import (
     WorkspacePolicy,
 )
 from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
+from .outputs import default_out_dir, inline, save_files
 from .streaming import run_program, stdin_source
 
 __all__ = [
@@ -74,6 +77,13 @@ def add_parser(sub: Any) -> None:
         "metadata.json; as root it is handed to a sandbox uid)",
     )
     p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
+    p.add_argument(
+        "--out",
+        type=host_path,
+        metavar="DIR",
+        help="copy the collected files into DIR (out/x lands as DIR/x); default ./execspace-out/<run> when "
+        "--collect names outputs of a workspace that is removed",
+    )
     p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
     p.add_argument(
@@ -355,27 +365,58 @@ async def command(args: argparse.Namespace) -> int:
             await engine.fs.stage_inputs(ws, [i.spec for i in inputs])
             result, interrupted = await execute(engine, ws, spec, stdin, args)
             manifest = await engine.fs.collect_outputs(ws, OutputSpec(globs=globs))
+            brought = await bring_outputs(engine, ws, args, globs, result, kept=not remove)
         finally:
             if remove:
                 await engine.manager.cleanup(ws)
-        report(args, caps, ws, result, manifest, kept=not remove, interrupted=interrupted)
+        report(args, caps, ws, result, manifest, kept=not remove, interrupted=interrupted, brought=brought)
     return exit_status(result)
+
+
+@dataclass(slots=True)
+class Brought:
+    """Outputs brought to the host before the workspace went: copied (``saved``) or to inline in --json."""
+
+    saved: dict[str, Path]
+    out_dir: Path | None = None
+    files: dict[str, File] | None = None
+
+
+async def bring_outputs(
+    engine: BaseEngine, ws: Workspace, args: argparse.Namespace, globs: list[str], result: RunResult, *, kept: bool
+) -> Brought:
+    """Copy the collected files to ``--out DIR`` (or, for a removed workspace whose outputs --collect named, to
+    ./execspace-out/<run>); with --json and nowhere to copy them, read them for inlining."""
+    out_dir: Path | None = args.out
+    if out_dir is None and args.collect and not kept:
+        out_dir = default_out_dir(result.run_dir)
+    if out_dir is None and not (args.json and not kept):
+        return Brought({})
+    files = await engine.fs.collect(ws, globs)
+    if out_dir is None:
+        return Brought({}, files={f.name: f for f in files})
+    return Brought(await asyncio.to_thread(save_files, files, out_dir), out_dir)
 
 
 # -- reporting ----------------------------------------------------------------------------
 
 
-def _outputs(manifest: OutputManifest, kept: bool) -> list[dict[str, Any]]:
-    return [
-        {
+def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[dict[str, Any]]:
+    rows = []
+    for f in manifest.files:
+        saved = brought.saved.get(f.name)
+        row: dict[str, Any] = {
             "path": f.name,
             "size": f.size_bytes,
             "mime": f.mime_type,
             "host_path": str(f.host_path) if kept and f.host_path is not None else None,
+            "saved_path": str(saved) if saved is not None else None,
             "skipped": f.skipped,
         }
-        for f in manifest.files
-    ]
+        if brought.files is not None and f.name in brought.files:
+            row.update(inline(brought.files[f.name]))
+        rows.append(row)
+    return rows
 
 
 def report(
@@ -387,8 +428,10 @@ def report(
     *,
     kept: bool,
     interrupted: str | None = None,
+    brought: Brought | None = None,
 ) -> None:
-    outputs = _outputs(manifest, kept)
+    brought = brought or Brought({})
+    outputs = _outputs(manifest, kept, brought)
     workspace = str(ws.host_path or ws.path) if kept else None
     if interrupted is not None and not args.json:
         progress(interrupted)
@@ -410,10 +453,13 @@ def report(
                 "outputs": outputs,
                 "outputs_limits_hit": manifest.limits_hit,
                 "interrupted": interrupted,
+                "out_dir": str(brought.out_dir) if brought.out_dir is not None else None,
             }
         )
         return
     _report_text(args, result, outputs, manifest.limits_hit, workspace)
+    if brought.out_dir is not None:
+        progress(f"{len(brought.saved)} file(s) copied to {printable(str(brought.out_dir))}")
 
 
 def _report_text(
@@ -428,7 +474,7 @@ def _report_text(
     elif result.limit_hit:
         progress(f"program stopped by the {result.limit_hit} limit")
     if outputs:
-        where = "" if workspace else " (workspace removed: pass --keep or --workspace DIR to keep them)"
+        where = "" if workspace else " (workspace removed: pass --out DIR, --keep or --workspace DIR to keep them)"
         progress(f"{len(outputs)} output file(s){where}:")
         _print_table(outputs)
     elif args.collect:

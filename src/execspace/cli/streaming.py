@@ -135,8 +135,8 @@ class SignalForwarder:
     """A signal routed to a running program goes to the program first; if it still runs ``grace`` seconds later,
     or at a second signal, its tree is killed. The command then reports as usual."""
 
-    def __init__(self, handle: ProgramHandle, grace: float) -> None:
-        self._handle = handle
+    def __init__(self, grace: float) -> None:
+        self._handle: ProgramHandle | None = None
         self._grace = grace
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -152,16 +152,27 @@ class SignalForwarder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def attach(self, handle: ProgramHandle) -> None:
+        """The program has started: what came while it was being started is delivered now."""
+        self._handle = handle
+        if self.received:
+            self._deliver()
+
     def on_signal(self, sig: signal.Signals) -> None:
         self.received.append(sig)
-        if len(self.received) == 1:
-            self._spawn(self._handle.signal(sig))
-            self._timer = asyncio.get_running_loop().call_later(self._grace, self._kill)
-        else:
+        if self._handle is not None:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        assert self._handle is not None
+        if len(self.received) > 1:
             self._kill()
+        elif self._timer is None:
+            self._spawn(self._handle.signal(self.received[0]))
+            self._timer = asyncio.get_running_loop().call_later(self._grace, self._kill)
 
     def _kill(self) -> None:
-        if not self.killed:
+        if not self.killed and self._handle is not None:
             self.killed = True
             self._spawn(self._handle.kill())
 
@@ -190,20 +201,22 @@ async def run_program(
 
     When our stdout is closed by its reader the program is killed, as SIGPIPE would.
     """
-    handle = await runner.start_program(ws, replace(spec, stdin=None))
     sink = _Sink()
-    forwarder = SignalForwarder(handle, grace)
-    async with handle:
-        feeder = asyncio.create_task(_feed(handle, stdin))
-        try:
-            with signals.routed(forwarder.on_signal):
+    forwarder = SignalForwarder(grace)
+    # routed before the start: a signal that comes while the program is being started is the program's too
+    with signals.routed(forwarder.on_signal):
+        handle = await runner.start_program(ws, replace(spec, stdin=None))
+        forwarder.attach(handle)
+        async with handle:
+            feeder = asyncio.create_task(_feed(handle, stdin))
+            try:
                 if live:
                     await _show(handle, sink)
                 result = await handle.wait()
-        finally:
-            forwarder.cancel_timer()
-            feeder.cancel()
-            await asyncio.gather(feeder, return_exceptions=True)
+            finally:
+                forwarder.cancel_timer()
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
     if live:
         sink.replay_missed(result)
     return result, forwarder.reason()

@@ -140,8 +140,9 @@ class HostRunner:
             OSError: it could not be started (``exec_failure`` says whether that is a 127/126).
         """
         root = prep.root
-        # known before it exists: a program already running may not have been handed back to us yet
-        started = asyncio.ensure_future(spawn(launch, process))
+        # known before it exists: a program already running may not have been handed back to us yet. Spawned in
+        # this task, not one of its own: a run that exits at once is not a loop turn later for it
+        started: asyncio.Future[SupervisedProcess] = asyncio.get_running_loop().create_future()
         live = self._live.setdefault(root, set())
         live.add(started)
 
@@ -152,10 +153,13 @@ class HostRunner:
 
         launch.on_exit.append(forget)
         try:
-            return await started
+            proc = await spawn(launch, process)
         except BaseException:
             forget()
+            started.cancel()  # nothing was started: nothing for stop_programs to kill
             raise
+        started.set_result(proc)
+        return proc
 
 
 async def _kill_started(started: asyncio.Future[SupervisedProcess]) -> None:

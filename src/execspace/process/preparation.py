@@ -15,6 +15,7 @@ killed by signal N (a wrapper that can only say ``128 + N`` is mapped back by :f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import secrets
@@ -43,6 +44,7 @@ __all__ = [
     "signal_status",
 ]
 
+_RUN_NAME_DRAWS = 8
 #: ``(command, the run's PATH) -> program to start``, or None when it is not there (a 127).
 ProgramLookup = Callable[[str, str], "str | None"]
 
@@ -137,13 +139,12 @@ class RunPreparation:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
         root = ws.host_path
         cwd_parts = self._cwd_parts(spec.cwd)
-        run_dir = new_run_name()
         with ConfinedRoot(str(root), self.owner(ws)) as cr:
             # fd-relative: a program that swapped runs/ (or a cwd on the way) for a symlink cannot make us
             # create directories elsewhere
             if cwd_parts:
                 os.close(cr.open_dir(cwd_parts, create=True))
-            os.close(cr.open_dir(split_relpath(run_dir), create=True))
+            run_dir = _make_run_dir(cr)
         marker = secrets.token_hex(8)
         env = self.env_policy.build(
             self._host_env if self._host_env is not None else os.environ,
@@ -166,6 +167,19 @@ class RunPreparation:
             return split_relpath(cwd)
         except PathDenied as exc:
             raise PathDenied(cwd, f"cwd must stay inside the workspace ({exc.reason})") from exc
+
+
+def _make_run_dir(cr: ConfinedRoot) -> str:
+    """A new directory under ``runs/``, its own: runs that start in the same second rarely draw the same name,
+    and then the later one draws again."""
+    for _ in range(_RUN_NAME_DRAWS - 1):
+        run_dir = new_run_name()
+        with contextlib.suppress(FileExistsError):
+            cr.make_new_dir(split_relpath(run_dir))
+            return run_dir
+    run_dir = new_run_name()
+    cr.make_new_dir(split_relpath(run_dir))
+    return run_dir
 
 
 async def finish_run(prep: PreparedRun, result: RunResult) -> RunResult:

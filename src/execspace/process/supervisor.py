@@ -181,6 +181,7 @@ class SupervisedProcess:
         self._pty_writer: asyncio.WriteTransport | None = None
         self._pty_master: int | None = None
         self._stdin_closed = False
+        self._waiters: list[asyncio.Future[None]] = []
 
     # -- start ---------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ class SupervisedProcess:
             self._exited.set()
         if la.stdin is not None:
             self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
-        self._done = asyncio.ensure_future(self._supervise())
+        self._done = asyncio.ensure_future(self._supervise_then_wake())
 
     async def _open_transport(self) -> asyncio.SubprocessTransport:
         """Start the process with its output wired to :meth:`_on_data` (``_readers``, or the pty's); return its
@@ -329,6 +330,15 @@ class SupervisedProcess:
 
     # -- supervision -----------------------------------------------------------------
 
+    async def _supervise_then_wake(self) -> RunResult:
+        try:
+            return await self._supervise()
+        finally:
+            # woken from here, not by a done-callback of the task: a run that exits at once is a loop turn sooner
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
     async def _supervise(self) -> RunResult:
         la = self._launch
         timed_out = False
@@ -342,8 +352,9 @@ class SupervisedProcess:
         # leftovers of the group (background children) do not outlive the run
         self._signal_group(signal.SIGKILL)
         try:
-            async with asyncio.timeout(_DRAIN_AFTER_EXIT):
-                await self._pipes_closed.wait()
+            if not self._pipes_closed.is_set():  # most runs: their output ended with them, no timer needed
+                async with asyncio.timeout(_DRAIN_AFTER_EXIT):
+                    await self._pipes_closed.wait()
         except TimeoutError:
             # something that left the group still holds our pipes: find it by marker
             await self._sweep()
@@ -534,7 +545,17 @@ class SupervisedProcess:
             # nobody streams: the capture buffers keep the output, unblock the program
             self._queue = None
             self._pause_pipes(False)
-        return await asyncio.shield(self._done)
+        if not self._done.done():
+            # a waiter of its own: the caller's cancellation never reaches the supervision
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiters.remove(waiter)
+            if not self._done.done():  # its last step is the one that woke us
+                await asyncio.shield(self._done)
+        return self._done.result()
 
     async def __aenter__(self) -> SupervisedProcess:
         return self

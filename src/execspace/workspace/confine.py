@@ -97,6 +97,18 @@ class ConfinedRoot:
             os.close(fd)
             raise
 
+    def make_new_dir(self, parts: list[str]) -> None:
+        """Create the directory ``parts`` below the root, whose name is new (``FileExistsError`` if it is not),
+        and its missing parents: the last one is made, never opened (a run's directory, made for every run)."""
+        fd = self.open_dir(parts[:-1], create=True, display="/".join(parts))
+        try:
+            os.mkdir(parts[-1], 0o755, dir_fd=fd)
+            if self.owner is not None:
+                # by name, not through a link: what a program may have swapped in since is not followed
+                os.chown(parts[-1], *self.owner, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+
     def _step(self, fd: int, name: str, create: bool, display: str) -> int:
         return step_dir(fd, name, create, display, self.owner)
 

@@ -104,6 +104,8 @@ class Session:
         self._programs: dict[int, SessionProgram] = {}
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._outbox: deque[tuple[bytes, list[int]]] = deque()
+        self._writing = False
+        """Waiting for the channel to take more (a writer is on the loop)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self.broken: BackendError | None = None
         self.closed = False
@@ -113,6 +115,8 @@ class Session:
         self.active = 0
         """Programs started and not yet over (the runner's idle timer runs while there are none)."""
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.owner: tuple[int, int] | None = None
+        """The uid/gid its programs run as, when it differs from ours (as root)."""
         self._loop.add_reader(sock.fileno(), self._readable)
 
     @property
@@ -226,7 +230,7 @@ class Session:
         strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
         body = _SPAWN.pack(_FLAG_CTTY if ctty else 0, len(rlimits), len(argv), len(env))
         body += b"".join(_RLIMIT.pack(which, 0, soft, hard) for which, soft, hard in rlimits)
-        body += b"".join(os.fsencode(s) + b"\0" for s in strings)
+        body += os.fsencode("\0".join(strings) + "\0")
         if len(body) > self.max_request:
             _close_all(fds)
             raise InvalidSpec(
@@ -258,17 +262,25 @@ class Session:
         self._send(_HEAD.pack(op, ident) + body, fds)
         try:
             async with asyncio.timeout(self.config.request_timeout):
-                return await asyncio.shield(fut)
+                # not shielded (one loop turn less): a request given up is answered all the same, and dropped
+                return await fut
         except TimeoutError:
             self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
             assert self.broken is not None
             raise self.broken from None
         except asyncio.CancelledError:
-            if ident in self._pending:
+            if fut.done() and not fut.cancelled():
+                self._disown(kind, *fut.result())  # answered, but its caller has gone
+            elif ident in self._pending:
                 self._abandoned.add(ident)
             raise
         finally:
             self._pending.pop(ident, None)
+
+    def _disown(self, kind: int, pid: int, err: int) -> None:
+        if kind == _SPAWNED and err == 0 and self._programs.pop(pid, None) is not None:
+            self._unclaimed.add(pid)
+            self.signal(pid, signal.SIGKILL, group=True)  # started for a caller who has gone
 
     def _send(self, data: bytes, fds: list[int]) -> None:
         self._outbox.append((data, fds))
@@ -282,14 +294,17 @@ class Session:
                 self._sock.sendmsg([data], anc)
             except BlockingIOError:
                 self._loop.add_writer(self._sock.fileno(), self._flush)
+                self._writing = True
                 return
             except OSError as exc:
                 self._fail(f"channel failed ({exc.strerror})")
                 return
             self._outbox.popleft()
             _close_all(fds)
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_writer(self._sock.fileno())
+        if self._writing:  # only once the channel was full: most requests go out at once
+            self._writing = False
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_writer(self._sock.fileno())
 
     # -- what the supervisor says -----------------------------------------------------------
 
@@ -380,8 +395,7 @@ def kill_marked_children(supervisor: int, marker: str) -> int:
         found = 0
         for pid in _descendants(supervisor):
             try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    marked = needle in f.read()
+                marked = needle in _read_proc(f"/proc/{pid}/environ")
             except OSError:
                 continue
             if marked:
@@ -394,24 +408,37 @@ def kill_marked_children(supervisor: int, marker: str) -> int:
     return killed
 
 
-def _descendants(pid: int) -> list[int]:
+def _descendants(supervisor: int) -> list[int]:
     found: list[int] = []
-    todo = [pid]
+    todo = [supervisor]
     while todo:
         parent = todo.pop()
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            # the supervisor has one thread (supervisor.c): its children are its main task's, and in the usual
+            # case, a run that left nothing behind, that one read is the whole walk
+            tasks = [str(parent)] if parent == supervisor else os.listdir(f"/proc/{parent}/task")
         except OSError:
             continue
         for task in tasks:
             try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
+                children = [int(c) for c in _read_proc(f"/proc/{parent}/task/{task}/children").split()]
             except OSError:
                 continue
             found += children
             todo += children
     return found
+
+
+def _read_proc(path: str) -> bytes:
+    """The whole of a ``/proc`` file, in plain system calls: a run's teardown reads a few of them, every run."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -550,7 +577,8 @@ class SessionProgram(SupervisedProcess):
             self._open_pipes = {1}
         else:
             child, stdin = await self._socket_stdio(loop)
-        self._floor = _last_pid()
+        # the floor of a host-wide sweep, needed only when the session's tree cannot be walked
+        self._floor = _last_pid() if self._session.supervisor_pid is None else 0
         try:
             self.session_pid = await self._session.spawn(
                 self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=la.pty is not None
@@ -645,14 +673,18 @@ class SessionProgram(SupervisedProcess):
         return result
 
 
-async def start_session(launch: Launch, sock: socket.socket, name: str, config: SessionConfig) -> Session:
+async def start_session(
+    launch: Launch, sock: socket.socket, name: str, config: SessionConfig, *, owner: tuple[int, int] | None = None
+) -> Session:
     """Spawn the session's bwrap (``launch``, whose program is the supervisor on the other end of ``sock``)
-    and wait until the supervisor is ready.
+    and wait until the supervisor is ready. ``owner``: the uid/gid the session runs as (as root), for the
+    directories made for its runs.
 
     Raises:
         BackendError: it did not start (bwrap's error in the message), or bwrap could not be executed.
     """
     session = Session(sock, name, config)
+    session.owner = owner
     try:
         bwrap = await spawn(launch)
     except BaseException as exc:

@@ -66,9 +66,11 @@ class SessionRunner(SandboxRunner):
         root_mode: int,
         prepare_slot: Callable[[Path], None] | None,
         pool: bool,
+        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, owner=self._run_owner, **kwargs)
+        self._owner = owner
         self.supervisor = supervisor
         self.config = config
         self._session_seccomp = self.seccomp
@@ -85,6 +87,15 @@ class SessionRunner(SandboxRunner):
             if pool and config.pool_size > 0
             else None
         )
+
+    def _run_owner(self, ws: Workspace) -> tuple[int, int] | None:
+        # the uid of a running session is that of every run in it: no lookup (open, xattr, hash) per run
+        fut = self._sessions.get(ws.host_path) if ws.host_path is not None else None
+        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+            session = fut.result()
+            if session.usable:
+                return session.owner
+        return self._owner(ws) if self._owner is not None else None
 
     # -- which runs go through the session ---------------------------------------------------------
 
@@ -208,7 +219,8 @@ class SessionRunner(SandboxRunner):
         launch.pass_fds = (*launch.pass_fds, theirs.fileno())
         # bwrap has its own copies once started (or failed to start): ours go then
         launch.after_spawn += [functools.partial(os.close, binary), theirs.close]
-        return await start_session(launch, ours, ws.id, self.config)
+        owner = self._owner(ws) if self._owner is not None else None
+        return await start_session(launch, ours, ws.id, self.config, owner=owner)
 
     async def stop_programs(self, ws: Workspace) -> None:
         """End the workspace's session (everything in it dies with its supervisor), then reap its programs."""
