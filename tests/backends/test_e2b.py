@@ -273,3 +273,22 @@ async def test_a_killed_file_agent_is_started_again(e2b_server: Server, mark: st
         await _until("the agent's end", gone)
         assert (await engine.fs.read_file(ws, "work/a")).content == b"kept"
         assert len(await _agents(e2b_server, sandbox_id)) == 1
+
+
+async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_whole(e2b_server: Server) -> None:
+    """More files than a service takes in one upload; a listing far larger than one chunk of the stream."""
+    names = [f"work/d/{'n' * 80}-{i:04}.txt" for i in range(5000)]
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("long-answer")
+        await engine.fs.put_files(ws, [PutFile(name, b"") for name in names])
+        listed = [e.path for e in await engine.fs.list(ws, ["work/d/*"])]
+        assert sorted(listed) == names
+
+
+def test_capabilities_say_why_there_is_no_pty() -> None:
+    from execspace.backends.e2b import E2BBackend, E2BOptions
+
+    caps = E2BBackend.capabilities(E2BOptions())
+    assert caps.pty is False
+    assert "sandbox.pty" in caps.details["pty"]
+    assert "kill inside the sandbox" in caps.details["signals"]

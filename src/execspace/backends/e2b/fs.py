@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["E2BWorkspaceFS", "E2BWorkspaceManager"]
 
+#: Files per upload request: services cap the parts of one multipart body (``execspace serve``: 1,000).
+_UPLOAD_BATCH = 500
 _KINDS = {"file": FileKind.FILE, "dir": FileKind.DIR, "symlink": FileKind.SYMLINK, "other": FileKind.OTHER}
 
 
@@ -109,7 +111,8 @@ class E2BWorkspaceFS(WorkspaceFSBase):
             data = f.content.encode() if isinstance(f.content, str) else f.content
             entries.append(WriteEntry(path=box.sdk_path(f"{stage}/{i}"), data=data))
             moves.append([str(i), dest, f.mode])
-        await box.call("uploading files", box.sandbox.files.write_files(entries))
+        for at in range(0, len(entries), _UPLOAD_BATCH):
+            await box.call("uploading files", box.sandbox.files.write_files(entries[at : at + _UPLOAD_BATCH]))
         await box.agent("install", ws=ws.path, stage=stage, files=moves)
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
