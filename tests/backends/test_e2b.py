@@ -203,9 +203,11 @@ async def test_server_killed_mid_call_is_a_clear_error(own_server: Server) -> No
         started = time.monotonic()
         with pytest.raises(BackendError, match="cannot reach the E2B service"):
             await program.wait()
+        assert time.monotonic() - started < 5.0  # the SDK's connection retries, within the request timeout
+        started = time.monotonic()
         with pytest.raises(BackendError, match="cannot reach the E2B service"):
             await engine.fs.read_file(ws, "work/x")
-        assert time.monotonic() - started < 5.0 * 2
+        assert time.monotonic() - started < 5.0
 
 
 async def test_stopped_server_fails_within_the_request_timeout(own_server: Server) -> None:
@@ -216,6 +218,10 @@ async def test_stopped_server_fails_within_the_request_timeout(own_server: Serve
             started = time.monotonic()
             with pytest.raises(BackendError, match="no answer within the timeout"):
                 await engine.fs.put_files(ws, [PutFile("work/x", b"x")])
+            assert time.monotonic() - started < 2.0 * 4
+            started = time.monotonic()
+            with pytest.raises(BackendError, match="no answer within"):
+                await engine.fs.stat(ws, "work")  # a request to the file agent
             assert time.monotonic() - started < 2.0 * 4
         finally:
             os.kill(own_server.process.pid, signal.SIGCONT)

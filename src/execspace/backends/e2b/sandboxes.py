@@ -126,9 +126,9 @@ class _AgentProcess:
             return line
         self.lines.queue.put_nowait(None)  # for whoever asks next: it stays ended
         try:
-            code: int | None = await self.ended
-        except Exception:  # the stream broke: the service went away
-            code = None
+            code = await self.ended
+        except Exception as exc:  # the stream broke, not the agent
+            raise BackendError(f"{what}: the connection to the sandbox broke ({exc}); is the E2B service up?") from exc
         if code == 127:
             raise SetupFailed(
                 "e2b",
