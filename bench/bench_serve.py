@@ -24,7 +24,10 @@ from typing import Any
 
 import httpx
 
+import execspace
 from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir
+from execspace import RunProgramSpec
+from execspace.testing.binding import make_traversable
 
 SECTION = "7 serve"
 KEY = "e2b_" + "0123456789abcdef" * 2
@@ -131,6 +134,7 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
             report.rows.append(_row("create + first commands.run('true')", cold, base, "bare POST loop", 25))
             await _concurrent_creates(AsyncSandbox, url, plan, report)
             await _round_trip(Sandbox, plan, report)
+            await _run_code_round_trip(plan, report)
             await _commands_across_sandboxes(AsyncSandbox, plan, report)
             await _idle_memory(Sandbox, pid, plan, report)
         finally:
@@ -175,8 +179,57 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
         async def stat() -> None:
             await asyncio.to_thread(sbx.files.exists, "nothing-here")
 
-        lib, base = await interleaved([run_true, stat], plan.serve_iters, plan.warmup // 3)
+        with scratch_dir("execspace-bench-direct-") as root:
+            make_traversable(root)  # as root, the session's uid must reach its workspace
+            async with execspace.open_engine("sandbox", mode="session", workspace_root=root) as engine:
+                ws = await engine.manager.create_workspace("bench/direct")
+                login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"])
+
+                async def direct() -> None:  # what serve does for commands.run('true'), without the protocol
+                    await engine.runner.run_program(ws, login_true)
+
+                lib, base, floor = await interleaved([run_true, stat, direct], plan.serve_iters, plan.warmup // 3)
         report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
+        direct_label = "bash -l -c true through the sandbox engine (session mode) directly"
+        report.rows.append(
+            Row(SECTION, "commands.run('true') vs the engine alone", "ms", Stats.of(lib, 1000), Stats.of(floor, 1000),
+                direct_label)
+        )  # fmt: skip
+    finally:
+        await asyncio.to_thread(sbx.kill)
+
+
+async def _run_code_round_trip(plan: Plan, report: Report) -> None:
+    """``run_code`` in a live context (its kernel started) against ``commands.run('true')`` in the same sandbox, and
+    a new sandbox's first ``run_code`` (it waits for its kernel's start: no warm pool of kernels yet)."""
+    try:
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+    except ImportError:
+        report.notes.append("serve: e2b-code-interpreter is not installed: run_code not measured")
+        return
+    cold = []
+    for _ in range(3):
+        sbx = await asyncio.to_thread(CodeSandbox.create)
+        started = time.perf_counter()
+        await asyncio.to_thread(sbx.run_code, "x = 1")
+        cold.append(time.perf_counter() - started)
+        await asyncio.to_thread(sbx.kill)
+    report.rows.append(
+        Row(SECTION, "first run_code of a new sandbox (kernel start)", "ms", Stats.of(cold, 1000), None, "")
+    )
+    sbx = await asyncio.to_thread(CodeSandbox.create)
+    try:
+        await asyncio.to_thread(sbx.run_code, "x = 1")
+
+        async def run_code() -> None:
+            await asyncio.to_thread(sbx.run_code, "x + 1")
+
+        async def run_true() -> None:
+            await asyncio.to_thread(sbx.commands.run, "true")
+
+        lib, base = await interleaved([run_code, run_true], plan.serve_iters, plan.warmup // 3)
+        name, base_label = "run_code('x + 1') in a live context", "commands.run('true')"
+        report.rows.append(Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(base, 1000), base_label))
     finally:
         await asyncio.to_thread(sbx.kill)
 

@@ -379,8 +379,27 @@ class OutputManifest:
 
 @dataclass(frozen=True, slots=True)
 class CodeBlock:
+    """One block of code and the language (fence tag) it is in: ``CodeBlock("python", "print(1)")``. Any tag is
+    kept as given (a model's fence may say anything; running an unknown one raises ``UnsupportedLanguage``)."""
+
     language: str
     code: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.language, str) or not isinstance(self.code, str):
+            raise InvalidSpec("CodeBlock(language, code) takes two strings")
+        # AutoGen's CodeBlock is (code, language): caught here, not as an unknown language at run time
+        if _is_language(self.code.strip()) and not _is_language(self.language.strip()) and self.language.strip():
+            raise InvalidSpec(
+                f"CodeBlock: the arguments look swapped ({self.code.strip()!r} is a language, {self.language[:30]!r} "
+                f"is not): write CodeBlock(language={self.code.strip()!r}, code=...)"
+            )
+
+
+def _is_language(tag: str) -> bool:
+    from .languages import LANGUAGES  # ground floor too; imported late, it imports nothing of ours but errors
+
+    return any(tag.lower() in lang.aliases for lang in LANGUAGES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,17 +65,3 @@ def test_host_based_routing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         assert gone.status_code == 502
         control = httpx.get(f"{server.url}/v2/sandboxes", headers={"X-API-KEY": server.key, "Host": "api.sbx.example"})
         assert control.status_code == 200
-
-
-def test_code_interpreter_answers_501_naming_it() -> None:
-    from e2b_code_interpreter import Sandbox as CodeSandbox
-
-    sandbox = CodeSandbox.create()
-    try:
-        with pytest.raises(Exception, match="code interpreter"):
-            sandbox.run_code("1 + 1")
-        with pytest.raises(Exception, match="code interpreter"):
-            sandbox.create_code_context()
-        assert sandbox.commands.run("echo still works").stdout == "still works\n"
-    finally:
-        sandbox.kill()

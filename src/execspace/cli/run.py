@@ -204,6 +204,10 @@ def _split_dest(value: str) -> tuple[str, str | None]:
     (or a URI source) and a relative-looking DEST after the last ':'.
     """
     head, sep, tail = value.rpartition(":")
+    if sep and tail.startswith(("/", "~")) and (head.startswith(_URI_SCHEMES) or Path(head).exists()):
+        # an existing source and an absolute destination: the destination is meant, and is not a workspace path
+        example = f"{head}:work/{Path(tail).name or 'data'}"
+        raise PathDenied(tail, f"--input {value!r}: DEST is a path in the workspace, e.g. --input {example}")
     if not sep or not _looks_relative(tail):
         return value, None
     if head.startswith(_URI_SCHEMES) or Path(head).exists():

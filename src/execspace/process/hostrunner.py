@@ -46,9 +46,16 @@ class HostRunner:
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         program_root: Callable[[Workspace], str] | None = None,
         lookup: ProgramLookup = lookup_on_path,
+        path_view: Callable[[str], str] | None = None,
     ) -> None:
         self.preparation = RunPreparation(
-            capabilities, env_policy, host_env=host_env, owner=owner, program_root=program_root, lookup=lookup
+            capabilities,
+            env_policy,
+            host_env=host_env,
+            owner=owner,
+            program_root=program_root,
+            lookup=lookup,
+            path_view=path_view,
         )
         self.kill_grace = kill_grace
         self._sweeper = MarkerSweeper()

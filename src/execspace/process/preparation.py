@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shlex
 import shutil
 import signal
 from collections.abc import Callable, Mapping
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from ..capabilities import Capabilities
 from ..envpolicy import EnvPolicy
-from ..errors import PathDenied, UsageError
+from ..errors import PathDenied, UsageError, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layout import new_run_name, workspace_env
@@ -52,6 +53,20 @@ ProgramLookup = Callable[[str, str], "str | None"]
 def lookup_on_path(cmd: str, path: str) -> str | None:
     """Look a bare name up on the *run's* PATH (never the caller's); a path is started as given."""
     return cmd if "/" in cmd else shutil.which(cmd, path=path)
+
+
+def _split_hint(spec: RunProgramSpec) -> str:
+    """For a command line given as one program name: the way to say it."""
+    try:
+        words = shlex.split(spec.cmd)
+    except ValueError:
+        words = spec.cmd.split()
+    if len(words) < 2 or spec.args:
+        return ""
+    return (
+        f"; cmd is one program, its arguments go in args: RunProgramSpec({words[0]!r}, {words[1:]!r}), "
+        f"or RunProgramSpec('sh', ['-c', {spec.cmd!r}]) for a shell command line"
+    )
 
 
 def lookup_where_it_runs(cmd: str, path: str) -> str | None:
@@ -98,6 +113,8 @@ class RunPreparation:
         owner: uid/gid for the directories made for a run (the sandbox uid when we run as root).
         program_root: the workspace root as the program sees it (default: its host path).
         lookup: how the program is found (default :func:`lookup_on_path`, on the run's PATH).
+        path_view: the run's PATH as the program sees it (the sandbox drops the entries it hides): what the
+            program gets, what the lookup searches and what a "not found" names.
     """
 
     def __init__(
@@ -109,8 +126,10 @@ class RunPreparation:
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         program_root: Callable[[Workspace], str] | None = None,
         lookup: ProgramLookup = lookup_on_path,
+        path_view: Callable[[str], str] | None = None,
     ) -> None:
         self._caps = capabilities
+        self._path_view = path_view
         self.env_policy = env_policy or EnvPolicy()
         self._host_env = host_env
         self._owner_of = owner
@@ -133,13 +152,21 @@ class RunPreparation:
             CapabilityError: the spec asks for what the backend cannot enforce.
             PathDenied: the cwd leaves the workspace.
             UsageError: ``ws`` is not a host-directory workspace.
+            WorkspaceNotFound: its directory is gone (the workspace was cleaned up).
         """
         self._caps().require(spec)
         if ws.host_path is None:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
         root = ws.host_path
         cwd_parts = self._cwd_parts(spec.cwd)
-        with ConfinedRoot(str(root), self.owner(ws)) as cr:
+        try:
+            confined = ConfinedRoot(str(root), self.owner(ws))
+        except FileNotFoundError:
+            raise WorkspaceNotFound(
+                f"workspace {ws.id!r} no longer exists at {root} (it was cleaned up): "
+                "create it again with manager.create_workspace()"
+            ) from None
+        with confined as cr:
             # fd-relative: a program that swapped runs/ (or a cwd on the way) for a symlink cannot make us
             # create directories elsewhere
             if cwd_parts:
@@ -153,9 +180,12 @@ class RunPreparation:
             clean=spec.clean_env,
         )
         env[RUN_MARKER_VAR] = marker
+        if self._path_view is not None:
+            env["PATH"] = self._path_view(env["PATH"])
         program = self._lookup(spec.cmd, env["PATH"])
         if program is None:
-            msg = f"execspace: command not found: {spec.cmd!r} (searched PATH={env['PATH']})\n"
+            searched = f"searched the run's PATH={env['PATH']}"
+            msg = f"execspace: command not found: {spec.cmd!r} ({searched}){_split_hint(spec)}\n"
             return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
         return PreparedRun(ws, root, spec, [program, *spec.args], env, "/".join(cwd_parts), run_dir, marker)
 

@@ -1,7 +1,8 @@
 """``execspace serve``: an E2B-compatible sandbox server, so the official E2B SDK runs unchanged against this host.
 
-One ASGI application (:class:`E2BApp`) serves E2B's control plane and every sandbox's envd on one port; each
-sandbox is a workspace on an Engine the server opens, reached only through the Engine seam. See docs/server.md.
+One ASGI application (:class:`E2BApp`) serves E2B's control plane and every sandbox's envd and code interpreter on
+one port; each sandbox is a workspace on an Engine the server opens, reached only through the Engine seam (its code
+interpreter's kernels through a sandboxed ``jupyter`` Engine's, on the same workspace). See docs/server.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""The one ASGI application: control plane and every sandbox's envd on a single port.
+"""The one ASGI application: control plane, every sandbox's envd and code interpreter on a single port.
 
 A request that names a sandbox (headers or host, see :mod:`.routing`), or carries a file-URL signature, is for the
 data plane: an unknown or ended sandbox answers 502 "... was not found" (the SDK reads that as "sandbox gone"),
-then the sandbox's access token is checked (``X-Access-Token``, or the signature), then envd's route runs. Anything
-else is the control plane, which checks ``X-API-KEY``.
+then the sandbox's access token is checked (``X-Access-Token``, or the signature), then envd's route runs (port
+49983) or the code interpreter's (49999; the SDK sends the token only with ``/execute``, so ``/contexts`` goes
+without, as in E2B). Anything else is the control plane, which checks ``X-API-KEY``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from .control import ControlPlane, error_response
 from .envd_fs import FilesystemService
 from .envd_process import ProcessService
 from .files import FilesAPI, SignatureError, signed_sandbox
+from .interpreter import CodeInterpreter
+from .interpreter_api import InterpreterAPI
 from .routing import CODE_INTERPRETER_PORT, ENVD_PORT, Target, target_of
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
 
@@ -37,8 +40,9 @@ _ENVD_NOT_IMPLEMENTED = ("/envs", "/metrics", "/init", "/files/compose")
 class E2BApp:
     """The server's ASGI callable over a sandbox table."""
 
-    def __init__(self, sandboxes: Sandboxes) -> None:
+    def __init__(self, sandboxes: Sandboxes, interpreter: CodeInterpreter) -> None:
         self.sandboxes = sandboxes
+        self._interpreter = InterpreterAPI(interpreter)
         self._control = Router(routes=ControlPlane(sandboxes).routes())
         self._files = FilesAPI(sandboxes)
         self._process = ProcessASGIApplication(ProcessService(sandboxes), read_max_bytes=16 * 1024 * 1024)
@@ -58,6 +62,10 @@ class E2BApp:
         except _Refused as refused:
             await refused.respond(scope, receive, send)
             return
+        if target is not None and target.port == CODE_INTERPRETER_PORT:
+            request = Request(scope, receive)
+            await (await self._interpreter.respond(request, sandbox))(scope, receive, send)
+            return
         await self._envd(scope, receive, send, sandbox)
 
     def _sandbox(self, scope: Scope, headers: Headers, target: Target | None, signed: bool) -> Sandbox:
@@ -74,13 +82,13 @@ class E2BApp:
         except SandboxGone as exc:
             raise _Refused(path, 502, Code.UNAVAILABLE, str(exc)) from None
         if target.port == CODE_INTERPRETER_PORT:
+            if path != "/execute":  # the SDK sends no token with /contexts (nor E2B's own server wants one)
+                return sandbox
+        elif target.port != ENVD_PORT:
             message = (
-                f"the code interpreter ({scope['method']} {path} on port {CODE_INTERPRETER_PORT}) is not "
-                "implemented by execspace serve yet; run code with commands.run"
+                f"port {target.port} is not open in sandbox {sandbox.id}: only envd ({ENVD_PORT}) and the code "
+                f"interpreter ({CODE_INTERPRETER_PORT}) are served"
             )
-            raise _Refused(path, 501, Code.UNIMPLEMENTED, message)
-        if target.port != ENVD_PORT:
-            message = f"port {target.port} is not open in sandbox {sandbox.id}: only envd ({ENVD_PORT}) is served"
             raise _Refused(path, 502, Code.UNAVAILABLE, message)
         if sandbox.access_token is None or path == "/health":
             return sandbox

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -89,6 +89,8 @@ class Sandboxes:
         self._live: dict[str, Sandbox] = {}
         self._reserved = 0
         self._removing: set[asyncio.Task[None]] = set()
+        self.on_remove: list[Callable[[Sandbox], Awaitable[None]]] = []
+        """Run when a sandbox ends, before its workspace is removed (its kernels stop there)."""
 
     def __iter__(self) -> Iterator[Sandbox]:
         return iter(list(self._live.values()))
@@ -148,6 +150,11 @@ class Sandboxes:
 
     async def _remove(self, sandbox: Sandbox) -> None:
         sandbox.closed.set()
+        for hook in self.on_remove:
+            try:
+                await hook(sandbox)
+            except Exception:
+                _log.exception("ending sandbox %s: %s failed", sandbox.id, hook)
         try:
             await self._end_commands(sandbox)
             await self.engine.manager.cleanup(sandbox.workspace)

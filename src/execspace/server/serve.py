@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from ..engine import open_engine
 from .app import E2BApp
+from .interpreter import CodeInterpreter
 from .options import ServerOptions
 from .sandboxes import Sandboxes
 
@@ -33,8 +35,11 @@ async def serve(
     """
     async with open_engine(backend, **(backend_options or {})) as engine:
         sandboxes = Sandboxes(engine, options)
+        root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
+        interpreter = CodeInterpreter(engine.name, Path(root) if root is not None else None)
+        sandboxes.on_remove.append(interpreter.end)
         config = uvicorn.Config(
-            E2BApp(sandboxes), host=host, port=port, lifespan="off", log_level="warning", access_log=False
+            E2BApp(sandboxes, interpreter), host=host, port=port, lifespan="off", log_level="warning", access_log=False
         )
         reaper = asyncio.create_task(sandboxes.reap())
         try:
@@ -44,6 +49,7 @@ async def serve(
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await sandboxes.close()
+            await interpreter.aclose()
 
 
 class _Server(uvicorn.Server):

@@ -138,6 +138,7 @@ class SandboxRunner(HostRunner):
             owner=owner,
             program_root=lambda _ws: SANDBOX_WORKSPACE,
             lookup=which_in_sandbox,
+            path_view=lambda path: visible_path_entries(path) or MINIMAL_PATH,
         )
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's

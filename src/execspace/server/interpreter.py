@@ -1,0 +1,424 @@
+"""The code interpreter of each sandbox (E2B's port 49999): Jupyter contexts whose kernels run in the OS sandbox.
+
+A context is one kernel with its own variables. Its kernel is started by the ``jupyter`` backend in sandboxed mode
+(bubblewrap + seccomp, as the ``sandbox`` backend runs programs) **on the E2B sandbox's own workspace**, so code sees
+the files its commands see; it is a sandbox of its own beside the sandbox session that runs the commands. The
+``jupyter`` engine is opened on first use (kernels cost nothing until code runs), the default context of a language
+on its first cell. Killing the sandbox stops its kernels before its workspace is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import posixpath
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..engine import KernelEngine, open_engine
+from ..errors import ExecspaceError, SetupFailed
+from .paths import HOME, USER, to_workspace
+from .sandboxes import Sandbox, SandboxGone
+
+if TYPE_CHECKING:
+    from ..backends.jupyter import KernelSessions
+    from ..backends.jupyter.kernels import KernelConnection
+
+__all__ = ["CodeInterpreter", "Context", "ContextNotFound", "LanguageUnavailable", "TooManyContexts"]
+
+#: Languages a context may have: E2B's names (and their short forms) for what ipykernel runs.
+_LANGUAGE_NAMES = {"python": "python", "py": "python", "python3": "python"}
+#: E2B's other languages, and why they are not served.
+_OTHER_LANGUAGES = {"javascript", "js", "typescript", "ts", "r", "java", "bash", "deno"}
+#: Contexts (kernels, ~50 MB each) one sandbox may hold at once.
+MAX_CONTEXTS = 8
+#: Seconds between keepalive lines while a cell is quiet (as E2B's server does; a write also finds a gone client).
+KEEPALIVE = 5.0
+#: Seconds an interrupted cell gets to stop before its kernel is replaced.
+INTERRUPT_GRACE = 2.0
+_START_TIMEOUT = 30.0
+#: Jupyter MIME type → the field of E2B's ``result`` line.
+_RESULT_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+
+class ContextNotFound(ExecspaceError, LookupError):
+    """No context of that id in the sandbox (answered 404, which the SDK raises as ``NotFoundException``)."""
+
+    def __init__(self, context_id: str) -> None:
+        super().__init__(f"Context {context_id} not found: list them with list_code_contexts(), or create one")
+
+
+class LanguageUnavailable(ExecspaceError):
+    """A context language this server has no kernel for (answered 501, naming it)."""
+
+
+class TooManyContexts(ExecspaceError):
+    """The sandbox holds its maximum of contexts; remove one first (answered 429)."""
+
+
+@dataclass(slots=True)
+class Context:
+    """One kernel of a sandbox, as E2B names it."""
+
+    id: str
+    language: str
+    cwd: str
+    """The SDK path the kernel works in (``/home/user`` by default)."""
+    kernel: KernelConnection | None = None
+    """The started kernel, None until the first cell or after a restart."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    unsettled: str | None = None
+    """msg_id of a cell whose client went away: interrupted, maybe still running."""
+    restore: str | None = None
+    """Code undoing a cut-off cell's ``env_vars``, run before the next cell."""
+
+    def describe(self) -> dict[str, str]:
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+
+def normalise_language(language: str | None) -> str:
+    name = (language or "python").strip().lower()
+    if name in _LANGUAGE_NAMES:
+        return _LANGUAGE_NAMES[name]
+    if name in _OTHER_LANGUAGES:
+        raise LanguageUnavailable(
+            f"the code interpreter of execspace serve runs Python only: its kernels are the jupyter backend's "
+            f"sandboxed ipykernel, and no {name} kernel runs in that sandbox yet; run {name} code with "
+            "commands.run (e.g. node, bash) instead"
+        )
+    raise LanguageUnavailable(f"unknown code interpreter language {language!r}: use 'python'")
+
+
+class CodeInterpreter:
+    """Every sandbox's contexts, over one lazily opened sandboxed ``jupyter`` engine."""
+
+    def __init__(self, backend: str, workspace_root: Path | None) -> None:
+        self._backend = backend
+        self._workspace_root = workspace_root
+        self._stack = AsyncExitStack()
+        self._engine: KernelEngine[KernelSessions] | None = None
+        self._opening = asyncio.Lock()
+        self._contexts: dict[str, dict[str, Context]] = {}
+        """By sandbox id, then context id."""
+        self._defaults: dict[tuple[str, str], str] = {}
+        """(sandbox id, language) → its default context's id."""
+
+    # -- contexts --------------------------------------------------------------------------------
+
+    def contexts(self, sandbox: Sandbox) -> list[Context]:
+        return list(self._contexts.get(sandbox.id, {}).values())
+
+    def context(self, sandbox: Sandbox, context_id: str) -> Context:
+        found = self._contexts.get(sandbox.id, {}).get(context_id)
+        if found is None:
+            raise ContextNotFound(context_id)
+        return found
+
+    async def create(self, sandbox: Sandbox, language: str | None, cwd: str | None) -> Context:
+        """A new context with its kernel started (so a kernel that cannot start fails here, not at its first cell)."""
+        context = self._new(sandbox, normalise_language(language), cwd or HOME)
+        try:
+            async with context.lock:
+                await self._kernel(sandbox, context)
+        except BaseException:
+            self._contexts[sandbox.id].pop(context.id, None)
+            raise
+        return context
+
+    def default(self, sandbox: Sandbox, language: str | None) -> Context:
+        """The language's default context of the sandbox, made on first use (its kernel starts with its first cell)."""
+        name = normalise_language(language)
+        context_id = self._defaults.get((sandbox.id, name))
+        if context_id is not None and context_id in self._contexts.get(sandbox.id, {}):
+            return self._contexts[sandbox.id][context_id]
+        context = self._new(sandbox, name, HOME)
+        self._defaults[(sandbox.id, name)] = context.id
+        return context
+
+    def _new(self, sandbox: Sandbox, language: str, cwd: str) -> Context:
+        to_workspace(cwd)  # refuses a path outside the home before a kernel starts
+        contexts = self._contexts.setdefault(sandbox.id, {})
+        if len(contexts) >= MAX_CONTEXTS:
+            raise TooManyContexts(
+                f"sandbox {sandbox.id} already has {MAX_CONTEXTS} code contexts (one kernel each); "
+                "remove one with remove_code_context() first"
+            )
+        context = Context(secrets.token_hex(8), language, cwd)
+        contexts[context.id] = context
+        return context
+
+    async def restart(self, sandbox: Sandbox, context_id: str) -> None:
+        """A fresh kernel for the context: its variables are gone."""
+        context = self.context(sandbox, context_id)
+        async with context.lock:
+            await _stop(context)
+            await self._kernel(sandbox, context)
+
+    async def remove(self, sandbox: Sandbox, context_id: str) -> None:
+        context = self._contexts.get(sandbox.id, {}).pop(context_id, None)
+        if context is None:
+            raise ContextNotFound(context_id)
+        async with context.lock:
+            await _stop(context)
+
+    async def end(self, sandbox: Sandbox) -> None:
+        """Stop every kernel of an ending sandbox (before its workspace goes). Waits for no running cell."""
+        contexts = self._contexts.pop(sandbox.id, {})
+        for key in [k for k in self._defaults if k[0] == sandbox.id]:
+            del self._defaults[key]
+        await asyncio.gather(*(_stop(c) for c in contexts.values()), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        for sandbox_id in list(self._contexts):
+            contexts = self._contexts.pop(sandbox_id)
+            await asyncio.gather(*(_stop(c) for c in contexts.values()), return_exceptions=True)
+        await self._stack.aclose()
+
+    # -- cells -----------------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        sandbox: Sandbox,
+        context: Context,
+        code: str,
+        env_vars: dict[str, str],
+        timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
+    ) -> AsyncIterator[dict[str, Any]]:
+        """E2B's output lines of one cell, ``end_of_execution`` last. A cancelled caller (the client went away)
+        interrupts the cell; a sandbox killed meanwhile ends the lines without ``end_of_execution``."""
+        async with context.lock:
+            kernel = await self._ready_kernel(sandbox, context)
+            await kernel.drain()
+            restore = None
+            if env_vars:
+                restore = f"_e2b_env_restore_{secrets.token_hex(4)}"
+                kernel.execute(_set_env(env_vars, restore), silent=True)
+            msg_id = kernel.execute(code)
+            cell = _Cell(kernel, msg_id, timeout, sandbox.closed)
+            try:
+                async for line in cell.lines():
+                    yield line
+            except asyncio.CancelledError:
+                context.unsettled, context.restore = msg_id, _restore_env(restore) if restore else None
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(kernel.interrupt())
+                raise
+            if sandbox.closed.is_set():
+                return
+            if not cell.idle:  # dead, or stuck past its interrupt: the next cell gets a fresh kernel
+                await _stop(context)
+            elif restore is not None:
+                kernel.execute(_restore_env(restore), silent=True)
+        yield {"type": "end_of_execution"}
+
+    async def _ready_kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
+        """The context's kernel, free for a cell: a cut-off cell settled, a dead or stuck kernel replaced."""
+        kernel = context.kernel
+        if kernel is not None and context.unsettled is not None:
+            msg_id, context.unsettled = context.unsettled, None
+            if not await _settle(kernel, msg_id):
+                await _stop(context)
+        if context.kernel is not None and not await context.kernel.is_alive():
+            await _stop(context)
+        if context.kernel is not None and context.restore is not None:
+            context.kernel.execute(context.restore, silent=True)
+        context.restore = None
+        return await self._kernel(sandbox, context)
+
+    async def _kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
+        if context.kernel is not None:
+            return context.kernel
+        engine = await self._jupyter()
+        kernel = await engine.kernels.launcher.start(sandbox.workspace, timeout=_START_TIMEOUT)
+        try:
+            if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
+                raise SandboxGone(sandbox.id)
+            work = posixpath.join(sandbox.workspace.path, to_workspace(context.cwd))
+            env = {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars}
+            kernel.execute(_setup(work, env), silent=True)
+        except BaseException:
+            await kernel.stop()
+            raise
+        context.kernel = kernel
+        return kernel
+
+    async def _jupyter(self) -> KernelEngine[KernelSessions]:
+        """The sandboxed ``jupyter`` engine (opened once, on first use: a host without it fails a cell, not the
+        server)."""
+        async with self._opening:
+            if self._backend != "sandbox":
+                raise SetupFailed(
+                    "serve",
+                    f"the code interpreter runs its kernels in the OS sandbox on the sandbox backend's workspaces, "
+                    f"and this server's backend is {self._backend}",
+                    "start execspace serve with --backend sandbox (the default)",
+                )
+            if self._engine is None:
+                from ..backends.jupyter import SandboxedKernels
+
+                try:
+                    engine = await self._stack.enter_async_context(
+                        open_engine("jupyter", mode=SandboxedKernels(pool_size=0), workspace_root=self._workspace_root)
+                    )
+                except ImportError as exc:
+                    raise SetupFailed(
+                        "serve", f"the code interpreter needs {exc.name}", "pip install 'execspace[serve]'"
+                    ) from exc
+                assert isinstance(engine, KernelEngine)
+                self._engine = engine
+            return self._engine
+
+
+async def _stop(context: Context) -> None:
+    kernel, context.kernel = context.kernel, None
+    context.unsettled = context.restore = None
+    if kernel is not None:
+        await kernel.stop()
+
+
+async def _settle(kernel: KernelConnection, msg_id: str) -> bool:
+    """Whether a cut-off cell ended within the grace (a cell sent meanwhile would be aborted by the kernel)."""
+    deadline = time.monotonic() + INTERRUPT_GRACE
+    while (remaining := deadline - time.monotonic()) > 0:
+        msg = await kernel.next_iopub(remaining)
+        if msg is None:
+            return False
+        status = msg["header"]["msg_type"] == "status" and msg["content"].get("execution_state")
+        if _parent(msg) == msg_id and status == "idle":
+            return True
+    return False
+
+
+class _Cell:
+    """One running cell's iopub messages as E2B lines, until the kernel is idle (or dead, or the sandbox ends)."""
+
+    def __init__(self, kernel: KernelConnection, msg_id: str, timeout: float | None, closed: asyncio.Event) -> None:
+        self.kernel, self.msg_id, self.closed = kernel, msg_id, closed
+        self.timeout = timeout
+        self.idle = False
+        """Whether the cell ended (the kernel said idle): the kernel is free for the next one."""
+
+    async def lines(self) -> AsyncIterator[dict[str, Any]]:
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        interrupted = False
+        while not self.closed.is_set():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if interrupted:
+                    yield _error("TimeoutError", f"the cell ran over {self.timeout:g}s and did not stop on interrupt")
+                    return
+                interrupted, deadline = True, now + INTERRUPT_GRACE
+                await self.kernel.interrupt()
+            wait = KEEPALIVE if deadline is None else max(0.05, min(KEEPALIVE, deadline - now))
+            msg = await self.kernel.next_iopub(wait)
+            if msg is None:
+                if self.closed.is_set():
+                    return
+                if not await self.kernel.is_alive():
+                    yield _error("KernelDied", "the kernel died; the next cell starts a fresh one (state is lost)")
+                    return
+                yield {"type": "keepalive"}
+                continue
+            if _parent(msg) != self.msg_id:
+                continue  # an earlier cell's or a setup cell's output
+            line = _line(msg["header"]["msg_type"], msg["content"], msg["header"].get("date"))
+            if line is _IDLE:
+                self.idle = True
+                return
+            if line is not None:
+                yield line
+
+
+_IDLE: dict[str, Any] = {}
+
+
+def _line(msg_type: str, content: dict[str, Any], date: Any) -> dict[str, Any] | None:
+    if msg_type == "status":
+        return _IDLE if content.get("execution_state") == "idle" else None
+    if msg_type == "stream":
+        kind = "stderr" if content.get("name") == "stderr" else "stdout"
+        stamp = date.isoformat() if isinstance(date, datetime) else str(date or "")
+        return {"type": kind, "text": str(content.get("text", "")), "timestamp": stamp}
+    if msg_type in ("execute_result", "display_data"):
+        return _result(content.get("data") or {}, main=msg_type == "execute_result")
+    if msg_type == "error":
+        trace = "\n".join(str(line) for line in content.get("traceback") or ())
+        return _error(str(content.get("ename", "Error")), str(content.get("evalue", "")), trace)
+    if msg_type == "execute_input":
+        return {"type": "number_of_executions", "execution_count": content.get("execution_count")}
+    return None
+
+
+def _result(data: dict[str, Any], *, main: bool) -> dict[str, Any]:
+    line: dict[str, Any] = {"type": "result", "is_main_result": main}
+    extra: dict[str, Any] = {}
+    for mime, payload in data.items():
+        name = _RESULT_FIELDS.get(mime)
+        value = "".join(payload) if isinstance(payload, list) and mime != "application/json" else payload
+        if name is None:
+            extra[mime] = value
+        elif name == "text" and isinstance(value, str) and len(value) > 1 and value[0] == value[-1] in "'\"":
+            line[name] = value[1:-1]  # E2B gives a string result without its repr quotes
+        else:
+            line[name] = value
+    if extra:
+        line["extra"] = extra
+    return line
+
+
+def _error(name: str, value: str, traceback: str = "") -> dict[str, Any]:
+    return {"type": "error", "name": name, "value": value, "traceback": traceback or f"{name}: {value}"}
+
+
+def _parent(msg: dict[str, Any]) -> str | None:
+    parent = msg.get("parent_header") or {}
+    return parent.get("msg_id") if isinstance(parent, dict) else None
+
+
+def _setup(work: str, env: dict[str, str]) -> str:
+    """A silent cell (own globals) that puts a new kernel in its context's directory with the sandbox's env."""
+    source = f"import os\nos.makedirs({work!r}, exist_ok=True)\nos.chdir({work!r})\nos.environ.update({env!r})\n"
+    return f"exec({source!r}, {{}})"
+
+
+def _set_env(env: dict[str, str], restore: str) -> str:
+    """Set one cell's ``env_vars``, keeping what they replace in a builtin named ``restore``."""
+    source = (
+        f"import os, builtins\nenv = {env!r}\n"
+        f"setattr(builtins, {restore!r}, {{k: os.environ.get(k) for k in env}})\nos.environ.update(env)\n"
+    )
+    return f"exec({source!r}, {{}})"
+
+
+def _restore_env(restore: str) -> str:
+    source = (
+        f"import os, builtins\nfor k, v in getattr(builtins, {restore!r}, {{}}).items():\n"
+        "    os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)\n"
+        f"builtins.__dict__.pop({restore!r}, None)\n"
+    )
+    return f"exec({source!r}, {{}})"
+
+
+def json_line(line: dict[str, Any]) -> bytes:
+    """One NDJSON line: never blank, always an object with ``type`` (the SDK ``json.loads`` every line)."""
+    return json.dumps(line, default=str).encode() + b"\n"

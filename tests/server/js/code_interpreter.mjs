@@ -1,0 +1,25 @@
+// The JavaScript code-interpreter SDK's smoke run against `execspace serve` (tests/server/test_code_interpreter.py
+// copies it next to an `npm install @e2b/code-interpreter` and runs it with E2B_API_URL, E2B_SANDBOX_URL and
+// E2B_API_KEY set). Prints "ok" when every check passed.
+import { Sandbox } from '@e2b/code-interpreter'
+
+function check(ok, what) {
+  if (!ok) throw new Error(`check failed: ${what}`)
+}
+
+const sbx = await Sandbox.create()
+try {
+  const out = []
+  await sbx.runCode('x = 41\nprint("from js")', { onStdout: (m) => out.push(m.line) })
+  check(out.join('') === 'from js\n', `stdout callback, got ${JSON.stringify(out)}`)
+  const execution = await sbx.runCode('x + 1')
+  check(execution.text === '42', `state kept, got ${execution.text}`)
+  const failed = await sbx.runCode('1 / 0')
+  check(failed.error && failed.error.name === 'ZeroDivisionError', `error, got ${JSON.stringify(failed.error)}`)
+  const ctx = await sbx.createCodeContext()
+  const other = await sbx.runCode('x', { context: ctx })
+  check(other.error && other.error.name === 'NameError', 'contexts do not share variables')
+  console.log('ok')
+} finally {
+  await sbx.kill()
+}
