@@ -298,3 +298,84 @@ def test_capabilities_say_why_there_is_no_pty() -> None:
     assert caps.pty is False
     assert "sandbox.pty" in caps.details["pty"]
     assert "kill inside the sandbox" in caps.details["signals"]
+
+
+# -- code execution through the code interpreter ---------------------------------------------
+
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+DISPLAYS = (
+    "from IPython.display import HTML, JSON, SVG, Latex, Markdown, display\n"
+    "display(HTML('<b>x</b>')); display(Markdown('# t')); display(Latex(r'$x^2$')); display(JSON({'a': 1}))\n"
+    "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"/>'))"
+)
+
+
+async def test_code_runs_in_the_code_interpreter_with_state_and_rich_results(e2b_server: Server, mark: str) -> None:
+    from execspace import CodeBlock, CodeExecutionInput, CodeExecutor
+
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as engine:
+        ex = CodeExecutor(engine, timeout=30)
+        first = await ex.execute_code(
+            CodeExecutionInput(
+                [
+                    CodeBlock("python", "total = 40\nprint('to stdout')"),
+                    CodeBlock("py", PLOT),
+                    CodeBlock("python", DISPLAYS),
+                    CodeBlock("bash", "echo from-bash; echo $$ > pid.txt"),  # not a kernel language here: a program
+                ],
+                execution_id="cells",
+            )
+        )
+        assert first.ok, first.output
+        assert "to stdout" in first.output and "from-bash" in first.output
+        files = {f.name: f.content for f in first.output_files}
+        assert files["out/cell-2-1.png"].startswith(b"\x89PNG\r\n\x1a\n")
+        assert files["out/cell-3-1.html"] == b"<b>x</b>"
+        assert files["out/cell-3-2.md"] == b"# t"
+        assert files["out/cell-3-3.tex"] == b"$x^2$"
+        assert json.loads(files["out/cell-3-4.json"]) == {"a": 1}
+        assert files["out/cell-3-5.svg"].startswith(b"<svg")
+        second = await ex.execute_code(CodeExecutionInput([CodeBlock("python", "total + 2")], execution_id="cells"))
+        assert second.output == "42\n" and second.ok
+
+
+async def test_a_cell_error_keeps_name_value_and_traceback(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("errors")
+        assert isinstance(engine, execspace.SupportsKernels)
+        block = CodeBlock("python", "import sys\nprint('before', file=sys.stderr)\n1/0")
+        result, text = await engine.kernels.run_block(ws, block, 0, timeout=30, limits=ResourceLimits())
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr.startswith("before\n")
+        assert "ZeroDivisionError: division by zero" in result.stderr and "----> 3 1/0" in result.stderr
+        assert "\x1b[" not in text  # no terminal colours for a model to read
+
+
+def test_languages_map_to_the_code_interpreter() -> None:
+    from execspace import UnsupportedLanguage
+    from execspace.backends.e2b.kernels import kernel_language
+
+    tags = ["python", "py", "javascript", "js", "node", "typescript", "ts", "bash", "sh", "shell", "r", "java"]
+    assert [kernel_language(t) for t in tags] == [
+        *["python"] * 2,
+        *["js"] * 3,
+        *["ts"] * 2,
+        *["bash"] * 3,
+        "r",
+        "java",
+    ]
+    with pytest.raises(UnsupportedLanguage, match=r"'cobol'.*use one of: python"):
+        kernel_language("cobol")
+
+
+async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
+        ws = await engine.manager.create_workspace("no-js")
+        assert isinstance(engine, execspace.SupportsKernels)
+        assert engine.kernels.handles("node") and not engine.kernels.handles("bash")
+        with pytest.raises(BackendError, match=r"starting a js kernel: 501.*Python only"):
+            await engine.kernels.run_block(ws, CodeBlock("js", "1 + 1"), 0, timeout=30, limits=ResourceLimits())

@@ -20,7 +20,8 @@ from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
 
 if TYPE_CHECKING:
-    from e2b import AsyncCommandHandle, AsyncSandbox
+    from e2b import AsyncCommandHandle
+    from e2b_code_interpreter import AsyncSandbox
 
 __all__ = ["HOME", "Box", "Sandboxes", "sdk_call"]
 
@@ -305,7 +306,7 @@ class Sandboxes:
         return box
 
     async def _connect(self, sandbox_id: str) -> Box:
-        from e2b import AsyncSandbox
+        from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         sandbox = await sdk_call(
             f"connecting to sandbox {sandbox_id}",
@@ -318,7 +319,8 @@ class Sandboxes:
 
     async def _find(self, key: str) -> Any:
         """The running sandbox we made for workspace ``key`` (by its metadata), connected, or None."""
-        from e2b import AsyncSandbox, SandboxQuery, SandboxState
+        from e2b import SandboxQuery, SandboxState
+        from e2b_code_interpreter import AsyncSandbox
 
         query = SandboxQuery(metadata={_WS_KEY: key}, state=[SandboxState.RUNNING])
         paginator = AsyncSandbox.list(query=query, **self.api())
@@ -334,7 +336,7 @@ class Sandboxes:
         return sandbox
 
     async def _create(self, key: str) -> Box:
-        from e2b import AsyncSandbox
+        from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
         sandbox = await sdk_call(
