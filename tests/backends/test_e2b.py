@@ -306,7 +306,10 @@ PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
 DISPLAYS = (
     "from IPython.display import HTML, JSON, SVG, Latex, Markdown, display\n"
     "display(HTML('<b>x</b>')); display(Markdown('# t')); display(Latex(r'$x^2$')); display(JSON({'a': 1}))\n"
-    "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"/>'))"
+    "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"/>'))\n"
+    "import base64\n"
+    "display({'image/jpeg': base64.b64encode(b'\\xff\\xd8jpeg').decode(),"
+    " 'application/pdf': base64.b64encode(b'%PDF-1.4').decode()}, raw=True)"
 )
 
 
@@ -335,6 +338,8 @@ async def test_code_runs_in_the_code_interpreter_with_state_and_rich_results(e2b
         assert files["out/cell-3-3.tex"] == b"$x^2$"
         assert json.loads(files["out/cell-3-4.json"]) == {"a": 1}
         assert files["out/cell-3-5.svg"].startswith(b"<svg")
+        assert files["out/cell-3-6.jpg"] == b"\xff\xd8jpeg"
+        assert files["out/cell-3-6.pdf"] == b"%PDF-1.4"
         second = await ex.execute_code(CodeExecutionInput([CodeBlock("python", "total + 2")], execution_id="cells"))
         assert second.output == "42\n" and second.ok
 
