@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_container import run_container
 from bench_core import Plan, Report, Row, machine_info, run_core
+from bench_e2b import run_e2b
 from bench_jupyter import run_jupyter
 from bench_sandbox import run_sandbox
 from bench_serve import run_serve
@@ -127,9 +128,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    p.add_argument(
-        "--only", choices=("core", "sandbox", "jupyter", "container", "serve"), help="run one group of benchmarks"
-    )
+    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b")
+    p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
 
@@ -145,6 +145,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         "jupyter": run_jupyter,
         "container": run_container,
         "serve": run_serve,
+        "e2b": run_e2b,
     }
     for name, group in groups.items():
         if args.only not in (None, name):

@@ -22,7 +22,8 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── ExecutionTimeout            a run exceeded its deadline (also TimeoutError); carries the partial result
     ├── ProgramFailed               raised only on request (check=True); carries the result
     └── BackendError                the backend failed while running (daemon died, kernel crashed…)
-        └── PartialOutputCommit     outputs were collected but their record could not be written
+        ├── PartialOutputCommit     outputs were collected but their record could not be written
+        └── SandboxLost             a remote sandbox expired or was killed: what it held is gone
 
 Each message says what happened and what to do next.
 """
@@ -48,6 +49,7 @@ __all__ = [
     "PolicyViolation",
     "ProgramFailed",
     "ProgramNotFound",
+    "SandboxLost",
     "SetupFailed",
     "UnsupportedBackend",
     "UnsupportedLanguage",
@@ -169,3 +171,7 @@ class PartialOutputCommit(BackendError):
         self.manifest = manifest
         self.cause = cause
         super().__init__(message)
+
+
+class SandboxLost(BackendError):
+    """A remote sandbox expired or was killed while in use: the files and programs it held are gone."""

@@ -12,9 +12,10 @@ import importlib.util
 import os
 
 from ...backend import Probe
-from ...capabilities import Capabilities, Isolation
-from ...engine import BaseEngine
+from ...capabilities import Capabilities, Isolation, KernelCapabilities
+from ...engine import BaseEngine, KernelEngine
 from .fs import E2BWorkspaceFS, E2BWorkspaceManager
+from .kernels import LANGUAGE_NAMES, E2BKernels, kernel_language
 from .options import E2BOptions
 from .runner import E2BRunner
 from .sandboxes import Sandboxes
@@ -54,12 +55,24 @@ class E2BBackend:
             persistent_state=options.persistence == "session",
             host_paths=False,
             enforced_limits=frozenset({"timeout", "output_bytes"}),
+            languages=("python", "bash"),  # what every template has (the file agent needs python3 anyway)
+            kernels=KernelCapabilities(
+                languages=tuple(dict.fromkeys(LANGUAGE_NAMES[kernel_language(t)] for t in options.code_languages)),
+                isolation=isolation,
+                cell_limits=frozenset({"timeout", "output_bytes"}),
+                network_control=not options.allow_internet_access,
+            ),
             does_not_protect=(
                 "the sandbox service's own boundary is the protection: a program can read and change everything "
                 "of its sandbox (other workspaces sharing a sandbox given by sandbox_id too)",
                 "resource limits are the template's (cpu, memory, disk), not per run",
             ),
-            details={"template": options.template, "persistence": options.persistence},
+            details={
+                "template": options.template,
+                "persistence": options.persistence,
+                "pty": "none: the SDK's sandbox.pty starts only an interactive bash, never a given program",
+                "signals": "sent with kill inside the sandbox (the SDK's envd signal call sends only SIGKILL)",
+            },
         )
 
     @classmethod
@@ -74,4 +87,5 @@ class E2BBackend:
         manager = E2BWorkspaceManager(boxes)
         fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
         runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace)
-        return BaseEngine("e2b", manager, fs, runner, caps, on_close=boxes.aclose)
+        kernels = E2BKernels(boxes, fs.put_files)
+        return KernelEngine("e2b", manager, fs, runner, caps, kernels, on_close=boxes.aclose)

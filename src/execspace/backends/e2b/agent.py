@@ -1,10 +1,10 @@
 """The file checks the e2b backend runs inside the sandbox, where the paths are: containment decided there.
 
 Not imported by execspace: its *text*, after that of :mod:`execspace.workspace.confinecore`, is uploaded once to
-each sandbox and run as ``python3 <file> '<json>'`` (see :mod:`.fs`). It never moves file content (that goes
-through the SDK's files API); it walks, stats, removes, renames and installs uploaded files, every path opened
-from a directory fd with ``O_NOFOLLOW``, and prints one JSON line: ``{"ok": value}`` or
-``{"error": [kind, path, why]}``.
+each sandbox and run as ``python3 <file> <idle seconds>``: one long-lived process per sandbox (see
+:mod:`.sandboxes`). It never moves file content (that goes through the SDK's files API); it walks, stats, removes,
+renames and installs uploaded files, every path opened from a directory fd with ``O_NOFOLLOW``, and answers each
+JSON request of a stdin line with one JSON line: ``{"ok": value}`` or ``{"error": [kind, path, why]}``.
 """
 
 from __future__ import annotations
@@ -175,18 +175,30 @@ OPS = {
 }
 
 
-def main(raw: str) -> None:
+def answer(raw: str) -> dict[str, Any]:
     args = json.loads(raw)
     try:
-        result: dict[str, Any] = {"ok": OPS[args["op"]](args)}
+        return {"ok": OPS[args["op"]](args)}
     except Refused as exc:
-        result = {"error": [exc.kind, exc.path, exc.why]}
+        return {"error": [exc.kind, exc.path, exc.why]}
     except PathDenied as exc:
-        result = {"error": ["PathDenied", exc.path, exc.reason]}
+        return {"error": ["PathDenied", exc.path, exc.reason]}
     except OSError as exc:
-        result = {"error": [type(exc).__name__, str(exc.filename or ""), exc.strerror or str(exc)]}
-    sys.stdout.write(json.dumps(result) + "\n")
+        return {"error": [type(exc).__name__, str(exc.filename or ""), exc.strerror or str(exc)]}
+
+
+def serve(idle: float) -> None:
+    """One request per stdin line, one answer per stdout line, until stdin ends or stays quiet for ``idle`` s
+    (a client that went away leaves no agent behind for long)."""
+    import select
+
+    while select.select([sys.stdin], [], [], idle)[0]:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        sys.stdout.write(json.dumps(answer(line)) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    serve(float(sys.argv[1]))

@@ -34,13 +34,15 @@ from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS
 from ...workspace.metadata import is_metadata_temp
 from ...workspace.staging import WorkspaceFSBase
-from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
+from .sandboxes import Box, Sandboxes, workspace_key
 
 if TYPE_CHECKING:
     from ...artifacts import ArtifactService
 
 __all__ = ["E2BWorkspaceFS", "E2BWorkspaceManager"]
 
+#: Files per upload request: services cap the parts of one multipart body (``execspace serve``: 1,000).
+_UPLOAD_BATCH = 500
 _KINDS = {"file": FileKind.FILE, "dir": FileKind.DIR, "symlink": FileKind.SYMLINK, "other": FileKind.OTHER}
 
 
@@ -79,7 +81,7 @@ class E2BWorkspaceManager:
         if box.owned:
             await self._boxes.forget(key)  # its own sandbox: killing it stops its programs and removes everything
             return
-        await sdk_call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
+        await box.call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
         await self._boxes.forget(key)
 
 
@@ -109,7 +111,8 @@ class E2BWorkspaceFS(WorkspaceFSBase):
             data = f.content.encode() if isinstance(f.content, str) else f.content
             entries.append(WriteEntry(path=box.sdk_path(f"{stage}/{i}"), data=data))
             moves.append([str(i), dest, f.mode])
-        await sdk_call("uploading files", box.sandbox.files.write_files(entries), gone=f"workspace {ws.id!r}")
+        for at in range(0, len(entries), _UPLOAD_BATCH):
+            await box.call("uploading files", box.sandbox.files.write_files(entries[at : at + _UPLOAD_BATCH]))
         await box.agent("install", ws=ws.path, stage=stage, files=moves)
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
@@ -123,10 +126,8 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         return File(rel, data, guess_mime(rel, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
     async def _fetch(self, box: Box, ws: Workspace, rel: str) -> bytes:
-        content = await sdk_call(
-            f"reading {rel}",
-            box.sandbox.files.read(box.sdk_path(f"{ws.path}/{rel}"), format="bytes"),
-            gone=f"workspace {ws.id!r}",
+        content = await box.call(
+            f"reading {rel}", box.sandbox.files.read(box.sdk_path(f"{ws.path}/{rel}"), format="bytes")
         )
         return bytes(content)
 

@@ -42,6 +42,10 @@ class E2BOptions(BackendOptions):
         host_roots: host directories ``host://`` inputs may read from (uploaded: the sandbox never sees the host).
         artifacts: an ``ArtifactService`` for ``artifact://`` inputs and saved outputs.
         kill_grace: seconds between SIGTERM and SIGKILL when a run is killed or times out.
+        code_languages: the code executor's blocks of these languages run in the template's code interpreter
+            (stateful kernels, rich results under ``out/``); blocks of other languages run as programs. Names or
+            aliases of python, javascript, typescript, bash, r, java. The default is what every E2B-protocol
+            service's ``code-interpreter-v1`` runs, ``execspace serve`` included; E2B's and Cube's also run the others.
     """
 
     api_url: str | None = None
@@ -62,3 +66,4 @@ class E2BOptions(BackendOptions):
     host_roots: Sequence[Path | str] = ()
     artifacts: ArtifactService | None = None
     kill_grace: float = 2.0
+    code_languages: tuple[str, ...] = ("python",)

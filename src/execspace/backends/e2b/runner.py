@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
-from ...errors import BackendError, CapabilityError, UsageError
+from ...errors import BackendError, CapabilityError, SandboxLost, UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
 from ...process.preparation import signal_status
@@ -98,21 +98,19 @@ class E2BRunner:
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
         command = (
             f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n"
-            # env, not the shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where
-            # dash says 127 for all of them
-            f'env -i {assignments} {shlex.quote(marker)} /bin/sh -c \'echo $$ > "$0"; exec env -- "$@"\' '
-            f"{shlex.quote(pidfile)} {program}\n"
+            # a subshell records its own pid (the program's, across the execs), then env, not a shell, execs the
+            # program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says 127 for all of them
+            f"(echo $BASHPID > {shlex.quote(pidfile)}; exec env -i {assignments} {shlex.quote(marker)} {program})\n"
             f"s=$?; echo $s > {shlex.quote(pidfile + '.status')}; exit $s"
         )
         return _Prepared(ws, spec, box, command, run_dir, marker, pidfile)
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        program = await self._start(self.prepare(ws, spec))
-        await program.close_stdin()  # a run reads only the stdin its spec gives
+        program = await self._start(self.prepare(ws, spec), interactive=False)
         return await program.wait()
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
-        program = await self._start(self.prepare(ws, spec))
+        program = await self._start(self.prepare(ws, spec), interactive=True)
         program.when_done(self.programs.add(ws, program))
         return program
 
@@ -122,9 +120,10 @@ class E2BRunner:
     async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
         return self.programs.get(ws, key)
 
-    async def _start(self, prep: _Prepared) -> E2BProgram:
+    async def _start(self, prep: _Prepared, *, interactive: bool) -> E2BProgram:
+        """``interactive``: stdin stays open for ``write_stdin``; else the program reads only its spec's stdin."""
         program = E2BProgram(self, prep)
-        await program.begin()
+        await program.begin(interactive)
         return program
 
     async def send_signal(self, prep: _Prepared, sig: int) -> None:
@@ -154,7 +153,7 @@ class E2BProgram:
         self._info = program_info(prep.spec, 0)
         self._handle: AsyncCommandHandle[None] | None = None
         self._done: asyncio.Future[RunResult] | None = None
-        self._stdin_open = True
+        self._stdin_open = False
         self._killing: asyncio.Task[None] | None = None
         self._started = 0.0
 
@@ -168,27 +167,28 @@ class E2BProgram:
 
         return take
 
-    async def begin(self) -> None:
+    async def begin(self, interactive: bool) -> None:
         spec = self._prep.spec
+        # no stdin at all saves a round trip per run: envd closes it at the start
+        self._stdin_open = interactive or bool(spec.stdin)
         backstop = 0 if spec.timeout is None else spec.timeout + self._runner.kill_grace + 2 * _SETTLE
         self._started = time.monotonic()
-        handle: AsyncCommandHandle[None] = await sdk_call(
+        handle: AsyncCommandHandle[None] = await self._prep.box.call(
             f"starting {spec.cmd!r}",
             self._prep.box.sandbox.commands.run(
                 self._prep.command,
                 background=True,
-                stdin=True,
+                stdin=self._stdin_open,
                 timeout=backstop,
                 on_stdout=self._on("stdout"),
                 on_stderr=self._on("stderr"),
                 retain_output=False,
             ),
-            gone=f"the workspace {self._prep.ws.id!r}",
         )
         self._handle = handle
         self._info = dataclasses.replace(self._info, pid=handle.pid)
         self._done = asyncio.ensure_future(self._supervise(handle))
-        if spec.stdin:
+        if spec.stdin:  # the spec's stdin is all the program reads
             data = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
             await self.write_stdin(data)
             await self.close_stdin()
@@ -213,9 +213,11 @@ class E2BProgram:
                 timed_out = True
                 code = await self._stop(ending)
         except Exception as exc:
+            box = self._prep.box  # which of the two it was, said by the service: gone, unreachable or neither
+            await box.call(f"the run of {spec.cmd!r}", box.sandbox.get_info())
             raise BackendError(
-                f"the run of {spec.cmd!r} in workspace {self._prep.ws.id!r} was lost ({exc}); "
-                "its sandbox may have expired or the service is unreachable"
+                f"the run of {spec.cmd!r} in workspace {self._prep.ws.id!r} was lost ({exc}); its sandbox is "
+                "still there: run it again"
             ) from exc
         finally:
             self._queue.put_nowait(None)
@@ -243,10 +245,14 @@ class E2BProgram:
             return -signal.SIGKILL
 
     async def _recorded_status(self) -> int:
+        """The status the wrapper wrote down; a sandbox found gone meanwhile is why the run ended, and said."""
         box = self._prep.box
         try:
-            text = await box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
+            status = box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
+            text = await box.call(f"the run of {self._prep.spec.cmd!r}", status)
             return int(text.strip())
+        except SandboxLost:
+            raise
         except Exception:  # no record: the wrapper itself was killed, by our SIGKILL
             return -signal.SIGKILL
 

@@ -10,18 +10,18 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import shlex
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...errors import BackendError, PathDenied, SetupFailed, WorkspaceNotFound
-from ...workspace.layout import sanitize_id
+from ...errors import BackendError, PathDenied, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
 
 if TYPE_CHECKING:
-    from e2b import AsyncSandbox
+    from e2b import AsyncCommandHandle
+    from e2b_code_interpreter import AsyncSandbox
 
 __all__ = ["HOME", "Box", "Sandboxes", "sdk_call"]
 
@@ -46,6 +46,7 @@ _AGENT_NAME = f".execspace/agent-{hashlib.sha256(_AGENT.encode()).hexdigest()[:1
 async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
     """Await an SDK call, its failures as execspace errors naming ``what`` failed (``gone``: what a lost
     sandbox took with it)."""
+    import httpx  # the SDK's transport: its errors escape the SDK on the files API
     from e2b import CommandExitException
     from e2b import exceptions as ex
 
@@ -65,16 +66,77 @@ async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
     except ex.ServiceBusyException as exc:
         raise BackendError(f"{what}: the E2B service is busy (503); retry later") from exc
     except (ex.SandboxNotFoundException, ex.SandboxNotRunningException) as exc:
-        raise BackendError(
+        raise SandboxLost(
             f"{what}: the sandbox is gone (expired after sandbox_timeout, or killed): {gone or 'its state'} "
             "was lost; create the workspace again to start afresh, and raise sandbox_timeout to keep it longer"
         ) from exc
-    except ex.TimeoutException as exc:
+    except ex.SandboxUnreachableException as exc:
+        raise BackendError(f"{what}: cannot reach the E2B service ({exc}); is it up? check sandbox_url") from exc
+    except (ex.TimeoutException, httpx.TimeoutException) as exc:
         raise BackendError(f"{what}: no answer within the timeout ({exc}); is the E2B service up?") from exc
     except ex.SandboxException as exc:
         raise BackendError(f"{what}: {exc}") from exc
-    except OSError as exc:
+    except (OSError, httpx.TransportError) as exc:
         raise BackendError(f"{what}: cannot reach the E2B service ({exc}); check api_url / sandbox_url") from exc
+
+
+#: Seconds the agent waits for a request before it ends itself (a client that went away leaves none for long).
+_AGENT_IDLE = 600
+
+
+class _Lines:
+    """The agent's stdout as whole lines (its output arrives in chunks cut anywhere)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.stderr = ""
+        self._partial = ""
+
+    def feed(self, text: str) -> None:
+        *whole, self._partial = (self._partial + text).split("\n")
+        for line in whole:
+            self.queue.put_nowait(line)
+
+    def feed_err(self, text: str) -> None:
+        self.stderr = (self.stderr + text)[-2000:]
+
+
+class _AgentProcess:
+    """The long-lived agent of one sandbox: requests on its stdin, one answer line each on its stdout."""
+
+    def __init__(self, handle: AsyncCommandHandle[str], lines: _Lines) -> None:
+        self.handle = handle
+        self.lines = lines
+        self.ended: asyncio.Future[int] = asyncio.ensure_future(self._exit_code())
+        self.ended.add_done_callback(lambda _f: lines.queue.put_nowait(None))
+
+    async def _exit_code(self) -> int:
+        from e2b import CommandExitException
+
+        try:
+            return int((await self.handle.wait()).exit_code)
+        except CommandExitException as exc:
+            return int(exc.exit_code)
+
+    async def answer(self, what: str, within: float) -> str:
+        try:
+            line = await asyncio.wait_for(self.lines.queue.get(), within)
+        except TimeoutError:
+            raise BackendError(f"{what}: no answer within {within:g} s; is the E2B service up?") from None
+        if line is not None:
+            return line
+        self.lines.queue.put_nowait(None)  # for whoever asks next: it stays ended
+        try:
+            code = await self.ended
+        except Exception as exc:  # the stream broke, not the agent
+            raise BackendError(f"{what}: the connection to the sandbox broke ({exc}); is the E2B service up?") from exc
+        if code == 127:
+            raise SetupFailed(
+                "e2b",
+                f"the sandbox's template has no python3, which the file checks need ({self.lines.stderr.strip()})",
+                "use a template with python3 (code-interpreter-v1, base)",
+            )
+        raise BackendError(f"{what}: the file agent ended (exit {code}) before answering: {self.lines.stderr.strip()}")
 
 
 @dataclass(eq=False)
@@ -89,6 +151,24 @@ class Box:
     home: str = HOME
     """The home as programs see it: E2B's ``/home/user``, elsewhere where the service puts what its files API
     calls ``/home/user`` (``execspace serve`` today: the workspace's ``work/``); found as a command's cwd."""
+    on_lost: Callable[[Box], Awaitable[str]] | None = None
+    """What the engine does when the sandbox turns out gone (forget it, or replace it); says what it did."""
+    timeout: float = 30.0
+    """Seconds the agent may take to answer (the engine's ``request_timeout``)."""
+    _agent: _AgentProcess | None = field(default=None, init=False, repr=False)
+    _agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+
+    async def call(self, what: str, call: Awaitable[T]) -> T:
+        """:func:`sdk_call` on this sandbox: a lost sandbox is reported naming its workspace, after
+        :attr:`on_lost` has dealt with it."""
+        try:
+            return await sdk_call(what, call, gone=f"the workspace {self.workspace!r} (sandbox {self.id})")
+        except SandboxLost as exc:
+            if self.on_lost is None:
+                raise
+            lost = f"the sandbox {self.id} is gone (expired after sandbox_timeout, or killed)"
+            then = await self.on_lost(self)
+            raise SandboxLost(f"{what}: {lost}: the workspace {self.workspace!r} was lost. {then}") from exc.__cause__
 
     def sdk_path(self, path: str) -> str:
         """The files-API path of ``path`` as programs see it (under :attr:`home`)."""
@@ -106,28 +186,57 @@ class Box:
 
     async def agent(self, op: str, **args: object) -> Any:
         """Run one op of the in-sandbox agent; its refusals as execspace/OS errors."""
-        from e2b import CommandExitException
-
-        payload = shlex.quote(json.dumps({"op": op, **args}))
-        gone = f"the workspace {self.workspace!r} (sandbox {self.id})"
-        try:
-            result = await sdk_call(
-                f"file operation {op}",
-                self.sandbox.commands.run(f"python3 {self.home}/{_AGENT_NAME} {payload}"),
-                gone=gone,
-            )
-        except CommandExitException as exc:
-            if exc.exit_code == 127:
-                raise SetupFailed(
-                    "e2b",
-                    f"the sandbox's template has no python3, which the file checks need ({exc.stderr.strip()})",
-                    "use a template with python3 (code-interpreter-v1, base)",
-                ) from exc
-            raise BackendError(f"file operation {op} failed in sandbox {self.id}: {exc.stderr.strip()}") from exc
-        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        request = json.dumps({"op": op, **args}) + "\n"
+        async with self._agent_lock:  # one request at a time: answers come back in order on one stdout
+            agent = await self._running_agent()
+            try:
+                await self.call(f"file operation {op}", agent.handle.send_stdin(request))
+            except SandboxLost:
+                raise
+            except BackendError:
+                # the service may answer "no such process" a moment before our stream of it ends
+                await asyncio.wait([agent.ended], timeout=1.0)
+                if not agent.ended.done():
+                    raise
+                # it had ended (idle, or killed) before the request: it never read it, a new one does
+                agent = await self._running_agent()
+                await self.call(f"file operation {op}", agent.handle.send_stdin(request))
+            line = await agent.answer(f"file operation {op} in sandbox {self.id}", self.timeout)
+        answer = json.loads(line)
         if "error" in answer:
             raise _refusal(*answer["error"])
         return answer["ok"]
+
+    async def _running_agent(self) -> _AgentProcess:
+        if self._agent is None or self._agent.ended.done():
+            self._agent = await self._start_agent()
+        return self._agent
+
+    async def _start_agent(self) -> _AgentProcess:
+        lines = _Lines()
+        handle = await self.call(
+            "starting the file agent",
+            self.sandbox.commands.run(
+                f"exec python3 {self.home}/{_AGENT_NAME} {_AGENT_IDLE}",
+                background=True,
+                stdin=True,
+                timeout=0,  # it lives as long as it is used; it ends itself when idle
+                on_stdout=lines.feed,
+                on_stderr=lines.feed_err,
+            ),
+        )
+        return _AgentProcess(handle, lines)
+
+    def renew(self, fresh: Box) -> None:
+        """Go on with ``fresh``'s sandbox in place of a lost one (every holder of this box moves on)."""
+        self.sandbox, self.home, self._agent = fresh.sandbox, fresh.home, fresh._agent
+
+    async def release(self) -> None:
+        """End our agent (stdin closed: it exits), as the sandbox may outlive this engine."""
+        agent, self._agent = self._agent, None
+        if agent is not None and not agent.ended.done():
+            with contextlib.suppress(Exception):  # gone already: nothing left to end
+                await agent.handle.close_stdin()
 
     async def install_agent(self) -> None:
         await sdk_call("installing the file agent", self.sandbox.files.write(f"{HOME}/{_AGENT_NAME}", _AGENT))
@@ -186,7 +295,7 @@ class Sandboxes:
         if self.options.persistence == "session":
             existing = await self._find(key)
             if existing is not None:
-                box = Box(existing, True, key)
+                box = Box(existing, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
                 await box.install_agent()
                 return box
         if not create:
@@ -197,22 +306,23 @@ class Sandboxes:
         return box
 
     async def _connect(self, sandbox_id: str) -> Box:
-        from e2b import AsyncSandbox
+        from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         sandbox = await sdk_call(
             f"connecting to sandbox {sandbox_id}",
             AsyncSandbox.connect(sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
             gone=f"sandbox {sandbox_id}",
         )
-        box = Box(sandbox, False, "")
+        box = Box(sandbox, False, "", on_lost=self._lost, timeout=self.options.request_timeout)
         await box.install_agent()
         return box
 
     async def _find(self, key: str) -> Any:
         """The running sandbox we made for workspace ``key`` (by its metadata), connected, or None."""
-        from e2b import AsyncSandbox, SandboxQuery
+        from e2b import SandboxQuery, SandboxState
+        from e2b_code_interpreter import AsyncSandbox
 
-        query = SandboxQuery(metadata={_WS_KEY: key}, state=["running"])  # type: ignore[list-item]
+        query = SandboxQuery(metadata={_WS_KEY: key}, state=[SandboxState.RUNNING])
         paginator = AsyncSandbox.list(query=query, **self.api())
         listed = await sdk_call("listing sandboxes", paginator.next_items())
         mine = listed  # the key is ours: whatever template it has, it holds this workspace
@@ -226,7 +336,7 @@ class Sandboxes:
         return sandbox
 
     async def _create(self, key: str) -> Box:
-        from e2b import AsyncSandbox
+        from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
         sandbox = await sdk_call(
@@ -241,9 +351,31 @@ class Sandboxes:
                 **self.api(),
             ),
         )
-        box = Box(sandbox, True, key)
+        box = Box(sandbox, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
         await box.install_agent()
         return box
+
+    async def _lost(self, box: Box) -> str:
+        """Deal with ``box``'s sandbox being gone: per session (and a sandbox given by id) it is forgotten, so
+        that the next ``create_workspace`` starts afresh; per turn a fresh sandbox takes its place at once."""
+        if not box.owned:
+            self._shared = None
+            self._boxes = {k: b for k, b in self._boxes.items() if b is not box}
+            return "It was given by sandbox_id: point sandbox_id at a running sandbox."
+        if self.options.persistence == "session":
+            if self._boxes.get(box.workspace) is box:
+                del self._boxes[box.workspace]
+            return "create_workspace makes a fresh sandbox for it; raise sandbox_timeout to keep sandboxes longer."
+        try:
+            fresh = await self._create(box.workspace)
+            await fresh.agent("root", ws=fresh.root_of(box.workspace), layout=list(LAYOUT_DIRS))
+        except BackendError as exc:
+            return f"Recreating it failed too: {exc}"
+        box.renew(fresh)
+        return (
+            f"A fresh sandbox ({box.id}) now holds the workspace, empty (per-turn persistence keeps nothing): "
+            "put its inputs again and retry."
+        )
 
     async def forget(self, key: str) -> None:
         """Drop workspace ``key``: its sandbox is killed when it is ours and only its own."""
@@ -260,7 +392,11 @@ class Sandboxes:
     async def aclose(self) -> None:
         """Kill the per-turn sandboxes; session ones stay (found again by their metadata) until they expire."""
         turns, self._turns = self._turns, []
+        kept = [b for b in {*self._boxes.values(), *([self._shared] if self._shared else [])} if b not in turns]
         self._boxes.clear()
+        self._shared = None
+        for box in kept:
+            await box.release()
         for box in turns:
             with contextlib.suppress(BackendError):  # gone already, or the service is down: it expires on its own
                 await self.kill(box)

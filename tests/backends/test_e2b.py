@@ -1,0 +1,386 @@
+"""The e2b backend against a real ``execspace serve`` and the official SDK: what only a remote service can do.
+
+Persistence per session (across engines and client processes), sandboxes given by id (never killed by us), which
+sandboxes close and cleanup kill, expiry while in use, a server that dies mid-call, back-pressure and a wrong key.
+The conformance kit (tests/conformance, mode ``e2b-serve``) covers the Engine contract itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import BackendError, PutFile, RunProgramSpec, SandboxLost, SetupFailed
+
+pytest.importorskip("e2b", reason="the e2b backend needs the official SDK (pip install 'execspace[e2b]')")
+pytest.importorskip("uvicorn", reason="the tests run against execspace serve (pip install 'execspace[serve]')")
+
+from e2b import AsyncSandbox, SandboxQuery
+
+from tests.server.conftest import Server, running_server
+
+WS_KEY = "execspace.workspace"
+
+
+def _connection(server: Server) -> dict[str, str]:
+    return {"api_url": server.url, "sandbox_url": server.url, "api_key": server.key}
+
+
+def _engine(server: Server, **options: object) -> AbstractAsyncContextManager[execspace.BaseEngine]:
+    return execspace.open_engine("e2b", **_connection(server), template="base", kill_grace=1.0, **options)
+
+
+async def _running(server: Server, **metadata: str) -> dict[str, str]:
+    """The sandboxes the server reports running (id → workspace key), with that metadata."""
+    query = SandboxQuery(metadata=metadata or None)
+    listed = await AsyncSandbox.list(query=query, **_connection(server)).next_items()
+    return {s.sandbox_id: (s.metadata or {}).get(WS_KEY, "") for s in listed}
+
+
+async def _until(what: str, check: object, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not await check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within}s")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of this test's own (killed, or made to refuse)."""
+    with running_server(tmp_path / "serve") as server:
+        yield server
+
+
+@pytest.fixture
+async def mark(request: pytest.FixtureRequest, e2b_server: Server) -> AsyncIterator[str]:
+    """Metadata unique to this test; its sandboxes are killed when it ends, whatever it left."""
+    tag = f"{request.node.name}-{os.getpid()}-{time.monotonic_ns()}"
+    yield tag
+    for sandbox_id in await _running(e2b_server, **{"execspace.test": tag}):
+        await AsyncSandbox.kill(sandbox_id, **_connection(e2b_server))
+
+
+async def test_session_persists_across_engines(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as first:
+        ws = await first.manager.create_workspace("persist-a")
+        await first.fs.put_files(ws, [PutFile("work/state.txt", b"kept\n")])
+    # the first engine is closed: its session sandbox stays, found again by metadata
+    (sandbox_id,) = await _running(e2b_server, **{"execspace.test": mark})
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as second:
+        again = await second.manager.get_workspace("persist-a")
+        result = await second.runner.run_program(again, RunProgramSpec("cat", ["state.txt"], cwd="work"))
+        assert result.stdout == "kept\n"
+        assert list(await _running(e2b_server, **{"execspace.test": mark})) == [sandbox_id]
+        await second.manager.cleanup(again)  # ours: cleanup kills it
+    assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+_CLIENT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import execspace
+    from execspace import PutFile
+
+    async def main(url, key, mark, step):
+        async with execspace.open_engine(
+            "e2b", api_url=url, sandbox_url=url, api_key=key, template="base", metadata={"execspace.test": mark}
+        ) as engine:
+            if step == "create":
+                ws = await engine.manager.create_workspace("restart")
+                await engine.fs.put_files(ws, [PutFile("work/note.txt", b"from the first process")])
+            else:
+                ws = await engine.manager.get_workspace("restart")
+            note = (await engine.fs.read_file(ws, "work/note.txt")).content.decode()
+            print(json.dumps({"path": ws.path, "note": note}))
+
+    asyncio.run(main(*sys.argv[1:]))
+    """
+)
+
+
+def _client(server: Server, mark: str, step: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLIENT, server.url, server.key, mark, step],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+async def test_session_persists_across_client_processes(e2b_server: Server, mark: str) -> None:
+    made = await asyncio.to_thread(_client, e2b_server, mark, "create")
+    running = await _running(e2b_server, **{"execspace.test": mark})
+    found = await asyncio.to_thread(_client, e2b_server, mark, "find")
+    assert found == made == {"path": made["path"], "note": "from the first process"}
+    assert await _running(e2b_server, **{"execspace.test": mark}) == running
+    assert len(running) == 1
+
+
+async def test_sandbox_given_by_id_is_never_killed(e2b_server: Server, mark: str) -> None:
+    theirs = await AsyncSandbox.create(template="base", metadata={"execspace.test": mark}, **_connection(e2b_server))
+    async with _engine(e2b_server, sandbox_id=theirs.sandbox_id) as engine:
+        ws = await engine.manager.create_workspace("guest")
+        await engine.fs.put_files(ws, [PutFile("work/in.txt", b"x")])
+        result = await engine.runner.run_program(ws, RunProgramSpec("ls"))
+        assert "in.txt" in result.stdout.split()
+        await engine.manager.cleanup(ws)
+        # the workspace went, the sandbox stayed
+        parent, name = ws.path.rsplit("/", 1)
+        assert name not in (await theirs.commands.run(f"ls {parent}")).stdout.split()
+    assert theirs.sandbox_id in await _running(e2b_server, **{"execspace.test": mark})
+    assert await theirs.is_running()
+
+
+async def test_turn_sandboxes_are_killed_at_close(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, persistence="turn", metadata={"execspace.test": mark}) as engine:
+        await engine.manager.create_workspace("turn-a")
+        await engine.manager.create_workspace("turn-b")
+        assert len(await _running(e2b_server, **{"execspace.test": mark})) == 2
+    assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+async def test_session_sandboxes_outlive_close_and_die_at_cleanup(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as engine:
+        kept = await engine.manager.create_workspace("kept")
+        gone = await engine.manager.create_workspace("gone")
+        await engine.manager.cleanup(gone)
+    assert set((await _running(e2b_server, **{"execspace.test": mark})).values()) == {kept.path.rsplit("/", 1)[-1]}
+
+
+async def test_expiry_mid_session_names_what_was_lost(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, sandbox_timeout=3, metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("expiring")
+        await engine.fs.put_files(ws, [PutFile("work/data.txt", b"precious")])
+        started = time.monotonic()
+        with pytest.raises(SandboxLost, match=r"gone \(expired.*workspace 'expiring.*was lost.*create_workspace"):
+            await engine.runner.run_program(ws, RunProgramSpec("sleep", ["30"]))
+        assert time.monotonic() - started < 20
+        # the next create_workspace starts afresh, in a new sandbox
+        fresh = await engine.manager.create_workspace("expiring")
+        assert "work/data.txt" not in [e.path for e in await engine.fs.list(fresh, ["work/*"])]
+
+
+async def test_expiry_per_turn_recreates_the_sandbox(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, persistence="turn", sandbox_timeout=2, metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("turn-expiring")
+        (first,) = await _running(e2b_server, **{"execspace.test": mark})
+
+        async def expired() -> bool:
+            return first not in await _running(e2b_server, **{"execspace.test": mark})
+
+        await _until("the sandbox's expiry", expired)
+        with pytest.raises(SandboxLost, match=r"A fresh sandbox .* now holds the workspace, empty"):
+            await engine.fs.put_files(ws, [PutFile("work/a.txt", b"a")])
+        await engine.fs.put_files(ws, [PutFile("work/a.txt", b"a")])
+        result = await engine.runner.run_program(ws, RunProgramSpec("cat", ["a.txt"], cwd="work"))
+        assert result.stdout == "a"
+        assert list(await _running(e2b_server, **{"execspace.test": mark})) not in ([], [first])
+
+
+async def test_server_killed_mid_call_is_a_clear_error(own_server: Server) -> None:
+    async with _engine(own_server, persistence="turn", request_timeout=5.0) as engine:
+        ws = await engine.manager.create_workspace("doomed")
+        program = await engine.runner.start_program(ws, RunProgramSpec("sleep", ["60"]))
+        own_server.process.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="cannot reach the E2B service"):
+            await program.wait()
+        assert time.monotonic() - started < 5.0  # the SDK's connection retries, within the request timeout
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="cannot reach the E2B service"):
+            await engine.fs.read_file(ws, "work/x")
+        assert time.monotonic() - started < 5.0
+
+
+async def test_stopped_server_fails_within_the_request_timeout(own_server: Server) -> None:
+    async with _engine(own_server, persistence="turn", request_timeout=2.0) as engine:
+        ws = await engine.manager.create_workspace("frozen")
+        os.kill(own_server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendError, match="no answer within the timeout"):
+                await engine.fs.put_files(ws, [PutFile("work/x", b"x")])
+            assert time.monotonic() - started < 2.0 * 4
+            started = time.monotonic()
+            with pytest.raises(BackendError, match="no answer within"):
+                await engine.fs.stat(ws, "work")  # a request to the file agent
+            assert time.monotonic() - started < 2.0 * 4
+        finally:
+            os.kill(own_server.process.pid, signal.SIGCONT)
+
+
+async def test_back_pressure_says_retry_later(tmp_path: Path) -> None:
+    with running_server(tmp_path / "serve", "--max-sandboxes", "1") as server:
+        async with _engine(server, persistence="turn") as engine:
+            await engine.manager.create_workspace("fits")
+            with pytest.raises(BackendError, match=r"at capacity \(429.*retry later"):
+                await engine.manager.create_workspace("one-too-many")
+
+
+async def test_wrong_api_key_is_setup_failed(e2b_server: Server) -> None:
+    async with execspace.open_engine(
+        "e2b", api_url=e2b_server.url, sandbox_url=e2b_server.url, api_key="e2b_" + "f" * 32, template="base"
+    ) as engine:
+        with pytest.raises(SetupFailed, match="refused the API key") as caught:
+            await engine.manager.create_workspace("locked-out")
+        assert "f" * 32 not in str(caught.value)
+
+
+async def _agents(server: Server, sandbox_id: str) -> list[int]:
+    """The pids of our file agents in that sandbox, as envd lists its processes."""
+    sandbox = await AsyncSandbox.connect(sandbox_id, **_connection(server))
+    return [p.pid for p in await sandbox.commands.list() if ".execspace/agent-" in " ".join([p.cmd, *p.args])]
+
+
+async def test_file_agent_ends_with_the_engine(e2b_server: Server, mark: str) -> None:
+    """A session sandbox outlives the engine; the engine's file agent in it does not."""
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("agent-ends")
+        await engine.fs.put_files(ws, [PutFile("work/a", b"a")])
+        (sandbox_id,) = await _running(e2b_server, **{"execspace.test": mark})
+        assert len(await _agents(e2b_server, sandbox_id)) == 1
+
+    async def no_agent() -> bool:
+        return not await _agents(e2b_server, sandbox_id)
+
+    await _until("the agent's exit", no_agent)
+
+
+async def test_a_killed_file_agent_is_started_again(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, persistence="turn", metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("agent-killed")
+        await engine.fs.put_files(ws, [PutFile("work/a", b"kept")])
+        (sandbox_id,) = await _running(e2b_server, **{"execspace.test": mark})
+        (pid,) = await _agents(e2b_server, sandbox_id)
+        sandbox = await AsyncSandbox.connect(sandbox_id, **_connection(e2b_server))
+        assert await sandbox.commands.kill(pid)  # as a program of the sandbox could
+
+        async def gone() -> bool:
+            return pid not in await _agents(e2b_server, sandbox_id)
+
+        await _until("the agent's end", gone)
+        assert (await engine.fs.read_file(ws, "work/a")).content == b"kept"
+        assert len(await _agents(e2b_server, sandbox_id)) == 1
+
+
+async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_whole(e2b_server: Server) -> None:
+    """More files than a service takes in one upload; a listing far larger than one chunk of the stream."""
+    names = [f"work/d/{'n' * 80}-{i:04}.txt" for i in range(5000)]
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("long-answer")
+        await engine.fs.put_files(ws, [PutFile(name, b"") for name in names])
+        listed = [e.path for e in await engine.fs.list(ws, ["work/d/*"])]
+        assert sorted(listed) == names
+
+
+def test_capabilities_say_why_there_is_no_pty() -> None:
+    from execspace.backends.e2b import E2BBackend, E2BOptions
+
+    caps = E2BBackend.capabilities(E2BOptions())
+    assert caps.pty is False
+    assert "sandbox.pty" in caps.details["pty"]
+    assert "kill inside the sandbox" in caps.details["signals"]
+
+
+# -- code execution through the code interpreter ---------------------------------------------
+
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+DISPLAYS = (
+    "from IPython.display import HTML, JSON, SVG, Latex, Markdown, display\n"
+    "display(HTML('<b>x</b>')); display(Markdown('# t')); display(Latex(r'$x^2$')); display(JSON({'a': 1}))\n"
+    "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"/>'))\n"
+    "import base64\n"
+    "display({'image/jpeg': base64.b64encode(b'\\xff\\xd8jpeg').decode(),"
+    " 'application/pdf': base64.b64encode(b'%PDF-1.4').decode()}, raw=True)"
+)
+
+
+async def test_code_runs_in_the_code_interpreter_with_state_and_rich_results(e2b_server: Server, mark: str) -> None:
+    from execspace import CodeBlock, CodeExecutionInput, CodeExecutor
+
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as engine:
+        ex = CodeExecutor(engine, timeout=30)
+        first = await ex.execute_code(
+            CodeExecutionInput(
+                [
+                    CodeBlock("python", "total = 40\nprint('to stdout')"),
+                    CodeBlock("py", PLOT),
+                    CodeBlock("python", DISPLAYS),
+                    CodeBlock("bash", "echo from-bash; echo $$ > pid.txt"),  # not a kernel language here: a program
+                ],
+                execution_id="cells",
+            )
+        )
+        assert first.ok, first.output
+        assert "to stdout" in first.output and "from-bash" in first.output
+        files = {f.name: f.content for f in first.output_files}
+        assert files["out/cell-2-1.png"].startswith(b"\x89PNG\r\n\x1a\n")
+        assert files["out/cell-3-1.html"] == b"<b>x</b>"
+        assert files["out/cell-3-2.md"] == b"# t"
+        assert files["out/cell-3-3.tex"] == b"$x^2$"
+        assert json.loads(files["out/cell-3-4.json"]) == {"a": 1}
+        assert files["out/cell-3-5.svg"].startswith(b"<svg")
+        assert files["out/cell-3-6.jpg"] == b"\xff\xd8jpeg"
+        assert files["out/cell-3-6.pdf"] == b"%PDF-1.4"
+        second = await ex.execute_code(CodeExecutionInput([CodeBlock("python", "total + 2")], execution_id="cells"))
+        assert second.output == "42\n" and second.ok
+
+
+async def test_a_cell_error_keeps_name_value_and_traceback(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("errors")
+        assert isinstance(engine, execspace.SupportsKernels)
+        block = CodeBlock("python", "import sys\nprint('before', file=sys.stderr)\n1/0")
+        result, text = await engine.kernels.run_block(ws, block, 0, timeout=30, limits=ResourceLimits())
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr.startswith("before\n")
+        assert "ZeroDivisionError: division by zero" in result.stderr and "----> 3 1/0" in result.stderr
+        assert "\x1b[" not in text  # no terminal colours for a model to read
+
+
+def test_languages_map_to_the_code_interpreter() -> None:
+    from execspace import UnsupportedLanguage
+    from execspace.backends.e2b.kernels import kernel_language
+
+    tags = ["python", "py", "javascript", "js", "node", "typescript", "ts", "bash", "sh", "shell", "r", "java"]
+    assert [kernel_language(t) for t in tags] == [
+        *["python"] * 2,
+        *["js"] * 3,
+        *["ts"] * 2,
+        *["bash"] * 3,
+        "r",
+        "java",
+    ]
+    with pytest.raises(UnsupportedLanguage, match=r"'cobol'.*use one of: python"):
+        kernel_language("cobol")
+
+
+async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
+        ws = await engine.manager.create_workspace("no-js")
+        assert isinstance(engine, execspace.SupportsKernels)
+        assert engine.kernels.handles("node") and not engine.kernels.handles("bash")
+        with pytest.raises(BackendError, match=r"starting a js kernel: 501.*Python only"):
+            await engine.kernels.run_block(ws, CodeBlock("js", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
