@@ -120,6 +120,9 @@ async def _chunks(fd: int) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         transport.close()
+        # the duplicate shares the file status flags: whoever else reads this pipe gets it back blocking
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, True)
 
 
 async def _feed(handle: ProgramHandle, source: int | None) -> None:
