@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from ..errors import BackendError, ProgramNotFound
-from ..models import OutputChunk, ProgramInfo, RunProgramSpec, Workspace
+from ..models import OutputChunk, ProgramInfo, RunProgramSpec, RunResult, Workspace
 
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
 
-__all__ = ["OutputLog", "ProgramTable", "program_info"]
+__all__ = ["OutputLog", "ProgramTable", "StartedProgram", "program_info"]
 
 #: Bytes of a program's first output kept for readers that attach "from the start" later.
 HISTORY_BYTES = 1024 * 1024
@@ -32,6 +32,33 @@ def program_info(spec: RunProgramSpec, pid: int) -> ProgramInfo:
     return ProgramInfo(
         pid=pid, cmd=spec.cmd, args=tuple(spec.args), cwd=spec.cwd, env=dict(spec.env), tag=spec.tag, pty=spec.pty
     )
+
+
+class StartedProgram:
+    """What a started program's handle says of itself, for handles whose program is not a host process of ours
+    (a container's exec, a remote command): its :class:`ProgramInfo` and the future of its supervision."""
+
+    _info: ProgramInfo
+    _done: asyncio.Future[RunResult] | None
+
+    @property
+    def pid(self) -> int | None:
+        """The id ``ProgramInfo.pid`` reports (None before the backend gave one)."""
+        return self._info.pid or None
+
+    @property
+    def info(self) -> ProgramInfo:
+        return self._info
+
+    @property
+    def finished(self) -> bool:
+        """Supervision is over: the result is in."""
+        return self._done is not None and self._done.done()
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the run is over (at once if it is)."""
+        assert self._done is not None
+        self._done.add_done_callback(lambda _f: callback())
 
 
 class _Reader:

@@ -13,14 +13,14 @@ import contextlib
 import dataclasses
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ...errors import UsageError
-from ...models import OutputChunk, ProgramInfo, PtySize, RunResult
+from ...models import OutputChunk, PtySize, RunResult
 from ...process.preparation import PreparedRun
-from ...process.programs import OutputLog, program_info
+from ...process.programs import OutputLog, StartedProgram, program_info
 from .execrun import KILL_GRACE, ExecRun
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ _IN_FLIGHT = 64
 _POLL = 0.05
 
 
-class ContainerHandle:
+class ContainerHandle(StartedProgram):
     """Implements ``ProgramHandle`` for one exec in a workspace container."""
 
     def __init__(self, runner: ContainerRunner, prep: PreparedRun) -> None:
@@ -95,25 +95,7 @@ class ContainerHandle:
                 run.release()
         return await self._runner.finish(run, self._prep, timed_out, killed=self._killed and not timed_out)
 
-    def when_done(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the run is over (at once if it is)."""
-        assert self._done is not None
-        self._done.add_done_callback(lambda _f: callback())
-
     # -- ProgramHandle ---------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        """The exec's main process as the daemon reports it (a pid of the daemon's host)."""
-        return self._info.pid or None
-
-    @property
-    def info(self) -> ProgramInfo:
-        return self._info
-
-    @property
-    def finished(self) -> bool:
-        return self._done is not None and self._done.done()
 
     def attach(self, *, from_start: bool = True) -> AsyncIterator[OutputChunk]:
         return self._log.attach(from_start=from_start)

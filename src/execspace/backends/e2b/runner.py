@@ -27,7 +27,7 @@ from ...errors import BackendError, CapabilityError, SandboxLost, UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
 from ...process.preparation import signal_status
-from ...process.programs import OutputLog, ProgramTable, program_info
+from ...process.programs import OutputLog, ProgramTable, StartedProgram, program_info
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
 from ...workspace.confine import split_relpath
@@ -139,7 +139,7 @@ class E2BRunner:
             await sdk_call("signalling a program", prep.box.sandbox.commands.run(line))
 
 
-class E2BProgram:
+class E2BProgram(StartedProgram):
     """One background command as a ``ProgramHandle``."""
 
     def __init__(self, runner: E2BRunner, prep: _Prepared) -> None:
@@ -273,22 +273,6 @@ class E2BProgram:
             raw_stderr=raw_err,
             run_dir=self._prep.run_dir,
         )
-
-    def when_done(self, callback: Callable[[], None]) -> None:
-        assert self._done is not None
-        self._done.add_done_callback(lambda _f: callback())
-
-    @property
-    def pid(self) -> int | None:
-        return self._info.pid or None
-
-    @property
-    def info(self) -> ProgramInfo:
-        return self._info
-
-    @property
-    def finished(self) -> bool:
-        return self._done is not None and self._done.done()
 
     async def stream(self) -> AsyncIterator[OutputChunk]:
         while (chunk := await self._queue.get()) is not None:

@@ -322,7 +322,8 @@ class Sandboxes:
         from e2b import SandboxQuery, SandboxState
         from e2b_code_interpreter import AsyncSandbox
 
-        query = SandboxQuery(metadata={_WS_KEY: key}, state=[SandboxState.RUNNING])
+        # the engine's own metadata too: another application's workspace of the same id is not this one
+        query = SandboxQuery(metadata={**self.options.metadata, _WS_KEY: key}, state=[SandboxState.RUNNING])
         paginator = AsyncSandbox.list(query=query, **self.api())
         listed = await sdk_call("listing sandboxes", paginator.next_items())
         mine = listed  # the key is ours: whatever template it has, it holds this workspace
