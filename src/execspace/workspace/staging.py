@@ -31,7 +31,7 @@ import os
 import secrets
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, Protocol, runtime_checkable
@@ -54,12 +54,14 @@ from ..errors import (
     PathDenied,
     UsageError,
 )
+from ..mime import SNIFF_BYTES, guess_mime
 from ..models import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_FILES,
     DEFAULT_MAX_TOTAL_BYTES,
     File,
     FileEntry,
+    FileKind,
     FileRef,
     InputSpec,
     OutputManifest,
@@ -543,6 +545,38 @@ def _read_host_file(source: HostSource, cap: int) -> tuple[bytes, int]:
 
 #: Most files (and bytes: the total collect cap) :meth:`WorkspaceFSBase.stage_directory` uploads.
 _UPLOAD_FILES = 10_000
+
+
+#: Reads one file for :func:`read_within_caps`: (workspace path, most bytes to keep) -> (kept bytes, its size).
+CappedRead = Callable[[str, int], Awaitable[tuple[bytes, int]]]
+
+
+async def read_within_caps(
+    found: Iterable[tuple[str, FileKind, int]],
+    read: CappedRead,
+    *,
+    max_files: int,
+    max_file_bytes: int,
+    max_total_bytes: int,
+) -> list[File]:
+    """``collect`` for file APIs that read one file per request (remote workspaces), over the listed
+    ``(path, kind, nlink)``: regular files only, never one with other hard links (it may alias a file outside), at
+    most ``max_files``, each cut at ``max_file_bytes`` and at what is left of ``max_total_bytes``; a file swapped for
+    a link or removed since it was listed (``PathDenied``, ``FileNotFoundError``) is skipped, never followed."""
+    files: list[File] = []
+    budget = max_total_bytes
+    for path, kind, nlink in found:
+        if kind is not FileKind.FILE or nlink > 1:
+            continue
+        if len(files) >= max_files or budget <= 0:
+            break
+        try:
+            data, size = await read(path, min(max_file_bytes, budget))
+        except (PathDenied, FileNotFoundError):
+            continue
+        budget -= len(data)
+        files.append(File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, len(data) < size))
+    return files
 
 
 class WorkspaceFSBase(abc.ABC):

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import PathDenied
 from ...mime import SNIFF_BYTES, guess_mime
 from ...models import (
     DEFAULT_MAX_FILE_BYTES,
@@ -33,7 +32,7 @@ from ...workspace.confine import split_relpath
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS
 from ...workspace.metadata import is_metadata_temp
-from ...workspace.staging import WorkspaceFSBase
+from ...workspace.staging import WorkspaceFSBase, read_within_caps
 from .sandboxes import Box, Sandboxes, workspace_key
 
 if TYPE_CHECKING:
@@ -117,13 +116,15 @@ class E2BWorkspaceFS(WorkspaceFSBase):
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         rel = "/".join(split_relpath(path))
+        data, size = await self._read(ws, rel, max_bytes)
+        return File(rel, data, guess_mime(rel, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
+
+    async def _read(self, ws: Workspace, rel: str, cap: int | None) -> tuple[bytes, int]:
+        """The first ``cap`` bytes of ``rel`` (checked in the sandbox first) and its size."""
         box = self._box(ws)
         (size,) = await box.agent("readable", ws=ws.path, paths=[rel])
         data = await self._fetch(box, ws, rel)
-        size = max(size, len(data))
-        if max_bytes is not None and len(data) > max_bytes:
-            data = data[:max_bytes]
-        return File(rel, data, guess_mime(rel, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
+        return data[:cap] if cap is not None else data, max(size, len(data))
 
     async def _fetch(self, box: Box, ws: Workspace, rel: str) -> bytes:
         content = await box.call(
@@ -161,25 +162,18 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
     ) -> builtins.list[File]:
-        box = self._box(ws)
-        files: builtins.list[File] = []
-        budget = max_total_bytes
-        for entry, nlink in await self._entries(ws, patterns):
-            if entry.kind is not FileKind.FILE or nlink > 1:
-                continue  # links are never followed; a hard link may alias a file outside
-            if len(files) >= max_files or budget <= 0:
-                break
-            try:
-                (size,) = await box.agent("readable", ws=ws.path, paths=[entry.path])
-                data = await self._fetch(box, ws, entry.path)
-            except (PathDenied, FileNotFoundError):
-                continue  # swapped for a link or removed since the walk: skipped, never followed
-            cap = min(max_file_bytes, budget)
-            kept = data[:cap]
-            budget -= len(kept)
-            size = max(size, len(data))
-            files.append(File(entry.path, kept, guess_mime(entry.path, kept[:SNIFF_BYTES]), size, len(kept) < size))
-        return files
+        found = await self._entries(ws, patterns)
+
+        async def read(path: str, cap: int) -> tuple[bytes, int]:
+            return await self._read(ws, path, cap)
+
+        return await read_within_caps(
+            ((entry.path, entry.kind, nlink) for entry, nlink in found),
+            read,
+            max_files=max_files,
+            max_file_bytes=max_file_bytes,
+            max_total_bytes=max_total_bytes,
+        )
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
         rel = "/".join(split_relpath(path))

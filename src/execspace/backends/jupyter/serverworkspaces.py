@@ -57,7 +57,7 @@ from ...workspace.confine import split_relpath
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
-from ...workspace.staging import WorkspaceFSBase
+from ...workspace.staging import WorkspaceFSBase, read_within_caps
 from .kernels import bind
 from .serverkernels import RemoteConnection, RemoteKernelSessions, RemoteLauncher
 
@@ -226,23 +226,18 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
     ) -> list[File]:
-        globs = collect_globs(patterns)
-        files: list[File] = []
-        budget = max_total_bytes
-        for path, _size, nlink, kind, _ in await self._matching(ws, globs):
-            if kind is not FileKind.FILE:
-                continue
-            if len(files) >= max_files or budget <= 0:
-                break
-            if nlink > 1:
-                continue  # may alias a file outside the workspace; read_file would refuse it too
-            try:
-                data, size = await self._read(ws, path, min(max_file_bytes, budget))
-            except (PathDenied, FileNotFoundError):
-                continue  # swapped for a link or removed since the walk: skip, never follow
-            budget -= len(data)
-            files.append(File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, len(data) < size))
-        return files
+        found = await self._matching(ws, collect_globs(patterns))
+
+        async def read(path: str, cap: int) -> tuple[bytes, int]:
+            return await self._read(ws, path, cap)
+
+        return await read_within_caps(
+            ((path, kind, nlink) for path, _size, nlink, kind, _ in found),
+            read,
+            max_files=max_files,
+            max_file_bytes=max_file_bytes,
+            max_total_bytes=max_total_bytes,
+        )
 
     async def _matching(self, ws: Workspace, globs: list[str]) -> list[_Found]:
         starts = walk_starts(globs)
