@@ -112,6 +112,16 @@ def test_contexts_have_their_own_variables_and_restart_clears_them(sbx: ci.Sandb
         sbx.run_code("1", context=two)
 
 
+def test_contexts_past_the_limit_are_refused_until_one_is_removed(sbx: ci.Sandbox) -> None:
+    from execspace.server.interpreter import MAX_CONTEXTS
+
+    made = [sbx.create_code_context() for _ in range(MAX_CONTEXTS - len(sbx.list_code_contexts()))]
+    with pytest.raises(Exception, match=f"already has {MAX_CONTEXTS} code contexts"):
+        sbx.create_code_context()  # one kernel each: a sandbox cannot start them without bound
+    sbx.remove_code_context(made[-1])
+    assert sbx.create_code_context().language == "python"
+
+
 def test_javascript_is_refused_naming_what_runs(sbx: ci.Sandbox) -> None:
     with pytest.raises(Exception, match="Python only"):
         sbx.run_code("console.log(1)", language="javascript")
