@@ -32,6 +32,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
+    p.add_argument(
+        "--kernels",
+        choices=("sandbox", "host"),
+        help="jupyter: where kernels run (default sandbox, which fails where the sandbox cannot run them; "
+        "host: on this host as you, NO isolation, trusted code only); implies --backend jupyter",
+    )
     p.add_argument("--language", "-l", help="language of an unfenced file (default: from its extension, else python)")
     p.add_argument(
         "--timeout",
@@ -44,6 +50,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=host_path, metavar="DIR", help="copy the output files into DIR (out/x lands as DIR/x)")
     p.add_argument("file", metavar="FILE|-", help="file to run, or - for stdin")
     p.set_defaults(handler=command)
+
+
+def kernel_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--kernels``: the jupyter backend's mode, named by the user (host kernels are never a fallback)."""
+    if args.kernels is None:
+        return {}
+    if args.backend not in (None, "jupyter"):
+        raise UsageError(f"--kernels is for the jupyter backend, not {args.backend!r}: drop one of them")
+    args.backend = "jupyter"
+    from ..backends.jupyter import HostKernels, SandboxedKernels
+
+    return {"mode": HostKernels() if args.kernels == "host" else SandboxedKernels()}
 
 
 def _language_of(suffix: str) -> str | None:
@@ -78,9 +96,9 @@ def code_blocks(text: str, suffix: str, language: str | None) -> list[CodeBlock]
 async def command(args: argparse.Namespace) -> int:
     text, suffix = read_source(args.file)
     blocks = code_blocks(text, suffix, args.language)
+    options = {**container_options(args), **kernel_options(args)}
     if args.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    options = container_options(args)
     async with code_executor(args.backend, timeout=args.timeout, **options) as ex:
         assert ex.engine is not None  # entering the executor opened it
         caps = ex.engine.describe()

@@ -12,10 +12,11 @@ Where kernels run is the ``mode=`` of :meth:`JupyterBackend.open` (:mod:`.modes`
   sockets in its workspace (:mod:`.sandboxed`); workspaces, the file API and programs are the sandbox
   backend's too; a warm pool starts kernels in workspace slots that become new workspaces
   (:mod:`.sandboxpool`). Fails closed with ``SetupFailed``.
+  This is the default: where the sandbox cannot run kernels, opening fails; it never falls back.
 * :class:`HostKernels`: kernels and programs run on this host as the caller, with no isolation (like
-  ``local``, :mod:`.hostkernels`); only for trusted code.
-* :class:`AutoKernels` (default): sandboxed when the sandbox works here, else on the host with a
-  ``RuntimeWarning`` and Capabilities saying isolation ``none`` and why: never a silent fallback.
+  ``local``, :mod:`.hostkernels`); only for trusted code, and only when named.
+* :class:`AutoKernels`: sandboxed when the sandbox works here, else on the host with a ``RuntimeWarning`` and
+  Capabilities saying isolation ``none`` and why: a fallback the caller asks for by naming this mode.
 * :class:`ServerKernels`: kernels on a Jupyter Server or Kernel Gateway (:mod:`.server`).
 """
 
@@ -88,7 +89,7 @@ class JupyterBackend:
 
     @classmethod
     async def probe(cls, options: JupyterOptions, /) -> Probe:
-        mode, kernel_name = check_mode(options.mode or AutoKernels()), options.kernel_name
+        mode, kernel_name = check_mode(options.mode or SandboxedKernels()), options.kernel_name
         if isinstance(mode, ServerKernels):  # what the server offers is checked when the engine opens
             return Probe(True, f"remote kernels on {mode.url}")
         language = _kernel_language(kernel_name)
@@ -107,10 +108,10 @@ class JupyterBackend:
     async def capabilities(
         cls, env_policy: EnvPolicy | None = None, *, mode: KernelMode | None = None, kernel_name: str = "python3"
     ) -> Capabilities:
-        """What an engine opened with ``mode`` (default :class:`AutoKernels`) on this host states, without
+        """What an engine opened with ``mode`` (default :class:`SandboxedKernels`) on this host states, without
         starting a kernel: sandboxed modes open (and close) the sandbox, since what it enforces here is known
         only then. ``SetupFailed`` where the mode cannot work."""
-        mode = check_mode(mode or AutoKernels())
+        mode = check_mode(mode or SandboxedKernels())
         if isinstance(mode, ServerKernels):  # nothing to ask here: the server is reached when an engine opens
             from .server import server_capabilities
 
@@ -132,7 +133,7 @@ class JupyterBackend:
             InvalidSpec: ``mode`` is not one of the modes.
             SetupFailed: the mode cannot work here (the message says how to fix it).
         """
-        mode = check_mode(options.mode or AutoKernels())
+        mode = check_mode(options.mode or SandboxedKernels())
         kernel_name, interrupt_grace = options.kernel_name, options.interrupt_grace
         rich = options.rich_outputs or RichOutputLimits()
         if isinstance(mode, ServerKernels):
@@ -171,8 +172,11 @@ async def _open_local(
     try:
         return await _open_sandboxed(common, kernel_opts, language, sandboxed, start_pool)
     except (SetupFailed, UnsupportedBackend) as exc:
-        if isinstance(mode, SandboxedKernels):  # asked for the sandbox: fail, do not fall back
-            raise SetupFailed("jupyter", f"cannot sandbox kernels: {exc}", _SANDBOX_FIX) from exc
+        if isinstance(mode, SandboxedKernels):  # the default: fail, never fall back
+            own = exc.fix if isinstance(exc, SetupFailed) else ""
+            cause = exc.cause if isinstance(exc, SetupFailed) else str(exc)
+            fix = f"{own}; {_HOST_KERNELS}" if own else _SANDBOX_FIX
+            raise SetupFailed("jupyter", f"cannot sandbox kernels: {cause}", fix) from exc
         fallback = str(exc)
     warnings.warn(
         f"execspace jupyter: kernels run on this host WITHOUT isolation: {fallback} "
@@ -184,7 +188,15 @@ async def _open_local(
     return _open_host(common, kernel_opts, language, host, fallback, start_pool)
 
 
-_SANDBOX_FIX = "see `execspace doctor`; or pass mode=HostKernels() to run kernels on the host without isolation"
+_HOST_KERNELS = (
+    "or, for trusted code only, run kernels on this host without isolation: mode=HostKernels() "
+    "(CLI: exec-code --kernels host)"
+)
+_SANDBOX_FIX = f"see `execspace doctor`; {_HOST_KERNELS}"
+_INTERPRETER_FIX = (
+    "make the environment where the sandbox's uid can read it (every parent directory searchable by others, "
+    "e.g. a venv under /opt made from a system-wide Python), or install this Python version system-wide"
+)
 
 
 async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | None) -> tuple[str, str] | None:
@@ -196,7 +208,7 @@ async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | Non
         return f"kernel {kernel_name!r} is not an ipykernel (Python) kernel", "use a python kernel spec"
     interpreter = find_interpreter()
     if isinstance(interpreter, str):
-        return interpreter, "install python3 for this Python version system-wide, or a venv in a readable place"
+        return interpreter, _INTERPRETER_FIX
     probe = await SandboxBackend.probe(SandboxOptions(bwrap=bwrap))
     return None if probe.ok else (probe.reason, probe.fix)
 
@@ -215,7 +227,7 @@ async def _open_sandboxed(
         raise SetupFailed("jupyter", f"kernel {kernel_opts['kernel_name']!r} is not an ipykernel kernel", "")
     interpreter = find_interpreter()
     if isinstance(interpreter, str):
-        raise SetupFailed("jupyter", interpreter, "install python3 for this Python version system-wide")
+        raise SetupFailed("jupyter", interpreter, _INTERPRETER_FIX)
     policy = mode.policy or SandboxPolicy()
     if not policy.managed:
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")

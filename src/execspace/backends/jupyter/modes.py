@@ -1,9 +1,10 @@
 """Where the jupyter backend's kernels run: one value, the ``mode=`` of ``open_engine("jupyter", …)``.
 
-* :class:`AutoKernels` (default): :class:`SandboxedKernels` when the sandbox works here, else
-  :class:`HostKernels` with a ``RuntimeWarning`` (``describe()`` says which and why).
+* :class:`SandboxedKernels` (default): kernels and programs in the OS sandbox; ``SetupFailed`` where it does not
+  work.
 * :class:`HostKernels`: kernels and programs on this host as the caller, no isolation.
-* :class:`SandboxedKernels`: kernels and programs in the OS sandbox; ``SetupFailed`` where it does not work.
+* :class:`AutoKernels`: :class:`SandboxedKernels` when the sandbox works here, else :class:`HostKernels` with a
+  ``RuntimeWarning`` (``describe()`` says which and why): the fallback happens only when this mode is named.
 * :class:`ServerKernels`: kernels on a Jupyter Server or Kernel Gateway (docs/jupyter-remote.md).
 
 Each mode holds only the options that apply to it, so an option the mode cannot honour cannot be passed.
