@@ -44,6 +44,7 @@ from .bwrap import (
     SANDBOX_WORKSPACE,
     BwrapConfig,
     build_argv,
+    closed_ancestor,
     find_bwrap,
     hidden_by_default,
     is_sandbox_uid,
@@ -322,16 +323,47 @@ _EXEC_ERRORS = {
 }
 
 
-def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> int:
-    """The program's exit code as every backend reports it, from bwrap's: 127/126 when bwrap's exec of
-    ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``), ``-N`` when the program was killed
-    by signal N (bwrap exits ``128 + N``), else the program's own code."""
+def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, bytes]:
+    """The program's exit code as every backend reports it, from bwrap's, and the stderr to report: 127/126 with
+    our explanation when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
+    ``-N`` when the program was killed by signal N (bwrap exits ``128 + N``), else the program's own code."""
     if code != 1:
-        return signal_status(code)
+        return signal_status(code), stderr
     prefix = f"bwrap: execvp {program}: ".encode()
     if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
-        return code
-    return _EXEC_ERRORS.get(stderr[len(prefix) : -1].decode(errors="replace"), code)
+        return code, stderr
+    error = stderr[len(prefix) : -1].decode(errors="replace")
+    status = _EXEC_ERRORS.get(error)
+    if status is None:
+        return code, stderr
+    return status, f"execspace: cannot execute {program!r} in the sandbox: {error}{exec_hint(program)}\n".encode()
+
+
+def exec_hint(program: str) -> str:
+    """Why a program path the host has is missing in the sandbox, and the fix ('' when we cannot tell)."""
+    if not os.path.isabs(program):
+        return ""
+    if not os.path.lexists(program):
+        return " (nor is it on this host)"
+    real = os.path.realpath(program)
+    if real != program and os.path.islink(program):
+        home = os.path.dirname(os.path.dirname(real))
+        closed = closed_ancestor(home)
+        grant = (
+            f"make the venv from a Python others can read (its install is under {closed}, which the sandbox's uid "
+            "cannot pass)"
+            if closed is not None
+            else f"grant that install read-only, e.g. --read {home} (read_paths=)"
+        )
+        return (
+            f" ({program} is a link to {real}, which the sandbox does not show: a venv's python links to the "
+            f"Python it was made from; {grant}, or run the sandbox's python3 with the venv's site-packages on "
+            "PYTHONPATH)"
+        )
+    return (
+        f" ({program} is on this host but not in the sandbox: grant its directory, e.g. --read "
+        f"{os.path.dirname(program)}; if it is a script, the interpreter on its #! line must be in the sandbox too)"
+    )
 
 
 def _with_nproc(inner: Any, pids: int | None) -> Any:
