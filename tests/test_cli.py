@@ -283,6 +283,26 @@ def test_exec_code_out_keeps_the_files(cli: Cli, tmp_path: Path) -> None:
     assert (tmp_path / "kept" / "r.txt").read_text() == "result" and b"copied to" in proc.stderr
 
 
+def test_exec_code_stages_inputs_and_keeps_or_reuses_its_workspace(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("a\n1\n2\n")
+    (tmp_path / "job.py").write_text(
+        "n = open('inputs/data.csv').read().count('\\n')\nprint(n)\nopen('state', 'w').write(str(n))\n"
+    )
+    proc = cli("exec-code", "--backend", "local", "--input", "data.csv", "--keep", "--json", "job.py")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    kept = Path(report["workspace"])
+    assert report["output"] == "3\n" and (kept / "work" / "state").read_text() == "3"
+    # the kept workspace again, by --workspace: what the last call left is there
+    (tmp_path / "again.py").write_text("print(open('state').read())\n")
+    again = cli("exec-code", "--backend", "local", "--workspace", str(kept), "again.py")
+    assert again.returncode == 0 and again.stdout == b"3\n", again.stderr
+    assert b"workspace kept at" in again.stderr
+    # without --keep the workspace goes, and the report says how to keep the files
+    gone = cli("exec-code", "--backend", "local", "--json", "job.py")
+    assert gone.returncode == 1 and json.loads(gone.stdout)["workspace"] is None  # no inputs/data.csv there
+
+
 def test_input_directory_and_default_destination(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.txt").write_text("in a dir\n")

@@ -28,6 +28,7 @@ from ..models import (
     Workspace,
     WorkspacePolicy,
 )
+from ..protocols import Engine
 from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
 from .outputs import default_out_dir, inline, save_files
 from .streaming import run_program, stdin_source
@@ -69,14 +70,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
-    p.add_argument("--workspace", metavar="DIR", type=host_path, help="use DIR as the workspace and keep it")
-    p.add_argument(
-        "--adopt",
-        action="store_true",
-        help="with --workspace: make a non-empty directory of yours a workspace (it gets home/ out/ runs/ ... and "
-        "metadata.json; as root it is handed to a sandbox uid)",
-    )
-    p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
+    add_workspace_options(p)
     p.add_argument(
         "--out",
         type=host_path,
@@ -84,7 +78,6 @@ def add_parser(sub: Any) -> None:
         help="copy the collected files into DIR (out/x lands as DIR/x); default ./execspace-out/<run> when "
         "--collect names outputs of a workspace that is removed",
     )
-    p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
     p.add_argument(
         "--profile",
@@ -113,13 +106,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--memory", type=_positive, metavar="MB", help="memory limit in MiB")
     p.add_argument("--pids", type=int, metavar="N", help="limit on processes/threads at once")
     p.add_argument("--cpu", type=_positive, metavar="SECONDS", help="CPU time limit")
-    p.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="SRC[:DEST]",
-        help="stage a host file/dir or artifact://name[@v] at DEST (default work/inputs/<name>); repeatable",
-    )
+    add_input_option(p)
     p.add_argument(
         "--collect",
         action="append",
@@ -284,6 +271,35 @@ def sandbox_policy(args: argparse.Namespace) -> Any:
     return policy.with_read_paths(*args.read).with_write_paths(*args.write).with_no_access(*args.deny)
 
 
+def add_workspace_options(p: argparse.ArgumentParser) -> None:
+    """Which workspace a command runs in and whether it stays: ``run`` and ``exec-code`` alike."""
+    p.add_argument("--workspace", metavar="DIR", type=host_path, help="use DIR as the workspace and keep it")
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="with --workspace: make a non-empty directory of yours a workspace (it gets home/ out/ runs/ ... and "
+        "metadata.json; as root it is handed to a sandbox uid)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
+    p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
+
+
+def add_input_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="SRC[:DEST]",
+        help="stage a host file/dir or artifact://name[@v] at DEST (default work/inputs/<name>); repeatable",
+    )
+
+
+def input_roots(inputs: Sequence[InputArg]) -> dict[str, Any]:
+    """The host roots the engine must allow for the host files of ``inputs``."""
+    roots = sorted({i.host_root for i in inputs if i.host_root is not None})
+    return {"host_roots": roots} if roots else {}
+
+
 def add_image_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image",
@@ -309,15 +325,13 @@ def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict
     if policy is not None:
         args.backend = "sandbox"
         options["policy"] = policy
-    roots = sorted({i.host_root for i in inputs if i.host_root is not None})
-    if roots:
-        options["host_roots"] = roots
+    options.update(input_roots(inputs))
     if args.artifacts is not None:
         options["artifacts"] = FileArtifactService(args.artifacts)
     return options
 
 
-async def open_workspace(engine: BaseEngine, args: argparse.Namespace) -> tuple[Workspace, bool]:
+async def open_workspace(engine: Engine, args: argparse.Namespace) -> tuple[Workspace, bool]:
     """The workspace to run in, and whether to remove it afterwards."""
     if args.workspace is not None:
         path = workspace_dir(args.workspace, "--workspace", adopt=args.adopt)
