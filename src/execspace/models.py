@@ -258,7 +258,8 @@ class PutFile:
     """A file to write into a workspace."""
 
     path: str
-    """Workspace-relative path; ``..``, absolute paths and symlinked components are refused."""
+    """Workspace-relative path, or absolute under ``ws.path`` (the program's view); ``..``, other absolute paths and
+    symlinked components are refused."""
     content: bytes | str
     mode: int = 0o644
 
