@@ -1,0 +1,566 @@
+"""The egress proxy: a run's only way out when its network is a :class:`~execspace.models.NetworkPolicy`.
+
+It runs on the host, outside the sandbox, and serves one listening socket (the sandbox's ``127.0.0.1:PORT``, handed
+over by the sandbox's bridge, or any socket a test gives it). Each connection speaks HTTP ``CONNECT``, plain HTTP
+proxying (absolute-URI requests) or SOCKS5 (``CONNECT`` with a name or address). Every destination is judged on its
+name first (deny entries win, then allow entries), then the proxy resolves the name itself, refuses any address that
+is not public unless the policy names it (a ``resolve`` pin, an address entry), and connects only to an address it
+checked. Plain HTTP must carry a ``Host`` header naming the target; a TLS ClientHello through a tunnel must name the
+target in its SNI. Every attempt is recorded (:class:`~execspace.models.NetworkAttempt`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..models import NetworkAttempt, NetworkPolicy
+
+__all__ = [
+    "MAX_CONNECTIONS",
+    "EgressProxy",
+    "EgressRules",
+    "audit_line",
+    "client_hello_sni",
+    "receive_listener",
+    "split_target",
+]
+
+#: Connections one run may have open through its proxy at once; more are refused (and audited).
+MAX_CONNECTIONS = 64
+#: Attempts kept in one run's audit; later ones are counted in ``EgressProxy.dropped`` only.
+MAX_AUDIT = 10_000
+#: Seconds a client has to send its request (HTTP headers, SOCKS5 negotiation) and the proxy to connect.
+REQUEST_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 10.0
+#: Largest HTTP request head (request line and headers) the proxy reads.
+MAX_HEAD = 32 * 1024
+_CHUNK = 256 * 1024
+#: Ports an entry without ``:PORT`` allows.
+DEFAULT_PORTS = (80, 443)
+_HOP_HEADERS = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Protocol = Literal["connect", "http", "socks5", "unknown"]
+
+
+class _Denied(Exception):
+    """A destination the policy refuses; the text is the audit's reason."""
+
+
+def _address(host: str) -> Address | None:
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def split_target(text: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]:port`` as a lower-case (host, port); raises ``ValueError``."""
+    text = text.strip().lower()
+    port: str | None = None
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(text)
+            port = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host = text
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(text)
+    host = host.rstrip(".")
+    if not host or any(c.isspace() or c in "/@\\?#%" for c in host):
+        raise ValueError(text)
+    return host, None if port is None else int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    text: str
+    host: str
+    port: int | None
+    address: Address | None
+
+    def matches(self, host: str, port: int, addr: Address | None, *, ports: tuple[int, ...] | None) -> bool:
+        """Whether ``host:port`` is this entry's; ``ports``: those an entry without a port covers (None: all)."""
+        if self.port is not None and self.port != port:
+            return False
+        if self.port is None and ports is not None and port not in ports:
+            return False
+        return self.names(host, addr)
+
+    def names(self, host: str, addr: Address | None) -> bool:
+        if self.address is not None or addr is not None:
+            return self.address == addr
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:])
+        return self.host == host
+
+
+def _entry(text: str) -> _Entry:
+    host, port = split_target(text)
+    return _Entry(text, host, port, _address(host))
+
+
+class EgressRules:
+    """A :class:`NetworkPolicy` compiled for judging destinations."""
+
+    def __init__(self, policy: NetworkPolicy) -> None:
+        self.policy = policy
+        self._allow = [_entry(e) for e in policy.allowed]
+        self._deny = [_entry(e) for e in policy.denied]
+        self._pins: dict[str, Address] = {}
+        for name, value in policy.resolve.items():
+            pinned = _address(value)
+            assert pinned is not None  # NetworkPolicy checked it
+            self._pins[split_target(name)[0]] = pinned
+        self._explicit = {e.address for e in self._allow if e.address is not None}
+
+    def judge_name(self, host: str, port: int) -> str:
+        """The allow entry that lets ``host:port`` through; raises :class:`_Denied` with the reason."""
+        addr = _address(host)
+        for entry in self._deny:
+            if entry.matches(host, port, addr, ports=None):
+                raise _Denied(f"denied by {entry.text!r}")
+        for entry in self._allow:
+            if entry.matches(host, port, addr, ports=DEFAULT_PORTS):
+                return f"allowed by {entry.text!r}"
+        if addr is not None:
+            raise _Denied(f"address {host} is not on the allow-list (only names are, unless an address is listed)")
+        if any(e.names(host, None) for e in self._allow):
+            raise _Denied(f"port {port} of {host} is not allowed (an entry without :PORT allows 80 and 443)")
+        raise _Denied(f"{host} is not on the allow-list")
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        """The checked addresses of ``host``: its pin, itself for an address, else every address DNS gives, each of
+        which must be public unless the policy names it; raises :class:`_Denied`."""
+        literal = _address(host)
+        if literal is not None:
+            return [literal]
+        if host in self._pins:
+            return [self._pins[host]]
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as exc:
+            raise _Denied(f"{host} does not resolve: {exc}") from None
+        found: list[Address] = []
+        for info in infos:
+            addr = _address(str(info[4][0]))
+            if addr is not None and addr not in found:
+                found.append(addr)
+        for addr in found:
+            self._check_address(host, addr)
+        if not found:
+            raise _Denied(f"{host} has no address")
+        return found
+
+    def _check_address(self, host: str, addr: Address) -> None:
+        if addr in self._explicit:
+            return
+        if not addr.is_global or addr.is_multicast:
+            raise _Denied(
+                f"{host} resolves to {addr}, which is not a public address (loopback, private, link-local, "
+                "metadata…): pin it with resolve or list the address to allow it"
+            )
+
+
+@dataclass(slots=True)
+class _Conn:
+    """One client connection: its attempt (filled in as it is judged) and its transports."""
+
+    writer: asyncio.StreamWriter
+    record: dict[str, object] = field(default_factory=dict)
+    upstream: asyncio.StreamWriter | None = None
+    done: bool = False
+
+
+class EgressProxy:
+    """One run's proxy: serves a listening socket until :meth:`close`, judging every connection by ``policy``."""
+
+    def __init__(
+        self,
+        policy: NetworkPolicy,
+        run_id: str,
+        *,
+        on_record: Callable[[NetworkAttempt], None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.rules = EgressRules(policy)
+        self.run_id = run_id
+        self.on_record = on_record
+        self.max_connections = max_connections
+        self.dropped = 0
+        self._records: list[NetworkAttempt] = []
+        self._live: dict[asyncio.Task[None], _Conn] = {}
+        self._server: asyncio.Server | None = None
+        self._closed = False
+
+    async def serve(self, listener: socket.socket) -> None:
+        """Accept connections on ``listener`` (a listening TCP socket, taken over) until :meth:`close`."""
+        listener.setblocking(False)
+        if self._closed:
+            listener.close()
+            return
+        self._server = await asyncio.start_server(self._client, sock=listener, limit=MAX_HEAD)
+
+    def audit(self) -> tuple[NetworkAttempt, ...]:
+        """Every attempt so far, in the order they were asked (open ones with their bytes so far)."""
+        live = [self._attempt(c.record) for c in self._live.values() if c.record and not c.done]
+        return tuple(sorted([*self._records, *live], key=lambda a: a.time))
+
+    def close(self) -> None:
+        """Stop serving and cut every open connection; their attempts are recorded with the bytes they moved."""
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for task, conn in list(self._live.items()):
+            self._finish(conn)
+            for w in (conn.writer, conn.upstream):
+                if w is not None:
+                    w.transport.abort()
+            task.cancel()
+
+    # -- one connection ----------------------------------------------------------------------
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        conn = _Conn(writer)
+        if self._closed or len(self._live) >= self.max_connections:
+            conn.record = self._new("", 0, "unknown")
+            conn.record.update(allowed=False, reason=f"too many connections: at most {self.max_connections} open")
+            self._finish(conn)
+            writer.transport.abort()
+            return
+        self._live[task] = conn
+        try:
+            first = await asyncio.wait_for(reader.readexactly(1), REQUEST_TIMEOUT)
+            if first == b"\x05":
+                await self._socks5(conn, reader)
+            else:
+                await self._http(conn, first, reader)
+        except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            self._finish(conn)
+            self._live.pop(task, None)
+            for w in (writer, conn.upstream):
+                if w is not None:
+                    w.transport.abort()
+
+    def _new(self, host: str, port: int, protocol: Protocol, method: str = "") -> dict[str, object]:
+        return {
+            "run_id": self.run_id,
+            "time": time.time(),
+            "host": host,
+            "port": port,
+            "protocol": protocol,
+            "method": method,
+            "allowed": False,
+            "reason": "",
+            "address": "",
+            "bytes_up": 0,
+            "bytes_down": 0,
+        }
+
+    @staticmethod
+    def _attempt(record: dict[str, object]) -> NetworkAttempt:
+        return NetworkAttempt(**record)  # type: ignore[arg-type]
+
+    def _finish(self, conn: _Conn) -> None:
+        if conn.done or not conn.record:
+            return
+        conn.done = True
+        attempt = self._attempt(conn.record)
+        if len(self._records) >= MAX_AUDIT:
+            self.dropped += 1
+            return
+        self._records.append(attempt)
+        if self.on_record is not None:
+            self.on_record(attempt)
+
+    async def _open(self, conn: _Conn, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Judge ``host:port`` and connect to one of its checked addresses; raises :class:`_Denied`."""
+        conn.record["reason"] = self.rules.judge_name(host, port)
+        addresses = await self.rules.resolve(host, port)
+        last: Exception | None = None
+        for addr in addresses:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(str(addr), port, limit=_CHUNK), CONNECT_TIMEOUT
+                )
+            except (OSError, TimeoutError) as exc:
+                last = exc
+                continue
+            conn.upstream = writer
+            conn.record.update(allowed=True, address=str(addr))
+            return reader, writer
+        raise ConnectionError(f"cannot connect to {host}:{port}: {last}")
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    async def _http(self, conn: _Conn, first: bytes, reader: asyncio.StreamReader) -> None:
+        head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+        lines = head.decode("latin-1").split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        target, _, version = rest.partition(" ")
+        headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
+        if method == "CONNECT":
+            conn.record = self._new(target, 0, "connect", method)
+            await self._connect_method(conn, reader, target)
+            return
+        conn.record = self._new(target, 0, "http", method)
+        await self._forward(conn, reader, method, target, version, headers)
+
+    async def _connect_method(self, conn: _Conn, reader: asyncio.StreamReader, target: str) -> None:
+        try:
+            host, port = split_target(target)
+            if port is None:
+                raise _Denied("CONNECT needs HOST:PORT")
+            conn.record.update(host=host, port=port)
+            up_reader, up_writer = await self._open(conn, host, port)
+        except _Denied as exc:
+            await self._refuse(conn, 403, str(exc))
+            return
+        except ValueError:
+            await self._refuse(conn, 400, f"malformed CONNECT target {target!r}")
+            return
+        except ConnectionError as exc:
+            await self._refuse(conn, 502, str(exc), denied=False)
+            return
+        conn.writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await self._pipe(conn, reader, up_reader, up_writer, sni_host=conn.record["host"])
+
+    async def _forward(
+        self,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        method: str,
+        target: str,
+        version: str,
+        headers: list[tuple[str, ...]],
+    ) -> None:
+        scheme, sep, rest = target.partition("://")
+        if not sep or scheme.lower() != "http":
+            await self._refuse(conn, 400, "a proxy request needs an absolute http:// URI (use CONNECT for https)")
+            return
+        authority, slash, path = rest.partition("/")
+        try:
+            host, port = split_target(authority.rpartition("@")[2])
+            port = port or 80
+            conn.record.update(host=host, port=port)
+            hosts = [h[1] for h in headers if len(h) == 2 and h[0].lower() == "host"]
+            named = split_target(hosts[0]) if len(hosts) == 1 else None
+            if named is None or named[0] != host or (named[1] or 80) != port:
+                raise _Denied(f"the Host header {hosts!r} does not name the request's target {host}:{port}")
+            up_reader, up_writer = await self._open(conn, host, port)
+        except _Denied as exc:
+            await self._refuse(conn, 403, str(exc))
+            return
+        except ValueError:
+            await self._refuse(conn, 400, f"malformed request target {target!r}")
+            return
+        except ConnectionError as exc:
+            await self._refuse(conn, 502, str(exc), denied=False)
+            return
+        kept = [f"{h[0]}: {h[1]}" for h in headers if len(h) == 2 and h[0].lower() not in _HOP_HEADERS]
+        head = "\r\n".join([f"{method} {slash}{path} {version}", *kept, "Connection: close", "", ""])
+        data = head.encode("latin-1")
+        up_writer.write(data)
+        conn.record["bytes_up"] = len(data)
+        await self._pipe(conn, reader, up_reader, up_writer, sni_host=None)
+
+    async def _refuse(self, conn: _Conn, status: int, reason: str, *, denied: bool = True) -> None:
+        conn.record.update(allowed=False, reason=reason if denied else f"allowed, but {reason}")
+        body = f"execspace egress: {reason}\n".encode()
+        titles = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}
+        conn.writer.write(
+            f"HTTP/1.1 {status} {titles[status]}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n".encode()
+            + body
+        )
+        with contextlib.suppress(OSError):
+            await conn.writer.drain()
+
+    # -- SOCKS5 --------------------------------------------------------------------------------
+
+    async def _socks5(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
+        conn.record = self._new("", 0, "socks5")
+        read = reader.readexactly
+        methods = await asyncio.wait_for(read((await read(1))[0]), REQUEST_TIMEOUT)
+        if 0 not in methods:
+            conn.writer.write(b"\x05\xff")
+            conn.record["reason"] = "SOCKS5 without the no-authentication method"
+            return
+        conn.writer.write(b"\x05\x00")
+        ver, cmd, _, atyp = await asyncio.wait_for(read(4), REQUEST_TIMEOUT)
+        if atyp == 1:
+            host = str(ipaddress.IPv4Address(await read(4)))
+        elif atyp == 4:
+            host = str(ipaddress.IPv6Address(await read(16)))
+        elif atyp == 3:
+            host = (await read((await read(1))[0])).decode("ascii", errors="replace").lower().rstrip(".")
+        else:
+            conn.writer.write(b"\x05\x08\x00\x01\0\0\0\0\0\0")
+            conn.record["reason"] = f"SOCKS5 address type {atyp} is unknown"
+            return
+        port = int.from_bytes(await read(2), "big")
+        conn.record.update(host=host, port=port, method="CONNECT" if cmd == 1 else f"command {cmd}")
+        if ver != 5 or cmd != 1:
+            conn.writer.write(b"\x05\x07\x00\x01\0\0\0\0\0\0")
+            conn.record["reason"] = "only SOCKS5 CONNECT is served (no BIND, no UDP)"
+            return
+        try:
+            split_target(host if _address(host) is None else f"[{host}]")
+            up_reader, up_writer = await self._open(conn, host, port)
+        except (_Denied, ValueError) as exc:
+            conn.writer.write(b"\x05\x02\x00\x01\0\0\0\0\0\0")  # connection not allowed by ruleset
+            conn.record.update(allowed=False, reason=str(exc) if isinstance(exc, _Denied) else "malformed name")
+            return
+        except ConnectionError as exc:
+            conn.writer.write(b"\x05\x05\x00\x01\0\0\0\0\0\0")
+            conn.record.update(allowed=False, reason=f"allowed, but {exc}")
+            return
+        conn.writer.write(b"\x05\x00\x00\x01\0\0\0\0\0\0")
+        await self._pipe(conn, reader, up_reader, up_writer, sni_host=host)
+
+    # -- the tunnel ------------------------------------------------------------------------------
+
+    async def _pipe(
+        self,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+        *,
+        sni_host: object,
+    ) -> None:
+        """Copy both ways until the destination's side ends (or the client's check fails): the first TLS record
+        from the client must name ``sni_host``."""
+
+        async def upward() -> bool:
+            if isinstance(sni_host, str) and not await self._check_sni(conn, reader, up_writer, sni_host):
+                return False
+            await self._copy(reader, up_writer, conn.record, "bytes_up")
+            if up_writer.can_write_eof():
+                up_writer.write_eof()
+            return True
+
+        up = asyncio.ensure_future(upward())
+        down = asyncio.ensure_future(self._copy(up_reader, conn.writer, conn.record, "bytes_down"))
+        try:
+            await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            if up.done() and (up.cancelled() or up.exception() is not None or not up.result()):
+                return
+            await down
+        finally:
+            up.cancel()
+            down.cancel()
+
+    async def _check_sni(
+        self, conn: _Conn, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, host: str
+    ) -> bool:
+        first = await reader.read(_CHUNK)
+        if first[:1] == b"\x16":
+            while len(first) < 5 + int.from_bytes(first[3:5], "big") and len(first) < 5 + 16384 + 5:
+                more = await asyncio.wait_for(reader.read(_CHUNK), REQUEST_TIMEOUT)
+                if not more:
+                    break
+                first += more
+            name = client_hello_sni(first)
+            if name is not None and name.lower().rstrip(".") != host:
+                conn.record.update(allowed=False, reason=f"the TLS SNI {name!r} differs from the target {host!r}")
+                return False
+        if first:
+            up_writer.write(first)
+            conn.record["bytes_up"] = int(conn.record["bytes_up"]) + len(first)  # type: ignore[call-overload]
+            await up_writer.drain()
+        return bool(first)
+
+    @staticmethod
+    async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: dict[str, object], key: str) -> None:
+        while data := await src.read(_CHUNK):
+            dst.write(data)
+            record[key] = int(record[key]) + len(data)  # type: ignore[call-overload]
+            await dst.drain()
+
+
+def client_hello_sni(record: bytes) -> str | None:
+    """The server name of a TLS ClientHello record (None when it has none or is not one)."""
+    try:
+        if record[0] != 0x16 or record[5] != 0x01:
+            return None
+        pos = 5 + 4 + 2 + 32  # record header, handshake header, version, random
+        pos += 1 + record[pos]  # session id
+        pos += 2 + int.from_bytes(record[pos : pos + 2], "big")  # cipher suites
+        pos += 1 + record[pos]  # compression methods
+        end = pos + 2 + int.from_bytes(record[pos : pos + 2], "big")
+        pos += 2
+        while pos + 4 <= end:
+            kind, size = int.from_bytes(record[pos : pos + 2], "big"), int.from_bytes(record[pos + 2 : pos + 4], "big")
+            if kind == 0:  # server_name: list length, then (type 0, length, name)
+                length = int.from_bytes(record[pos + 7 : pos + 9], "big")
+                return record[pos + 9 : pos + 9 + length].decode("ascii", errors="replace")
+            pos += 4 + size
+    except IndexError:
+        return None
+    return None
+
+
+async def receive_listener(channel: socket.socket) -> socket.socket:
+    """The listening TCP socket the sandbox's bridge sends over ``channel`` (its end of a socketpair) before it
+    starts the program (waits until it comes: bound it with ``asyncio.timeout``); raises ``ConnectionError`` when
+    the bridge sends none or it is not a listening TCP socket."""
+    loop = asyncio.get_running_loop()
+    channel.setblocking(False)
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(channel.fileno(), readable)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(channel.fileno())
+    _, fds, _, _ = socket.recv_fds(channel, 16, 4)
+    for extra in fds[1:]:
+        os.close(extra)
+    if not fds:
+        raise ConnectionError("the sandbox's egress bridge sent no socket")
+    if not stat.S_ISSOCK(os.fstat(fds[0]).st_mode):
+        os.close(fds[0])
+        raise ConnectionError("the sandbox's egress bridge sent something that is not a socket")
+    sock = socket.socket(fileno=fds[0])
+    if (
+        sock.family != socket.AF_INET
+        or sock.type != socket.SOCK_STREAM
+        or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    ):
+        sock.close()
+        raise ConnectionError("the sandbox's egress bridge sent a socket that is not a listening TCP socket")
+    return sock
+
+
+def audit_line(attempt: NetworkAttempt) -> bytes:
+    """One attempt as a line of the run's ``network.jsonl``."""
+    return json.dumps(attempt.as_dict(), separators=(",", ":")).encode() + b"\n"
