@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PathDenied
-from ...models import ResourceLimits, RunProgramSpec, Workspace
+from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
 from ...process.supervisor import Launch, SupervisedProcess
@@ -104,6 +104,8 @@ class SessionRunner(SandboxRunner):
         if self.seccomp is not self._session_seccomp or self.policy.no_access_globs:
             # globs are judged against the workspace's files when a sandbox starts: each run gets its own
             return False
+        if isinstance(spec.network, NetworkPolicy):
+            return False  # its channel and proxy are made for a sandbox of its own
         if spec.network is not None and (spec.network == "on") != self.network_default:
             return False
         limits = spec.limits
