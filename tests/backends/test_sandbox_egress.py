@@ -246,3 +246,19 @@ async def test_backends_that_cannot_enforce_an_allow_list_refuse_it(tmp_path: Pa
         spec = RunProgramSpec("true", network=NetworkPolicy.allow(["example.com"]))
         with pytest.raises(CapabilityError, match="allow-list"):
             await engine.runner.run_program(ws, spec)
+
+
+async def test_workspace_exec_with_an_allow_list_lists_the_attempts_in_its_result(
+    box: Box, upstream: Upstream
+) -> None:
+    from execspace.tools.workspace_exec import WorkspaceExecTool
+
+    engine, _ = box
+    url = f"http://allowed.test:{upstream.port}/hello.txt"
+    async with WorkspaceExecTool(engine, workspace_id="egress/tool", network=_policy(upstream)) as tool:
+        out = await tool.call({"command": f"curl -sS {url}; curl -sSf http://denied.test:{upstream.port}/"})
+    assert "hello from upstream" in out["stdout"]
+    assert [(a["destination"], a["allowed"]) for a in out["network"]] == [
+        (f"allowed.test:{upstream.port}", True),
+        (f"denied.test:{upstream.port}", False),
+    ]
