@@ -182,13 +182,60 @@ class EgressRules:
             )
 
 
+class _Socket:
+    """A non-blocking socket read and written through the loop: buffered reads for the request, raw for the
+    tunnel (``recv_into`` a fixed buffer and ``sendall`` of a view of it: no copy in between)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.buffer = bytearray()
+
+    async def fill(self) -> None:
+        data = await self.loop.sock_recv(self.sock, 65536)
+        if not data:
+            raise EOFError
+        self.buffer += data
+
+    async def readexactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            await self.fill()
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    async def readuntil(self, separator: bytes, limit: int) -> bytes:
+        while (end := self.buffer.find(separator)) < 0:
+            if len(self.buffer) > limit:
+                raise ValueError("request head too long")
+            await self.fill()
+        data = bytes(self.buffer[: end + len(separator)])
+        del self.buffer[: end + len(separator)]
+        return data
+
+    async def read_some(self) -> bytes:
+        """What is buffered, else one read (b"" at end of stream)."""
+        if self.buffer:
+            data = bytes(self.buffer)
+            self.buffer.clear()
+            return data
+        return await self.loop.sock_recv(self.sock, _CHUNK)
+
+    async def send(self, data: bytes | memoryview) -> None:
+        await self.loop.sock_sendall(self.sock, data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 @dataclass(slots=True)
 class _Conn:
-    """One client connection: its attempt (filled in as it is judged) and its transports."""
+    """One client connection: its attempt (filled in as it is judged) and its sockets."""
 
-    writer: asyncio.StreamWriter
+    client: _Socket
     record: dict[str, object] = field(default_factory=dict)
-    upstream: asyncio.StreamWriter | None = None
+    upstream: _Socket | None = None
     done: bool = False
 
 
@@ -210,7 +257,7 @@ class EgressProxy:
         self.dropped = 0
         self._records: list[NetworkAttempt] = []
         self._live: dict[asyncio.Task[None], _Conn] = {}
-        self._server: asyncio.Server | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._closed = False
 
     async def serve(self, listener: socket.socket) -> None:
@@ -219,7 +266,18 @@ class EgressProxy:
         if self._closed:
             listener.close()
             return
-        self._server = await asyncio.start_server(self._client, sock=listener, limit=MAX_HEAD)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(listener))
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                sock, _ = await loop.sock_accept(listener)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                task = loop.create_task(self._client(_Socket(sock)))
+                task.add_done_callback(lambda done: self._live.pop(done, None))
+        finally:
+            listener.close()
 
     def audit(self) -> tuple[NetworkAttempt, ...]:
         """Every attempt so far, in the order they were asked (open ones with their bytes so far)."""
@@ -229,42 +287,42 @@ class EgressProxy:
     def close(self) -> None:
         """Stop serving and cut every open connection; their attempts are recorded with the bytes they moved."""
         self._closed = True
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
         for task, conn in list(self._live.items()):
             self._finish(conn)
-            for w in (conn.writer, conn.upstream):
-                if w is not None:
-                    w.transport.abort()
-            task.cancel()
+            task.cancel()  # its sockets are closed as it ends
 
     # -- one connection ----------------------------------------------------------------------
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _client(self, client: _Socket) -> None:
         task = asyncio.current_task()
         assert task is not None
-        conn = _Conn(writer)
+        conn = _Conn(client)
         if self._closed or len(self._live) >= self.max_connections:
             conn.record = self._new("", 0, "unknown")
             conn.record.update(allowed=False, reason=f"too many connections: at most {self.max_connections} open")
             self._finish(conn)
-            writer.transport.abort()
+            client.close()
             return
         self._live[task] = conn
         try:
-            first = await asyncio.wait_for(reader.readexactly(1), REQUEST_TIMEOUT)
-            if first == b"\x05":
-                await self._socks5(conn, reader)
-            else:
-                await self._http(conn, first, reader)
-        except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            async with asyncio.timeout(REQUEST_TIMEOUT) as deadline:
+                first = await client.readexactly(1)
+                if first == b"\x05":
+                    tunnel = await self._socks5(conn)
+                else:
+                    tunnel = await self._http(conn, first)
+                deadline.reschedule(None)
+            if tunnel is not None:
+                await self._pipe(conn, *tunnel)
+        except (OSError, EOFError, TimeoutError, ValueError):
             pass
         finally:
             self._finish(conn)
-            self._live.pop(task, None)
-            for w in (writer, conn.upstream):
-                if w is not None:
-                    w.transport.abort()
+            for side in (client, conn.upstream):
+                if side is not None:
+                    side.close()
 
     def _new(self, host: str, port: int, protocol: Protocol, method: str = "") -> dict[str, object]:
         return {
@@ -297,71 +355,68 @@ class EgressProxy:
         if self.on_record is not None:
             self.on_record(attempt)
 
-    async def _open(self, conn: _Conn, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self, conn: _Conn, host: str, port: int) -> _Socket:
         """Judge ``host:port`` and connect to one of its checked addresses; raises :class:`_Denied`."""
         conn.record["reason"] = self.rules.judge_name(host, port)
         addresses = await self.rules.resolve(host, port)
+        loop = asyncio.get_running_loop()
         last: Exception | None = None
         for addr in addresses:
+            sock = socket.socket(socket.AF_INET6 if addr.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(str(addr), port, limit=_CHUNK), CONNECT_TIMEOUT
-                )
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    await loop.sock_connect(sock, (str(addr), port))
             except (OSError, TimeoutError) as exc:
+                sock.close()
                 last = exc
                 continue
-            conn.upstream = writer
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.upstream = _Socket(sock)
             conn.record.update(allowed=True, address=str(addr))
-            return reader, writer
+            return conn.upstream
         raise ConnectionError(f"cannot connect to {host}:{port}: {last}")
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    async def _http(self, conn: _Conn, first: bytes, reader: asyncio.StreamReader) -> None:
-        head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+    async def _http(self, conn: _Conn, first: bytes) -> _Tunnel | None:
+        head = first + await conn.client.readuntil(b"\r\n\r\n", MAX_HEAD)
         lines = head.decode("latin-1").split("\r\n")
         method, _, rest = lines[0].partition(" ")
         target, _, version = rest.partition(" ")
         headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
         if method == "CONNECT":
             conn.record = self._new(target, 0, "connect", method)
-            await self._connect_method(conn, reader, target)
-            return
+            return await self._connect_method(conn, target)
         conn.record = self._new(target, 0, "http", method)
-        await self._forward(conn, reader, method, target, version, headers)
+        return await self._forward(conn, method, target, version, headers)
 
-    async def _connect_method(self, conn: _Conn, reader: asyncio.StreamReader, target: str) -> None:
+    async def _connect_method(self, conn: _Conn, target: str) -> _Tunnel | None:
         try:
             host, port = split_target(target)
             if port is None:
                 raise _Denied("CONNECT needs HOST:PORT")
             conn.record.update(host=host, port=port)
-            up_reader, up_writer = await self._open(conn, host, port)
+            upstream = await self._open(conn, host, port)
         except _Denied as exc:
             await self._refuse(conn, 403, str(exc))
-            return
+            return None
         except ValueError:
             await self._refuse(conn, 400, f"malformed CONNECT target {target!r}")
-            return
+            return None
         except ConnectionError as exc:
             await self._refuse(conn, 502, str(exc), denied=False)
-            return
-        conn.writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        await self._pipe(conn, reader, up_reader, up_writer, sni_host=conn.record["host"])
+            return None
+        await conn.client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        return upstream, host
 
     async def _forward(
-        self,
-        conn: _Conn,
-        reader: asyncio.StreamReader,
-        method: str,
-        target: str,
-        version: str,
-        headers: list[tuple[str, ...]],
-    ) -> None:
+        self, conn: _Conn, method: str, target: str, version: str, headers: list[tuple[str, ...]]
+    ) -> _Tunnel | None:
         scheme, sep, rest = target.partition("://")
         if not sep or scheme.lower() != "http":
-            await self._refuse(conn, 400, "a proxy request needs an absolute http:// URI (use CONNECT for https)")
-            return
+            await self._refuse(conn, 400, "a proxy request needs an absolute http:// URI (CONNECT for https)")
+            return None
         authority, slash, path = rest.partition("/")
         try:
             host, port = split_target(authority.rpartition("@")[2])
@@ -371,101 +426,87 @@ class EgressProxy:
             named = split_target(hosts[0]) if len(hosts) == 1 else None
             if named is None or named[0] != host or (named[1] or 80) != port:
                 raise _Denied(f"the Host header {hosts!r} does not name the request's target {host}:{port}")
-            up_reader, up_writer = await self._open(conn, host, port)
+            upstream = await self._open(conn, host, port)
         except _Denied as exc:
             await self._refuse(conn, 403, str(exc))
-            return
+            return None
         except ValueError:
             await self._refuse(conn, 400, f"malformed request target {target!r}")
-            return
+            return None
         except ConnectionError as exc:
             await self._refuse(conn, 502, str(exc), denied=False)
-            return
+            return None
         kept = [f"{h[0]}: {h[1]}" for h in headers if len(h) == 2 and h[0].lower() not in _HOP_HEADERS]
-        head = "\r\n".join([f"{method} {slash}{path} {version}", *kept, "Connection: close", "", ""])
-        data = head.encode("latin-1")
-        up_writer.write(data)
+        data = "\r\n".join([f"{method} {slash}{path} {version}", *kept, "Connection: close", "", ""]).encode("latin-1")
+        await upstream.send(data)
         conn.record["bytes_up"] = len(data)
-        await self._pipe(conn, reader, up_reader, up_writer, sni_host=None)
+        return upstream, None
 
     async def _refuse(self, conn: _Conn, status: int, reason: str, *, denied: bool = True) -> None:
         conn.record.update(allowed=False, reason=reason if denied else f"allowed, but {reason}")
         body = f"execspace egress: {reason}\n".encode()
         titles = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}
-        conn.writer.write(
-            f"HTTP/1.1 {status} {titles[status]}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: close\r\n\r\n".encode()
-            + body
-        )
+        head = f"HTTP/1.1 {status} {titles[status]}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
         with contextlib.suppress(OSError):
-            await conn.writer.drain()
+            await conn.client.send(f"{head}Connection: close\r\n\r\n".encode() + body)
 
     # -- SOCKS5 --------------------------------------------------------------------------------
 
-    async def _socks5(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
+    async def _socks5(self, conn: _Conn) -> _Tunnel | None:
         conn.record = self._new("", 0, "socks5")
-        read = reader.readexactly
-        methods = await asyncio.wait_for(read((await read(1))[0]), REQUEST_TIMEOUT)
+        client = conn.client
+        methods = await client.readexactly((await client.readexactly(1))[0])
         if 0 not in methods:
-            conn.writer.write(b"\x05\xff")
+            await client.send(b"\x05\xff")
             conn.record["reason"] = "SOCKS5 without the no-authentication method"
-            return
-        conn.writer.write(b"\x05\x00")
-        ver, cmd, _, atyp = await asyncio.wait_for(read(4), REQUEST_TIMEOUT)
+            return None
+        await client.send(b"\x05\x00")
+        ver, cmd, _, atyp = await client.readexactly(4)
         if atyp == 1:
-            host = str(ipaddress.IPv4Address(await read(4)))
+            host = str(ipaddress.IPv4Address(await client.readexactly(4)))
         elif atyp == 4:
-            host = str(ipaddress.IPv6Address(await read(16)))
+            host = str(ipaddress.IPv6Address(await client.readexactly(16)))
         elif atyp == 3:
-            host = (await read((await read(1))[0])).decode("ascii", errors="replace").lower().rstrip(".")
+            name = await client.readexactly((await client.readexactly(1))[0])
+            host = name.decode("ascii", errors="replace").lower().rstrip(".")
         else:
-            conn.writer.write(b"\x05\x08\x00\x01\0\0\0\0\0\0")
+            await client.send(_socks_reply(8))
             conn.record["reason"] = f"SOCKS5 address type {atyp} is unknown"
-            return
-        port = int.from_bytes(await read(2), "big")
+            return None
+        port = int.from_bytes(await client.readexactly(2), "big")
         conn.record.update(host=host, port=port, method="CONNECT" if cmd == 1 else f"command {cmd}")
         if ver != 5 or cmd != 1:
-            conn.writer.write(b"\x05\x07\x00\x01\0\0\0\0\0\0")
+            await client.send(_socks_reply(7))
             conn.record["reason"] = "only SOCKS5 CONNECT is served (no BIND, no UDP)"
-            return
+            return None
         try:
             split_target(host if _address(host) is None else f"[{host}]")
-            up_reader, up_writer = await self._open(conn, host, port)
+            upstream = await self._open(conn, host, port)
         except (_Denied, ValueError) as exc:
-            conn.writer.write(b"\x05\x02\x00\x01\0\0\0\0\0\0")  # connection not allowed by ruleset
+            await client.send(_socks_reply(2))  # connection not allowed by ruleset
             conn.record.update(allowed=False, reason=str(exc) if isinstance(exc, _Denied) else "malformed name")
-            return
+            return None
         except ConnectionError as exc:
-            conn.writer.write(b"\x05\x05\x00\x01\0\0\0\0\0\0")
+            await client.send(_socks_reply(5))
             conn.record.update(allowed=False, reason=f"allowed, but {exc}")
-            return
-        conn.writer.write(b"\x05\x00\x00\x01\0\0\0\0\0\0")
-        await self._pipe(conn, reader, up_reader, up_writer, sni_host=host)
+            return None
+        await client.send(_socks_reply(0))
+        return upstream, host
 
     # -- the tunnel ------------------------------------------------------------------------------
 
-    async def _pipe(
-        self,
-        conn: _Conn,
-        reader: asyncio.StreamReader,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
-        *,
-        sni_host: object,
-    ) -> None:
+    async def _pipe(self, conn: _Conn, upstream: _Socket, sni_host: str | None) -> None:
         """Copy both ways until the destination's side ends (or the client's check fails): the first TLS record
         from the client must name ``sni_host``."""
 
         async def upward() -> bool:
-            if isinstance(sni_host, str) and not await self._check_sni(conn, reader, up_writer, sni_host):
+            if sni_host is not None and not await self._check_sni(conn, sni_host):
                 return False
-            await self._copy(reader, up_writer, conn.record, "bytes_up")
-            if up_writer.can_write_eof():
-                up_writer.write_eof()
+            await _relay(conn.client, upstream, conn.record, "bytes_up")
             return True
 
         up = asyncio.ensure_future(upward())
-        down = asyncio.ensure_future(self._copy(up_reader, conn.writer, conn.record, "bytes_down"))
+        down = asyncio.ensure_future(_relay(upstream, conn.client, conn.record, "bytes_down"))
         try:
             await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
             if up.done() and (up.cancelled() or up.exception() is not None or not up.result()):
@@ -475,32 +516,54 @@ class EgressProxy:
             up.cancel()
             down.cancel()
 
-    async def _check_sni(
-        self, conn: _Conn, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, host: str
-    ) -> bool:
-        first = await reader.read(_CHUNK)
-        if first[:1] == b"\x16":
-            while len(first) < 5 + int.from_bytes(first[3:5], "big") and len(first) < 5 + 16384 + 5:
-                more = await asyncio.wait_for(reader.read(_CHUNK), REQUEST_TIMEOUT)
-                if not more:
+    async def _check_sni(self, conn: _Conn, host: str) -> bool:
+        client = conn.client
+        if not client.buffer:
+            with contextlib.suppress(EOFError):
+                await client.fill()
+        if client.buffer[:1] != b"\x16":
+            return True
+        async with asyncio.timeout(REQUEST_TIMEOUT):
+            while len(client.buffer) < _tls_record_end(client.buffer):
+                try:
+                    await client.fill()
+                except EOFError:
                     break
-                first += more
-            name = client_hello_sni(first)
-            if name is not None and name.lower().rstrip(".") != host:
-                conn.record.update(allowed=False, reason=f"the TLS SNI {name!r} differs from the target {host!r}")
-                return False
-        if first:
-            up_writer.write(first)
-            conn.record["bytes_up"] = int(conn.record["bytes_up"]) + len(first)  # type: ignore[call-overload]
-            await up_writer.drain()
-        return bool(first)
+        name = client_hello_sni(bytes(client.buffer))
+        if name is not None and name.lower().rstrip(".") != host:
+            conn.record.update(allowed=False, reason=f"the TLS SNI {name!r} differs from the target {host!r}")
+            return False
+        return True
 
-    @staticmethod
-    async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: dict[str, object], key: str) -> None:
-        while data := await src.read(_CHUNK):
-            dst.write(data)
-            record[key] = int(record[key]) + len(data)  # type: ignore[call-overload]
-            await dst.drain()
+
+_Tunnel = tuple[_Socket, str | None]
+"""The upstream of an accepted request, and the name the client's TLS must give (None: not checked)."""
+
+
+def _socks_reply(code: int) -> bytes:
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
+
+
+def _tls_record_end(buffer: bytearray) -> int:
+    """How many bytes the TLS record at the start of ``buffer`` takes (capped at the largest record)."""
+    if len(buffer) < 5:
+        return 5
+    return min(5 + int.from_bytes(buffer[3:5], "big"), 5 + 16384 + 5)
+
+
+async def _relay(src: _Socket, dst: _Socket, record: dict[str, object], key: str) -> None:
+    if src.buffer:
+        data = bytes(src.buffer)
+        src.buffer.clear()
+        await dst.send(data)
+        record[key] = int(record[key]) + len(data)  # type: ignore[call-overload]
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    while n := await src.loop.sock_recv_into(src.sock, buffer):
+        await dst.send(view[:n])
+        record[key] = int(record[key]) + n  # type: ignore[call-overload]
+    with contextlib.suppress(OSError):
+        dst.sock.shutdown(socket.SHUT_WR)
 
 
 def client_hello_sni(record: bytes) -> str | None:
