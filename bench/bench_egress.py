@@ -129,6 +129,49 @@ async def _download(plan: Plan, report: Report, proxy_port: int, port: int, size
     )
     row.passed = row.ratio is not None and row.ratio >= 0.8
     report.rows.append(row)
+    await _reference_relay(plan, report, port, size, fetch(*resolve))
+
+
+async def _reference_relay(plan: Plan, report: Report, port: int, size: int, direct: Any) -> None:
+    """The same download through socat (a C relay, one process per connection), when it is installed: how much of
+    the direct rate any relay in user space keeps on this machine."""
+    socat = shutil.which("socat")
+    if socat is None:
+        return
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        relay_port = probe.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        socat, f"TCP-LISTEN:{relay_port},bind=127.0.0.1,fork,reuseaddr", f"TCP:127.0.0.1:{port}"
+    )
+    try:
+        for _ in range(100):  # until it listens
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", relay_port), timeout=1).close()
+                break
+            await asyncio.sleep(0.02)
+
+        async def relayed() -> None:
+            fetch = await asyncio.create_subprocess_exec(
+                "curl", "-sSf", "-o", "/dev/null", f"http://127.0.0.1:{relay_port}/"
+            )
+            ok(await fetch.wait(), "curl through socat")
+
+        lib, base = await interleaved([relayed, direct], plan.big_rounds * 2, 1)
+    finally:
+        proc.kill()
+        await proc.wait()
+    mib = size / MIB
+    report.rows.append(
+        Row(
+            SECTION,
+            f"reference: download {mib:.0f} MiB through socat",
+            "MiB/s",
+            Stats.of([mib / t for t in lib], higher_is_better=True),
+            Stats.of([mib / t for t in base], higher_is_better=True),
+            "curl straight to the upstream",
+            higher_is_better=True,
+        )
+    )
 
 
 async def _per_run(plan: Plan, report: Report, port: int) -> None:
