@@ -248,9 +248,7 @@ async def test_backends_that_cannot_enforce_an_allow_list_refuse_it(tmp_path: Pa
             await engine.runner.run_program(ws, spec)
 
 
-async def test_workspace_exec_with_an_allow_list_lists_the_attempts_in_its_result(
-    box: Box, upstream: Upstream
-) -> None:
+async def test_workspace_exec_with_an_allow_list_lists_the_attempts_in_its_result(box: Box, upstream: Upstream) -> None:
     from execspace.tools.workspace_exec import WorkspaceExecTool
 
     engine, _ = box

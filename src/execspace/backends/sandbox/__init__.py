@@ -80,6 +80,7 @@ DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
     "reading world-readable host system files (/usr, /etc…) that are bound read-only",
     "with network on: anything reachable from this host, including services on other hosts",
+    "with a network allow-list: whatever the program sends to an allowed destination (exfiltration to it)",
     "CPU time is an rlimit per process, not a total; without cgroups memory is an rlimit per process too",
     "disk usage is measured after a run (limit_hit), not stopped while the program writes",
 )
