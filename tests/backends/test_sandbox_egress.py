@@ -260,3 +260,35 @@ async def test_workspace_exec_with_an_allow_list_lists_the_attempts_in_its_resul
         (f"allowed.test:{upstream.port}", True),
         (f"denied.test:{upstream.port}", False),
     ]
+
+
+@pytest.mark.parametrize("mode", ["per-run", "session"])
+async def test_an_engine_wide_allow_list_holds_for_every_run_that_keeps_it(
+    tmp_path: Path, upstream: Upstream, mode: str
+) -> None:
+    if not (await probe_backend("sandbox", mode=mode)).ok:
+        pytest.skip("sandbox unavailable")
+    make_traversable(tmp_path)
+    options: dict[str, object] = {"mode": mode} if mode == "session" else {}
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", network=_policy(upstream), **options
+    ) as engine:
+        if not engine.describe().network_domains:
+            pytest.skip("no C compiler: the egress bridge cannot be built here")
+        ws = await engine.manager.create_workspace("egress/engine")
+        url = f"http://allowed.test:{upstream.port}/hello.txt"
+        script = f"curl -sSf {url} && ! curl -sSf http://denied.test:{upstream.port}/"
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script], timeout=60))
+        assert (r.exit_code, r.stdout) == (0, "hello from upstream\n"), r.stderr
+        off = await engine.runner.run_program(ws, RunProgramSpec("curl", ["-sSf", url], network="off", timeout=60))
+        assert off.exit_code != 0 and off.network_audit == ()
+        assert ws.host_path is not None
+        audits = [
+            json.loads(line) for f in ws.host_path.glob("runs/*/network.jsonl") for line in f.read_text().splitlines()
+        ]
+        assert sorted((a["host"], a["allowed"]) for a in audits) == [("allowed.test", True), ("denied.test", False)]
+        if mode == "per-run":
+            assert [a.allowed for a in r.network_audit] == [True, False]
+        else:  # the run went through the session's sandbox: its proxy audits into the session's run directory
+            assert r.network_audit == ()
+            assert not (ws.host_path / r.run_dir / "network.jsonl").exists()

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...artifacts import ArtifactService
 from ...backend import Probe
@@ -58,7 +58,7 @@ from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 from .session import SessionConfig
-from .supervisorbin import SESSION_FIX, egress_bridge_binary, supervisor_binary
+from .supervisorbin import EGRESS_FIX, SESSION_FIX, egress_bridge_binary, supervisor_binary
 
 __all__ = [
     "SANDBOX_WORKSPACE",
@@ -132,6 +132,7 @@ class SandboxRunner(HostRunner):
         cgroups: CgroupSupport | None = None,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         kill_grace: float = 2.0,
+        network_allow: NetworkPolicy | None = None,
     ) -> None:
         super().__init__(
             capabilities,
@@ -151,6 +152,8 @@ class SandboxRunner(HostRunner):
         self.setsid = _visible(shutil.which("setsid"))
         self.bwrap = bwrap
         self.network_default = network_default
+        # the engine's allow-list: the network of every run that does not choose its own
+        self.network_allow = network_allow
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
@@ -232,7 +235,7 @@ class SandboxRunner(HostRunner):
         return self.resolvers(os.path.realpath(root)).access(rel)
 
     def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
-        wanted = prep.spec.network
+        wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         network = self.network_default if wanted is None else wanted == "on"
         env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
@@ -487,7 +490,8 @@ class SandboxBackend:
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
-        policy = _resolve_policy(options.policy, options.network)
+        allow = options.network if isinstance(options.network, NetworkPolicy) else None
+        policy = _resolve_policy(options.policy, False if allow is not None else cast("bool | None", options.network))
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if mode == "session" and (sys.platform == "darwin" or not policy.managed):
             raise UnsupportedBackend(
@@ -528,7 +532,10 @@ class SandboxBackend:
             "capabilities": lambda: caps,
             "env_policy": env_policy,
             "kill_grace": kill_grace,
+            "network_allow": allow,
         }
+        if allow is not None and not caps.network_domains:
+            raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
         prepare = sandbox_layout_owner() if as_root else None
         if mode == "session":
             config = options.session or SessionConfig()
