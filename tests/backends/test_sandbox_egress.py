@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import io
 import json
+import shutil
+import tarfile
 import threading
 import zipfile
 from collections.abc import AsyncIterator, Iterator
@@ -54,6 +57,29 @@ def _wheel(directory: Path) -> Path:
     return path
 
 
+def _npm_registry(directory: Path, port: int) -> None:
+    """A registry of one package, ``demo-npm`` 1.0.0, under ``/npm/`` (its packument and tarball as files)."""
+    files = {"package/package.json": b'{"name": "demo-npm", "version": "1.0.0"}', "package/index.js": b"42;\n"}
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tf:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+    tarball = data.getvalue()
+    (directory / "tarballs").mkdir(parents=True)
+    (directory / "tarballs" / "demo-npm-1.0.0.tgz").write_bytes(tarball)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(tarball).digest()).decode()
+    dist = {
+        "tarball": f"http://allowed.test:{port}/npm/tarballs/demo-npm-1.0.0.tgz",
+        "shasum": hashlib.sha1(tarball).hexdigest(),
+        "integrity": integrity,
+    }
+    version = {"name": "demo-npm", "version": "1.0.0", "dist": dist}
+    packument = {"name": "demo-npm", "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": version}}
+    (directory / "demo-npm").write_text(json.dumps(packument))
+
+
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     """An HTTP server on the host's loopback: ``/hello.txt`` and a PEP 503 simple index with one wheel."""
@@ -73,6 +99,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
             requests.append(f"{self.command} {self.path} Host={self.headers.get('Host')}")
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    _npm_registry(root / "npm", server.server_address[1])
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield Upstream(server.server_address[1], root, requests)
@@ -229,6 +256,28 @@ async def test_pip_installs_from_an_allowed_index_and_not_from_a_denied_one(box:
     assert not (ws.host_path / "work/lib-denied.test/demo_pkg").exists()
     assert r.network_audit and not any(a.allowed for a in r.network_audit)
     assert all(a.reason == "denied by 'denied.test'" for a in r.network_audit)
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
+async def test_npm_installs_from_an_allowed_registry_and_not_from_a_denied_one(box: Box, upstream: Upstream) -> None:
+    _, ws = box
+    assert ws.host_path is not None
+
+    def npm(host: str) -> list[str]:
+        return [
+            "install", "--prefix", f"/workspace/work/npm-{host}", "--registry", f"http://{host}:{upstream.port}/npm/",
+            "--cache", "/workspace/tmp/npm-cache", "--no-audit", "--no-fund", "--no-update-notifier",
+            "--fetch-retries", "0", "demo-npm",
+        ]  # fmt: skip
+
+    r = await run(box, upstream, "npm", *npm("allowed.test"))
+    assert r.exit_code == 0, r.stderr
+    assert (ws.host_path / "work/npm-allowed.test/node_modules/demo-npm/index.js").read_text() == "42;\n"
+    assert r.network_audit and all(a.allowed and a.host == "allowed.test" for a in r.network_audit)
+    r = await run(box, upstream, "npm", *npm("denied.test"))
+    assert r.exit_code != 0
+    assert not (ws.host_path / "work/npm-denied.test/node_modules/demo-npm").exists()
+    assert r.network_audit and all(a.reason == "denied by 'denied.test'" for a in r.network_audit)
 
 
 async def test_a_started_program_is_audited_too(box: Box, upstream: Upstream) -> None:
