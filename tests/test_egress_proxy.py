@@ -252,3 +252,36 @@ async def test_close_cuts_open_tunnels_and_keeps_their_bytes(rig: Rig) -> None:
 def test_malformed_policies_are_refused_saying_what_is_wrong(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidSpec):
         NetworkPolicy.allow(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_an_approval_flow_decides_unlisted_names_once_each_never_denied_ones(rig: Rig) -> None:
+    asked: list[NetworkAttempt] = []
+
+    async def approve(attempt: NetworkAttempt) -> bool | None:
+        asked.append(attempt)
+        return attempt.host == "yes.test" or None
+
+    policy = NetworkPolicy.allow(
+        [], deny=["denied.test"], resolve={name: "127.0.0.1" for name in ("yes.test", "no.test", "denied.test")}
+    )
+    proxy = EgressProxy(policy, "run-2", approve=approve)
+    listener = socket.create_server(("127.0.0.1", 0))
+    rig.port = listener.getsockname()[1]
+    await proxy.serve(listener)
+    try:
+        for _ in range(2):
+            status, reader, writer = await _connect_method(rig, f"yes.test:{rig.upstream.port}")
+            assert status.startswith(b"HTTP/1.1 200")
+            writer.write(b"ok")
+            assert await reader.readexactly(2) == b"ok"
+            writer.close()
+        for target in ("no.test", "denied.test"):
+            status, _, _ = await _connect_method(rig, f"{target}:{rig.upstream.port}")
+            assert status.startswith(b"HTTP/1.1 403")
+    finally:
+        proxy.close()
+    assert [(a.host, a.allowed) for a in asked] == [("yes.test", False), ("no.test", False)]
+    assert "not on the allow-list" in asked[0].reason
+    reasons = {a.host: a.reason for a in proxy.audit()}
+    assert reasons["yes.test"] == "approved by on_network_attempt"
+    assert "did not approve" in reasons["no.test"] and reasons["denied.test"] == "denied by 'denied.test'"

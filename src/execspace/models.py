@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,6 +31,7 @@ __all__ = [
     "FileKind",
     "FileRef",
     "InputSpec",
+    "NetworkApprover",
     "NetworkAttempt",
     "NetworkPolicy",
     "OutputChunk",
@@ -210,6 +211,12 @@ class NetworkAttempt:
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+#: An approval flow ("allow this domain?") for destinations a :class:`NetworkPolicy` does not list, e.g. the sandbox's
+#: ``on_network_attempt``: called with the attempt as judged so far (not allowed, ``reason`` says why); True lets it
+#: through (its addresses are still checked), False or None refuses it. Asked once per host and port of a run.
+NetworkApprover = Callable[[NetworkAttempt], Awaitable[bool | None]]
 
 
 @dataclass(frozen=True, slots=True)

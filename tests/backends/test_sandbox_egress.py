@@ -22,7 +22,7 @@ import pytest
 import execspace
 from execspace import RunProgramSpec
 from execspace.errors import CapabilityError
-from execspace.models import NetworkPolicy, RunResult
+from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from execspace.registry import probe_backend
 from tests.support import make_traversable
 
@@ -341,3 +341,29 @@ async def test_an_engine_wide_allow_list_holds_for_every_run_that_keeps_it(
         else:  # the run went through the session's sandbox: its proxy audits into the session's run directory
             assert r.network_audit == ()
             assert not (ws.host_path / r.run_dir / "network.jsonl").exists()
+
+
+async def test_on_network_attempt_approves_an_unlisted_name_for_a_sandboxed_program(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    if not (await probe_backend("sandbox")).ok:
+        pytest.skip("sandbox unavailable")
+    make_traversable(tmp_path)
+    asked: list[str] = []
+
+    async def approve(attempt: NetworkAttempt) -> bool:
+        asked.append(f"{attempt.host}:{attempt.port}")
+        return True
+
+    net = NetworkPolicy.allow([], resolve={"approved.test": "127.0.0.1"})
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", network=net, on_network_attempt=approve
+    ) as engine:
+        if not engine.describe().network_domains:
+            pytest.skip("no C compiler: the egress bridge cannot be built here")
+        ws = await engine.manager.create_workspace("egress/approve")
+        url = f"http://approved.test:{upstream.port}/hello.txt"
+        r = await engine.runner.run_program(ws, RunProgramSpec("curl", ["-sSf", url], timeout=60))
+    assert (r.exit_code, r.stdout) == (0, "hello from upstream\n"), r.stderr
+    assert asked == [f"approved.test:{upstream.port}"]
+    assert [a.reason for a in r.network_audit] == ["approved by on_network_attempt"]

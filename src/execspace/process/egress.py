@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..models import NetworkAttempt, NetworkPolicy
+from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -43,6 +43,8 @@ MAX_AUDIT = 10_000
 #: Seconds a client has to send its request (HTTP headers, SOCKS5 negotiation) and the proxy to connect.
 REQUEST_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
+#: Seconds an approval flow (``approve``) may take to answer; no answer refuses.
+APPROVAL_TIMEOUT = 120.0
 #: Largest HTTP request head (request line and headers) the proxy reads.
 MAX_HEAD = 32 * 1024
 _CHUNK = 256 * 1024
@@ -56,6 +58,10 @@ Protocol = Literal["connect", "http", "socks5", "unknown"]
 
 class _Denied(Exception):
     """A destination the policy refuses; the text is the audit's reason."""
+
+
+class _Unlisted(_Denied):
+    """A destination the policy does not list (not one it denies): an approval flow may still let it through."""
 
 
 def _address(host: str) -> Address | None:
@@ -142,10 +148,10 @@ class EgressRules:
             if entry.matches(host, port, addr, ports=DEFAULT_PORTS):
                 return f"allowed by {entry.text!r}"
         if addr is not None:
-            raise _Denied(f"address {host} is not on the allow-list (only names are, unless an address is listed)")
+            raise _Unlisted(f"address {host} is not on the allow-list (only names are, unless an address is listed)")
         if any(e.names(host, None) for e in self._allow):
-            raise _Denied(f"port {port} of {host} is not allowed (an entry without :PORT allows 80 and 443)")
-        raise _Denied(f"{host} is not on the allow-list")
+            raise _Unlisted(f"port {port} of {host} is not allowed (an entry without :PORT allows 80 and 443)")
+        raise _Unlisted(f"{host} is not on the allow-list")
 
     async def resolve(self, host: str, port: int) -> list[Address]:
         """The checked addresses of ``host``: its pin, itself for an address, else every address DNS gives, each of
@@ -238,6 +244,8 @@ class _Conn:
     record: dict[str, object] = field(default_factory=dict)
     upstream: _Socket | None = None
     done: bool = False
+    deadline: asyncio.Timeout | None = None
+    """The request's deadline: lifted once it is read (resolving, connecting, approving have their own)."""
 
 
 class EgressProxy:
@@ -250,8 +258,11 @@ class EgressProxy:
         *,
         on_record: Callable[[NetworkAttempt], None] | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        approve: NetworkApprover | None = None,
     ) -> None:
         self.rules = EgressRules(policy)
+        self.approve = approve
+        self._approvals: dict[tuple[str, int], asyncio.Task[bool]] = {}
         self.run_id = run_id
         self.on_record = on_record
         self.max_connections = max_connections
@@ -290,6 +301,8 @@ class EgressProxy:
         self._closed = True
         if self._accepting is not None:
             self._accepting.cancel()
+        for asked in self._approvals.values():
+            asked.cancel()
         for task, conn in list(self._live.items()):
             self._finish(conn)
             task.cancel()  # its sockets are closed as it ends
@@ -308,13 +321,12 @@ class EgressProxy:
             return
         self._live[task] = conn
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT) as deadline:
+            async with asyncio.timeout(REQUEST_TIMEOUT) as conn.deadline:
                 first = await client.readexactly(1)
                 if first == b"\x05":
                     tunnel = await self._socks5(conn)
                 else:
                     tunnel = await self._http(conn, first)
-                deadline.reschedule(None)
             if tunnel is not None:
                 await self._pipe(conn, *tunnel)
         except (OSError, EOFError, TimeoutError, ValueError):
@@ -358,7 +370,14 @@ class EgressProxy:
 
     async def _open(self, conn: _Conn, host: str, port: int) -> _Socket:
         """Judge ``host:port`` and connect to one of its checked addresses; raises :class:`_Denied`."""
-        conn.record["reason"] = self.rules.judge_name(host, port)
+        if conn.deadline is not None:
+            conn.deadline.reschedule(None)
+        try:
+            conn.record["reason"] = self.rules.judge_name(host, port)
+        except _Unlisted as exc:
+            if self.approve is None:
+                raise
+            conn.record["reason"] = await self._approved(conn, host, port, str(exc))
         addresses = await self.rules.resolve(host, port)
         loop = asyncio.get_running_loop()
         last: Exception | None = None
@@ -377,6 +396,25 @@ class EgressProxy:
             conn.record.update(allowed=True, address=str(addr))
             return conn.upstream
         raise ConnectionError(f"cannot connect to {host}:{port}: {last}")
+
+    async def _approved(self, conn: _Conn, host: str, port: int, reason: str) -> str:
+        """Ask the approval flow about an unlisted destination (once per host and port); raises :class:`_Denied`."""
+        key = (host, port)
+        asked = self._approvals.get(key)
+        if asked is None:
+            attempt = self._attempt({**conn.record, "allowed": False, "reason": reason})
+            asked = self._approvals[key] = asyncio.get_running_loop().create_task(self._ask(attempt))
+        if await asyncio.shield(asked):
+            return "approved by on_network_attempt"
+        raise _Denied(f"{reason}; on_network_attempt did not approve it")
+
+    async def _ask(self, attempt: NetworkAttempt) -> bool:
+        assert self.approve is not None
+        try:
+            async with asyncio.timeout(APPROVAL_TIMEOUT):
+                return await self.approve(attempt) is True
+        except Exception:  # the caller's flow failing refuses, as no answer (the timeout) does
+            return False
 
     # -- HTTP ----------------------------------------------------------------------------------
 

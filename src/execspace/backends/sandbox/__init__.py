@@ -29,7 +29,7 @@ from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
-from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
 from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
@@ -133,6 +133,7 @@ class SandboxRunner(HostRunner):
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         kill_grace: float = 2.0,
         network_allow: NetworkPolicy | None = None,
+        on_network_attempt: NetworkApprover | None = None,
     ) -> None:
         super().__init__(
             capabilities,
@@ -154,6 +155,7 @@ class SandboxRunner(HostRunner):
         self.network_default = network_default
         # the engine's allow-list: the network of every run that does not choose its own
         self.network_allow = network_allow
+        self.on_network_attempt = on_network_attempt
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
@@ -248,7 +250,7 @@ class SandboxRunner(HostRunner):
         egress = None
         if isinstance(wanted, NetworkPolicy):
             # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
-            egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir)
+            egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
             mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
             env.update(proxy_env())
         cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
@@ -533,6 +535,7 @@ class SandboxBackend:
             "env_policy": env_policy,
             "kill_grace": kill_grace,
             "network_allow": allow,
+            "on_network_attempt": options.on_network_attempt,
         }
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)

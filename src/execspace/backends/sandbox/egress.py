@@ -17,7 +17,7 @@ import socket
 from dataclasses import replace
 from pathlib import Path
 
-from ...models import NetworkAttempt, NetworkPolicy, RunResult
+from ...models import NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
 from ...process.egress import EgressProxy, audit_line, receive_listener
 from ...workspace.confine import ConfinedRoot, split_relpath
 
@@ -61,11 +61,14 @@ class EgressChannel:
     Args:
         bridge: the built bridge binary (:func:`~.supervisorbin.egress_bridge_binary`).
         root, run_dir: the workspace's host directory and the run's directory in it (the audit goes there).
+        approve: the approval flow for destinations the policy does not list.
     """
 
-    def __init__(self, policy: NetworkPolicy, bridge: Path, root: Path, run_dir: str) -> None:
+    def __init__(
+        self, policy: NetworkPolicy, bridge: Path, root: Path, run_dir: str, approve: NetworkApprover | None = None
+    ) -> None:
         self._audit_fd = _open_audit(root, run_dir)
-        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write)
+        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve)
         self._host, self._sandbox = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._bridge_fd = os.open(bridge, os.O_RDONLY | os.O_CLOEXEC)
         self._task: asyncio.Task[None] | None = None

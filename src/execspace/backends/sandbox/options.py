@@ -7,7 +7,7 @@ from typing import Literal
 
 from ...backend import HostOptions
 from ...errors import InvalidSpec
-from ...models import NetworkPolicy
+from ...models import NetworkApprover, NetworkPolicy
 from .policy import SandboxPolicy
 from .session import SessionConfig
 
@@ -28,6 +28,8 @@ class SandboxOptions(HostOptions):
         network: shorthand for ``policy.with_network(network)``, or a :class:`~execspace.models.NetworkPolicy`: every
             run's network is that allow-list unless the run says otherwise (in session mode the session's sandbox
             has it, with one egress proxy per session); a run may still override it.
+        on_network_attempt: with an allow-list, an approval flow for the destinations it does not list (async; True
+            allows, anything else refuses; asked once per host and port of a run, within 120 s).
         bwrap: path of the bwrap binary (default: found on PATH).
         mode: ``"per-run"`` (a sandbox per run, the default) or ``"session"`` (one sandbox per workspace whose
             programs outlive a call; Linux, managed profiles; builds its supervisor with a C compiler once).
@@ -37,6 +39,7 @@ class SandboxOptions(HostOptions):
 
     policy: SandboxPolicy | None = None
     network: bool | NetworkPolicy | None = None
+    on_network_attempt: NetworkApprover | None = None
     bwrap: str | None = None
     mode: SandboxMode = "per-run"
     session: SessionConfig | None = None
