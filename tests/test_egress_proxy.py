@@ -259,7 +259,7 @@ async def test_an_approval_flow_decides_unlisted_names_once_each_never_denied_on
 
     async def approve(attempt: NetworkAttempt) -> bool | None:
         asked.append(attempt)
-        return attempt.host == "yes.test" or None
+        return attempt.host in ("yes.test", "127.0.0.1") or None
 
     policy = NetworkPolicy.allow(
         [], deny=["denied.test"], resolve={name: "127.0.0.1" for name in ("yes.test", "no.test", "denied.test")}
@@ -275,13 +275,14 @@ async def test_an_approval_flow_decides_unlisted_names_once_each_never_denied_on
             writer.write(b"ok")
             assert await reader.readexactly(2) == b"ok"
             writer.close()
-        for target in ("no.test", "denied.test"):
+        for target in ("no.test", "denied.test", "127.0.0.1"):
             status, _, _ = await _connect_method(rig, f"{target}:{rig.upstream.port}")
             assert status.startswith(b"HTTP/1.1 403")
     finally:
         proxy.close()
-    assert [(a.host, a.allowed) for a in asked] == [("yes.test", False), ("no.test", False)]
+    assert [(a.host, a.allowed) for a in asked] == [("yes.test", False), ("no.test", False), ("127.0.0.1", False)]
     assert "not on the allow-list" in asked[0].reason
     reasons = {a.host: a.reason for a in proxy.audit()}
     assert reasons["yes.test"] == "approved by on_network_attempt"
     assert "did not approve" in reasons["no.test"] and reasons["denied.test"] == "denied by 'denied.test'"
+    assert "not a public address" in reasons["127.0.0.1"]  # an approval does not lift the address check

@@ -157,7 +157,8 @@ class EgressRules:
         """The checked addresses of ``host``: its pin, itself for an address, else every address DNS gives, each of
         which must be public unless the policy names it; raises :class:`_Denied`."""
         literal = _address(host)
-        if literal is not None:
+        if literal is not None:  # listed (then explicit), or approved by a flow that does not lift this check
+            self._check_address(host, literal)
             return [literal]
         if host in self._pins:
             return [self._pins[host]]
