@@ -222,14 +222,6 @@ class _Socket:
         del self.buffer[: end + len(separator)]
         return data
 
-    async def read_some(self) -> bytes:
-        """What is buffered, else one read (b"" at end of stream)."""
-        if self.buffer:
-            data = bytes(self.buffer)
-            self.buffer.clear()
-            return data
-        return await self.loop.sock_recv(self.sock, _CHUNK)
-
     async def send(self, data: bytes | memoryview) -> None:
         await self.loop.sock_sendall(self.sock, data)
 
