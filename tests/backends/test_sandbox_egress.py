@@ -4,11 +4,13 @@ resolver pins (``allowed.test``, ``denied.test``); the sandbox has its own loopb
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import http.server
 import io
 import json
+import os
 import shutil
 import tarfile
 import threading
@@ -367,3 +369,33 @@ async def test_on_network_attempt_approves_an_unlisted_name_for_a_sandboxed_prog
     assert (r.exit_code, r.stdout) == (0, "hello from upstream\n"), r.stderr
     assert asked == [f"approved.test:{upstream.port}"]
     assert [a.reason for a in r.network_audit] == ["approved by on_network_attempt"]
+
+
+async def test_runs_leave_no_fd_or_task_behind_even_when_killed_mid_tunnel(box: Box, upstream: Upstream) -> None:
+    engine, ws = box
+    url = f"http://allowed.test:{upstream.port}/hello.txt"
+    # one complete run first: the bridge is built and the caches are warm before counting
+    assert (await run(box, upstream, "curl", "-sSf", url)).exit_code == 0
+    before = len(os.listdir("/proc/self/fd"))
+    tasks_before = len(asyncio.all_tasks())
+    hold = (
+        "import socket, time\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'CONNECT allowed.test:{upstream.port} HTTP/1.1\\r\\n\\r\\n')\n"
+        "assert s.recv(100).startswith(b'HTTP/1.1 200')\n"
+        "s.sendall(b'GET /hello.txt HTTP/1.0\\r\\n\\r\\n')\n"
+        "print(len(s.recv(1000)), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    for _ in range(3):
+        spec = RunProgramSpec("python3", ["-c", hold], network=_policy(upstream), timeout=2)
+        r = await engine.runner.run_program(ws, spec)
+        assert r.timed_out, r.stderr
+        (attempt,) = r.network_audit
+        assert attempt.allowed and attempt.bytes_up > 0 and attempt.bytes_down > 0
+    for _ in range(100):  # the cancelled connection tasks finish on the next loop turns
+        if len(asyncio.all_tasks()) <= tasks_before:
+            break
+        await asyncio.sleep(0.01)
+    assert len(asyncio.all_tasks()) <= tasks_before
+    assert len(os.listdir("/proc/self/fd")) <= before
