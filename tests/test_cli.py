@@ -106,7 +106,11 @@ def test_unknown_backend_exits_125_with_next_step(cli: Cli) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "expected"),
-    [(["--pids", "5"], b"pids"), (["--network", "off"], b"--network on")],
+    [
+        (["--pids", "5"], b"pids"),
+        (["--network", "off"], b"--network on"),
+        (["--allow-domain", "example.com"], b"--allow-domain needs --backend sandbox"),
+    ],
 )
 def test_unenforceable_policy_on_local_is_refused_before_running(
     cli: Cli, tmp_path: Path, flags: list[str], expected: bytes
@@ -117,6 +121,50 @@ def test_unenforceable_policy_on_local_is_refused_before_running(
     assert b"execspace: error: backend 'local' cannot enforce" in proc.stderr
     assert expected in proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--network", "on", "--allow-domain", "x.test"], b"drop --network"),
+        (["--deny-domain", "x.test"], b"give --allow-domain too"),
+        (["--allow-domain", "x test"], b"is not a domain name"),
+        (["--allow-domain", "x.test", "--resolve", "x.test"], b"expected NAME=ADDR"),
+    ],
+)
+def test_malformed_domain_flags_are_refused_before_running(
+    cli: Cli, tmp_path: Path, flags: list[str], expected: bytes
+) -> None:
+    marker = tmp_path / "ran"
+    proc = cli("run", "--backend", "sandbox", *flags, "--", "touch", str(marker))
+    assert proc.returncode in (2, 125) and expected in proc.stderr, proc.stderr
+    assert not marker.exists()
+
+
+def test_allow_domain_reaches_only_the_allowed_name_and_reports_the_audit(cli: Cli, tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        script = f"curl -sSf -o /dev/null http://allowed.test:{port}/ && ! curl -sSf http://denied.test:{port}/"
+        proc = cli(
+            "run", "--json", "--backend", "sandbox", "--allow-domain", f"allowed.test:{port}",
+            "--resolve", "allowed.test=127.0.0.1", "--", "sh", "-c", script,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    if proc.returncode == 125 and b"sandbox" in proc.stderr:
+        pytest.skip(f"sandbox unavailable: {proc.stderr.decode()}")
+    report = json.loads(proc.stdout)
+    assert report["exit_code"] == 0, report["stderr"]
+    assert [(a["host"], a["allowed"]) for a in report["network_audit"]] == [
+        ("allowed.test", True),
+        ("denied.test", False),
+    ]
 
 
 def test_collect_glob_leaving_the_workspace_is_refused_before_running(cli: Cli, tmp_path: Path) -> None:

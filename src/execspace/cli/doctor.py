@@ -110,6 +110,8 @@ def _yes(flag: object) -> str:
 def _caps_lines(caps: dict[str, Any]) -> list[str]:
     network = "on by default" if caps["network_default"] else "off by default"
     network += "; can be turned off per run" if caps["network_control"] else "; cannot be turned off"
+    if caps.get("network_domains"):
+        network += "; allow-lists by domain (--allow-domain)"
     lines = [
         f"isolation: {caps['isolation']}",
         f"network:   {network}",

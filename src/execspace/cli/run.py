@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
@@ -19,6 +19,7 @@ from ..models import (
     DEFAULT_TIMEOUT,
     File,
     InputSpec,
+    NetworkPolicy,
     OutputManifest,
     OutputSpec,
     Persistence,
@@ -79,6 +80,25 @@ def add_parser(sub: Any) -> None:
         "--collect names outputs of a workspace that is removed",
     )
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
+    p.add_argument(
+        "--allow-domain",
+        action="append",
+        default=[],
+        metavar="D[:PORT]",
+        help="network only to these destinations, through an egress proxy outside the sandbox (repeatable; "
+        "*.example.com for subdomains; without :PORT, ports 80 and 443)",
+    )
+    p.add_argument(
+        "--deny-domain", action="append", default=[], metavar="D[:PORT]", help="never this destination (wins)"
+    )
+    p.add_argument(
+        "--resolve",
+        action="append",
+        default=[],
+        type=_resolve_pair,
+        metavar="NAME=ADDR",
+        help="pin NAME to ADDR for the egress proxy (the address then counts as allowed: tests, private hosts)",
+    )
     p.add_argument(
         "--profile",
         choices=("read-only", "workspace-write", "danger-full-access"),
@@ -180,6 +200,24 @@ class InputArg:
     """Host directory the engine must allow for this input (``None``: not a host input)."""
 
 
+def _resolve_pair(text: str) -> tuple[str, str]:
+    name, sep, addr = text.partition("=")
+    if not sep or not name or not addr:
+        raise argparse.ArgumentTypeError(f"expected NAME=ADDR, got {text!r}")
+    return name, addr
+
+
+def network_choice(args: argparse.Namespace) -> Literal["off", "on"] | NetworkPolicy | None:
+    """``--network``, or the allow-list the domain flags make (they cannot be mixed with ``--network``)."""
+    if not (args.allow_domain or args.deny_domain or args.resolve):
+        return cast('Literal["off", "on"] | None', args.network)
+    if args.network is not None:
+        raise UsageError("--allow-domain/--deny-domain/--resolve make the network an allow-list: drop --network")
+    if not args.allow_domain:
+        raise UsageError("--deny-domain and --resolve refine an allow-list: give --allow-domain too")
+    return NetworkPolicy.allow(args.allow_domain, deny=args.deny_domain, resolve=dict(args.resolve))
+
+
 def _looks_relative(path: str) -> bool:
     return bool(path) and not path.startswith(("/", "~")) and "://" not in path
 
@@ -251,7 +289,7 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
         cwd=args.cwd,
         timeout=args.timeout,
         limits=limits,
-        network=args.network,
+        network=network_choice(args),
     )
 
 
@@ -472,6 +510,7 @@ def report(
                 "outputs_limits_hit": manifest.limits_hit,
                 "interrupted": interrupted,
                 "out_dir": str(brought.out_dir) if brought.out_dir is not None else None,
+                "network_audit": [attempt.as_dict() for attempt in result.network_audit],
             }
         )
         return
@@ -499,6 +538,11 @@ def _report_text(
         progress(f"no output matched --collect {' '.join(args.collect)}")
     if limits_hit:
         progress("output collection was cut short by its caps (files or bytes); narrow --collect")
+    denied = [a for a in result.network_audit if not a.allowed]
+    if denied:
+        progress(f"{len(denied)} network attempt(s) refused (see {result.run_dir}/network.jsonl with --keep):")
+        for attempt in denied[:5]:
+            progress(f"  {printable(attempt.host)}:{attempt.port} ({attempt.protocol}): {printable(attempt.reason)}")
     if args.keep and workspace and args.workspace is None:
         progress(f"workspace kept at {workspace}")
 

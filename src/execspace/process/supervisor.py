@@ -76,6 +76,8 @@ class Launch:
     """Run once the run is over: the process exited (or was killed) and was reaped, or it failed to start."""
     after_spawn: list[Callable[[], None]] = field(default_factory=list)
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
+    annotate: list[Callable[[RunResult], RunResult]] = field(default_factory=list)
+    """Add what the wrapper knows to the run's result (after ``on_exit``): e.g. the egress proxy's audit."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
     info: ProgramInfo | None = None
@@ -382,7 +384,7 @@ class SupervisedProcess:
             code, err = self._launch.exit_status(code, err)
         if limit is None and self._launch.classify_exit is not None:
             limit = self._launch.classify_exit(code)
-        return RunResult(
+        result = RunResult(
             exit_code=code,
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
@@ -397,6 +399,9 @@ class SupervisedProcess:
             raw_stderr=err,
             run_dir=self._launch.run_dir,
         )
+        for hook in self._launch.annotate:
+            result = hook(result)
+        return result
 
     def _signal_group(self, sig: int) -> None:
         pid = self.pid

@@ -294,6 +294,14 @@ def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> Re
     return ResourceLimits(output_bytes=None, **keep)
 
 
+def _kernel_network(on: bool, allow: Any) -> str:
+    if allow is not None:
+        return f"allow-list through an egress proxy per kernel ({', '.join(allow.allowed) or 'nothing listed'})"
+    if on:
+        return "on"
+    return "off (own network namespace; socket(AF_UNIX) refused once the kernel's channels are bound)"
+
+
 def _sandboxed_capabilities(
     sb: Capabilities, language: str, cfg: Any, pool: tuple[int, int], rich: RichOutputLimits
 ) -> Capabilities:
@@ -304,9 +312,7 @@ def _sandboxed_capabilities(
         "mode": "kernel in the OS sandbox (bubblewrap), reached over IPC sockets in its workspace's runs/",
         "kernel_isolation": "sandbox",
         "kernel_language": language,
-        "kernel_network": "on"
-        if cfg.network
-        else "off (own network namespace; socket(AF_UNIX) refused once the kernel's channels are bound)",
+        "kernel_network": _kernel_network(cfg.network, cfg.runner.network_allow),
         "kernel_limits": f"{applied} for the kernel's whole sandbox ({sb.details.get('memory_bytes', '')}); "
         "cells: timeout (interrupt message, then restart) and output_bytes",
         "kernel_interpreter": cfg.interpreter.path,

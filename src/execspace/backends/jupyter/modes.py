@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import InvalidSpec
-from ...models import ResourceLimits
+from ...models import NetworkPolicy, ResourceLimits
 
 if TYPE_CHECKING:
     from ..sandbox import SandboxPolicy
@@ -56,7 +56,9 @@ class SandboxedKernels:
     default, limits for the whole kernel); workspaces, files and programs are the sandbox backend's.
 
     Args:
-        policy, network, bwrap: the sandbox backend's options.
+        policy, network, bwrap: the sandbox backend's options (``network`` may be a
+            :class:`~execspace.models.NetworkPolicy`: each kernel's sandbox then reaches only its destinations,
+            through an egress proxy of its own whose audit is in the kernel's run directory).
         kernel_limits: limits of each kernel as a whole, for its lifetime (default
             ``DEFAULT_KERNEL_LIMITS``, less what this host cannot enforce).
         pool_size: kernels started ahead, each in a workspace slot that is renamed into place, so they serve
@@ -66,7 +68,7 @@ class SandboxedKernels:
     """
 
     policy: SandboxPolicy | None = None
-    network: bool | None = None
+    network: bool | NetworkPolicy | None = None
     bwrap: str | None = None
     kernel_limits: ResourceLimits | None = None
     pool_size: int = 1

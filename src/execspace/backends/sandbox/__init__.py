@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...artifacts import ArtifactService
 from ...backend import Probe
@@ -29,7 +29,7 @@ from ...engine import BaseEngine
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
-from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
 from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
@@ -53,12 +53,13 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .egress import EgressChannel, proxy_env
 from .options import SandboxMode, SandboxOptions
 from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 from .session import SessionConfig
-from .supervisorbin import SESSION_FIX, supervisor_binary
+from .supervisorbin import EGRESS_FIX, SESSION_FIX, egress_bridge_binary, supervisor_binary
 
 __all__ = [
     "SANDBOX_WORKSPACE",
@@ -80,6 +81,7 @@ DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
     "reading world-readable host system files (/usr, /etc…) that are bound read-only",
     "with network on: anything reachable from this host, including services on other hosts",
+    "with a network allow-list: whatever the program sends to an allowed destination (exfiltration to it)",
     "CPU time is an rlimit per process, not a total; without cgroups memory is an rlimit per process too",
     "disk usage is measured after a run (limit_hit), not stopped while the program writes",
 )
@@ -131,6 +133,8 @@ class SandboxRunner(HostRunner):
         cgroups: CgroupSupport | None = None,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         kill_grace: float = 2.0,
+        network_allow: NetworkPolicy | None = None,
+        on_network_attempt: NetworkApprover | None = None,
     ) -> None:
         super().__init__(
             capabilities,
@@ -150,6 +154,9 @@ class SandboxRunner(HostRunner):
         self.setsid = _visible(shutil.which("setsid"))
         self.bwrap = bwrap
         self.network_default = network_default
+        # the engine's allow-list: the network of every run that does not choose its own
+        self.network_allow = network_allow
+        self.on_network_attempt = on_network_attempt
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
@@ -157,6 +164,7 @@ class SandboxRunner(HostRunner):
         self.hidden = tuple(hidden)
         # shared with clones (with_seccomp): their runs mount the same placeholders
         self.placeholders = Placeholders()
+        self._bridge: Path | None = None
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
         """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
@@ -230,23 +238,37 @@ class SandboxRunner(HostRunner):
         return self.resolvers(os.path.realpath(root)).access(rel)
 
     def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
-        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
+        wanted = self.network_allow if prep.spec.network is None else prep.spec.network
+        network = self.network_default if wanted is None else wanted == "on"
         env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
         mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
-        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
         inner = list(prep.argv)
         if prep.spec.pty is not None:
             if self.setsid is None:
                 raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
             inner = [self.setsid, "--ctty", *inner]
+        egress = None
+        if isinstance(wanted, NetworkPolicy):
+            # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
+            egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+            mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
+            env.update(proxy_env())
+        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
             os.close(seccomp_fd)
+            if egress is not None:
+                egress.close()
             raise
+        if egress is not None:
+            launch.pass_fds = (*launch.pass_fds, *egress.pass_fds)
+            launch.after_spawn.append(egress.started)
+            launch.on_exit.append(egress.close)
+            launch.annotate.append(egress.annotate)
         launch.pty_controlling = False
         launch.signal_target = _program_group
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
@@ -256,6 +278,12 @@ class SandboxRunner(HostRunner):
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
         return launch
+
+    def _bridge_binary(self) -> Path:
+        if self._bridge is None:
+            # built once per host and user, then found in the cache: the first allow-list run waits for the build
+            self._bridge = egress_bridge_binary(_private_execspace_dir())
+        return self._bridge
 
     def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> None:
         """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits need one."""
@@ -462,6 +490,7 @@ class SandboxBackend:
             isolation=Isolation.PROCESS,
             network_control=True,
             network_default=network_default,
+            network_domains=_c_compiler() is not None,
             clean_env=True,
             read_only_mounts=True,
             streaming=True,
@@ -495,7 +524,8 @@ class SandboxBackend:
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
-        policy = _resolve_policy(options.policy, options.network)
+        allow = options.network if isinstance(options.network, NetworkPolicy) else None
+        policy = _resolve_policy(options.policy, False if allow is not None else cast("bool | None", options.network))
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if mode == "session" and (sys.platform == "darwin" or not policy.managed):
             raise UnsupportedBackend(
@@ -536,7 +566,11 @@ class SandboxBackend:
             "capabilities": lambda: caps,
             "env_policy": env_policy,
             "kill_grace": kill_grace,
+            "network_allow": allow,
+            "on_network_attempt": options.on_network_attempt,
         }
+        if allow is not None and not caps.network_domains:
+            raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
         prepare = sandbox_layout_owner() if as_root else None
         if mode == "session":
             config = options.session or SessionConfig()
