@@ -514,9 +514,7 @@ def report(
             }
         )
         return
-    _report_text(args, result, outputs, manifest.limits_hit, workspace)
-    if brought.out_dir is not None:
-        progress(f"{len(brought.saved)} file(s) copied to {printable(str(brought.out_dir))}")
+    _report_text(args, result, outputs, manifest.limits_hit, workspace, brought)
 
 
 def _report_text(
@@ -525,13 +523,19 @@ def _report_text(
     outputs: list[dict[str, Any]],
     limits_hit: bool,
     workspace: str | None,
+    brought: Brought,
 ) -> None:
     if result.timed_out:
         progress(f"program timed out after {result.duration:.1f}s and was killed (exit status 124)")
     elif result.limit_hit:
         progress(f"program stopped by the {result.limit_hit} limit")
     if outputs:
-        where = "" if workspace else " (workspace removed: pass --out DIR, --keep or --workspace DIR to keep them)"
+        if brought.out_dir is not None:
+            where = f" (copied to {printable(str(brought.out_dir))})"
+        elif workspace:
+            where = ""
+        else:
+            where = " (workspace removed: pass --out DIR, --keep or --workspace DIR to keep them)"
         progress(f"{len(outputs)} output file(s){where}:")
         _print_table(outputs)
     elif args.collect:
