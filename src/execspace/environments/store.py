@@ -138,11 +138,12 @@ class EnvironmentStore:
         for env in self.environments():
             if env.name == wanted:
                 return env
-        what = "a built-in" if wanted in BUILTIN_SPECS else "a spec file's name = "
-        hint = f"execspace env build {wanted}" if wanted in BUILTIN_SPECS else "execspace env build SPEC.toml"
+        if wanted in BUILTIN_SPECS:
+            how = f"build the built-in with `execspace env build {wanted}`"
+        else:
+            how = f"build it from its spec with `execspace env build SPEC.toml` (built-ins: {', '.join(BUILTIN_SPECS)})"
         raise EnvironmentNotFound(
-            f"environment {name!r} is not built in {self.root} ({what}{wanted!r}): run `{hint}` first "
-            "(`execspace env list` shows what is built)"
+            f"environment {name!r} is not built in {self.root}: {how}; `execspace env list` shows what is built"
         )
 
     def remove(self, name: str) -> list[Path]:
