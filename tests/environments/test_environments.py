@@ -260,3 +260,40 @@ async def test_a_caller_venv_under_a_private_directory_runs_the_environment_in_t
     result = json.loads(kernel.stdout)
     assert result["backend"] == "jupyter" and "sum 15" in result["output"]
     assert any(f["mime"] == "image/png" for f in result["files"]), result
+
+
+async def test_session_mode_runs_in_the_environment_too(tmp_path: Path) -> None:
+    env = await build(_spec("base"))
+    probe = await probe_backend("sandbox", mode="session")
+    if not probe.ok:
+        pytest.skip(f"no sandbox sessions here: {probe.reason}")
+    make_traversable(tmp_path)
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", mode="session", environment="base"
+    ) as engine:
+        ws = await engine.manager.create_workspace("env/session")
+        code = "import os, sys; print(sys.prefix, os.environ['VIRTUAL_ENV'])"
+        r = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", code]))
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.split() == [str(env.path)] * 2
+
+
+def test_the_env_commands_list_show_and_remove_and_doctor_lists_them(tmp_path: Path) -> None:
+    root, spec = tmp_path / "store", tmp_path / "s.toml"
+    spec.write_text('name = "cli"\ndescription = "from the CLI"\n')
+    env = _store_env(root)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=120)
+
+    assert cli("env", "build", str(spec)).returncode == 0
+    [row] = json.loads(cli("env", "--json", "list").stdout)["environments"]
+    assert row["name"] == "cli" and row["description"] == "from the CLI" and Path(row["path"]).parent == root
+    assert json.loads(cli("env", "--json", "show", "cli").stdout)["environment"]["digest"] == row["digest"]
+    doctor = json.loads(cli("doctor", "--json").stdout)["environments"]
+    assert doctor["store"] == str(root) and [e["name"] for e in doctor["built"]] == ["cli"]
+    assert cli("env", "rm", "cli").returncode == 0 and not Path(row["path"]).exists()
+    gone = cli("env", "show", "cli")
+    assert gone.returncode == 125 and "execspace env build SPEC.toml" in gone.stderr
+    missing = cli("env", "build", "no-such-spec")
+    assert missing.returncode == 125 and "neither a built-in" in missing.stderr

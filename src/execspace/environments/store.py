@@ -62,11 +62,15 @@ def default_root() -> Path:
     return Path(base, "execspace", "environments")
 
 
+#: The steps of a build, in order (``cached``: the tree was built before).
+Step = Literal["python", "venv", "pip", "files", "compile", "publish", "cached"]
+
+
 @dataclass(frozen=True, slots=True)
 class BuildEvent:
     """One step of a build (``output=False``), or one line a step printed (pip's, ``output=True``)."""
 
-    step: Literal["python", "venv", "pip", "files", "compile", "publish", "cached"]
+    step: Step
     text: str
     output: bool = False
 
@@ -379,7 +383,7 @@ def _closed_ancestor(path: Path | str) -> str | None:
     return None
 
 
-async def _run_step(step: str, argv: Sequence[str], emit: Progress | None = None) -> str:
+async def _run_step(step: Step, argv: Sequence[str], emit: Progress | None = None) -> str:
     """Run one build command (umask 022, no PYTHON* variables of ours); its stdout, each line emitted as output.
 
     Raises:
@@ -401,7 +405,7 @@ async def _run_step(step: str, argv: Sequence[str], emit: Progress | None = None
             line = raw.decode("utf-8", "replace").rstrip("\n")
             lines.append(line)
             if emit is not None:
-                emit(BuildEvent(step, line, output=True))  # type: ignore[arg-type]
+                emit(BuildEvent(step, line, output=True))
         code = await proc.wait()
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
