@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -134,6 +135,31 @@ async def test_a_package_that_does_not_exist_fails_clearly_and_leaves_nothing(tm
     with pytest.raises(EnvironmentBuildFailed) as caught:
         await store.build(spec)
     assert "execspace-no-such-package-3f9a" in str(caught.value) and "nothing was kept" in str(caught.value)
+    assert store.environments() == []
+    assert [p.name for p in store.root.iterdir() if not p.name.startswith(".lock-")] == []
+
+
+async def test_a_registry_that_never_answers_fails_the_build_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_traversable(tmp_path)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections (the backlog), never answers
+    port = silent.getsockname()[1]
+    for name in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no local wheel directories or mirrors of this host
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    monkeypatch.setenv("PIP_TIMEOUT", "1")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    store = EnvironmentStore(tmp_path / "store")
+    started = time.monotonic()
+    try:
+        with pytest.raises(EnvironmentBuildFailed) as caught:
+            await store.build(EnvironmentSpec(name="offline", requirements=("six",)))
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 60
+    assert "step 'pip' failed" in str(caught.value) and "six" in str(caught.value)
     assert store.environments() == []
     assert [p.name for p in store.root.iterdir() if not p.name.startswith(".lock-")] == []
 

@@ -41,6 +41,8 @@ _TREE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]*)-(?P<digest>[0-9a-f]{16})$")
 _TAIL_LINES = 15
 #: Seconds between two tries at the lock of a spec another process is building.
 _LOCK_POLL = 0.2
+#: pip's socket timeout (seconds) unless ``PIP_TIMEOUT``/``PIP_DEFAULT_TIMEOUT`` say otherwise.
+PIP_TIMEOUT = 60
 #: Where each ``python = "X.Y"`` is looked for: system-wide installs only (the sandbox's uid cannot read a home).
 _PYTHON_DIRS = ("/usr/local/bin", "/usr/bin")
 _PACKAGES_SCRIPT = (
@@ -301,7 +303,9 @@ async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path,
     if spec.requirements:
         emit(BuildEvent("pip", f"pip install {' '.join(spec.requirements)}"))
         pip_install = [own_python, "-I", "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-        pip_install += ["--no-compile", "--no-warn-script-location", "--progress-bar", "off", "--timeout", "60"]
+        pip_install += ["--no-compile", "--no-warn-script-location", "--progress-bar", "off"]
+        if not any(k in os.environ for k in ("PIP_TIMEOUT", "PIP_DEFAULT_TIMEOUT")):  # the caller's pip settings win
+            pip_install += ["--timeout", str(PIP_TIMEOUT)]
         await _run_step("pip", [*pip_install, *spec.requirements], emit)
     if spec.files:
         emit(BuildEvent("files", f"{len(spec.files)} file(s)"))
