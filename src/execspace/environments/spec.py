@@ -113,7 +113,7 @@ def _file_path(name: str, path: str) -> str:
     parts = PurePosixPath(path).parts
     if not parts or path.startswith("/") or any(p in ("..", ".") for p in parts):
         raise InvalidSpec(f"environment {name!r}: file path {path!r} must be relative to the tree, without '..'")
-    if parts[0] in ("bin", "lib", "include", "pyvenv.cfg"):
+    if parts[0] in ("bin", "lib", "lib64", "include", "pyvenv.cfg", "execspace-environment.json"):
         raise InvalidSpec(f"environment {name!r}: file {path!r} would replace part of the venv; put it under share/")
     return "/".join(parts)
 
