@@ -14,10 +14,12 @@ from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
 from .outputs import inline, save_files
 from .run import (
+    add_environment_option,
     add_image_option,
     add_input_option,
     add_workspace_options,
     container_options,
+    environment_options,
     host_path,
     input_roots,
     open_workspace,
@@ -42,6 +44,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
+    add_environment_option(p)
     p.add_argument(
         "--kernels",
         choices=("sandbox", "host"),
@@ -109,7 +112,8 @@ async def command(args: argparse.Namespace) -> int:
     text, suffix = read_source(args.file)
     blocks = code_blocks(text, suffix, args.language)
     inputs = [parse_input(v) for v in args.input]
-    options = {**container_options(args), **kernel_options(args), **input_roots(inputs)}
+    environment = environment_options(args, args.kernels)
+    options = {**container_options(args), **(environment or kernel_options(args)), **input_roots(inputs)}
     if args.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
     async with code_executor(args.backend, timeout=args.timeout, **options) as ex:

@@ -71,6 +71,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
+    add_environment_option(p)
     add_workspace_options(p)
     p.add_argument(
         "--out",
@@ -347,6 +348,32 @@ def add_image_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_environment_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--environment",
+        metavar="NAME",
+        help="sandbox: run in the built runtime environment NAME (execspace env list; build one with execspace env "
+        "build code-interpreter); implies --backend sandbox, or kernels from it with --backend jupyter",
+    )
+
+
+def environment_options(args: argparse.Namespace, kernels: str | None = None) -> dict[str, Any]:
+    """``--environment``: the sandbox's runtime environment, or the sandboxed kernels' (``--backend jupyter``)."""
+    if args.environment is None:
+        return {}
+    if args.backend == "jupyter" or kernels is not None:
+        if kernels == "host":
+            raise UsageError("--environment runs kernels in the sandbox: drop --kernels host")
+        from ..backends.jupyter import SandboxedKernels
+
+        args.backend = "jupyter"
+        return {"mode": SandboxedKernels(environment=args.environment)}
+    if args.backend not in (None, "sandbox"):
+        raise UsageError(f"--environment belongs to the sandbox (and jupyter) backends, not {args.backend!r}")
+    args.backend = "sandbox"
+    return {"environment": args.environment}
+
+
 def container_options(args: argparse.Namespace) -> dict[str, Any]:
     """The container options the flags ask for (``--image`` picks the container backend)."""
     if args.image is None:
@@ -358,7 +385,7 @@ def container_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict[str, Any]:
-    options: dict[str, Any] = container_options(args)
+    options: dict[str, Any] = {**container_options(args), **environment_options(args)}
     policy = sandbox_policy(args)
     if policy is not None:
         args.backend = "sandbox"

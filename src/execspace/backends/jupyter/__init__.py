@@ -28,13 +28,14 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
+from ...environments import EnvironmentStore
 from ...envpolicy import EnvPolicy
-from ...errors import SetupFailed, UnsupportedBackend
+from ...errors import EnvironmentNotFound, SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...workspace.hostfs import HostWorkspaceFS
@@ -45,6 +46,9 @@ from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
 from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
 from .options import JupyterOptions
 from .outputs import RichOutputLimits
+
+if TYPE_CHECKING:
+    from .sandboxed import Interpreter
 
 __all__ = [
     "AutoKernels",
@@ -97,7 +101,8 @@ class JupyterBackend:
             return language
         if isinstance(mode, HostKernels):
             return Probe(True, f"kernel {kernel_name!r} ({language}) on this host, no isolation")
-        why_not = await _sandbox_unavailable(kernel_name, language, mode.bwrap)
+        environment = mode.environment if isinstance(mode, SandboxedKernels) else None
+        why_not = await _sandbox_unavailable(kernel_name, language, mode.bwrap, environment)
         if why_not is None:
             return Probe(True, f"kernel {kernel_name!r} ({language}) in the OS sandbox")
         if isinstance(mode, SandboxedKernels):
@@ -199,14 +204,27 @@ _INTERPRETER_FIX = (
 )
 
 
-async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | None) -> tuple[str, str] | None:
+def _interpreter(environment: str | None) -> Interpreter | str:
+    """The kernels' interpreter (``Interpreter``): the runtime environment's, else the caller's; or why not (str)."""
+    from .sandboxed import environment_interpreter, find_interpreter
+
+    if environment is None:
+        return find_interpreter()
+    return environment_interpreter(EnvironmentStore().get(environment))
+
+
+async def _sandbox_unavailable(
+    kernel_name: str, language: str, bwrap: str | None, environment: str | None = None
+) -> tuple[str, str] | None:
     """Why kernels cannot run sandboxed here (cause, fix), or None."""
     from ..sandbox import SandboxBackend, SandboxOptions
-    from .sandboxed import find_interpreter
 
     if not _ipykernel_spec(kernel_name, language):
         return f"kernel {kernel_name!r} is not an ipykernel (Python) kernel", "use a python kernel spec"
-    interpreter = find_interpreter()
+    try:
+        interpreter = _interpreter(environment)
+    except EnvironmentNotFound as exc:
+        return str(exc), f"execspace env build {environment}"
     if isinstance(interpreter, str):
         return interpreter, _INTERPRETER_FIX
     probe = await SandboxBackend.probe(SandboxOptions(bwrap=bwrap))
@@ -221,11 +239,11 @@ async def _open_sandboxed(
     start_pool: bool,
 ) -> KernelEngine[KernelSessions]:
     from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxOptions, SandboxPolicy, SandboxRunner
-    from .sandboxed import SandboxKernelConfig, find_interpreter
+    from .sandboxed import SandboxKernelConfig
 
     if not _ipykernel_spec(kernel_opts["kernel_name"], language):
         raise SetupFailed("jupyter", f"kernel {kernel_opts['kernel_name']!r} is not an ipykernel kernel", "")
-    interpreter = find_interpreter()
+    interpreter = _interpreter(mode.environment)
     if isinstance(interpreter, str):
         raise SetupFailed("jupyter", interpreter, _INTERPRETER_FIX)
     policy = mode.policy or SandboxPolicy()
@@ -233,7 +251,7 @@ async def _open_sandboxed(
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")
     if interpreter.read_paths:
         policy = policy.with_read_paths(*interpreter.read_paths)
-    own = {"policy": policy, "network": mode.network, "bwrap": mode.bwrap}
+    own = {"policy": policy, "network": mode.network, "bwrap": mode.bwrap, "environment": mode.environment}
     sb = await SandboxBackend.open(SandboxOptions.from_keywords("sandbox", {**common.shared(), **own}))
     runner = sb.runner
     assert isinstance(runner, SandboxRunner)

@@ -65,11 +65,15 @@ class SandboxedKernels:
             new workspaces only (not reopened ones, nor ``path=``), and none with a policy's no-access globs.
         pool_idle_timeout: seconds a pooled kernel waits before it is stopped; the pool refills on the next
             workspace created.
+        environment: a built runtime environment (``execspace env build code-interpreter``) whose python and
+            ipykernel run the kernels, and whose tree programs run in: nothing then comes from the caller's venv.
+            None: the caller's own Python and packages, which the sandbox's uid must be able to read.
     """
 
     policy: SandboxPolicy | None = None
     network: bool | NetworkPolicy | None = None
     bwrap: str | None = None
+    environment: str | None = None
     kernel_limits: ResourceLimits | None = None
     pool_size: int = 1
     pool_idle_timeout: float = 600.0

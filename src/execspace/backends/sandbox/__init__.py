@@ -26,6 +26,7 @@ from ...artifacts import ArtifactService
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
+from ...environments import Environment, EnvironmentStore
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
@@ -135,16 +136,20 @@ class SandboxRunner(HostRunner):
         kill_grace: float = 2.0,
         network_allow: NetworkPolicy | None = None,
         on_network_attempt: NetworkApprover | None = None,
+        environment: Environment | None = None,
     ) -> None:
+        bin_dir = None if environment is None else str(environment.bin_dir)
         super().__init__(
             capabilities,
             env_policy,
             kill_grace=kill_grace,
             owner=owner,
             program_root=lambda _ws: SANDBOX_WORKSPACE,
-            lookup=which_in_sandbox,
-            path_view=lambda path: visible_path_entries(path) or MINIMAL_PATH,
+            # the environment's bin is bound by the policy, wherever it lies: the view keeps it, the lookup too
+            lookup=which_in_sandbox if bin_dir is None else lookup_on_path,
+            path_view=functools.partial(_path_view, bin_dir),
         )
+        self.environment = environment
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -225,10 +230,13 @@ class SandboxRunner(HostRunner):
         return launch
 
     def program_env(self, prep: PreparedRun) -> dict[str, str]:
-        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides, and
-        temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
+        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides (the
+        runtime environment's bin first), the runtime environment's variables where the run sets none of its own,
+        and temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
         env = dict(prep.env)
-        env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
+        env["PATH"] = _path_view(None if self.environment is None else str(self.environment.bin_dir), env["PATH"])
+        if self.environment is not None:
+            env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
         if not self.access_of(prep.root, "tmp").can_write:
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
         return env
@@ -331,6 +339,12 @@ class SandboxProcess:
     run_dir_fd: int
     """An fd of that directory, opened before the process started (so it is the one made for it): the caller's
     to close."""
+
+
+def _path_view(bin_dir: str | None, path: str) -> str:
+    """``path`` as a sandbox sees it, with ``bin_dir`` (a runtime environment's, bound by the policy) first."""
+    view = visible_path_entries(path) or MINIMAL_PATH
+    return view if bin_dir is None else ":".join(dict.fromkeys([bin_dir, *view.split(":")]))
 
 
 def which_in_sandbox(cmd: str, path: str = MINIMAL_PATH) -> str | None:
@@ -526,6 +540,9 @@ class SandboxBackend:
             )
         allow = options.network if isinstance(options.network, NetworkPolicy) else None
         policy = _resolve_policy(options.policy, False if allow is not None else cast("bool | None", options.network))
+        environment = _runtime_environment(options.environment, policy)
+        if environment is not None:
+            policy = policy.with_read_paths(environment.path)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if mode == "session" and (sys.platform == "darwin" or not policy.managed):
             raise UnsupportedBackend(
@@ -540,6 +557,8 @@ class SandboxBackend:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
         caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups, mode=mode)
+        if environment is not None:
+            caps = replace(caps, details={**caps.details, "environment": environment.summary()})
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
 
@@ -568,6 +587,7 @@ class SandboxBackend:
             "kill_grace": kill_grace,
             "network_allow": allow,
             "on_network_attempt": options.on_network_attempt,
+            "environment": environment,
         }
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
@@ -668,6 +688,20 @@ def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:
     A root caller's are 0700 root and its programs run under other uids, which the daemon refuses:
     masking them would only break grants over their parents (bwrap cannot reach a mount point there)."""
     return () if as_root else tuple(map(Path, daemon_dirs()))
+
+
+def _runtime_environment(name: str | None, policy: SandboxPolicy) -> Environment | None:
+    """The built environment ``name`` (``EnvironmentNotFound`` naming the build command), None for none."""
+    if name is None:
+        return None
+    if not policy.managed or sys.platform == "darwin":
+        raise CapabilityError(
+            f"environment={name!r}",
+            "sandbox",
+            "environments run on Linux with a managed profile (workspace-write, "
+            "read-only); drop environment= or the profile",
+        )
+    return EnvironmentStore().get(name)
 
 
 def _resolve_policy(policy: SandboxPolicy | None, network: bool | None) -> SandboxPolicy:

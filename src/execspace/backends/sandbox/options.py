@@ -35,6 +35,9 @@ class SandboxOptions(HostOptions):
             programs outlive a call; Linux, managed profiles; builds its supervisor with a C compiler once).
         session: how session mode keeps its sessions (default :class:`SessionConfig`); only with
             ``mode="session"``.
+        environment: a built runtime environment (``execspace env build NAME``, docs/environments.md) to run
+            programs in: its tree is bound read-only at its host path, its ``bin`` first on PATH, ``VIRTUAL_ENV``
+            and its variables set; ``details["environment"]`` names it and what it holds.
     """
 
     policy: SandboxPolicy | None = None
@@ -43,6 +46,7 @@ class SandboxOptions(HostOptions):
     bwrap: str | None = None
     mode: SandboxMode = "per-run"
     session: SessionConfig | None = None
+    environment: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
