@@ -400,6 +400,35 @@ async def test_missing_protected_paths_cannot_be_created_and_leave_nothing(tmp_p
             assert listing(project) == before, "the run left the user's project changed"
 
 
+async def test_make_reads_the_projects_makefile_while_the_names_before_it_stay_uncreatable(tmp_path: Path) -> None:
+    """The placeholders of GNUmakefile/makefile stand where make looks first: they show the project's Makefile
+    (an empty one would hide it: "No targets"), and still cannot be created or written."""
+    project = tmp_path / "proj"
+    make_bare_project(project)
+    (project / "Makefile").write_text("all:\n\t@echo built-by-$(firstword $(MAKEFILE_LIST))\n")
+    subprocess.run(["chmod", "a+rw", str(project / "Makefile")], check=True)
+    before = listing(project)
+    async with write_grant_engine(tmp_path, project) as engine:
+        ws = await engine.manager.create_workspace("red/make")
+        made = await engine.runner.run_program(ws, RunProgramSpec("make", ["-s", "-C", str(project)]))
+        assert made.exit_code == 0 and made.stdout.strip() == "built-by-GNUmakefile", made.stdout + made.stderr
+        attempts = "; ".join(
+            f"{how} 2>/dev/null && echo CHANGED {n}"
+            for n in ("GNUmakefile", "makefile", "Makefile")
+            for how in (
+                f"echo x >> {n}",
+                f"rm -f {n}",
+                f"mv {n} {n}.x",
+                f"ln -sf /etc/passwd {n}",
+            )
+        )
+        r = await engine.runner.run_program(
+            ws, RunProgramSpec("sh", ["-c", f"cd {project} && {{ {attempts}; }}; echo done"])
+        )
+        assert r.stdout.strip().splitlines()[-1] == "done" and "CHANGED" not in r.stdout, r.stdout
+    assert listing(project) == before and (project / "Makefile").read_text().startswith("all:")
+
+
 async def test_user_workspace_dir_is_left_as_it_was(tmp_path: Path) -> None:
     """``--workspace DIR`` with the root writable: the same transient placeholders in the user's DIR."""
     project = tmp_path / "proj"

@@ -34,10 +34,12 @@ from .confine import ConfinedRoot
 __all__ = [
     "DEFAULT_PROTECTED",
     "INTERNAL_DIR",
+    "MAKEFILES",
     "PlaceholderRun",
     "Placeholders",
     "ProtectedPaths",
     "make_placeholder",
+    "makefile_stand_in",
     "protected_hit",
 ]
 
@@ -79,6 +81,25 @@ DEFAULT_PROTECTED = (
     "makefile",
     "Makefile",
 )
+
+
+#: The names GNU make looks for, in its order: it reads the first that exists.
+MAKEFILES = ("GNUmakefile", "makefile", "Makefile")
+
+
+def makefile_stand_in(directory: str, name: str) -> str | None:
+    """The makefile that make reads in ``directory`` when ``name`` (a missing one of :data:`MAKEFILES`, about to
+    get a placeholder) is not there: a later name in make's order that is a regular file. Mounting it at the
+    placeholder keeps ``make`` working in the sandbox: an empty placeholder ``GNUmakefile`` would hide the
+    project's ``Makefile`` from it ("No targets"), while a missing one must stay uncreatable (a program's own
+    ``GNUmakefile`` would run instead of the project's ``Makefile`` on the user's next ``make``)."""
+    if name not in MAKEFILES:
+        return None
+    for later in MAKEFILES[MAKEFILES.index(name) + 1 :]:
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(os.path.join(directory, later)).st_mode):
+                return os.path.join(directory, later)
+    return None
 
 
 def _is_under(path: str, base: str) -> bool:

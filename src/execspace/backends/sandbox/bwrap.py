@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ...errors import PathDenied, PolicyViolation, SetupFailed
 from ...workspace.confine import ConfinedRoot
-from ...workspace.protected import PlaceholderRun, make_placeholder
+from ...workspace.protected import PlaceholderRun, make_placeholder, makefile_stand_in
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
 __all__ = [
@@ -423,7 +423,8 @@ def _host_protected(p: _Plan, t: Target) -> None:
         return  # not writable here (a deeper read or no-access rule decides): nothing to protect
     path = posixpath.join(grant, p.held.mount_point(grant, posixpath.relpath(t.path, grant)))
     _pin_host(p, path)
-    p.bind(p.host_ops, path, path, len(path_parts(path)), Access.READ)
+    source = makefile_stand_in(os.path.dirname(path), os.path.basename(path)) if path == t.path else None
+    p.bind(p.host_ops, source or path, path, len(path_parts(path)), Access.READ)
     p.host_levels[path] = Access.READ
 
 
@@ -506,7 +507,9 @@ def _ws_placeholder(p: _Plan, rel: str) -> None:
     workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
     mount = p.held.mount_point(p.root, rel)
     _pin_ws(p, mount)
-    p.bind(p.ws_ops, os.path.join(p.root, mount), _ws_dest(mount), len(path_parts(mount)), Access.READ)
+    host = os.path.join(p.root, mount)
+    source = makefile_stand_in(os.path.dirname(host), os.path.basename(host)) if mount == rel else None
+    p.bind(p.ws_ops, source or host, _ws_dest(mount), len(path_parts(mount)), Access.READ)
     p.ws_levels[mount] = Access.READ
 
 
