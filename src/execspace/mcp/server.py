@@ -16,11 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import uvicorn
-from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+
+from mcp import types
 
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
@@ -172,19 +173,21 @@ async def _serve_http(
     app = BearerAuth(manager.handle_request, token)
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     async with manager.run():
-        userver = uvicorn.Server(config)
-        bound_host, bound_port = sock.getsockname()[:2]
-        serving = asyncio.create_task(userver.serve(sockets=[sock]))
-        while not userver.started and not serving.done():
-            await asyncio.sleep(0.01)
-        if userver.started and on_ready is not None:
-            on_ready(bound_host, bound_port)
-        try:
-            await serving
-        finally:
-            userver.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
+        await _Uvicorn(config, on_ready).serve(sockets=[sock])
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling where it listens once it does."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str, int], None] | None) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_ready is not None and sockets:
+            host, port = sockets[0].getsockname()[:2]
+            self._on_ready(host, port)
 
 
 def _security(host: str) -> TransportSecuritySettings:

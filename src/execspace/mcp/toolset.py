@@ -166,7 +166,13 @@ class McpTools:
         return {"status": "ok", "workspace_id": created.id, "created": new}
 
     async def _list(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return {"status": "ok", "workspaces": self.workspaces.listing()}
+        isolation = self.engine.describe().isolation
+        return {
+            "status": "ok",
+            "backend": self.engine.name,
+            "isolation": isolation,
+            "workspaces": self.workspaces.listing(),
+        }
 
     async def _close(self, args: Mapping[str, Any]) -> dict[str, Any]:
         await self.workspaces.close(args["workspace_id"])
@@ -236,7 +242,7 @@ _CREATE = ToolSpec(
 )
 _LIST = ToolSpec(
     "workspace_list",
-    "List this server's workspaces: their ids and how long each has been idle.",
+    "List this server's workspaces (their ids and how long each has been idle) and the backend they run on.",
     {"type": "object", "properties": {}, "additionalProperties": False},
 )
 _CLOSE = ToolSpec(
