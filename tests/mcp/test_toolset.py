@@ -3,6 +3,7 @@ and idle workspaces reaped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -141,6 +142,23 @@ async def test_idle_workspaces_are_reaped_unless_a_program_runs(setup: tuple[Mcp
     ids = {w["workspace_id"] for w in (await call(tools, "workspace_list", {}))["workspaces"]}
     assert ids == {"busy"}
     assert not any("idle" in p.name for p in (tmp_path / "ws").iterdir())
+
+
+async def test_a_workspace_is_not_reaped_during_a_long_foreground_call(setup: tuple[McpTools, Clock]) -> None:
+    tools, clock = setup
+    tag = new_tag("mcp-fg")
+    command = "while [ ! -e go ]; do sleep 0.02; done; echo finished"
+    running = asyncio.create_task(
+        call(tools, "workspace_exec", {"workspace_id": "slow", "command": command, "env": tagged(tag)})
+    )
+    await wait_processes(tag, 1)
+    clock.now += 1000
+    assert await tools.workspaces.reap() == []
+    await call(tools, "write_file", {"workspace_id": "slow", "path": "work/go", "content": ""})
+    assert (await running)["stdout"] == "finished\n"
+    assert await tools.workspaces.reap() == []  # its last use is the end of that call
+    clock.now += 61
+    assert await tools.workspaces.reap() == ["slow"]
 
 
 async def test_the_workspace_limit_and_close(setup: tuple[McpTools, Clock]) -> None:

@@ -147,17 +147,22 @@ class McpTools:
                 if workspace_id is not None and not isinstance(workspace_id, str):
                     raise InvalidSpec("workspace_id must be a string")
                 ws = await self.workspaces.resolve(workspace_id, session)
-            token = self._current.set(ws) if ws is not None else None
-            try:
-                result = await entry.handler(ws, args)
-            finally:
-                if token is not None:
-                    self._current.reset(token)
+            result = await self._run(entry, ws, args)
         except (ExecspaceError, OSError) as exc:
             result = error_result(exc)
         if ws is not None:
             result["workspace_id"] = ws.id
         return await render(self.engine, ws, result, max_image_bytes=self.config.max_file_bytes)
+
+    async def _run(self, entry: _Entry, ws: Workspace | None, args: Mapping[str, Any]) -> dict[str, Any]:
+        if ws is None:
+            return await entry.handler(None, args)
+        token = self._current.set(ws)
+        try:
+            with self.workspaces.in_use(ws):
+                return await entry.handler(ws, args)
+        finally:
+            self._current.reset(token)
 
     # -- handlers of the server's own tools --------------------------------------------------
 

@@ -14,7 +14,7 @@ import re
 import secrets
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,8 @@ WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9
 class _Entry:
     ws: Workspace
     last_used: float
+    calls: int = 0
+    """Tool calls in progress in it (a foreground command may outlast the idle limit)."""
 
 
 class Workspaces:
@@ -89,8 +91,19 @@ class Workspaces:
             self._entries[workspace_id] = _Entry(ws, self._clock())
             return ws, True
 
-    def default_of(self, session: object) -> str | None:
-        return self._defaults.get(session)
+    @contextlib.contextmanager
+    def in_use(self, ws: Workspace) -> Iterator[None]:
+        """Mark ``ws`` busy for the duration of a tool call: it is never reaped meanwhile."""
+        entry = self._entries.get(ws.id)
+        if entry is None:  # closed by another call meanwhile: nothing to keep alive
+            yield
+            return
+        entry.calls += 1
+        try:
+            yield
+        finally:
+            entry.calls -= 1
+            entry.last_used = self._clock()
 
     def listing(self) -> list[dict[str, Any]]:
         now = self._clock()
@@ -118,8 +131,8 @@ class Workspaces:
         removed = []
         for wid in idle:
             entry = self._entries.get(wid)
-            if entry is None or now - entry.last_used <= self.idle_timeout:
-                continue  # used again meanwhile
+            if entry is None or entry.calls or now - entry.last_used <= self.idle_timeout:
+                continue  # in use, or used again meanwhile
             if await self.engine.runner.list_programs(entry.ws):
                 entry.last_used = now  # a background program is work in progress, not idleness
                 continue
