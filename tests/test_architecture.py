@@ -34,6 +34,7 @@ FLOORS = {
     "cli": 7,
     "server": 7,
     "mcp": 7,
+    "agent": 7,
     "__main__": 8,
 }
 
