@@ -24,7 +24,7 @@ IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 MAX_ATTACHED = 8
 #: Largest text file attached as an embedded resource.
 MAX_TEXT_ATTACHED = 64 * 1024
-_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-yaml")
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-yaml", "image/svg+xml")
 
 
 async def render(

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from mcp import types
 
 from .conftest import PNG_SIGNATURE, left_in, stdio_session, write_config

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp import types
 
 from execspace.testing.processes import new_tag, tagged, wait_no_process, wait_processes
-from mcp import types
 
 from .conftest import TOKEN, HttpServer, http_session, left_in, running_http_server
 

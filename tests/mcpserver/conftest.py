@@ -21,10 +21,9 @@ from execspace.testing.binding import make_traversable
 pytest.importorskip("mcp", reason="the MCP server is tested with the official SDK (pip install 'execspace[dev]')")
 
 import httpx
+from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-
-from mcp import ClientSession, StdioServerParameters
 
 TOKEN = "test-token-" + "0123456789abcdef" * 2
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
