@@ -123,6 +123,12 @@ async def http_session(url: str, token: str = TOKEN) -> AsyncIterator[ClientSess
 
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    """One server on the sandbox backend for the module's tests (each opens its own client sessions)."""
+    """One server on the sandbox backend for the module's tests (each opens its own client sessions).
+
+    Stopped with SIGTERM at the end, as a user would: it must exit cleanly and leave none of the workspaces the
+    tests made (this teardown is that test: a server start costs seconds, a second one is not worth it)."""
     with running_http_server(tmp_path_factory.mktemp("mcp-http"), "--backend", "sandbox", "--token", TOKEN) as s:
         yield s
+        assert left_in(s.root) != []  # the tests' workspaces, until the server stops
+    assert s.process.returncode == 128 + 15  # the CLI says it was terminated, after its clean-up (not -15)
+    assert left_in(s.root) == []
