@@ -66,11 +66,13 @@ class HttpServer:
 
 @contextlib.contextmanager
 def running_http_server(directory: Path, *flags: str, extra_config: str = "") -> Iterator[HttpServer]:
-    """``execspace mcp --transport http`` on a free port, stopped with SIGTERM when the block ends."""
+    """``execspace mcp --transport http`` on a free port with the token ``TOKEN``, stopped with SIGTERM when the
+    block ends."""
     config = write_config(directory, extra_config)
     argv = [sys.executable, "-m", "execspace", "mcp", "--transport", "http", "--port", "0"]
     argv += ["--config", str(config), *flags]
-    process = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=server_env())
+    env = {**server_env(), "EXECSPACE_MCP_TOKEN": TOKEN}  # not --token: a flag shows in ps
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     try:
         yield HttpServer(_listening_url(process), directory / "ws", process)
     finally:
@@ -127,7 +129,7 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer
 
     Stopped with SIGTERM at the end, as a user would: it must exit cleanly and leave none of the workspaces the
     tests made (this teardown is that test: a server start costs seconds, a second one is not worth it)."""
-    with running_http_server(tmp_path_factory.mktemp("mcp-http"), "--backend", "sandbox", "--token", TOKEN) as s:
+    with running_http_server(tmp_path_factory.mktemp("mcp-http"), "--backend", "sandbox") as s:
         yield s
         assert left_in(s.root) != []  # the tests' workspaces, until the server stops
     assert s.process.returncode == 128 + 15  # the CLI says it was terminated, after its clean-up (not -15)

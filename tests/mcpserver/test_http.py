@@ -90,6 +90,18 @@ async def test_an_explicit_workspace_id_reaches_the_same_files_from_another_sess
     assert "proj/alpha" in {w["workspace_id"] for w in workspaces["workspaces"]}
 
 
+async def test_a_file_larger_than_the_sdks_default_body_limit_is_written_and_read_back(http_server: HttpServer) -> None:
+    payload = bytes(range(256)) * (6 * 4096)  # 6 MiB, 8 MiB as base64: over the SDK's 4 MiB default
+    async with http_session(http_server.url) as session:
+        encoded = base64.b64encode(payload).decode()
+        written = await session.call_tool(
+            "write_file", {"path": "work/big.bin", "content": encoded, "encoding": "base64"}
+        )
+        read = await session.call_tool("read_file", {"path": "work/big.bin", "encoding": "base64"})
+    assert result_of(written)["size"] == len(payload)
+    assert base64.b64decode(result_of(read)["content_base64"]) == payload
+
+
 async def test_a_background_command_is_polled_fed_and_killed(http_server: HttpServer) -> None:
     tag = new_tag("mcp-bg")
     async with http_session(http_server.url) as session:

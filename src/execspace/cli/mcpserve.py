@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from ..errors import SetupFailed
 
-__all__ = ["add_parser", "command"]
+__all__ = ["TOKEN_VARIABLE", "add_parser", "command"]
+
+#: The environment variable a bearer token may come from instead of ``--token``.
+TOKEN_VARIABLE = "EXECSPACE_MCP_TOKEN"  # noqa: S105 - a variable name, not a secret
 
 
 def add_parser(sub: Any) -> None:
@@ -25,7 +29,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="http: address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="http: port to listen on; 0 picks a free one (default 8000)")
     p.add_argument(
-        "--token", help="http: the bearer token clients must send (default: a random one, printed to stderr)"
+        "--token",
+        help=f"http: the bearer token clients must send (default: ${TOKEN_VARIABLE}, else a random one printed to "
+        "stderr; a flag is visible to other users in ps, the variable is not)",
     )
     p.add_argument("--config", metavar="FILE", help="a TOML file: backend, its options, policy, limits, roots")
     p.set_defaults(handler=command)
@@ -39,11 +45,12 @@ async def command(args: argparse.Namespace) -> int:
             "mcp", f"the MCP server's dependencies are missing ({exc.name})", "pip install 'execspace[mcp]'"
         ) from None
     config = load_config(args.config).with_flags(backend=args.backend)
-    token = args.token or generate_token()
+    given = args.token or os.environ.get(TOKEN_VARIABLE)
+    token = given or generate_token()
 
     def ready(host: str, port: int) -> None:
         lines = [f"execspace mcp: streamable HTTP on http://{host}:{port}/mcp (backend {config.backend or 'auto'})"]
-        if not args.token:
+        if not given:
             lines.append(f"  bearer token: {token}")
         print("\n".join(lines), file=sys.stderr, flush=True)
 

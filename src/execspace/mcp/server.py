@@ -16,12 +16,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import uvicorn
+from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-
-from mcp import types
 
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
@@ -115,7 +114,7 @@ async def serve(
                     await _serve_stdio(server)
                 else:
                     assert token is not None
-                    await _serve_http(server, sock, host, token, on_ready)
+                    await _serve_http(server, sock, host, token, config.max_file_bytes, on_ready)
             finally:
                 reaper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -167,9 +166,19 @@ async def _serve_stdio(server: Server[Any, Any]) -> None:
 
 
 async def _serve_http(
-    server: Server[Any, Any], sock: socket.socket, host: str, token: str, on_ready: Callable[[str, int], None] | None
+    server: Server[Any, Any],
+    sock: socket.socket,
+    host: str,
+    token: str,
+    max_file_bytes: int,
+    on_ready: Callable[[str, int], None] | None,
 ) -> None:
-    manager = StreamableHTTPSessionManager(app=server, security_settings=_security(host))
+    manager = StreamableHTTPSessionManager(
+        app=server,
+        security_settings=_security(host),
+        # a write_file of max_file_bytes arrives base64-encoded (4/3) inside a JSON-RPC message
+        max_request_body_size=max_file_bytes * 4 // 3 + 64 * 1024,
+    )
     app = BearerAuth(manager.handle_request, token)
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     async with manager.run():

@@ -118,12 +118,14 @@ class McpTools:
     def _skill_tools(self, library: SkillLibrary) -> list[_Entry]:
         listing = SkillListTool(library)
 
+        max_timeout = self.config.policy.max_timeout
+
         async def run(ws: Workspace | None, args: Mapping[str, Any]) -> dict[str, Any]:
             assert ws is not None
-            return await SkillRunTool(library, self.engine, ws, max_timeout=self.config.policy.max_timeout).call(args)
+            return await SkillRunTool(library, self.engine, ws, max_timeout=max_timeout).call(args)
 
         # the spec names the library's skills, not the workspace: any workspace handle gives it
-        spec = SkillRunTool(library, self.engine, _NO_WORKSPACE).spec
+        spec = SkillRunTool(library, self.engine, _NO_WORKSPACE, max_timeout=max_timeout).spec
         return [_Entry(listing.spec, _calling(listing), False), _Entry(_in_workspace(spec), run, True)]
 
     def list(self) -> list[types.Tool]:
