@@ -65,11 +65,12 @@ def model_endpoint(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         yield server.base_url, "scripted"
 
 
-async def main(args: argparse.Namespace) -> int:
+async def analyse(args: argparse.Namespace, backend: str | None, **options: object) -> list[str]:
+    """One agent turn on ``backend``; the paths of the charts it wrote (copied to ``args.out_dir``)."""
     workspace = "examples/csv/session-1"
     with model_endpoint(args) as (base_url, model_name):
         async with (
-            execspace.open_engine(args.backend) as engine,
+            execspace.open_engine(backend, **options) as engine,
             workspace_tools(engine, workspace) as tools,
             ChatCompletions(base_url, model=model_name) as model,
         ):
@@ -85,18 +86,25 @@ async def main(args: argparse.Namespace) -> int:
                     print(f"\n{event.text}")
             charts = await io.collect(["out/*.svg", "out/*.png"])
             args.out_dir.mkdir(parents=True, exist_ok=True)
+            saved = []
             for chart in charts:
                 target = args.out_dir / Path(chart.name).name
                 target.write_bytes(chart.content)
-                print(f"chart: {target} ({chart.mime_type}, {chart.size_bytes} bytes)")
+                saved.append(str(target))
+                print(f"chart: {target} ({chart.mime_type}, {chart.size_bytes} bytes, backend {engine.name})")
             await engine.manager.cleanup(io.workspace)
-    return 0 if charts else 1
+    return saved
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default=None, help="default: the safest backend that works here")
+    p.add_argument("--base-url", help="an OpenAI-compatible endpoint (default: the scripted model)")
+    p.add_argument("--model", default="gpt-4.1-mini")
+    p.add_argument("--out-dir", type=Path, default=Path("."))
+    return p
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default=None, help="default: the safest backend that works here")
-    parser.add_argument("--base-url", help="an OpenAI-compatible endpoint (default: the scripted model)")
-    parser.add_argument("--model", default="gpt-4.1-mini")
-    parser.add_argument("--out-dir", type=Path, default=Path("."))
-    sys.exit(asyncio.run(main(parser.parse_args())))
+    arguments = parser().parse_args()
+    sys.exit(0 if asyncio.run(analyse(arguments, arguments.backend)) else 1)

@@ -29,6 +29,7 @@ def test_analyse_csv_gets_the_chart_back(tmp_path: Path) -> None:
     pytest.importorskip("httpx")
     done = run_example("analyse_csv.py", tmp_path, "--backend", "sandbox")
     assert done.returncode == 0, done.stderr
+    assert "backend sandbox" in done.stdout
     assert "best: 2026-03 172" in done.stdout
     chart = (tmp_path / "chart.svg").read_text()
     assert chart.startswith("<svg") and chart.count("<rect") == 6
@@ -41,3 +42,22 @@ def test_mcp_session_runs_code_through_the_sdk_client(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "warmest: Cairo 28" in done.stdout
     assert "examples%2Fweather/out/summary.txt: 3 cities, warmest Cairo" in done.stdout
+
+
+@pytest.mark.timeout(180)
+def test_multi_turn_work_reaches_a_skill_and_the_files_of_earlier_turns(tmp_path: Path) -> None:
+    pytest.importorskip("httpx")
+    done = run_example("multi_turn_skill.py", tmp_path, "--backend", "sandbox")
+    assert done.returncode == 0, done.stderr
+    assert "11 words, 7 distinct" in done.stdout
+    assert "The most frequent: the,4" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_same_agent_runs_on_the_sandbox_and_on_e2b_against_execspace_serve(tmp_path: Path) -> None:
+    pytest.importorskip("e2b")
+    pytest.importorskip("uvicorn")
+    done = run_example("sandbox_and_e2b.py", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "backend sandbox" in done.stdout and "backend e2b" in done.stdout
+    assert done.stdout.count("best: 2026-03 172") == 2
