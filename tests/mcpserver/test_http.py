@@ -38,6 +38,18 @@ async def test_a_missing_or_wrong_token_is_refused_with_401(http_server: HttpSer
     assert answer.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize("header", ["host", "origin"])
+async def test_a_foreign_host_or_origin_is_refused_even_with_the_token(http_server: HttpServer, header: str) -> None:
+    """On a loopback address a web page's DNS rebinding (a foreign Host or Origin) gets nowhere."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKEN}"}
+    headers[header] = "evil.example" if header == "host" else "http://evil.example"
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(http_server.url, json=body, headers=headers)
+    assert answer.status_code in (400, 403, 421)
+    assert "Invalid" in answer.text
+
+
 async def test_the_sdk_client_with_a_wrong_token_cannot_connect(http_server: HttpServer) -> None:
     with pytest.RaisesGroup(httpx.HTTPStatusError, flatten_subgroups=True) as caught:
         async with http_session(http_server.url, token="wrong"):
