@@ -25,7 +25,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
 from ..engine import open_engine
-from ..errors import SetupFailed
+from ..errors import InvalidSpec, SetupFailed
 from .config import McpConfig
 from .toolset import McpTools
 from .workspaces import Workspaces
@@ -101,7 +101,14 @@ async def serve(
     token: str | None = None,
     on_ready: Callable[[str, int], None] | None = None,
 ) -> None:
-    """Serve until the client leaves (stdio) or until cancelled (http); then remove every workspace."""
+    """Serve until the client leaves (stdio) or until cancelled (http); then remove every workspace.
+
+    Raises:
+        InvalidSpec: ``http`` without a token.
+        SetupFailed: the port cannot be bound, or the backend cannot start (nothing is left running).
+    """
+    if transport == "http" and not token:
+        raise InvalidSpec("the http transport needs a bearer token (generate_token() makes one)")
     sock = _bind(host, port) if transport == "http" else None
     try:
         async with open_engine(config.backend, **_backend_keywords(config)) as engine:
@@ -113,7 +120,7 @@ async def serve(
                 if sock is None:
                     await _serve_stdio(server)
                 else:
-                    assert token is not None
+                    assert token is not None  # checked above
                     await _serve_http(server, sock, host, token, config.max_file_bytes, on_ready)
             finally:
                 reaper.cancel()

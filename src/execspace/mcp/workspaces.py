@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import secrets
 import time
@@ -18,11 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidSpec, LimitExceeded, WorkspaceNotFound
+from ..errors import ExecspaceError, InvalidSpec, LimitExceeded, WorkspaceNotFound
 from ..models import Workspace
 from ..protocols import Engine
 
 __all__ = ["WORKSPACE_ID_PATTERN", "Workspaces"]
+
+_log = logging.getLogger(__name__)
 
 #: What an explicit workspace id may look like (it also names the workspace's artifact scope: app/user/session).
 WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,2}$")
@@ -144,7 +147,10 @@ class Workspaces:
     async def reap_forever(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await self.reap()
+            try:
+                await self.reap()
+            except (ExecspaceError, OSError):  # one workspace that cannot go must not stop the reaping of others
+                _log.warning("reaping idle workspaces failed; retrying in %gs", interval, exc_info=True)
 
     async def aclose(self) -> None:
         """Remove every workspace of this server."""
