@@ -106,6 +106,23 @@ async def test_files_over_the_cap_are_refused_with_the_way_out(setup: tuple[McpT
     assert (head["content"], head["truncated"], head["size"]) == ("y" * 10, True, 5000)
 
 
+async def test_remove_file_removes_a_file_or_a_tree(setup: tuple[McpTools, Clock]) -> None:
+    tools, _ = setup
+    await call(tools, "write_file", {"path": "work/d/a.txt", "content": "a"})
+    await call(tools, "write_file", {"path": "work/d/sub/b.txt", "content": "b", "executable": True})
+    mode = await call(tools, "workspace_exec", {"command": "test -x d/sub/b.txt && echo exec"})
+    one = await call(tools, "remove_file", {"path": "work/d/a.txt"})
+    tree = await call(tools, "remove_file", {"path": "work/d"})
+    gone = await call(tools, "read_file", {"path": "work/d/sub/b.txt"})
+    again = await call(tools, "remove_file", {"path": "work/d"})
+    assert mode["stdout"] == "exec\n"
+    assert one["status"] == tree["status"] == "ok"
+    assert gone["error_type"] == again["error_type"] == "FileNotFoundError"
+    assert "list_files" in gone["hint"]
+    listed = await call(tools, "list_files", {})
+    assert all(not e["path"].startswith("work/d") for e in listed["entries"])
+
+
 async def test_skills_are_listed_and_run(setup: tuple[McpTools, Clock]) -> None:
     tools, _ = setup
     listed = await call(tools, "skill_list", {})

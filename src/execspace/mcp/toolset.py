@@ -150,6 +150,8 @@ class McpTools:
                     raise InvalidSpec("workspace_id must be a string")
                 ws = await self.workspaces.resolve(workspace_id, session)
             result = await self._run(entry, ws, args)
+        except FileNotFoundError as exc:
+            result = error_result(exc, hint="no such file or directory: list_files shows what the workspace holds")
         except (ExecspaceError, OSError) as exc:
             result = error_result(exc)
         if ws is not None:
