@@ -34,6 +34,8 @@ FLOORS = {
     "tools": 6,
     "cli": 7,
     "server": 7,
+    "mcp": 7,
+    "agent": 7,
     "__main__": 8,
 }
 

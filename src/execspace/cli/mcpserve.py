@@ -1,0 +1,58 @@
+"""``execspace mcp``: the tools as an MCP server, over stdio or streamable HTTP (see docs/integrations.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..errors import SetupFailed
+
+__all__ = ["TOKEN_VARIABLE", "add_parser", "command"]
+
+#: The environment variable a bearer token may come from instead of ``--token``.
+TOKEN_VARIABLE = "EXECSPACE_MCP_TOKEN"  # noqa: S105 - a variable name, not a secret
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "mcp",
+        help="serve workspaces to MCP clients (commands, code, files, skills) over stdio or streamable HTTP",
+        description=(
+            "An MCP server whose tools run commands and code in workspaces of a backend (default: the safest "
+            "that works here). Over HTTP a bearer token is required. Needs the 'mcp' extra."
+        ),
+    )
+    p.add_argument("--backend", help="backend the workspaces live on (default: the config's, else the safest)")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default stdio")
+    p.add_argument("--host", default="127.0.0.1", help="http: address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="http: port to listen on; 0 picks a free one (default 8000)")
+    p.add_argument(
+        "--token",
+        help=f"http: the bearer token clients must send (default: ${TOKEN_VARIABLE}, else a random one printed to "
+        "stderr; a flag is visible to other users in ps, the variable is not)",
+    )
+    p.add_argument("--config", metavar="FILE", help="a TOML file: backend, its options, policy, limits, roots")
+    p.set_defaults(handler=command)
+
+
+async def command(args: argparse.Namespace) -> int:
+    try:
+        from ..mcp import generate_token, load_config, serve
+    except ImportError as exc:
+        raise SetupFailed(
+            "mcp", f"the MCP server's dependencies are missing ({exc.name})", "pip install 'execspace[mcp]'"
+        ) from None
+    config = load_config(args.config).with_flags(backend=args.backend)
+    given = args.token or os.environ.get(TOKEN_VARIABLE)
+    token = given or generate_token()
+
+    def ready(host: str, port: int) -> None:
+        lines = [f"execspace mcp: streamable HTTP on http://{host}:{port}/mcp (backend {config.backend or 'auto'})"]
+        if not given:
+            lines.append(f"  bearer token: {token}")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    await serve(config, transport=args.transport, host=args.host, port=args.port, token=token, on_ready=ready)
+    return 0

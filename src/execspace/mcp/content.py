@@ -1,0 +1,77 @@
+"""A tool result as MCP content: its JSON as text, then the images it produced as image content, small text
+files as embedded resources; the result itself is the structured content too."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from mcp import types
+
+from ..errors import ExecspaceError
+from ..models import Workspace
+from ..protocols import Engine
+
+__all__ = ["IMAGE_TYPES", "render"]
+
+#: Image types MCP clients show to the model.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: Images and text files attached to one result at most (newest output first is the model's concern: these are
+#: the files this call created or changed, never older ones).
+MAX_ATTACHED = 8
+#: Largest text file attached as an embedded resource.
+MAX_TEXT_ATTACHED = 64 * 1024
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-yaml", "image/svg+xml")
+
+
+async def render(
+    engine: Engine, ws: Workspace | None, result: Mapping[str, Any], *, max_image_bytes: int
+) -> types.CallToolResult:
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))]
+    if ws is not None:
+        content.extend(await _attachments(engine, ws, result, max_image_bytes))
+    return types.CallToolResult(
+        content=content, structuredContent=dict(result), isError=result.get("status") == "error"
+    )
+
+
+async def _attachments(
+    engine: Engine, ws: Workspace, result: Mapping[str, Any], max_image_bytes: int
+) -> list[types.ContentBlock]:
+    files = [f for f in result.get("files", ()) if isinstance(f, Mapping) and isinstance(f.get("path"), str)]
+    if isinstance(result.get("path"), str) and result.get("mime_type") in IMAGE_TYPES:
+        files.append({"path": result["path"], "mime_type": result["mime_type"], "size": result.get("size", 0)})
+    out: list[types.ContentBlock] = []
+    for f in files:
+        if len(out) >= MAX_ATTACHED:
+            break
+        block = await _attachment(engine, ws, f, max_image_bytes)
+        if block is not None:
+            out.append(block)
+    return out
+
+
+async def _attachment(
+    engine: Engine, ws: Workspace, f: Mapping[str, Any], max_image_bytes: int
+) -> types.ContentBlock | None:
+    mime = str(f.get("mime_type", ""))
+    size = f.get("size", 0)
+    is_image = mime in IMAGE_TYPES
+    is_text = mime.startswith(_TEXT_TYPES)
+    cap = max_image_bytes if is_image else MAX_TEXT_ATTACHED
+    if not (is_image or is_text) or not isinstance(size, int) or size > cap:
+        return None
+    try:
+        file = await engine.fs.read_file(ws, f["path"], max_bytes=cap)
+    except (ExecspaceError, OSError):
+        return None  # gone or replaced since the call: the JSON still lists it
+    if file.truncated:
+        return None
+    if is_image:
+        return types.ImageContent(type="image", data=base64.b64encode(file.content).decode("ascii"), mimeType=mime)
+    uri = f"execspace://workspace/{quote(ws.id, safe='')}/{quote(file.name)}"
+    resource = types.TextResourceContents(uri=uri, mimeType=mime, text=file.text)  # type: ignore[arg-type]
+    return types.EmbeddedResource(type="resource", resource=resource)

@@ -1,0 +1,219 @@
+"""Serving the tools over MCP: stdio, or streamable HTTP behind a bearer token.
+
+The order of set-up is what makes a failure leave nothing behind: the configuration is checked, then the HTTP
+socket is bound (a port in use fails before any backend starts), then the engine opens; from there every exit
+path removes the server's workspaces and closes the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import uvicorn
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from .. import __version__
+from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
+from ..engine import open_engine
+from ..errors import InvalidSpec, SetupFailed
+from .config import McpConfig
+from .toolset import McpTools
+from .workspaces import Workspaces
+
+__all__ = ["MCP_PATH", "BearerAuth", "build_server", "generate_token", "serve"]
+
+#: Where the streamable HTTP endpoint is served.
+MCP_PATH = "/mcp"
+
+Transport = Literal["stdio", "http"]
+Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+_INSTRUCTIONS = (
+    "execspace runs your commands and code in isolated workspaces. Each result names its workspace_id: pass it "
+    "back to keep working on the same files (sessions may be reset between calls). Inputs go in work/, results "
+    "in out/; images your code writes to out/ come back as images."
+)
+
+
+def generate_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def build_server(tools: McpTools) -> Server[Any, Any]:
+    """The MCP server of ``tools``: one workspace default per MCP session."""
+    server: Server[Any, Any] = Server("execspace", version=__version__, instructions=_INSTRUCTIONS)
+
+    async def list_tools() -> list[types.Tool]:
+        return tools.list()
+
+    async def call_tool(name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
+        # our own argument checks name the field and the fix; the SDK's jsonschema pass would answer first
+        return await tools.call(name, arguments, server.request_context.session)
+
+    server.list_tools()(list_tools)  # type: ignore[no-untyped-call]  # the SDK leaves its decorators untyped
+    server.call_tool(validate_input=False)(call_tool)
+    return server
+
+
+class BearerAuth:
+    """An ASGI wrapper answering 401 to any HTTP request without ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: Asgi, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self._expected):
+                await _respond(send, 401, b"missing or wrong bearer token\n", [(b"www-authenticate", b"Bearer")])
+                return
+            if scope["path"].rstrip("/") != MCP_PATH:
+                await _respond(send, 404, f"the MCP endpoint is {MCP_PATH}\n".encode(), [])
+                return
+        await self.app(scope, receive, send)
+
+
+async def _respond(send: Callable[[Any], Awaitable[None]], status: int, body: bytes, extra: list[Any]) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def serve(
+    config: McpConfig,
+    *,
+    transport: Transport = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    token: str | None = None,
+    on_ready: Callable[[str, int], None] | None = None,
+) -> None:
+    """Serve until the client leaves (stdio) or until cancelled (http); then remove every workspace.
+
+    Raises:
+        InvalidSpec: ``http`` without a token.
+        SetupFailed: the port cannot be bound, or the backend cannot start (nothing is left running).
+    """
+    if transport == "http" and not token:
+        raise InvalidSpec("the http transport needs a bearer token (generate_token() makes one)")
+    sock = _bind(host, port) if transport == "http" else None
+    try:
+        async with open_engine(config.backend, **_backend_keywords(config)) as engine:
+            workspaces = Workspaces(engine, idle_timeout=config.idle_timeout, max_workspaces=config.max_workspaces)
+            tools = McpTools(engine, config, workspaces, _artifacts(config))
+            reaper = asyncio.create_task(workspaces.reap_forever(config.reap_interval))
+            try:
+                server = build_server(tools)
+                if sock is None:
+                    await _serve_stdio(server)
+                else:
+                    assert token is not None  # checked above
+                    await _serve_http(server, sock, host, token, config.max_file_bytes, on_ready)
+            finally:
+                reaper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reaper
+                await tools.aclose()
+                await workspaces.aclose()
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def _backend_keywords(config: McpConfig) -> dict[str, Any]:
+    keywords = dict(config.backend_options)
+    roots = [str(r) for r in (*config.upload_roots, *config.skill_roots)]
+    if roots:  # skills are copied in, uploads read, only from these
+        keywords["host_roots"] = roots
+    if config.policy.network is not None:
+        keywords["network"] = config.policy.network
+    return keywords
+
+
+def _artifacts(config: McpConfig) -> ArtifactService:
+    if config.artifacts_dir is None:
+        return InMemoryArtifactService()
+    return FileArtifactService(config.artifacts_dir)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise SetupFailed(
+            "mcp", f"cannot listen on {host}:{port} ({exc.strerror or exc})", "pick another --port (0: any free one)"
+        ) from None
+    return sock
+
+
+async def _serve_stdio(server: Server[Any, Any]) -> None:
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+async def _serve_http(
+    server: Server[Any, Any],
+    sock: socket.socket,
+    host: str,
+    token: str,
+    max_file_bytes: int,
+    on_ready: Callable[[str, int], None] | None,
+) -> None:
+    manager = StreamableHTTPSessionManager(
+        app=server,
+        security_settings=_security(host),
+        # a write_file of max_file_bytes arrives base64-encoded (4/3) inside a JSON-RPC message
+        max_request_body_size=max_file_bytes * 4 // 3 + 64 * 1024,
+    )
+    app = BearerAuth(manager.handle_request, token)
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
+    async with manager.run():
+        await _Uvicorn(config, on_ready).serve(sockets=[sock])
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling where it listens once it does."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str, int], None] | None) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_ready is not None and sockets:
+            host, port = sockets[0].getsockname()[:2]
+            self._on_ready(host, port)
+
+
+def _security(host: str) -> TransportSecuritySettings:
+    """On a loopback address, Host and Origin must name it (a web page's DNS rebinding); elsewhere the token is
+    the only gate, as the names the server is reached by are not known here."""
+    loopback = ("127.0.0.1", "localhost", "[::1]")
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{h}:*" for h in loopback] + list(loopback),
+        allowed_origins=[f"http://{h}:*" for h in loopback],
+    )

@@ -1,0 +1,93 @@
+"""A failed set-up of ``execspace mcp`` exits non-zero with an execspace error and leaves nothing: no
+workspace, no listening port."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from execspace.cli.console import EXIT_EXECSPACE_ERROR
+from execspace.cli.main import main
+
+from .conftest import left_in, write_config
+
+pytest.importorskip("mcp")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "flags", "message"),
+    [
+        ("", ["--backend", "no-such-backend"], "unknown backend 'no-such-backend'"),
+        ("idle_timout = 5", [], "unknown key(s) ['idle_timout']"),
+        ("idle_timeout = -1", [], "idle_timeout must be a positive number"),
+        ('backend = "sandbox"\n[policy]\nmemory_bytes = "lots"', [], "memory_bytes must be of type int"),
+        ("not toml [", [], "is not valid TOML"),
+    ],
+)
+def test_a_bad_backend_or_config_exits_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, flags: list[str], message: str
+) -> None:
+    config = write_config(tmp_path, extra)
+    port = _free_port()
+    argv = ["mcp", "--transport", "http", "--port", str(port), "--config", str(config), *flags]
+    assert main(argv) == EXIT_EXECSPACE_ERROR
+    assert message in capsys.readouterr().err
+    assert not _listening(port)
+    assert left_in(tmp_path / "ws") == []
+
+
+def test_a_backend_option_it_does_not_take_fails_after_the_bind_and_releases_the_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, 'backend = "sandbox"\n[backend_options]\nno_such_option = 1')
+    # two [backend_options] tables are not TOML: write the file whole
+    root = tmp_path / "ws"
+    config.write_text(f'backend = "sandbox"\n[backend_options]\nworkspace_root = "{root}"\nno_such_option = 1\n')
+    port = _free_port()
+    assert main(["mcp", "--transport", "http", "--port", str(port), "--config", str(config)]) == EXIT_EXECSPACE_ERROR
+    assert "no_such_option" in capsys.readouterr().err
+    assert not _listening(port)
+    assert left_in(root) == []
+
+
+def test_a_port_in_use_is_a_clear_error_before_any_workspace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert (
+            main(["mcp", "--transport", "http", "--port", str(port), "--config", str(config)]) == EXIT_EXECSPACE_ERROR
+        )
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert left_in(tmp_path / "ws") == []
+
+
+def test_a_failure_once_the_engine_is_open_closes_it_and_releases_the_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, 'backend = "sandbox"\n[policy]\nallow_commands = [""]')
+    port = _free_port()
+    status = main(["mcp", "--transport", "http", "--port", str(port), "--config", str(config)])
+    err = capsys.readouterr().err
+    assert status == EXIT_EXECSPACE_ERROR, err
+    assert "allow entries must be non-empty" in err
+    assert not _listening(port)
+    assert left_in(tmp_path / "ws") == []

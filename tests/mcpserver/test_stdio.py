@@ -1,0 +1,68 @@
+"""The MCP server over stdio, spawned by the official SDK's client as an MCP host would."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import types
+
+from .conftest import PNG_SIGNATURE, left_in, stdio_session, write_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def result_of(res: types.CallToolResult) -> dict[str, Any]:
+    first = res.content[0]
+    assert isinstance(first, types.TextContent)
+    data: dict[str, Any] = json.loads(first.text)
+    return data
+
+
+async def test_the_default_backend_runs_commands_and_round_trips_bytes(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    payload = bytes(range(256)) + b"\r\n\x00end"
+    async with stdio_session("--config", str(config)) as session:
+        tools = (await session.list_tools()).tools
+        ran = result_of(await session.call_tool("workspace_exec", {"command": "printf 'a\\nb' | wc -l; id -u"}))
+        await session.call_tool(
+            "write_file",
+            {"path": "work/in.bin", "content": base64.b64encode(payload).decode(), "encoding": "base64"},
+        )
+        copied = result_of(await session.call_tool("workspace_exec", {"command": "cp in.bin ../out/copy.bin"}))
+        back = result_of(await session.call_tool("read_file", {"path": "out/copy.bin", "encoding": "base64"}))
+        text = await session.call_tool("write_file", {"path": "work/t.txt", "content": "héllo\n"})
+        read_text = result_of(await session.call_tool("read_file", {"path": "work/t.txt"}))
+        listing = result_of(await session.call_tool("workspace_list", {}))
+        assert left_in(tmp_path / "ws") != []
+    schema = next(t for t in tools if t.name == "workspace_exec").inputSchema
+    assert schema["required"] == ["command"] and "workspace_id" in schema["properties"]
+    assert ran["exit_code"] == 0 and ran["stdout"].split()[0] == "1"
+    assert copied["files"] == [
+        {"path": "out/copy.bin", "size": len(payload), "mime_type": "application/octet-stream", "change": "created"}
+    ]
+    assert base64.b64decode(back["content_base64"]) == payload
+    assert not text.isError and read_text["content"] == "héllo\n"
+    assert (listing["backend"], listing["isolation"]) == ("sandbox", "process")
+    assert left_in(tmp_path / "ws") == []  # the client closed stdin: the server removed its workspaces
+
+
+async def test_a_plot_comes_back_as_image_content(tmp_path: Path) -> None:
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("matplotlib")
+    config = write_config(tmp_path)
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nprint('drawn')"
+    async with stdio_session("--backend", "jupyter", "--config", str(config)) as session:
+        res = await session.call_tool("run_code", {"language": "python", "code": code})
+        again = await session.call_tool("run_code", {"language": "python", "code": "print(41 + 1)"})
+    data = result_of(res)
+    images = [c for c in res.content if isinstance(c, types.ImageContent)]
+    assert data["status"] == "ok" and "drawn" in data["output"]
+    assert len(images) == 1 and images[0].mimeType == "image/png"
+    assert base64.b64decode(images[0].data).startswith(PNG_SIGNATURE)
+    assert [f["mime_type"] for f in data["files"]] == ["image/png"]
+    # the next call shows only what it produced: no stale plot
+    assert [c.type for c in again.content] == ["text"] and "42" in result_of(again)["output"]
