@@ -287,3 +287,21 @@ def test_a_stopped_server_leaves_no_kernel_behind(tmp_path: Path) -> None:
         assert sandbox.run_code(_tagged_sleeper(tag)).error is None
         assert asyncio.run(wait_processes(tag, 1))
     assert wait_no_process(tag, within=10) == []
+
+
+@pytest.mark.timeout(1200)  # builds code-interpreter once per machine (a later run finds it built)
+def test_run_code_has_the_code_interpreter_environment_and_none_gives_the_system_python(tmp_path: Path) -> None:
+    from execspace.environments import build, builtin_spec
+
+    env = asyncio.run(build(builtin_spec("code-interpreter")))
+    probe = "import sys\ntry:\n    import pandas\n    print(pandas.__file__)\nexcept ImportError:\n    print('none')\n"
+    for flags, inside in (((), True), (("--kernel-environment", "none"), False)):
+        with running_server(tmp_path / f"serve{len(flags)}", *flags) as server:
+            sandbox = ci.Sandbox.create(api_key=server.key, api_url=server.url, sandbox_url=server.url)
+            try:
+                r = sandbox.run_code(probe)
+            finally:
+                sandbox.kill()
+        assert r.error is None, r.error
+        where = "".join(r.logs.stdout).strip()
+        assert where.startswith(str(env.path)) is inside, where

@@ -51,6 +51,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="let sandboxes created with allow_internet_access=True reach the network (default: all offline)",
     )
+    p.add_argument(
+        "--kernel-environment",
+        default="code-interpreter",
+        metavar="NAME",
+        help="runtime environment the code interpreter's kernels start from when built (default code-interpreter: "
+        "pandas, matplotlib...; 'none': the system python)",
+    )
     p.set_defaults(handler=command)
 
 
@@ -68,6 +75,7 @@ async def command(args: argparse.Namespace) -> int:
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,
+        kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
     )
 
     def ready(host: str, port: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import posixpath
 import secrets
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine import KernelEngine, open_engine
-from ..errors import ExecspaceError, SetupFailed
+from ..errors import EnvironmentNotFound, ExecspaceError, SetupFailed
 from .paths import HOME, USER, to_workspace
 from .sandboxes import Sandbox, SandboxGone
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["CodeInterpreter", "Context", "ContextNotFound", "LanguageUnavailable", "TooManyContexts"]
 
 #: Languages a context may have: E2B's names (and their short forms) for what ipykernel runs.
+_log = logging.getLogger("execspace.server")
+
 _LANGUAGE_NAMES = {"python": "python", "py": "python", "python3": "python"}
 #: E2B's other languages, and why they are not served.
 _OTHER_LANGUAGES = {"javascript", "js", "typescript", "ts", "r", "java", "bash", "deno"}
@@ -112,9 +115,10 @@ def normalise_language(language: str | None) -> str:
 class CodeInterpreter:
     """Every sandbox's contexts, over one lazily opened sandboxed ``jupyter`` engine."""
 
-    def __init__(self, backend: str, workspace_root: Path | None) -> None:
+    def __init__(self, backend: str, workspace_root: Path | None, environment: str | None = None) -> None:
         self._backend = backend
         self._workspace_root = workspace_root
+        self._environment = environment
         self._stack = AsyncExitStack()
         self._engine: KernelEngine[KernelSessions] | None = None
         self._opening = asyncio.Lock()
@@ -276,9 +280,10 @@ class CodeInterpreter:
             if self._engine is None:
                 from ..backends.jupyter import SandboxedKernels
 
+                mode = SandboxedKernels(pool_size=0, environment=_built(self._environment))
                 try:
                     engine = await self._stack.enter_async_context(
-                        open_engine("jupyter", mode=SandboxedKernels(pool_size=0), workspace_root=self._workspace_root)
+                        open_engine("jupyter", mode=mode, workspace_root=self._workspace_root)
                     )
                 except ImportError as exc:
                     raise SetupFailed(
@@ -287,6 +292,25 @@ class CodeInterpreter:
                 assert isinstance(engine, KernelEngine)
                 self._engine = engine
             return self._engine
+
+
+def _built(name: str | None) -> str | None:
+    """``name`` if that environment is built here, else None: kernels then run on the sandbox's system python."""
+    if name is None:
+        return None
+    from ..environments import get
+
+    try:
+        get(name)
+    except EnvironmentNotFound:
+        _log.warning(
+            "the code interpreter's kernels run on the sandbox's system python: the environment %s is not built "
+            "here (execspace env build %s gives run_code its data stack)",
+            name,
+            name,
+        )
+        return None
+    return name
 
 
 async def _stop(context: Context) -> None:

@@ -15,8 +15,8 @@ __all__ = ["ENVD_VERSION", "TEMPLATES", "ServerOptions", "generate_api_key"]
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
 #: ``close_stdin``, 0.5.7 octet-stream and gzip uploads. 0.6.2 (file metadata as xattrs) is not implemented.
 ENVD_VERSION = "0.5.7"
-#: The templates a sandbox may be created from (each is the same sandbox for now; runtime environments per template
-#: are their own issue).
+#: The templates a sandbox may be created from. Commands run the same in both; the code interpreter's kernels start
+#: from ``ServerOptions.kernel_environment`` (E2B's ``code-interpreter-v1`` maps to the built-in ``code-interpreter``).
 TEMPLATES = ("base", "code-interpreter-v1")
 
 
@@ -59,6 +59,10 @@ class ServerOptions:
     """Reported in sandbox info (not enforced per sandbox yet)."""
     memory_mb: int = field(default_factory=_host_memory_mb)
     disk_mb: int = field(default_factory=lambda: shutil.disk_usage("/").total // (1024 * 1024))
+    kernel_environment: str | None = "code-interpreter"
+    """The runtime environment (``execspace env build NAME``) the code interpreter's kernels start from, so that
+    ``run_code`` has E2B's data stack (pandas, matplotlib, …); when it is not built here, or None, kernels run on
+    the sandbox's system python (the server logs which)."""
 
     def __post_init__(self) -> None:
         if not self.api_keys or any(not k for k in self.api_keys):
