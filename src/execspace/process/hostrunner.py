@@ -199,5 +199,6 @@ def unisolated_capabilities(
         enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
         languages=available_languages(path),
         does_not_protect=does_not_protect,
+        fork="copy",
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )

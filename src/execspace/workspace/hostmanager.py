@@ -8,16 +8,20 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from ..errors import PathDenied, SetupFailed, WorkspaceNotFound
-from ..models import Persistence, Workspace, WorkspacePolicy
+from ..errors import InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
+from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
 from .confine import remove_tree
 from .layout import METADATA_FILE, ensure_layout, sanitize_id
 from .metadata import WorkspaceMetadata, save_metadata
+from .snapshots import SnapshotStore, exchange_dirs
 
 __all__ = ["HostWorkspaceManager", "default_workspace_root", "remove_workspace_tree"]
+
+#: Most forks one call makes (as E2B's fork API allows).
+_MAX_FORKS = 100
 
 
 def default_workspace_root() -> Path:
@@ -78,6 +82,7 @@ class HostWorkspaceManager:
         self._known: dict[str, Workspace] = {}
         self._creating: dict[str, asyncio.Future[Workspace]] = {}
         self._root_ready = False
+        self._snapshots: SnapshotStore | None = None
 
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
@@ -121,9 +126,7 @@ class HostWorkspaceManager:
                 raise PathDenied(str(ws_dir), "the workspace directory must not be a symlink")
             ws_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         else:
-            if not self._root_ready:
-                private_dir(self.root, 0o700 if self._private_root else 0o711)
-                self._root_ready = True
+            self._ensure_root()
             name = sanitize_id(exec_id)
             if policy.persistence is Persistence.TURN:
                 name = f"{name}-{secrets.token_hex(4)}"
@@ -131,6 +134,9 @@ class HostWorkspaceManager:
             if self._adopt is None or not self._adopt(ws_dir):
                 # 0700: the root may be traversable (0711, for a sandbox uid) and workspace names are guessable
                 ws_dir.mkdir(mode=0o700, exist_ok=True)
+        return self._laid_out(ws_dir, exec_id, policy)
+
+    def _laid_out(self, ws_dir: Path, exec_id: str, policy: WorkspacePolicy) -> Workspace:
         ensure_layout(ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             save_metadata(ws_dir, WorkspaceMetadata(id=exec_id))
@@ -162,6 +168,114 @@ class HostWorkspaceManager:
         ws = Workspace(id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir)
         self._known[exec_id] = ws
         return ws
+
+    # -- snapshots and forks (a plain copy each: ``fork: "copy"``, see .snapshots) ------------------------
+
+    @property
+    def snapshots(self) -> SnapshotStore:
+        if self._snapshots is None:
+            self._snapshots = SnapshotStore(self.root)
+        return self._snapshots
+
+    async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
+        """Freeze the workspace's files now (programs still running may change them during the copy: stop
+        them first for an exact state). Processes and kernels are never part of a snapshot."""
+        ws_dir = self._own_dir(ws)
+        self._ensure_root()
+        return await asyncio.to_thread(self.snapshots.take, ws_dir, ws.id, name)
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        return await asyncio.to_thread(self.snapshots.list)
+
+    async def remove_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Remove a snapshot (by handle, id or name); what was forked or restored from it is not touched."""
+        await asyncio.to_thread(self.snapshots.remove, snapshot)
+
+    async def fork(
+        self,
+        source: Workspace | Snapshot | str,
+        count: int = 1,
+        ids: Sequence[str] | None = None,
+        *,
+        policy: WorkspacePolicy | None = None,
+    ) -> list[Workspace]:
+        """``count`` new workspaces, each starting with the files of ``source`` (a workspace now, or a
+        snapshot: its handle, id or name); ``ids`` names them (default ``<source id>/fork-<hex>``). Each is
+        complete before it is listed: one killed mid-way leaves nothing behind that a manager uses."""
+        if not isinstance(source, Workspace):
+            source = await asyncio.to_thread(self.snapshots.get, source)
+        new_ids = self._fork_ids(source, count, ids)
+        self._ensure_root()
+        pol = policy or WorkspacePolicy(persistence=Persistence.SESSION)
+        forks: list[Workspace] = []
+        for new_id in new_ids:
+            ws = await asyncio.to_thread(self._fork_one, source, new_id, pol)
+            self._known[new_id] = ws
+            forks.append(ws)
+        return forks
+
+    def _fork_ids(self, source: Workspace | Snapshot, count: int, ids: Sequence[str] | None) -> list[str]:
+        if ids is not None:
+            new_ids = list(ids)
+            if len(new_ids) != count and count != 1:
+                raise InvalidSpec(f"fork: {len(new_ids)} ids for count={count}; give one id per fork")
+        else:
+            if not 1 <= count <= _MAX_FORKS:
+                raise InvalidSpec(f"fork: count must be 1..{_MAX_FORKS}, got {count}")
+            base = source.id if isinstance(source, Workspace) else source.workspace
+            new_ids = [f"{base}/fork-{secrets.token_hex(4)}" for _ in range(count)]
+        if len(set(new_ids)) != len(new_ids):
+            raise InvalidSpec("fork: the ids must be distinct")
+        for new_id in new_ids:
+            if (self.root / sanitize_id(new_id)).exists():
+                raise InvalidSpec(f"fork: a workspace with id {new_id!r} exists; remove it or pick another id")
+        return new_ids
+
+    def _fork_one(self, source: Workspace | Snapshot, new_id: str, policy: WorkspacePolicy) -> Workspace:
+        store = self.snapshots
+        if isinstance(source, Workspace):
+            copy = store.copy_workspace(self._own_dir(source), new_id, f"workspace:{source.id}")
+        else:
+            copy = store.materialize(source, new_id)
+        ws_dir = self.root / sanitize_id(new_id)
+        try:
+            if ws_dir.exists():
+                raise InvalidSpec(f"fork: a workspace with id {new_id!r} appeared meanwhile; pick another id")
+            os.rename(copy, ws_dir)
+        finally:
+            store.discard(copy.parent)
+        return self._laid_out(ws_dir, new_id, policy)
+
+    async def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
+        """Bring the workspace's files back to ``snapshot`` (every byte and mode; what was added since is
+        gone). Programs still running in it are stopped first; the swap is one rename, so the workspace is
+        never seen half-restored."""
+        ws_dir = self._own_dir(ws)
+        snap = await asyncio.to_thread(self.snapshots.get, snapshot)
+        if self._stop_programs is not None:
+            await self._stop_programs(ws)
+        await asyncio.to_thread(self._restore, ws, ws_dir, snap)
+
+    def _restore(self, ws: Workspace, ws_dir: Path, snap: Snapshot) -> None:
+        copy = self.snapshots.materialize(snap, ws.id)
+        try:
+            exchange_dirs(copy, ws_dir)
+        finally:
+            self.snapshots.discard(copy.parent)
+        self._laid_out(ws_dir, ws.id, ws.policy)
+
+    def _own_dir(self, ws: Workspace) -> Path:
+        if ws.host_path is None or ws.host_path.parent != self.root:
+            raise InvalidSpec(
+                f"workspace {ws.id!r} is not one of this manager's (under {self.root}); "
+                "snapshots and forks are of workspaces the engine created under its root"
+            )
+        return ws.host_path
+
+    def _ensure_root(self) -> None:
+        if not self._root_ready:
+            private_dir(self.root, 0o700 if self._private_root else 0o711)
+            self._root_ready = True
 
     async def cleanup(self, ws: Workspace) -> None:
         if self._known.get(ws.id) == ws:

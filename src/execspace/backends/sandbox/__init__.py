@@ -438,6 +438,7 @@ class SandboxBackend:
             host_paths=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
+            fork="copy",
             does_not_protect=DOES_NOT_PROTECT,
             details={
                 "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, "

@@ -1,0 +1,246 @@
+"""Snapshots of host-directory workspaces, and the copies a fork or a restore starts from.
+
+::
+
+    <root>/.snapshots/            0700, never inside any sandbox
+      <snap-id>/snapshot.json     what it is (id, name, workspace, parent, time, size)
+      <snap-id>/tree/             the frozen tree (a full copy: see docs/architecture.md, "Snapshots and forks")
+      .partial-<pid>-<hex>/       a snapshot, fork or restore being built
+
+Everything is built under a ``.partial-*`` name and renamed into place when complete, so a process killed
+mid-way leaves no half-made snapshot or workspace that anything lists or uses; the next store on the root
+removes what dead processes left. A snapshot is a plain copy here (``fork: "copy"``): it owns its bytes, so
+removing it, its workspace or any fork of it never breaks another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import InvalidSpec, PathDenied, SetupFailed, SnapshotNotFound
+from ..models import Snapshot
+from .confine import remove_tree
+from .confinecore import DIR_FLAGS
+from .layout import METADATA_FILE
+from .metadata import load_metadata, save_metadata
+from .treecopy import copy_tree, tree_size
+
+__all__ = ["SNAPSHOTS_DIR", "SnapshotStore", "exchange_dirs"]
+
+SNAPSHOTS_DIR = ".snapshots"
+_RECORD = "snapshot.json"
+_TREE = "tree"
+_PARTIAL = re.compile(r"\.partial-(\d+)-[0-9a-f]+")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]{0,127}")
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+class SnapshotStore:
+    """The snapshots kept under one workspace root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dir = root / SNAPSHOTS_DIR
+        # as root the trees keep their owners (a sandbox workspace's files belong to its sandbox uid)
+        self._keep_owner = os.geteuid() == 0
+        self._ready = False
+
+    def _open(self) -> int:
+        if not self._ready:
+            with contextlib.suppress(FileExistsError):
+                self.dir.mkdir(mode=0o700)
+            st = self.dir.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise SetupFailed("snapshots", f"{self.dir} is not a directory of this user", "remove it and retry")
+            os.chmod(self.dir, 0o700)
+            self._ready = True
+            self._remove_abandoned()
+        return os.open(self.dir, DIR_FLAGS)
+
+    def _remove_abandoned(self) -> None:
+        """Remove what a killed process was building (its pid is gone)."""
+        for name in os.listdir(self.dir):
+            m = _PARTIAL.fullmatch(name)
+            if m is not None and not _alive(int(m.group(1))):
+                with contextlib.suppress(OSError):
+                    self._remove(name)
+
+    def new_partial(self) -> Path:
+        """A fresh empty directory to build in (renamed into place by the caller, or removed)."""
+        dfd = self._open()
+        try:
+            name = f".partial-{os.getpid()}-{secrets.token_hex(6)}"
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        return self.dir / name
+
+    def discard(self, partial: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._remove(partial.name)
+
+    def _remove(self, name: str) -> None:
+        dfd = os.open(self.dir, DIR_FLAGS)
+        try:
+            remove_tree(dfd, name, str(self.dir / name))
+        finally:
+            os.close(dfd)
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def take(self, ws_dir: Path, ws_id: str, name: str | None) -> Snapshot:
+        """Freeze a copy of ``ws_dir`` (the workspace ``ws_id``) as a new snapshot."""
+        if name is not None:
+            if not _NAME.fullmatch(name):
+                raise InvalidSpec(
+                    f"snapshot name {name!r}: use 1-128 letters, digits and _.@:+- (starting with a letter or digit)"
+                )
+            if any(s.name == name for s in self.list()):
+                raise InvalidSpec(f"a snapshot named {name!r} exists: remove it first or pick another name")
+        partial = self.new_partial()
+        try:
+            (partial / _TREE).mkdir(mode=0o700)
+            size = copy_from(ws_dir, partial / _TREE, keep_owner=self._keep_owner)
+            parent = load_metadata(partial / _TREE).forked_from
+            snap_id = f"snap-{secrets.token_hex(8)}"
+            snap = Snapshot(snap_id, name, ws_id, parent, time.time(), size, self.dir / snap_id / _TREE)
+            record = {k: v for k, v in asdict(snap).items() if k != "path"}
+            fd = os.open(partial / _RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+            os.rename(partial, self.dir / snap_id)
+        except BaseException:
+            self.discard(partial)
+            raise
+        return snap
+
+    def list(self) -> list[Snapshot]:
+        """Every complete snapshot, oldest first (a corrupt record is skipped, not repaired)."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        found = [s for n in names if n.startswith("snap-") and (s := self._load(n)) is not None]
+        return sorted(found, key=lambda s: s.created_at)
+
+    def _load(self, snap_id: str) -> Snapshot | None:
+        try:
+            fd = os.open(self.dir / snap_id / _RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                raw = json.loads(f.read(1024 * 1024))
+            return Snapshot(
+                id=snap_id,
+                name=raw["name"],
+                workspace=str(raw["workspace"]),
+                parent=raw["parent"],
+                created_at=float(raw["created_at"]),
+                size=int(raw["size"]),
+                path=self.dir / snap_id / _TREE,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def get(self, key: Snapshot | str) -> Snapshot:
+        """The snapshot of that id or name.
+
+        Raises:
+            SnapshotNotFound: there is none (it was removed, or never taken on this root).
+        """
+        want = key.id if isinstance(key, Snapshot) else key
+        for snap in self.list():
+            if want in (snap.id, snap.name):
+                return snap
+        raise SnapshotNotFound(f"no snapshot {want!r} under {self.dir}: list_snapshots() shows them")
+
+    def remove(self, key: Snapshot | str) -> None:
+        """Remove a snapshot; workspaces forked or restored from it keep their own copies."""
+        snap = self.get(key)
+        # renamed away first: from that instant nobody lists or forks a half-removed snapshot
+        doomed = self.new_partial()
+        os.rename(self.dir / snap.id, doomed / "old")
+        self.discard(doomed)
+
+    def materialize(self, snap: Snapshot, ws_id: str) -> Path:
+        """A complete copy of ``snap`` built under a partial name, recorded as the workspace ``ws_id`` forked
+        from it; the caller renames it into place (or :meth:`discard` s it)."""
+        partial = self.new_partial()
+        try:
+            ws_dir = partial / "ws"
+            ws_dir.mkdir(mode=0o700)
+            copy_from(snap.path, ws_dir, keep_owner=self._keep_owner)
+            record_origin(ws_dir, ws_id, snap.id)
+        except BaseException:
+            self.discard(partial)
+            raise
+        return ws_dir
+
+    def copy_workspace(self, ws_dir: Path, ws_id: str, origin: str) -> Path:
+        """Like :meth:`materialize`, from a workspace directory (a fork of the live workspace)."""
+        partial = self.new_partial()
+        try:
+            copy = partial / "ws"
+            copy.mkdir(mode=0o700)
+            copy_from(ws_dir, copy, keep_owner=self._keep_owner)
+            record_origin(copy, ws_id, origin)
+        except BaseException:
+            self.discard(partial)
+            raise
+        return copy
+
+
+def copy_from(src_dir: Path, dst_dir: Path, *, keep_owner: bool) -> int:
+    """Copy the tree at ``src_dir`` (never a link) into the empty ``dst_dir``; the bytes it takes."""
+    try:
+        sfd = os.open(src_dir, DIR_FLAGS)
+    except OSError as exc:
+        raise PathDenied(str(src_dir), f"cannot open it as a directory ({exc.strerror})") from exc
+    try:
+        dfd = os.open(dst_dir, DIR_FLAGS)
+        try:
+            copy_tree(sfd, dfd, keep_owner=keep_owner)
+            return tree_size(dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def record_origin(ws_dir: Path, ws_id: str, origin: str) -> None:
+    """The copy is the workspace ``ws_id`` now (not the one it was copied from), descended from ``origin``."""
+    if not (ws_dir / METADATA_FILE).is_file():
+        return
+    meta = load_metadata(ws_dir, ws_id)
+    meta.id = ws_id
+    meta.forked_from = origin
+    save_metadata(ws_dir, meta)
+
+
+def exchange_dirs(a: Path, b: Path) -> None:
+    """Swap two directories in one step (``renameat2(RENAME_EXCHANGE)``): at every instant each path is one
+    whole tree, so a restore never leaves its workspace missing or half-copied."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    rc = libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

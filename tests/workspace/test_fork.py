@@ -1,0 +1,226 @@
+"""Snapshots and forks of host-directory workspaces: what a fork starts from, what stays each branch's own, and
+what a restore brings back (local and both sandbox modes, where programs really run in the forks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import InvalidSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
+from execspace.workspace.hostmanager import HostWorkspaceManager
+from execspace.workspace.snapshots import SNAPSHOTS_DIR
+from execspace.workspace.stored import stored_workspaces
+from tests.bindings import open_backend
+
+
+@pytest.fixture(params=["local", "sandbox", "sandbox-session"])
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
+    async with open_backend(request, request.param, tmp_path) as eng:
+        yield eng
+
+
+def manager(engine: execspace.BaseEngine) -> HostWorkspaceManager:
+    assert isinstance(engine.manager, HostWorkspaceManager)
+    return engine.manager
+
+
+def host(ws: Workspace) -> Path:
+    assert ws.host_path is not None
+    return ws.host_path
+
+
+def tree(root: Path, under: str = "work") -> dict[str, tuple[int, bytes]]:
+    """Every entry below ``root/under``: its mode and its bytes (a link's target text)."""
+    out: dict[str, tuple[int, bytes]] = {}
+    base = root / under
+    for dirpath, dirs, files in os.walk(base):
+        for name in [*dirs, *files]:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                data = os.fsencode(os.readlink(p))
+            elif stat.S_ISREG(st.st_mode):
+                data = p.read_bytes()
+            else:
+                data = b""
+            out[str(p.relative_to(base))] = (st.st_mode, data)
+    return out
+
+
+async def run(engine: execspace.BaseEngine, ws: Workspace, script: str) -> str:
+    """Run ``script`` in the workspace's ``work/``."""
+    result = await engine.runner.run_program(ws, RunProgramSpec("/bin/sh", ["-c", script], timeout=30))
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+async def test_branches_see_the_parent_and_keep_their_changes_to_themselves(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/parent")
+    await engine.fs.put_files(ws, [PutFile("work/a.txt", b"parent a"), PutFile("work/d/b.txt", b"parent b")])
+    await engine.fs.put_files(ws, [PutFile("work/c.txt", b"parent c")])
+    one, two = await manager(engine).fork(ws, count=2)
+    assert {one.id, two.id}.isdisjoint({ws.id}) and one.id != two.id
+    # the fork sees the parent's files, by the file API and to a program run in it
+    assert (await engine.fs.read_file(one, "work/a.txt")).content == b"parent a"
+    assert await run(engine, one, "cat d/b.txt") == "parent b"
+    # a program writes, deletes and renames in one branch; the file API does too
+    await run(engine, one, "echo -n one > a.txt && rm d/b.txt && mv c.txt c2.txt && echo n > new")
+    await engine.fs.put_files(one, [PutFile("work/api.txt", b"api")])
+    await engine.fs.remove(two, "work/a.txt")
+    assert (await engine.fs.read_file(one, "work/a.txt")).content == b"one"
+    assert not await engine.fs.exists(one, "work/d/b.txt") and await engine.fs.exists(one, "work/c2.txt")
+    for other in (ws, two):
+        assert not await engine.fs.exists(other, "work/new") and not await engine.fs.exists(other, "work/api.txt")
+        assert (await engine.fs.read_file(other, "work/d/b.txt")).content == b"parent b"
+        assert (await engine.fs.read_file(other, "work/c.txt")).content == b"parent c"
+    assert (await engine.fs.read_file(ws, "work/a.txt")).content == b"parent a"
+    assert not await engine.fs.exists(two, "work/a.txt")
+    assert await run(engine, ws, "cat a.txt; ls") == "parent a" + "a.txt\nc.txt\nd\ninputs\n"
+
+
+async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/restore")
+    root = host(ws)
+    (root / "work/bin").mkdir()
+    (root / "work/bin/tool").write_bytes(os.urandom(70_000))
+    os.chmod(root / "work/bin/tool", 0o750)
+    (root / "work/secret").write_bytes(b"\0\1\2 binary")
+    os.chmod(root / "work/secret", 0o600)
+    (root / "work/ro").write_bytes(b"read only")
+    os.chmod(root / "work/ro", 0o444)
+    with open(root / "work/sparse", "wb") as f:
+        f.truncate(64 * 1024 * 1024)
+        f.write(b"head")
+    os.symlink("bin/tool", root / "work/link")
+    os.chmod(root / "work/bin", 0o750)
+    owner = root.stat()
+    for p in (root / "work").rglob("*"):  # as the sandbox's programs' own files (its uid, as root)
+        os.chown(p, owner.st_uid, owner.st_gid, follow_symlinks=False)
+    before = tree(root)
+    snap = await manager(engine).snapshot(ws, name="clean")
+    assert snap.workspace == ws.id and snap.name == "clean"
+    assert snap.size < 16 * 1024 * 1024, "holes are kept as holes"
+    await run(engine, ws, "echo changed > secret; rm -f ro; rm -rf bin; echo more > added")
+    os.chmod(root / "work/sparse", 0o700)
+    assert tree(root) != before
+    await manager(engine).restore(ws, "clean")
+    assert tree(root) == before
+    assert (root / "work/sparse").stat().st_blocks * 512 < 16 * 1024 * 1024
+    # the restored workspace still works as itself: its programs write where they may
+    assert await run(engine, ws, "cat secret; echo x > after; cat after") == "\0\1\2 binaryx\n"
+    assert (await engine.fs.read_file(ws, "work/after")).content == b"x\n"
+
+
+async def test_a_hundred_forks_of_one_workspace(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/many")
+    await engine.fs.put_files(ws, [PutFile(f"work/f{i}.txt", f"file {i}".encode()) for i in range(20)])
+    snap = await manager(engine).snapshot(ws)
+    forks = await manager(engine).fork(snap, count=100)
+    assert len({f.id for f in forks}) == 100 and len({host(f) for f in forks}) == 100
+    for i, fork in enumerate(forks):
+        await engine.fs.put_files(fork, [PutFile("work/f0.txt", f"fork {i}".encode())])
+    assert [(await engine.fs.read_file(f, "work/f0.txt")).content for f in forks] == [
+        f"fork {i}".encode() for i in range(100)
+    ]
+    assert (await engine.fs.read_file(forks[57], "work/f19.txt")).content == b"file 19"
+    assert (await engine.fs.read_file(ws, "work/f0.txt")).content == b"file 0"
+    assert await run(engine, forks[99], "cat f0.txt f5.txt") == "fork 99file 5"
+    ids = {s.id for s in stored_workspaces(manager(engine).root)}
+    assert {f.id for f in forks} | {ws.id} == ids
+
+
+async def test_removing_the_parent_and_its_snapshot_never_breaks_a_child(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/gone")
+    await engine.fs.put_files(ws, [PutFile("work/kept.txt", b"kept")])
+    snap = await manager(engine).snapshot(ws, name="base")
+    (child,) = await manager(engine).fork(snap, ids=["fork/child"])
+    (grandchild,) = await manager(engine).fork(child)
+    await engine.manager.cleanup(ws)
+    await manager(engine).remove_snapshot(snap)
+    assert not host(ws).exists() and await manager(engine).list_snapshots() == []
+    for w in (child, grandchild):
+        assert await run(engine, w, "cat kept.txt") == "kept"
+    assert (await engine.manager.get_workspace("fork/child")).host_path == host(child)
+    with pytest.raises(SnapshotNotFound, match="list_snapshots"):
+        await manager(engine).fork("base")
+
+
+async def test_snapshots_are_named_listed_sized_and_traced(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/snaps")
+    await engine.fs.put_files(ws, [PutFile("work/big", b"x" * 100_000)])
+    first = await manager(engine).snapshot(ws, name="first")
+    with pytest.raises(InvalidSpec, match="exists"):
+        await manager(engine).snapshot(ws, name="first")
+    with pytest.raises(InvalidSpec, match="snapshot name"):
+        await manager(engine).snapshot(ws, name="../x")
+    (fork,) = await manager(engine).fork(first)
+    second = await manager(engine).snapshot(fork)
+    assert second.parent == first.id and second.workspace == fork.id and second.name is None
+    assert first.size >= 100_000
+    assert [s.id for s in await manager(engine).list_snapshots()] == [first.id, second.id]
+    with pytest.raises(InvalidSpec, match="exists"):
+        await manager(engine).fork(ws, ids=[fork.id])
+    with pytest.raises(InvalidSpec, match="count"):
+        await manager(engine).fork(ws, count=101)
+    await manager(engine).remove_snapshot("first")
+    assert [s.id for s in await manager(engine).list_snapshots()] == [second.id]
+
+
+_FORK_FOREVER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from execspace.models import Workspace
+    from execspace.workspace.hostmanager import HostWorkspaceManager
+
+    async def main():
+        root = Path(sys.argv[1])
+        m = HostWorkspaceManager("local", root)
+        ws = await m.get_workspace("kill/parent")
+        while True:
+            await m.fork(ws)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_kill_9_mid_fork_leaves_no_half_made_workspace(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    m = HostWorkspaceManager("local", root)
+    ws = await m.create_workspace("kill/parent")
+    for i in range(30):
+        d = host(ws) / "work" / f"d{i}"
+        d.mkdir()
+        for j in range(100):
+            (d / f"f{j}").write_bytes(b"y" * 1000)
+    proc = subprocess.Popen([sys.executable, "-c", _FORK_FOREVER, str(root)])
+    partials = root / SNAPSHOTS_DIR
+    try:
+        # killed while a copy is under way: a partial directory with files in it
+        for _ in range(2000):
+            if any(p.name.startswith(".partial-") and any(p.rglob("f*")) for p in partials.glob(".partial-*")):
+                break
+            await __import__("asyncio").sleep(0.01)
+        else:
+            pytest.fail("the forking process never started a copy")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    listed = stored_workspaces(root)
+    assert listed and all(not s.problem for s in listed)
+    for s in listed:
+        assert sum(1 for _ in (s.path / "work").rglob("f*")) == 3000, f"{s.id} is incomplete"
+    # the next store on this root removes what the killed process left
+    await HostWorkspaceManager("local", root).list_snapshots()
+    await HostWorkspaceManager("local", root).snapshot(ws)
+    assert not list(partials.glob(".partial-*"))
