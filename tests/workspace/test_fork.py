@@ -3,6 +3,8 @@ what a restore brings back (local and both sandbox modes, where programs really 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import stat
@@ -16,7 +18,9 @@ import pytest
 
 import execspace
 from execspace import InvalidSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
-from execspace.workspace.hostmanager import HostWorkspaceManager
+from execspace.workspace.branches import MAX_DEPTH, overlay_supported
+from execspace.workspace.hostmanager import HostWorkspaceManager, remove_workspace_tree
+from execspace.workspace.layers import LAYERS_DIR, unmount
 from execspace.workspace.snapshots import SNAPSHOTS_DIR
 from execspace.workspace.stored import stored_workspaces
 from tests.bindings import open_backend
@@ -25,7 +29,19 @@ from tests.bindings import open_backend
 @pytest.fixture(params=["local", "sandbox", "sandbox-session"])
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
     async with open_backend(request, request.param, tmp_path) as eng:
-        yield eng
+        try:
+            yield eng
+        finally:
+            unmount_forks(manager(eng).root)
+
+
+def unmount_forks(root: Path) -> None:
+    """Copy-on-write forks are mounts that outlive their engine (they are kept workspaces): remove them."""
+    for name in os.listdir(root / LAYERS_DIR) if (root / LAYERS_DIR).is_dir() else []:
+        remove_workspace_tree(root / name)
+
+
+cow_only = pytest.mark.skipif(not overlay_supported(), reason="copy-on-write forks need root and overlayfs")
 
 
 def manager(engine: execspace.BaseEngine) -> HostWorkspaceManager:
@@ -179,12 +195,11 @@ _FORK_FOREVER = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from execspace.models import Workspace
     from execspace.workspace.hostmanager import HostWorkspaceManager
 
     async def main():
         root = Path(sys.argv[1])
-        m = HostWorkspaceManager("local", root)
+        m = HostWorkspaceManager("local", root, copy_on_write=sys.argv[2] == "cow")
         ws = await m.get_workspace("kill/parent")
         while True:
             await m.fork(ws)
@@ -194,33 +209,112 @@ _FORK_FOREVER = textwrap.dedent(
 )
 
 
-async def test_kill_9_mid_fork_leaves_no_half_made_workspace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cow", [False, pytest.param(True, marks=cow_only)])
+async def test_kill_9_mid_fork_leaves_no_half_made_workspace(tmp_path: Path, cow: bool) -> None:
     root = tmp_path / "ws"
-    m = HostWorkspaceManager("local", root)
+    m = HostWorkspaceManager("local", root, copy_on_write=cow)
     ws = await m.create_workspace("kill/parent")
     for i in range(30):
         d = host(ws) / "work" / f"d{i}"
         d.mkdir()
         for j in range(100):
             (d / f"f{j}").write_bytes(b"y" * 1000)
-    proc = subprocess.Popen([sys.executable, "-c", _FORK_FOREVER, str(root)])
+    proc = subprocess.Popen([sys.executable, "-c", _FORK_FOREVER, str(root), "cow" if cow else "copy"])
     partials = root / SNAPSHOTS_DIR
     try:
         # killed while a copy is under way: a partial directory with files in it
         for _ in range(2000):
             if any(p.name.startswith(".partial-") and any(p.rglob("f*")) for p in partials.glob(".partial-*")):
                 break
-            await __import__("asyncio").sleep(0.01)
+            await asyncio.sleep(0.01)
         else:
             pytest.fail("the forking process never started a copy")
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
-    listed = stored_workspaces(root)
-    assert listed and all(not s.problem for s in listed)
-    for s in listed:
-        assert sum(1 for _ in (s.path / "work").rglob("f*")) == 3000, f"{s.id} is incomplete"
-    # the next store on this root removes what the killed process left
-    await HostWorkspaceManager("local", root).list_snapshots()
-    await HostWorkspaceManager("local", root).snapshot(ws)
-    assert not list(partials.glob(".partial-*"))
+    try:
+        after = HostWorkspaceManager("local", root, copy_on_write=cow)
+        listed = stored_workspaces(root)
+        assert listed and all(not s.problem for s in listed)
+        for s in listed:
+            assert sum(1 for _ in (s.path / "work").rglob("f*")) == 3000, f"{s.id} is incomplete"
+            assert (await after.get_workspace(s.id)).host_path == s.path
+        # a fork moved into place but not yet mounted when the process died is complete: it is mounted on use
+        for name in os.listdir(root / LAYERS_DIR) if (root / LAYERS_DIR).is_dir() else []:
+            ws_dir = root / name
+            fork_id = json.loads((ws_dir.parent / LAYERS_DIR / name / "upper/metadata.json").read_text())["id"]
+            assert (await after.get_workspace(fork_id)).host_path == ws_dir
+            assert sum(1 for _ in (ws_dir / "work").rglob("f*")) == 3000
+        # the next store on this root removes what the killed process left
+        await after.snapshot(ws)
+        assert not list(partials.glob(".partial-*"))
+    finally:
+        unmount_forks(root)
+
+
+# -- copy-on-write (root, overlayfs) -----------------------------------------------------------------
+
+
+@cow_only
+async def test_a_fork_costs_its_changes_and_its_disk_limit_counts_only_them(engine: execspace.BaseEngine) -> None:
+    assert engine.describe().fork == "cow" and manager(engine).fork_mode == "cow"
+    ws = await engine.manager.create_workspace("cow/base")
+    await engine.fs.put_files(ws, [PutFile("work/big.bin", os.urandom(4 * 1024 * 1024))])
+    snap = await manager(engine).snapshot(ws)
+    policy = execspace.WorkspacePolicy(max_disk_bytes=1024 * 1024)
+    (fork,) = await manager(engine).fork(snap, policy=policy)
+    assert await engine.fs.disk_usage(fork) < 256 * 1024  # type: ignore[attr-defined]
+    small = await engine.runner.run_program(fork, RunProgramSpec("sh", ["-c", "head -c 100000 big.bin > part"]))
+    assert small.ok and small.limit_hit is None, small
+    big = await engine.runner.run_program(fork, RunProgramSpec("sh", ["-c", "cat big.bin > copy"]))
+    assert big.limit_hit == "disk_bytes"
+    # the parent's bytes were never copied into the fork: only what the fork wrote is its own
+    upper = manager(engine).root / LAYERS_DIR / host(fork).name / "upper"
+    assert not (upper / "work/big.bin").exists() and (upper / "work/copy").exists()
+
+
+@cow_only
+async def test_layers_are_flattened_past_the_depth_limit(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("cow/deep")
+    await engine.fs.put_files(ws, [PutFile("work/n", b"0")])
+    current = ws
+    for depth in range(1, MAX_DEPTH + 2):
+        snap = await manager(engine).snapshot(current)
+        chain = manager(engine).branches.store.chain(snap)
+        assert len(chain) == (depth if depth <= MAX_DEPTH else 1), (depth, chain)
+        (current,) = await manager(engine).fork(snap)
+        await engine.fs.put_files(current, [PutFile("work/n", str(depth).encode())])
+        await engine.fs.remove(current, "work/n") if depth == 3 else None
+    assert await run(engine, current, "cat n") == str(MAX_DEPTH + 1)
+
+
+@cow_only
+async def test_a_shared_layer_lives_until_its_last_fork_goes(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("cow/shared")
+    await engine.fs.put_files(ws, [PutFile("work/kept.txt", b"kept")])
+    snap = await manager(engine).snapshot(ws, name="base")
+    forks = await manager(engine).fork(snap, count=3)
+    await manager(engine).remove_snapshot("base")
+    await engine.manager.cleanup(ws)
+    store = manager(engine).branches.store
+    assert await manager(engine).list_snapshots() == [] and store.tree(snap.id).is_dir()
+    for fork in forks[:2]:
+        await engine.manager.cleanup(fork)
+        assert not os.path.ismount(host(fork)) and not host(fork).exists()
+    assert await run(engine, forks[2], "cat kept.txt") == "kept"
+    await engine.manager.cleanup(forks[2])
+    assert not store.tree(snap.id).exists()  # nothing stands on it any more: freed
+    assert not [n for n in os.listdir(store.dir) if not n.startswith(".")]
+
+
+@cow_only
+async def test_a_fork_is_mounted_again_after_a_reboot(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("cow/reboot")
+    await engine.fs.put_files(ws, [PutFile("work/a", b"a")])
+    (fork,) = await manager(engine).fork(ws, ids=["cow/reboot-fork"])
+    await engine.fs.put_files(fork, [PutFile("work/b", b"b")])
+    unmount(host(fork))
+    assert not (host(fork) / "work").exists()
+    fresh = HostWorkspaceManager(manager(engine).backend, manager(engine).root, copy_on_write=True)
+    again = await fresh.get_workspace("cow/reboot-fork")
+    assert (host(again) / "work/a").read_bytes() == b"a" and (host(again) / "work/b").read_bytes() == b"b"

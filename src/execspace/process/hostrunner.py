@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
+from ..workspace.branches import overlay_supported
 from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
@@ -199,6 +200,6 @@ def unisolated_capabilities(
         enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
         languages=available_languages(path),
         does_not_protect=does_not_protect,
-        fork="copy",
+        fork="cow" if overlay_supported() else "copy",
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )

@@ -10,13 +10,15 @@ import stat
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from ..errors import InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
+from .branches import Branches, overlay_supported
 from .confine import remove_tree
+from .layers import chain_of, remove_layers
 from .layout import METADATA_FILE, ensure_layout, sanitize_id
 from .metadata import WorkspaceMetadata, save_metadata
-from .snapshots import SnapshotStore, exchange_dirs
 
 __all__ = ["HostWorkspaceManager", "default_workspace_root", "remove_workspace_tree"]
 
@@ -65,12 +67,15 @@ class HostWorkspaceManager:
         adopt: Callable[[Path], bool] | None = None,
         refill: Callable[[], None] | None = None,
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
+        copy_on_write: bool = False,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
         event loop after each creation, failed ones too (the pool tops up what it gave). ``stop_programs`` kills
         every program still running in a workspace; cleanup awaits it before removing the tree (the runner
-        knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`)."""
+        knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`).
+        ``copy_on_write`` lets forks be overlays where this process can mount them (root): only for backends
+        whose programs see the workspace through a mount of its path (local, sandbox)."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
@@ -82,7 +87,8 @@ class HostWorkspaceManager:
         self._known: dict[str, Workspace] = {}
         self._creating: dict[str, asyncio.Future[Workspace]] = {}
         self._root_ready = False
-        self._snapshots: SnapshotStore | None = None
+        self._copy_on_write = copy_on_write
+        self._branches: Branches | None = None
 
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
@@ -137,6 +143,8 @@ class HostWorkspaceManager:
         return self._laid_out(ws_dir, exec_id, policy)
 
     def _laid_out(self, ws_dir: Path, exec_id: str, policy: WorkspacePolicy) -> Workspace:
+        if chain_of(ws_dir) is not None:
+            self.branches.ensure_mounted(ws_dir)
         ensure_layout(ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             save_metadata(ws_dir, WorkspaceMetadata(id=exec_id))
@@ -161,6 +169,8 @@ class HostWorkspaceManager:
         if self._cached(exec_id):
             return self._known[exec_id]
         ws_dir = self.root / sanitize_id(exec_id)
+        if chain_of(ws_dir) is not None:
+            await asyncio.to_thread(self.branches.ensure_mounted, ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             raise WorkspaceNotFound(
                 f"no workspace for id {exec_id!r} under {self.root}; create it with create_workspace()"
@@ -169,27 +179,31 @@ class HostWorkspaceManager:
         self._known[exec_id] = ws
         return ws
 
-    # -- snapshots and forks (a plain copy each: ``fork: "copy"``, see .snapshots) ------------------------
+    # -- snapshots and forks (see .branches) ---------------------------------------------------------------
 
     @property
-    def snapshots(self) -> SnapshotStore:
-        if self._snapshots is None:
-            self._snapshots = SnapshotStore(self.root)
-        return self._snapshots
+    def branches(self) -> Branches:
+        if self._branches is None:
+            self._branches = Branches(self.root, cow=self._copy_on_write and overlay_supported())
+        return self._branches
+
+    @property
+    def fork_mode(self) -> Literal["cow", "copy"]:
+        return "cow" if self.branches.cow else "copy"
 
     async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
         """Freeze the workspace's files now (programs still running may change them during the copy: stop
         them first for an exact state). Processes and kernels are never part of a snapshot."""
         ws_dir = self._own_dir(ws)
         self._ensure_root()
-        return await asyncio.to_thread(self.snapshots.take, ws_dir, ws.id, name)
+        return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
 
     async def list_snapshots(self) -> list[Snapshot]:
-        return await asyncio.to_thread(self.snapshots.list)
+        return await asyncio.to_thread(self.branches.store.list)
 
     async def remove_snapshot(self, snapshot: Snapshot | str) -> None:
-        """Remove a snapshot (by handle, id or name); what was forked or restored from it is not touched."""
-        await asyncio.to_thread(self.snapshots.remove, snapshot)
+        """Remove a snapshot (by handle, id or name); what was forked or restored from it keeps working."""
+        await asyncio.to_thread(self.branches.remove_snapshot, snapshot)
 
     async def fork(
         self,
@@ -203,15 +217,15 @@ class HostWorkspaceManager:
         snapshot: its handle, id or name); ``ids`` names them (default ``<source id>/fork-<hex>``). Each is
         complete before it is listed: one killed mid-way leaves nothing behind that a manager uses."""
         if not isinstance(source, Workspace):
-            source = await asyncio.to_thread(self.snapshots.get, source)
+            source = await asyncio.to_thread(self.branches.store.get, source)
         new_ids = self._fork_ids(source, count, ids)
         self._ensure_root()
         pol = policy or WorkspacePolicy(persistence=Persistence.SESSION)
-        forks: list[Workspace] = []
-        for new_id in new_ids:
-            ws = await asyncio.to_thread(self._fork_one, source, new_id, pol)
-            self._known[new_id] = ws
-            forks.append(ws)
+        targets = [(new_id, self.root / sanitize_id(new_id)) for new_id in new_ids]
+        origin = self._own_dir(source) if isinstance(source, Workspace) else source
+        await asyncio.to_thread(self.branches.fork, origin, source.id, targets)
+        forks = [await asyncio.to_thread(self._laid_out, ws_dir, new_id, pol) for new_id, ws_dir in targets]
+        self._known.update((ws.id, ws) for ws in forks)
         return forks
 
     def _fork_ids(self, source: Workspace | Snapshot, count: int, ids: Sequence[str] | None) -> list[str]:
@@ -220,10 +234,10 @@ class HostWorkspaceManager:
             if len(new_ids) != count and count != 1:
                 raise InvalidSpec(f"fork: {len(new_ids)} ids for count={count}; give one id per fork")
         else:
-            if not 1 <= count <= _MAX_FORKS:
-                raise InvalidSpec(f"fork: count must be 1..{_MAX_FORKS}, got {count}")
             base = source.id if isinstance(source, Workspace) else source.workspace
             new_ids = [f"{base}/fork-{secrets.token_hex(4)}" for _ in range(count)]
+        if not 1 <= len(new_ids) <= _MAX_FORKS:
+            raise InvalidSpec(f"fork: count must be 1..{_MAX_FORKS}, got {len(new_ids)}")
         if len(set(new_ids)) != len(new_ids):
             raise InvalidSpec("fork: the ids must be distinct")
         for new_id in new_ids:
@@ -231,38 +245,16 @@ class HostWorkspaceManager:
                 raise InvalidSpec(f"fork: a workspace with id {new_id!r} exists; remove it or pick another id")
         return new_ids
 
-    def _fork_one(self, source: Workspace | Snapshot, new_id: str, policy: WorkspacePolicy) -> Workspace:
-        store = self.snapshots
-        if isinstance(source, Workspace):
-            copy = store.copy_workspace(self._own_dir(source), new_id, f"workspace:{source.id}")
-        else:
-            copy = store.materialize(source, new_id)
-        ws_dir = self.root / sanitize_id(new_id)
-        try:
-            if ws_dir.exists():
-                raise InvalidSpec(f"fork: a workspace with id {new_id!r} appeared meanwhile; pick another id")
-            os.rename(copy, ws_dir)
-        finally:
-            store.discard(copy.parent)
-        return self._laid_out(ws_dir, new_id, policy)
-
     async def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
         """Bring the workspace's files back to ``snapshot`` (every byte and mode; what was added since is
-        gone). Programs still running in it are stopped first; the swap is one rename, so the workspace is
-        never seen half-restored."""
+        gone). Programs still running in it are stopped first; each step swaps whole trees, so the workspace
+        is never seen half-restored."""
         ws_dir = self._own_dir(ws)
-        snap = await asyncio.to_thread(self.snapshots.get, snapshot)
+        snap = await asyncio.to_thread(self.branches.store.get, snapshot)
         if self._stop_programs is not None:
             await self._stop_programs(ws)
-        await asyncio.to_thread(self._restore, ws, ws_dir, snap)
-
-    def _restore(self, ws: Workspace, ws_dir: Path, snap: Snapshot) -> None:
-        copy = self.snapshots.materialize(snap, ws.id)
-        try:
-            exchange_dirs(copy, ws_dir)
-        finally:
-            self.snapshots.discard(copy.parent)
-        self._laid_out(ws_dir, ws.id, ws.policy)
+        await asyncio.to_thread(self.branches.restore, ws_dir, ws.id, snap)
+        await asyncio.to_thread(self._laid_out, ws_dir, ws.id, ws.policy)
 
     def _own_dir(self, ws: Workspace) -> Path:
         if ws.host_path is None or ws.host_path.parent != self.root:
@@ -286,11 +278,14 @@ class HostWorkspaceManager:
         if ws.host_path is None:
             return
         await asyncio.to_thread(remove_workspace_tree, ws.host_path)
+        if ws.host_path.parent == self.root:
+            await asyncio.to_thread(self.branches.collect)  # the snapshots only this fork stood on
 
 
 def remove_workspace_tree(path: Path) -> None:
     """Remove a workspace directory by fds (see :func:`.confine.remove_tree`); its parent is ours, not the
-    program's, so that one is opened by path."""
+    program's, so that one is opened by path. A fork's overlay is unmounted and its own layers removed first."""
+    remove_layers(path)
     try:
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -24,13 +24,16 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ..errors import InvalidSpec, PathDenied, SetupFailed, SnapshotNotFound
 from ..models import Snapshot
 from .confine import remove_tree
 from .confinecore import DIR_FLAGS
+from .layers import copy_root_attrs
 from .layout import METADATA_FILE
 from .metadata import load_metadata, save_metadata
 from .treecopy import copy_tree, tree_size
@@ -99,31 +102,54 @@ class SnapshotStore:
 
     # -- snapshots -------------------------------------------------------------------
 
-    def take(self, ws_dir: Path, ws_id: str, name: str | None) -> Snapshot:
-        """Freeze a copy of ``ws_dir`` (the workspace ``ws_id``) as a new snapshot."""
-        if name is not None:
-            if not _NAME.fullmatch(name):
-                raise InvalidSpec(
-                    f"snapshot name {name!r}: use 1-128 letters, digits and _.@:+- (starting with a letter or digit)"
-                )
-            if any(s.name == name for s in self.list()):
-                raise InvalidSpec(f"a snapshot named {name!r} exists: remove it first or pick another name")
+    def take(
+        self, src: Path, ws_id: str, name: str | None, *, base: list[str] | None = None, parent: str | None = None
+    ) -> Snapshot:
+        """Freeze a copy of ``src`` as a new snapshot of the workspace ``ws_id``: of its whole tree, or with
+        ``base`` (the chain under a copy-on-write fork) of its overlay upper, a layer over that chain."""
+        self._check_name(name)
         partial = self.new_partial()
         try:
-            (partial / _TREE).mkdir(mode=0o700)
-            size = copy_from(ws_dir, partial / _TREE, keep_owner=self._keep_owner)
-            parent = load_metadata(partial / _TREE).forked_from
+            tree = partial / _TREE
+            tree.mkdir(mode=0o700)
+            size = copy_from(src, tree, keep_owner=self._keep_owner, layer=base is not None)
+            if base is None:
+                parent = load_metadata(tree).forked_from
             snap_id = f"snap-{secrets.token_hex(8)}"
             snap = Snapshot(snap_id, name, ws_id, parent, time.time(), size, self.dir / snap_id / _TREE)
             record = {k: v for k, v in asdict(snap).items() if k != "path"}
-            fd = os.open(partial / _RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
+            _write_json(partial / _RECORD, {**record, "chain": [snap_id, *(base or [])], "removed": False})
             os.rename(partial, self.dir / snap_id)
         except BaseException:
             self.discard(partial)
             raise
         return snap
+
+    def _check_name(self, name: str | None) -> None:
+        if name is None:
+            return
+        if not _NAME.fullmatch(name):
+            raise InvalidSpec(
+                f"snapshot name {name!r}: use 1-128 letters, digits and _.@:+- (starting with a letter or digit)"
+            )
+        if any(s.name == name for s in self.list()):
+            raise InvalidSpec(f"a snapshot named {name!r} exists: remove it first or pick another name")
+
+    def chain(self, snap: Snapshot) -> list[str]:
+        """The snapshot ids whose trees make ``snap``, top first (one, for a whole copy)."""
+        chain: Any = self._record(snap.id).get("chain", [snap.id])
+        return [str(c) for c in chain]
+
+    def tree(self, snap_id: str) -> Path:
+        return self.dir / snap_id / _TREE
+
+    def _record(self, snap_id: str) -> dict[str, Any]:
+        fd = os.open(self.dir / snap_id / _RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            raw = json.loads(f.read(1024 * 1024))
+        if not isinstance(raw, dict):
+            raise ValueError("not a snapshot record")
+        return raw
 
     def list(self) -> list[Snapshot]:
         """Every complete snapshot, oldest first (a corrupt record is skipped, not repaired)."""
@@ -136,9 +162,9 @@ class SnapshotStore:
 
     def _load(self, snap_id: str) -> Snapshot | None:
         try:
-            fd = os.open(self.dir / snap_id / _RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as f:
-                raw = json.loads(f.read(1024 * 1024))
+            raw: Any = self._record(snap_id)
+            if raw.get("removed"):
+                return None  # removed, kept only while a fork's overlay still stands on it
             return Snapshot(
                 id=snap_id,
                 name=raw["name"],
@@ -163,13 +189,34 @@ class SnapshotStore:
                 return snap
         raise SnapshotNotFound(f"no snapshot {want!r} under {self.dir}: list_snapshots() shows them")
 
-    def remove(self, key: Snapshot | str) -> None:
-        """Remove a snapshot; workspaces forked or restored from it keep their own copies."""
+    def remove(self, key: Snapshot | str, live: Sequence[Sequence[str]]) -> None:
+        """Remove a snapshot: unlisted at once, its tree freed once nothing stands on it (``live``: the chains
+        under the copy-on-write forks of this root). What was forked or restored from it keeps working."""
         snap = self.get(key)
-        # renamed away first: from that instant nobody lists or forks a half-removed snapshot
-        doomed = self.new_partial()
-        os.rename(self.dir / snap.id, doomed / "old")
-        self.discard(doomed)
+        record = self._record(snap.id)
+        tmp = self.dir / snap.id / f".{_RECORD}.{secrets.token_hex(4)}"
+        _write_json(tmp, {**record, "removed": True})
+        os.replace(tmp, self.dir / snap.id / _RECORD)
+        self.collect(live)
+
+    def collect(self, live: Sequence[Sequence[str]]) -> None:
+        """Free the trees of removed snapshots that no listed snapshot and no fork (``live``) stands on."""
+        try:
+            names = [n for n in os.listdir(self.dir) if n.startswith("snap-")]
+        except FileNotFoundError:
+            return
+        records: dict[str, dict[str, Any]] = {}
+        for n in names:
+            with contextlib.suppress(OSError, ValueError):
+                records[n] = self._record(n)
+        used = {c for chain in live for c in chain}
+        used |= {str(c) for r in records.values() if not r.get("removed") for c in r.get("chain", [])}
+        for snap_id, record in records.items():
+            if record.get("removed") and snap_id not in used:
+                # renamed away first: from that instant nobody reads a half-removed tree
+                doomed = self.new_partial()
+                os.rename(self.dir / snap_id, doomed / "old")
+                self.discard(doomed)
 
     def materialize(self, snap: Snapshot, ws_id: str) -> Path:
         """A complete copy of ``snap`` built under a partial name, recorded as the workspace ``ws_id`` forked
@@ -199,8 +246,10 @@ class SnapshotStore:
         return copy
 
 
-def copy_from(src_dir: Path, dst_dir: Path, *, keep_owner: bool) -> int:
-    """Copy the tree at ``src_dir`` (never a link) into the empty ``dst_dir``; the bytes it takes."""
+def copy_from(src_dir: Path, dst_dir: Path, *, keep_owner: bool, layer: bool = False) -> int:
+    """Copy the tree at ``src_dir`` (never a link) into the empty ``dst_dir``; the bytes it takes. As root
+    the root's ``trusted.execspace.*`` attributes come too (a sandbox workspace's uid nonce: forks standing on
+    this copy run as the uid that owns its files)."""
     try:
         sfd = os.open(src_dir, DIR_FLAGS)
     except OSError as exc:
@@ -208,7 +257,9 @@ def copy_from(src_dir: Path, dst_dir: Path, *, keep_owner: bool) -> int:
     try:
         dfd = os.open(dst_dir, DIR_FLAGS)
         try:
-            copy_tree(sfd, dfd, keep_owner=keep_owner)
+            copy_tree(sfd, dfd, keep_owner=keep_owner, layer=layer)
+            if keep_owner:
+                copy_root_attrs(sfd, dfd)
             return tree_size(dfd)
         finally:
             os.close(dfd)
@@ -224,6 +275,12 @@ def record_origin(ws_dir: Path, ws_id: str, origin: str) -> None:
     meta.id = ws_id
     meta.forked_from = origin
     save_metadata(ws_dir, meta)
+
+
+def _write_json(path: Path, data: object) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
 
 
 def exchange_dirs(a: Path, b: Path) -> None:

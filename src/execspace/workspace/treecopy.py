@@ -6,6 +6,9 @@ a regular file is read only when the opened inode is the one listed (a name swap
 and every destination entry is created fresh (``O_EXCL``), so a link planted in the destination is never
 written through. Holes stay holes (``SEEK_DATA``/``SEEK_HOLE``). Hard links become separate copies of the
 same bytes; sockets, FIFOs and device nodes are not copied; set-user/group-id bits are dropped.
+
+A copy of an overlay layer (``layer=True``, :mod:`.layers`) also keeps what makes it one: its whiteouts (0/0
+character devices) and opaque directories (``trusted.overlay.opaque``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from dataclasses import dataclass
 from ..errors import LimitExceeded
 from .confinecore import DIR_FLAGS, READ_FLAGS
 
-__all__ = ["CopyStats", "copy_tree", "tree_size"]
+__all__ = ["OVERLAY_XATTRS", "CopyStats", "copy_tree", "tree_size"]
+
+#: Overlay attributes a copied layer keeps (the others describe one mount's upper only).
+OVERLAY_XATTRS = ("trusted.overlay.opaque",)
 
 #: Permission bits a copy keeps (set-id bits are dropped: a copy is never a way to mint one).
 _MODE_BITS = 0o1777
@@ -29,21 +35,23 @@ _MAX_DEPTH = 256
 
 @dataclass(slots=True)
 class CopyStats:
+    layer: bool = False
     entries: int = 0
     allocated: int = 0
     """Bytes the copy's blocks take on disk."""
 
 
-def copy_tree(src: int, dst: int, *, keep_owner: bool) -> CopyStats:
+def copy_tree(src: int, dst: int, *, keep_owner: bool, layer: bool = False) -> CopyStats:
     """Copy the contents of directory fd ``src`` into the empty directory fd ``dst``, then give ``dst`` the
-    mode and times of ``src``. ``keep_owner`` (root only) keeps every entry's uid and gid.
+    mode and times of ``src``. ``keep_owner`` (root only) keeps every entry's uid and gid; ``layer`` keeps
+    overlay whiteouts and opaque directories.
 
     Raises:
         LimitExceeded: more than 1,000,000 entries, or deeper than 256 levels.
     """
-    stats = CopyStats()
+    stats = CopyStats(layer)
     _copy_dir(src, dst, keep_owner, stats, 0)
-    _finish_dir(src, dst, keep_owner)
+    _finish_dir(src, dst, keep_owner, layer)
     return stats
 
 
@@ -64,6 +72,8 @@ def _copy_dir(src: int, dst: int, keep_owner: bool, stats: CopyStats, depth: int
             _copy_file(src, dst, name, st, keep_owner, stats)
         elif stat.S_ISLNK(st.st_mode):
             _copy_symlink(src, dst, name, st, keep_owner)
+        elif stats.layer and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            os.mknod(name, stat.S_IFCHR, 0, dir_fd=dst)  # an overlay whiteout: the name is deleted here
 
 
 def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopyStats, depth: int) -> None:
@@ -78,7 +88,7 @@ def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopySta
         dfd = os.open(name, DIR_FLAGS, dir_fd=dst)
         try:
             _copy_dir(sfd, dfd, keep_owner, stats, depth + 1)
-            _finish_dir(sfd, dfd, keep_owner)
+            _finish_dir(sfd, dfd, keep_owner, stats.layer)
             stats.allocated += os.fstat(dfd).st_blocks * 512
         finally:
             os.close(dfd)
@@ -86,9 +96,13 @@ def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopySta
         os.close(sfd)
 
 
-def _finish_dir(sfd: int, dfd: int, keep_owner: bool) -> None:
+def _finish_dir(sfd: int, dfd: int, keep_owner: bool, layer: bool) -> None:
     """Mode, owner and times last: a read-only directory is filled before it becomes read-only."""
     st = os.fstat(sfd)
+    if layer:
+        for name in OVERLAY_XATTRS:
+            with contextlib.suppress(OSError):  # ENODATA: not opaque
+                os.setxattr(dfd, name, os.getxattr(sfd, name))
     if keep_owner:
         os.fchown(dfd, st.st_uid, st.st_gid)
     os.fchmod(dfd, st.st_mode & _MODE_BITS)
@@ -131,14 +145,24 @@ def _copy_data(sfd: int, dfd: int, size: int) -> None:
                 break  # only a hole is left
             raise
         end = os.lseek(sfd, start, os.SEEK_HOLE)
-        offset = start
-        while offset < end:
-            n = os.copy_file_range(sfd, dfd, end - offset, offset, offset)
-            if n == 0:
-                break  # the file shrank meanwhile
-            offset += n
+        _copy_range(sfd, dfd, start, end)
         pos = end
     os.ftruncate(dfd, size)
+
+
+def _copy_range(sfd: int, dfd: int, offset: int, end: int) -> None:
+    while offset < end:
+        try:
+            n = os.copy_file_range(sfd, dfd, end - offset, offset, offset)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            # across filesystems (an overlay's merged view to its root fs, when flattening): sendfile
+            os.lseek(dfd, offset, os.SEEK_SET)
+            n = os.sendfile(dfd, sfd, offset, end - offset)
+        if n == 0:
+            return  # the file shrank meanwhile
+        offset += n
 
 
 def _copy_symlink(src: int, dst: int, name: str, st: os.stat_result, keep_owner: bool) -> None:
