@@ -5,7 +5,9 @@ its parent's fd with ``O_NOFOLLOW``: a symlink is copied as a symlink (its targe
 a regular file is read only when the opened inode is the one listed (a name swapped meanwhile is skipped),
 and every destination entry is created fresh (``O_EXCL``), so a link planted in the destination is never
 written through. Holes stay holes (``SEEK_DATA``/``SEEK_HOLE``). Hard links become separate copies of the
-same bytes; sockets, FIFOs and device nodes are not copied; set-user/group-id bits are dropped.
+same bytes, and only when the tree's owner owns them: a link to a file of another user (planted where the
+sandbox could link it) is skipped, so a copy made as root never reads what the program could not. Sockets,
+FIFOs and device nodes are not copied; set-user/group-id bits are dropped.
 
 A copy of an overlay layer (``layer=True``, :mod:`.layers`) also keeps what makes it one: its whiteouts (0/0
 character devices) and opaque directories (``trusted.overlay.opaque``).
@@ -35,6 +37,8 @@ _MAX_DEPTH = 256
 
 @dataclass(slots=True)
 class CopyStats:
+    owner: int
+    """The uid of the tree's root: a file with several links is copied only when it is theirs."""
     layer: bool = False
     entries: int = 0
     allocated: int = 0
@@ -49,7 +53,7 @@ def copy_tree(src: int, dst: int, *, keep_owner: bool, layer: bool = False) -> C
     Raises:
         LimitExceeded: more than 1,000,000 entries, or deeper than 256 levels.
     """
-    stats = CopyStats(layer)
+    stats = CopyStats(os.fstat(src).st_uid, layer)
     _copy_dir(src, dst, keep_owner, stats, 0)
     _finish_dir(src, dst, keep_owner, layer)
     return stats
@@ -120,6 +124,8 @@ def _copy_file(src: int, dst: int, name: str, listed: os.stat_result, keep_owner
         st = os.fstat(sfd)
         if (st.st_dev, st.st_ino) != (listed.st_dev, listed.st_ino) or not stat.S_ISREG(st.st_mode):
             return  # swapped between the listing and the open
+        if st.st_nlink > 1 and st.st_uid != stats.owner:
+            return  # a hard link to someone else's file
         dfd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
         try:
             _copy_data(sfd, dfd, st.st_size)
