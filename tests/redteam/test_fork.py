@@ -16,7 +16,6 @@ import execspace
 from execspace import PathDenied, PutFile, RunProgramSpec, Workspace
 from execspace.registry import probe_backend
 from execspace.workspace.hostmanager import HostWorkspaceManager
-from tests.redteam.conftest import SANDBOX_MODES
 from tests.support import make_traversable
 from tests.workspace.test_fork import unmount_forks
 
