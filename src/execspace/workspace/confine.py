@@ -121,7 +121,9 @@ class ConfinedRoot:
         """Create the directory ``parts`` (``[]``: the root) if missing and give it to ``owner`` if set."""
         fd = self.open_dir(parts, create=True)
         try:
-            if self.owner is not None:
+            st = os.fstat(fd)
+            # only when it changes: a chown through a copy-on-write fork's overlay copies the directory up
+            if self.owner is not None and (st.st_uid, st.st_gid) != self.owner:
                 os.fchown(fd, *self.owner)
         finally:
             os.close(fd)

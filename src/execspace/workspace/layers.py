@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import json
 import os
 import stat
@@ -54,7 +53,7 @@ _UNSAFE_PATH = (",", ":", "\\", "=")
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return ctypes.CDLL(None, use_errno=True)  # libc, already loaded (find_library would run ldconfig)
 
 
 def layers_dir(ws_dir: Path) -> Path:

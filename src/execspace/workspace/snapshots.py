@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import json
 import os
 import re
@@ -286,7 +285,7 @@ def _write_json(path: Path, data: object) -> None:
 def exchange_dirs(a: Path, b: Path) -> None:
     """Swap two directories in one step (``renameat2(RENAME_EXCHANGE)``): at every instant each path is one
     whole tree, so a restore never leaves its workspace missing or half-copied."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # libc, already loaded (find_library would run ldconfig)
     rc = libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
     if rc != 0:
         err = ctypes.get_errno()
