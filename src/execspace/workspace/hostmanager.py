@@ -201,6 +201,10 @@ class HostWorkspaceManager:
     async def list_snapshots(self) -> list[Snapshot]:
         return await asyncio.to_thread(self.branches.store.list)
 
+    async def get_snapshot(self, key: str) -> Snapshot:
+        """The snapshot of that id or name (``SnapshotNotFound`` when there is none)."""
+        return await asyncio.to_thread(self.branches.store.get, key)
+
     async def remove_snapshot(self, snapshot: Snapshot | str) -> None:
         """Remove a snapshot (by handle, id or name); what was forked or restored from it keeps working."""
         await asyncio.to_thread(self.branches.remove_snapshot, snapshot)
