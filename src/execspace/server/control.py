@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ..errors import CapabilityError, ExecspaceError
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
@@ -28,6 +29,8 @@ __all__ = ["ControlPlane", "error_response"]
 CLIENT_ID = "execspace"
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _MAX_LIST_LIMIT = 1000
+#: Forks one request may ask for (the SDK sends 1..20; the manager makes up to 100).
+_MAX_FORKS = 100
 
 
 class BadRequest(Exception):
@@ -62,6 +65,7 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/timeout", guard(self.set_timeout), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/connect", guard(self.connect_v1), methods=["POST"]),
             Route("/v2/sandboxes/{sandbox_id}/connect", guard(self.connect_v2), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/fork", guard(self.fork), methods=["POST"]),
             Route("/{path:path}", guard(self.not_implemented), methods=_ALL_METHODS),
         ]
 
@@ -135,6 +139,26 @@ class ControlPlane:
         if "timeout" in body:
             self.sandboxes.extend(sandbox, self._timeout(body["timeout"]))
         return JSONResponse(self._sandbox(sandbox), status_code=200)
+
+    async def fork(self, request: Request) -> Response:
+        """E2B's fork: ``count`` (default 1) sandboxes with the source's files, template, metadata and envs, one
+        result each. Files only: the source's processes keep running, its forks start with none (execspace
+        does not snapshot memory), and the source is not paused while its files are copied."""
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        count = body.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_FORKS:
+            raise BadRequest(f"count must be an integer from 1 to {_MAX_FORKS}, got {count!r}")
+        timeout = self._timeout(body.get("timeout", self.options.default_timeout))
+        try:
+            forks = await self.sandboxes.fork(sandbox, count, timeout)
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
+        except SandboxesFull:
+            raise  # 429, as for a creation
+        except ExecspaceError as exc:
+            return error_response(500, f"forking sandbox {sandbox.id!r} failed: {exc}")
+        return JSONResponse([{"sandbox": self._sandbox(f)} for f in forks], status_code=201)
 
     # lifetime
 

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..errors import ExecspaceError, ProgramNotFound
+from ..errors import CapabilityError, ExecspaceError, ProgramNotFound
 from ..models import Persistence, RunResult, Workspace, WorkspacePolicy
-from ..protocols import Engine, ProgramHandle
+from ..protocols import Engine, ProgramHandle, SupportsSnapshots
 from .options import ServerOptions
 from .watch import DirectoryWatch
 
@@ -132,6 +132,47 @@ class Sandboxes:
             return sandbox
         finally:
             self._reserved -= 1
+
+    async def fork(self, source: Sandbox, count: int, timeout: int) -> list[Sandbox]:
+        """``count`` new sandboxes starting with the files of ``source`` (its processes are not forked: each fork
+        starts with none). All or none: a failure raises and leaves no fork.
+
+        Raises:
+            SandboxesFull: fewer than ``count`` sandboxes fit under the server's maximum.
+            CapabilityError: the engine's workspaces cannot be forked.
+        """
+        manager = self.engine.manager
+        if not isinstance(manager, SupportsSnapshots):
+            raise CapabilityError("forking sandboxes", self.engine.name, "Serve the sandbox or local backend.")
+        if len(self._live) + self._reserved + count > self.options.max_sandboxes:
+            raise SandboxesFull(
+                f"{count} more sandboxes do not fit this server's maximum of {self.options.max_sandboxes}; "
+                "fork fewer, kill some, or start it with a larger --max-sandboxes"
+            )
+        self._reserved += count
+        try:
+            new_ids = [secrets.token_hex(10) for _ in range(count)]
+            policy = WorkspacePolicy(persistence=Persistence.TURN)
+            workspaces = await manager.fork(source.workspace, count, [f"e2b/{i}" for i in new_ids], policy=policy)
+            started = _now()
+            forks = [
+                Sandbox(
+                    id=sandbox_id,
+                    template=source.template,
+                    workspace=ws,
+                    metadata=dict(source.metadata),
+                    env_vars=dict(source.env_vars),
+                    started_at=started,
+                    end_at=started + timedelta(seconds=timeout),
+                    access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
+                    allow_internet_access=source.allow_internet_access,
+                )
+                for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
+            ]
+            self._live.update((f.id, f) for f in forks)
+            return forks
+        finally:
+            self._reserved -= count
 
     def set_timeout(self, sandbox: Sandbox, seconds: int) -> None:
         sandbox.end_at = _now() + timedelta(seconds=seconds)
