@@ -133,7 +133,7 @@ class Sandboxes:
         finally:
             self._reserved -= 1
 
-    async def fork(self, source: Sandbox, count: int, timeout: int) -> list[Sandbox]:
+    async def fork(self, source: Sandbox, count: int, lifetime: int) -> list[Sandbox]:
         """``count`` new sandboxes starting with the files of ``source`` (its processes are not forked: each fork
         starts with none). All or none: a failure raises and leaves no fork.
 
@@ -163,7 +163,7 @@ class Sandboxes:
                     metadata=dict(source.metadata),
                     env_vars=dict(source.env_vars),
                     started_at=started,
-                    end_at=started + timedelta(seconds=timeout),
+                    end_at=started + timedelta(seconds=lifetime),
                     access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
                     allow_internet_access=source.allow_internet_access,
                 )
