@@ -103,6 +103,20 @@ async def test_branches_see_the_parent_and_keep_their_changes_to_themselves(engi
     assert await run(engine, ws, "cat a.txt; ls") == "parent a" + "a.txt\nc.txt\nd\ninputs\n"
 
 
+async def test_directories_the_branch_shares_move_like_its_own(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/moves")
+    files = [PutFile("work/d/a.txt", b"a"), PutFile("work/d/sub/b.txt", b"b"), PutFile("work/e/c.txt", b"c")]
+    await engine.fs.put_files(ws, files)
+    (branch,) = await manager(engine).fork(ws)
+    # a directory of the snapshot under an overlay cannot be renamed in place (EXDEV): both sides still move it
+    await engine.fs.rename(branch, "work/d", "work/moved/d")
+    assert await run(engine, branch, "mv e e2 && cat moved/d/a.txt moved/d/sub/b.txt e2/c.txt && ls") == (
+        "abce2\ninputs\nmoved\n"
+    )
+    assert (await engine.fs.read_file(branch, "work/moved/d/sub/b.txt")).content == b"b"
+    assert await run(engine, ws, "cat d/a.txt d/sub/b.txt e/c.txt") == "abc"
+
+
 async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEngine) -> None:
     ws = await engine.manager.create_workspace("fork/restore")
     root = host(ws)
