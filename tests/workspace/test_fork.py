@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import InvalidSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
+from execspace import InputSpec, InvalidSpec, OutputSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
 from execspace.workspace.branches import MAX_DEPTH, overlay_supported
 from execspace.workspace.hostmanager import HostWorkspaceManager, remove_workspace_tree
 from execspace.workspace.layers import LAYERS_DIR, unmount
+from execspace.workspace.metadata import load_metadata
 from execspace.workspace.snapshots import SNAPSHOTS_DIR
 from execspace.workspace.stored import stored_workspaces
 from tests.bindings import open_backend
@@ -115,6 +116,26 @@ async def test_directories_the_branch_shares_move_like_its_own(engine: execspace
     )
     assert (await engine.fs.read_file(branch, "work/moved/d/sub/b.txt")).content == b"b"
     assert await run(engine, ws, "cat d/a.txt d/sub/b.txt e/c.txt") == "abc"
+
+
+async def test_staging_and_collection_in_a_branch_record_the_branch(engine: execspace.BaseEngine) -> None:
+    ws = await engine.manager.create_workspace("fork/staging")
+    await engine.fs.stage_inputs(ws, [InputSpec(b"parent input", dest="work/inputs/p.txt")])
+    await engine.fs.put_files(ws, [PutFile("out/parent.txt", b"parent out")])
+    (branch,) = await manager(engine).fork(ws)
+    await engine.fs.stage_inputs(branch, [InputSpec(b"branch input", dest="work/inputs/b.txt")])
+    await run(engine, branch, "cat inputs/p.txt inputs/b.txt > ../out/both.txt")
+    manifest = await engine.fs.collect_outputs(branch, OutputSpec(globs=["out/**"], inline=True))
+    assert {f.name: f.content for f in manifest.files} == {
+        "out/parent.txt": b"parent out",
+        "out/both.txt": b"parent inputbranch input",
+    }
+    branch_meta = load_metadata(host(branch))
+    assert branch_meta.id == branch.id and branch_meta.forked_from == f"workspace:{ws.id}"
+    assert [r.dest for r in branch_meta.inputs] == ["work/inputs/p.txt", "work/inputs/b.txt"]
+    parent_meta = load_metadata(host(ws))
+    assert parent_meta.id == ws.id and [r.dest for r in parent_meta.inputs] == ["work/inputs/p.txt"]
+    assert parent_meta.outputs == [] and not await engine.fs.exists(ws, "out/both.txt")
 
 
 async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEngine) -> None:

@@ -107,7 +107,7 @@ class Branches:
                 snap = self._snapshot(source, ws_id, None)
                 try:
                     for new_id, ws_dir in targets:
-                        self._fork_snapshot(snap, new_id, ws_dir)
+                        self._fork_snapshot(snap, new_id, ws_dir, f"workspace:{ws_id}")
                 finally:
                     self.store.remove(snap, self._live())
             else:
@@ -115,12 +115,12 @@ class Branches:
                     copy = self.store.copy_workspace(source, new_id, f"workspace:{ws_id}")
                     self._move_into_place(copy, ws_dir, new_id)
 
-    def _fork_snapshot(self, snap: Snapshot, new_id: str, ws_dir: Path) -> None:
+    def _fork_snapshot(self, snap: Snapshot, new_id: str, ws_dir: Path, origin: str | None = None) -> None:
         if not self.cow:
             self._move_into_place(self.store.materialize(snap, new_id), ws_dir, new_id)
             return
         chain = self.store.chain(snap)
-        built = self._layers(chain, new_id, snap.id)
+        built = self._layers(chain, new_id, origin or snap.id)
         try:
             (self.root / LAYERS_DIR).mkdir(mode=0o700, exist_ok=True)
             if ws_dir.exists() or layers_dir(ws_dir).exists():
