@@ -11,10 +11,12 @@ layers a snapshot is flattened into one whole copy (read through the overlay), s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InvalidSpec
@@ -60,13 +62,24 @@ class Branches:
         self.root = root
         self.store = SnapshotStore(root)
         self.cow = cow
-        # one process forks, snapshots and collects at a time: a collection never frees a layer being mounted
+        # one thread of one process forks, snapshots and collects on a root at a time: a collection never
+        # frees a layer being mounted (the thread lock, then an flock on the store, which a killed holder drops)
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            fd = self.store.lock_file()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     # -- snapshots -------------------------------------------------------------------
 
     def snapshot(self, ws_dir: Path, ws_id: str, name: str | None) -> Snapshot:
-        with self._lock:
+        with self._locked():
             return self._snapshot(ws_dir, ws_id, name)
 
     def _snapshot(self, ws_dir: Path, ws_id: str, name: str | None) -> Snapshot:
@@ -77,13 +90,13 @@ class Branches:
         return self.store.take(layers_dir(ws_dir) / "upper", ws_id, name, base=chain, parent=parent)
 
     def remove_snapshot(self, key: Snapshot | str) -> None:
-        with self._lock:
+        with self._locked():
             self.store.remove(key, self._live())
 
     def collect(self) -> None:
         """Free removed snapshots nothing stands on any more (after a fork was cleaned up)."""
         if self.store.dir.is_dir():
-            with self._lock:
+            with self._locked():
                 self.store.collect(self._live())
 
     def _live(self) -> list[list[str]]:
@@ -98,7 +111,7 @@ class Branches:
     def fork(self, source: Path | Snapshot, ws_id: str, targets: list[tuple[str, Path]]) -> None:
         """Make each ``(new_id, ws_dir)`` of ``targets`` a workspace with the files of ``source`` (a workspace
         directory, of the workspace ``ws_id``, or a snapshot). Each is built aside and moved into place whole."""
-        with self._lock:
+        with self._locked():
             if isinstance(source, Snapshot):
                 for new_id, ws_dir in targets:
                     self._fork_snapshot(source, new_id, ws_dir)
@@ -173,7 +186,7 @@ class Branches:
 
     def restore(self, ws_dir: Path, ws_id: str, snap: Snapshot) -> None:
         """Give ``ws_dir`` the files of ``snap``; its programs must be stopped. Each step swaps whole trees."""
-        with self._lock:
+        with self._locked():
             if not self.cow:
                 copy = self.store.materialize(snap, ws_id)
                 try:

@@ -78,6 +78,14 @@ class SnapshotStore:
                 with contextlib.suppress(OSError):
                     self._remove(name)
 
+    def lock_file(self) -> int:
+        """An fd of the store's lock file (``.lock``), to ``flock``: held by whoever changes the store."""
+        dfd = self._open()
+        try:
+            return os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
     def new_partial(self) -> Path:
         """A fresh empty directory to build in (renamed into place by the caller, or removed)."""
         dfd = self._open()
