@@ -18,6 +18,7 @@ import pytest
 
 import execspace
 from execspace import InputSpec, InvalidSpec, OutputSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
+from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process, wait_processes
 from execspace.workspace.branches import MAX_DEPTH, overlay_supported
 from execspace.workspace.hostmanager import HostWorkspaceManager, remove_workspace_tree
 from execspace.workspace.layers import LAYERS_DIR, unmount
@@ -136,6 +137,47 @@ async def test_staging_and_collection_in_a_branch_record_the_branch(engine: exec
     parent_meta = load_metadata(host(ws))
     assert parent_meta.id == ws.id and [r.dest for r in parent_meta.inputs] == ["work/inputs/p.txt"]
     assert parent_meta.outputs == [] and not await engine.fs.exists(ws, "out/both.txt")
+
+
+def _program_states(tag: str) -> dict[int, str]:
+    """The state letter of each process of the tagged program (``sh`` and its ``sleep``), by host pid."""
+    states = {}
+    for pid in pids_with(tag):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            stat_line = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if argv0 in (b"/bin/sh", b"sleep"):
+            states[pid] = stat_line.rsplit(")", 1)[1].split()[0]
+    return states
+
+
+async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.BaseEngine) -> None:
+    frozen = getattr(engine.runner, "frozen", None)
+    if frozen is None or manager(engine)._freeze is None:
+        pytest.skip(f"{engine.name} does not stop its programs for a snapshot")
+    ws = await engine.manager.create_workspace("fork/frozen")
+    tag = new_tag("freeze")
+    script = "sleep 300 & while :; do echo tick >> ticks; done"
+    spec = RunProgramSpec("/bin/sh", ["-c", script], env=tagged(tag), timeout=120)
+    handle = await engine.runner.start_program(ws, spec)
+    try:
+        await wait_processes(tag, 2)
+        while len(_program_states(tag)) < 2:
+            await asyncio.sleep(0.01)
+        async with frozen(ws):
+            assert set(_program_states(tag).values()) == {"T"}, _program_states(tag)
+        while "T" in _program_states(tag).values():  # continued: polled, as SIGCONT lands asynchronously
+            await asyncio.sleep(0.01)
+        snap = await manager(engine).snapshot(ws)  # stops them for its copy, and lets them go again
+        frozen_ticks = (snap.path / "work/ticks").stat().st_size
+        while (host(ws) / "work/ticks").stat().st_size <= frozen_ticks:
+            await asyncio.sleep(0.01)
+        assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
+    finally:
+        await handle.kill()
+    assert not wait_no_process(tag)
 
 
 async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEngine) -> None:

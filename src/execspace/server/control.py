@@ -142,8 +142,8 @@ class ControlPlane:
 
     async def fork(self, request: Request) -> Response:
         """E2B's fork: ``count`` (default 1) sandboxes with the source's files, template, metadata and envs, one
-        result each. Files only: the source's processes keep running, its forks start with none (execspace
-        does not snapshot memory), and the source is not paused while its files are copied."""
+        result each. Files only: the source's processes keep running (stopped while its files are copied), its
+        forks start with none (execspace does not snapshot memory)."""
         sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
         body = await _json_object(request)
         count = body.get("count", 1)

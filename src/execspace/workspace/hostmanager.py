@@ -68,6 +68,7 @@ class HostWorkspaceManager:
         refill: Callable[[], None] | None = None,
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
         copy_on_write: bool = False,
+        freeze: Callable[[Workspace], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
@@ -75,7 +76,9 @@ class HostWorkspaceManager:
         every program still running in a workspace; cleanup awaits it before removing the tree (the runner
         knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`).
         ``copy_on_write`` lets forks be overlays where this process can mount them (root): only for backends
-        whose programs see the workspace through a mount of its path (local, sandbox)."""
+        whose programs see the workspace through a mount of its path (local, sandbox). ``freeze`` stops the
+        workspace's programs for a block (:meth:`~execspace.process.hostrunner.HostRunner.frozen`): a snapshot,
+        or a fork of the live workspace, copies a state none of them changes meanwhile."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
@@ -88,6 +91,7 @@ class HostWorkspaceManager:
         self._creating: dict[str, asyncio.Future[Workspace]] = {}
         self._root_ready = False
         self._copy_on_write = copy_on_write
+        self._freeze = freeze
         self._branches: Branches | None = None
 
     async def create_workspace(
@@ -192,11 +196,15 @@ class HostWorkspaceManager:
         return "cow" if self.branches.cow else "copy"
 
     async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
-        """Freeze the workspace's files now (programs still running may change them during the copy: stop
-        them first for an exact state). Processes and kernels are never part of a snapshot."""
+        """Freeze the workspace's files now, its programs stopped meanwhile where the backend can (see
+        ``freeze``). Processes and kernels are never part of a snapshot."""
         ws_dir = self._own_dir(ws)
         self._ensure_root()
-        return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
+        async with self._frozen(ws):
+            return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
+
+    def _frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._freeze(ws) if self._freeze is not None else contextlib.nullcontext()
 
     async def list_snapshots(self) -> list[Snapshot]:
         return await asyncio.to_thread(self.branches.store.list)
@@ -227,7 +235,8 @@ class HostWorkspaceManager:
         pol = policy or WorkspacePolicy(persistence=Persistence.SESSION)
         targets = [(new_id, self.root / sanitize_id(new_id)) for new_id in new_ids]
         origin = self._own_dir(source) if isinstance(source, Workspace) else source
-        await asyncio.to_thread(self.branches.fork, origin, source.id, targets)
+        async with self._frozen(source) if isinstance(source, Workspace) else contextlib.nullcontext():
+            await asyncio.to_thread(self.branches.fork, origin, source.id, targets)
         forks = [await asyncio.to_thread(self._laid_out, ws_dir, new_id, pol) for new_id, ws_dir in targets]
         self._known.update((ws.id, ws) for ws in forks)
         return forks

@@ -520,6 +520,7 @@ class SandboxBackend:
             private_root=not as_root,
             stop_programs=runner.stop_programs,
             copy_on_write=True,
+            freeze=runner.frozen,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
 
@@ -558,6 +559,7 @@ async def _open_session(
         refill=runner.refill if runner.pool is not None else None,
         stop_programs=runner.stop_programs,
         copy_on_write=True,
+        freeze=runner.frozen,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
 
@@ -666,7 +668,12 @@ def _open_unmanaged(
     runner_cls = ExternalRunner if policy.profile is Profile.EXTERNAL else HostRunner
     runner = runner_cls(lambda: caps, env_policy, kill_grace=kill_grace)
     manager = HostWorkspaceManager(
-        "sandbox", root, private_root=not _is_root(), stop_programs=runner.stop_programs, copy_on_write=True
+        "sandbox",
+        root,
+        private_root=not _is_root(),
+        stop_programs=runner.stop_programs,
+        copy_on_write=True,
+        freeze=runner.frozen,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps)
 
