@@ -161,8 +161,7 @@ async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.B
     tag = new_tag("freeze")
     script = "sleep 300 & while :; do echo tick >> ticks; done"
     spec = RunProgramSpec("/bin/sh", ["-c", script], env=tagged(tag), timeout=120)
-    handle = await engine.runner.start_program(ws, spec)
-    try:
+    async with await engine.runner.start_program(ws, spec) as handle:
         await wait_processes(tag, 2)
         while len(_program_states(tag)) < 2:
             await asyncio.sleep(0.01)
@@ -175,7 +174,6 @@ async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.B
         while (host(ws) / "work/ticks").stat().st_size <= frozen_ticks:
             await asyncio.sleep(0.01)
         assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
-    finally:
         await handle.kill()
     assert not wait_no_process(tag)
 
