@@ -402,3 +402,24 @@ async def test_a_fork_is_mounted_again_after_a_reboot(cow_engine: execspace.Base
     again = await fresh.get_workspace("cow/reboot-fork")
     assert (host(again) / "work/a").read_bytes() == b"a" and (host(again) / "work/b").read_bytes() == b"b"
     assert "cow/reboot-fork" in {s.id for s in stored_workspaces(manager(cow_engine).root)}
+
+
+async def test_a_manager_that_copies_reads_a_layered_snapshot_whole(cow_engine: execspace.BaseEngine) -> None:
+    """Two backends may share a root (local and jupyter do): one that forks by copies still gets every file of
+    a snapshot another made as a layer, and none it deleted."""
+    ws = await cow_engine.manager.create_workspace("cow/mixed")
+    await cow_engine.fs.put_files(ws, [PutFile("work/base.txt", b"base"), PutFile("work/gone.txt", b"x")])
+    (fork,) = await manager(cow_engine).fork(ws)
+    await cow_engine.fs.put_files(fork, [PutFile("work/top.txt", b"top")])
+    await cow_engine.fs.remove(fork, "work/gone.txt")
+    layered = await manager(cow_engine).snapshot(fork, name="layered")
+    assert len(manager(cow_engine).branches.store.chain(layered)) == 2
+    copier = HostWorkspaceManager("copies", manager(cow_engine).root)
+    assert copier.fork_mode == "copy"
+    (copy,) = await copier.fork("layered")
+    work = host(copy) / "work"
+    assert sorted(p.name for p in work.iterdir()) == ["base.txt", "inputs", "top.txt"]
+    assert (work / "base.txt").read_bytes() == b"base" and (work / "top.txt").read_bytes() == b"top"
+    await copier.restore(copy, layered)
+    assert not (work / "gone.txt").exists() and (work / "top.txt").read_bytes() == b"top"
+    assert not os.path.ismount(host(copy))

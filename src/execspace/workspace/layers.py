@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import SetupFailed
@@ -34,6 +35,7 @@ from .confinecore import DIR_FLAGS
 __all__ = [
     "LAYERS_DIR",
     "chain_of",
+    "merged_view",
     "mount_overlay",
     "overlay_ready",
     "own_changes",
@@ -45,6 +47,7 @@ LAYERS_DIR = ".layers"
 _RECORD = "layers.json"
 _MS_NOSUID = 2
 _MS_NODEV = 4
+_MS_RDONLY = 1
 _MNT_DETACH = 2
 _OPTIONS = "index=off,xino=off,redirect_dir=off,metacopy=off"
 #: Mount data is one page: the lower paths must fit (a longer chain is flattened first).
@@ -104,6 +107,28 @@ def mount_overlay(ws_dir: Path, lowers: list[Path]) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise SetupFailed("fork", f"cannot mount the overlay of {ws_dir}: {os.strerror(err)}", "see `execspace doctor`")
+
+
+@contextlib.contextmanager
+def merged_view(lowers: list[Path], mount_point: Path) -> Iterator[Path]:
+    """The layers ``lowers`` (top first) merged, read-only, at ``mount_point`` for the block: how a manager that
+    forks by copies reads a layered snapshot (root only, as layered snapshots are made by root)."""
+    mount_point.mkdir(mode=0o700)
+    data = f"lowerdir={':'.join(map(str, lowers))},{_OPTIONS}".encode()
+    if any(c in str(p) for p in lowers for c in _UNSAFE_PATH) or len(data) > MAX_MOUNT_DATA:
+        raise SetupFailed("fork", f"the layers under {mount_point} cannot be mounted", "use another root")
+    flags = _MS_NOSUID | _MS_NODEV | _MS_RDONLY
+    if _libc().mount(b"overlay", os.fsencode(mount_point), b"overlay", flags, data) != 0:
+        err = ctypes.get_errno()
+        raise SetupFailed(
+            "fork",
+            f"this snapshot is layered (made copy-on-write) and cannot be read here: {os.strerror(err)}",
+            "fork or restore it as root, with the local or sandbox backend",
+        )
+    try:
+        yield mount_point
+    finally:
+        unmount(mount_point)
 
 
 def unmount(ws_dir: Path) -> None:

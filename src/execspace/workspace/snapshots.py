@@ -4,13 +4,16 @@
 
     <root>/.snapshots/            0700, never inside any sandbox
       <snap-id>/snapshot.json     what it is (id, name, workspace, parent, time, size)
-      <snap-id>/tree/             the frozen tree (a full copy: see docs/architecture.md, "Snapshots and forks")
+      <snap-id>/tree/             the frozen tree: a whole copy, or a layer over the snapshots its record's
+                                  "chain" names (copy-on-write, :mod:`.branches`)
       .partial-<pid>-<hex>/       a snapshot, fork or restore being built
+      .lock                       held (flock) by whoever changes the store
 
 Everything is built under a ``.partial-*`` name and renamed into place when complete, so a process killed
 mid-way leaves no half-made snapshot or workspace that anything lists or uses; the next store on the root
-removes what dead processes left. A snapshot is a plain copy here (``fork: "copy"``): it owns its bytes, so
-removing it, its workspace or any fork of it never breaks another.
+removes what dead processes left. A removed snapshot is unlisted at once and its tree freed once no listed
+snapshot and no fork stands on it (:meth:`SnapshotStore.collect`), so removing it, its workspace or any fork of it
+never breaks another.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ..errors import InvalidSpec, PathDenied, SetupFailed, SnapshotNotFound
 from ..models import Snapshot
 from .confine import remove_tree
 from .confinecore import DIR_FLAGS
-from .layers import copy_root_attrs
+from .layers import copy_root_attrs, merged_view
 from .layout import METADATA_FILE
 from .metadata import load_metadata, save_metadata
 from .treecopy import copy_tree, tree_size
@@ -227,25 +230,26 @@ class SnapshotStore:
 
     def materialize(self, snap: Snapshot, ws_id: str) -> Path:
         """A complete copy of ``snap`` built under a partial name, recorded as the workspace ``ws_id`` forked
-        from it; the caller renames it into place (or :meth:`discard` s it)."""
-        partial = self.new_partial()
+        from it; the caller renames it into place (or :meth:`discard` s it). A layered snapshot is copied
+        from its merged view (a read-only overlay of its chain: as root, who made it)."""
+        chain = self.chain(snap)
+        if len(chain) == 1:
+            return self.copy_workspace(snap.path, ws_id, snap.id)
+        scratch = self.new_partial()
         try:
-            ws_dir = partial / "ws"
-            ws_dir.mkdir(mode=0o700)
-            copy_from(snap.path, ws_dir, keep_owner=self._keep_owner)
-            record_origin(ws_dir, ws_id, snap.id)
-        except BaseException:
-            self.discard(partial)
-            raise
-        return ws_dir
+            with merged_view([self.tree(c) for c in chain], scratch / "merged") as merged:
+                return self.copy_workspace(merged, ws_id, snap.id)
+        finally:
+            self.discard(scratch)
 
-    def copy_workspace(self, ws_dir: Path, ws_id: str, origin: str) -> Path:
-        """Like :meth:`materialize`, from a workspace directory (a fork of the live workspace)."""
+    def copy_workspace(self, src: Path, ws_id: str, origin: str) -> Path:
+        """A complete copy of the tree ``src`` built under a partial name, recorded as the workspace ``ws_id``
+        descended from ``origin``; the caller renames it into place (or :meth:`discard` s its parent)."""
         partial = self.new_partial()
         try:
             copy = partial / "ws"
             copy.mkdir(mode=0o700)
-            copy_from(ws_dir, copy, keep_owner=self._keep_owner)
+            copy_from(src, copy, keep_owner=self._keep_owner)
             record_origin(copy, ws_id, origin)
         except BaseException:
             self.discard(partial)
