@@ -1,5 +1,5 @@
-"""``POST /sandboxes/{id}/fork`` through the official SDK: each fork starts with the source's files (never its
-processes), and what one changes is its own."""
+"""``POST /sandboxes/{id}/fork`` and snapshots through the official SDK: each fork (or sandbox made from a
+snapshot) starts with the source's files (never its processes), and what one changes is its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2b import AsyncSandbox, Sandbox
-from e2b.exceptions import NotFoundException, RateLimitException
+from e2b.exceptions import NotFoundException, RateLimitException, SandboxException
 
 from .conftest import Server, running_server
 
@@ -63,3 +63,26 @@ def test_forks_count_against_the_servers_maximum(tmp_path: Path, monkeypatch: py
         with httpx.Client(base_url=server.url, headers={"X-API-KEY": server.key}) as http:
             bad = http.post(f"/sandboxes/{source.sandbox_id}/fork", json={"count": 0})
         assert bad.status_code == 400 and "count" in bad.json()["message"]
+
+
+def test_snapshots_list_and_start_sandboxes() -> None:
+    source = Sandbox.create(timeout=120)
+    started: list[Sandbox] = []
+    try:
+        source.files.write("state.txt", "saved")
+        info = source.create_snapshot(name="saved-state")
+        assert info.names == ["saved-state"] and info.snapshot_id.startswith("snap-")
+        source.files.write("state.txt", "changed later")
+        listed = Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [info.snapshot_id]
+        for key in (info.snapshot_id, "saved-state"):
+            started.append(Sandbox.create(key, timeout=60))
+            assert started[-1].files.read("state.txt") == "saved"
+        with pytest.raises(SandboxException, match="memory"):
+            source.create_snapshot(mode="full")  # asked for by name: refused (left unset, files only)
+        assert source.create_snapshot(mode="filesystem").names == []
+    finally:
+        for sbx in [source, *started]:
+            sbx.kill()
+    with pytest.raises(Exception, match="templateID"):
+        Sandbox.create("no-such-snapshot")

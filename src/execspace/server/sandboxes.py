@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..errors import CapabilityError, ExecspaceError, ProgramNotFound
-from ..models import Persistence, RunResult, Workspace, WorkspacePolicy
+from ..models import Persistence, RunResult, Snapshot, Workspace, WorkspacePolicy
 from ..protocols import Engine, ProgramHandle, SupportsSnapshots
 from .options import ServerOptions
 from .watch import DirectoryWatch
@@ -47,6 +47,8 @@ class CreateRequest:
     secure: bool = True
     allow_internet_access: bool = False
     """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
+    snapshot: Snapshot | None = None
+    """The snapshot it starts from (its ``templateID`` named one), else an empty workspace."""
 
 
 @dataclass(slots=True)
@@ -113,9 +115,11 @@ class Sandboxes:
         self._reserved += 1
         try:
             sandbox_id = secrets.token_hex(10)
-            ws = await self.engine.manager.create_workspace(
-                f"e2b/{sandbox_id}", WorkspacePolicy(persistence=Persistence.TURN)
-            )
+            policy = WorkspacePolicy(persistence=Persistence.TURN)
+            if request.snapshot is not None:
+                (ws,) = await self.snapshots().fork(request.snapshot, ids=[f"e2b/{sandbox_id}"], policy=policy)
+            else:
+                ws = await self.engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
             started = _now()
             sandbox = Sandbox(
                 id=sandbox_id,
@@ -141,9 +145,7 @@ class Sandboxes:
             SandboxesFull: fewer than ``count`` sandboxes fit under the server's maximum.
             CapabilityError: the engine's workspaces cannot be forked.
         """
-        manager = self.engine.manager
-        if not isinstance(manager, SupportsSnapshots):
-            raise CapabilityError("forking sandboxes", self.engine.name, "Serve the sandbox or local backend.")
+        manager = self.snapshots()
         if len(self._live) + self._reserved + count > self.options.max_sandboxes:
             raise SandboxesFull(
                 f"{count} more sandboxes do not fit this server's maximum of {self.options.max_sandboxes}; "
@@ -173,6 +175,13 @@ class Sandboxes:
             return forks
         finally:
             self._reserved -= count
+
+    def snapshots(self) -> SupportsSnapshots:
+        """The engine's manager, which snapshots and forks workspaces (``CapabilityError`` when it cannot)."""
+        manager = self.engine.manager
+        if not isinstance(manager, SupportsSnapshots):
+            raise CapabilityError("snapshots and forks", self.engine.name, "Serve the sandbox or local backend.")
+        return manager
 
     def set_timeout(self, sandbox: Sandbox, seconds: int) -> None:
         sandbox.end_at = _now() + timedelta(seconds=seconds)
