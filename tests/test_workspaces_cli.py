@@ -74,3 +74,28 @@ async def test_rm_refuses_what_is_not_a_workspace_and_says_how_to_find_them(tmp_
         proc = ws_cli(root, "rm", target)
         assert proc.returncode == 125 and b"execspace ws list" in proc.stderr, proc.stderr
     assert ws.exists()
+
+
+async def test_snapshot_fork_and_restore_from_the_cli(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (ws,) = await make_workspaces(root, ["cli/branch"])
+    (ws / "work" / "state.txt").write_text("v1")
+    snap = json.loads(ws_cli(root, "snapshot", "cli/branch", "--name", "v1").stdout)["snapshot"]
+    assert snap["name"] == "v1" and snap["workspace"] == "cli/branch" and snap["size"] > 0
+    (ws / "work" / "state.txt").write_text("v2")
+    forked = json.loads(ws_cli(root, "fork", "v1", "--id", "cli/a", "--id", "cli/b", "--count", "2").stdout)
+    try:
+        assert [f["id"] for f in forked["forks"]] == ["cli/a", "cli/b"]
+        assert all(Path(f["path"], "work", "state.txt").read_text() == "v1" for f in forked["forks"])
+        live = json.loads(ws_cli(root, "fork", str(ws)).stdout)["forks"]
+        assert Path(live[0]["path"], "work", "state.txt").read_text() == "v2"
+        assert json.loads(ws_cli(root, "restore", "cli/branch", "v1").stdout)["restored"] == str(ws)
+        assert (ws / "work" / "state.txt").read_text() == "v1"
+        listed = json.loads(ws_cli(root, "snapshots").stdout)["snapshots"]
+        assert [s["name"] for s in listed] == ["v1"]
+        missing = ws_cli(root, "fork", "nope")
+        assert missing.returncode == 125 and b"execspace ws snapshots" in missing.stderr, missing.stderr
+    finally:
+        for f in json.loads(ws_cli(root, "list").stdout)["workspaces"]:
+            ws_cli(root, "rm", f["path"])
+    assert json.loads(ws_cli(root, "list").stdout)["workspaces"] == []

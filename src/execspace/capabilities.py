@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .errors import CapabilityError
 from .models import NetworkPolicy, RunProgramSpec
@@ -104,6 +105,9 @@ class Capabilities:
     """Plain statements of what this backend does not protect against."""
     kernels: KernelCapabilities | None = None
     """The engine's stateful kernels (``engine.kernels``), or None when it has none."""
+    fork: Literal["cow", "copy"] | None = None
+    """How its manager forks and snapshots workspace files (:class:`~execspace.protocols.SupportsSnapshots`):
+    ``cow`` shares unchanged files, ``copy`` copies them all; None: it cannot."""
     details: dict[str, str] = field(default_factory=dict)
     """Backend-specific facts (versions, mode), for display only."""
 
@@ -153,5 +157,6 @@ class Capabilities:
             "languages": list(self.languages),
             "does_not_protect": list(self.does_not_protect),
             "kernels": None if self.kernels is None else self.kernels.as_dict(),
+            "fork": self.fork,
             "details": dict(self.details),
         }

@@ -18,6 +18,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── EnvironmentNotFound         no environment of that name is built (also LookupError)
     ├── EnvironmentBuildFailed      building an environment failed (a package that does not exist…)
     ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
+    ├── SnapshotNotFound            no snapshot with that id / name on the workspace root (also LookupError)
     ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
     ├── InputError                  an input reference that cannot be resolved (bad scheme, missing source)
@@ -55,6 +56,7 @@ __all__ = [
     "ProgramNotFound",
     "SandboxLost",
     "SetupFailed",
+    "SnapshotNotFound",
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
@@ -146,6 +148,11 @@ class EnvironmentBuildFailed(ExecspaceError):
 
 class WorkspaceNotFound(ExecspaceError, LookupError):
     """No workspace exists for that id or path."""
+
+
+class SnapshotNotFound(ExecspaceError, LookupError):
+    """No snapshot of that id or name on this workspace root (removed, or never taken): ``list_snapshots()``
+    shows them."""
 
 
 class ProgramNotFound(ExecspaceError, LookupError):

@@ -44,6 +44,7 @@ __all__ = [
     "ResourceLimits",
     "RunProgramSpec",
     "RunResult",
+    "Snapshot",
     "Workspace",
     "WorkspacePolicy",
 ]
@@ -372,6 +373,23 @@ class Workspace:
     host_path: Path | None = None
     """The workspace root on this host, when the host can see it (local, sandbox)."""
     policy: WorkspacePolicy = field(default_factory=WorkspacePolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A frozen state of a workspace's files (never of its processes), to fork or restore from."""
+
+    id: str
+    name: str | None
+    workspace: str
+    """The id of the workspace it was taken from."""
+    parent: str | None
+    """What that workspace was itself forked or restored from (a snapshot id, ``workspace:<id>``), if anything."""
+    created_at: float
+    size: int
+    """Bytes its frozen tree takes on disk."""
+    path: Path
+    """The frozen tree on this host (read it, never change it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from .models import (
     ResourceLimits,
     RunProgramSpec,
     RunResult,
+    Snapshot,
     Workspace,
     WorkspacePolicy,
 )
@@ -37,7 +38,16 @@ if TYPE_CHECKING:
     from .artifacts import ArtifactService
     from .workspace.staging import MetadataLocks
 
-__all__ = ["Engine", "Kernels", "ProgramHandle", "ProgramRunner", "SupportsKernels", "WorkspaceFS", "WorkspaceManager"]
+__all__ = [
+    "Engine",
+    "Kernels",
+    "ProgramHandle",
+    "ProgramRunner",
+    "SupportsKernels",
+    "SupportsSnapshots",
+    "WorkspaceFS",
+    "WorkspaceManager",
+]
 
 
 @runtime_checkable
@@ -292,3 +302,42 @@ class SupportsKernels(Protocol):
 
     @property
     def kernels(self) -> Kernels: ...
+
+
+@runtime_checkable
+class SupportsSnapshots(Protocol):
+    """A workspace manager that snapshots, forks and restores its workspaces' files (never their processes or
+    kernels); the engine's ``describe().fork`` says how (``"cow"`` or ``"copy"``)."""
+
+    async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
+        """Freeze the workspace's files now.
+
+        Raises:
+            InvalidSpec: the name is taken or malformed, or ``ws`` is not this manager's.
+        """
+        ...
+
+    async def fork(
+        self,
+        source: Workspace | Snapshot | str,
+        count: int = 1,
+        ids: Sequence[str] | None = None,
+        *,
+        policy: WorkspacePolicy | None = None,
+    ) -> builtins.list[Workspace]:
+        """``count`` new workspaces starting from ``source``'s files (a workspace, or a snapshot's handle, id or
+        name; 1..100 of them; ``ids`` names them).
+
+        Raises:
+            InvalidSpec: a bad count, duplicate or existing ids.
+            SnapshotNotFound: ``source`` is a snapshot that was removed.
+        """
+        ...
+
+    async def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
+        """Bring the workspace's files back to ``snapshot`` (a handle, id or name); its programs are stopped."""
+        ...
+
+    async def list_snapshots(self) -> builtins.list[Snapshot]: ...
+
+    async def remove_snapshot(self, snapshot: Snapshot | str) -> None: ...

@@ -1,4 +1,5 @@
-"""``execspace ws``: the workspaces left on this host — list, show, remove, and collect the old ones."""
+"""``execspace ws``: the workspaces left on this host — list, show, remove, and collect the old ones; snapshot,
+fork and restore them (:mod:`.wsbranches`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..errors import WorkspaceNotFound
 from ..workspace.stored import StoredWorkspace, default_roots, find_stored, remove_stored, stored_workspaces
 from .console import EXIT_EXECSPACE_ERROR, error, print_json, printable, progress
 from .run import host_path
+from .wsbranches import VERBS, add_verbs, branch_command
 
 __all__ = ["add_parser"]
 
@@ -29,13 +31,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--root", action="append", type=host_path, metavar="DIR", help="a workspace root (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="list|rm|gc")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="list|rm|gc|snapshot|snapshots|fork|restore")
     verbs.add_parser("list", help="every workspace, oldest use first")
     rm = verbs.add_parser("rm", help="remove workspaces by directory or id (every one with that id)")
     rm.add_argument("targets", nargs="+", metavar="DIR|ID", help="an absolute or ./relative directory, else an id")
     gc = verbs.add_parser("gc", help="remove the workspaces not used for a while")
     gc.add_argument("--older-than", type=_duration, default=86400.0, metavar="AGE", help="e.g. 30m, 12h, 7d (1d)")
     gc.add_argument("--dry-run", action="store_true", help="only say what would go")
+    add_verbs(verbs)
     p.set_defaults(handler=command)
 
 
@@ -66,6 +69,8 @@ def _age(seconds: float) -> str:
 
 async def command(args: argparse.Namespace) -> int:
     roots: list[Path] = args.root or default_roots()
+    if args.verb in VERBS:
+        return await branch_command(args, roots)
     now = time.time()
     if args.verb == "list":
         found = sorted((ws for root in roots for ws in stored_workspaces(root)), key=lambda ws: ws.last_used)

@@ -8,6 +8,7 @@ spawn, supervision, per-workspace bookkeeping and post-run checks are the same f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
+from ..workspace.branches import overlay_supported
+from .freezing import stopped_trees
 from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
@@ -137,6 +140,13 @@ class HostRunner:
         live = self._live.pop(ws.host_path, set())
         await asyncio.gather(*(_kill_started(started) for started in live))
 
+    def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        """Every program this runner runs in ``ws`` (and its descendants) stopped for the block: for
+        ``HostWorkspaceManager(freeze=...)``, so that a snapshot copies a state nobody changes meanwhile."""
+        live = self._live.get(ws.host_path, set()) if ws.host_path is not None else set()
+        roots = [p.pid for f in live if f.done() and not f.cancelled() and not f.exception() and (p := f.result()).pid]
+        return stopped_trees(pid for pid in roots if pid is not None)
+
     async def spawn_prepared(
         self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
     ) -> SupervisedProcess:
@@ -199,5 +209,6 @@ def unisolated_capabilities(
         enforced_limits=frozenset({"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED),
         languages=available_languages(path),
         does_not_protect=does_not_protect,
+        fork="cow" if overlay_supported() else "copy",
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )

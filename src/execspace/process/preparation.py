@@ -31,6 +31,7 @@ from ..envpolicy import EnvPolicy
 from ..errors import PathDenied, UsageError, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
+from ..workspace.layers import own_changes
 from ..workspace.layout import new_run_name, workspace_env
 from ..workspace.programpaths import workspace_relative
 from .supervisor import RUN_MARKER_VAR
@@ -224,7 +225,8 @@ async def finish_run(prep: PreparedRun, result: RunResult) -> RunResult:
 
 
 def _disk_usage(root: str) -> int:
-    with ConfinedRoot(root) as cr:
+    # a copy-on-write fork pays for its own changes, not for the snapshot it shares with its siblings
+    with ConfinedRoot(str(own_changes(Path(root)))) as cr:
         return cr.disk_usage()
 
 

@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ..errors import CapabilityError, ExecspaceError, InvalidSpec
+from ..models import Snapshot
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
@@ -28,6 +30,8 @@ __all__ = ["ControlPlane", "error_response"]
 CLIENT_ID = "execspace"
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _MAX_LIST_LIMIT = 1000
+#: Forks one request may ask for (the SDK sends 1..20; the manager makes up to 100).
+_MAX_FORKS = 100
 
 
 class BadRequest(Exception):
@@ -36,6 +40,10 @@ class BadRequest(Exception):
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+def _snapshot_info(snap: Snapshot) -> dict[str, Any]:
+    return {"snapshotID": snap.id, "names": [snap.name] if snap.name else []}
 
 
 def _iso(moment: datetime) -> str:
@@ -62,6 +70,9 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/timeout", guard(self.set_timeout), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/connect", guard(self.connect_v1), methods=["POST"]),
             Route("/v2/sandboxes/{sandbox_id}/connect", guard(self.connect_v2), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/fork", guard(self.fork), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/snapshots", guard(self.snapshot), methods=["POST"]),
+            Route("/snapshots", guard(self.list_snapshots), methods=["GET"]),
             Route("/{path:path}", guard(self.not_implemented), methods=_ALL_METHODS),
         ]
 
@@ -100,8 +111,9 @@ class ControlPlane:
     async def _create(self, request: Request, *, v1: bool) -> Response:
         body = await _json_object(request)
         template = body.get("templateID")
-        if template not in TEMPLATES:
-            raise BadRequest(f"templateID must be one of {', '.join(TEMPLATES)}, got {template!r}")
+        snapshot = await self._snapshot_named(template) if template not in TEMPLATES else None
+        if template not in TEMPLATES and snapshot is None:
+            raise BadRequest(f"templateID must be one of {', '.join(TEMPLATES)} or a snapshot id, got {template!r}")
         internet = body.get("allow_internet_access")
         if internet is not None and not isinstance(internet, bool):
             raise BadRequest("allow_internet_access must be a boolean")
@@ -111,7 +123,7 @@ class ControlPlane:
             )
         secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
         create = CreateRequest(
-            template=template,
+            template=str(template),
             timeout=self._timeout(body.get("timeout", self.options.default_timeout)),
             metadata=_strings(body.get("metadata"), "metadata"),
             env_vars=_strings(body.get("envVars"), "envVars"),
@@ -119,6 +131,7 @@ class ControlPlane:
             # e2b < 2.51 always asks for the network (its default): without the server's consent the sandbox is
             # made offline all the same, and its info says so
             allow_internet_access=bool(internet) and self.options.allow_internet_access,
+            snapshot=snapshot,
         )
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
@@ -135,6 +148,66 @@ class ControlPlane:
         if "timeout" in body:
             self.sandboxes.extend(sandbox, self._timeout(body["timeout"]))
         return JSONResponse(self._sandbox(sandbox), status_code=200)
+
+    async def fork(self, request: Request) -> Response:
+        """E2B's fork: ``count`` (default 1) sandboxes with the source's files, template, metadata and envs, one
+        result each. Files only: the source's processes keep running (stopped while its files are copied), its
+        forks start with none (execspace does not snapshot memory)."""
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        count = body.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_FORKS:
+            raise BadRequest(f"count must be an integer from 1 to {_MAX_FORKS}, got {count!r}")
+        timeout = self._timeout(body.get("timeout", self.options.default_timeout))
+        try:
+            forks = await self.sandboxes.fork(sandbox, count, timeout)
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
+        except SandboxesFull:
+            raise  # 429, as for a creation
+        except ExecspaceError as exc:
+            return error_response(500, f"forking sandbox {sandbox.id!r} failed: {exc}")
+        return JSONResponse([{"sandbox": self._sandbox(f)} for f in forks], status_code=201)
+
+    async def snapshot(self, request: Request) -> Response:
+        """E2B's snapshot of a sandbox: its files (``memory`` is refused: processes are not snapshotted), kept
+        on the server until it is removed; ``Sandbox.create(snapshotID)`` starts a sandbox from it."""
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        if body.get("memory"):
+            return error_response(501, "memory snapshots are not implemented by execspace serve: only files")
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequest(f"name must be a string, got {name!r}")
+        try:
+            snap = await self.sandboxes.snapshots().snapshot(sandbox.workspace, name)
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
+        except InvalidSpec as exc:
+            raise BadRequest(str(exc)) from exc
+        return JSONResponse(_snapshot_info(snap), status_code=201)
+
+    async def list_snapshots(self, request: Request) -> Response:
+        query = request.query_params
+        try:
+            snaps = await self.sandboxes.snapshots().list_snapshots()
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
+        source, name = query.get("sandboxID"), query.get("name")
+        found = [
+            s
+            for s in snaps
+            if (source is None or s.workspace == f"e2b/{source}") and (name is None or name in (s.id, s.name))
+        ]
+        return JSONResponse([_snapshot_info(s) for s in found[: _limit(query.get("limit"))]])
+
+    async def _snapshot_named(self, key: object) -> Snapshot | None:
+        if not isinstance(key, str) or not key:
+            return None
+        try:
+            return next(s for s in await self.sandboxes.snapshots().list_snapshots() if key in (s.id, s.name))
+        except (CapabilityError, StopIteration):
+            return None
 
     # lifetime
 

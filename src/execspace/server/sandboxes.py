@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..errors import ExecspaceError, ProgramNotFound
-from ..models import Persistence, RunResult, Workspace, WorkspacePolicy
-from ..protocols import Engine, ProgramHandle
+from ..errors import CapabilityError, ExecspaceError, ProgramNotFound
+from ..models import Persistence, RunResult, Snapshot, Workspace, WorkspacePolicy
+from ..protocols import Engine, ProgramHandle, SupportsSnapshots
 from .options import ServerOptions
 from .watch import DirectoryWatch
 
@@ -47,6 +47,8 @@ class CreateRequest:
     secure: bool = True
     allow_internet_access: bool = False
     """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
+    snapshot: Snapshot | None = None
+    """The snapshot it starts from (its ``templateID`` named one), else an empty workspace."""
 
 
 @dataclass(slots=True)
@@ -113,9 +115,11 @@ class Sandboxes:
         self._reserved += 1
         try:
             sandbox_id = secrets.token_hex(10)
-            ws = await self.engine.manager.create_workspace(
-                f"e2b/{sandbox_id}", WorkspacePolicy(persistence=Persistence.TURN)
-            )
+            policy = WorkspacePolicy(persistence=Persistence.TURN)
+            if request.snapshot is not None:
+                (ws,) = await self.snapshots().fork(request.snapshot, ids=[f"e2b/{sandbox_id}"], policy=policy)
+            else:
+                ws = await self.engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
             started = _now()
             sandbox = Sandbox(
                 id=sandbox_id,
@@ -132,6 +136,52 @@ class Sandboxes:
             return sandbox
         finally:
             self._reserved -= 1
+
+    async def fork(self, source: Sandbox, count: int, lifetime: int) -> list[Sandbox]:
+        """``count`` new sandboxes starting with the files of ``source`` (its processes are not forked: each fork
+        starts with none). All or none: a failure raises and leaves no fork.
+
+        Raises:
+            SandboxesFull: fewer than ``count`` sandboxes fit under the server's maximum.
+            CapabilityError: the engine's workspaces cannot be forked.
+        """
+        manager = self.snapshots()
+        if len(self._live) + self._reserved + count > self.options.max_sandboxes:
+            raise SandboxesFull(
+                f"{count} more sandboxes do not fit this server's maximum of {self.options.max_sandboxes}; "
+                "fork fewer, kill some, or start it with a larger --max-sandboxes"
+            )
+        self._reserved += count
+        try:
+            new_ids = [secrets.token_hex(10) for _ in range(count)]
+            policy = WorkspacePolicy(persistence=Persistence.TURN)
+            workspaces = await manager.fork(source.workspace, count, [f"e2b/{i}" for i in new_ids], policy=policy)
+            started = _now()
+            forks = [
+                Sandbox(
+                    id=sandbox_id,
+                    template=source.template,
+                    workspace=ws,
+                    metadata=dict(source.metadata),
+                    env_vars=dict(source.env_vars),
+                    started_at=started,
+                    end_at=started + timedelta(seconds=lifetime),
+                    access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
+                    allow_internet_access=source.allow_internet_access,
+                )
+                for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
+            ]
+            self._live.update((f.id, f) for f in forks)
+            return forks
+        finally:
+            self._reserved -= count
+
+    def snapshots(self) -> SupportsSnapshots:
+        """The engine's manager, which snapshots and forks workspaces (``CapabilityError`` when it cannot)."""
+        manager = self.engine.manager
+        if not isinstance(manager, SupportsSnapshots):
+            raise CapabilityError("snapshots and forks", self.engine.name, "Serve the sandbox or local backend.")
+        return manager
 
     def set_timeout(self, sandbox: Sandbox, seconds: int) -> None:
         sandbox.end_at = _now() + timedelta(seconds=seconds)

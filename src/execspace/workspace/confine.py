@@ -38,6 +38,7 @@ from .confinecore import (
     walk_tree,
     write_temp,
 )
+from .treecopy import copy_tree
 
 __all__ = [
     "MAX_WALK_DEPTH",
@@ -121,7 +122,9 @@ class ConfinedRoot:
         """Create the directory ``parts`` (``[]``: the root) if missing and give it to ``owner`` if set."""
         fd = self.open_dir(parts, create=True)
         try:
-            if self.owner is not None:
+            st = os.fstat(fd)
+            # only when it changes: a chown through a copy-on-write fork's overlay copies the directory up
+            if self.owner is not None and (st.st_uid, st.st_gid) != self.owner:
                 os.fchown(fd, *self.owner)
         finally:
             os.close(fd)
@@ -247,7 +250,28 @@ class ConfinedRoot:
     def rename(self, src: str, dst: str) -> None:
         """Move the entry ``src`` (a link moves as a link) to ``dst``, replacing a file there; parents of
         ``dst`` are created."""
-        rename_path(lambda parts, create, display: self.open_dir(parts, create=create, display=display), src, dst)
+        try:
+            rename_path(lambda parts, create, display: self.open_dir(parts, create=create, display=display), src, dst)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # a directory a copy-on-write fork shares with its snapshot (an overlay keeps no redirects): moved
+            # as programs' own ``mv`` moves it there, by a copy (links never followed) and then a removal
+            self._move_by_copy(src, dst)
+
+    def _move_by_copy(self, src: str, dst: str) -> None:
+        src_parts, dst_parts = split_relpath(src), split_relpath(dst)
+        self.make_new_dir(dst_parts)
+        sfd = self.open_dir(src_parts, display=src)
+        try:
+            dfd = self.open_dir(dst_parts, display=dst)
+            try:
+                copy_tree(sfd, dfd, keep_owner=os.geteuid() == 0)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+        self.remove(src)
 
     def symlink(self, target: str, path: str) -> None:
         """Create (or replace) a symlink at ``path``; the target is not validated here."""

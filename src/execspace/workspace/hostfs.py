@@ -26,6 +26,7 @@ from ..models import (
 )
 from .confine import ConfinedRoot, Entry, split_relpath
 from .hostroots import HostSource, walk_tree
+from .layers import own_changes
 from .metadata import is_metadata_temp
 from .programpaths import checked_relative, workspace_relative, workspace_relatives
 from .staging import WorkspaceFSBase
@@ -334,10 +335,11 @@ class HostWorkspaceFS(WorkspaceFSBase):
         await asyncio.to_thread(link)
 
     async def disk_usage(self, ws: Workspace) -> int:
+        """Bytes the workspace's own files take (a copy-on-write fork's changes, not the snapshot it shares)."""
         root = self._root(ws)
 
         def du() -> int:
-            with ConfinedRoot(root) as cr:
+            with ConfinedRoot(str(own_changes(Path(root)))) as cr:
                 return cr.disk_usage()
 
         return await asyncio.to_thread(du)

@@ -8,16 +8,22 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
-from ..errors import PathDenied, SetupFailed, WorkspaceNotFound
-from ..models import Persistence, Workspace, WorkspacePolicy
+from ..errors import InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
+from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
+from .branches import Branches, overlay_supported
 from .confine import remove_tree
+from .layers import chain_of, remove_layers
 from .layout import METADATA_FILE, ensure_layout, sanitize_id
 from .metadata import WorkspaceMetadata, save_metadata
 
 __all__ = ["HostWorkspaceManager", "default_workspace_root", "remove_workspace_tree"]
+
+#: Most forks one call makes (as E2B's fork API allows).
+_MAX_FORKS = 100
 
 
 def default_workspace_root() -> Path:
@@ -61,12 +67,18 @@ class HostWorkspaceManager:
         adopt: Callable[[Path], bool] | None = None,
         refill: Callable[[], None] | None = None,
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
+        copy_on_write: bool = False,
+        freeze: Callable[[Workspace], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
         event loop after each creation, failed ones too (the pool tops up what it gave). ``stop_programs`` kills
         every program still running in a workspace; cleanup awaits it before removing the tree (the runner
-        knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`)."""
+        knows the programs, e.g. :meth:`~execspace.process.hostrunner.HostRunner.stop_programs`).
+        ``copy_on_write`` lets forks be overlays where this process can mount them (root): only for backends
+        whose programs see the workspace through a mount of its path (local, sandbox). ``freeze`` stops the
+        workspace's programs for a block (:meth:`~execspace.process.hostrunner.HostRunner.frozen`): a snapshot,
+        or a fork of the live workspace, copies a state none of them changes meanwhile."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
@@ -78,6 +90,9 @@ class HostWorkspaceManager:
         self._known: dict[str, Workspace] = {}
         self._creating: dict[str, asyncio.Future[Workspace]] = {}
         self._root_ready = False
+        self._copy_on_write = copy_on_write
+        self._freeze = freeze
+        self._branches: Branches | None = None
 
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
@@ -121,9 +136,7 @@ class HostWorkspaceManager:
                 raise PathDenied(str(ws_dir), "the workspace directory must not be a symlink")
             ws_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         else:
-            if not self._root_ready:
-                private_dir(self.root, 0o700 if self._private_root else 0o711)
-                self._root_ready = True
+            self._ensure_root()
             name = sanitize_id(exec_id)
             if policy.persistence is Persistence.TURN:
                 name = f"{name}-{secrets.token_hex(4)}"
@@ -131,6 +144,11 @@ class HostWorkspaceManager:
             if self._adopt is None or not self._adopt(ws_dir):
                 # 0700: the root may be traversable (0711, for a sandbox uid) and workspace names are guessable
                 ws_dir.mkdir(mode=0o700, exist_ok=True)
+        return self._laid_out(ws_dir, exec_id, policy)
+
+    def _laid_out(self, ws_dir: Path, exec_id: str, policy: WorkspacePolicy) -> Workspace:
+        if chain_of(ws_dir) is not None:
+            self.branches.ensure_mounted(ws_dir)
         ensure_layout(ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             save_metadata(ws_dir, WorkspaceMetadata(id=exec_id))
@@ -155,6 +173,8 @@ class HostWorkspaceManager:
         if self._cached(exec_id):
             return self._known[exec_id]
         ws_dir = self.root / sanitize_id(exec_id)
+        if chain_of(ws_dir) is not None:
+            await asyncio.to_thread(self.branches.ensure_mounted, ws_dir)
         if not (ws_dir / METADATA_FILE).exists():
             raise WorkspaceNotFound(
                 f"no workspace for id {exec_id!r} under {self.root}; create it with create_workspace()"
@@ -162,6 +182,105 @@ class HostWorkspaceManager:
         ws = Workspace(id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir)
         self._known[exec_id] = ws
         return ws
+
+    # -- snapshots and forks (see .branches) ---------------------------------------------------------------
+
+    @property
+    def branches(self) -> Branches:
+        if self._branches is None:
+            self._branches = Branches(self.root, cow=self._copy_on_write and overlay_supported())
+        return self._branches
+
+    @property
+    def fork_mode(self) -> Literal["cow", "copy"]:
+        return "cow" if self.branches.cow else "copy"
+
+    async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
+        """Freeze the workspace's files now, its programs stopped meanwhile where the backend can (see
+        ``freeze``). Processes and kernels are never part of a snapshot."""
+        ws_dir = self._own_dir(ws)
+        self._ensure_root()
+        async with self._frozen(ws):
+            return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
+
+    def _frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._freeze(ws) if self._freeze is not None else contextlib.nullcontext()
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        return await asyncio.to_thread(self.branches.store.list)
+
+    async def get_snapshot(self, key: str) -> Snapshot:
+        """The snapshot of that id or name (``SnapshotNotFound`` when there is none)."""
+        return await asyncio.to_thread(self.branches.store.get, key)
+
+    async def remove_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Remove a snapshot (by handle, id or name); what was forked or restored from it keeps working."""
+        await asyncio.to_thread(self.branches.remove_snapshot, snapshot)
+
+    async def fork(
+        self,
+        source: Workspace | Snapshot | str,
+        count: int = 1,
+        ids: Sequence[str] | None = None,
+        *,
+        policy: WorkspacePolicy | None = None,
+    ) -> list[Workspace]:
+        """``count`` new workspaces, each starting with the files of ``source`` (a workspace now, or a
+        snapshot: its handle, id or name); ``ids`` names them (default ``<source id>/fork-<hex>``). Each is
+        complete before it is listed: one killed mid-way leaves nothing behind that a manager uses."""
+        if not isinstance(source, Workspace):
+            source = await asyncio.to_thread(self.branches.store.get, source)
+        new_ids = self._fork_ids(source, count, ids)
+        self._ensure_root()
+        pol = policy or WorkspacePolicy(persistence=Persistence.SESSION)
+        targets = [(new_id, self.root / sanitize_id(new_id)) for new_id in new_ids]
+        origin = self._own_dir(source) if isinstance(source, Workspace) else source
+        async with self._frozen(source) if isinstance(source, Workspace) else contextlib.nullcontext():
+            await asyncio.to_thread(self.branches.fork, origin, source.id, targets)
+        forks = [await asyncio.to_thread(self._laid_out, ws_dir, new_id, pol) for new_id, ws_dir in targets]
+        self._known.update((ws.id, ws) for ws in forks)
+        return forks
+
+    def _fork_ids(self, source: Workspace | Snapshot, count: int, ids: Sequence[str] | None) -> list[str]:
+        if ids is not None:
+            new_ids = list(ids)
+            if len(new_ids) != count and count != 1:
+                raise InvalidSpec(f"fork: {len(new_ids)} ids for count={count}; give one id per fork")
+        else:
+            base = source.id if isinstance(source, Workspace) else source.workspace
+            new_ids = [f"{base}/fork-{secrets.token_hex(4)}" for _ in range(count)]
+        if not 1 <= len(new_ids) <= _MAX_FORKS:
+            raise InvalidSpec(f"fork: count must be 1..{_MAX_FORKS}, got {len(new_ids)}")
+        if len(set(new_ids)) != len(new_ids):
+            raise InvalidSpec("fork: the ids must be distinct")
+        for new_id in new_ids:
+            if (self.root / sanitize_id(new_id)).exists():
+                raise InvalidSpec(f"fork: a workspace with id {new_id!r} exists; remove it or pick another id")
+        return new_ids
+
+    async def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
+        """Bring the workspace's files back to ``snapshot`` (every byte and mode; what was added since is
+        gone). Programs still running in it are stopped first; each step swaps whole trees, so the workspace
+        is never seen half-restored."""
+        ws_dir = self._own_dir(ws)
+        snap = await asyncio.to_thread(self.branches.store.get, snapshot)
+        if self._stop_programs is not None:
+            await self._stop_programs(ws)
+        await asyncio.to_thread(self.branches.restore, ws_dir, ws.id, snap)
+        await asyncio.to_thread(self._laid_out, ws_dir, ws.id, ws.policy)
+
+    def _own_dir(self, ws: Workspace) -> Path:
+        if ws.host_path is None or ws.host_path.parent != self.root:
+            raise InvalidSpec(
+                f"workspace {ws.id!r} is not one of this manager's (under {self.root}); "
+                "snapshots and forks are of workspaces the engine created under its root"
+            )
+        return ws.host_path
+
+    def _ensure_root(self) -> None:
+        if not self._root_ready:
+            private_dir(self.root, 0o700 if self._private_root else 0o711)
+            self._root_ready = True
 
     async def cleanup(self, ws: Workspace) -> None:
         if self._known.get(ws.id) == ws:
@@ -172,11 +291,14 @@ class HostWorkspaceManager:
         if ws.host_path is None:
             return
         await asyncio.to_thread(remove_workspace_tree, ws.host_path)
+        if ws.host_path.parent == self.root:
+            await asyncio.to_thread(self.branches.collect)  # the snapshots only this fork stood on
 
 
 def remove_workspace_tree(path: Path) -> None:
     """Remove a workspace directory by fds (see :func:`.confine.remove_tree`); its parent is ours, not the
-    program's, so that one is opened by path."""
+    program's, so that one is opened by path. A fork's overlay is unmounted and its own layers removed first."""
+    remove_layers(path)
     try:
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:

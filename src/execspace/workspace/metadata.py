@@ -53,6 +53,8 @@ class WorkspaceMetadata:
     skills: dict[str, dict[str, Any]] = field(default_factory=dict)
     recovered_from: str | None = None
     """Name of the corrupt file moved aside when this record was started fresh."""
+    forked_from: str | None = None
+    """The snapshot id (or ``workspace:<id>``) this workspace was forked or restored from."""
 
     def last_input_version(self, dest: str, artifact: str) -> int | None:
         for rec in reversed(self.inputs):
@@ -106,6 +108,7 @@ def _from_dict(data: dict[str, Any]) -> WorkspaceMetadata:
         outputs=[OutputRecord(**r) for r in data.get("outputs", [])],
         skills=dict(data.get("skills", {})),
         recovered_from=data.get("recovered_from"),
+        forked_from=data.get("forked_from"),
     )
 
 

@@ -130,6 +130,7 @@ class ContainerBackend:
             enforced_limits=frozenset({"timeout", "output_bytes", "pids", *PER_RUN_LIMITS}),
             languages=tuple(languages),
             does_not_protect=DOES_NOT_PROTECT,
+            fork="copy",  # files only (a running container is not forked)
             details={
                 "image": config.image,
                 "languages": "as the image declares (label execspace.languages) or the languages= option",

@@ -356,6 +356,7 @@ def _sandboxed_capabilities(
         does_not_protect=(*sb.does_not_protect, *SANDBOX_DOES_NOT_PROTECT),
         details=details,
         kernels=kernels,
+        fork="copy",  # files only (a kernel's state is never forked), by plain copies
     )
 
 
@@ -383,7 +384,8 @@ def _host_capabilities(
         warm_pool=pool_size,
     )
     languages = base.languages if language in base.languages else (language, *base.languages)
-    return dataclasses.replace(base, persistent_state=True, languages=languages, kernels=kernels)
+    # forks are files only (a kernel's state is never forked), by plain copies
+    return dataclasses.replace(base, persistent_state=True, languages=languages, kernels=kernels, fork="copy")
 
 
 def _open_host(

@@ -54,6 +54,8 @@ class LocalBackend:
         caps = cls.capabilities(options.env_policy)
         runner = HostRunner(lambda: caps, options.env_policy, kill_grace=options.kill_grace)
         root = Path(options.workspace_root) if options.workspace_root else None
-        manager = HostWorkspaceManager("local", root, stop_programs=runner.stop_programs)
+        manager = HostWorkspaceManager(
+            "local", root, stop_programs=runner.stop_programs, copy_on_write=True, freeze=runner.frozen
+        )
         fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots)
         return BaseEngine("local", manager, fs, runner, caps)

@@ -36,6 +36,7 @@ from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...rundirs import daemon_dirs
+from ...workspace.branches import overlay_supported
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
@@ -513,6 +514,7 @@ class SandboxBackend:
             host_paths=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
+            fork="cow" if overlay_supported() else "copy",
             does_not_protect=DOES_NOT_PROTECT,
             details={
                 "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, "
@@ -603,6 +605,8 @@ class SandboxBackend:
             program_path=lambda _p: SANDBOX_WORKSPACE,
             private_root=not as_root,
             stop_programs=runner.stop_programs,
+            copy_on_write=True,
+            freeze=runner.frozen,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
 
@@ -640,6 +644,8 @@ async def _open_session(
         adopt=runner.adopt if runner.pool is not None else None,
         refill=runner.refill if runner.pool is not None else None,
         stop_programs=runner.stop_programs,
+        copy_on_write=True,
+        freeze=runner.frozen,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
 
@@ -761,7 +767,14 @@ def _open_unmanaged(
     fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
     runner_cls = ExternalRunner if policy.profile is Profile.EXTERNAL else HostRunner
     runner = runner_cls(lambda: caps, env_policy, kill_grace=kill_grace)
-    manager = HostWorkspaceManager("sandbox", root, private_root=not _is_root(), stop_programs=runner.stop_programs)
+    manager = HostWorkspaceManager(
+        "sandbox",
+        root,
+        private_root=not _is_root(),
+        stop_programs=runner.stop_programs,
+        copy_on_write=True,
+        freeze=runner.frozen,
+    )
     return BaseEngine("sandbox", manager, fs, runner, caps)
 
 

@@ -73,16 +73,18 @@ _NONCE_XATTR = "trusted.execspace.uid-nonce"
 def sandbox_uid(ws_root: Path | str) -> int:
     """A host uid unused by real accounts, distinct per workspace (collisions are negligible).
 
-    Derived from the identity of the workspace's root directory, not from its path: its device and inode,
-    and (as root) a random nonce kept on it in a ``trusted.*`` extended attribute, set the first time. Both
+    Derived from the identity of the workspace's root directory, not from its path: as root, a random nonce
+    kept on it in a ``trusted.*`` extended attribute, set the first time (as a normal user, its device and
+    inode). Both
     follow the directory through a rename: a warm pool slot renamed into place keeps its uid, as the bwrap
     bind of a running sandbox keeps following it. A new directory gets a new nonce, also on the inode of a
     deleted workspace (filesystems hand freed inodes out again at once), so nothing that workspace left
     behind under its uid (a process, a file in a write grant) reaches the new one. A program cannot pick
     another workspace's uid: it cannot replace its workspace root (the parent is the host's), and only
     CAP_SYS_ADMIN reads or writes ``trusted.*`` attributes. A workspace copied elsewhere (a new inode) gets
-    a new uid. A normal user never runs a sandbox as this uid, and cannot keep the nonce: there the uid
-    comes from device and inode alone.
+    a new uid; a copy-on-write fork keeps its snapshot's nonce, hence its uid (see
+    :mod:`execspace.workspace.layers`). A normal user never runs a sandbox as this uid, and cannot keep the
+    nonce: there the uid comes from device and inode alone.
 
     Raises:
         OSError: ``ws_root`` does not exist (or is a symlink).
@@ -94,7 +96,9 @@ def sandbox_uid(ws_root: Path | str) -> int:
         nonce = _uid_nonce(fd, ws_root) if os.geteuid() == 0 else b""
     finally:
         os.close(fd)
-    digest = hashlib.sha256(f"{st.st_dev}:{st.st_ino}:".encode() + nonce).digest()
+    # the nonce alone when there is one: a copy-on-write fork carries its snapshot's (its files are the
+    # snapshot's, owned by that uid), though its root is another inode, of an overlay mount
+    digest = hashlib.sha256(nonce or f"{st.st_dev}:{st.st_ino}:".encode()).digest()
     return _UID_BASE + int.from_bytes(digest[:8], "big") % _UID_SPAN
 
 

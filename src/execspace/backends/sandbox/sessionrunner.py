@@ -25,6 +25,7 @@ from typing import Any
 
 from ...errors import PathDenied
 from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
+from ...process.freezing import stopped_trees
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
 from ...process.supervisor import Launch, SupervisedProcess
@@ -97,6 +98,22 @@ class SessionRunner(SandboxRunner):
             if session.usable:
                 return session.owner
         return self._owner(ws) if self._owner is not None else None
+
+    def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        """The workspace's session's programs stopped for the block (not its supervisor: it keeps answering).
+        A run that needed a sandbox of its own (see :meth:`fits_session`) is not stopped: its pid here is the
+        session's view, not the host's."""
+        supervisors = []
+        if ws.host_path is not None:
+            fut = self._sessions.get(ws.host_path)
+            if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                supervisors.append(fut.result().supervisor_pid)
+            with self._lock:
+                adopted = self._adopted.get(ws.host_path)
+            if adopted is not None:
+                supervisors.append(adopted[0].supervisor_pid)
+        roots = [pid for pid in supervisors if pid is not None]
+        return stopped_trees(roots, keep=roots)
 
     # -- which runs go through the session ---------------------------------------------------------
 

@@ -1,0 +1,99 @@
+"""``execspace ws snapshot|snapshots|fork|restore``: snapshots and forks of the workspaces on this host, by the
+same manager a backend uses (copy-on-write as root where overlays mount, plain copies elsewhere). Programs
+still running in a workspace are not stopped from here: stop them first for an exact snapshot or restore."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import SnapshotNotFound, UsageError
+from ..models import Snapshot, Workspace
+from ..workspace.hostmanager import HostWorkspaceManager
+from ..workspace.stored import StoredWorkspace, find_stored
+from .console import print_json, printable, progress
+
+__all__ = ["VERBS", "add_verbs", "branch_command"]
+
+VERBS = ("snapshot", "snapshots", "fork", "restore")
+
+
+def add_verbs(verbs: Any) -> None:
+    snap = verbs.add_parser("snapshot", help="freeze a workspace's files as a snapshot")
+    snap.add_argument("target", metavar="DIR|ID", help="the workspace")
+    snap.add_argument("--name", help="a name to fork or restore it by")
+    verbs.add_parser("snapshots", help="every snapshot, oldest first")
+    fork = verbs.add_parser("fork", help="new workspaces starting from a workspace or a snapshot")
+    fork.add_argument("source", metavar="DIR|ID|SNAPSHOT", help="a workspace, else a snapshot id or name")
+    fork.add_argument("--count", type=int, default=1, help="how many (1-100)")
+    fork.add_argument("--id", action="append", dest="ids", metavar="ID", help="the new ids (one per fork)")
+    restore = verbs.add_parser("restore", help="bring a workspace's files back to a snapshot")
+    restore.add_argument("target", metavar="DIR|ID", help="the workspace (its programs must be stopped)")
+    restore.add_argument("snapshot", metavar="SNAPSHOT", help="a snapshot id or name")
+
+
+def _manager(root: Path) -> HostWorkspaceManager:
+    return HostWorkspaceManager(root.name, root, copy_on_write=True)
+
+
+def _workspace(roots: list[Path], key: str) -> tuple[HostWorkspaceManager, Workspace]:
+    found: list[StoredWorkspace] = find_stored(roots, key)
+    if len(found) > 1:
+        raise UsageError(f"{len(found)} workspaces have id {key!r}: name one by its directory")
+    ws = found[0]
+    manager = _manager(ws.path.parent)
+    return manager, Workspace(id=ws.id, path=str(ws.path), backend=manager.backend, host_path=ws.path)
+
+
+async def _snapshot(roots: list[Path], key: str) -> tuple[HostWorkspaceManager, Snapshot]:
+    for root in roots:
+        manager = _manager(root)
+        try:
+            return manager, await manager.get_snapshot(key)
+        except SnapshotNotFound:
+            continue
+    raise SnapshotNotFound(f"no snapshot {key!r} under {', '.join(map(str, roots))}: `execspace ws snapshots`")
+
+
+def _row(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "id": snap.id,
+        "name": snap.name,
+        "workspace": snap.workspace,
+        "parent": snap.parent,
+        "created_at": round(snap.created_at, 3),
+        "size": snap.size,
+    }
+
+
+async def branch_command(args: argparse.Namespace, roots: list[Path]) -> int:
+    if args.verb == "snapshots":
+        snaps = [s for root in roots for s in await _manager(root).list_snapshots()]
+        return _show(args, {"snapshots": [_row(s) for s in sorted(snaps, key=lambda s: s.created_at)]})
+    if args.verb == "snapshot":
+        manager, ws = _workspace(roots, args.target)
+        return _show(args, {"snapshot": _row(await manager.snapshot(ws, args.name))})
+    if args.verb == "restore":
+        manager, ws = _workspace(roots, args.target)
+        await manager.restore(ws, args.snapshot)
+        return _show(args, {"restored": str(ws.host_path), "snapshot": args.snapshot})
+    source: Workspace | Snapshot
+    try:
+        manager, source = _workspace(roots, args.source)
+    except LookupError:
+        manager, source = await _snapshot(roots, args.source)
+    forks = await manager.fork(source, args.count, args.ids)
+    return _show(args, {"forks": [{"id": f.id, "path": str(f.host_path)} for f in forks], "mode": manager.fork_mode})
+
+
+def _show(args: argparse.Namespace, result: dict[str, Any]) -> int:
+    if args.json:
+        print_json(result)
+        return 0
+    for key, value in result.items():
+        rows = value if isinstance(value, list) else [value]
+        progress(f"{key}: {len(rows) if isinstance(value, list) else printable(str(value))}")
+        for row in rows if isinstance(value, list) else []:
+            print("  " + "  ".join(f"{k}={printable(str(v))}" for k, v in row.items()))
+    return 0
