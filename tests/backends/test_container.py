@@ -116,7 +116,13 @@ async def test_host_environment_does_not_enter(
 async def test_missing_command_is_127(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
     r = await engine.runner.run_program(ws, RunProgramSpec("no-such-program-x"))
     assert r.exit_code == 127
-    assert "no-such-program-x" in r.stderr
+    # in the program's terms first (the runtime's own OCI line follows it)
+    assert r.stderr.startswith("execspace: cannot execute 'no-such-program-x' in the container: not found in image")
+    await engine.fs.put_files(ws, [execspace.PutFile("work/data.txt", "not a program", mode=0o644)])
+    r = await engine.runner.run_program(ws, RunProgramSpec("./data.txt"))
+    assert r.exit_code == 126 and r.stderr.startswith("execspace: cannot execute './data.txt' in the container"), (
+        r.stderr
+    )
 
 
 async def test_elapsed_time_is_real(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:

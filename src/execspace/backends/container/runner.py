@@ -169,6 +169,20 @@ class ContainerRunner:
         run.close()
         await pump
 
+    def _exec_failure(self, prep: PreparedRun, runtime: bytes) -> tuple[int, bytes]:
+        """The exit code and message of a program the runtime could not start, in the program's terms, with the
+        runtime's own line after it."""
+        missing = b"not found" in runtime or b"no such file" in runtime
+        image = self._containers.config.image
+        why = (
+            f"not found in image {image} (on its PATH, for a bare name): use an image that has it, or install it "
+            "in the image"
+            if missing
+            else "not executable (is it a program, with a valid #! line?)"
+        )
+        line = f"execspace: cannot execute {prep.spec.cmd!r} in the container: {why}\n".encode()
+        return (127 if missing else 126), line + runtime
+
     async def _result(self, run: ExecRun, prep: PreparedRun, timed_out: bool, killed: bool) -> RunResult:
         status = await asyncio.to_thread(run.exit_code)
         # the runtime reports a program killed by signal N as 128 + N; the library's convention is -N
@@ -177,8 +191,8 @@ class ContainerRunner:
         raw_out, raw_err = out.getvalue(), err.getvalue()
         if code in (126, 127) and raw_out.startswith(_RUNTIME_FAILURE) and not raw_err:
             # the runtime could not start the program and says so on stdout: report it as a shell would
-            raw_out, raw_err = b"", raw_out
-            code = 127 if b"not found" in raw_err or b"no such file" in raw_err else 126
+            code, raw_err = self._exec_failure(prep, raw_out)
+            raw_out = b""
         return RunResult(
             exit_code=code,
             stdout=raw_out.decode("utf-8", "replace"),
