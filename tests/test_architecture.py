@@ -33,6 +33,7 @@ FLOORS = {
     "tools": 6,
     "cli": 7,
     "server": 7,
+    "integrations": 7,
     "__main__": 8,
 }
 
