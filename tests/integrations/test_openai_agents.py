@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from agents import Agent, ModelResponse, ModelSettings, RunConfig, Runner, Usage
 from agents.models.interface import Model
-from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxRunConfig
+from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxPathGrant, SandboxRunConfig
 from agents.sandbox.errors import ExecTimeoutError, WorkspaceArchiveWriteError, WorkspaceReadNotFoundError
 from agents.sandbox.sandboxes import UnixLocalSandboxClient
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 import execspace
-from execspace import BaseEngine, CapabilityError, InvalidSpec, WorkspaceNotFound
+from execspace import BaseEngine, CapabilityError, InvalidSpec, PathDenied, WorkspaceNotFound
 from execspace.integrations.openai_agents import (
     ExecspaceSandboxClient,
     ExecspaceSandboxClientOptions,
@@ -204,6 +204,13 @@ async def test_another_user_and_another_root_are_refused(client: ExecspaceSandbo
         with pytest.raises(CapabilityError, match="another user"):
             await session.exec("id", user="root")
     await client.delete(session)
+    granted = await client.create(
+        manifest=Manifest(extra_path_grants=(SandboxPathGrant(path="/tmp"),)), options=options("agents/granted")
+    )
+    async with granted:  # a grant out of the workspace opens nothing on the host through the file API
+        with pytest.raises(PathDenied, match="outside the workspace"):
+            await granted.write(Path("/tmp/planted.txt"), io.BytesIO(b"x"))
+    await client.delete(granted)
     with pytest.raises(InvalidSpec, match=r"Manifest\.root"):
         await client.create(manifest=Manifest(root="/srv/elsewhere"), options=options("agents/other"))
     with pytest.raises(WorkspaceNotFound):  # the refused session left no workspace

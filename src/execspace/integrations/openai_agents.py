@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from ..errors import CapabilityError, InvalidSpec, WorkspaceNotFound
+from ..errors import CapabilityError, InvalidSpec, PathDenied, WorkspaceNotFound
 from ..models import DEFAULT_TIMEOUT, PtySize, PutFile, ResourceLimits, RunProgramSpec, Workspace
 from ..protocols import Engine, ProgramHandle
 from . import MissingExtra
@@ -195,6 +195,8 @@ class ExecspaceSandboxSession(BaseSandboxSession):
     def _relative(self, path: Path | str, *, for_write: bool = False) -> str:
         """The workspace-relative path the engine's file API takes; the SDK's own check refuses escapes first."""
         absolute = PurePosixPath(self.normalize_path(path, for_write=for_write).as_posix())
+        if not absolute.is_relative_to(self.workspace.path):  # a path grant out of the workspace
+            raise PathDenied(str(path), f"outside the workspace {self.workspace.path}: this client serves only it")
         return absolute.relative_to(self.workspace.path).as_posix()
 
     async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
