@@ -26,9 +26,11 @@ from execspace.integrations.openai_agents import (
     ExecspaceSandboxClient,
     ExecspaceSandboxClientOptions,
     ExecspaceSandboxSessionState,
+    function_tools,
 )
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import new_tag, wait_no_process
+from execspace.tools import WorkspaceExecTool
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox backend here is bubblewrap")
 
@@ -272,3 +274,24 @@ def test_importing_execspace_imports_no_framework_and_a_missing_one_names_the_ex
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert "pip install 'execspace[openai-agents]'" in out
+
+
+async def test_function_tools_give_a_plain_agent_the_execspace_tools(engine: BaseEngine) -> None:
+    async with WorkspaceExecTool(engine, workspace_id="agents/tools") as exec_tool:
+        tools = function_tools(exec_tool.tools())
+        assert "workspace_exec" in [t.name for t in tools]
+        call = ResponseFunctionToolCall(
+            type="function_call",
+            call_id="c1",
+            name="workspace_exec",
+            arguments=json.dumps({"command": "echo $((6*7))"}),
+        )
+        model = ScriptedModel([call], [_message("done")])
+        agent: Agent[Any] = Agent(name="dev", instructions="work", model=model, tools=list(tools))
+
+        result = await Runner.run(agent, "compute", run_config=RunConfig(tracing_disabled=True))
+
+    assert result.final_output == "done"
+    output = next(i for i in model.inputs[1] if isinstance(i, dict) and i.get("type") == "function_call_output")
+    reported = json.loads(str(output["output"]))
+    assert reported["exit_code"] == 0 and "42" in json.dumps(reported)

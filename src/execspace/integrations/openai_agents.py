@@ -21,20 +21,23 @@ import asyncio
 import collections
 import contextlib
 import io
+import json
 import posixpath
 import tarfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import CapabilityError, InvalidSpec, PathDenied, WorkspaceNotFound
 from ..models import DEFAULT_TIMEOUT, PtySize, PutFile, ResourceLimits, RunProgramSpec, Workspace
 from ..protocols import Engine, ProgramHandle
+from ..tools import Tool
 from . import MissingExtra
 
 try:
+    from agents import FunctionTool
     from agents.sandbox import Manifest
     from agents.sandbox.errors import (
         ExecTimeoutError,
@@ -61,6 +64,7 @@ try:
     from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
     from agents.sandbox.types import ExecResult, User
     from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
+    from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - the extra is installed where the tests run
     raise MissingExtra("openai-agents", "the OpenAI Agents SDK (openai-agents, with agents.sandbox)", exc) from exc
 
@@ -69,6 +73,7 @@ __all__ = [
     "ExecspaceSandboxClientOptions",
     "ExecspaceSandboxSession",
     "ExecspaceSandboxSessionState",
+    "function_tools",
 ]
 
 BACKEND_ID = "execspace"
@@ -427,3 +432,24 @@ class ExecspaceSandboxClient(BaseSandboxClient[ExecspaceSandboxClientOptions | N
 
     def deserialize_session_state(self, payload: dict[str, object]) -> SandboxSessionState:
         return self._deserialize_session_state_payload(payload, ExecspaceSandboxSessionState)
+
+
+def function_tools(tools: Sequence[Tool]) -> list[FunctionTool]:
+    """execspace's tools as the SDK's function tools, for a plain ``Agent`` (no sandbox session): e.g.
+    ``function_tools(WorkspaceExecTool(engine, workspace_id="chat-1").tools())`` or an ``ExecuteCodeTool``. Their
+    results are the tools' JSON text; mistakes come back as error results, never as exceptions."""
+    return [_function_tool(tool) for tool in tools]
+
+
+def _function_tool(tool: Tool) -> FunctionTool:
+    async def invoke(_context: ToolContext[Any], arguments: str) -> str:
+        return json.dumps(await tool.call(arguments))
+
+    spec = tool.spec
+    return FunctionTool(
+        name=spec.name,
+        description=spec.description,
+        params_json_schema=spec.json_schema(),
+        on_invoke_tool=invoke,
+        strict_json_schema=False,  # the tools check their own arguments, with messages a model can act on
+    )
