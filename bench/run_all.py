@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_container import run_container
 from bench_core import Plan, Report, Row, machine_info, run_core
 from bench_e2b import run_e2b
+from bench_egress import run_egress
 from bench_jupyter import run_jupyter
 from bench_sandbox import run_sandbox
 from bench_serve import run_serve
@@ -128,7 +129,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b")
+    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress")
     p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
@@ -146,6 +147,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         "container": run_container,
         "serve": run_serve,
         "e2b": run_e2b,
+        "egress": run_egress,
     }
     for name, group in groups.items():
         if args.only not in (None, name):

@@ -26,6 +26,7 @@ GROUND = (
 FLOORS = {
     **dict.fromkeys(GROUND, 0),
     "workspace": 1,
+    "environments": 2,
     "process": 2,
     **dict.fromkeys(("protocols", "backend", "engine", "registry"), 3),
     "backends": 4,

@@ -77,7 +77,7 @@ async def test_a_wrong_type_is_invalid_spec_naming_the_option(
 @pytest.mark.parametrize(
     ("build", "says"),
     [
-        (lambda: SandboxOptions(network="on"), "SandboxOptions: option network takes bool | None, not str"),
+        (lambda: SandboxOptions(network="on"), "option network takes bool | NetworkPolicy | None, not str"),
         (lambda: SandboxOptions(policy="read-only"), "option policy takes SandboxPolicy | None"),
         (lambda: ContainerOptions(user=(1000,)), "option user takes tuple[int, int] | None, not tuple"),
         (lambda: ContainerOptions(pids=1.5), "option pids takes int, not float"),

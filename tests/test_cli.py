@@ -106,7 +106,11 @@ def test_unknown_backend_exits_125_with_next_step(cli: Cli) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "expected"),
-    [(["--pids", "5"], b"pids"), (["--network", "off"], b"--network on")],
+    [
+        (["--pids", "5"], b"pids"),
+        (["--network", "off"], b"--network on"),
+        (["--allow-domain", "example.com"], b"--allow-domain needs --backend sandbox"),
+    ],
 )
 def test_unenforceable_policy_on_local_is_refused_before_running(
     cli: Cli, tmp_path: Path, flags: list[str], expected: bytes
@@ -117,6 +121,50 @@ def test_unenforceable_policy_on_local_is_refused_before_running(
     assert b"execspace: error: backend 'local' cannot enforce" in proc.stderr
     assert expected in proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--network", "on", "--allow-domain", "x.test"], b"drop --network"),
+        (["--deny-domain", "x.test"], b"give --allow-domain too"),
+        (["--allow-domain", "x test"], b"is not a domain name"),
+        (["--allow-domain", "x.test", "--resolve", "x.test"], b"expected NAME=ADDR"),
+    ],
+)
+def test_malformed_domain_flags_are_refused_before_running(
+    cli: Cli, tmp_path: Path, flags: list[str], expected: bytes
+) -> None:
+    marker = tmp_path / "ran"
+    proc = cli("run", "--backend", "sandbox", *flags, "--", "touch", str(marker))
+    assert proc.returncode in (2, 125) and expected in proc.stderr, proc.stderr
+    assert not marker.exists()
+
+
+def test_allow_domain_reaches_only_the_allowed_name_and_reports_the_audit(cli: Cli, tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        script = f"curl -sSf -o /dev/null http://allowed.test:{port}/ && ! curl -sSf http://denied.test:{port}/"
+        proc = cli(
+            "run", "--json", "--backend", "sandbox", "--allow-domain", f"allowed.test:{port}",
+            "--resolve", "allowed.test=127.0.0.1", "--", "sh", "-c", script,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    if proc.returncode == 125 and b"sandbox" in proc.stderr:
+        pytest.skip(f"sandbox unavailable: {proc.stderr.decode()}")
+    report = json.loads(proc.stdout)
+    assert report["exit_code"] == 0, report["stderr"]
+    assert [(a["host"], a["allowed"]) for a in report["network_audit"]] == [
+        ("allowed.test", True),
+        ("denied.test", False),
+    ]
 
 
 def test_collect_glob_leaving_the_workspace_is_refused_before_running(cli: Cli, tmp_path: Path) -> None:
@@ -281,6 +329,26 @@ def test_exec_code_out_keeps_the_files(cli: Cli, tmp_path: Path) -> None:
     proc = cli("exec-code", "--backend", "local", "--out", str(tmp_path / "kept"), "job.py")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "kept" / "r.txt").read_text() == "result" and b"copied to" in proc.stderr
+
+
+def test_exec_code_stages_inputs_and_keeps_or_reuses_its_workspace(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("a\n1\n2\n")
+    (tmp_path / "job.py").write_text(
+        "n = open('inputs/data.csv').read().count('\\n')\nprint(n)\nopen('state', 'w').write(str(n))\n"
+    )
+    proc = cli("exec-code", "--backend", "local", "--input", "data.csv", "--keep", "--json", "job.py")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    kept = Path(report["workspace"])
+    assert report["output"] == "3\n" and (kept / "work" / "state").read_text() == "3"
+    # the kept workspace again, by --workspace: what the last call left is there
+    (tmp_path / "again.py").write_text("print(open('state').read())\n")
+    again = cli("exec-code", "--backend", "local", "--workspace", str(kept), "again.py")
+    assert again.returncode == 0 and again.stdout == b"3\n", again.stderr
+    assert b"workspace kept at" in again.stderr
+    # without --keep the workspace goes, and the report says how to keep the files
+    gone = cli("exec-code", "--backend", "local", "--json", "job.py")
+    assert gone.returncode == 1 and json.loads(gone.stdout)["workspace"] is None  # no inputs/data.csv there
 
 
 def test_input_directory_and_default_destination(cli: Cli, tmp_path: Path) -> None:

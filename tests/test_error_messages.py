@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import execspace
-from execspace import CodeBlock, InvalidSpec, RunProgramSpec, WorkspaceNotFound
+from execspace import CodeBlock, InvalidSpec, PolicyViolation, RunProgramSpec, SetupFailed, WorkspaceNotFound
+from execspace.backends.sandbox import SandboxPolicy
 from execspace.registry import probe_backend
+from tests.support import make_traversable
 
 
 @pytest.mark.asyncio
@@ -63,3 +69,72 @@ def test_an_absolute_input_destination_is_named_as_the_destination(tmp_path: Pat
     assert proc.returncode == 125
     assert b"DEST is a path in the workspace" in proc.stderr and b"--input data.csv:work/x" in proc.stderr
     assert b"does not exist" not in proc.stderr  # it once read the DEST as part of the SRC
+
+
+@pytest.mark.asyncio
+async def test_a_program_linking_outside_the_sandbox_says_where_and_how_to_grant_it(tmp_path: Path) -> None:
+    """A venv's bin/python is a link to the Python it was made from, which the sandbox may not show (point 9)."""
+    if not (await probe_backend("sandbox")).ok:
+        pytest.skip("no working sandbox here")
+    make_traversable(tmp_path)
+    open_dir = tmp_path
+    (open_dir / "install").mkdir()
+    real = open_dir / "install" / "python3"
+    shutil.copy("/bin/true", real)
+    (open_dir / "env" / "bin").mkdir(parents=True)
+    (open_dir / "env" / "bin" / "python").symlink_to(real)
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", policy=SandboxPolicy(read_paths=(str(open_dir / "env"),))
+    ) as eng:
+        ws = await eng.manager.create_workspace("v")
+        r = await eng.runner.run_program(ws, RunProgramSpec(str(open_dir / "env" / "bin" / "python")))
+        missing = await eng.runner.run_program(ws, RunProgramSpec("/no/such/program"))
+    assert r.exit_code == 127
+    assert r.stderr.startswith("execspace: cannot execute") and "bwrap" not in r.stderr, r.stderr
+    assert f"is a link to {real}" in r.stderr and f"--read {open_dir}" in r.stderr
+    assert missing.exit_code == 127 and "(nor is it on this host)" in missing.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_grant_the_sandbox_uid_cannot_pass_is_refused_with_the_fix(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root's sandbox runs as another uid")
+    if not (await probe_backend("sandbox")).ok:
+        pytest.skip("no working sandbox here")
+    make_traversable(tmp_path)
+    private = tmp_path / "private"
+    (private / "env").mkdir(parents=True)
+    private.chmod(0o700)
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", policy=SandboxPolicy(read_paths=(str(private / "env"),))
+    ) as eng:
+        ws = await eng.manager.create_workspace("g")
+        with pytest.raises(PolicyViolation, match=r"cannot pass .*private.*outside it"):
+            await eng.runner.run_program(ws, RunProgramSpec("true"))
+
+
+def test_the_cli_shows_why_a_program_could_not_start_in_the_sandbox() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "execspace", "run", "--backend", "sandbox", "--", "/no/such/program"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    if r.returncode == 125 and "not usable here" in r.stderr:
+        pytest.skip("no working sandbox here")
+    assert r.returncode == 127
+    assert "execspace: cannot execute '/no/such/program' in the sandbox: No such file or directory" in r.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_workspace_root_the_sandbox_uid_cannot_pass_is_refused_with_the_fix(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root's sandbox runs as another uid")
+    if not (await probe_backend("sandbox")).ok:
+        pytest.skip("no working sandbox here")
+    tmp_path.chmod(0o700)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
+        ws = await eng.manager.create_workspace("w")
+        with pytest.raises(SetupFailed, match=r"cannot pass .* on the way to the workspace.*chmod o\+x"):
+            await eng.runner.run_program(ws, RunProgramSpec("true"))

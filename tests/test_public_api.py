@@ -35,6 +35,8 @@ REQUIRED = {
     "Isolation",
     "LimitExceeded",
     "LocalOptions",
+    "NetworkAttempt",
+    "NetworkPolicy",
     "OutputChunk",
     "OutputManifest",
     "OutputSpec",

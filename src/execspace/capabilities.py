@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .errors import CapabilityError
-from .models import RunProgramSpec
+from .models import NetworkPolicy, RunProgramSpec
 
 __all__ = ["LIMIT_NAMES", "Capabilities", "Isolation", "KernelCapabilities"]
 
@@ -87,6 +87,9 @@ class Capabilities:
     """``start_program`` streams output as it comes and accepts stdin."""
     pty: bool = False
     """``start_program`` runs a program on a pseudo-terminal when the spec asks (``spec.pty``)."""
+    network_domains: bool = False
+    """Runs may ask for a :class:`~.models.NetworkPolicy` allow-list (``network_control`` is then "domains", not
+    only on/off): an egress proxy outside the boundary is the program's only way out."""
     persistent_state: bool = False
     """Interpreter state (variables, imports) persists between code executions."""
     host_paths: bool = False
@@ -125,6 +128,12 @@ class Capabilities:
                 self.backend,
                 "Use the sandbox or container backend, or allow the network explicitly (network='on').",
             )
+        if isinstance(spec.network, NetworkPolicy) and not self.network_domains:
+            raise CapabilityError(
+                "a network allow-list (NetworkPolicy)",
+                self.backend,
+                "Use the sandbox backend (per-run or session mode), or choose network='off' or 'on'.",
+            )
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -132,6 +141,7 @@ class Capabilities:
             "isolation": str(self.isolation),
             "network_control": self.network_control,
             "network_default": self.network_default,
+            "network_domains": self.network_domains,
             "clean_env": self.clean_env,
             "read_only_mounts": self.read_only_mounts,
             "streaming": self.streaming,

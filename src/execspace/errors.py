@@ -15,6 +15,8 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── LimitExceeded               a file-count / byte cap on staging or collection was hit
     ├── SetupFailed                 the backend cannot start here (missing binary, daemon, kernel…)
     ├── UnsupportedBackend          unknown backend, or one that cannot exist on this platform
+    ├── EnvironmentNotFound         no environment of that name is built (also LookupError)
+    ├── EnvironmentBuildFailed      building an environment failed (a package that does not exist…)
     ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
     ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
@@ -39,6 +41,8 @@ __all__ = [
     "ArtifactNotFound",
     "BackendError",
     "CapabilityError",
+    "EnvironmentBuildFailed",
+    "EnvironmentNotFound",
     "ExecspaceError",
     "ExecutionTimeout",
     "InputError",
@@ -125,6 +129,19 @@ class SetupFailed(ExecspaceError):
 
 class UnsupportedBackend(ExecspaceError):
     """Unknown backend name, or a backend that cannot exist on this platform."""
+
+
+class EnvironmentNotFound(ExecspaceError, LookupError):
+    """No environment of that name is built: the message names the ``execspace env build`` that builds it."""
+
+
+class EnvironmentBuildFailed(ExecspaceError):
+    """Building an environment failed (a package that does not exist, an unreachable registry); nothing is kept."""
+
+    def __init__(self, cause: str, fix: str = "") -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(f"environment build failed: {cause}" + (f"\nFix: {fix}" if fix else ""))
 
 
 class WorkspaceNotFound(ExecspaceError, LookupError):

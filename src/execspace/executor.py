@@ -207,12 +207,15 @@ class CodeExecutor:
             policy = replace(policy, persistence=Persistence.TURN)
         ws = await engine.manager.create_workspace(exec_id, policy)
         try:
-            return await self._execute_in(engine, ws, input.code_blocks)
+            return await self.execute_in(ws, input.code_blocks)
         finally:
             if policy.persistence is Persistence.TURN:  # a turn workspace can never be found again
                 await engine.manager.cleanup(ws)
 
-    async def _execute_in(self, engine: Engine, ws: Workspace, blocks: Sequence[CodeBlock]) -> CodeExecutionResult:
+    async def execute_in(self, ws: Workspace, blocks: Sequence[CodeBlock]) -> CodeExecutionResult:
+        """Run ``blocks`` in order in ``ws``, a workspace of this executor's engine that the caller made (and
+        removes, or keeps): the output files are those the blocks created or changed."""
+        engine = await self._acquire()
         before = await self._snapshot(engine.fs, ws)
         call_tag = secrets.token_hex(4)  # keeps repeated calls in one workspace from overwriting sources
         results: list[BlockResult] = []

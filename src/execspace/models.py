@@ -7,7 +7,9 @@ seconds (floats); ``None`` means "no limit" / "not set", never ``0``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+import ipaddress
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,6 +31,9 @@ __all__ = [
     "FileKind",
     "FileRef",
     "InputSpec",
+    "NetworkApprover",
+    "NetworkAttempt",
+    "NetworkPolicy",
     "OutputChunk",
     "OutputManifest",
     "OutputSpec",
@@ -101,6 +106,119 @@ class PtySize:
                 raise InvalidSpec(f"pty {name} must be an integer from 1 to 10000, got {value!r}")
 
 
+_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+
+
+def _host_port(entry: str, what: str) -> tuple[str, int | None]:
+    """``entry`` (``name``, ``*.suffix``, an address, each with an optional ``:port``; IPv6 in brackets) as a
+    normalised (host, port)."""
+    text = entry.strip().lower()
+    port: int | None = None
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise InvalidSpec(f"{what} {entry!r}: write an IPv6 address as [ADDR] or [ADDR]:PORT")
+            port = _port(rest[1:], entry, what)
+    elif text.count(":") == 1:
+        host, _, digits = text.partition(":")
+        port = _port(digits, entry, what)
+    else:
+        host = text
+    host = host.rstrip(".")
+    if _address(host) is None:
+        labels = host.removeprefix("*.").split(".")
+        if not host or not all(_LABEL.fullmatch(label) for label in labels) or len(host) > 253:
+            raise InvalidSpec(
+                f"{what} {entry!r} is not a domain name (example.com), a wildcard (*.example.com) or an address, "
+                "each with an optional :PORT"
+            )
+    return host, port
+
+
+def _port(digits: str, entry: str, what: str) -> int:
+    if not digits.isdigit() or not 0 < int(digits) < 65536:
+        raise InvalidSpec(f"{what} {entry!r}: the port must be a number from 1 to 65535")
+    return int(digits)
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicy:
+    """A run's network as an allow-list of destinations, enforced by a proxy outside the sandbox: the program
+    reaches nothing else (no DNS, no other socket). Make one with :meth:`allow`.
+
+    Entries are ``example.com`` (that name only), ``*.example.com`` (its subdomains, not the name itself) or an
+    address, each with an optional ``:PORT`` (without one: ports 80 and 443). A ``denied`` entry wins over every
+    allowed one; without a port it denies every port. A name allowed here still may not resolve to a loopback,
+    private, link-local or metadata address unless the address is pinned in ``resolve`` or allowed as an entry.
+    """
+
+    allowed: tuple[str, ...] = ()
+    denied: tuple[str, ...] = ()
+    resolve: Mapping[str, str] = field(default_factory=dict)
+    """Names pinned to an address (the proxy does not look them up); a pinned address counts as allowed."""
+
+    @classmethod
+    def allow(
+        cls, domains: Sequence[str], *, deny: Sequence[str] = (), resolve: Mapping[str, str] | None = None
+    ) -> NetworkPolicy:
+        """``NetworkPolicy.allow(["pypi.org", "*.pythonhosted.org", "api.example.com:8443"], deny=[...])``."""
+        return cls(tuple(domains), tuple(deny), dict(resolve or {}))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allowed, str) or isinstance(self.denied, str):
+            raise InvalidSpec("NetworkPolicy: allowed and denied are sequences of entries, not one string")
+        for entry in self.allowed:
+            _host_port(entry, "allowed network entry")
+        for entry in self.denied:
+            _host_port(entry, "denied network entry")
+        for name, addr in self.resolve.items():
+            host, port = _host_port(name, "resolved name")
+            if port is not None or host.startswith("*."):
+                raise InvalidSpec(f"resolve {name!r}: pin a plain name (no port, no wildcard)")
+            if _address(addr.strip().strip("[]")) is None:
+                raise InvalidSpec(f"resolve {name!r}={addr!r}: the target must be an IPv4 or IPv6 address")
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkAttempt:
+    """One connection a program asked the egress proxy for, and what became of it."""
+
+    run_id: str
+    time: float
+    """When it was asked, in seconds since the epoch."""
+    host: str
+    """The name (or address) the program asked for."""
+    port: int
+    protocol: Literal["connect", "http", "socks5", "unknown"]
+    """How it asked: HTTP CONNECT, plain HTTP proxying (``method`` says which), SOCKS5."""
+    allowed: bool
+    reason: str
+    """Why it was allowed (the matching entry) or denied."""
+    method: str = ""
+    address: str = ""
+    """The address connected to (allowed attempts)."""
+    bytes_up: int = 0
+    """Bytes from the program to the destination."""
+    bytes_down: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+#: An approval flow ("allow this domain?") for destinations a :class:`NetworkPolicy` does not list, e.g. the sandbox's
+#: ``on_network_attempt``: called with the attempt as judged so far (not allowed, ``reason`` says why); True lets it
+#: through (its addresses are still checked), False or None refuses it. Asked once per host and port of a run.
+NetworkApprover = Callable[[NetworkAttempt], Awaitable[bool | None]]
+
+
 @dataclass(frozen=True, slots=True)
 class RunProgramSpec:
     """One program to run in a workspace."""
@@ -118,8 +236,9 @@ class RunProgramSpec:
     timeout: float | None = DEFAULT_TIMEOUT
     """Wall-clock deadline in seconds; ``None`` for none. On expiry the whole process tree is killed."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
-    network: Literal["off", "on"] | None = None
-    """Network access for this run; ``None`` keeps the engine's default."""
+    network: Literal["off", "on"] | NetworkPolicy | None = None
+    """Network access for this run: off, on, or only the destinations a :class:`NetworkPolicy` allows
+    (``Capabilities.network_domains``); ``None`` keeps the engine's default."""
     tag: str | None = None
     """The caller's name for a started program: ``list_programs`` reports it, ``get_program`` finds it by it."""
     pty: PtySize | None = None
@@ -169,6 +288,8 @@ class RunResult:
     raw_stderr: bytes = b""
     run_dir: str = ""
     """Workspace-relative directory of this run (``runs/…``)."""
+    network_audit: tuple[NetworkAttempt, ...] = ()
+    """Every connection the program asked the egress proxy for (runs with a :class:`NetworkPolicy`)."""
 
     @property
     def ok(self) -> bool:
@@ -258,7 +379,8 @@ class PutFile:
     """A file to write into a workspace."""
 
     path: str
-    """Workspace-relative path; ``..``, absolute paths and symlinked components are refused."""
+    """Workspace-relative path, or absolute under ``ws.path`` (the program's view); ``..``, other absolute paths and
+    symlinked components are refused."""
     content: bytes | str
     mode: int = 0o644
 

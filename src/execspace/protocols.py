@@ -69,8 +69,9 @@ class WorkspaceManager(Protocol):
 class WorkspaceFS(Protocol):
     """Moves files into and out of workspaces, confined to the workspace root.
 
-    Every path is workspace-relative: absolute paths, ``..`` and a symlink in any component raise
-    ``PathDenied`` (nothing is ever followed through a link). Backends inherit
+    Every path is workspace-relative, or absolute in the program's view: under ``ws.path`` (``/workspace/out/x``
+    in a sandbox is ``out/x``; :mod:`execspace.workspace.programpaths`). Any other absolute path, ``..`` and a
+    symlink in any component raise ``PathDenied`` (nothing is ever followed through a link). Backends inherit
     :class:`~execspace.workspace.staging.WorkspaceFSBase`, which gives ``stage_inputs``,
     ``collect_outputs``, ``exists``, ``stage_directory``, ``locks``, ``host_roots`` and a no-op
     ``check`` over the primitives; they write the primitives.

@@ -5,18 +5,26 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import signal
 import time
-import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import execspace
-from execspace import BaseEngine, CodeBlock, CodeExecutionInput, CodeExecutor, PutFile, ResourceLimits, Workspace
+from execspace import (
+    BaseEngine,
+    CodeBlock,
+    CodeExecutionInput,
+    CodeExecutor,
+    PutFile,
+    ResourceLimits,
+    SetupFailed,
+    Workspace,
+)
 from execspace.backends.jupyter import (
-    AutoKernels,
     HostKernels,
     JupyterBackend,
     JupyterOptions,
@@ -62,14 +70,18 @@ async def test_probe_and_capabilities_are_honest() -> None:
 
 
 async def test_capabilities_of_the_default_mode_are_what_an_engine_opened_with_it_says(tmp_path: Path) -> None:
-    sandboxed = (await probe_backend("jupyter", mode=SandboxedKernels())).ok
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback where the sandbox does not work
-        stated = await JupyterBackend.capabilities()
-        async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", mode=AutoKernels()) as eng:
-            opened = eng.describe()
+    """What doctor reports (``JupyterBackend.capabilities()``) is what ``open_engine`` gives: sandboxed kernels, or
+    no engine at all (the default never falls back to the host)."""
+    if not (await probe_backend("jupyter", mode=SandboxedKernels())).ok:
+        with pytest.raises(SetupFailed, match="cannot sandbox kernels"):
+            await JupyterBackend.capabilities()
+        return
+    make_traversable(tmp_path)
+    stated = await JupyterBackend.capabilities()
+    async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws") as eng:
+        opened = eng.describe()
     assert stated.kernels is not None and stated.kernels == opened.kernels
-    assert stated.isolation == opened.isolation == ("process" if sandboxed else "none")
+    assert stated.isolation == opened.isolation == "process"
     assert isinstance(eng, SupportsKernels) and isinstance(eng.kernels, KernelSessions)
 
 
@@ -199,6 +211,7 @@ async def test_dead_kernel_is_reported_and_replaced(
     )
     assert cell.kernel_died and cell.state_lost and not cell.timed_out and cell.exit_code == status
     assert how in cell.text and "last words" in cell.text
+    assert re.search(r"died during this cell \(\d+\.\d s after this cell was sent\)", cell.text), cell.text
     after = await kernels.execute(ws, "import os\nprint(os.getpid(), 'kept' in globals())")
     assert "previous one died" in after.text
     new_pid, kept = after.text.splitlines()[-1].split()

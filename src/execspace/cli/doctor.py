@@ -11,6 +11,7 @@ from typing import Any
 from ..backend import option_choices
 from ..capabilities import Capabilities
 from ..engine import open_engine
+from ..environments import EnvironmentStore
 from ..errors import SetupFailed
 from ..registry import BACKENDS, choose_default_backend, load_backend, probe_backend
 from .console import print_json, progress
@@ -92,10 +93,16 @@ async def command(args: argparse.Namespace) -> int:
     progress(f"probing backends ({', '.join(BACKENDS)})...")
     *entries, default = await asyncio.gather(*(_inspect(n) for n in BACKENDS), _default())
     daemon = _daemon()
+    store = EnvironmentStore()
+    built = [
+        {"name": e.name, "path": str(e.path), "python": e.python_version, "packages": len(e.packages)}
+        for e in store.environments()
+    ]
+    environments = {"store": str(store.root), "built": built}
     if args.json:
-        print_json({"backends": entries, "default": default, "daemon": daemon})
+        print_json({"backends": entries, "default": default, "daemon": daemon, "environments": environments})
     else:
-        sys.stdout.write(render(entries, default, daemon))
+        sys.stdout.write(render(entries, default, daemon) + _environment_lines(environments))
         sys.stdout.flush()
     return 0
 
@@ -110,6 +117,8 @@ def _yes(flag: object) -> str:
 def _caps_lines(caps: dict[str, Any]) -> list[str]:
     network = "on by default" if caps["network_default"] else "off by default"
     network += "; can be turned off per run" if caps["network_control"] else "; cannot be turned off"
+    if caps.get("network_domains"):
+        network += "; allow-lists by domain (--allow-domain)"
     lines = [
         f"isolation: {caps['isolation']}",
         f"network:   {network}",
@@ -154,6 +163,14 @@ def _mode_line(mode: dict[str, Any]) -> str:
         return f"{mode['mode']}: NOT AVAILABLE: {mode['reason']}{fix}"
     guarantee = mode["guarantee"].removeprefix(f"{mode['mode']}: ")
     return f"{mode['mode']}: OK; {guarantee or 'no statement'}"
+
+
+def _environment_lines(environments: dict[str, Any]) -> str:
+    built = environments["built"]
+    if not built:
+        return f"environments ({environments['store']}): none built; `execspace env build code-interpreter`\n"
+    lines = [f"  {e['name']}: python {e['python']}, {e['packages']} packages, {e['path']}\n" for e in built]
+    return "".join([f"environments ({environments['store']}):\n", *lines])
 
 
 def _daemon() -> dict[str, Any]:

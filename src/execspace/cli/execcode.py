@@ -10,10 +10,22 @@ from typing import Any
 from ..errors import UsageError
 from ..executor import code_executor, extract_code_blocks
 from ..languages import LANGUAGES
-from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionInput, CodeExecutionResult
+from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
 from .outputs import inline, save_files
-from .run import add_image_option, container_options, host_path, parse_timeout
+from .run import (
+    add_environment_option,
+    add_image_option,
+    add_input_option,
+    add_workspace_options,
+    container_options,
+    environment_options,
+    host_path,
+    input_roots,
+    open_workspace,
+    parse_input,
+    parse_timeout,
+)
 
 __all__ = ["add_parser", "code_blocks", "command"]
 
@@ -32,6 +44,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
+    add_environment_option(p)
+    p.add_argument(
+        "--kernels",
+        choices=("sandbox", "host"),
+        help="jupyter: where kernels run (default sandbox, which fails where the sandbox cannot run them; "
+        "host: on this host as you, NO isolation, trusted code only); implies --backend jupyter",
+    )
     p.add_argument("--language", "-l", help="language of an unfenced file (default: from its extension, else python)")
     p.add_argument(
         "--timeout",
@@ -40,10 +59,24 @@ def add_parser(sub: Any) -> None:
         metavar="S",
         help=f"seconds per block; 'none' for no limit (default {DEFAULT_TIMEOUT:g})",
     )
+    add_workspace_options(p)
+    add_input_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", type=host_path, metavar="DIR", help="copy the output files into DIR (out/x lands as DIR/x)")
     p.add_argument("file", metavar="FILE|-", help="file to run, or - for stdin")
     p.set_defaults(handler=command)
+
+
+def kernel_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--kernels``: the jupyter backend's mode, named by the user (host kernels are never a fallback)."""
+    if args.kernels is None:
+        return {}
+    if args.backend not in (None, "jupyter"):
+        raise UsageError(f"--kernels is for the jupyter backend, not {args.backend!r}: drop one of them")
+    args.backend = "jupyter"
+    from ..backends.jupyter import HostKernels, SandboxedKernels
+
+    return {"mode": HostKernels() if args.kernels == "host" else SandboxedKernels()}
 
 
 def _language_of(suffix: str) -> str | None:
@@ -78,24 +111,34 @@ def code_blocks(text: str, suffix: str, language: str | None) -> list[CodeBlock]
 async def command(args: argparse.Namespace) -> int:
     text, suffix = read_source(args.file)
     blocks = code_blocks(text, suffix, args.language)
+    inputs = [parse_input(v) for v in args.input]
+    environment = environment_options(args, args.kernels)
+    options = {**container_options(args), **(environment or kernel_options(args)), **input_roots(inputs)}
     if args.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    options = container_options(args)
     async with code_executor(args.backend, timeout=args.timeout, **options) as ex:
-        assert ex.engine is not None  # entering the executor opened it
-        caps = ex.engine.describe()
+        engine = ex.engine
+        assert engine is not None  # entering the executor opened it
+        caps = engine.describe()
         warn_if_unisolated(caps)
-        result = await ex.execute_code(CodeExecutionInput(blocks, execution_id=None))
+        ws, remove = await open_workspace(engine, args)
+        try:
+            await engine.fs.stage_inputs(ws, [i.spec for i in inputs])
+            result = await ex.execute_in(ws, blocks)
+        finally:
+            if remove:
+                await engine.manager.cleanup(ws)
+    kept = None if remove else str(ws.host_path or ws.path)
     saved = save_files(result.output_files, args.out) if args.out is not None else {}
     if args.json:
         report = as_json(result)
         for row in report["files"]:
             row["saved_path"] = str(saved[row["name"]]) if row["name"] in saved else None
-        print_json({"backend": caps.backend, "isolation": str(caps.isolation), **report})
+        print_json({"backend": caps.backend, "isolation": str(caps.isolation), "workspace": kept, **report})
     else:
         sys.stdout.write(result.output)
         sys.stdout.flush()
-        _report_files(result, args.out)
+        _report_files(result, args.out, kept)
     return 0 if result.ok else EXIT_BLOCK_FAILED
 
 
@@ -123,11 +166,17 @@ def as_json(result: CodeExecutionResult) -> dict[str, Any]:
     }
 
 
-def _report_files(result: CodeExecutionResult, out: Path | None) -> None:
-    if not result.output_files:
-        return
-    where = f"copied to {printable(str(out))}" if out else "the workspace was removed: pass --out DIR to keep them"
-    progress(f"{len(result.output_files)} output file(s) ({where}):")
-    for f in result.output_files:
-        print(f"  {printable(f.name)}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
-    sys.stderr.flush()
+def _report_files(result: CodeExecutionResult, out: Path | None, kept: str | None) -> None:
+    if result.output_files:
+        if out:
+            where = f"copied to {printable(str(out))}"
+        elif kept:
+            where = "in the kept workspace"
+        else:
+            where = "the workspace was removed: pass --out DIR or --keep to keep them"
+        progress(f"{len(result.output_files)} output file(s) ({where}):")
+        for f in result.output_files:
+            print(f"  {printable(f.name)}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
+        sys.stderr.flush()
+    if kept:
+        progress(f"workspace kept at {printable(kept)}")

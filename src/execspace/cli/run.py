@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
@@ -19,6 +19,7 @@ from ..models import (
     DEFAULT_TIMEOUT,
     File,
     InputSpec,
+    NetworkPolicy,
     OutputManifest,
     OutputSpec,
     Persistence,
@@ -28,6 +29,7 @@ from ..models import (
     Workspace,
     WorkspacePolicy,
 )
+from ..protocols import Engine
 from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
 from .outputs import default_out_dir, inline, save_files
 from .streaming import run_program, stdin_source
@@ -69,14 +71,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="backend to use (default: the safest that works here, never 'local')")
     add_image_option(p)
-    p.add_argument("--workspace", metavar="DIR", type=host_path, help="use DIR as the workspace and keep it")
-    p.add_argument(
-        "--adopt",
-        action="store_true",
-        help="with --workspace: make a non-empty directory of yours a workspace (it gets home/ out/ runs/ ... and "
-        "metadata.json; as root it is handed to a sandbox uid)",
-    )
-    p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
+    add_environment_option(p)
+    add_workspace_options(p)
     p.add_argument(
         "--out",
         type=host_path,
@@ -84,8 +80,26 @@ def add_parser(sub: Any) -> None:
         help="copy the collected files into DIR (out/x lands as DIR/x); default ./execspace-out/<run> when "
         "--collect names outputs of a workspace that is removed",
     )
-    p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
+    p.add_argument(
+        "--allow-domain",
+        action="append",
+        default=[],
+        metavar="D[:PORT]",
+        help="network only to these destinations, through an egress proxy outside the sandbox (repeatable; "
+        "*.example.com for subdomains; without :PORT, ports 80 and 443)",
+    )
+    p.add_argument(
+        "--deny-domain", action="append", default=[], metavar="D[:PORT]", help="never this destination (wins)"
+    )
+    p.add_argument(
+        "--resolve",
+        action="append",
+        default=[],
+        type=_resolve_pair,
+        metavar="NAME=ADDR",
+        help="pin NAME to ADDR for the egress proxy (the address then counts as allowed: tests, private hosts)",
+    )
     p.add_argument(
         "--profile",
         choices=("read-only", "workspace-write", "danger-full-access"),
@@ -113,13 +127,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--memory", type=_positive, metavar="MB", help="memory limit in MiB")
     p.add_argument("--pids", type=int, metavar="N", help="limit on processes/threads at once")
     p.add_argument("--cpu", type=_positive, metavar="SECONDS", help="CPU time limit")
-    p.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="SRC[:DEST]",
-        help="stage a host file/dir or artifact://name[@v] at DEST (default work/inputs/<name>); repeatable",
-    )
+    add_input_option(p)
     p.add_argument(
         "--collect",
         action="append",
@@ -193,6 +201,24 @@ class InputArg:
     """Host directory the engine must allow for this input (``None``: not a host input)."""
 
 
+def _resolve_pair(text: str) -> tuple[str, str]:
+    name, sep, addr = text.partition("=")
+    if not sep or not name or not addr:
+        raise argparse.ArgumentTypeError(f"expected NAME=ADDR, got {text!r}")
+    return name, addr
+
+
+def network_choice(args: argparse.Namespace) -> Literal["off", "on"] | NetworkPolicy | None:
+    """``--network``, or the allow-list the domain flags make (they cannot be mixed with ``--network``)."""
+    if not (args.allow_domain or args.deny_domain or args.resolve):
+        return cast('Literal["off", "on"] | None', args.network)
+    if args.network is not None:
+        raise UsageError("--allow-domain/--deny-domain/--resolve make the network an allow-list: drop --network")
+    if not args.allow_domain:
+        raise UsageError("--deny-domain and --resolve refine an allow-list: give --allow-domain too")
+    return NetworkPolicy.allow(args.allow_domain, deny=args.deny_domain, resolve=dict(args.resolve))
+
+
 def _looks_relative(path: str) -> bool:
     return bool(path) and not path.startswith(("/", "~")) and "://" not in path
 
@@ -264,7 +290,7 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
         cwd=args.cwd,
         timeout=args.timeout,
         limits=limits,
-        network=args.network,
+        network=network_choice(args),
     )
 
 
@@ -284,6 +310,35 @@ def sandbox_policy(args: argparse.Namespace) -> Any:
     return policy.with_read_paths(*args.read).with_write_paths(*args.write).with_no_access(*args.deny)
 
 
+def add_workspace_options(p: argparse.ArgumentParser) -> None:
+    """Which workspace a command runs in and whether it stays: ``run`` and ``exec-code`` alike."""
+    p.add_argument("--workspace", metavar="DIR", type=host_path, help="use DIR as the workspace and keep it")
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="with --workspace: make a non-empty directory of yours a workspace (it gets home/ out/ runs/ ... and "
+        "metadata.json; as root it is handed to a sandbox uid)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
+    p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
+
+
+def add_input_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="SRC[:DEST]",
+        help="stage a host file/dir or artifact://name[@v] at DEST (default work/inputs/<name>); repeatable",
+    )
+
+
+def input_roots(inputs: Sequence[InputArg]) -> dict[str, Any]:
+    """The host roots the engine must allow for the host files of ``inputs``."""
+    roots = sorted({i.host_root for i in inputs if i.host_root is not None})
+    return {"host_roots": roots} if roots else {}
+
+
 def add_image_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image",
@@ -291,6 +346,32 @@ def add_image_option(p: argparse.ArgumentParser) -> None:
         help="container: the image to run in (default $EXECSPACE_CONTAINER_IMAGE, else [container] image in "
         "$XDG_CONFIG_HOME/execspace/config.toml); implies --backend container",
     )
+
+
+def add_environment_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--environment",
+        metavar="NAME",
+        help="sandbox: run in the built runtime environment NAME (execspace env list; build one with execspace env "
+        "build code-interpreter); implies --backend sandbox, or kernels from it with --backend jupyter",
+    )
+
+
+def environment_options(args: argparse.Namespace, kernels: str | None = None) -> dict[str, Any]:
+    """``--environment``: the sandbox's runtime environment, or the sandboxed kernels' (``--backend jupyter``)."""
+    if args.environment is None:
+        return {}
+    if args.backend == "jupyter" or kernels is not None:
+        if kernels == "host":
+            raise UsageError("--environment runs kernels in the sandbox: drop --kernels host")
+        from ..backends.jupyter import SandboxedKernels
+
+        args.backend = "jupyter"
+        return {"mode": SandboxedKernels(environment=args.environment)}
+    if args.backend not in (None, "sandbox"):
+        raise UsageError(f"--environment belongs to the sandbox (and jupyter) backends, not {args.backend!r}")
+    args.backend = "sandbox"
+    return {"environment": args.environment}
 
 
 def container_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -304,20 +385,18 @@ def container_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict[str, Any]:
-    options: dict[str, Any] = container_options(args)
+    options: dict[str, Any] = {**container_options(args), **environment_options(args)}
     policy = sandbox_policy(args)
     if policy is not None:
         args.backend = "sandbox"
         options["policy"] = policy
-    roots = sorted({i.host_root for i in inputs if i.host_root is not None})
-    if roots:
-        options["host_roots"] = roots
+    options.update(input_roots(inputs))
     if args.artifacts is not None:
         options["artifacts"] = FileArtifactService(args.artifacts)
     return options
 
 
-async def open_workspace(engine: BaseEngine, args: argparse.Namespace) -> tuple[Workspace, bool]:
+async def open_workspace(engine: Engine, args: argparse.Namespace) -> tuple[Workspace, bool]:
     """The workspace to run in, and whether to remove it afterwards."""
     if args.workspace is not None:
         path = workspace_dir(args.workspace, "--workspace", adopt=args.adopt)
@@ -458,12 +537,11 @@ def report(
                 "outputs_limits_hit": manifest.limits_hit,
                 "interrupted": interrupted,
                 "out_dir": str(brought.out_dir) if brought.out_dir is not None else None,
+                "network_audit": [attempt.as_dict() for attempt in result.network_audit],
             }
         )
         return
-    _report_text(args, result, outputs, manifest.limits_hit, workspace)
-    if brought.out_dir is not None:
-        progress(f"{len(brought.saved)} file(s) copied to {printable(str(brought.out_dir))}")
+    _report_text(args, result, outputs, manifest.limits_hit, workspace, brought)
 
 
 def _report_text(
@@ -472,19 +550,30 @@ def _report_text(
     outputs: list[dict[str, Any]],
     limits_hit: bool,
     workspace: str | None,
+    brought: Brought,
 ) -> None:
     if result.timed_out:
         progress(f"program timed out after {result.duration:.1f}s and was killed (exit status 124)")
     elif result.limit_hit:
         progress(f"program stopped by the {result.limit_hit} limit")
     if outputs:
-        where = "" if workspace else " (workspace removed: pass --out DIR, --keep or --workspace DIR to keep them)"
+        if brought.out_dir is not None:
+            where = f" (copied to {printable(str(brought.out_dir))})"
+        elif workspace:
+            where = ""
+        else:
+            where = " (workspace removed: pass --out DIR, --keep or --workspace DIR to keep them)"
         progress(f"{len(outputs)} output file(s){where}:")
         _print_table(outputs)
     elif args.collect:
         progress(f"no output matched --collect {' '.join(args.collect)}")
     if limits_hit:
         progress("output collection was cut short by its caps (files or bytes); narrow --collect")
+    denied = [a for a in result.network_audit if not a.allowed]
+    if denied:
+        progress(f"{len(denied)} network attempt(s) refused (see {result.run_dir}/network.jsonl with --keep):")
+        for attempt in denied[:5]:
+            progress(f"  {printable(attempt.host)}:{attempt.port} ({attempt.protocol}): {printable(attempt.reason)}")
     if args.keep and workspace and args.workspace is None:
         progress(f"workspace kept at {workspace}")
 

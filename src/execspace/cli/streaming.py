@@ -27,9 +27,12 @@ class _Sink:
     def __init__(self) -> None:
         self.written = {"stdout": 0, "stderr": 0}
         self.stdout_closed = False
+        self.stderr_head = b""
 
     def write(self, chunk: OutputChunk) -> None:
         self.written[chunk.stream] += len(chunk.data)
+        if chunk.stream == "stderr" and len(self.stderr_head) < len(_OURS):
+            self.stderr_head += chunk.data[: len(_OURS)]
         if chunk.stream == "stdout":
             if not self.stdout_closed:
                 self.stdout_closed = not _write(sys.stdout.buffer, chunk.data)
@@ -70,6 +73,17 @@ class _Sink:
             else:
                 warn(f"the first {missed} bytes of the program's {name} came before streaming began; here:")
                 _write(target, raw[:missed])
+
+    def explain(self, result: RunResult) -> None:
+        """A program that could not be started: the wrapper's own line (bwrap's) went out live, and the result
+        carries our explanation instead, which the user must see too."""
+        ours = result.raw_stderr.startswith(_CANNOT_EXECUTE)
+        if result.exit_code in (126, 127) and ours and not self.stderr_head.startswith(_OURS):
+            _write(sys.stderr.buffer, result.raw_stderr)
+
+
+_OURS = b"execspace: "
+_CANNOT_EXECUTE = _OURS + b"cannot execute"
 
 
 def _write(target: BinaryIO, data: bytes) -> bool:
@@ -222,6 +236,7 @@ async def run_program(
                 await asyncio.gather(feeder, return_exceptions=True)
     if live:
         sink.replay_missed(result)
+        sink.explain(result)
     return result, forwarder.reason()
 
 

@@ -32,6 +32,7 @@ from ..errors import PathDenied, UsageError, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layout import new_run_name, workspace_env
+from ..workspace.programpaths import workspace_relative
 from .supervisor import RUN_MARKER_VAR
 
 __all__ = [
@@ -158,7 +159,7 @@ class RunPreparation:
         if ws.host_path is None:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
         root = ws.host_path
-        cwd_parts = self._cwd_parts(spec.cwd)
+        cwd_parts = self._cwd_parts(workspace_relative(ws, spec.cwd))
         try:
             confined = ConfinedRoot(str(root), self.owner(ws))
         except FileNotFoundError:

@@ -69,13 +69,15 @@ class Launch:
     run_dir: str = ""
     classify_exit: Callable[[int], str | None] | None = None
     """Maps an exit code to the name of the limit that caused it (e.g. SIGXCPU → cpu_seconds)."""
-    exit_status: Callable[[int, bytes], int] | None = None
-    """Maps (exit code, stderr) to the exit code to report: a wrapper that could not start the program reports
-    it its own way (bwrap: exit 1), a shell says 127 or 126."""
+    exit_status: Callable[[int, bytes], tuple[int, bytes]] | None = None
+    """Maps (exit code, stderr) to the exit code and stderr to report: a wrapper that could not start the program
+    reports it its own way (bwrap: exit 1 and its own message), a shell says 127 or 126."""
     on_exit: list[Callable[[], None]] = field(default_factory=list)
     """Run once the run is over: the process exited (or was killed) and was reaped, or it failed to start."""
     after_spawn: list[Callable[[], None]] = field(default_factory=list)
     """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
+    annotate: list[Callable[[RunResult], RunResult]] = field(default_factory=list)
+    """Add what the wrapper knows to the run's result (after ``on_exit``): e.g. the egress proxy's audit."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
     info: ProgramInfo | None = None
@@ -379,10 +381,10 @@ class SupervisedProcess:
         out, err = self._out.getvalue(), self._err.getvalue()
         limit = "timeout" if timed_out else None
         if self._launch.exit_status is not None:
-            code = self._launch.exit_status(code, err)
+            code, err = self._launch.exit_status(code, err)
         if limit is None and self._launch.classify_exit is not None:
             limit = self._launch.classify_exit(code)
-        return RunResult(
+        result = RunResult(
             exit_code=code,
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
@@ -397,6 +399,9 @@ class SupervisedProcess:
             raw_stderr=err,
             run_dir=self._launch.run_dir,
         )
+        for hook in self._launch.annotate:
+            result = hook(result)
+        return result
 
     def _signal_group(self, sig: int) -> None:
         pid = self.pid

@@ -541,3 +541,34 @@ async def test_timeout_and_kill_give_the_program_its_term_handler(any_engine: En
         await handle.kill()
         result = await handle.wait()
     assert result.stdout == "up\ncleaned-up\n", (result.stdout, result.stderr)
+
+
+async def test_absolute_paths_in_the_programs_view_reach_the_same_files(any_engine: Engine, any_ws: Ws) -> None:
+    """The file API takes the paths a program prints: ``ws.path`` + a workspace path is that file; nothing else
+    absolute is reachable."""
+    root = any_ws.path
+    await any_engine.fs.put_files(any_ws, [PutFile(f"{root}/work/abs.txt", b"by absolute path")])
+    got = await any_engine.fs.read_file(any_ws, f"{root}/work/abs.txt")
+    assert (got.name, got.content) == ("work/abs.txt", b"by absolute path")
+    assert (await any_engine.fs.read_file(any_ws, "work/abs.txt")).content == b"by absolute path"
+    assert (await any_engine.fs.stat(any_ws, f"{root}/work/abs.txt")).path == "work/abs.txt"
+    assert [e.path for e in await any_engine.fs.list(any_ws, [f"{root}/work/*.txt"])] == ["work/abs.txt"]
+    await any_engine.fs.make_dir(any_ws, f"{root}/work/d")
+    await any_engine.fs.rename(any_ws, f"{root}/work/abs.txt", f"{root}/work/d/moved.txt")
+    assert await any_engine.fs.exists(any_ws, "work/d/moved.txt")
+    await any_engine.fs.remove(any_ws, f"{root}/work/d")
+    assert not await any_engine.fs.exists(any_ws, "work/d")
+    for outside in ("/etc/passwd", f"{root}-other/x", f"{root}/../x", f"{root}/work/../../x"):
+        with pytest.raises(PathDenied):
+            await any_engine.fs.read_file(any_ws, outside)
+
+
+@needs(Feature.PROGRAMS)
+async def test_cwd_and_files_by_the_programs_absolute_paths(any_engine: Engine, any_ws: Ws) -> None:
+    root = any_ws.path
+    r = await run(any_engine, any_ws, 'pwd; echo made > "$PWD/p.txt"', cwd=f"{root}/out")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"{root}/out"
+    assert (await any_engine.fs.read_file(any_ws, f"{root}/out/p.txt")).content == b"made\n"
+    with pytest.raises(PathDenied):
+        await run(any_engine, any_ws, "pwd", cwd="/etc")

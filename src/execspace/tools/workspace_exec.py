@@ -26,10 +26,10 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ..errors import CapabilityError, ExecspaceError, InvalidSpec, PathDenied, UsageError
-from ..models import PtySize, ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ..models import NetworkAttempt, NetworkPolicy, PtySize, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ..process.capture import HeadTailBuffer
 from ..protocols import Engine
 from ..workspace.confine import split_relpath
@@ -158,6 +158,20 @@ class _BoundTool:
         return await self._fn(arguments)
 
 
+#: Network attempts listed in one result (the run's network.jsonl has them all).
+_MAX_ATTEMPTS_SHOWN = 20
+
+
+def _attempt_fields(attempt: NetworkAttempt) -> dict[str, Any]:
+    return {
+        "destination": f"{attempt.host}:{attempt.port}",
+        "allowed": attempt.allowed,
+        "reason": attempt.reason,
+        "bytes_up": attempt.bytes_up,
+        "bytes_down": attempt.bytes_down,
+    }
+
+
 class WorkspaceExecTool:
     """Runs the model's shell commands in one workspace; owns its background sessions.
 
@@ -177,6 +191,8 @@ class WorkspaceExecTool:
         name_prefix: prefix of the four tool names (``workspace_`` gives ``workspace_exec``…).
         env_allow: policy mode only: the names of the model's ``env`` that are passed on (the rest is
             dropped and reported); widen it only with variables that make no allowed program run code.
+        network: the network of every run (None: the engine's default); with a :class:`NetworkPolicy` only its
+            destinations are reachable and each result lists the connections asked for under ``network``.
     """
 
     def __init__(
@@ -195,6 +211,7 @@ class WorkspaceExecTool:
         shell: Sequence[str] = DEFAULT_SHELL,
         name_prefix: str = "workspace_",
         env_allow: Iterable[str] = DEFAULT_ENV_ALLOW,
+        network: Literal["off", "on"] | NetworkPolicy | None = None,
     ) -> None:
         if (workspace_id is None) == (resolver is None):
             raise InvalidSpec("pass exactly one of workspace_id and resolver")
@@ -213,6 +230,7 @@ class WorkspaceExecTool:
         self.max_timeout = max_timeout
         self.limits = limits or ResourceLimits()
         self.shell = tuple(shell)
+        self.network = network
         self._workspace_id = workspace_id
         self._resolver = resolver
         self._sessions = SessionStore(ttl=session_ttl, max_running=max_sessions)
@@ -323,6 +341,7 @@ class WorkspaceExecTool:
             timeout=request.timeout,
             limits=replace(self.limits, output_bytes=output_bytes),
             pty=PtySize() if request.tty else None,
+            network=self.network,
         )
 
     async def _run(self, ws: Workspace, request: _Request) -> dict[str, Any]:
@@ -349,6 +368,10 @@ class WorkspaceExecTool:
         }
         if result.limit_hit and not result.timed_out:
             fields["limit_hit"] = result.limit_hit
+        if result.network_audit:
+            fields["network"] = [_attempt_fields(a) for a in result.network_audit[:_MAX_ATTEMPTS_SHOWN]]
+            if len(result.network_audit) > _MAX_ATTEMPTS_SHOWN:
+                fields["network_attempts_not_shown"] = len(result.network_audit) - _MAX_ATTEMPTS_SHOWN
         return fields
 
     # -- background sessions ---------------------------------------------------------

@@ -6,6 +6,7 @@ import asyncio
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -26,6 +27,7 @@ from ..models import (
 from .confine import ConfinedRoot, Entry, split_relpath
 from .hostroots import HostSource, walk_tree
 from .metadata import is_metadata_temp
+from .programpaths import checked_relative, workspace_relative, workspace_relatives
 from .staging import WorkspaceFSBase
 
 if TYPE_CHECKING:
@@ -162,6 +164,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         root = self._root(ws)
+        files = [replace(f, path=workspace_relative(ws, f.path)) for f in files]
         for f in files:
             split_relpath(f.path)  # refuse bad paths before writing anything
             self.check(ws, f.path, "write")
@@ -175,6 +178,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         root = self._root(ws)
+        path = workspace_relative(ws, path)
         self.check(ws, path, "read")
 
         def read() -> File:
@@ -209,7 +213,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
     ) -> tuple[list[File], bool]:
         """Like :meth:`collect`, also telling whether a cap cut the result short."""
         root = self._root(ws)
-        globs = collect_globs(patterns)
+        globs = collect_globs(workspace_relatives(ws, patterns))
         limits = (max_files, max_file_bytes, max_total_bytes)
         return await asyncio.to_thread(_collect, root, globs, *limits, self._readable(ws))
 
@@ -217,7 +221,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
         """Every entry matching the globs, of any kind, without reading content; symlinks are listed,
         never followed, and directories (kind ``dir``, size 0) are listed and walked into."""
         root = self._root(ws)
-        globs = collect_globs(patterns)
+        globs = collect_globs(workspace_relatives(ws, patterns))
         readable = self._readable(ws)
 
         def walk() -> list[FileEntry]:
@@ -228,7 +232,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
         root = self._root(ws)
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         self.check(ws, rel, "read")
 
         def lstat() -> FileEntry:
@@ -239,7 +243,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         self.check(ws, rel, "write")
 
         def mkdir() -> None:
@@ -250,7 +254,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def rename(self, ws: Workspace, src: str, dst: str) -> None:
         root = self._root(ws)
-        src, dst = "/".join(split_relpath(src)), "/".join(split_relpath(dst))
+        src, dst = checked_relative(ws, src), checked_relative(ws, dst)
         self.check(ws, src, "write")
         self.check(ws, dst, "write")
 
@@ -277,6 +281,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
         if not src.is_absolute():
             raise PathDenied(str(src), "stage_directory needs an absolute host path")
         root = self._root(ws)
+        dest = workspace_relative(ws, dest)
 
         def rules(host_src: str, target: str) -> bool:
             """Copy this entry? Host entries the rule hides are skipped; refused targets raise."""
@@ -299,7 +304,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def remove(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         self.check(ws, rel, "write")
 
         def rm() -> None:
@@ -317,6 +322,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
     async def link_host(self, ws: Workspace, src: Path, dest: str) -> None:
         """Make ``dest`` a symlink to the allowed host path ``src`` (mode='link')."""
         real = self.check_host_path(src)
+        dest = workspace_relative(ws, dest)
         self.check(ws, str(real), "read")
         self.check(ws, dest, "write")
         root = self._root(ws)

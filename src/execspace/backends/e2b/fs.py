@@ -28,10 +28,10 @@ from ...models import (
     Workspace,
     WorkspacePolicy,
 )
-from ...workspace.confine import split_relpath
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS
 from ...workspace.metadata import is_metadata_temp
+from ...workspace.programpaths import checked_relative, workspace_relatives
 from ...workspace.staging import WorkspaceFSBase, read_within_caps
 from .sandboxes import Box, Sandboxes, workspace_key
 
@@ -99,7 +99,7 @@ class E2BWorkspaceFS(WorkspaceFSBase):
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         if not files:
             return
-        plan = [("/".join(split_relpath(f.path)), f) for f in files]  # refuses escapes before any upload
+        plan = [(checked_relative(ws, f.path), f) for f in files]  # refuses escapes before any upload
         box = self._box(ws)
         stage = f"{box.stage_dir()}/{secrets.token_hex(8)}"
         from e2b.sandbox.filesystem.filesystem import WriteEntry
@@ -115,7 +115,7 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         await box.agent("install", ws=ws.path, stage=stage, files=moves)
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         data, size = await self._read(ws, rel, max_bytes)
         return File(rel, data, guess_mime(rel, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
@@ -135,7 +135,7 @@ class E2BWorkspaceFS(WorkspaceFSBase):
     async def _entries(self, ws: Workspace, patterns: Sequence[str]) -> builtins.list[tuple[FileEntry, int]]:
         from wcmatch import glob as wglob
 
-        globs = collect_globs(patterns)
+        globs = collect_globs(workspace_relatives(ws, patterns))
         if not globs:
             return []
         starts = [list(s) for s in walk_starts(globs)]
@@ -176,16 +176,16 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         )
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         got, size, mtime, kind, _ = await self._box(ws).agent("stat", ws=ws.path, path=rel)
         return FileEntry(got, size, mtime, _KINDS[kind])
 
     async def remove(self, ws: Workspace, path: str) -> None:
-        await self._box(ws).agent("remove", ws=ws.path, path="/".join(split_relpath(path)))
+        await self._box(ws).agent("remove", ws=ws.path, path=checked_relative(ws, path))
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
-        await self._box(ws).agent("mkdir", ws=ws.path, path="/".join(split_relpath(path)))
+        await self._box(ws).agent("mkdir", ws=ws.path, path=checked_relative(ws, path))
 
     async def rename(self, ws: Workspace, src: str, dst: str) -> None:
-        s, d = "/".join(split_relpath(src)), "/".join(split_relpath(dst))
+        s, d = checked_relative(ws, src), checked_relative(ws, dst)
         await self._box(ws).agent("rename", ws=ws.path, src=s, dst=d)

@@ -32,6 +32,7 @@ from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
 from ...workspace.confine import split_relpath
 from ...workspace.layout import new_run_name, workspace_env
+from ...workspace.programpaths import workspace_relative
 from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ class E2BRunner:
         if spec.network == "off" and options.allow_internet_access:
             raise CapabilityError("network off", "e2b", "its sandboxes were created with allow_internet_access=True")
         box = self._boxes.box(workspace_key(ws.id))
-        cwd = "/".join(split_relpath(spec.cwd)) if spec.cwd not in ("", ".", "./") else ""
+        rel = workspace_relative(ws, spec.cwd)
+        cwd = "/".join(split_relpath(rel)) if rel not in ("", ".", "./") else ""
         run_dir = new_run_name()
         marker = f"{RUN_MARKER_VAR}={secrets.token_hex(8)}"
         env = self.env_policy.build(

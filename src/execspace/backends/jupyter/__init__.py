@@ -12,10 +12,11 @@ Where kernels run is the ``mode=`` of :meth:`JupyterBackend.open` (:mod:`.modes`
   sockets in its workspace (:mod:`.sandboxed`); workspaces, the file API and programs are the sandbox
   backend's too; a warm pool starts kernels in workspace slots that become new workspaces
   (:mod:`.sandboxpool`). Fails closed with ``SetupFailed``.
+  This is the default: where the sandbox cannot run kernels, opening fails; it never falls back.
 * :class:`HostKernels`: kernels and programs run on this host as the caller, with no isolation (like
-  ``local``, :mod:`.hostkernels`); only for trusted code.
-* :class:`AutoKernels` (default): sandboxed when the sandbox works here, else on the host with a
-  ``RuntimeWarning`` and Capabilities saying isolation ``none`` and why: never a silent fallback.
+  ``local``, :mod:`.hostkernels`); only for trusted code, and only when named.
+* :class:`AutoKernels`: sandboxed when the sandbox works here, else on the host with a ``RuntimeWarning`` and
+  Capabilities saying isolation ``none`` and why: a fallback the caller asks for by naming this mode.
 * :class:`ServerKernels`: kernels on a Jupyter Server or Kernel Gateway (:mod:`.server`).
 """
 
@@ -27,13 +28,14 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
+from ...environments import EnvironmentStore
 from ...envpolicy import EnvPolicy
-from ...errors import SetupFailed, UnsupportedBackend
+from ...errors import EnvironmentNotFound, SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...workspace.hostfs import HostWorkspaceFS
@@ -44,6 +46,9 @@ from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
 from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
 from .options import JupyterOptions
 from .outputs import RichOutputLimits
+
+if TYPE_CHECKING:
+    from .sandboxed import Interpreter
 
 __all__ = [
     "AutoKernels",
@@ -88,7 +93,7 @@ class JupyterBackend:
 
     @classmethod
     async def probe(cls, options: JupyterOptions, /) -> Probe:
-        mode, kernel_name = check_mode(options.mode or AutoKernels()), options.kernel_name
+        mode, kernel_name = check_mode(options.mode or SandboxedKernels()), options.kernel_name
         if isinstance(mode, ServerKernels):  # what the server offers is checked when the engine opens
             return Probe(True, f"remote kernels on {mode.url}")
         language = _kernel_language(kernel_name)
@@ -96,7 +101,8 @@ class JupyterBackend:
             return language
         if isinstance(mode, HostKernels):
             return Probe(True, f"kernel {kernel_name!r} ({language}) on this host, no isolation")
-        why_not = await _sandbox_unavailable(kernel_name, language, mode.bwrap)
+        environment = mode.environment if isinstance(mode, SandboxedKernels) else None
+        why_not = await _sandbox_unavailable(kernel_name, language, mode.bwrap, environment)
         if why_not is None:
             return Probe(True, f"kernel {kernel_name!r} ({language}) in the OS sandbox")
         if isinstance(mode, SandboxedKernels):
@@ -107,10 +113,10 @@ class JupyterBackend:
     async def capabilities(
         cls, env_policy: EnvPolicy | None = None, *, mode: KernelMode | None = None, kernel_name: str = "python3"
     ) -> Capabilities:
-        """What an engine opened with ``mode`` (default :class:`AutoKernels`) on this host states, without
+        """What an engine opened with ``mode`` (default :class:`SandboxedKernels`) on this host states, without
         starting a kernel: sandboxed modes open (and close) the sandbox, since what it enforces here is known
         only then. ``SetupFailed`` where the mode cannot work."""
-        mode = check_mode(mode or AutoKernels())
+        mode = check_mode(mode or SandboxedKernels())
         if isinstance(mode, ServerKernels):  # nothing to ask here: the server is reached when an engine opens
             from .server import server_capabilities
 
@@ -132,7 +138,7 @@ class JupyterBackend:
             InvalidSpec: ``mode`` is not one of the modes.
             SetupFailed: the mode cannot work here (the message says how to fix it).
         """
-        mode = check_mode(options.mode or AutoKernels())
+        mode = check_mode(options.mode or SandboxedKernels())
         kernel_name, interrupt_grace = options.kernel_name, options.interrupt_grace
         rich = options.rich_outputs or RichOutputLimits()
         if isinstance(mode, ServerKernels):
@@ -171,8 +177,11 @@ async def _open_local(
     try:
         return await _open_sandboxed(common, kernel_opts, language, sandboxed, start_pool)
     except (SetupFailed, UnsupportedBackend) as exc:
-        if isinstance(mode, SandboxedKernels):  # asked for the sandbox: fail, do not fall back
-            raise SetupFailed("jupyter", f"cannot sandbox kernels: {exc}", _SANDBOX_FIX) from exc
+        if isinstance(mode, SandboxedKernels):  # the default: fail, never fall back
+            own = exc.fix if isinstance(exc, SetupFailed) else ""
+            cause = exc.cause if isinstance(exc, SetupFailed) else str(exc)
+            fix = f"{own}; {_HOST_KERNELS}" if own else _SANDBOX_FIX
+            raise SetupFailed("jupyter", f"cannot sandbox kernels: {cause}", fix) from exc
         fallback = str(exc)
     warnings.warn(
         f"execspace jupyter: kernels run on this host WITHOUT isolation: {fallback} "
@@ -184,19 +193,40 @@ async def _open_local(
     return _open_host(common, kernel_opts, language, host, fallback, start_pool)
 
 
-_SANDBOX_FIX = "see `execspace doctor`; or pass mode=HostKernels() to run kernels on the host without isolation"
+_HOST_KERNELS = (
+    "or, for trusted code only, run kernels on this host without isolation: mode=HostKernels() "
+    "(CLI: exec-code --kernels host)"
+)
+_SANDBOX_FIX = f"see `execspace doctor`; {_HOST_KERNELS}"
+_INTERPRETER_FIX = (
+    "make the environment where the sandbox's uid can read it (every parent directory searchable by others, "
+    "e.g. a venv under /opt made from a system-wide Python), or install this Python version system-wide"
+)
 
 
-async def _sandbox_unavailable(kernel_name: str, language: str, bwrap: str | None) -> tuple[str, str] | None:
+def _interpreter(environment: str | None) -> Interpreter | str:
+    """The kernels' interpreter (``Interpreter``): the runtime environment's, else the caller's; or why not (str)."""
+    from .sandboxed import environment_interpreter, find_interpreter
+
+    if environment is None:
+        return find_interpreter()
+    return environment_interpreter(EnvironmentStore().get(environment))
+
+
+async def _sandbox_unavailable(
+    kernel_name: str, language: str, bwrap: str | None, environment: str | None = None
+) -> tuple[str, str] | None:
     """Why kernels cannot run sandboxed here (cause, fix), or None."""
     from ..sandbox import SandboxBackend, SandboxOptions
-    from .sandboxed import find_interpreter
 
     if not _ipykernel_spec(kernel_name, language):
         return f"kernel {kernel_name!r} is not an ipykernel (Python) kernel", "use a python kernel spec"
-    interpreter = find_interpreter()
+    try:
+        interpreter = _interpreter(environment)
+    except EnvironmentNotFound as exc:
+        return str(exc), f"execspace env build {environment}"
     if isinstance(interpreter, str):
-        return interpreter, "install python3 for this Python version system-wide, or a venv in a readable place"
+        return interpreter, _INTERPRETER_FIX
     probe = await SandboxBackend.probe(SandboxOptions(bwrap=bwrap))
     return None if probe.ok else (probe.reason, probe.fix)
 
@@ -209,19 +239,19 @@ async def _open_sandboxed(
     start_pool: bool,
 ) -> KernelEngine[KernelSessions]:
     from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxOptions, SandboxPolicy, SandboxRunner
-    from .sandboxed import SandboxKernelConfig, find_interpreter
+    from .sandboxed import SandboxKernelConfig
 
     if not _ipykernel_spec(kernel_opts["kernel_name"], language):
         raise SetupFailed("jupyter", f"kernel {kernel_opts['kernel_name']!r} is not an ipykernel kernel", "")
-    interpreter = find_interpreter()
+    interpreter = _interpreter(mode.environment)
     if isinstance(interpreter, str):
-        raise SetupFailed("jupyter", interpreter, "install python3 for this Python version system-wide")
+        raise SetupFailed("jupyter", interpreter, _INTERPRETER_FIX)
     policy = mode.policy or SandboxPolicy()
     if not policy.managed:
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")
     if interpreter.read_paths:
         policy = policy.with_read_paths(*interpreter.read_paths)
-    own = {"policy": policy, "network": mode.network, "bwrap": mode.bwrap}
+    own = {"policy": policy, "network": mode.network, "bwrap": mode.bwrap, "environment": mode.environment}
     sb = await SandboxBackend.open(SandboxOptions.from_keywords("sandbox", {**common.shared(), **own}))
     runner = sb.runner
     assert isinstance(runner, SandboxRunner)
@@ -282,6 +312,14 @@ def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> Re
     return ResourceLimits(output_bytes=None, **keep)
 
 
+def _kernel_network(on: bool, allow: Any) -> str:
+    if allow is not None:
+        return f"allow-list through an egress proxy per kernel ({', '.join(allow.allowed) or 'nothing listed'})"
+    if on:
+        return "on"
+    return "off (own network namespace; socket(AF_UNIX) refused once the kernel's channels are bound)"
+
+
 def _sandboxed_capabilities(
     sb: Capabilities, language: str, cfg: Any, pool: tuple[int, int], rich: RichOutputLimits
 ) -> Capabilities:
@@ -292,9 +330,7 @@ def _sandboxed_capabilities(
         "mode": "kernel in the OS sandbox (bubblewrap), reached over IPC sockets in its workspace's runs/",
         "kernel_isolation": "sandbox",
         "kernel_language": language,
-        "kernel_network": "on"
-        if cfg.network
-        else "off (own network namespace; socket(AF_UNIX) refused once the kernel's channels are bound)",
+        "kernel_network": _kernel_network(cfg.network, cfg.runner.network_allow),
         "kernel_limits": f"{applied} for the kernel's whole sandbox ({sb.details.get('memory_bytes', '')}); "
         "cells: timeout (interrupt message, then restart) and output_bytes",
         "kernel_interpreter": cfg.interpreter.path,

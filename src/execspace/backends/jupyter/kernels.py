@@ -268,7 +268,8 @@ class KernelSessions:
         """Return (exit code, timed out, kernel died)."""
         await kernel.drain()
         msg_id = kernel.execute(code)
-        deadline = time.monotonic() + timeout if timeout is not None else math.inf
+        sent = time.monotonic()
+        deadline = sent + timeout if timeout is not None else math.inf
         try:
             if await self._collect_or_interrupt(session, kernel, msg_id, out, deadline, save):
                 return (EXIT_ERROR if out.error else EXIT_OK), False, False
@@ -278,7 +279,8 @@ class KernelSessions:
                 return EXIT_INTERRUPTED, True, False
         except _KernelDied:
             # a launcher may learn of a death late (a server's restarter polls): it may predate this cell
-            when = "during this cell" if session.began == msg_id else "before this cell showed that it started"
+            after = f"{time.monotonic() - sent:.1f} s after this cell was sent"
+            when = f"during this cell ({after})" if session.began == msg_id else f"{after}, before any of its output"
             status, how = await self._bury(session)
             session.lost = "a fresh kernel was started: the previous one died, its variables and imports are gone"
             out.note(
@@ -479,12 +481,10 @@ async def _collect(
             continue
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
             continue  # output of an earlier, interrupted cell or of a background thread
+        session.began = msg_id  # any message of this cell shows that the kernel took it
         msg_type, content = msg["header"]["msg_type"], msg["content"]
-        if msg_type == "status":
-            if content.get("execution_state") == "idle":
-                return True
-            if content.get("execution_state") == "busy":
-                session.began = msg_id
+        if msg_type == "status" and content.get("execution_state") == "idle":
+            return True
         out.add(msg_type, content)
         if out.files and (files := out.take_files()) and save is not None:
             await save(files)

@@ -1,9 +1,10 @@
 """Where the jupyter backend's kernels run: one value, the ``mode=`` of ``open_engine("jupyter", …)``.
 
-* :class:`AutoKernels` (default): :class:`SandboxedKernels` when the sandbox works here, else
-  :class:`HostKernels` with a ``RuntimeWarning`` (``describe()`` says which and why).
+* :class:`SandboxedKernels` (default): kernels and programs in the OS sandbox; ``SetupFailed`` where it does not
+  work.
 * :class:`HostKernels`: kernels and programs on this host as the caller, no isolation.
-* :class:`SandboxedKernels`: kernels and programs in the OS sandbox; ``SetupFailed`` where it does not work.
+* :class:`AutoKernels`: :class:`SandboxedKernels` when the sandbox works here, else :class:`HostKernels` with a
+  ``RuntimeWarning`` (``describe()`` says which and why): the fallback happens only when this mode is named.
 * :class:`ServerKernels`: kernels on a Jupyter Server or Kernel Gateway (docs/jupyter-remote.md).
 
 Each mode holds only the options that apply to it, so an option the mode cannot honour cannot be passed.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import InvalidSpec
-from ...models import ResourceLimits
+from ...models import NetworkPolicy, ResourceLimits
 
 if TYPE_CHECKING:
     from ..sandbox import SandboxPolicy
@@ -55,18 +56,24 @@ class SandboxedKernels:
     default, limits for the whole kernel); workspaces, files and programs are the sandbox backend's.
 
     Args:
-        policy, network, bwrap: the sandbox backend's options.
+        policy, network, bwrap: the sandbox backend's options (``network`` may be a
+            :class:`~execspace.models.NetworkPolicy`: each kernel's sandbox then reaches only its destinations,
+            through an egress proxy of its own whose audit is in the kernel's run directory).
         kernel_limits: limits of each kernel as a whole, for its lifetime (default
             ``DEFAULT_KERNEL_LIMITS``, less what this host cannot enforce).
         pool_size: kernels started ahead, each in a workspace slot that is renamed into place, so they serve
             new workspaces only (not reopened ones, nor ``path=``), and none with a policy's no-access globs.
         pool_idle_timeout: seconds a pooled kernel waits before it is stopped; the pool refills on the next
             workspace created.
+        environment: a built runtime environment (``execspace env build code-interpreter``) whose python and
+            ipykernel run the kernels, and whose tree programs run in: nothing then comes from the caller's venv.
+            None: the caller's own Python and packages, which the sandbox's uid must be able to read.
     """
 
     policy: SandboxPolicy | None = None
-    network: bool | None = None
+    network: bool | NetworkPolicy | None = None
     bwrap: str | None = None
+    environment: str | None = None
     kernel_limits: ResourceLimits | None = None
     pool_size: int = 1
     pool_idle_timeout: float = 600.0

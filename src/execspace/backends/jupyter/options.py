@@ -17,9 +17,9 @@ class JupyterOptions(HostOptions):
     environment), and:
 
     Args:
-        mode: where kernels run (default :class:`AutoKernels`): :class:`HostKernels`, :class:`SandboxedKernels` or
-            :class:`ServerKernels`, each with the options that apply to it (pool, sandbox policy and limits, server
-            URL and token; see :mod:`.modes`).
+        mode: where kernels run: :class:`SandboxedKernels` (default; fails closed where the sandbox cannot run
+            them), :class:`HostKernels`, :class:`AutoKernels` or :class:`ServerKernels`, each with the options that
+            apply to it (pool, sandbox policy and limits, server URL and token; see :mod:`.modes`).
         kernel_name: the installed kernel spec to start for each workspace (sandboxed: ipykernel specs only; on a
             server: one of the server's Python specs).
         interrupt_grace: seconds a timed-out cell gets to stop after the interrupt before its kernel is restarted.

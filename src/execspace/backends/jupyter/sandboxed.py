@@ -56,6 +56,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
+from ...environments import Environment
 from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
 from ...process.supervisor import SupervisedProcess
@@ -63,7 +64,15 @@ from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, wh
 from .hostkernels import PYTHON_KERNEL_ARGS, ZmqConnection
 from .outputs import RichOutputLimits
 
-__all__ = ["LAUNCHER", "Interpreter", "SandboxKernelConfig", "SandboxedKernel", "find_interpreter", "start_sandboxed"]
+__all__ = [
+    "LAUNCHER",
+    "Interpreter",
+    "SandboxKernelConfig",
+    "SandboxedKernel",
+    "environment_interpreter",
+    "find_interpreter",
+    "start_sandboxed",
+]
 
 #: Channel → socket file suffix in the run directory (``k-1`` …).
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
@@ -215,6 +224,17 @@ def find_interpreter() -> Interpreter | str:
             return f"this environment's packages ({d}) are not readable by the sandbox uid"
     prefix = os.path.realpath(sys.prefix)
     return Interpreter(python, dirs, (prefix,) if hidden_by_default(prefix) else ())
+
+
+def environment_interpreter(environment: Environment) -> Interpreter | str:
+    """The interpreter of a runtime environment (its own python, site-packages and ipykernel: the sandbox binds
+    its tree), or why it cannot run kernels."""
+    if not any(name.lower() == "ipykernel" for name in environment.packages):
+        return (
+            f"the environment {environment.name!r} has no ipykernel: add it to the spec's requirements and build "
+            "again (the built-in code-interpreter has it)"
+        )
+    return Interpreter(str(environment.python), (), ())
 
 
 def _reachable(path: str) -> bool:

@@ -27,6 +27,7 @@ import posixpath
 import secrets
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ from ...workspace.confine import split_relpath
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
+from ...workspace.programpaths import checked_relative, workspace_relatives
 from ...workspace.staging import WorkspaceFSBase, read_within_caps
 from .kernels import bind
 from .serverkernels import RemoteConnection, RemoteKernelSessions, RemoteLauncher
@@ -172,8 +174,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
         self.files = files
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
-        for f in files:
-            split_relpath(f.path)  # refuse bad paths before writing anything
+        files = [replace(f, path=checked_relative(ws, f.path)) for f in files]  # refused before anything is written
         batch: list[dict[str, Any]] = []
         size = 0
         for f in files:
@@ -197,7 +198,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
             (tmp,) = await self.files.call("write", {"ws": ws.path, "items": [item]})
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
-        split_relpath(path)
+        path = checked_relative(ws, path)
         data, size = await self._read(ws, path, max_bytes)
         return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
@@ -226,7 +227,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
     ) -> list[File]:
-        found = await self._matching(ws, collect_globs(patterns))
+        found = await self._matching(ws, collect_globs(workspace_relatives(ws, patterns)))
 
         async def read(path: str, cap: int) -> tuple[bytes, int]:
             return await self._read(ws, path, cap)
@@ -248,24 +249,24 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
 
     async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
         """Every entry matching the globs, of any kind (see HostWorkspaceFS.list); no content read."""
-        found = await self._matching(ws, collect_globs(patterns))
+        found = await self._matching(ws, collect_globs(workspace_relatives(ws, patterns)))
         return [FileEntry(path, size, mtime, kind) for path, size, _, kind, mtime in found]
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         (path, size, _, kind, mtime) = _checked(await self.files.call("stat", {"ws": ws.path, "path": rel}))
         return FileEntry(path, size, mtime, kind)
 
     async def remove(self, ws: Workspace, path: str) -> None:
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         await self.files.call("remove_path", {"ws": ws.path, "path": rel})
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
-        rel = "/".join(split_relpath(path))
+        rel = checked_relative(ws, path)
         await self.files.call("make_dir", {"ws": ws.path, "path": rel})
 
     async def rename(self, ws: Workspace, src: str, dst: str) -> None:
-        src, dst = "/".join(split_relpath(src)), "/".join(split_relpath(dst))
+        src, dst = checked_relative(ws, src), checked_relative(ws, dst)
         await self.files.call("rename", {"ws": ws.path, "src": src, "dst": dst})
 
     async def next_cell(self, ws: Workspace) -> int:

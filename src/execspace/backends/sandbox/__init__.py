@@ -20,16 +20,17 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...artifacts import ArtifactService
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
+from ...environments import Environment, EnvironmentStore
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
-from ...models import ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
 from ...process.preparation import PreparedRun, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
@@ -44,6 +45,7 @@ from .bwrap import (
     SANDBOX_WORKSPACE,
     BwrapConfig,
     build_argv,
+    closed_ancestor,
     find_bwrap,
     hidden_by_default,
     is_sandbox_uid,
@@ -52,12 +54,13 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .egress import EgressChannel, proxy_env
 from .options import SandboxMode, SandboxOptions
 from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 from .session import SessionConfig
-from .supervisorbin import SESSION_FIX, supervisor_binary
+from .supervisorbin import EGRESS_FIX, SESSION_FIX, egress_bridge_binary, supervisor_binary
 
 __all__ = [
     "SANDBOX_WORKSPACE",
@@ -79,6 +82,7 @@ DOES_NOT_PROTECT = (
     "kernel vulnerabilities: the boundary is Linux namespaces; a kernel exploit escapes it",
     "reading world-readable host system files (/usr, /etc…) that are bound read-only",
     "with network on: anything reachable from this host, including services on other hosts",
+    "with a network allow-list: whatever the program sends to an allowed destination (exfiltration to it)",
     "CPU time is an rlimit per process, not a total; without cgroups memory is an rlimit per process too",
     "disk usage is measured after a run (limit_hit), not stopped while the program writes",
 )
@@ -130,16 +134,22 @@ class SandboxRunner(HostRunner):
         cgroups: CgroupSupport | None = None,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         kill_grace: float = 2.0,
+        network_allow: NetworkPolicy | None = None,
+        on_network_attempt: NetworkApprover | None = None,
+        environment: Environment | None = None,
     ) -> None:
+        bin_dir = None if environment is None else str(environment.bin_dir)
         super().__init__(
             capabilities,
             env_policy,
             kill_grace=kill_grace,
             owner=owner,
             program_root=lambda _ws: SANDBOX_WORKSPACE,
-            lookup=which_in_sandbox,
-            path_view=lambda path: visible_path_entries(path) or MINIMAL_PATH,
+            # the environment's bin is bound by the policy, wherever it lies: the view keeps it, the lookup too
+            lookup=which_in_sandbox if bin_dir is None else lookup_on_path,
+            path_view=functools.partial(_path_view, bin_dir),
         )
+        self.environment = environment
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -149,6 +159,9 @@ class SandboxRunner(HostRunner):
         self.setsid = _visible(shutil.which("setsid"))
         self.bwrap = bwrap
         self.network_default = network_default
+        # the engine's allow-list: the network of every run that does not choose its own
+        self.network_allow = network_allow
+        self.on_network_attempt = on_network_attempt
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
@@ -156,6 +169,7 @@ class SandboxRunner(HostRunner):
         self.hidden = tuple(hidden)
         # shared with clones (with_seccomp): their runs mount the same placeholders
         self.placeholders = Placeholders()
+        self._bridge: Path | None = None
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
         """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
@@ -216,10 +230,13 @@ class SandboxRunner(HostRunner):
         return launch
 
     def program_env(self, prep: PreparedRun) -> dict[str, str]:
-        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides, and
-        temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
+        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides (the
+        runtime environment's bin first), the runtime environment's variables where the run sets none of its own,
+        and temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
         env = dict(prep.env)
-        env["PATH"] = visible_path_entries(env["PATH"]) or MINIMAL_PATH
+        env["PATH"] = _path_view(None if self.environment is None else str(self.environment.bin_dir), env["PATH"])
+        if self.environment is not None:
+            env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
         if not self.access_of(prep.root, "tmp").can_write:
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
         return env
@@ -229,23 +246,37 @@ class SandboxRunner(HostRunner):
         return self.resolvers(os.path.realpath(root)).access(rel)
 
     def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
-        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
+        wanted = self.network_allow if prep.spec.network is None else prep.spec.network
+        network = self.network_default if wanted is None else wanted == "on"
         env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
         mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
-        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
         inner = list(prep.argv)
         if prep.spec.pty is not None:
             if self.setsid is None:
                 raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
             inner = [self.setsid, "--ctty", *inner]
+        egress = None
+        if isinstance(wanted, NetworkPolicy):
+            # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
+            egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+            mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
+            env.update(proxy_env())
+        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
             os.close(seccomp_fd)
+            if egress is not None:
+                egress.close()
             raise
+        if egress is not None:
+            launch.pass_fds = (*launch.pass_fds, *egress.pass_fds)
+            launch.after_spawn.append(egress.started)
+            launch.on_exit.append(egress.close)
+            launch.annotate.append(egress.annotate)
         launch.pty_controlling = False
         launch.signal_target = _program_group
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
@@ -255,6 +286,12 @@ class SandboxRunner(HostRunner):
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
         return launch
+
+    def _bridge_binary(self) -> Path:
+        if self._bridge is None:
+            # built once per host and user, then found in the cache: the first allow-list run waits for the build
+            self._bridge = egress_bridge_binary(_private_execspace_dir())
+        return self._bridge
 
     def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> None:
         """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits need one."""
@@ -304,6 +341,12 @@ class SandboxProcess:
     to close."""
 
 
+def _path_view(bin_dir: str | None, path: str) -> str:
+    """``path`` as a sandbox sees it, with ``bin_dir`` (a runtime environment's, bound by the policy) first."""
+    view = visible_path_entries(path) or MINIMAL_PATH
+    return view if bin_dir is None else ":".join(dict.fromkeys([bin_dir, *view.split(":")]))
+
+
 def which_in_sandbox(cmd: str, path: str = MINIMAL_PATH) -> str | None:
     """The program a sandbox starts for ``cmd``: a bare name is looked up on the entries of ``path`` the sandbox
     sees (no ``/root``, ``/home``… ones); a path is started as given."""
@@ -322,16 +365,47 @@ _EXEC_ERRORS = {
 }
 
 
-def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> int:
-    """The program's exit code as every backend reports it, from bwrap's: 127/126 when bwrap's exec of
-    ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``), ``-N`` when the program was killed
-    by signal N (bwrap exits ``128 + N``), else the program's own code."""
+def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, bytes]:
+    """The program's exit code as every backend reports it, from bwrap's, and the stderr to report: 127/126 with
+    our explanation when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
+    ``-N`` when the program was killed by signal N (bwrap exits ``128 + N``), else the program's own code."""
     if code != 1:
-        return signal_status(code)
+        return signal_status(code), stderr
     prefix = f"bwrap: execvp {program}: ".encode()
     if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
-        return code
-    return _EXEC_ERRORS.get(stderr[len(prefix) : -1].decode(errors="replace"), code)
+        return code, stderr
+    error = stderr[len(prefix) : -1].decode(errors="replace")
+    status = _EXEC_ERRORS.get(error)
+    if status is None:
+        return code, stderr
+    return status, f"execspace: cannot execute {program!r} in the sandbox: {error}{exec_hint(program)}\n".encode()
+
+
+def exec_hint(program: str) -> str:
+    """Why a program path the host has is missing in the sandbox, and the fix ('' when we cannot tell)."""
+    if not os.path.isabs(program):
+        return ""
+    if not os.path.lexists(program):
+        return " (nor is it on this host)"
+    real = os.path.realpath(program)
+    if real != program and os.path.islink(program):
+        home = os.path.dirname(os.path.dirname(real))
+        closed = closed_ancestor(home)
+        grant = (
+            f"make the venv from a Python others can read (its install is under {closed}, which the sandbox's uid "
+            "cannot pass)"
+            if closed is not None
+            else f"grant that install read-only, e.g. --read {home} (read_paths=)"
+        )
+        return (
+            f" ({program} is a link to {real}, which the sandbox does not show: a venv's python links to the "
+            f"Python it was made from; {grant}, or run the sandbox's python3 with the venv's site-packages on "
+            "PYTHONPATH)"
+        )
+    return (
+        f" ({program} is on this host but not in the sandbox: grant its directory, e.g. --read "
+        f"{os.path.dirname(program)}; if it is a script, the interpreter on its #! line must be in the sandbox too)"
+    )
 
 
 def _with_nproc(inner: Any, pids: int | None) -> Any:
@@ -430,6 +504,7 @@ class SandboxBackend:
             isolation=Isolation.PROCESS,
             network_control=True,
             network_default=network_default,
+            network_domains=_c_compiler() is not None,
             clean_env=True,
             read_only_mounts=True,
             streaming=True,
@@ -463,7 +538,11 @@ class SandboxBackend:
             raise UnsupportedBackend(
                 f"sandbox: {_UNSUPPORTED_PLATFORM.format(platform=sys.platform)}; {_UNSUPPORTED_FIX}"
             )
-        policy = _resolve_policy(options.policy, options.network)
+        allow = options.network if isinstance(options.network, NetworkPolicy) else None
+        policy = _resolve_policy(options.policy, False if allow is not None else cast("bool | None", options.network))
+        environment = _runtime_environment(options.environment, policy)
+        if environment is not None:
+            policy = policy.with_read_paths(environment.path)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if mode == "session" and (sys.platform == "darwin" or not policy.managed):
             raise UnsupportedBackend(
@@ -478,6 +557,8 @@ class SandboxBackend:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
         cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
         caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups, mode=mode)
+        if environment is not None:
+            caps = replace(caps, details={**caps.details, "environment": environment.summary()})
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
 
@@ -504,7 +585,12 @@ class SandboxBackend:
             "capabilities": lambda: caps,
             "env_policy": env_policy,
             "kill_grace": kill_grace,
+            "network_allow": allow,
+            "on_network_attempt": options.on_network_attempt,
+            "environment": environment,
         }
+        if allow is not None and not caps.network_domains:
+            raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
         prepare = sandbox_layout_owner() if as_root else None
         if mode == "session":
             config = options.session or SessionConfig()
@@ -602,6 +688,20 @@ def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:
     A root caller's are 0700 root and its programs run under other uids, which the daemon refuses:
     masking them would only break grants over their parents (bwrap cannot reach a mount point there)."""
     return () if as_root else tuple(map(Path, daemon_dirs()))
+
+
+def _runtime_environment(name: str | None, policy: SandboxPolicy) -> Environment | None:
+    """The built environment ``name`` (``EnvironmentNotFound`` naming the build command), None for none."""
+    if name is None:
+        return None
+    if not policy.managed or sys.platform == "darwin":
+        raise CapabilityError(
+            f"environment={name!r}",
+            "sandbox",
+            "environments run on Linux with a managed profile (workspace-write, "
+            "read-only); drop environment= or the profile",
+        )
+    return EnvironmentStore().get(name)
 
 
 def _resolve_policy(policy: SandboxPolicy | None, network: bool | None) -> SandboxPolicy:

@@ -371,8 +371,37 @@ def _host_grant(p: _Plan, t: Target, hidden: Sequence[str]) -> None:
         )
     if _host_kind(t.path) == "missing":
         raise PathDenied(t.path, "granted host path does not exist (create it first)")
+    _check_reachable(t.path)
     p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
     p.host_levels[t.path] = t.access
+
+
+def closed_ancestor(path: str) -> str | None:
+    """The directory above ``path`` that the sandbox's uid cannot pass, or None. As root, bwrap binds a grant as
+    the workspace's own uid, which only the "other" bits let through (``/root`` is 0700); otherwise it runs as us."""
+    if os.geteuid() != 0:
+        return None
+    parts = path_parts(path)
+    for n in range(len(parts)):
+        anc = "/" + "/".join(parts[:n])
+        try:
+            if os.stat(anc).st_mode & stat.S_IXOTH:
+                continue
+        except FileNotFoundError:
+            return None  # what is missing is made by us, searchable
+        return anc
+    return None
+
+
+def _check_reachable(path: str) -> None:
+    """Say why a grant cannot be bound, where bwrap would fail with its bare message."""
+    closed = closed_ancestor(path)
+    if closed is not None:
+        raise PolicyViolation(
+            f"cannot grant {path}: as root the sandbox runs as the workspace's own uid, which cannot pass {closed} "
+            "(not searchable by others); grant a path outside it (e.g. put the environment under /opt), or run "
+            "execspace as a normal user (its sandbox then runs as that user)"
+        )
 
 
 def _pin_host(p: _Plan, path: str) -> None:
@@ -566,6 +595,7 @@ def policy_mounts(res: Resolver, cwd_rel: str = "", *, held: PlaceholderRun, hid
     ``.execspace`` (mode 0555, kept) where it is missing under a writable root, and ``.execspace/denied``.
 
     Raises:
+        SetupFailed: as root, the workspace lies under a directory its sandbox's uid cannot pass.
         PolicyViolation: a rule that cannot be enforced (a grant over /proc or inside a
             ``hidden`` directory, a missing no-access path the program could create, too many
             glob matches).
@@ -574,6 +604,15 @@ def policy_mounts(res: Resolver, cwd_rel: str = "", *, held: PlaceholderRun, hid
     """
     if cwd_rel and not res.access(cwd_rel).can_read:
         raise PathDenied(cwd_rel, "the sandbox policy gives no access to the working directory")
+    closed = closed_ancestor(res.root)
+    if closed is not None:
+        raise SetupFailed(
+            "sandbox",
+            f"as root each workspace's sandbox runs as its own uid, which cannot pass {closed} on the way to the "
+            f"workspace {res.root}",
+            "choose a workspace_root where every directory on the way is searchable by others (chmod o+x), "
+            "or keep the default",
+        )
     p = _Plan(res.root, _visible_top(), held)
     hidden_real = [os.path.realpath(h) for h in hidden]
     for t in res.targets:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PathDenied
-from ...models import ResourceLimits, RunProgramSpec, Workspace
+from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
 from ...process.supervisor import Launch, SupervisedProcess
@@ -33,6 +33,7 @@ from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, take_slot
 from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
+from .egress import proxy_env
 from .policy import Access
 from .session import Session, SessionConfig, SessionProgram, start_session
 
@@ -104,7 +105,13 @@ class SessionRunner(SandboxRunner):
         if self.seccomp is not self._session_seccomp or self.policy.no_access_globs:
             # globs are judged against the workspace's files when a sandbox starts: each run gets its own
             return False
-        if spec.network is not None and (spec.network == "on") != self.network_default:
+        if self.network_allow is not None:
+            # the session's sandbox has the engine's allow-list: only runs that keep it share it
+            if spec.network is not None and spec.network != self.network_allow:
+                return False
+        elif isinstance(spec.network, NetworkPolicy):
+            return False  # its channel and proxy are made for a sandbox of its own
+        elif spec.network is not None and (spec.network == "on") != self.network_default:
             return False
         limits = spec.limits
         if limits.pids is not None and os.geteuid() == 0:
@@ -127,6 +134,8 @@ class SessionRunner(SandboxRunner):
         if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.program_env(prep)
+        if self.network_allow is not None:
+            env.update(proxy_env())  # the session's proxy, on its sandbox's loopback
         launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)
         launch.preexec_fn = None  # the supervisor sets the rlimits
         return launch

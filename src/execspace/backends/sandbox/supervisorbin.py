@@ -1,4 +1,5 @@
-"""The session supervisor's binary: ``supervisor.c`` built on first use with the system C compiler.
+"""The sandbox's C helpers, built on first use with the system C compiler: the session supervisor
+(``supervisor.c``) and the egress bridge of allow-list runs (``egressbridge.c``).
 
 Cached per user in a private (0700) directory, named by the sha256 of the source and of the compiler's identity,
 written under a temporary name and renamed into place; a cached file is used only when it is a regular file of
@@ -18,11 +19,14 @@ from pathlib import Path
 
 from ...errors import SetupFailed
 
-__all__ = ["SESSION_FIX", "SOURCE", "supervisor_binary"]
+__all__ = ["EGRESS_FIX", "SESSION_FIX", "SOURCE", "egress_bridge_binary", "supervisor_binary"]
 
 SOURCE = Path(__file__).with_name("supervisor.c")
+BRIDGE_SOURCE = Path(__file__).with_name("egressbridge.c")
 #: How to get session mode working where it cannot build its supervisor.
 SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"'
+#: How to get allow-list runs working where the bridge cannot be built.
+EGRESS_FIX = "install a C compiler (apt-get install gcc), or run with network='off' or 'on'"
 
 
 def supervisor_binary(cache_root: Path) -> Path:
@@ -31,26 +35,31 @@ def supervisor_binary(cache_root: Path) -> Path:
     Raises:
         SetupFailed: no C compiler, the build failed, or the cache directory is not private to this user.
     """
+    return _helper(cache_root, SOURCE, "supervisor", "session mode builds its supervisor", SESSION_FIX)
+
+
+def egress_bridge_binary(cache_root: Path) -> Path:
+    """The built egress bridge in ``cache_root/bin``, as :func:`supervisor_binary` (blocking, same errors)."""
+    return _helper(cache_root, BRIDGE_SOURCE, "egress-bridge", "a network allow-list builds its bridge", EGRESS_FIX)
+
+
+def _helper(cache_root: Path, source_path: Path, name: str, why: str, fix: str) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise SetupFailed(
-            "sandbox", "session mode builds its supervisor with a C compiler, and none is on PATH", SESSION_FIX
-        )
-    source = SOURCE.read_bytes()
+        raise SetupFailed("sandbox", f"{why} with a C compiler, and none is on PATH", fix)
+    source = source_path.read_bytes()
     try:
         ident = subprocess.run([cc, "--version"], capture_output=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        raise SetupFailed("sandbox", f"the C compiler {cc} does not run: {exc}", SESSION_FIX) from exc
+        raise SetupFailed("sandbox", f"the C compiler {cc} does not run: {exc}", fix) from exc
     key = hashlib.sha256(source + b"\0" + os.path.realpath(cc).encode() + b"\0" + ident).hexdigest()[:32]
     directory = _private_dir(cache_root / "bin")
-    target = directory / f"supervisor-{key}"
+    target = directory / f"{name}-{key}"
     if _trusted_file(target):
         return target
-    _build(cc, directory, target)
+    _build(cc, source_path, directory, target, fix)
     if not _trusted_file(target):
-        raise SetupFailed(
-            "sandbox", f"the supervisor built at {target} is not a private file of this user", SESSION_FIX
-        )
+        raise SetupFailed("sandbox", f"the {name} built at {target} is not a private file of this user", fix)
     return target
 
 
@@ -60,7 +69,7 @@ def _private_dir(path: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise SetupFailed(
             "sandbox",
-            f"{path} must be a directory of uid {os.geteuid()} with mode 0700 (it holds the session supervisor)",
+            f"{path} must be a directory of uid {os.geteuid()} with mode 0700 (it holds the sandbox's helper binaries)",
             f"remove {path}; it is made again on the next use",
         )
     return path
@@ -74,16 +83,16 @@ def _trusted_file(path: Path) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-def _build(cc: str, directory: Path, target: Path) -> None:
+def _build(cc: str, source: Path, directory: Path, target: Path, fix: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".build-", dir=directory)
     os.close(fd)
     try:
         # dynamic: each session gets its own copy of the binary (bwrap --ro-bind-data), so small beats static;
         # the libc it maps is the page cache's, shared with every other process
-        done = subprocess.run([cc, "-O2", "-o", tmp, str(SOURCE)], capture_output=True, timeout=120, check=False)
+        done = subprocess.run([cc, "-O2", "-o", tmp, str(source)], capture_output=True, timeout=120, check=False)
         if done.returncode != 0:
             err = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise SetupFailed("sandbox", f"building the session supervisor with {cc} failed: {err[0]}", SESSION_FIX)
+            raise SetupFailed("sandbox", f"building {source.name} with {cc} failed: {err[0]}", fix)
         os.chmod(tmp, 0o755)  # noqa: S103 - the sandbox's uid executes it; nobody can write it
         os.rename(tmp, target)
     finally:

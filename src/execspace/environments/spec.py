@@ -1,0 +1,209 @@
+"""What an environment is made of: :class:`EnvironmentSpec`, from Python or a TOML file, and its canonical hash.
+
+A TOML spec (every key but ``name`` optional)::
+
+    name = "data"
+    python = "system"                 # or "3.11": a Python this host has system-wide
+    requirements = ["pandas==2.2.3"]  # pip requirement lines
+    requirements_file = "requirements.txt"  # or a file of them (a lock), relative to the spec
+    [env]
+    MPLBACKEND = "Agg"
+    [files]
+    "share/motd" = "hello"             # written into the tree, relative to its root
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import InvalidSpec
+
+__all__ = ["BUILTIN_SPECS", "TEMPLATE_ALIASES", "EnvironmentSpec", "builtin_spec", "canonical_name", "load_spec"]
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_PYTHON = re.compile(r"^(system|3\.\d{1,2})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables the environment sets itself, or that would let it reach outside its tree.
+_RESERVED_ENV = frozenset({"PATH", "VIRTUAL_ENV", "PYTHONHOME", "LD_PRELOAD", "LD_LIBRARY_PATH"})
+_KEYS = frozenset({"name", "python", "requirements", "requirements_file", "env", "files", "apt", "npm", "description"})
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentSpec:
+    """A runtime tree to build once and share read-only: a venv of a system Python with pip packages.
+
+    Args:
+        name: lower-case letters, digits, ``.``, ``_``, ``-``.
+        python: ``"system"`` (``/usr/bin/python3``) or ``"X.Y"``, a Python this host has system-wide (never one
+            under a home directory: the sandbox's uid could not read it).
+        requirements: pip requirement lines (``pandas==2.2.3``, ``numpy>=2``); a lock file's lines work too.
+        env: variables set for programs run in the environment (a run's own ``env`` wins).
+        files: tree-relative path → text, written into the tree.
+        apt, npm: declared for rootfs and Node environments, not built yet (a spec naming any is refused).
+        description: one line for ``execspace env list``.
+    """
+
+    name: str
+    python: str = "system"
+    requirements: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    apt: tuple[str, ...] = ()
+    npm: tuple[str, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise InvalidSpec(
+                f"environment name {self.name!r}: use lower-case letters, digits, '.', '_' and '-' (at most 63)"
+            )
+        if not _PYTHON.match(self.python):
+            raise InvalidSpec(f"environment {self.name!r}: python = {self.python!r}; use 'system' or 'X.Y' (3.11)")
+        object.__setattr__(self, "requirements", tuple(_requirement(self.name, r) for r in self.requirements))
+        object.__setattr__(self, "env", MappingProxyType(dict(_env(self.name, self.env))))
+        object.__setattr__(
+            self, "files", MappingProxyType({_file_path(self.name, p): t for p, t in self.files.items()})
+        )
+        object.__setattr__(self, "apt", tuple(self.apt))
+        object.__setattr__(self, "npm", tuple(self.npm))
+
+    def canonical(self) -> dict[str, Any]:
+        """What the environment's content depends on (not its description), in a fixed form."""
+        return {
+            "name": self.name,
+            "python": self.python,
+            "requirements": list(self.requirements),
+            "env": dict(sorted(self.env.items())),
+            "files": dict(sorted(self.files.items())),
+            "apt": sorted(self.apt),
+            "npm": sorted(self.npm),
+        }
+
+    def digest(self, python_version: str) -> str:
+        """The content address of the tree this spec builds with the Python ``python_version`` (``3.11.2``)."""
+        text = json.dumps({**self.canonical(), "python_version": python_version}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _requirement(name: str, line: str) -> str:
+    line = line.strip()
+    if not line or line.startswith("-") or "\n" in line:
+        # options (-e, --index-url, -r) would fetch from elsewhere or read other files: not part of the hash
+        raise InvalidSpec(f"environment {name!r}: requirement {line!r} is not a plain requirement (pandas==2.2.3)")
+    return line
+
+
+def _env(name: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    for key, value in env.items():
+        if not isinstance(value, str) or not _ENV_NAME.match(key) or "\0" in value:
+            raise InvalidSpec(f'environment {name!r}: env {key!r} = {value!r} must be NAME = "text"')
+        if key in _RESERVED_ENV:
+            raise InvalidSpec(f"environment {name!r}: env {key} is set by execspace itself; drop it from the spec")
+    return sorted(env.items())
+
+
+def _file_path(name: str, path: str) -> str:
+    parts = PurePosixPath(path).parts
+    if not parts or path.startswith("/") or any(p in ("..", ".") for p in parts):
+        raise InvalidSpec(f"environment {name!r}: file path {path!r} must be relative to the tree, without '..'")
+    if parts[0] in ("bin", "lib", "lib64", "include", "pyvenv.cfg", "execspace-environment.json"):
+        raise InvalidSpec(f"environment {name!r}: file {path!r} would replace part of the venv; put it under share/")
+    return "/".join(parts)
+
+
+def load_spec(path: Path) -> EnvironmentSpec:
+    """The spec in the TOML file at ``path`` (``requirements_file`` is read relative to it).
+
+    Raises:
+        InvalidSpec: not readable, not TOML, an unknown key, or a value of the wrong kind.
+    """
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSpec(f"cannot read the environment spec {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidSpec(f"the environment spec {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise InvalidSpec(f"the environment spec {path}: unknown key(s) {', '.join(unknown)}; known: {sorted(_KEYS)}")
+    if "name" not in data:
+        raise InvalidSpec(f'the environment spec {path} has no name: add name = "NAME"')
+    requirements = _strings(path, data, "requirements")
+    if "requirements_file" in data:
+        requirements += _requirements_file(path, data["requirements_file"])
+    try:
+        return EnvironmentSpec(
+            name=str(data["name"]),
+            python=str(data.get("python", "system")),
+            requirements=tuple(requirements),
+            env=_table(path, data, "env"),
+            files=_table(path, data, "files"),
+            apt=tuple(_strings(path, data, "apt")),
+            npm=tuple(_strings(path, data, "npm")),
+            description=str(data.get("description", "")),
+        )
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"the environment spec {path}: {exc}") from exc
+
+
+def _strings(path: Path, data: dict[str, Any], key: str) -> list[str]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidSpec(f'the environment spec {path}: {key} must be a list of strings, e.g. {key} = ["x"]')
+    return value
+
+
+def _table(path: Path, data: dict[str, Any], key: str) -> dict[str, str]:
+    value = data.get(key, {})
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise InvalidSpec(f'the environment spec {path}: [{key}] must be a table of strings (KEY = "text")')
+    return value
+
+
+def _requirements_file(path: Path, name: object) -> list[str]:
+    if not isinstance(name, str):
+        raise InvalidSpec(f"the environment spec {path}: requirements_file must be a path (a string)")
+    req = path.parent / name
+    try:
+        lines = req.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSpec(f"the environment spec {path}: cannot read requirements_file {req}: {exc}") from exc
+    # comments and blank lines do not change what is installed, so they do not change the hash either
+    return [s for s in (line.split(" #")[0].strip() for line in lines) if s and not s.startswith("#")]
+
+
+BUILTIN_SPECS: Mapping[str, EnvironmentSpec] = MappingProxyType(
+    {
+        "base": EnvironmentSpec(name="base", description="the system Python with bash and coreutils, no packages"),
+        "code-interpreter": EnvironmentSpec(
+            name="code-interpreter",
+            # no MPLBACKEND: ipykernel picks the inline backend only where it is unset; scripts fall back to Agg
+            requirements=("numpy", "pandas", "matplotlib", "scipy", "pillow", "openpyxl", "ipykernel"),
+            description="a Python data stack (numpy, pandas, matplotlib, scipy, pillow, openpyxl) and ipykernel",
+        ),
+    }
+)
+
+#: E2B template names → the built-in environment that stands for them.
+TEMPLATE_ALIASES: Mapping[str, str] = MappingProxyType(
+    {"code-interpreter-v1": "code-interpreter", "code-interpreter-beta": "code-interpreter"}
+)
+
+
+def canonical_name(name: str) -> str:
+    """``name`` with an E2B template alias replaced by the environment it maps to."""
+    return TEMPLATE_ALIASES.get(name, name)
+
+
+def builtin_spec(name: str) -> EnvironmentSpec | None:
+    """The built-in spec called ``name`` (or an alias of one), or None."""
+    return BUILTIN_SPECS.get(canonical_name(name))

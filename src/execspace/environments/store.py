@@ -1,0 +1,442 @@
+"""Built environments on disk: one immutable tree per spec and Python, content-addressed, shared read-only.
+
+Layout of the store (``<root>``, see :func:`default_root`)::
+
+    <root>/<name>-<digest>/          a complete tree: a venv (bin/ lib/ pyvenv.cfg) + execspace-environment.json
+    <root>/.build-<name>-<digest>-*  a build in progress (or one killed mid-way: never listed, swept later)
+    <root>/.lock-<name>-<digest>     flock'ed by the one build of that spec
+
+A tree is complete once it is at its final name: the build writes everything, its marker last, in a directory
+next to it and renames it into place. Every directory is 0755 and every file other-readable, so that the
+sandbox's uid (another uid, when execspace runs as root) reads it where it is bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from ..errors import EnvironmentBuildFailed, EnvironmentNotFound, InvalidSpec
+from .spec import BUILTIN_SPECS, EnvironmentSpec, canonical_name
+
+__all__ = ["MARKER", "BuildEvent", "Environment", "EnvironmentStore", "Progress", "default_root"]
+
+#: The file that makes a tree complete: what it was built from and what it holds.
+MARKER = "execspace-environment.json"
+_TREE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]*)-(?P<digest>[0-9a-f]{16})$")
+#: Lines of a failed step's output kept for its error.
+_TAIL_LINES = 15
+#: Seconds between two tries at the lock of a spec another process is building.
+_LOCK_POLL = 0.2
+#: pip's socket timeout (seconds) unless ``PIP_TIMEOUT``/``PIP_DEFAULT_TIMEOUT`` say otherwise.
+PIP_TIMEOUT = 60
+#: Where each ``python = "X.Y"`` is looked for: system-wide installs only (the sandbox's uid cannot read a home).
+_PYTHON_DIRS = ("/usr/local/bin", "/usr/bin")
+_PACKAGES_SCRIPT = (
+    "import importlib.metadata as m, json, sys; "
+    "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions(path=[p for p in sys.path if p])}))"
+)
+
+
+def default_root() -> Path:
+    """Where environments are built: ``$EXECSPACE_ENVIRONMENTS`` if set; as root ``/var/cache/execspace/environments``
+    (root's own cache is under ``/root``, 0700, which the sandbox's uid cannot pass); otherwise
+    ``$XDG_CACHE_HOME/execspace/environments`` (``~/.cache/...``), whose sandbox runs as this user."""
+    explicit = os.environ.get("EXECSPACE_ENVIRONMENTS")
+    if explicit:
+        return Path(explicit)
+    if os.geteuid() == 0:
+        return Path("/var/cache/execspace/environments")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "execspace", "environments")
+
+
+#: The steps of a build, in order (``cached``: the tree was built before).
+Step = Literal["python", "venv", "pip", "files", "compile", "publish", "cached"]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildEvent:
+    """One step of a build (``output=False``), or one line a step printed (pip's, ``output=True``)."""
+
+    step: Step
+    text: str
+    output: bool = False
+
+
+#: Called with each :class:`BuildEvent` of a build, in order.
+Progress = Callable[[BuildEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """A complete, immutable environment tree."""
+
+    name: str
+    digest: str
+    path: Path
+    python_version: str
+    packages: Mapping[str, str]
+    """Distribution name → version, as installed (``pip``'s own included)."""
+    env: Mapping[str, str]
+    """The spec's variables (programs get these and ``VIRTUAL_ENV``)."""
+    description: str = ""
+    built_at: float = 0.0
+    build_seconds: float = 0.0
+    size_bytes: int = 0
+    spec: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def bin_dir(self) -> Path:
+        """Put first on PATH."""
+        return self.path / "bin"
+
+    @property
+    def python(self) -> Path:
+        return self.bin_dir / "python"
+
+    def program_env(self) -> dict[str, str]:
+        """The variables a program in the environment gets (PATH aside: its runner puts :attr:`bin_dir` first)."""
+        return {**self.env, "VIRTUAL_ENV": str(self.path)}
+
+    def summary(self) -> str:
+        """One line: the name, where it is, its python and its packages."""
+        packages = ", ".join(f"{n} {v}" for n, v in sorted(self.packages.items(), key=lambda kv: kv[0].lower()))
+        return f"{self.name} ({self.path}): python {self.python_version}; packages: {packages or 'none'}"
+
+
+class EnvironmentStore:
+    """The environments under ``root`` (default :func:`default_root`)."""
+
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+
+    def environments(self) -> list[Environment]:
+        """Every complete environment, by name then newest first (half-built trees are never listed)."""
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.listdir(self.root):
+                env = self._complete(self.root / entry) if _TREE.match(entry) else None
+                if env is not None:
+                    found.append(env)
+        return sorted(found, key=lambda e: (e.name, -e.built_at))
+
+    def get(self, name: str) -> Environment:
+        """The newest complete environment called ``name`` (an E2B template alias maps to its environment).
+
+        Raises:
+            EnvironmentNotFound: none is built; the message says how to build it.
+        """
+        wanted = canonical_name(name)
+        for env in self.environments():
+            if env.name == wanted:
+                return env
+        if wanted in BUILTIN_SPECS:
+            how = f"build the built-in with `execspace env build {wanted}`"
+        else:
+            how = f"build it from its spec with `execspace env build SPEC.toml` (built-ins: {', '.join(BUILTIN_SPECS)})"
+        raise EnvironmentNotFound(
+            f"environment {name!r} is not built in {self.root}: {how}; `execspace env list` shows what is built"
+        )
+
+    def remove(self, name: str) -> list[Path]:
+        """Remove every tree called ``name`` (sandboxes running in one lose it); the paths removed."""
+        wanted, removed = canonical_name(name), []
+        for env in self.environments():
+            if env.name == wanted:
+                doomed = self.root / f".removing-{env.path.name}-{secrets.token_hex(4)}"
+                os.rename(env.path, doomed)  # gone from every listing at once, deleted after
+                shutil.rmtree(doomed, ignore_errors=True)
+                removed.append(env.path)
+        if not removed:
+            raise EnvironmentNotFound(f"no environment {name!r} is built in {self.root} (`execspace env list`)")
+        return removed
+
+    async def build(self, spec: EnvironmentSpec, *, progress: Progress | None = None) -> Environment:
+        """Build ``spec`` (or return its tree, built before); concurrent builds of one spec wait for each other.
+
+        Raises:
+            InvalidSpec: the spec asks for what is not built here (apt, npm) or a Python this host lacks.
+            EnvironmentBuildFailed: a step failed (a package that does not exist, the registry unreachable); no
+                tree is left behind.
+        """
+        emit = progress or (lambda _event: None)
+        _refuse_unbuilt(spec)
+        python = _system_python(spec.python)
+        version = await _python_version(python)
+        digest = spec.digest(version)
+        emit(BuildEvent("python", f"{python} (Python {version}); environment {spec.name}-{digest}"))
+        final = self.root / f"{spec.name}-{digest}"
+        done = self._complete(final)
+        if done is None:
+            self._make_root()
+            async with _locked(self.root / f".lock-{spec.name}-{digest}"):
+                done = self._complete(final)  # built by whoever held the lock before us
+                if done is None:
+                    return await self._build_locked(spec, python, version, final, emit)
+        emit(BuildEvent("cached", f"already built at {final}"))
+        return done
+
+    async def _build_locked(
+        self, spec: EnvironmentSpec, python: str, version: str, final: Path, emit: Progress
+    ) -> Environment:
+        self._sweep(final.name)
+        tmp = self.root / f".build-{final.name}-{secrets.token_hex(4)}"
+        started = time.time()
+        try:
+            await _make_tree(spec, python, tmp, final, emit)
+            packages = json.loads(await _run_step("venv", [str(tmp / "bin" / "python"), "-I", "-c", _PACKAGES_SCRIPT]))
+            _open_up(tmp)
+            marker = {
+                "name": spec.name,
+                "digest": final.name.rpartition("-")[2],
+                "description": spec.description,
+                "python": python,
+                "python_version": version,
+                "packages": packages,
+                "env": dict(spec.env),
+                "spec": spec.canonical(),
+                "built_at": time.time(),
+                "build_seconds": round(time.time() - started, 1),
+                "size_bytes": _tree_size(tmp),
+            }
+            _write_marker(tmp, marker)
+            emit(BuildEvent("publish", f"{final} ({marker['size_bytes'] / 1e6:.0f} MB)"))
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        env = self._complete(final)
+        assert env is not None
+        return env
+
+    def _complete(self, tree: Path) -> Environment | None:
+        """The environment at ``tree`` if it is complete (its marker is there and names it)."""
+        try:
+            data = json.loads((tree / MARKER).read_text(encoding="utf-8"))
+            name, digest = data["name"], data["digest"]
+            if f"{name}-{digest}" != tree.name:
+                return None
+            return Environment(
+                name=name,
+                digest=digest,
+                path=tree,
+                python_version=data["python_version"],
+                packages=MappingProxyType(dict(data["packages"])),
+                env=MappingProxyType(dict(data["env"])),
+                description=data.get("description", ""),
+                built_at=float(data["built_at"]),
+                build_seconds=float(data.get("build_seconds", 0.0)),
+                size_bytes=int(data.get("size_bytes", 0)),
+                spec=MappingProxyType(dict(data.get("spec", {}))),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _make_root(self) -> None:
+        """Create the store, searchable by others up to ``/`` when we are root (the sandbox's uid must pass)."""
+        for d in reversed([self.root, *self.root.parents]):
+            if not d.exists():
+                d.mkdir(mode=0o755)
+                os.chmod(d, 0o755)  # noqa: S103 - whatever the umask: the sandbox's uid passes it
+        closed = _closed_ancestor(self.root)
+        if closed is not None:
+            raise EnvironmentBuildFailed(
+                f"the environment store {self.root} lies under {closed}, which the sandbox's uid cannot pass "
+                "(as root each sandbox runs as another uid)",
+                "unset EXECSPACE_ENVIRONMENTS (root's default is /var/cache/execspace/environments), or point it "
+                "at a directory every parent of which is searchable by others (chmod o+x)",
+            )
+
+    def _sweep(self, tree_name: str) -> None:
+        """Remove what killed builds of this tree left (we hold its lock: nobody else builds it)."""
+        for entry in os.listdir(self.root):
+            if entry.startswith(f".build-{tree_name}-"):
+                shutil.rmtree(self.root / entry, ignore_errors=True)
+
+
+def _refuse_unbuilt(spec: EnvironmentSpec) -> None:
+    for kind, packages in (("apt", spec.apt), ("npm", spec.npm)):
+        if packages:
+            raise InvalidSpec(
+                f"environment {spec.name!r}: {kind} packages ({', '.join(packages)}) are not built here yet "
+                "(only Python environments are); drop them from the spec"
+            )
+
+
+def _system_python(version: str) -> str:
+    """The system-wide Python for ``version`` (``system``: ``/usr/bin/python3``)."""
+    names = ["/usr/bin/python3"] if version == "system" else [f"{d}/python{version}" for d in _PYTHON_DIRS]
+    for candidate in names:
+        if os.access(candidate, os.X_OK) and _closed_ancestor(os.path.realpath(candidate)) is None:
+            return candidate
+    raise InvalidSpec(
+        f"no system-wide Python {version} on this host (looked for {', '.join(names)}): install it "
+        '(apt-get install python3) or use python = "system"'
+    )
+
+
+async def _python_version(python: str) -> str:
+    out = await _run_step("python", [python, "-I", "-c", "import platform; print(platform.python_version())"])
+    return out.strip()
+
+
+async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path, emit: Progress) -> None:
+    """The venv at ``tmp`` as it will work at ``final``: packages, files, bytecode naming ``final``."""
+    pip = ["--without-pip"] if not spec.requirements else []
+    emit(BuildEvent("venv", f"{python} -m venv --copies"))
+    await _run_step("venv", [python, "-I", "-m", "venv", "--copies", *pip, str(tmp)], emit)
+    own_python = str(tmp / "bin" / "python")
+    if spec.requirements:
+        emit(BuildEvent("pip", f"pip install {' '.join(spec.requirements)}"))
+        pip_install = [own_python, "-I", "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+        pip_install += ["--no-compile", "--no-warn-script-location", "--progress-bar", "off"]
+        if not any(k in os.environ for k in ("PIP_TIMEOUT", "PIP_DEFAULT_TIMEOUT")):  # the caller's pip settings win
+            pip_install += ["--timeout", str(PIP_TIMEOUT)]
+        await _run_step("pip", [*pip_install, *spec.requirements], emit)
+    if spec.files:
+        emit(BuildEvent("files", f"{len(spec.files)} file(s)"))
+        for rel, text in spec.files.items():
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+    # the tree is read-only where it runs: bytecode is made now, naming the sources where they will be
+    emit(BuildEvent("compile", "bytecode"))
+    compile_all = [own_python, "-I", "-m", "compileall", "-q", "-j", "0", "-s", str(tmp), "-p", str(final)]
+    await _run_step("compile", [*compile_all, str(tmp / "lib")], emit)
+    _relocate(tmp, final)
+
+
+def _relocate(tmp: Path, final: Path) -> None:
+    """Scripts (``#!`` lines), activate scripts and pyvenv.cfg name the build directory: make them name ``final``;
+    ``python`` and ``python3`` become links to ``python3.X`` in the same directory (``--copies`` made three)."""
+    old, new = os.fsencode(tmp), os.fsencode(final)
+    versioned = next((tmp / "bin").glob("python3.*"), None)
+    for alias in ("python", "python3"):
+        if versioned is not None and (tmp / "bin" / alias).is_file():
+            (tmp / "bin" / alias).unlink()
+            (tmp / "bin" / alias).symlink_to(versioned.name)
+    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            continue
+        data = path.read_bytes()
+        if old in data and b"\0" not in data[:4096]:  # text: the python binary itself names nothing
+            path.write_bytes(data.replace(old, new))
+
+
+def _open_up(tree: Path) -> None:
+    """Directories 0755, files readable by all (executable by all where executable by us), none writable by others."""
+    os.chmod(tree, 0o755)  # noqa: S103 - read (never written) by every sandbox's uid
+    for top, dirs, files in os.walk(tree):
+        for d in dirs:
+            with contextlib.suppress(FileNotFoundError):
+                if not os.path.islink(os.path.join(top, d)):
+                    os.chmod(os.path.join(top, d), 0o755)  # noqa: S103
+        for f in files:
+            path = os.path.join(top, f)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                mode = stat.S_IMODE(st.st_mode)
+                os.chmod(path, 0o755 if mode & stat.S_IXUSR else 0o644)
+
+
+def _tree_size(tree: Path) -> int:
+    total = 0
+    for top, _dirs, files in os.walk(tree):
+        for f in files:
+            total += os.lstat(os.path.join(top, f)).st_blocks * 512
+    return total
+
+
+def _write_marker(tree: Path, marker: dict[str, Any]) -> None:
+    path = tree / MARKER
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(marker, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o644)
+
+
+def _closed_ancestor(path: Path | str) -> str | None:
+    """The directory on the way to ``path`` that another uid cannot pass (what a root caller's sandbox runs as), or
+    None; as a normal user the sandbox runs as us, so None."""
+    if os.geteuid() != 0:
+        return None
+    current = Path("/")
+    for part in Path(path).parts[1:]:
+        try:
+            if not os.stat(current).st_mode & stat.S_IXOTH:
+                return str(current)
+        except FileNotFoundError:
+            return None  # made by us, searchable
+        current = current / part
+    return None
+
+
+async def _run_step(step: Step, argv: Sequence[str], emit: Progress | None = None) -> str:
+    """Run one build command (umask 022, no PYTHON* variables of ours); its stdout, each line emitted as output.
+
+    Raises:
+        EnvironmentBuildFailed: it exited non-zero (the message ends with its last lines).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+        umask=0o022,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        async for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            lines.append(line)
+            if emit is not None:
+                emit(BuildEvent(step, line, output=True))
+        code = await proc.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    if code != 0:
+        tail = "\n".join(lines[-_TAIL_LINES:])
+        raise EnvironmentBuildFailed(
+            f"step {step!r} failed (exit {code}): {' '.join(argv[:6])}...\n{tail}",
+            "check the package names and versions (pip's last lines are above) and that the registry is "
+            "reachable (PIP_INDEX_URL for a mirror); nothing was kept, so fix the spec and build again",
+        )
+    return "\n".join(lines)
+
+
+@contextlib.asynccontextmanager
+async def _locked(path: Path) -> Any:
+    """Hold ``path``'s flock: released by the kernel if we are killed, so a dead build never blocks the next."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(_LOCK_POLL)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,705 @@
+"""The egress proxy: a run's only way out when its network is a :class:`~execspace.models.NetworkPolicy`.
+
+It runs on the host, outside the sandbox, and serves one listening socket (the sandbox's ``127.0.0.1:PORT``, handed
+over by the sandbox's bridge, or any socket a test gives it). Each connection speaks HTTP ``CONNECT``, plain HTTP
+proxying (absolute-URI requests) or SOCKS5 (``CONNECT`` with a name or address). Every destination is judged on its
+name first (deny entries win, then allow entries), then the proxy resolves the name itself, refuses any address that
+is not public unless the policy names it (a ``resolve`` pin, an address entry), and connects only to an address it
+checked. Plain HTTP must carry a ``Host`` header naming the target; a TLS ClientHello through a tunnel must name the
+target in its SNI. Every attempt is recorded (:class:`~execspace.models.NetworkAttempt`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy
+
+__all__ = [
+    "MAX_CONNECTIONS",
+    "EgressProxy",
+    "EgressRules",
+    "audit_line",
+    "client_hello_sni",
+    "receive_listener",
+    "split_target",
+]
+
+#: Connections one run may have open through its proxy at once; more are refused (and audited).
+MAX_CONNECTIONS = 64
+#: Attempts kept in one run's audit; later ones are counted in ``EgressProxy.dropped`` only.
+MAX_AUDIT = 10_000
+#: Seconds a client has to send its request (HTTP headers, SOCKS5 negotiation) and the proxy to connect.
+REQUEST_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 10.0
+#: Seconds an approval flow (``approve``) may take to answer; no answer refuses.
+APPROVAL_TIMEOUT = 120.0
+#: Largest HTTP request head (request line and headers) the proxy reads.
+MAX_HEAD = 32 * 1024
+_CHUNK = 256 * 1024
+#: Ports an entry without ``:PORT`` allows.
+DEFAULT_PORTS = (80, 443)
+_HOP_HEADERS = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Protocol = Literal["connect", "http", "socks5", "unknown"]
+
+
+class _Denied(Exception):
+    """A destination the policy refuses; the text is the audit's reason."""
+
+
+class _Unlisted(_Denied):
+    """A destination the policy does not list (not one it denies): an approval flow may still let it through."""
+
+
+def _address(host: str) -> Address | None:
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def split_target(text: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]:port`` as a lower-case (host, port); raises ``ValueError``."""
+    text = text.strip().lower()
+    port: str | None = None
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(text)
+            port = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host = text
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(text)
+    host = host.rstrip(".")
+    if not host or any(c.isspace() or c in "/@\\?#%" for c in host):
+        raise ValueError(text)
+    return host, None if port is None else int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    text: str
+    host: str
+    port: int | None
+    address: Address | None
+
+    def matches(self, host: str, port: int, addr: Address | None, *, ports: tuple[int, ...] | None) -> bool:
+        """Whether ``host:port`` is this entry's; ``ports``: those an entry without a port covers (None: all)."""
+        if self.port is not None and self.port != port:
+            return False
+        if self.port is None and ports is not None and port not in ports:
+            return False
+        return self.names(host, addr)
+
+    def names(self, host: str, addr: Address | None) -> bool:
+        if self.address is not None or addr is not None:
+            return self.address == addr
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:])
+        return self.host == host
+
+
+def _entry(text: str) -> _Entry:
+    host, port = split_target(text)
+    return _Entry(text, host, port, _address(host))
+
+
+class EgressRules:
+    """A :class:`NetworkPolicy` compiled for judging destinations."""
+
+    def __init__(self, policy: NetworkPolicy) -> None:
+        self.policy = policy
+        self._allow = [_entry(e) for e in policy.allowed]
+        self._deny = [_entry(e) for e in policy.denied]
+        self._pins: dict[str, Address] = {}
+        for name, value in policy.resolve.items():
+            pinned = _address(value)
+            assert pinned is not None  # NetworkPolicy checked it
+            self._pins[split_target(name)[0]] = pinned
+        self._explicit = {e.address for e in self._allow if e.address is not None}
+
+    def judge_name(self, host: str, port: int) -> str:
+        """The allow entry that lets ``host:port`` through; raises :class:`_Denied` with the reason."""
+        addr = _address(host)
+        for entry in self._deny:
+            if entry.matches(host, port, addr, ports=None):
+                raise _Denied(f"denied by {entry.text!r}")
+        for entry in self._allow:
+            if entry.matches(host, port, addr, ports=DEFAULT_PORTS):
+                return f"allowed by {entry.text!r}"
+        if addr is not None:
+            raise _Unlisted(f"address {host} is not on the allow-list (only names are, unless an address is listed)")
+        if any(e.names(host, None) for e in self._allow):
+            raise _Unlisted(f"port {port} of {host} is not allowed (an entry without :PORT allows 80 and 443)")
+        raise _Unlisted(f"{host} is not on the allow-list")
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        """The checked addresses of ``host``: its pin, itself for an address, else every address DNS gives, each of
+        which must be public unless the policy names it; raises :class:`_Denied`."""
+        literal = _address(host)
+        if literal is not None:  # listed (then explicit), or approved by a flow that does not lift this check
+            self._check_address(host, literal)
+            return [literal]
+        if host in self._pins:
+            return [self._pins[host]]
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as exc:
+            raise _Denied(f"{host} does not resolve: {exc}") from None
+        found: list[Address] = []
+        for info in infos:
+            addr = _address(str(info[4][0]))
+            if addr is not None and addr not in found:
+                found.append(addr)
+        for addr in found:
+            self._check_address(host, addr)
+        if not found:
+            raise _Denied(f"{host} has no address")
+        return found
+
+    def _check_address(self, host: str, addr: Address) -> None:
+        if addr in self._explicit:
+            return
+        if not addr.is_global or addr.is_multicast:
+            raise _Denied(
+                f"{host} resolves to {addr}, which is not a public address (loopback, private, link-local, "
+                "metadata…): pin it with resolve or list the address to allow it"
+            )
+
+
+class _Socket:
+    """A non-blocking socket read and written through the loop: buffered reads for the request, raw for the
+    tunnel (``recv_into`` a fixed buffer and ``sendall`` of a view of it: no copy in between)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.buffer = bytearray()
+
+    async def fill(self) -> None:
+        data = await self.loop.sock_recv(self.sock, 65536)
+        if not data:
+            raise EOFError
+        self.buffer += data
+
+    async def readexactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            await self.fill()
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    async def readuntil(self, separator: bytes, limit: int) -> bytes:
+        while (end := self.buffer.find(separator)) < 0:
+            if len(self.buffer) > limit:
+                raise ValueError("request head too long")
+            await self.fill()
+        data = bytes(self.buffer[: end + len(separator)])
+        del self.buffer[: end + len(separator)]
+        return data
+
+    async def send(self, data: bytes | memoryview) -> None:
+        await self.loop.sock_sendall(self.sock, data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclass(slots=True)
+class _Conn:
+    """One client connection: its attempt (filled in as it is judged) and its sockets."""
+
+    client: _Socket
+    record: dict[str, object] = field(default_factory=dict)
+    upstream: _Socket | None = None
+    done: bool = False
+    deadline: asyncio.Timeout | None = None
+    """The request's deadline: lifted once it is read (resolving, connecting, approving have their own)."""
+
+
+class EgressProxy:
+    """One run's proxy: serves a listening socket until :meth:`close`, judging every connection by ``policy``."""
+
+    def __init__(
+        self,
+        policy: NetworkPolicy,
+        run_id: str,
+        *,
+        on_record: Callable[[NetworkAttempt], None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        approve: NetworkApprover | None = None,
+    ) -> None:
+        self.rules = EgressRules(policy)
+        self.approve = approve
+        self._approvals: dict[tuple[str, int], asyncio.Task[bool]] = {}
+        self.run_id = run_id
+        self.on_record = on_record
+        self.max_connections = max_connections
+        self.dropped = 0
+        self._records: list[NetworkAttempt] = []
+        self._live: dict[asyncio.Task[None], _Conn] = {}
+        self._accepting: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def serve(self, listener: socket.socket) -> None:
+        """Accept connections on ``listener`` (a listening TCP socket, taken over) until :meth:`close`."""
+        listener.setblocking(False)
+        if self._closed:
+            listener.close()
+            return
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(listener))
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                sock, _ = await loop.sock_accept(listener)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                task = loop.create_task(self._client(_Socket(sock)))
+                task.add_done_callback(lambda done: self._live.pop(done, None))
+        finally:
+            listener.close()
+
+    def audit(self) -> tuple[NetworkAttempt, ...]:
+        """Every attempt so far, in the order they were asked (open ones with their bytes so far)."""
+        live = [self._attempt(c.record) for c in self._live.values() if c.record and not c.done]
+        return tuple(sorted([*self._records, *live], key=lambda a: a.time))
+
+    def close(self) -> None:
+        """Stop serving and cut every open connection; their attempts are recorded with the bytes they moved."""
+        self._closed = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for asked in self._approvals.values():
+            asked.cancel()
+        for task, conn in list(self._live.items()):
+            self._finish(conn)
+            task.cancel()  # its sockets are closed as it ends
+
+    # -- one connection ----------------------------------------------------------------------
+
+    async def _client(self, client: _Socket) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        conn = _Conn(client)
+        if self._closed or len(self._live) >= self.max_connections:
+            conn.record = self._new("", 0, "unknown")
+            conn.record.update(allowed=False, reason=f"too many connections: at most {self.max_connections} open")
+            self._finish(conn)
+            client.close()
+            return
+        self._live[task] = conn
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT) as conn.deadline:
+                first = await client.readexactly(1)
+                if first == b"\x05":
+                    tunnel = await self._socks5(conn)
+                else:
+                    tunnel = await self._http(conn, first)
+            if tunnel is not None:
+                await self._pipe(conn, *tunnel)
+        except (OSError, EOFError, TimeoutError, ValueError):
+            pass
+        finally:
+            self._finish(conn)
+            for side in (client, conn.upstream):
+                if side is not None:
+                    side.close()
+
+    def _new(self, host: str, port: int, protocol: Protocol, method: str = "") -> dict[str, object]:
+        return {
+            "run_id": self.run_id,
+            "time": time.time(),
+            "host": host,
+            "port": port,
+            "protocol": protocol,
+            "method": method,
+            "allowed": False,
+            "reason": "",
+            "address": "",
+            "bytes_up": 0,
+            "bytes_down": 0,
+        }
+
+    @staticmethod
+    def _attempt(record: dict[str, object]) -> NetworkAttempt:
+        return NetworkAttempt(**record)  # type: ignore[arg-type]
+
+    def _finish(self, conn: _Conn) -> None:
+        if conn.done or not conn.record:
+            return
+        conn.done = True
+        attempt = self._attempt(conn.record)
+        if len(self._records) >= MAX_AUDIT:
+            self.dropped += 1
+            return
+        self._records.append(attempt)
+        if self.on_record is not None:
+            self.on_record(attempt)
+
+    async def _open(self, conn: _Conn, host: str, port: int) -> _Socket:
+        """Judge ``host:port`` and connect to one of its checked addresses; raises :class:`_Denied`."""
+        if conn.deadline is not None:
+            conn.deadline.reschedule(None)
+        try:
+            conn.record["reason"] = self.rules.judge_name(host, port)
+        except _Unlisted as exc:
+            if self.approve is None:
+                raise
+            conn.record["reason"] = await self._approved(conn, host, port, str(exc))
+        addresses = await self.rules.resolve(host, port)
+        loop = asyncio.get_running_loop()
+        last: Exception | None = None
+        for addr in addresses:
+            sock = socket.socket(socket.AF_INET6 if addr.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    await loop.sock_connect(sock, (str(addr), port))
+            except (OSError, TimeoutError) as exc:
+                sock.close()
+                last = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.upstream = _Socket(sock)
+            conn.record.update(allowed=True, address=str(addr))
+            return conn.upstream
+        raise ConnectionError(f"cannot connect to {host}:{port}: {last}")
+
+    async def _approved(self, conn: _Conn, host: str, port: int, reason: str) -> str:
+        """Ask the approval flow about an unlisted destination (once per host and port); raises :class:`_Denied`."""
+        key = (host, port)
+        asked = self._approvals.get(key)
+        if asked is None:
+            attempt = self._attempt({**conn.record, "allowed": False, "reason": reason})
+            asked = self._approvals[key] = asyncio.get_running_loop().create_task(self._ask(attempt))
+        if await asyncio.shield(asked):
+            return "approved by on_network_attempt"
+        raise _Denied(f"{reason}; on_network_attempt did not approve it")
+
+    async def _ask(self, attempt: NetworkAttempt) -> bool:
+        assert self.approve is not None
+        try:
+            async with asyncio.timeout(APPROVAL_TIMEOUT):
+                return await self.approve(attempt) is True
+        except Exception:  # the caller's flow failing refuses, as no answer (the timeout) does
+            return False
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    async def _http(self, conn: _Conn, first: bytes) -> _Tunnel | None:
+        head = first + await conn.client.readuntil(b"\r\n\r\n", MAX_HEAD)
+        lines = head.decode("latin-1").split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        target, _, version = rest.partition(" ")
+        headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
+        if method == "CONNECT":
+            conn.record = self._new(target, 0, "connect", method)
+            return await self._connect_method(conn, target)
+        conn.record = self._new(target, 0, "http", method)
+        return await self._forward(conn, method, target, version, headers)
+
+    async def _connect_method(self, conn: _Conn, target: str) -> _Tunnel | None:
+        try:
+            host, port = split_target(target)
+            if port is None:
+                raise _Denied("CONNECT needs HOST:PORT")
+            conn.record.update(host=host, port=port)
+            upstream = await self._open(conn, host, port)
+        except _Denied as exc:
+            await self._refuse(conn, 403, str(exc))
+            return None
+        except ValueError:
+            await self._refuse(conn, 400, f"malformed CONNECT target {target!r}")
+            return None
+        except ConnectionError as exc:
+            await self._refuse(conn, 502, str(exc), denied=False)
+            return None
+        await conn.client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        return upstream, host
+
+    async def _forward(
+        self, conn: _Conn, method: str, target: str, version: str, headers: list[tuple[str, ...]]
+    ) -> _Tunnel | None:
+        scheme, sep, rest = target.partition("://")
+        if not sep or scheme.lower() != "http":
+            await self._refuse(conn, 400, "a proxy request needs an absolute http:// URI (CONNECT for https)")
+            return None
+        authority, slash, path = rest.partition("/")
+        try:
+            host, port = split_target(authority.rpartition("@")[2])
+            port = port or 80
+            conn.record.update(host=host, port=port)
+            hosts = [h[1] for h in headers if len(h) == 2 and h[0].lower() == "host"]
+            named = split_target(hosts[0]) if len(hosts) == 1 else None
+            if named is None or named[0] != host or (named[1] or 80) != port:
+                raise _Denied(f"the Host header {hosts!r} does not name the request's target {host}:{port}")
+            upstream = await self._open(conn, host, port)
+        except _Denied as exc:
+            await self._refuse(conn, 403, str(exc))
+            return None
+        except ValueError:
+            await self._refuse(conn, 400, f"malformed request target {target!r}")
+            return None
+        except ConnectionError as exc:
+            await self._refuse(conn, 502, str(exc), denied=False)
+            return None
+        kept = [f"{h[0]}: {h[1]}" for h in headers if len(h) == 2 and h[0].lower() not in _HOP_HEADERS]
+        data = "\r\n".join([f"{method} {slash}{path} {version}", *kept, "Connection: close", "", ""]).encode("latin-1")
+        await upstream.send(data)
+        conn.record["bytes_up"] = len(data)
+        return upstream, None
+
+    async def _refuse(self, conn: _Conn, status: int, reason: str, *, denied: bool = True) -> None:
+        conn.record.update(allowed=False, reason=reason if denied else f"allowed, but {reason}")
+        body = f"execspace egress: {reason}\n".encode()
+        titles = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}
+        head = f"HTTP/1.1 {status} {titles[status]}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        with contextlib.suppress(OSError):
+            await conn.client.send(f"{head}Connection: close\r\n\r\n".encode() + body)
+
+    # -- SOCKS5 --------------------------------------------------------------------------------
+
+    async def _socks5(self, conn: _Conn) -> _Tunnel | None:
+        conn.record = self._new("", 0, "socks5")
+        client = conn.client
+        methods = await client.readexactly((await client.readexactly(1))[0])
+        if 0 not in methods:
+            await client.send(b"\x05\xff")
+            conn.record["reason"] = "SOCKS5 without the no-authentication method"
+            return None
+        await client.send(b"\x05\x00")
+        ver, cmd, _, atyp = await client.readexactly(4)
+        if atyp == 1:
+            host = str(ipaddress.IPv4Address(await client.readexactly(4)))
+        elif atyp == 4:
+            host = str(ipaddress.IPv6Address(await client.readexactly(16)))
+        elif atyp == 3:
+            name = await client.readexactly((await client.readexactly(1))[0])
+            host = name.decode("ascii", errors="replace").lower().rstrip(".")
+        else:
+            await client.send(_socks_reply(8))
+            conn.record["reason"] = f"SOCKS5 address type {atyp} is unknown"
+            return None
+        port = int.from_bytes(await client.readexactly(2), "big")
+        conn.record.update(host=host, port=port, method="CONNECT" if cmd == 1 else f"command {cmd}")
+        if ver != 5 or cmd != 1:
+            await client.send(_socks_reply(7))
+            conn.record["reason"] = "only SOCKS5 CONNECT is served (no BIND, no UDP)"
+            return None
+        try:
+            split_target(host if _address(host) is None else f"[{host}]")
+            upstream = await self._open(conn, host, port)
+        except (_Denied, ValueError) as exc:
+            await client.send(_socks_reply(2))  # connection not allowed by ruleset
+            conn.record.update(allowed=False, reason=str(exc) if isinstance(exc, _Denied) else "malformed name")
+            return None
+        except ConnectionError as exc:
+            await client.send(_socks_reply(5))
+            conn.record.update(allowed=False, reason=f"allowed, but {exc}")
+            return None
+        await client.send(_socks_reply(0))
+        return upstream, host
+
+    # -- the tunnel ------------------------------------------------------------------------------
+
+    async def _pipe(self, conn: _Conn, upstream: _Socket, sni_host: str | None) -> None:
+        """Copy both ways until the destination's side ends (or the client's check fails): the first TLS record
+        from the client must name ``sni_host``."""
+
+        async def upward() -> bool:
+            if sni_host is not None and not await self._check_sni(conn, sni_host):
+                return False
+            await _relay(conn.client, upstream, conn.record, "bytes_up")
+            return True
+
+        up = asyncio.ensure_future(upward())
+        down = asyncio.ensure_future(_relay(upstream, conn.client, conn.record, "bytes_down"))
+        try:
+            await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            if up.done() and (up.cancelled() or up.exception() is not None or not up.result()):
+                return
+            await down
+        finally:
+            up.cancel()
+            down.cancel()
+
+    async def _check_sni(self, conn: _Conn, host: str) -> bool:
+        client = conn.client
+        if not client.buffer:
+            with contextlib.suppress(EOFError):
+                await client.fill()
+        if client.buffer[:1] != b"\x16":
+            return True
+        async with asyncio.timeout(REQUEST_TIMEOUT):
+            while len(client.buffer) < _tls_record_end(client.buffer):
+                try:
+                    await client.fill()
+                except EOFError:
+                    break
+        name = client_hello_sni(bytes(client.buffer))
+        if name is not None and name.lower().rstrip(".") != host:
+            conn.record.update(allowed=False, reason=f"the TLS SNI {name!r} differs from the target {host!r}")
+            return False
+        return True
+
+
+_Tunnel = tuple[_Socket, str | None]
+"""The upstream of an accepted request, and the name the client's TLS must give (None: not checked)."""
+
+
+def _socks_reply(code: int) -> bytes:
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
+
+
+def _tls_record_end(buffer: bytearray) -> int:
+    """How many bytes the TLS record at the start of ``buffer`` takes (capped at the largest record)."""
+    if len(buffer) < 5:
+        return 5
+    return min(5 + int.from_bytes(buffer[3:5], "big"), 5 + 16384 + 5)
+
+
+async def _relay(src: _Socket, dst: _Socket, record: dict[str, object], key: str) -> None:
+    if src.buffer:
+        data = bytes(src.buffer)
+        src.buffer.clear()
+        await dst.send(data)
+        record[key] = int(record[key]) + len(data)  # type: ignore[call-overload]
+    if hasattr(os, "splice"):
+        await _splice(src, dst, record, key)
+    else:
+        buffer = bytearray(_CHUNK)
+        view = memoryview(buffer)
+        while n := await src.loop.sock_recv_into(src.sock, buffer):
+            await dst.send(view[:n])
+            record[key] = int(record[key]) + n  # type: ignore[call-overload]
+    with contextlib.suppress(OSError):
+        dst.sock.shutdown(socket.SHUT_WR)
+
+
+async def _splice(src: _Socket, dst: _Socket, record: dict[str, object], key: str) -> None:
+    """Move the bytes socket to pipe to socket in the kernel (Linux): the proxy never copies them."""
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    pipe_r, pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # a pipe of 64 KiB moves a quarter of a chunk per call
+        fcntl.fcntl(pipe_w, fcntl.F_SETPIPE_SZ, _CHUNK)
+    try:
+        while True:
+            try:
+                n = os.splice(src.sock.fileno(), pipe_w, _CHUNK, flags=flags)
+            except BlockingIOError:
+                await _ready(src.loop, src.sock.fileno(), write=False)
+                continue
+            if n == 0:
+                return
+            left = n
+            while left:
+                try:
+                    left -= os.splice(pipe_r, dst.sock.fileno(), left, flags=flags)
+                except BlockingIOError:
+                    await _ready(dst.loop, dst.sock.fileno(), write=True)
+            record[key] = int(record[key]) + n  # type: ignore[call-overload]
+    finally:
+        os.close(pipe_r)
+        os.close(pipe_w)
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(fd, wake)
+    try:
+        await ready
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+def client_hello_sni(record: bytes) -> str | None:
+    """The server name of a TLS ClientHello record (None when it has none or is not one)."""
+    try:
+        if record[0] != 0x16 or record[5] != 0x01:
+            return None
+        pos = 5 + 4 + 2 + 32  # record header, handshake header, version, random
+        pos += 1 + record[pos]  # session id
+        pos += 2 + int.from_bytes(record[pos : pos + 2], "big")  # cipher suites
+        pos += 1 + record[pos]  # compression methods
+        end = pos + 2 + int.from_bytes(record[pos : pos + 2], "big")
+        pos += 2
+        while pos + 4 <= end:
+            kind, size = int.from_bytes(record[pos : pos + 2], "big"), int.from_bytes(record[pos + 2 : pos + 4], "big")
+            if kind == 0:  # server_name: list length, then (type 0, length, name)
+                length = int.from_bytes(record[pos + 7 : pos + 9], "big")
+                return record[pos + 9 : pos + 9 + length].decode("ascii", errors="replace")
+            pos += 4 + size
+    except IndexError:
+        return None
+    return None
+
+
+async def receive_listener(channel: socket.socket) -> socket.socket:
+    """The listening TCP socket the sandbox's bridge sends over ``channel`` (its end of a socketpair) before it
+    starts the program (waits until it comes: bound it with ``asyncio.timeout``); raises ``ConnectionError`` when
+    the bridge sends none or it is not a listening TCP socket."""
+    loop = asyncio.get_running_loop()
+    channel.setblocking(False)
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(channel.fileno(), readable)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(channel.fileno())
+    _, fds, _, _ = socket.recv_fds(channel, 16, 4)
+    for extra in fds[1:]:
+        os.close(extra)
+    if not fds:
+        raise ConnectionError("the sandbox's egress bridge sent no socket")
+    if not stat.S_ISSOCK(os.fstat(fds[0]).st_mode):
+        os.close(fds[0])
+        raise ConnectionError("the sandbox's egress bridge sent something that is not a socket")
+    sock = socket.socket(fileno=fds[0])
+    if (
+        sock.family != socket.AF_INET
+        or sock.type != socket.SOCK_STREAM
+        or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    ):
+        sock.close()
+        raise ConnectionError("the sandbox's egress bridge sent a socket that is not a listening TCP socket")
+    return sock
+
+
+def audit_line(attempt: NetworkAttempt) -> bytes:
+    """One attempt as a line of the run's ``network.jsonl``."""
+    return json.dumps(attempt.as_dict(), separators=(",", ":")).encode() + b"\n"
