@@ -205,6 +205,8 @@ async def test_another_user_and_another_root_are_refused(client: ExecspaceSandbo
     async with session:
         with pytest.raises(CapabilityError, match="another user"):
             await session.exec("id", user="root")
+        with pytest.raises(CapabilityError, match="another user"):
+            await session.write(Path("x.txt"), io.BytesIO(b"x"), user="root")
     await client.delete(session)
     granted = await client.create(
         manifest=Manifest(extra_path_grants=(SandboxPathGrant(path="/tmp"),)), options=options("agents/granted")

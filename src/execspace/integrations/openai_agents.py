@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from ..errors import CapabilityError, InvalidSpec, PathDenied, WorkspaceNotFound
+from ..errors import CapabilityError, InvalidSpec, PathDenied, UsageError, WorkspaceNotFound
 from ..models import DEFAULT_TIMEOUT, PtySize, PutFile, ResourceLimits, RunProgramSpec, Workspace
 from ..protocols import Engine, ProgramHandle
 from ..tools import Tool
@@ -137,7 +137,7 @@ class ExecspaceSandboxSession(BaseSandboxSession):
     def workspace(self) -> Workspace:
         """The workspace this session works in (after ``start``)."""
         if self._ws is None:
-            raise InvalidSpec("the session has not started: enter it with `async with session:` first")
+            raise UsageError("the session has not started: enter it with `async with session:` first")
         return self._ws
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -162,12 +162,7 @@ class ExecspaceSandboxSession(BaseSandboxSession):
     def _prepare_exec_command(
         self, *command: str | Path, shell: bool | list[str], user: str | User | None
     ) -> list[str]:
-        if user:
-            raise CapabilityError(
-                "running a command as another user",
-                self._engine.name,
-                "Leave SandboxAgent.run_as (and user=) unset: every command runs as the workspace's one user.",
-            )
+        self._refuse_user(user)
         # plain sh: a login shell (the SDK's default, sh -lc) would read the host's /etc/profile inside the sandbox
         return super()._prepare_exec_command(*command, shell=["sh", "-c"] if shell is True else shell, user=None)
 
@@ -221,7 +216,11 @@ class ExecspaceSandboxSession(BaseSandboxSession):
 
     def _refuse_user(self, user: str | User | None) -> None:
         if user:
-            self._prepare_exec_command("true", shell=False, user=user)
+            raise CapabilityError(
+                "acting as another user",
+                self._engine.name,
+                "Leave SandboxAgent.run_as (and user=) unset: everything runs as the workspace's one user.",
+            )
 
     async def _remove_workspace_entry_on_resume(self, path: Path) -> None:
         await self._engine.fs.remove(self.workspace, self._relative(path, for_write=True))
