@@ -36,6 +36,7 @@ FLOORS = {
     "server": 7,
     "mcp": 7,
     "agent": 7,
+    "integrations": 7,
     "__main__": 8,
 }
 
