@@ -57,6 +57,28 @@ async def test_cannot_read_root_only_files(sandbox) -> None:  # type: ignore[no-
     assert "Permission denied" in r.stderr or "No such file" in r.stderr
 
 
+async def test_a_top_level_directory_of_the_hosts_own_is_not_there(sandbox) -> None:  # type: ignore[no-untyped-def]
+    """Only the system's top-level directories are bound: a /work or /data of the host's own holds people's files,
+    world-readable or not (a checkout, other users' venvs)."""
+    own = [Path(f"/{e}") for e in os.listdir("/") if e in ("work", "data", "farm", "srv", "home")]
+    made = None
+    if os.geteuid() == 0:
+        made = Path(f"/execspace-redteam-{os.getpid()}")
+        made.mkdir(mode=0o755)
+        (made / "world-readable.txt").write_text("host data")
+        own.append(made)
+    if not own:
+        pytest.skip("no top-level directory of the host's own here (and not root to make one)")
+    try:
+        r = await sh(sandbox, " ; ".join(f"ls -d {d} 2>/dev/null && echo SEEN {d}" for d in own) + "; ls /")
+    finally:
+        if made is not None:
+            (made / "world-readable.txt").unlink()
+            made.rmdir()
+    assert "SEEN" not in r.stdout, r.stdout
+    assert "usr" in r.stdout.split()  # the control: the system's are there
+
+
 async def test_cannot_write_outside_grants(sandbox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     canary = tmp_path / "canary"
     canary.write_text("intact")

@@ -3,8 +3,8 @@
 Design (see docs/backends/sandbox.md):
 
 * The sandbox root is an empty tmpfs. Only system directories of the host are
-  bound into it, read-only (``/usr``, ``/etc``, ``/opt``…); ``/home``, ``/root``,
-  ``/mnt``, ``/srv``, ``/run`` and the host's ``/tmp`` are not there at all.
+  bound into it, read-only (:data:`SYSTEM_TOP`: ``/usr``, ``/etc``, ``/opt``…); ``/home``, ``/root``,
+  ``/mnt``, ``/srv``, ``/run``, the host's ``/tmp`` and any other top-level directory are not there at all.
 * The workspace is bound at ``/workspace`` as its :class:`~.policy.SandboxPolicy`
   says (:func:`policy_mounts`): by default read-only, with the layout directories
   bound writable over it; extra host grants, no-access masks (an empty mode-000
@@ -60,9 +60,10 @@ SANDBOX_WORKSPACE = "/workspace"
 SUPERVISOR_PATH = "/.execspace-supervisor"
 
 #: Top-level host entries never bound into the sandbox.
-HIDDEN_TOP = frozenset(
-    {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "boot", "lost+found", "workspace"}
-)
+#: The host's top-level directories a sandbox sees (read-only), where they exist: the system's. Anything else at
+#: the root (``/home``, ``/root``, ``/tmp``, ``/mnt``, ``/srv``, but also a ``/work`` or ``/data`` of the host's
+#: own) holds people's files, and is there only through a grant.
+SYSTEM_TOP = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "var", "nix", "snap"})
 
 _UID_BASE = 1_500_000_000
 _UID_SPAN = 100_000_000
@@ -146,7 +147,7 @@ class BwrapConfig:
 def _top_level_binds() -> list[str]:
     args: list[str] = []
     for entry in sorted(os.listdir("/")):
-        if entry in HIDDEN_TOP:
+        if entry not in SYSTEM_TOP:
             continue
         path = f"/{entry}"
         try:
@@ -244,7 +245,7 @@ def hidden_by_default(path: str) -> bool:
     """Whether the host path ``path`` (absolute) is missing from every sandbox unless a policy grants it:
     it lies under a top-level directory the sandbox does not bind (``/home``, ``/root``, ``/tmp``…)."""
     parts = Path(path).parts
-    return not (len(parts) > 1 and parts[0] == "/" and parts[1] not in HIDDEN_TOP)
+    return not (len(parts) > 1 and parts[0] == "/" and parts[1] in SYSTEM_TOP)
 
 
 def find_bwrap(explicit: str | None = None) -> str | None:
@@ -323,7 +324,7 @@ class _Plan:
 
 def _visible_top() -> frozenset[str]:
     return frozenset(
-        e for e in os.listdir("/") if e not in HIDDEN_TOP and os.path.isdir(f"/{e}") and not os.path.islink(f"/{e}")
+        e for e in os.listdir("/") if e in SYSTEM_TOP and os.path.isdir(f"/{e}") and not os.path.islink(f"/{e}")
     )
 
 
