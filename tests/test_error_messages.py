@@ -138,3 +138,23 @@ async def test_a_workspace_root_the_sandbox_uid_cannot_pass_is_refused_with_the_
         ws = await eng.manager.create_workspace("w")
         with pytest.raises(SetupFailed, match=r"cannot pass .* on the way to the workspace.*chmod o\+x"):
             await eng.runner.run_program(ws, RunProgramSpec("true"))
+
+
+@pytest.mark.asyncio
+async def test_program_links_give_programs_a_path_to_the_workspace_and_refuse_what_would_shadow(
+    tmp_path: Path,
+) -> None:
+    for bad in ((("/usr/x", "work"),), (("relative", "work"),), (("/home/user", "../up"),), (("/tmp/x", "work"),)):
+        with pytest.raises(InvalidSpec, match="program_links"):
+            async with execspace.open_engine("sandbox", program_links=bad):
+                pass
+    if not (await probe_backend("sandbox")).ok:
+        pytest.skip("no working sandbox here")
+    make_traversable(tmp_path)
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", program_links=(("/home/user", "work"),)
+    ) as eng:
+        ws = await eng.manager.create_workspace("l")
+        await eng.fs.put_files(ws, [execspace.PutFile("work/d.txt", "via the link")])
+        r = await eng.runner.run_program(ws, RunProgramSpec("sh", ["-c", "readlink /home/user; cat /home/user/d.txt"]))
+    assert r.stdout == "/workspace/work\nvia the link", r.stderr

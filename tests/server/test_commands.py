@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox
-from e2b.exceptions import InvalidArgumentException, SandboxException, TimeoutException
+from e2b.exceptions import SandboxException, TimeoutException
 
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
 
@@ -57,12 +57,15 @@ def test_env_vars_of_the_sandbox_and_the_call(sbx: Sandbox) -> None:
     assert out == "sandbox call c\n"
 
 
-def test_cwd_is_the_home_or_a_directory_under_it(sbx: Sandbox) -> None:
+def test_cwd_is_the_home_a_directory_under_it_or_one_of_the_sandbox(sbx: Sandbox) -> None:
     sbx.files.write("sub/marker.txt", "here")
     assert sbx.commands.run("cat marker.txt", cwd="/home/user/sub").stdout == "here"
     assert sbx.commands.run("cat sub/marker.txt").stdout == "here"  # the default cwd is the home
-    with pytest.raises(InvalidArgumentException, match="outside /home/user"):
-        sbx.commands.run("pwd", cwd="/etc")
+    assert sbx.commands.run("pwd", cwd="/etc").stdout == "/etc\n"  # the sandbox's own (read-only) /etc
+    assert sbx.commands.run("cat /home/user/sub/marker.txt", cwd="/").stdout == "here"  # the home is there too
+    with pytest.raises(CommandExitException) as missing:
+        sbx.commands.run("pwd", cwd="/no/such/dir")
+    assert missing.value.exit_code == 1 and "/no/such/dir" in missing.value.stderr
 
 
 def test_background_wait_list_and_kill(sbx: Sandbox) -> None:

@@ -3,6 +3,7 @@ E2BExecutor under a CodeAgent, and the OpenAI Agents SDK's E2B sandbox client.""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -40,17 +41,16 @@ def test_smolagents_e2b_executor_runs_unchanged() -> None:
     assert "value is 42" in str(model.seen[1])  # the first action's output came back as its observation
 
 
-@pytest.mark.xfail(
-    reason="the SDK's E2B client creates its root with a command run in cwd='/', and serve refuses a cwd outside "
-    "/home/user (PathOutsideHome); it also asks for auto-pause unless on_timeout='kill', auto_resume=False",
-    strict=True,
-)
 async def test_the_agents_sdk_e2b_client_runs_unchanged() -> None:
+    """Its set-up commands run in cwd='/' and name /home/user (both are there in serve's sandboxes); it asks for
+    auto-pause unless on_timeout='kill', auto_resume=False (serve does not pause sandboxes)."""
     client = E2BSandboxClient()
     options = E2BSandboxClientOptions(sandbox_type="e2b", on_timeout="kill", auto_resume=False)
     session = await client.create(manifest=Manifest(root="/home/user/work"), options=options)
     try:
         async with session:
             assert (await session.exec("echo hi")).stdout == b"hi\n"
+            await session.write("/home/user/work/note.txt", io.BytesIO(b"from the sdk"))
+            assert (await session.exec("cat note.txt")).stdout == b"from the sdk"
     finally:
         await client.delete(session)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import signal
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from protobuf import Oneof
 from ..errors import BackendError, CapabilityError, InvalidSpec, ProgramNotFound
 from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult
 from ..protocols import ProgramHandle
-from .paths import HOME_DIR, USER, to_sdk, to_workspace
+from .paths import HOME_DIR, USER, PathOutsideHome, to_sdk, to_workspace
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
 from .streams import deadline_of
@@ -40,6 +41,22 @@ _SIGNALS = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM
 
 def _event(event: Any) -> pb.ProcessEvent:
     return pb.ProcessEvent(event=event)
+
+
+#: Starts a program in a directory of the sandbox outside the workspace, where a run cannot start: ``$1`` is it.
+_CD_THEN_EXEC = 'cd -- "$1" || exit 1; shift; exec "$@"'
+
+
+def _in_directory(cmd: str, args: list[str], cwd: str) -> tuple[str, list[str], str]:
+    """The program, its arguments and its workspace cwd for an SDK ``cwd``: one under the home is the workspace's;
+    another (``/``, ``/tmp``: the SDK's clients run set-up commands there) is entered by a shell that then execs
+    the program, as envd would start it there (a missing directory fails the command, as envd does)."""
+    if not cwd:
+        return cmd, args, HOME_DIR
+    try:
+        return cmd, args, to_workspace(cwd)
+    except PathOutsideHome:
+        return "/bin/sh", ["-c", _CD_THEN_EXEC, "sh", posixpath.normpath(cwd), cmd, *args], HOME_DIR
 
 
 def _start_event(pid: int) -> pb.ProcessEvent:
@@ -104,12 +121,13 @@ class ProcessService(ServiceBase, Process):
         config = request.process or pb.ProcessConfig()
         env = {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars, **config.envs}
         size = request.pty.size if request.pty is not None else None
+        cmd, args, cwd = _in_directory(config.cmd, list(config.args), config.cwd)
         try:
             return RunProgramSpec(
-                cmd=config.cmd,
-                args=list(config.args),
+                cmd=cmd,
+                args=args,
                 env=env,
-                cwd=to_workspace(config.cwd) if config.cwd else HOME_DIR,
+                cwd=cwd,
                 timeout=None,  # a command lives until it exits, is killed, or its sandbox ends
                 network="on" if sandbox.allow_internet_access else "off",
                 tag=request.tag if request.has_field("tag") else None,

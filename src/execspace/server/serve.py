@@ -15,6 +15,7 @@ from ..engine import open_engine
 from .app import E2BApp
 from .interpreter import CodeInterpreter
 from .options import ServerOptions
+from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
 __all__ = ["serve"]
@@ -33,7 +34,11 @@ async def serve(
 
     ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this is how to learn it).
     """
-    async with open_engine(backend, **(backend_options or {})) as engine:
+    opts = dict(backend_options or {})
+    if backend == "sandbox":
+        # E2B's programs name their files by its home: there it is the directory SDK paths map to
+        opts.setdefault("program_links", ((HOME, HOME_DIR),))
+    async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
         interpreter = CodeInterpreter(engine.name, Path(root) if root is not None else None, options.kernel_environment)

@@ -138,6 +138,7 @@ class SandboxRunner(HostRunner):
         network_allow: NetworkPolicy | None = None,
         on_network_attempt: NetworkApprover | None = None,
         environment: Environment | None = None,
+        program_links: tuple[tuple[str, str], ...] = (),
     ) -> None:
         bin_dir = None if environment is None else str(environment.bin_dir)
         super().__init__(
@@ -151,6 +152,7 @@ class SandboxRunner(HostRunner):
             path_view=functools.partial(_path_view, bin_dir),
         )
         self.environment = environment
+        self.program_links = program_links
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -263,7 +265,7 @@ class SandboxRunner(HostRunner):
             egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
             mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
             env.update(proxy_env())
-        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, init_fd=init_fd)
+        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, links=self.program_links, init_fd=init_fd)
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         try:
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
@@ -590,6 +592,7 @@ class SandboxBackend:
             "network_allow": allow,
             "on_network_attempt": options.on_network_attempt,
             "environment": environment,
+            "program_links": options.program_links,
         }
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)

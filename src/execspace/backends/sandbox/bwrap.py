@@ -139,6 +139,8 @@ class BwrapConfig:
     tmp_size: int | None = 256 * 1024 * 1024
     mounts: Sequence[str] | None = None
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
+    links: Sequence[tuple[str, str]] = ()
+    """``(path, workspace-relative target)``: symlinks the sandbox makes in its own root (``program_links``)."""
     init_fd: int | None = None
     """A session's supervisor binary (an fd passed to bwrap): copied to :data:`SUPERVISOR_PATH` and run as
     PID 1 of the sandbox (``--as-pid-1``, no bwrap init), the program being ``[SUPERVISOR_PATH, ...]``."""
@@ -227,6 +229,8 @@ def build_argv(
         args += ["--perms", "0755", "--ro-bind-data", str(cfg.init_fd), SUPERVISOR_PATH]
     ws = SANDBOX_WORKSPACE
     args += cfg.mounts if cfg.mounts is not None else ["--bind", str(ws_root), ws]
+    for path, target in cfg.links:
+        args += ["--symlink", f"{ws}/{target}", path]
     args += [
         "--chdir", f"{ws}/{cwd_rel}".rstrip("/"),
         "--",

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ...backend import HostOptions
-from ...errors import InvalidSpec
+from ...errors import InvalidSpec, PathDenied
 from ...models import NetworkApprover, NetworkPolicy
+from ...workspace.confine import split_relpath
+from .bwrap import SYSTEM_TOP
 from .policy import SandboxPolicy
 from .session import SessionConfig
 
@@ -15,6 +17,23 @@ __all__ = ["SandboxMode", "SandboxOptions"]
 
 #: How the sandbox backend runs programs: a sandbox per run, or one per workspace (``details["mode"]`` says more).
 SandboxMode = Literal["per-run", "session"]
+
+
+def check_program_links(links: tuple[tuple[str, str], ...]) -> None:
+    """Refuse a link the sandbox cannot make, or one that would shadow what it must show."""
+    for path, target in links:
+        parts = [c for c in path.split("/") if c]
+        if not path.startswith("/") or not parts or ".." in parts:
+            raise InvalidSpec(f"program_links: {path!r} must be an absolute path without '..'")
+        if parts[0] in SYSTEM_TOP or parts[0] in ("workspace", "proc", "dev", "sys", "tmp"):
+            raise InvalidSpec(
+                f"program_links: {path!r} lies in /{parts[0]}, which the sandbox binds or makes itself; "
+                "choose a path outside it (e.g. /home/user)"
+            )
+        try:
+            split_relpath(target)
+        except PathDenied as exc:
+            raise InvalidSpec(f"program_links: the target {target!r} must be a workspace path: {exc.reason}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +57,10 @@ class SandboxOptions(HostOptions):
         environment: a built runtime environment (``execspace env build NAME``, docs/environments.md) to run
             programs in: its tree is bound read-only at its host path, its ``bin`` first on PATH, ``VIRTUAL_ENV``
             and its variables set; ``details["environment"]`` names it and what it holds.
+        program_links: ``(path, target)`` pairs: inside every sandbox, the absolute ``path`` is a symlink to the
+            workspace path ``target`` (``("/home/user", "work")`` gives programs E2B's home, as ``execspace serve``
+            does). ``path`` must lie outside the system's directories, ``/workspace``, ``/proc``, ``/dev`` and
+            ``/tmp``; the link is the sandbox's own (nothing on the host changes).
     """
 
     policy: SandboxPolicy | None = None
@@ -47,8 +70,10 @@ class SandboxOptions(HostOptions):
     mode: SandboxMode = "per-run"
     session: SessionConfig | None = None
     environment: str | None = None
+    program_links: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_program_links(self.program_links)
         if self.session is not None and self.mode != "session":
             raise InvalidSpec("SandboxOptions: session= configures mode='session'; give mode='session' too")
