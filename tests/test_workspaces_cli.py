@@ -99,3 +99,18 @@ async def test_snapshot_fork_and_restore_from_the_cli(tmp_path: Path) -> None:
         for f in json.loads(ws_cli(root, "list").stdout)["workspaces"]:
             ws_cli(root, "rm", f["path"])
     assert json.loads(ws_cli(root, "list").stdout)["workspaces"] == []
+
+
+async def test_show_tells_size_runs_and_outputs_without_following_links(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (ws,) = await make_workspaces(root, ["app/shown"])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("x" * 10000)
+    (ws / "out" / "link").symlink_to(outside)
+    (shown,) = json.loads(ws_cli(root, "show", "app/shown").stdout)["workspaces"]
+    assert shown["path"] == str(ws) and shown["id"] == "app/shown"
+    assert shown["runs"] == 1 and shown["outputs"] == ["out/o.txt"]  # the link is not followed, not an output
+    assert 0 < shown["disk_bytes"] < 1 << 20
+    missing = ws_cli(root, "show", "no/such")
+    assert missing.returncode == 125 and b"execspace ws list" in missing.stderr

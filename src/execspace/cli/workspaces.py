@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import WorkspaceNotFound
-from ..workspace.stored import StoredWorkspace, default_roots, find_stored, remove_stored, stored_workspaces
-from .console import EXIT_EXECSPACE_ERROR, error, print_json, printable, progress
+from ..workspace.stored import (
+    StoredWorkspace,
+    default_roots,
+    find_stored,
+    remove_stored,
+    stored_details,
+    stored_workspaces,
+)
+from .console import EXIT_EXECSPACE_ERROR, error, human_size, print_json, printable, progress
 from .run import host_path
 from .wsbranches import VERBS, add_verbs, branch_command
 
@@ -31,8 +38,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--root", action="append", type=host_path, metavar="DIR", help="a workspace root (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="list|rm|gc|snapshot|snapshots|fork|restore")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="list|show|rm|gc|snapshot|snapshots|fork|restore")
     verbs.add_parser("list", help="every workspace, oldest use first")
+    show = verbs.add_parser("show", help="one workspace (or every one with that id): record, size, runs, outputs")
+    show.add_argument("targets", nargs="+", metavar="DIR|ID", help="an absolute or ./relative directory, else an id")
     rm = verbs.add_parser("rm", help="remove workspaces by directory or id (every one with that id)")
     rm.add_argument("targets", nargs="+", metavar="DIR|ID", help="an absolute or ./relative directory, else an id")
     gc = verbs.add_parser("gc", help="remove the workspaces not used for a while")
@@ -75,12 +84,14 @@ async def command(args: argparse.Namespace) -> int:
     if args.verb == "list":
         found = sorted((ws for root in roots for ws in stored_workspaces(root)), key=lambda ws: ws.last_used)
         return _show(args, found, now, "workspaces")
-    if args.verb == "rm":
+    if args.verb in ("rm", "show"):
         try:
             targets = [ws for key in args.targets for ws in find_stored(roots, key)]
         except WorkspaceNotFound as exc:  # its message says how to find them: not the generic --workspace hint
             error(str(exc))
             return EXIT_EXECSPACE_ERROR
+        if args.verb == "show":
+            return _details(args, targets, now)
     else:
         targets = [ws for root in roots for ws in stored_workspaces(root) if now - ws.last_used >= args.older_than]
         if args.dry_run:
@@ -101,5 +112,25 @@ def _show(args: argparse.Namespace, found: list[StoredWorkspace], now: float, wh
     for ws in found:
         note = f"  ({ws.problem})" if ws.problem else ""
         print(f"{_age(now - ws.last_used):>5} idle  {printable(ws.id or '?'):<40} {printable(str(ws.path))}{note}")
+    sys.stdout.flush()
+    return 0
+
+
+def _details(args: argparse.Namespace, found: list[StoredWorkspace], now: float) -> int:
+    rows = []
+    for ws in found:
+        d = stored_details(ws)
+        rows.append({**_row(ws, now), "disk_bytes": d.disk_bytes, "runs": d.runs, "outputs": list(d.outputs)})
+        if not args.json:
+            print(f"{printable(ws.id or '?')}\n  path:      {printable(str(ws.path))}")
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ws.created_at))
+            print(f"  created:   {created}   idle: {_age(now - ws.last_used)}   disk: {human_size(d.disk_bytes)}")
+            print(f"  runs:      {d.runs}" + (f"   problem: {ws.problem}" if ws.problem else ""))
+            more = f" (and {d.more_outputs} more)" if d.more_outputs else ""
+            print(f"  outputs:   {len(d.outputs) + d.more_outputs}{more}")
+            for name in d.outputs:
+                print(f"    {printable(name)}")
+    if args.json:
+        print_json({"workspaces": rows})
     sys.stdout.flush()
     return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PathDenied, WorkspaceNotFound
+from .confine import ConfinedRoot
 from .hostmanager import default_workspace_root, remove_workspace_tree
 from .layout import METADATA_FILE
 from .metadata import WorkspaceMetadata
@@ -106,3 +107,25 @@ def remove_stored(ws: StoredWorkspace) -> None:
     if _stored(ws.path) is None:
         raise PathDenied(str(ws.path), "it is no longer a workspace directory (changed since it was listed)")
     remove_workspace_tree(ws.path)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDetails:
+    """What ``execspace ws show`` tells of one workspace beyond its listing, read by fds (links never followed)."""
+
+    disk_bytes: int
+    runs: int
+    """Run directories under ``runs/``."""
+    outputs: tuple[str, ...]
+    """Files under ``out/`` (the first :data:`SHOWN_OUTPUTS`)."""
+    more_outputs: int
+
+
+SHOWN_OUTPUTS = 50
+
+
+def stored_details(ws: StoredWorkspace) -> StoredDetails:
+    with ConfinedRoot(str(ws.path)) as cr:
+        runs = sum(1 for rel, _st, _ in cr.scan(["runs"]) if rel.count("/") == 1)
+        outs = [rel for rel, st, _ in cr.scan(["out"]) if stat.S_ISREG(st.st_mode)]
+        return StoredDetails(cr.disk_usage(), runs, tuple(outs[:SHOWN_OUTPUTS]), max(len(outs) - SHOWN_OUTPUTS, 0))
