@@ -179,7 +179,10 @@ def split(stream, chars):
     return hook
 
 app = Kernel.instance()
-app.initialize(["-f", f"/proc/self/fd/{conn}", f"--ProfileDir.location={cfg['profile']}", *cfg["args"]])
+# the stdlib's json: jupyter_client packs with orjson where it is installed, and orjson 3.13 crashes the kernel
+# (SIGSEGV) on a flood of large outputs in the unprivileged sandbox
+packers = ["--Session.packer=json", "--Session.unpacker=json"]
+app.initialize(["-f", f"/proc/self/fd/{conn}", f"--ProfileDir.location={cfg['profile']}", *packers, *cfg["args"]])
 os.close(conn)
 app.session.serialize = bounded(app.session.serialize, cfg["message_bytes"])
 for stream in (sys.stdout, sys.stderr):
