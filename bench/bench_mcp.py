@@ -23,7 +23,7 @@ import execspace
 from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir
 from execspace.testing.binding import make_traversable
 
-SECTION = "9 mcp"
+SECTION = "10 mcp"
 TOKEN = "bench-" + "0123456789abcdef" * 2
 ARGS = {"command": "true", "workspace_id": "bench/mcp"}
 
@@ -84,7 +84,7 @@ def _row(name: str, lib: list[float], base: list[float], target_ms: float) -> Ro
 
 
 async def run_mcp(plan: Plan, report: Report, log: Any) -> None:
-    if not await backend_ready("sandbox", "9 mcp benchmarks", report, log):
+    if not await backend_ready("sandbox", "10 mcp benchmarks", report, log):
         return
     try:
         import mcp  # noqa: F401
@@ -93,7 +93,7 @@ async def run_mcp(plan: Plan, report: Report, log: Any) -> None:
         return
     from execspace.tools import WorkspaceExecTool
 
-    log("9 mcp")
+    log("10 mcp")
     with scratch_dir("execspace-bench-mcp-") as root:
         make_traversable(root)
         with _http_server(root) as url:
