@@ -15,17 +15,9 @@ from autogen_core.code_executor import CodeBlock, CodeExecutor
 import execspace
 from execspace import BaseEngine, CapabilityError, UsageError, WorkspaceNotFound
 from execspace.integrations.autogen import TIMEOUT_EXIT_CODE, ExecspaceCodeExecutor
-from execspace.testing.binding import make_traversable
 from execspace.testing.processes import new_tag, wait_no_process, wait_processes
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox backend here is bubblewrap")
-
-
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    make_traversable(tmp_path)  # as root, programs run as the workspace's own uid
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
-        yield eng
 
 
 @pytest.fixture

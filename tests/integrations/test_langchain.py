@@ -5,25 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-import execspace
 from execspace import BaseEngine
 from execspace.integrations.langchain import langchain_tools
-from execspace.testing.binding import make_traversable
 from execspace.tools import CommandPolicy, WorkspaceExecTool
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox backend here is bubblewrap")
-
-
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    make_traversable(tmp_path)  # as root, programs run as the workspace's own uid
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
-        yield eng
 
 
 async def test_the_exec_tools_answer_through_langchain(engine: BaseEngine) -> None:

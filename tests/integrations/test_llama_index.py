@@ -7,25 +7,15 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from llama_index.core.tools import FunctionTool
 
-import execspace
 from execspace import BaseEngine, WorkspaceNotFound
 from execspace.integrations.llama_index import ExecspaceToolSpec
-from execspace.testing.binding import make_traversable
 from execspace.tools import CommandPolicy
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox backend here is bubblewrap")
-
-
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    make_traversable(tmp_path)  # as root, programs run as the workspace's own uid
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
-        yield eng
 
 
 @pytest.fixture

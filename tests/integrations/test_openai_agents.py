@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from agents.sandbox.errors import ExecTimeoutError, WorkspaceArchiveWriteError, 
 from agents.sandbox.sandboxes import UnixLocalSandboxClient
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-import execspace
 from execspace import BaseEngine, CapabilityError, InvalidSpec, PathDenied, WorkspaceNotFound
 from execspace.integrations.openai_agents import (
     ExecspaceSandboxClient,
@@ -28,18 +26,10 @@ from execspace.integrations.openai_agents import (
     ExecspaceSandboxSessionState,
     function_tools,
 )
-from execspace.testing.binding import make_traversable
 from execspace.testing.processes import new_tag, wait_no_process
 from execspace.tools import WorkspaceExecTool
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox backend here is bubblewrap")
-
-
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[BaseEngine]:
-    make_traversable(tmp_path)  # as root, programs run as the workspace's own uid
-    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
-        yield eng
 
 
 @pytest.fixture
