@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Owner", "current_owner", "owner_alive"]
+__all__ = ["Owner", "current_owner", "owner_alive", "pid_alive"]
 
 _FIELDS = ("pid", "pid-start", "host", "boot", "pidns")
 
@@ -78,3 +78,15 @@ def owner_alive(owner: Owner, here: Owner) -> bool | None:
     if owner.pidns != here.pidns or not owner.start:
         return None
     return _pid_start(owner.pid) == owner.start
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists in our pid namespace (one we may not signal counts). A leftover named only
+    by a pid (a ``run-<pid>-…`` cgroup, a ``.partial-<pid>-…`` tree) is removed once this is False."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

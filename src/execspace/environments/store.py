@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from ..errors import EnvironmentBuildFailed, EnvironmentNotFound, InvalidSpec
+from ..workspace.hostroots import closed_ancestor
 from .spec import BUILTIN_SPECS, EnvironmentSpec, canonical_name
 
 __all__ = ["MARKER", "BuildEvent", "Environment", "EnvironmentStore", "Progress", "default_root"]
@@ -252,7 +253,7 @@ class EnvironmentStore:
             if not d.exists():
                 d.mkdir(mode=0o755)
                 os.chmod(d, 0o755)  # noqa: S103 - whatever the umask: the sandbox's uid passes it
-        closed = _closed_ancestor(self.root)
+        closed = closed_ancestor(self.root)
         if closed is not None:
             raise EnvironmentBuildFailed(
                 f"the environment store {self.root} lies under {closed}, which the sandbox's uid cannot pass "
@@ -281,7 +282,7 @@ def _system_python(version: str) -> str:
     """The system-wide Python for ``version`` (``system``: ``/usr/bin/python3``)."""
     names = ["/usr/bin/python3"] if version == "system" else [f"{d}/python{version}" for d in _PYTHON_DIRS]
     for candidate in names:
-        if os.access(candidate, os.X_OK) and _closed_ancestor(os.path.realpath(candidate)) is None:
+        if os.access(candidate, os.X_OK) and closed_ancestor(os.path.realpath(candidate)) is None:
             return candidate
     raise InvalidSpec(
         f"no system-wide Python {version} on this host (looked for {', '.join(names)}): install it "
@@ -369,22 +370,6 @@ def _write_marker(tree: Path, marker: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.chmod(path, 0o644)
-
-
-def _closed_ancestor(path: Path | str) -> str | None:
-    """The directory on the way to ``path`` that another uid cannot pass (what a root caller's sandbox runs as), or
-    None; as a normal user the sandbox runs as us, so None."""
-    if os.geteuid() != 0:
-        return None
-    current = Path("/")
-    for part in Path(path).parts[1:]:
-        try:
-            if not os.stat(current).st_mode & stat.S_IXOTH:
-                return str(current)
-        except FileNotFoundError:
-            return None  # made by us, searchable
-        current = current / part
-    return None
 
 
 async def _run_step(step: Step, argv: Sequence[str], emit: Progress | None = None) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import InputError, LimitExceeded, PathDenied
 
-__all__ = ["HostRoots", "HostSource", "TreeEntry", "walk_tree"]
+__all__ = ["HostRoots", "HostSource", "TreeEntry", "closed_ancestor", "walk_tree"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # the last component may be a file or a directory; O_NONBLOCK: a FIFO cannot hang us
@@ -242,3 +242,21 @@ def _open_entry(name: str, dfd: int, flags: int) -> int | None:
         if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
             return None
         raise
+
+
+def closed_ancestor(path: str | os.PathLike[str]) -> str | None:
+    """The directory above ``path`` that a sandbox's uid cannot pass, or None. As root, each sandbox (bwrap, its
+    binds) runs as its workspace's own uid, which only the "other" bits let through (``/root`` is 0700); as a
+    normal user it runs as us, so None. A missing directory on the way counts as passable: we make it."""
+    if os.geteuid() != 0:
+        return None
+    parts = [c for c in os.fspath(path).split("/") if c]
+    for n in range(len(parts)):
+        anc = "/" + "/".join(parts[:n])
+        try:
+            if os.stat(anc).st_mode & stat.S_IXOTH:
+                continue
+        except FileNotFoundError:
+            return None  # what is missing is made by us, searchable
+        return anc
+    return None

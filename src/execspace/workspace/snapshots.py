@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import InvalidSpec, PathDenied, SetupFailed, SnapshotNotFound
 from ..models import Snapshot
+from ..owner import pid_alive
 from .confine import remove_tree
 from .confinecore import DIR_FLAGS
 from .layers import copy_root_attrs, merged_view
@@ -77,7 +78,7 @@ class SnapshotStore:
         """Remove what a killed process was building (its pid is gone)."""
         for name in os.listdir(self.dir):
             m = _PARTIAL.fullmatch(name)
-            if m is not None and not _alive(int(m.group(1))):
+            if m is not None and not pid_alive(int(m.group(1))):
                 with contextlib.suppress(OSError):
                     self._remove(name)
 
@@ -302,13 +303,3 @@ def exchange_dirs(a: Path, b: Path) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(a))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

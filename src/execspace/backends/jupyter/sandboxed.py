@@ -60,6 +60,7 @@ from ...environments import Environment
 from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
 from ...process.supervisor import SupervisedProcess
+from ...workspace.hostroots import closed_ancestor
 from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, which_in_sandbox
 from .hostkernels import PYTHON_KERNEL_ARGS, ZmqConnection
 from .outputs import RichOutputLimits
@@ -246,12 +247,7 @@ def _reachable(path: str) -> bool:
     real = os.path.realpath(path)
     if os.geteuid() != 0:
         return os.access(real, os.R_OK | os.X_OK)
-    parent = real
-    while parent != "/":
-        parent = os.path.dirname(parent)
-        with contextlib.suppress(OSError):
-            if os.stat(parent).st_mode & stat.S_IXOTH:
-                continue
+    if closed_ancestor(real) is not None:
         return False
     with contextlib.suppress(OSError):
         return os.stat(real).st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH

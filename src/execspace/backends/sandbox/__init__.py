@@ -40,13 +40,13 @@ from ...workspace.branches import overlay_supported
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
+from ...workspace.hostroots import closed_ancestor
 from ...workspace.layout import ensure_layout
 from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
     BwrapConfig,
     build_argv,
-    closed_ancestor,
     find_bwrap,
     hidden_by_default,
     is_sandbox_uid,

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ...errors import PathDenied, PolicyViolation, SetupFailed
 from ...workspace.confine import ConfinedRoot
+from ...workspace.hostroots import closed_ancestor
 from ...workspace.protected import PlaceholderRun, make_placeholder, makefile_stand_in
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
@@ -383,23 +384,6 @@ def _host_grant(p: _Plan, t: Target, hidden: Sequence[str]) -> None:
     _check_reachable(t.path)
     p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
     p.host_levels[t.path] = t.access
-
-
-def closed_ancestor(path: str) -> str | None:
-    """The directory above ``path`` that the sandbox's uid cannot pass, or None. As root, bwrap binds a grant as
-    the workspace's own uid, which only the "other" bits let through (``/root`` is 0700); otherwise it runs as us."""
-    if os.geteuid() != 0:
-        return None
-    parts = path_parts(path)
-    for n in range(len(parts)):
-        anc = "/" + "/".join(parts[:n])
-        try:
-            if os.stat(anc).st_mode & stat.S_IXOTH:
-                continue
-        except FileNotFoundError:
-            return None  # what is missing is made by us, searchable
-        return anc
-    return None
 
 
 def _check_reachable(path: str) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...models import ResourceLimits
+from ...owner import pid_alive
 
 __all__ = ["BWRAP_HELPER_PIDS", "CgroupSupport", "RunCgroup"]
 
@@ -135,19 +136,9 @@ def _remove_stale(base: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in base.iterdir():
             parts = entry.name.split("-")
-            if len(parts) == 3 and parts[0] == "run" and parts[1].isdigit() and not _alive(int(parts[1])):
+            if len(parts) == 3 and parts[0] == "run" and parts[1].isdigit() and not pid_alive(int(parts[1])):
                 with contextlib.suppress(OSError):
                     entry.rmdir()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _can_create(base: Path) -> bool:
