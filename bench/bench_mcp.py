@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import selectors
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import execspace
 from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir
 from execspace.testing.binding import make_traversable
+from execspace.testing.processes import read_until, terminate
 
 SECTION = "10 mcp"
 TOKEN = "bench-" + "0123456789abcdef" * 2
@@ -36,21 +33,12 @@ def _http_server(root: Any) -> Iterator[str]:
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     try:
         assert proc.stderr is not None
-        selector = selectors.DefaultSelector()
-        selector.register(proc.stderr, selectors.EVENT_READ)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and selector.select(timeout=deadline - time.monotonic()):
-            found = re.search(rb"streamable HTTP on (http://\S+)", proc.stderr.readline())
-            if found:
-                yield found.group(1).decode()
-                return
-        raise RuntimeError("execspace mcp did not start")
+        found, _ = read_until(proc.stderr, rb"streamable HTTP on (http://\S+)", 60)
+        if found is None:
+            raise RuntimeError("execspace mcp did not start")
+        yield found.group(1).decode()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        terminate(proc)
 
 
 @contextlib.asynccontextmanager

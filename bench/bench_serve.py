@@ -14,8 +14,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import selectors
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ import execspace
 from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, scratch_dir
 from execspace import RunProgramSpec
 from execspace.testing.binding import make_traversable
+from execspace.testing.processes import read_until, terminate
 
 SECTION = "7 serve"
 KEY = "e2b_" + "0123456789abcdef" * 2
@@ -41,24 +40,12 @@ def _server(root: Any, max_sandboxes: int) -> Iterator[tuple[str, int]]:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         assert proc.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and selector.select(timeout=deadline - time.monotonic()):
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if b"listening on " in line:
-                yield line.split(b"listening on ", 1)[1].split()[0].decode(), proc.pid
-                return
-        raise RuntimeError("execspace serve did not start")
+        found, _ = read_until(proc.stdout, rb"listening on (\S+)", 30)
+        if found is None:
+            raise RuntimeError("execspace serve did not start")
+        yield found.group(1).decode(), proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 def _pss_kib(pid: int) -> int:

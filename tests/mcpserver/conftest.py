@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import selectors
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from execspace.testing.binding import make_traversable
+from execspace.testing.processes import read_until, terminate
 
 pytest.importorskip("mcp", reason="the MCP server is tested with the official SDK (pip install 'execspace[dev]')")
 
@@ -80,34 +77,17 @@ def running_http_server(directory: Path, *flags: str, extra_config: str = "") ->
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    terminate(process)
     if process.stderr is not None:
         process.stderr.close()
 
 
 def _listening_url(process: subprocess.Popen[bytes], within: float = 60.0) -> str:
     assert process.stderr is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + within
-    seen = b""
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = process.stderr.readline()
-        if not line:
-            break
-        seen += line
-        found = re.search(rb"streamable HTTP on (http://\S+)", line)
-        if found:
-            return found.group(1).decode()
-    raise AssertionError(f"execspace mcp did not start: {seen.decode(errors='replace')}")
+    found, seen = read_until(process.stderr, rb"streamable HTTP on (http://\S+)", within)
+    if found is None:
+        raise AssertionError(f"execspace mcp did not start: {seen.decode(errors='replace')}")
+    return found.group(1).decode()
 
 
 @contextlib.asynccontextmanager

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from execspace.testing.binding import make_traversable
+from execspace.testing.processes import read_until, terminate
 
 pytest.importorskip("e2b", reason="the server is tested with the official e2b SDK (pip install 'execspace[dev]')")
 
@@ -47,33 +45,17 @@ def running_server(root: Path, *flags: str) -> Iterator[Server]:
         url = _listening_url(process)
         yield Server(url, API_KEY, root, process)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        terminate(process, grace=20)
         assert process.stdout is not None
         process.stdout.close()
 
 
 def _listening_url(process: subprocess.Popen[bytes], within: float = 30.0) -> str:
     assert process.stdout is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + within
-    seen = b""
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen += line
-        if b"listening on " in line:
-            return line.split(b"listening on ", 1)[1].split()[0].decode()
-    raise AssertionError(f"execspace serve did not start: {seen.decode(errors='replace')}")
+    found, seen = read_until(process.stdout, rb"listening on (\S+)", within)
+    if found is None:
+        raise AssertionError(f"execspace serve did not start: {seen.decode(errors='replace')}")
+    return found.group(1).decode()
 
 
 @pytest.fixture(scope="session")

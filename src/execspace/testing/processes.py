@@ -11,11 +11,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
+import selectors
 import signal
+import subprocess
 import time
+from typing import IO
 
-__all__ = ["TAG_VARIABLE", "new_tag", "pids_with", "tagged", "wait_no_process", "wait_processes"]
+__all__ = [
+    "TAG_VARIABLE",
+    "new_tag",
+    "pids_with",
+    "read_until",
+    "tagged",
+    "terminate",
+    "wait_no_process",
+    "wait_processes",
+]
 
 #: The environment variable :func:`tagged` sets.
 TAG_VARIABLE = "EXECSPACE_TEST_RUN_TAG"
@@ -76,3 +89,36 @@ async def wait_processes(tag: str, at_least: int, within: float = 10.0) -> list[
             raise TimeoutError(f"{len(found)} of {at_least} processes tagged {tag} after {within} s")
         await asyncio.sleep(0.01)
     return found
+
+
+def read_until(stream: IO[bytes], pattern: bytes, within: float) -> tuple[re.Match[bytes] | None, bytes]:
+    """Read ``stream`` (a child's pipe) line by line until a line matches the regex ``pattern``, the stream ends
+    or ``within`` seconds pass: the match (None without one) and everything read (for the failure message). How a
+    test or a benchmark learns where the server it started listens."""
+    selector = selectors.DefaultSelector()
+    selector.register(stream, selectors.EVENT_READ)
+    deadline = time.monotonic() + within
+    seen = b""
+    try:
+        while (left := deadline - time.monotonic()) > 0 and selector.select(timeout=left):
+            line = stream.readline()
+            if not line:
+                break
+            seen += line
+            if (found := re.search(pattern, line)) is not None:
+                return found, seen
+        return None, seen
+    finally:
+        selector.close()
+
+
+def terminate(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """Stop a child as a user stops a server (SIGTERM), then SIGKILL it if it has not exited within ``grace``
+    seconds; reaped either way."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
