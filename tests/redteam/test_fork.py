@@ -15,9 +15,8 @@ import pytest
 import execspace
 from execspace import PathDenied, PutFile, RunProgramSpec, Workspace
 from execspace.registry import probe_backend
-from execspace.workspace.hostmanager import HostWorkspaceManager
 from tests.support import make_traversable
-from tests.workspace.test_fork import unmount_forks
+from tests.workspace.test_fork import host, manager, unmount_forks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,16 +32,6 @@ async def engine(sandbox_mode: Mapping[str, object], tmp_path: Path) -> AsyncIte
             yield eng
         finally:
             unmount_forks(tmp_path / "ws")
-
-
-def manager(engine: execspace.BaseEngine) -> HostWorkspaceManager:
-    assert isinstance(engine.manager, HostWorkspaceManager)
-    return engine.manager
-
-
-def host(ws: Workspace) -> Path:
-    assert ws.host_path is not None
-    return ws.host_path
 
 
 async def sh(engine: execspace.BaseEngine, ws: Workspace, script: str) -> execspace.RunResult:
