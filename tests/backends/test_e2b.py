@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -378,9 +379,27 @@ def test_languages_map_to_the_code_interpreter() -> None:
 async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
     from execspace import CodeBlock, ResourceLimits
 
-    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
-        ws = await engine.manager.create_workspace("no-js")
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "ts")) as engine:
+        ws = await engine.manager.create_workspace("no-ts")
         assert isinstance(engine, execspace.SupportsKernels)
-        assert engine.kernels.handles("node") and not engine.kernels.handles("bash")
-        with pytest.raises(BackendError, match=r"starting a js kernel: 501.*Python only"):
-            await engine.kernels.run_block(ws, CodeBlock("js", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+        assert engine.kernels.handles("typescript") and not engine.kernels.handles("bash")
+        with pytest.raises(BackendError, match=r"starting a ts kernel: 501.*no ts kernel"):
+            await engine.kernels.run_block(ws, CodeBlock("ts", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="execspace serve's JavaScript contexts run on Node.js")
+async def test_javascript_blocks_run_in_the_servers_node_context_with_state(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
+        ws = await engine.manager.create_workspace("js")
+        assert isinstance(engine, execspace.SupportsKernels)
+        limits = ResourceLimits()
+        blocks = [CodeBlock("js", "const n = 6"), CodeBlock("node", "console.log(n * 7)"), CodeBlock("js", "null.x")]
+        first, second, failed = [
+            (await engine.kernels.run_block(ws, block, i, timeout=30, limits=limits))[0]
+            for i, block in enumerate(blocks)
+        ]
+        assert first.exit_code == 0
+        assert (second.exit_code, second.stdout) == (0, "42\n")
+        assert failed.exit_code == 1 and "TypeError" in failed.stderr

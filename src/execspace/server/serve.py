@@ -41,7 +41,9 @@ async def serve(
     async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
-        interpreter = CodeInterpreter(engine.name, Path(root) if root is not None else None, options.kernel_environment)
+        interpreter = CodeInterpreter(
+            engine.runner, engine.name, Path(root) if root is not None else None, options.kernel_environment
+        )
         sandboxes.on_remove.append(interpreter.end)
         config = uvicorn.Config(
             E2BApp(sandboxes, interpreter), host=host, port=port, lifespan="off", log_level="warning", access_log=False
