@@ -60,21 +60,35 @@ def test_plain_http_on_the_tls_port_gets_no_answer(tls_server: Server) -> None:
         httpx.get(f"{plain}/sandboxes", headers={"X-API-KEY": API_KEY}, timeout=5)
 
 
-def test_the_official_sdk_runs_unchanged_over_https(
-    tls_server: Server, ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+_SDK_OVER_TLS = """
+from e2b import Sandbox
+sandbox = Sandbox.create(timeout=60)
+try:
+    assert sandbox.commands.run("echo over tls").stdout == "over tls\\n"
+    sandbox.files.write("/home/user/b.bin", bytes(range(256)))
+    assert sandbox.files.read("/home/user/b.bin", format="bytes") == bytes(range(256))
+finally:
+    sandbox.kill()
+print("ok")
+"""
+
+
+def test_the_official_sdk_runs_unchanged_over_https(tls_server: Server, ca: trustme.CA, tmp_path: Path) -> None:
     bundle = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(bundle))
-    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))  # how httpx (the SDK's client) is told to trust a private CA
-    for name, value in tls_server.sdk_env().items():
-        monkeypatch.setenv(name, value)
-    sandbox = e2b.Sandbox.create(timeout=60)
-    try:
-        assert sandbox.commands.run("echo over tls").stdout == "over tls\n"
-        sandbox.files.write("/home/user/b.bin", bytes(range(256)))
-        assert sandbox.files.read("/home/user/b.bin", format="bytes") == bytes(range(256))
-    finally:
-        sandbox.kill()
+    # the SDK's HTTP client reads the CA bundle named by SSL_CERT_FILE once per process: a new process, as a user's
+    env = {**os.environ, **tls_server.sdk_env(), "SSL_CERT_FILE": str(bundle)}
+    done = subprocess.run([sys.executable, "-c", _SDK_OVER_TLS], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    env.pop("SSL_CERT_FILE")
+    refused = subprocess.run(
+        [sys.executable, "-c", _SDK_OVER_TLS], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert refused.returncode != 0 and "certificate" in refused.stderr  # an untrusted server is refused
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
 def _serve(*flags: str) -> subprocess.CompletedProcess[str]:
