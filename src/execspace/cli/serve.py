@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SetupFailed, UsageError
+from .run import resolve_pair
 
 __all__ = ["add_parser", "command"]
 
@@ -53,6 +54,15 @@ def add_parser(sub: Any) -> None:
         help="let sandboxes created with allow_internet_access=True reach the network (default: all offline)",
     )
     p.add_argument(
+        "--resolve",
+        action="append",
+        default=[],
+        type=resolve_pair,
+        metavar="NAME=ADDR",
+        help="pin NAME to ADDR for sandboxes' egress allow-lists (network.allowOut; repeatable: tests, private "
+        "deployments; a pinned address counts as allowed)",
+    )
+    p.add_argument(
         "--kernel-environment",
         default="code-interpreter",
         metavar="NAME",
@@ -84,6 +94,7 @@ async def command(args: argparse.Namespace) -> int:
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,
+        resolve=dict(args.resolve),
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
     )
 

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import CapabilityError, ExecspaceError, InvalidSpec
 from ..models import Snapshot
+from .network import sandbox_egress
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
@@ -122,15 +123,20 @@ class ControlPlane:
                 501, "pausing sandboxes (autoPause, autoResume) is not implemented by execspace serve"
             )
         secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
+        try:
+            egress = sandbox_egress(internet, body.get("network"), self.options, self.sandboxes.engine.describe())
+        except InvalidSpec as exc:
+            raise BadRequest(str(exc)) from None
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
         create = CreateRequest(
             template=str(template),
             timeout=self._timeout(body.get("timeout", self.options.default_timeout)),
             metadata=_strings(body.get("metadata"), "metadata"),
             env_vars=_strings(body.get("envVars"), "envVars"),
             secure=bool(secure),
-            # e2b < 2.51 always asks for the network (its default): without the server's consent the sandbox is
-            # made offline all the same, and its info says so
-            allow_internet_access=bool(internet) and self.options.allow_internet_access,
+            allow_internet_access=egress.network == "on",
+            egress=egress,
             snapshot=snapshot,
         )
         sandbox = await self.sandboxes.create(create)
@@ -289,6 +295,8 @@ class ControlPlane:
             "allowInternetAccess": sandbox.allow_internet_access,
             "domain": self.options.domain,
         }
+        if (network := sandbox.egress.info()) is not None:
+            detail["network"] = network
         if with_token:
             detail["envdAccessToken"] = sandbox.access_token
         return detail
