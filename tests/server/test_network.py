@@ -5,10 +5,14 @@ E2B) and one other port, named ``allowed.test`` / ``denied.test`` by the server'
 from __future__ import annotations
 
 import http.server
+import os
 import random
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -140,3 +144,18 @@ def test_a_server_that_keeps_sandboxes_offline_refuses_an_allow_list(e2b_server:
         assert offline.get_info().network == {"deny_out": [ALL_TRAFFIC]}
     finally:
         offline.kill()
+
+
+@pytest.mark.skipif(not os.environ.get("EXECSPACE_E2B_JS"), reason="set EXECSPACE_E2B_JS (./run test makes one)")
+def test_the_javascript_sdk_sends_the_same_rules(egress_server: Server, upstream: Upstream) -> None:
+    node = shutil.which("node")
+    assert node is not None, "node is not installed"
+    js_sdk = Path(os.environ["EXECSPACE_E2B_JS"])
+    script = js_sdk / f"network-{os.getpid()}.mjs"  # beside its node_modules, so that `import 'e2b'` resolves
+    shutil.copy(Path(__file__).with_name("js") / "network.mjs", script)
+    try:
+        env = {**os.environ, **egress_server.sdk_env()}
+        run = subprocess.run([node, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        script.unlink()
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
