@@ -91,6 +91,16 @@ def test_an_allowed_domain_is_reached_on_port_80_and_nothing_else(sdk: Server, u
         sbx.kill()
 
 
+def test_allow_out_alone_is_an_allow_list_here(sdk: Server) -> None:
+    """allow_internet_access left out counts as False (the server's default is offline, E2B's is online)."""
+    sbx = Sandbox.create(network={"allow_out": ["allowed.test"]})
+    try:
+        assert sbx.commands.run("curl -sS --max-time 20 http://allowed.test/").stdout == "hello from 80\n"
+        assert _status(sbx, "http://denied.test/") == "403"
+    finally:
+        sbx.kill()
+
+
 def test_an_allowed_block_wins_over_a_denied_one_on_every_port(sdk: Server, upstream: Upstream) -> None:
     """``allow_internet_access=False`` denies all traffic; the allowed /32 inside the denied 127.0.0.0/8 wins,
     on any port; its neighbour stays denied."""
