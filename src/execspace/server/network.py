@@ -56,9 +56,13 @@ def sandbox_egress(
         network = {}
     if not isinstance(network, dict):
         raise InvalidSpec("network must be an object (allowOut, denyOut, ...)")
-    for unsupported in ("egressProxy", "rules"):
-        if network.get(unsupported):
-            raise CapabilityError(f"network.{unsupported}", "execspace serve", "Leave it out: egress goes direct.")
+    unsupported = {
+        "egressProxy": "it does not tunnel egress through a proxy of yours",
+        "rules": "its egress proxy does not rewrite requests",
+    }
+    for key, why in unsupported.items():
+        if network.get(key):
+            raise CapabilityError(f"network.{key}", "execspace serve", f"Leave it out: {why}.")
     allow_out = _entries(network.get("allowOut"), "allowOut")
     deny_out = _entries(network.get("denyOut"), "denyOut")
     denied = [_network(entry, "denyOut") for entry in deny_out or ()]
