@@ -101,6 +101,22 @@ def test_allow_out_alone_is_an_allow_list_here(sdk: Server) -> None:
         sbx.kill()
 
 
+def test_update_network_replaces_the_rules_of_the_next_commands(sdk: Server) -> None:
+    sbx = Sandbox.create(network={"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC]})
+    try:
+        assert _status(sbx, "http://denied.test/") == "403"
+        sbx.update_network({"allow_out": ["denied.test"], "deny_out": [ALL_TRAFFIC]})
+        assert _status(sbx, "http://denied.test/") == "200"
+        assert _status(sbx, "http://allowed.test/") == "403"
+        info = sbx.get_info().network
+        assert info is not None and info.get("allow_out") == ["denied.test"]
+        with pytest.raises(SandboxException, match=r"400: network.denyOut"):
+            sbx.update_network({"deny_out": ["denied.test"]})
+        assert _status(sbx, "http://denied.test/") == "200"  # a refused update changes nothing
+    finally:
+        sbx.kill()
+
+
 def test_an_allowed_block_wins_over_a_denied_one_on_every_port(sdk: Server, upstream: Upstream) -> None:
     """``allow_internet_access=False`` denies all traffic; the allowed /32 inside the denied 127.0.0.0/8 wins,
     on any port; its neighbour stays denied."""
