@@ -336,14 +336,15 @@ class Sandboxes:
         )
         return sandbox
 
-    async def _create(self, key: str) -> Box:
+    async def _create(self, key: str, template: str | None = None) -> Box:
         from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
+        template = template or o.template
         sandbox = await sdk_call(
-            f"creating a sandbox from template {o.template!r}",
+            f"creating a sandbox from {template!r}",
             AsyncSandbox.create(
-                template=o.template,
+                template=template,
                 timeout=o.sandbox_timeout,
                 metadata={**o.metadata, _WS_KEY: key},
                 envs=dict(o.env_vars),
@@ -355,6 +356,32 @@ class Sandboxes:
         box = Box(sandbox, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
         await box.install_agent()
         return box
+
+    async def from_snapshot(self, key: str, snapshot_id: str) -> Box:
+        """A new sandbox of ours for workspace ``key``, created from a snapshot (not held yet: see :meth:`hold`)."""
+        return await self._create(key, snapshot_id)
+
+    def hold(self, key: str, box: Box) -> None:
+        """Hold ``box`` as workspace ``key``'s, as if ``for_workspace`` had made it."""
+        self._boxes[key] = box
+        if self.options.persistence == "turn":
+            self._turns.append(box)
+
+    async def keys_in_use(self) -> set[str]:
+        """The workspace keys open in this engine, and per session those of the running sandboxes with its
+        metadata (another engine's too)."""
+        keys = set(self._boxes)
+        if self.options.persistence == "session" and self.options.sandbox_id is None:
+            from e2b import SandboxQuery, SandboxState
+            from e2b_code_interpreter import AsyncSandbox
+
+            query = SandboxQuery(metadata=dict(self.options.metadata) or None, state=[SandboxState.RUNNING])
+            pages = AsyncSandbox.list(query=query, **self.api())
+            listed = await sdk_call("listing sandboxes", pages.next_items())
+            while pages.has_next:
+                listed += await sdk_call("listing sandboxes", pages.next_items())
+            keys |= {k for s in listed if (k := (s.metadata or {}).get(_WS_KEY))}
+        return keys
 
     async def _lost(self, box: Box) -> str:
         """Deal with ``box``'s sandbox being gone: per session (and a sandbox given by id) it is forgotten, so
