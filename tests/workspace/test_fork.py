@@ -157,7 +157,7 @@ def _program_states(tag: str) -> dict[int, str]:
 async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.BaseEngine) -> None:
     frozen = getattr(engine.runner, "frozen", None)
     if frozen is None or manager(engine)._freeze is None:
-        pytest.skip(f"{engine.name} does not stop its programs for a snapshot")
+        pytest.skip(f"{engine.name} stops no processes one by one (a container is paused whole: tested below)")
     ws = await engine.manager.create_workspace("fork/frozen")
     tag = new_tag("freeze")
     script = "sleep 300 & while :; do echo tick >> ticks; done"
