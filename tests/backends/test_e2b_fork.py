@@ -4,6 +4,7 @@ and, for the refusal, a service that does not: detected, never assumed."""
 from __future__ import annotations
 
 import http.server
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +19,12 @@ pytest.importorskip("uvicorn", reason="the tests run against execspace serve (pi
 
 from e2b import AsyncSandbox
 
+from execspace.backends.e2b.sandboxes import workspace_key
 from tests.backends import test_e2b as e2b_suite
 from tests.backends.test_e2b import _connection, _engine, _running
 from tests.server.conftest import Server
 
+MiB = 1024 * 1024
 mark = e2b_suite.mark  # the fixture: metadata unique to a test, whose sandboxes are killed after it
 
 
@@ -53,7 +56,7 @@ async def test_forks_of_a_live_workspace_are_branches_of_their_own(e2b_server: S
         assert await _names(engine, two) == {"work/a.txt"}
         # each fork is a sandbox of its own, found by its own key; the snapshot made for the fork is gone
         keys = sorted((await _running(e2b_server, **{"execspace.test": mark})).values())
-        assert keys == sorted(w.path.rsplit("/", 1)[-1] for w in (parent, one, two))
+        assert keys == sorted(workspace_key(w.id) for w in (parent, one, two))
         assert [s.id for s in await engine.manager.list_snapshots()] == [s.id for s in before]
         with pytest.raises(InvalidSpec, match="exists"):
             await engine.manager.fork(parent, 1, ["fork-one"])
@@ -97,6 +100,40 @@ async def test_snapshot_restore_and_fork_from_it(e2b_server: Server, mark: str) 
             await engine.manager.fork(snap.id)
         with pytest.raises(SnapshotNotFound):
             await engine.manager.remove_snapshot(snap.id)
+
+
+async def test_a_fork_copies_nothing_on_a_copy_on_write_server(e2b_server: Server, mark: str) -> None:
+    """The fork keeps its source's directory name (renaming a lower layer's directory would copy it up whole):
+    its overlay upper holds only its changes."""
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as engine:
+        ws = await engine.manager.create_workspace("cow-parent")
+        await engine.fs.put_files(ws, [PutFile("work/big.bin", os.urandom(4 * MiB))])
+        (fork,) = await engine.manager.fork(ws, ids=["cow-fork"])
+        if await engine.manager.fork_mode() != "cow":
+            pytest.skip("the server forks by copies here (it runs as a normal user)")
+        assert len((await engine.fs.read_file(fork, "work/big.bin")).content) == 4 * MiB
+        uppers = list((e2b_server.root / ".layers").glob("*/upper"))
+        assert uppers and all(_bytes(u) < MiB for u in uppers)
+
+
+def _bytes(top: Path) -> int:
+    return sum(p.lstat().st_size for p in top.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+async def test_a_snapshot_taken_by_another_engine_forks_too(e2b_server: Server, mark: str) -> None:
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as first:
+        ws = await first.manager.create_workspace("elsewhere")
+        await first.fs.put_files(ws, [PutFile("work/note.txt", b"from the first engine")])
+        snap = await first.manager.snapshot(ws)
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as second:
+        listed = await second.manager.get_snapshot(snap.id)
+        assert (listed.workspace, listed.size) == ("", 0)  # the service says only its id and names
+        (fork,) = await second.manager.fork(snap.id, ids=["elsewhere-fork"])
+        assert await _text(second, fork, "work/note.txt") == "from the first engine"
+        await second.manager.remove_snapshot(snap.id)
+    async with _engine(e2b_server, metadata={"execspace.test": mark}) as third:
+        found = await third.manager.get_workspace("elsewhere-fork")
+        assert await _text(third, found, "work/note.txt") == "from the first engine"
 
 
 async def test_a_bad_snapshot_name_is_the_callers_to_fix(e2b_server: Server, mark: str) -> None:

@@ -3,11 +3,13 @@ does (detected: its ``GET /snapshots`` answer says how it forks; probed once per
 
 A workspace has a sandbox of its own (unless ``sandbox_id`` shares one), so its snapshot is its sandbox's:
 ``POST /sandboxes/{id}/snapshots`` with ``memory: false`` (files only; processes are never snapshotted). A fork
-is a new sandbox created from a snapshot with the fork's own metadata, its workspace directory renamed to the
-fork's key; a fork of a live workspace goes through a snapshot taken for it and deleted after. (E2B's own
-``POST /sandboxes/{id}/fork`` copies the source's metadata, which names the workspace a session sandbox is found
-again by: a fork made that way would be found as its parent.) A restore replaces the workspace's sandbox by one
-created from the snapshot; the old one, with its programs, is killed.
+is a new sandbox created from a snapshot with the fork's own metadata; its workspace directory keeps the
+source's name, which the metadata ``execspace.directory`` records (renaming a directory of an overlay's lower
+layer would copy it whole), and is renamed to the fork's key only for a snapshot taken by another engine, whose
+directory is not known beforehand. A fork of a live workspace goes through a snapshot taken for it and
+deleted after. (E2B's own ``POST /sandboxes/{id}/fork`` copies the source's metadata, which names the workspace
+a session sandbox is found again by: a fork made that way would be found as its parent.) A restore replaces
+the workspace's sandbox by one created from the snapshot; the old one, with its programs, is killed.
 """
 
 from __future__ import annotations
@@ -151,11 +153,12 @@ class E2BBranches:
             new_ids = await self._fork_ids(source.id, count, ids)
             info = await box.call("snapshotting for a fork", box.sandbox.create_snapshot(mode="filesystem"))
             try:
-                return await self._forks_of(info.snapshot_id, new_ids, policy)
+                return await self._forks_of(info.snapshot_id, _directory(source.path), new_ids, policy)
             finally:
                 await self._forget(info.snapshot_id)
         snap = await self.get(source)
-        return await self._forks_of(snap.id, await self._fork_ids(snap.workspace or snap.id, count, ids), policy)
+        new_ids = await self._fork_ids(snap.workspace or snap.id, count, ids)
+        return await self._forks_of(snap.id, _directory(str(snap.path)), new_ids, policy)
 
     async def _fork_ids(self, base: str, count: int, ids: Sequence[str] | None) -> builtins.list[str]:
         if ids is not None:
@@ -175,11 +178,13 @@ class E2BBranches:
         return new_ids
 
     async def _forks_of(
-        self, snapshot_id: str, new_ids: builtins.list[str], policy: WorkspacePolicy | None
+        self, snapshot_id: str, directory: str, new_ids: builtins.list[str], policy: WorkspacePolicy | None
     ) -> builtins.list[Workspace]:
-        """A sandbox per id from the snapshot, each with its workspace under its own key: all or none."""
+        """A sandbox per id from the snapshot (whose workspace directory is ``directory``, "" when unknown): all
+        or none."""
         keys = [workspace_key(i) for i in new_ids]
-        made = await asyncio.gather(*(self._from_snapshot(k, snapshot_id) for k in keys), return_exceptions=True)
+        making = (self._from_snapshot(k, snapshot_id, directory) for k in keys)
+        made = await asyncio.gather(*making, return_exceptions=True)
         boxes = [b for b in made if isinstance(b, Box)]
         failed = [e for e in made if isinstance(e, BaseException)]
         if failed:
@@ -195,8 +200,10 @@ class E2BBranches:
             for i, k, b in zip(new_ids, keys, boxes, strict=True)
         ]
 
-    async def _from_snapshot(self, key: str, snapshot_id: str) -> Box:
-        box = await self._boxes.from_snapshot(key, snapshot_id)
+    async def _from_snapshot(self, key: str, snapshot_id: str, directory: str) -> Box:
+        box = await self._boxes.from_snapshot(key, snapshot_id, directory)
+        if directory:
+            return box  # its metadata names the directory it keeps
         try:
             await _rename_workspace(box, key)
         except BaseException:
@@ -209,7 +216,7 @@ class E2BBranches:
         await self.mode()
         box = self._own_box(ws)
         snap = await self.get(key)
-        fresh = await self._from_snapshot(workspace_key(ws.id), snap.id)
+        fresh = await self._from_snapshot(workspace_key(ws.id), snap.id, _directory(str(snap.path)))
         old = box.sandbox
         await box.release()
         box.renew(fresh)
@@ -224,8 +231,14 @@ class E2BBranches:
             await sdk_call("removing a fork's snapshot", AsyncSandbox.delete_snapshot(snapshot_id, **self._boxes.api()))
 
 
+def _directory(path: str) -> str:
+    """The name of a workspace's directory in its sandbox ("" for a snapshot taken elsewhere: not known)."""
+    return path.rsplit("/", 1)[-1] if "/.execspace/ws/" in path else ""
+
+
 async def _rename_workspace(box: Box, key: str) -> None:
-    """Move the one workspace directory of a sandbox made from a snapshot to ``key``'s place."""
+    """Move the one workspace directory of a sandbox made from a snapshot taken elsewhere to ``key``'s place
+    (on a copy-on-write service this copies it: a directory of a lower layer is renamed by copying it up)."""
     from e2b import CommandExitException
 
     parent = box.root_of(key).rsplit("/", 1)[0]

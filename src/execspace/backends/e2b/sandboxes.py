@@ -30,6 +30,7 @@ T = TypeVar("T")
 #: The sandbox user's home, where E2B templates (and ``execspace serve``) put it.
 HOME = "/home/user"
 _WS_KEY = "execspace.workspace"
+_WS_DIR = "execspace.directory"
 
 
 def _agent_text() -> str:
@@ -155,6 +156,9 @@ class Box:
     """What the engine does when the sandbox turns out gone (forget it, or replace it); says what it did."""
     timeout: float = 30.0
     """Seconds the agent may take to answer (the engine's ``request_timeout``)."""
+    directory: str = ""
+    """The name of its workspace's directory under ``.execspace/ws`` when it is not the key: a fork keeps its
+    source's (renaming a directory of an overlay's lower layer would copy it whole); its metadata says so."""
     _agent: _AgentProcess | None = field(default=None, init=False, repr=False)
     _agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
@@ -175,7 +179,8 @@ class Box:
         return HOME + path[len(self.home) :]
 
     def root_of(self, key: str) -> str:
-        return f"{self.home}/.execspace/ws/{key}"
+        name = self.directory if key == self.workspace and self.directory else key
+        return f"{self.home}/.execspace/ws/{name}"
 
     def stage_dir(self) -> str:
         return f"{self.home}/.execspace/stage"
@@ -230,6 +235,7 @@ class Box:
     def renew(self, fresh: Box) -> None:
         """Go on with ``fresh``'s sandbox in place of a lost one (every holder of this box moves on)."""
         self.sandbox, self.home, self._agent = fresh.sandbox, fresh.home, fresh._agent
+        self.directory = fresh.directory
 
     async def release(self) -> None:
         """End our agent (stdin closed: it exits), as the sandbox may outlive this engine."""
@@ -293,9 +299,11 @@ class Sandboxes:
                 self._shared = await self._connect(self.options.sandbox_id)
             return self._shared
         if self.options.persistence == "session":
-            existing = await self._find(key)
-            if existing is not None:
+            found = await self._find(key)
+            if found is not None:
+                existing, directory = found
                 box = Box(existing, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
+                box.directory = directory
                 await box.install_agent()
                 return box
         if not create:
@@ -317,8 +325,9 @@ class Sandboxes:
         await box.install_agent()
         return box
 
-    async def _find(self, key: str) -> Any:
-        """The running sandbox we made for workspace ``key`` (by its metadata), connected, or None."""
+    async def _find(self, key: str) -> tuple[Any, str] | None:
+        """The running sandbox we made for workspace ``key`` (by its metadata), connected, and the name of the
+        workspace's directory in it; or None."""
         from e2b import SandboxQuery, SandboxState
         from e2b_code_interpreter import AsyncSandbox
 
@@ -334,9 +343,9 @@ class Sandboxes:
             AsyncSandbox.connect(mine[0].sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
             gone=f"workspace {key!r}",
         )
-        return sandbox
+        return sandbox, (mine[0].metadata or {}).get(_WS_DIR, "")
 
-    async def _create(self, key: str, template: str | None = None) -> Box:
+    async def _create(self, key: str, template: str | None = None, directory: str = "") -> Box:
         from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
@@ -346,7 +355,7 @@ class Sandboxes:
             AsyncSandbox.create(
                 template=template,
                 timeout=o.sandbox_timeout,
-                metadata={**o.metadata, _WS_KEY: key},
+                metadata={**o.metadata, _WS_KEY: key, **({_WS_DIR: directory} if directory else {})},
                 envs=dict(o.env_vars),
                 secure=o.secure,
                 allow_internet_access=o.allow_internet_access,
@@ -354,12 +363,14 @@ class Sandboxes:
             ),
         )
         box = Box(sandbox, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
+        box.directory = directory
         await box.install_agent()
         return box
 
-    async def from_snapshot(self, key: str, snapshot_id: str) -> Box:
-        """A new sandbox of ours for workspace ``key``, created from a snapshot (not held yet: see :meth:`hold`)."""
-        return await self._create(key, snapshot_id)
+    async def from_snapshot(self, key: str, snapshot_id: str, directory: str = "") -> Box:
+        """A new sandbox of ours for workspace ``key``, created from a snapshot (not held yet: see :meth:`hold`);
+        ``directory``: the name of the workspace's directory in it, when known and not ``key``."""
+        return await self._create(key, snapshot_id, "" if directory == key else directory)
 
     def hold(self, key: str, box: Box) -> None:
         """Hold ``box`` as workspace ``key``'s, as if ``for_workspace`` had made it."""
