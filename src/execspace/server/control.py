@@ -25,7 +25,7 @@ from .network import SandboxEgress, sandbox_egress
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
-__all__ = ["ControlPlane", "error_response"]
+__all__ = ["FORK_HEADER", "ControlPlane", "error_response"]
 
 #: E2B reports which client (team) made a sandbox; there is one here.
 CLIENT_ID = "execspace"
@@ -33,6 +33,8 @@ _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _MAX_LIST_LIMIT = 1000
 #: Forks one request may ask for (the SDK sends 1..20; the manager makes up to 100).
 _MAX_FORKS = 100
+#: The header of ``GET /snapshots`` answers saying how this server forks (``cow`` or ``copy``).
+FORK_HEADER = "x-execspace-fork"
 
 
 class BadRequest(Exception):
@@ -75,6 +77,7 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/snapshots", guard(self.snapshot), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/network", guard(self.update_network), methods=["PUT"]),
             Route("/snapshots", guard(self.list_snapshots), methods=["GET"]),
+            Route("/templates/{template_id}", guard(self.remove_snapshot), methods=["DELETE"]),
             Route("/{path:path}", guard(self.not_implemented), methods=_ALL_METHODS),
         ]
 
@@ -223,7 +226,20 @@ class ControlPlane:
             for s in snaps
             if (source is None or s.workspace == f"e2b/{source}") and (name is None or name in (s.id, s.name))
         ]
-        return JSONResponse([_snapshot_info(s) for s in found[: _limit(query.get("limit"))]])
+        # how this server forks (cow, copy): the e2b backend's probe for execspace serve's file snapshots
+        mode = self.sandboxes.engine.describe().fork
+        headers = {FORK_HEADER: mode} if mode is not None else None
+        return JSONResponse([_snapshot_info(s) for s in found[: _limit(query.get("limit"))]], headers=headers)
+
+    async def remove_snapshot(self, request: Request) -> Response:
+        """E2B deletes a snapshot as the template it is (``Sandbox.delete_snapshot``); templates themselves are
+        fixed here. What was created or forked from the snapshot keeps working."""
+        key = request.path_params["template_id"]
+        snap = await self._snapshot_named(key)
+        if snap is None:
+            return error_response(404, f"no snapshot {key!r} on this server (templates cannot be deleted)")
+        await self.sandboxes.snapshots().remove_snapshot(snap)
+        return Response(status_code=204)
 
     async def _snapshot_named(self, key: object) -> Snapshot | None:
         if not isinstance(key, str) or not key:
