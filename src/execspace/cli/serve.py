@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import SetupFailed
+from ..errors import SetupFailed, UsageError
 
 __all__ = ["add_parser", "command"]
 
@@ -41,6 +41,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
     p.add_argument(
+        "--pool-size",
+        action="append",
+        default=[],
+        metavar="[TEMPLATE=]N",
+        help="ready sandboxes kept per template so that a create does not wait for its set-up (repeatable; N alone "
+        "is for base; default base=2; counted toward --max-sandboxes)",
+    )
+    p.add_argument(
         "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
     )
     p.add_argument(
@@ -61,6 +69,18 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=command)
 
 
+def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
+    """``--pool-size`` values (``N`` or ``TEMPLATE=N``, the last of a template wins) over the default base=2."""
+    sizes = {"base": 2}
+    for value in values:
+        template, _, count = value.rpartition("=")
+        try:
+            sizes[template or "base"] = int(count)
+        except ValueError:
+            raise UsageError(f"--pool-size takes N or TEMPLATE=N (e.g. code-interpreter-v1=4), got {value!r}") from None
+    return tuple(sizes.items())
+
+
 async def command(args: argparse.Namespace) -> int:
     try:
         from ..server import ServerOptions, generate_api_key, serve
@@ -72,6 +92,7 @@ async def command(args: argparse.Namespace) -> int:
     options = ServerOptions(
         api_keys=keys,
         max_sandboxes=args.max_sandboxes,
+        pool_sizes=_pool_sizes(args.pool_size),
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,

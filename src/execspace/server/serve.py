@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 
+from ..backends.sandbox import SessionConfig
 from ..engine import open_engine
 from .app import E2BApp
 from .interpreter import CodeInterpreter
@@ -19,6 +20,9 @@ from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
 __all__ = ["serve"]
+
+#: Seconds an idle client connection is kept open.
+_KEEP_ALIVE = 30
 
 
 async def serve(
@@ -38,15 +42,28 @@ async def serve(
     if backend == "sandbox":
         # E2B's programs name their files by its home: there it is the directory SDK paths map to
         opts.setdefault("program_links", ((HOME, HOME_DIR),))
+        if opts.get("mode") == "session":
+            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
+            # sandbox, a pooled one included, does not lose it and pay its start on the next command
+            opts.setdefault("session", SessionConfig(idle_timeout=None))
     async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
         interpreter = CodeInterpreter(engine.name, Path(root) if root is not None else None, options.kernel_environment)
         sandboxes.on_remove.append(interpreter.end)
         config = uvicorn.Config(
-            E2BApp(sandboxes, interpreter), host=host, port=port, lifespan="off", log_level="warning", access_log=False
+            E2BApp(sandboxes, interpreter),
+            host=host,
+            port=port,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            # longer than the clients' own (httpx: 5 s), so that a client never sends on a connection the server
+            # is closing at the same moment (the request would fail with a read error)
+            timeout_keep_alive=_KEEP_ALIVE,
         )
         reaper = asyncio.create_task(sandboxes.reap())
+        sandboxes.pool.fill()
         try:
             await _Server(config, on_ready, sandboxes.close).serve()
         finally:
