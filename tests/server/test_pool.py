@@ -4,6 +4,7 @@ are isolated from each other, the pool refills within ``--max-sandboxes``, and a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -84,7 +85,7 @@ def test_pooled_sandboxes_see_neither_files_nor_processes_of_each_other(pooled: 
 def test_the_pool_refills_within_the_server_maximum(pooled: Server) -> None:
     taken = [Sandbox.create() for _ in range(3)]
     wait_for_pool(pooled, ready=2)  # 3 live of 5: room for 2
-    assert pool_status(pooled)["base"] == {"size": 3, "target": 2, "ready": 2}
+    assert pool_status(pooled)["base"] == {"size": 3, "target": 2, "ready": 2, "taken": 3, "missed": 0}
     assert len(workspace_dirs(pooled)) == 5
     taken += [Sandbox.create(), Sandbox.create()]
     wait_for_pool(pooled, ready=0)
@@ -99,10 +100,10 @@ def test_the_pool_refills_within_the_server_maximum(pooled: Server) -> None:
 
 async def test_concurrent_async_creates_beyond_the_pool_all_succeed(pooled: Server) -> None:
     """Five creates at once on a pool of three: three are taken, two made cold, each a sandbox of its own."""
-    import asyncio
-
     sandboxes = await asyncio.gather(*(AsyncSandbox.create(envs={"N": str(i)}) for i in range(5)))
     try:
+        counts = pool_status(pooled)["base"]
+        assert (counts["taken"], counts["missed"]) == (3, 2)
         outputs = await asyncio.gather(*(s.commands.run("echo $N") for s in sandboxes))
         assert [o.stdout for o in outputs] == [f"{i}\n" for i in range(5)]
         assert len({s.sandbox_id for s in sandboxes}) == 5

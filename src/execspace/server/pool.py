@@ -35,9 +35,9 @@ _log = logging.getLogger("execspace.server")
 _WARM_UP = RunProgramSpec("/bin/true", timeout=30)
 #: Sandboxes one pool starts at once (two cores: more only queue behind each other).
 _STARTS_AT_ONCE = 2
-#: Seconds without a take before a refill starts: a pooled sandbox costs about ten times a create's CPU to make,
-#: so a burst of creates is not slowed by the refill of what it took...
-_QUIET = 0.05
+#: Seconds from a take to the refill it calls for (the takes meanwhile wait for the same one): a pooled sandbox
+#: costs several times a create's CPU to make, so a burst of creates is not slowed by the refill of what it takes...
+_DELAY = 0.1
 #: ... unless a pool is down to this share of its size: then it refills at once.
 _LOW_WATER = 0.25
 
@@ -66,6 +66,7 @@ class SandboxPool:
         self._room = room
         self._timer: asyncio.TimerHandle | None = None
         self._sizes = {template: size for template, size in sizes.items() if size > 0}
+        self._counts = {template: {"taken": 0, "missed": 0} for template in self._sizes}
         self._pools = {
             template: WarmPool(
                 size,
@@ -80,44 +81,48 @@ class SandboxPool:
     def take(self, template: str) -> ReadySandbox | None:
         """A ready sandbox of ``template``, or None (the caller makes one cold); the caller refills."""
         pool = self._pools.get(template)
-        return pool.take() if pool is not None else None
+        if pool is None:
+            return None
+        ready = pool.take()
+        self._counts[template]["taken" if ready is not None else "missed"] += 1
+        return ready
 
     def held(self) -> int:
         """Ready sandboxes waiting, every template's."""
         return sum(pool.available() for pool in self._pools.values())
 
     def status(self) -> dict[str, dict[str, int]]:
-        """Per template: the configured size, the size the room allows now, and how many are ready."""
+        """Per template: the configured size, the size the room allows now, how many are ready, and how many
+        creates took one (``taken``) or found none (``missed``: made cold) so far."""
         return {
-            template: {"size": self._sizes[template], "target": pool.size, "ready": pool.available()}
+            template: {
+                "size": self._sizes[template],
+                "target": pool.size,
+                "ready": pool.available(),
+                **self._counts[template],
+            }
             for template, pool in self._pools.items()
         }
 
     def refill(self) -> None:
-        """Top the pools up in the background, once no take has come for a moment (see ``_QUIET``), or at once
+        """Top the pools up in the background, ``_DELAY`` after the first take since the last fill, or at once
         when one is low. Call on the event loop."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if any(pool.available() < _LOW_WATER * pool.size for pool in self._pools.values()):
             self.fill()
-        elif self._pools:
-            self._timer = asyncio.get_running_loop().call_later(_QUIET, self.fill)
+        elif self._timer is None and self._pools:
+            self._timer = asyncio.get_running_loop().call_later(_DELAY, self.fill)
 
     def fill(self) -> None:
         """Top the pools up in the background now, to their sizes within the room (the first templates get
         theirs first)."""
-        self._timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         room = self._room()
         for template, pool in self._pools.items():
             pool.size = min(self._sizes[template], max(room, 0))
             room -= pool.size
             pool.refill()
-
-    async def ready(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - as WarmPool.ready
-        """Wait until every pool's fill in flight is over; whether each holds its target."""
-        results = [await pool.ready(timeout) for pool in self._pools.values()]
-        return all(results)
 
     async def close(self) -> None:
         """Stop filling and remove every pooled sandbox. Idempotent."""
