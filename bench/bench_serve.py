@@ -150,7 +150,7 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
             report.notes.append(f"serve: the pool after the one-by-one creates: {_pool_counts(http)}")
             report.rows.append(_row("create → 201 (SDK Sandbox.create)", lib, base, "bare POST loop", 10))
             report.rows.append(_row("create + first commands.run('true')", cold, base, "bare POST loop", 25))
-            await _concurrent_creates(AsyncSandbox, url, plan, report)
+            await _concurrent_creates(AsyncSandbox, url, pid, plan, report)
             report.notes.append(f"serve: the pool after the concurrent creates too: {_pool_counts(http)}")
             await _round_trip(Sandbox, plan, report)
             await _run_code_round_trip(plan, report)
@@ -161,15 +161,24 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
             http.close()
 
 
-async def _concurrent_creates(sandbox_cls: Any, url: str, plan: Plan, report: Report) -> None:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (not its children: the sessions)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, report: Report) -> None:
     """Per-create latency with ``serve_concurrency`` creates at once (each timed from its own start), the pool full
     before each round: the SDK's async client against ``execspace serve`` and, in the same run, against the bare
     HTTP loop (``stub_e2b_api.py``: the client's and HTTP stack's own cost), and the same for bare httpx POSTs.
     The client's CPU time per create (this process runs only the client) bounds what 50 at once can reach: one
-    Python client serves them one after another."""
+    Python client serves them one after another; the server's CPU time per create during the burst is its own
+    share (a refill may start within it, see server/pool.py)."""
     n = plan.serve_concurrency
     times: dict[str, list[float]] = {k: [] for k in ("sdk", "sdk_stub", "bare", "bare_stub")}
     cpu: dict[str, list[float]] = {k: [] for k in times}
+    server_cpu: list[float] = []
     limits = httpx.Limits(max_connections=n)
     with _stub() as (stub_url, _):
         async with (
@@ -198,9 +207,11 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, plan: Plan, report: Re
             for i in range(plan.serve_rounds):
                 for key, step in order if i % 2 == 0 else order[::-1]:
                     await _pool_full(c)
-                    cpu0 = time.process_time()
+                    cpu0, server0 = time.process_time(), _cpu_seconds(pid)
                     done = await asyncio.gather(*(step() for _ in range(n)))
                     cpu[key].append((time.process_time() - cpu0) / n)
+                    if key == "sdk":
+                        server_cpu.append((_cpu_seconds(pid) - server0) / n)
                     times[key].extend(t for t, _ in done)
                     if not key.endswith("stub"):
                         await asyncio.gather(*(c.delete(f"/sandboxes/{sid}") for _, sid in done))
@@ -217,6 +228,10 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, plan: Plan, report: Re
     report.rows.append(
         Row(SECTION, f"client CPU per create, {n} concurrent (SDK)", "ms", Stats.of(cpu["sdk"], 1000),
             Stats.of(cpu["sdk_stub"], 1000), "the same against the bare HTTP loop")
+    )  # fmt: skip
+    report.rows.append(
+        Row(SECTION, f"server CPU per create, {n} concurrent (SDK; the server process)", "ms",
+            Stats.of(server_cpu, 1000), Stats.of(cpu["sdk"], 1000), "client CPU per create (the SDK)")
     )  # fmt: skip
     report.rows.append(
         Row(SECTION, f"client CPU per create, {n} concurrent (bare httpx)", "ms", Stats.of(cpu["bare"], 1000),
