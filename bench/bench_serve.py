@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -161,6 +162,36 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
             http.close()
 
 
+_CREATE_BODY = b'{"templateID":"base"}'
+#: A create's seconds and its sandbox's id.
+_Created = tuple[float, str]
+
+
+async def _raw_creates(url: str, n: int) -> list[_Created]:
+    """``n`` creates at once by a minimal HTTP/1.1 client (asyncio streams, one connection each, opened first as a
+    kept-alive client's are): about 0.1 ms of client CPU per request, so what it times is the server's."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conns = [await asyncio.open_connection(host, int(port)) for _ in range(n)]
+    head = (
+        f"POST /v2/sandboxes HTTP/1.1\r\nHost: {host}\r\nX-API-KEY: {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(_CREATE_BODY)}\r\n\r\n"
+    ).encode()
+
+    async def create(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Created:
+        t0 = time.perf_counter()
+        writer.write(head + _CREATE_BODY)
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode().lower().split("\r\n")
+        length = next(int(line.split(":", 1)[1]) for line in lines if line.startswith("content-length:"))
+        body = json.loads(await reader.readexactly(length))
+        return time.perf_counter() - t0, body["sandboxID"]
+
+    try:
+        return await asyncio.gather(*(create(r, w) for r, w in conns))
+    finally:
+        for _, writer in conns:
+            writer.close()
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (not its children: the sessions)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -176,9 +207,9 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, 
     Python client serves them one after another; the server's CPU time per create during the burst is its own
     share (a refill may start within it, see server/pool.py)."""
     n = plan.serve_concurrency
-    times: dict[str, list[float]] = {k: [] for k in ("sdk", "sdk_stub", "bare", "bare_stub")}
+    times: dict[str, list[float]] = {k: [] for k in ("sdk", "sdk_stub", "bare", "bare_stub", "raw", "raw_stub")}
     cpu: dict[str, list[float]] = {k: [] for k in times}
-    server_cpu: list[float] = []
+    server_cpu: dict[str, list[float]] = {"sdk": [], "raw": []}
     limits = httpx.Limits(max_connections=n)
     with _stub() as (stub_url, _):
         async with (
@@ -202,16 +233,26 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, 
 
                 return create
 
-            steps = {"sdk": sdk(url), "sdk_stub": sdk(stub_url), "bare": bare(c), "bare_stub": bare(s)}
+            def burst(one: Callable[[], Awaitable[_Created]]) -> Callable[[], Awaitable[list[_Created]]]:
+                return lambda: asyncio.gather(*(one() for _ in range(n)))
+
+            steps: dict[str, Callable[[], Awaitable[list[_Created]]]] = {
+                "sdk": burst(sdk(url)),
+                "sdk_stub": burst(sdk(stub_url)),
+                "bare": burst(bare(c)),
+                "bare_stub": burst(bare(s)),
+                "raw": lambda: _raw_creates(url, n),
+                "raw_stub": lambda: _raw_creates(stub_url, n),
+            }
             order = list(steps.items())
             for i in range(plan.serve_rounds):
                 for key, step in order if i % 2 == 0 else order[::-1]:
                     await _pool_full(c)
                     cpu0, server0 = time.process_time(), _cpu_seconds(pid)
-                    done = await asyncio.gather(*(step() for _ in range(n)))
+                    done = await step()
                     cpu[key].append((time.process_time() - cpu0) / n)
-                    if key == "sdk":
-                        server_cpu.append((_cpu_seconds(pid) - server0) / n)
+                    if key in server_cpu:
+                        server_cpu[key].append((_cpu_seconds(pid) - server0) / n)
                     times[key].extend(t for t, _ in done)
                     if not key.endswith("stub"):
                         await asyncio.gather(*(c.delete(f"/sandboxes/{sid}") for _, sid in done))
@@ -220,6 +261,14 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, 
     report.rows.append(
         _row(f"create, {n} concurrent (per create, p90)", times["sdk"], times["sdk_stub"], label, 30, p90=True)
     )
+    raw_label = "the same against the bare HTTP loop"
+    name = f"create, {n} concurrent, minimal HTTP client (per create)"
+    report.rows.append(_row(name, times["raw"], times["raw_stub"], raw_label, 10))
+    report.rows.append(_row(f"{name[:-1]}, p90)", times["raw"], times["raw_stub"], raw_label, 30, p90=True))
+    report.rows.append(
+        Row(SECTION, f"server CPU per create, {n} concurrent (minimal client)", "ms", Stats.of(server_cpu["raw"], 1000),
+            None, "")
+    )  # fmt: skip
     bare_label = "as many bare httpx POSTs at once against the bare HTTP loop"
     report.rows.append(
         Row(SECTION, f"create, {n} concurrent bare httpx POSTs", "ms", Stats.of(times["bare"], 1000),
@@ -231,7 +280,7 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, 
     )  # fmt: skip
     report.rows.append(
         Row(SECTION, f"server CPU per create, {n} concurrent (SDK; the server process)", "ms",
-            Stats.of(server_cpu, 1000), Stats.of(cpu["sdk"], 1000), "client CPU per create (the SDK)")
+            Stats.of(server_cpu["sdk"], 1000), Stats.of(cpu["sdk"], 1000), "client CPU per create (the SDK)")
     )  # fmt: skip
     report.rows.append(
         Row(SECTION, f"client CPU per create, {n} concurrent (bare httpx)", "ms", Stats.of(cpu["bare"], 1000),

@@ -35,11 +35,13 @@ _log = logging.getLogger("execspace.server")
 _WARM_UP = RunProgramSpec("/bin/true", timeout=30)
 #: Sandboxes one pool starts at once (two cores: more only queue behind each other).
 _STARTS_AT_ONCE = 2
-#: Seconds from a take to the refill it calls for (the takes meanwhile wait for the same one): a pooled sandbox
-#: costs several times a create's CPU to make, so a burst of creates is not slowed by the refill of what it takes...
-_DELAY = 0.1
-#: ... unless a pool is down to this share of its size: then it refills at once.
-_LOW_WATER = 0.25
+#: A refill starts once no take has come for this many seconds: making a pooled sandbox costs several times a
+#: create's CPU and blocks the event loop while its bwrap forks, so a burst of creates is not slowed by the refill of
+#: what it takes...
+_QUIET = 0.05
+#: ... but at most this long after the first take it refills (a steady stream of creates has no quiet moment) ...
+_MAX_DELAY = 1.0
+#: ... and at once when a pool is empty: the next creates would be made cold.
 
 
 def new_sandbox_id() -> str:
@@ -65,6 +67,8 @@ class SandboxPool:
         self._engine = engine
         self._room = room
         self._timer: asyncio.TimerHandle | None = None
+        self._first_take: float | None = None
+        """When the first take since the last fill came (loop time)."""
         self._sizes = {template: size for template, size in sizes.items() if size > 0}
         self._counts = {template: {"taken": 0, "missed": 0} for template in self._sizes}
         self._pools = {
@@ -105,12 +109,20 @@ class SandboxPool:
         }
 
     def refill(self) -> None:
-        """Top the pools up in the background, ``_DELAY`` after the first take since the last fill, or at once
-        when one is low. Call on the event loop."""
-        if any(pool.available() < _LOW_WATER * pool.size for pool in self._pools.values()):
+        """Top the pools up in the background after the takes (see ``_QUIET``, ``_MAX_DELAY``), at once when one
+        is empty. Call on the event loop."""
+        if any(pool.size > 0 and pool.available() == 0 for pool in self._pools.values()):
             self.fill()
-        elif self._timer is None and self._pools:
-            self._timer = asyncio.get_running_loop().call_later(_DELAY, self.fill)
+            return
+        if not self._pools:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._first_take is None:
+            self._first_take = now
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(min(now + _QUIET, self._first_take + _MAX_DELAY), self.fill)
 
     def fill(self) -> None:
         """Top the pools up in the background now, to their sizes within the room (the first templates get
@@ -118,6 +130,7 @@ class SandboxPool:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._first_take = None
         room = self._room()
         for template, pool in self._pools.items():
             pool.size = min(self._sizes[template], max(room, 0))
