@@ -43,6 +43,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
     p.add_argument(
+        "--pool-size",
+        action="append",
+        default=[],
+        metavar="[TEMPLATE=]N",
+        help="ready sandboxes kept per template so that a create does not wait for its set-up (repeatable; N alone "
+        "is for base; default base=2; counted toward --max-sandboxes)",
+    )
+    p.add_argument(
         "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
     )
     p.add_argument(
@@ -78,6 +86,18 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=command)
 
 
+def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
+    """``--pool-size`` values (``N`` or ``TEMPLATE=N``, the last of a template wins) over the default base=2."""
+    sizes = {"base": 2}
+    for value in values:
+        template, _, count = value.rpartition("=")
+        try:
+            sizes[template or "base"] = int(count)
+        except ValueError:
+            raise UsageError(f"--pool-size takes N or TEMPLATE=N (e.g. code-interpreter-v1=4), got {value!r}") from None
+    return tuple(sizes.items())
+
+
 async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
@@ -91,6 +111,7 @@ async def command(args: argparse.Namespace) -> int:
     options = ServerOptions(
         api_keys=keys,
         max_sandboxes=args.max_sandboxes,
+        pool_sizes=_pool_sizes(args.pool_size),
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,

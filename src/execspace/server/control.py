@@ -78,6 +78,7 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/network", guard(self.update_network), methods=["PUT"]),
             Route("/snapshots", guard(self.list_snapshots), methods=["GET"]),
             Route("/templates/{template_id}", guard(self.remove_snapshot), methods=["DELETE"]),
+            Route("/execspace/pool", guard(self.pool), methods=["GET"]),
             Route("/{path:path}", guard(self.not_implemented), methods=_ALL_METHODS),
         ]
 
@@ -101,6 +102,11 @@ class ControlPlane:
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
+
+    async def pool(self, request: Request) -> Response:
+        """execspace's own: the warm pool per template (``size`` configured, ``target`` within the room the live
+        sandboxes leave, ``ready`` now), so that a benchmark or an operator can wait for it to be full."""
+        return JSONResponse(self.sandboxes.pool.status())
 
     async def not_implemented(self, request: Request) -> Response:
         return error_response(501, f"{request.method} {request.url.path} is not implemented by execspace serve")

@@ -50,6 +50,9 @@ class ServerOptions:
     """Keys a control-plane request may carry in ``X-API-KEY``; at least one."""
     max_sandboxes: int = 100
     """Live sandboxes at once; a create beyond answers 429 with ``Retry-After``."""
+    pool_sizes: tuple[tuple[str, int], ...] = (("base", 2),)
+    """Ready sandboxes kept per template (see :mod:`.pool`), so that a create does not wait for its set-up;
+    they count toward ``max_sandboxes`` (the pools shrink to the room the live sandboxes leave)."""
     default_timeout: int = 300
     """Seconds a sandbox lives when create names no timeout (E2B's default)."""
     max_timeout: int = 24 * 3600
@@ -84,6 +87,11 @@ class ServerOptions:
             raise InvalidSpec("the server needs at least one non-empty API key")
         if self.max_sandboxes < 1:
             raise InvalidSpec(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")
+        for template, size in self.pool_sizes:
+            if template not in TEMPLATES:
+                raise InvalidSpec(f"pool size for an unknown template {template!r}: use one of {', '.join(TEMPLATES)}")
+            if size < 0:
+                raise InvalidSpec(f"the pool size of {template} must be 0 or more, got {size}")
         if self.max_upload_bytes < 1:
             raise InvalidSpec(f"max_upload_bytes must be at least 1, got {self.max_upload_bytes}")
         NetworkPolicy.allow([], resolve=self.resolve)  # checks the pins

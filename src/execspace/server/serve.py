@@ -18,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from ..backends.sandbox import SessionConfig
 from ..engine import open_engine
 from ..errors import SetupFailed
 from .app import E2BApp
@@ -27,6 +28,9 @@ from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
 __all__ = ["serve"]
+
+#: Seconds an idle client connection is kept open.
+_KEEP_ALIVE = 30
 
 
 async def serve(
@@ -50,6 +54,10 @@ async def serve(
     if backend == "sandbox":
         # E2B's programs name their files by its home: there it is the directory SDK paths map to
         opts.setdefault("program_links", ((HOME, HOME_DIR),))
+        if opts.get("mode") == "session":
+            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
+            # sandbox, a pooled one included, does not lose it and pay its start on the next command
+            opts.setdefault("session", SessionConfig(idle_timeout=None))
     async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
@@ -59,10 +67,20 @@ async def serve(
         sandboxes.on_remove.append(interpreter.end)
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
+        sandboxes.pool.fill()
         try:
             if tls is None:
                 config = uvicorn.Config(
-                    app, host=host, port=port, lifespan="off", log_level="warning", access_log=False
+                    app,
+                    host=host,
+                    port=port,
+                    lifespan="off",
+                    log_level="warning",
+                    access_log=False,
+                    # longer than the clients' own (httpx: 5 s), so that a client never sends on a connection the
+                    # server is closing at the same moment (the request would fail with a read error)
+                    timeout_keep_alive=_KEEP_ALIVE,
+                    http="auto",  # httptools (the serve extra has it), else h11: docs/benchmarks.md says what it saves
                 )
                 await _Server(config, on_ready, sandboxes.close).serve()
             else:
