@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,7 +19,34 @@ from .options import ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
-__all__ = ["serve"]
+__all__ = ["LOGIN_PROFILE", "serve"]
+
+#: The ``/etc/profile`` of serve's sandboxes, which every command's ``bash -l`` reads (E2B's envd starts each one so):
+#: what Debian's sets for a user who is not root (a sandbox's never is), without the ``$(id -u)`` that forks and
+#: execs ``id`` in every login shell (about half of a ``commands.run('true')`` here). The host's
+#: ``/etc/profile.d`` scripts still run; ``~/.profile`` and the rest are the shell's own, read from ``HOME``.
+LOGIN_PROFILE = """\
+# /etc/profile of execspace serve's sandboxes (see docs/server.md): Debian's, for a user who is not root.
+PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+export PATH
+if [ "${PS1-}" ]; then
+  if [ "${BASH-}" ] && [ "$BASH" != "/bin/sh" ]; then
+    if [ -f /etc/bash.bashrc ]; then
+      . /etc/bash.bashrc
+    fi
+  else
+    PS1='$ '
+  fi
+fi
+if [ -d /etc/profile.d ]; then
+  for i in /etc/profile.d/*.sh; do
+    if [ -r "$i" ]; then
+      . "$i"
+    fi
+  done
+  unset i
+fi
+"""
 
 
 async def serve(
@@ -36,8 +64,7 @@ async def serve(
     """
     opts = dict(backend_options or {})
     if backend == "sandbox":
-        # E2B's programs name their files by its home: there it is the directory SDK paths map to
-        opts.setdefault("program_links", ((HOME, HOME_DIR),))
+        _sandbox_template(opts)
     async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
@@ -55,6 +82,14 @@ async def serve(
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+def _sandbox_template(opts: dict[str, Any]) -> None:
+    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
+    # E2B's programs name their files by its home: there it is the directory SDK paths map to
+    opts.setdefault("program_links", ((HOME, HOME_DIR),))
+    if os.path.isfile("/etc/profile"):  # a system without one: its login shells read none here either
+        opts.setdefault("system_files", (("/etc/profile", LOGIN_PROFILE),))
 
 
 class _Server(uvicorn.Server):
