@@ -23,6 +23,7 @@ import pytest
 
 import execspace
 from execspace import BackendError, PutFile, RunProgramSpec, SandboxLost, SetupFailed
+from execspace.workspace.layout import workspace_env
 
 pytest.importorskip("e2b", reason="the e2b backend needs the official SDK (pip install 'execspace[e2b]')")
 pytest.importorskip("uvicorn", reason="the tests run against execspace serve (pip install 'execspace[serve]')")
@@ -289,6 +290,19 @@ async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_who
         await engine.fs.put_files(ws, [PutFile(name, b"") for name in names])
         listed = [e.path for e in await engine.fs.list(ws, ["work/d/*"])]
         assert sorted(listed) == names
+
+
+async def test_a_program_gets_exactly_the_environment_the_policy_built(e2b_server: Server) -> None:
+    """Nothing of envd's, the login shell's or the wrapper's own reaches the program, whichever way the wrapper
+    execs it (bash's own exec; env's for a name bash cannot export)."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("env")
+        for extra in ({"MINE": "a b 'c'"}, {"MINE": "1", "A.B": "dotted"}):
+            r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], env=extra))
+            got = dict(item.split("=", 1) for item in r.stdout.split("\0") if item)
+            assert len(got.pop("EXECSPACE_RUN", "")) == 16, got  # the run's marker, and only it, is the wrapper's
+            run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
+            assert got == engine.runner.env_policy.build({}, extra, workspace_env(ws.path, run_dir)), got
 
 
 def test_capabilities_say_why_there_is_no_pty() -> None:

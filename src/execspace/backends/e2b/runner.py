@@ -1,11 +1,13 @@
 """Programs in E2B sandboxes over the SDK's commands API.
 
 Each run is one background command: ``bash -l -c`` (what envd always starts) makes the cwd and run directory,
-then starts the program under ``env -i`` with exactly the environment the policy built, through a ``sh`` that
-records its pid in the run directory and ``exec``s the program. The ``bash`` stays as the parent, so a program
-killed by signal N ends it with ``128 + N``, reported as ``-N`` like every backend does. Timeouts are ours (the
-SDK's stream deadline is only a backstop): SIGTERM to the program, then after the grace SIGKILL to every process
-that carries the run's marker (found in the sandbox's ``/proc``). A timeout is ``timed_out``, never exit 0.
+then forks once: the child unexports everything it inherited, exports exactly the environment the policy built
+(the run's marker among it) and ``exec``s the program, so no ``env`` or other helper runs in between. The ``bash``
+stays as the parent, so a program killed by signal N ends it with ``128 + N``, reported as ``-N`` like every
+backend does, from the process API's exit code alone (nothing is written down or read back). Timeouts are ours
+(the SDK's stream deadline is only a backstop): SIGTERM to the program (the marked process whose parent is not
+marked, found in the sandbox's ``/proc``), then after the grace SIGKILL to every process that carries the run's
+marker. A timeout is ``timed_out``, never exit 0.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import secrets
 import shlex
 import signal
+import string
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
-from ...errors import BackendError, CapabilityError, SandboxLost, UsageError
+from ...errors import BackendError, CapabilityError, UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
 from ...process.preparation import signal_status
@@ -40,8 +44,21 @@ if TYPE_CHECKING:
 
 __all__ = ["E2BProgram", "E2BRunner"]
 
-#: Sends ``$3`` to the program whose pid the run recorded in ``$1`` (waiting briefly for it to be written).
-_SIGNAL = 'for i in $(seq 100); do [ -s "$1" ] && break; sleep 0.02; done; kill -s "$2" "$(cat "$1")" 2>/dev/null; :'
+#: Sends ``$2`` to the run's program: the process whose environment holds ``$1`` (the run's marker) and whose
+#: parent's does not (its own children inherit the marker). It may not have exec'd yet: looked for again briefly.
+_SIGNAL = (
+    'for i in $(seq 100); do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null || continue;'
+    " p=$(sed -n 's/^PPid:[[:space:]]*//p' \"$d/status\" 2>/dev/null);"
+    ' grep -qzx -- "$1" "/proc/$p/environ" 2>/dev/null || { kill -s "$2" "${d#/proc/}" 2>/dev/null; exit 0; };'
+    " done; sleep 0.02; done; :"
+)
+#: Unexports every variable a shell inherited, without a process: ``${!X*}`` names the variables starting with X.
+_UNEXPORT = (
+    "for v in "
+    + " ".join(f"${{!{c}*}}" for c in string.ascii_letters + "_")
+    + '; do export -n "$v"; done 2>/dev/null; unset SHLVL'
+)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: SIGKILLs every process of the sandbox whose environment holds ``$1`` (the run's marker), twice for forks.
 _KILL = (
     'for pass in 1 2; do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null'
@@ -59,7 +76,6 @@ class _Prepared:
     command: str
     run_dir: str
     marker: str
-    pidfile: str
 
 
 class E2BRunner:
@@ -89,23 +105,28 @@ class E2BRunner:
         rel = workspace_relative(ws, spec.cwd)
         cwd = "/".join(split_relpath(rel)) if rel not in ("", ".", "./") else ""
         run_dir = new_run_name()
-        marker = f"{RUN_MARKER_VAR}={secrets.token_hex(8)}"
+        marker_value = secrets.token_hex(8)
         env = self.env_policy.build(
             {}, {**options.env_vars, **spec.env}, workspace_env(ws.path, run_dir), clean=spec.clean_env
         )
         root = shlex.quote(ws.path)
         here = shlex.quote(f"{ws.path}/{cwd}" if cwd else ws.path)
-        pidfile = f"{ws.path}/{run_dir}/.pid"
+        env[RUN_MARKER_VAR] = marker_value
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
+        # bash's exec says 127 for a program not found, 126 for a path it cannot run (ENOTDIR, EACCES), as sh does,
+        # and a subshell's exec adds no variable of its own (a simple command would get ``_``); env's exec takes a
+        # name bash cannot export (``A.B``) and a relative path (whose error bash names by its absolute path)
+        if all(_NAME.fullmatch(k) for k in env) and (spec.cmd.startswith("/") or "/" not in spec.cmd):
+            start = f"{_UNEXPORT}; export {assignments}; exec -- {program}"
+        else:
+            start = f"exec env -i {assignments} {program}"
         command = (
             f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n"
-            # a subshell records its own pid (the program's, across the execs), then env, not a shell, execs the
-            # program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says 127 for all of them
-            f"(echo $BASHPID > {shlex.quote(pidfile)}; exec env -i {assignments} {shlex.quote(marker)} {program})\n"
-            f"s=$?; echo $s > {shlex.quote(pidfile + '.status')}; exit $s"
+            f"({start})\n"
+            "exit $?"  # the parent stays: a program's signal is its 128 + N
         )
-        return _Prepared(ws, spec, box, command, run_dir, marker, pidfile)
+        return _Prepared(ws, spec, box, command, run_dir, f"{RUN_MARKER_VAR}={marker_value}")
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         program = await self._start(self.prepare(ws, spec), interactive=False)
@@ -130,7 +151,7 @@ class E2BRunner:
 
     async def send_signal(self, prep: _Prepared, sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
-        await self._sh(prep, _SIGNAL, prep.pidfile, name)
+        await self._sh(prep, _SIGNAL, prep.marker, name)
 
     async def kill_marked(self, prep: _Prepared) -> None:
         await self._sh(prep, _KILL, prep.marker)
@@ -224,8 +245,8 @@ class E2BProgram(StartedProgram):
         finally:
             self._queue.put_nowait(None)
             self._log.close()
-        if code == -1:  # envd's "ended by a signal", which the SDK does not name: the wrapper wrote it down
-            code = await self._recorded_status()
+        if code == -1:
+            code = await self._bash_killed()
         code = signal_status(code)
         return self._result(code, timed_out)
 
@@ -246,17 +267,12 @@ class E2BProgram(StartedProgram):
                 await self._handle.disconnect()
             return -signal.SIGKILL
 
-    async def _recorded_status(self) -> int:
-        """The status the wrapper wrote down; a sandbox found gone meanwhile is why the run ended, and said."""
+    async def _bash_killed(self) -> int:
+        """envd's -1 is "ended by a signal", unnamed: the wrapping bash's own end (a program's signal comes as
+        128 + N), which our SIGKILL brings, or the end of its sandbox, which is then why the run ended, and said."""
         box = self._prep.box
-        try:
-            status = box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
-            text = await box.call(f"the run of {self._prep.spec.cmd!r}", status)
-            return int(text.strip())
-        except SandboxLost:
-            raise
-        except Exception:  # no record: the wrapper itself was killed, by our SIGKILL
-            return -signal.SIGKILL
+        await box.call(f"the run of {self._prep.spec.cmd!r}", box.sandbox.get_info())
+        return -signal.SIGKILL
 
     def _result(self, code: int, timed_out: bool) -> RunResult:
         raw_out, raw_err = self._out.getvalue(), self._err.getvalue()
