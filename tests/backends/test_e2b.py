@@ -293,8 +293,8 @@ async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_who
 
 
 async def test_a_program_gets_exactly_the_environment_the_policy_built(e2b_server: Server) -> None:
-    """Nothing of envd's, the login shell's or the wrapper's own reaches the program, whichever way the wrapper
-    execs it (bash's own exec; env's for a name bash cannot export)."""
+    """Nothing of envd's, the login shell's or the wrapper's own reaches the program (a name no shell could export
+    included)."""
     async with _engine(e2b_server, persistence="turn") as engine:
         ws = await engine.manager.create_workspace("env")
         for extra in ({"MINE": "a b 'c'"}, {"MINE": "1", "A.B": "dotted"}):
@@ -303,6 +303,19 @@ async def test_a_program_gets_exactly_the_environment_the_policy_built(e2b_serve
             assert len(got.pop("EXECSPACE_RUN", "")) == 16, got  # the run's marker, and only it, is the wrapper's
             run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
             assert got == engine.runner.env_policy.build({}, extra, workspace_env(ws.path, run_dir)), got
+
+
+async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_the_process_api(
+    e2b_server: Server,
+) -> None:
+    """The program is the command envd started (no shell stays as its parent to turn a signal into 128 + N): 137
+    is an exit code, and a death by signal is envd's -1 with the signal's name."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("codes")
+        exited = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 137"]))
+        killed = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "kill -USR2 $$"]))
+    assert (exited.exit_code, exited.signal) == (137, None), exited
+    assert (killed.exit_code, killed.signal) == (-signal.SIGUSR2, signal.SIGUSR2), killed
 
 
 def test_capabilities_say_why_there_is_no_pty() -> None:

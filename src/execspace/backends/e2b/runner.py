@@ -1,13 +1,13 @@
 """Programs in E2B sandboxes over the SDK's commands API.
 
-Each run is one background command: ``bash -l -c`` (what envd always starts) makes the cwd and run directory,
-then forks once: the child unexports everything it inherited, exports exactly the environment the policy built
-(the run's marker among it) and ``exec``s the program, so no ``env`` or other helper runs in between. The ``bash``
-stays as the parent, so a program killed by signal N ends it with ``128 + N``, reported as ``-N`` like every
-backend does, from the process API's exit code alone (nothing is written down or read back). Timeouts are ours
-(the SDK's stream deadline is only a backstop): SIGTERM to the program (the marked process whose parent is not
-marked, found in the sandbox's ``/proc``), then after the grace SIGKILL to every process that carries the run's
-marker. A timeout is ``timed_out``, never exit 0.
+Each run is one background command and one exec chain: ``bash -l -c`` (what envd always starts) makes the cwd and
+run directory, then ``exec``s ``env -i`` with exactly the environment the policy built (the run's marker among it),
+which ``exec``s the program: nothing is forked, the program is the process envd started and its end is the process
+API's: an exit code, or for a signal envd's -1 and ``signal: <name>`` (what Go's ``cmd.Wait()`` says), reported
+as ``-N`` like every backend does, once the sandbox is known to be still there (its end ends its commands so).
+Nothing is written down or read back. Timeouts are ours (the SDK's stream deadline is only a backstop): SIGTERM to
+the program (the marked process whose parent is not marked, found in the sandbox's ``/proc``), then after the grace
+SIGKILL to every process that carries the run's marker. A timeout is ``timed_out``, never exit 0.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import re
 import secrets
 import shlex
 import signal
-import string
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -30,7 +28,6 @@ from ...envpolicy import EnvPolicy
 from ...errors import BackendError, CapabilityError, UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
-from ...process.preparation import signal_status
 from ...process.programs import OutputLog, ProgramTable, StartedProgram, program_info
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
@@ -52,13 +49,12 @@ _SIGNAL = (
     ' grep -qzx -- "$1" "/proc/$p/environ" 2>/dev/null || { kill -s "$2" "${d#/proc/}" 2>/dev/null; exit 0; };'
     " done; sleep 0.02; done; :"
 )
-#: Unexports every variable a shell inherited, without a process: ``${!X*}`` names the variables starting with X.
-_UNEXPORT = (
-    "for v in "
-    + " ".join(f"${{!{c}*}}" for c in string.ascii_letters + "_")
-    + '; do export -n "$v"; done 2>/dev/null; unset SHLVL'
-)
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: A signal's number by the names envd's ``signal: <name>`` may use: Go's (the C library's text, lowercase:
+#: ``killed``, ``user defined signal 1``) and the short ones (``kill``, ``usr1``).
+_SIGNALS = {
+    **{s.name.removeprefix("SIG").lower(): s.value for s in signal.Signals},
+    **{text.lower(): s.value for s in signal.Signals if (text := signal.strsignal(s))},
+}
 #: SIGKILLs every process of the sandbox whose environment holds ``$1`` (the run's marker), twice for forks.
 _KILL = (
     'for pass in 1 2; do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null'
@@ -114,18 +110,10 @@ class E2BRunner:
         env[RUN_MARKER_VAR] = marker_value
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
-        # bash's exec says 127 for a program not found, 126 for a path it cannot run (ENOTDIR, EACCES), as sh does,
-        # and a subshell's exec adds no variable of its own (a simple command would get ``_``); env's exec takes a
-        # name bash cannot export (``A.B``) and a relative path (whose error bash names by its absolute path)
-        if all(_NAME.fullmatch(k) for k in env) and (spec.cmd.startswith("/") or "/" not in spec.cmd):
-            start = f"{_UNEXPORT}; export {assignments}; exec -- {program}"
-        else:
-            start = f"exec env -i {assignments} {program}"
-        command = (
-            f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n"
-            f"({start})\n"
-            "exit $?"  # the parent stays: a program's signal is its 128 + N
-        )
+        # env, not a shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says
+        # 127 for all of them, and adds no variable of its own (bash's exec would export SHLVL)
+        start = f"exec env -i {assignments} {program}"
+        command = f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n{start}"
         return _Prepared(ws, spec, box, command, run_dir, f"{RUN_MARKER_VAR}={marker_value}")
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
@@ -216,14 +204,15 @@ class E2BProgram(StartedProgram):
             await self.write_stdin(data)
             await self.close_stdin()
 
-    async def _end(self, handle: AsyncCommandHandle[None]) -> int:
+    async def _end(self, handle: AsyncCommandHandle[None]) -> tuple[int, str | None]:
+        """The command's exit code and envd's error text (``signal: killed`` with -1)."""
         from e2b import CommandExitException
 
         try:
             result = await handle.wait()
         except CommandExitException as exc:
-            return int(exc.exit_code)
-        return int(result.exit_code)
+            return int(exc.exit_code), exc.error
+        return int(result.exit_code), result.error
 
     async def _supervise(self, handle: AsyncCommandHandle[None]) -> RunResult:
         spec = self._prep.spec
@@ -231,10 +220,10 @@ class E2BProgram(StartedProgram):
         timed_out = False
         try:
             try:
-                code = await asyncio.wait_for(asyncio.shield(ending), spec.timeout)
+                code, error = await asyncio.wait_for(asyncio.shield(ending), spec.timeout)
             except TimeoutError:
                 timed_out = True
-                code = await self._stop(ending)
+                code, error = await self._stop(ending)
         except Exception as exc:
             box = self._prep.box  # which of the two it was, said by the service: gone, unreachable or neither
             await box.call(f"the run of {spec.cmd!r}", box.sandbox.get_info())
@@ -246,12 +235,11 @@ class E2BProgram(StartedProgram):
             self._queue.put_nowait(None)
             self._log.close()
         if code == -1:
-            code = await self._bash_killed()
-        code = signal_status(code)
+            code = await self._signalled(error)
         return self._result(code, timed_out)
 
-    async def _stop(self, ending: asyncio.Future[int]) -> int:
-        """TERM to the program, then (after the grace) KILL to everything of the run; the exit code."""
+    async def _stop(self, ending: asyncio.Future[tuple[int, str | None]]) -> tuple[int, str | None]:
+        """TERM to the program, then (after the grace) KILL to everything of the run; how it ended."""
         await self._runner.send_signal(self._prep, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(asyncio.shield(ending), self._runner.kill_grace)
@@ -265,14 +253,15 @@ class E2BProgram(StartedProgram):
             ending.cancel()
             with contextlib.suppress(Exception):
                 await self._handle.disconnect()
-            return -signal.SIGKILL
+            return -signal.SIGKILL, None
 
-    async def _bash_killed(self) -> int:
-        """envd's -1 is "ended by a signal", unnamed: the wrapping bash's own end (a program's signal comes as
-        128 + N), which our SIGKILL brings, or the end of its sandbox, which is then why the run ended, and said."""
+    async def _signalled(self, error: str | None) -> int:
+        """``-N`` for envd's -1 ("ended by a signal") and its ``signal: <name>``: SIGKILL when the name is missing or
+        unknown. The end of its sandbox kills a command too: then that is why the run ended, and said."""
         box = self._prep.box
         await box.call(f"the run of {self._prep.spec.cmd!r}", box.sandbox.get_info())
-        return -signal.SIGKILL
+        name = (error or "").removeprefix("signal: ").removesuffix(" (core dumped)").strip().lower()
+        return -_SIGNALS.get(name, signal.SIGKILL)
 
     def _result(self, code: int, timed_out: bool) -> RunResult:
         raw_out, raw_err = self._out.getvalue(), self._err.getvalue()
