@@ -19,7 +19,7 @@ from .options import ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
-__all__ = ["LOGIN_PROFILE", "serve"]
+__all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
 
 #: The ``/etc/profile`` of serve's sandboxes, which every command's ``bash -l`` reads (E2B's envd starts each one so):
 #: what Debian's sets for a user who is not root (a sandbox's never is), without the ``$(id -u)`` that forks and
@@ -84,12 +84,17 @@ async def serve(
             await interpreter.aclose()
 
 
+def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
+    """The sandbox backend's ``system_files`` of serve's sandboxes: their login profile (none on a system without
+    ``/etc/profile``, whose login shells read none here either)."""
+    return (("/etc/profile", LOGIN_PROFILE),) if os.path.isfile("/etc/profile") else ()
+
+
 def _sandbox_template(opts: dict[str, Any]) -> None:
     """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
     # E2B's programs name their files by its home: there it is the directory SDK paths map to
     opts.setdefault("program_links", ((HOME, HOME_DIR),))
-    if os.path.isfile("/etc/profile"):  # a system without one: its login shells read none here either
-        opts.setdefault("system_files", (("/etc/profile", LOGIN_PROFILE),))
+    opts.setdefault("system_files", serve_sandbox_files())
 
 
 class _Server(uvicorn.Server):
