@@ -318,6 +318,18 @@ async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_t
     assert (killed.exit_code, killed.signal) == (-signal.SIGUSR2, signal.SIGUSR2), killed
 
 
+async def test_every_run_has_its_own_run_directory_even_after_runs_are_removed(e2b_server: Server) -> None:
+    """Run directories are made ahead, several at once: each run still gets a fresh one of its own, there when it
+    starts, also once a program removed them all."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("runs")
+        probe = RunProgramSpec("sh", ["-c", 'test -d "$RUN_DIR" && ! ls -A "$RUN_DIR" | grep -q . && echo "$RUN_DIR"'])
+        seen = [(await engine.runner.run_program(ws, probe)).stdout for _ in range(3)]
+        await engine.runner.run_program(ws, RunProgramSpec("rm", ["-rf", f"{ws.path}/runs"]))
+        seen += [(await engine.runner.run_program(ws, probe)).stdout for _ in range(3)]
+    assert all(seen) and len(set(seen)) == len(seen), seen
+
+
 def test_capabilities_say_why_there_is_no_pty() -> None:
     from execspace.backends.e2b import E2BBackend, E2BOptions
 

@@ -60,6 +60,9 @@ _KILL = (
     'for pass in 1 2; do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null'
     ' && kill -9 "${d#/proc/}" 2>/dev/null; done; done; :'
 )
+#: Run directories one ``mkdir`` makes: the run's own and the next runs' of the workspace.
+_AHEAD = 8
+_MAX_WORKSPACES_AHEAD = 1024
 #: After the last kill, how long the command's stream may take to end before we stop waiting for it.
 _SETTLE = 5.0
 
@@ -89,6 +92,8 @@ class E2BRunner:
         self.env_policy = env_policy or EnvPolicy()
         self.kill_grace = kill_grace
         self.programs = ProgramTable()
+        # run directories made ahead, per workspace: a run that finds its own there starts no mkdir
+        self._made_ahead: dict[str, list[str]] = {}
 
     def prepare(self, ws: Workspace, spec: RunProgramSpec) -> _Prepared:
         self._caps().require(spec)
@@ -100,7 +105,7 @@ class E2BRunner:
         box = self._boxes.box(workspace_key(ws.id))
         rel = workspace_relative(ws, spec.cwd)
         cwd = "/".join(split_relpath(rel)) if rel not in ("", ".", "./") else ""
-        run_dir = new_run_name()
+        run_dir, ahead = self._run_dirs(ws)
         marker_value = secrets.token_hex(8)
         env = self.env_policy.build(
             {}, {**options.env_vars, **spec.env}, workspace_env(ws.path, run_dir), clean=spec.clean_env
@@ -113,8 +118,26 @@ class E2BRunner:
         # env, not a shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says
         # 127 for all of them, and adds no variable of its own (bash's exec would export SHLVL)
         start = f"exec env -i {assignments} {program}"
-        command = f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n{start}"
+        made = " ".join(f"{root}/{d}" for d in (run_dir, *ahead))
+        # ``[`` is bash's own: only a missing directory (a run made ahead of time raced, or it was removed) costs
+        # a process
+        command = (
+            f"{{ [ -d {root}/{run_dir} ] && [ -d {here} ]; }} || mkdir -p -- {here} {made} || exit 126\n"
+            f"cd -- {here} || exit 126\n{start}"
+        )
         return _Prepared(ws, spec, box, command, run_dir, f"{RUN_MARKER_VAR}={marker_value}")
+
+    def _run_dirs(self, ws: Workspace) -> tuple[str, list[str]]:
+        """This run's directory and those its wrapper makes ahead for the next runs (with its own, in one
+        ``mkdir``); up to ``_AHEAD - 1`` of them stay empty when the workspace's runs stop."""
+        if len(self._made_ahead) > _MAX_WORKSPACES_AHEAD:  # bounded: forgetting them costs one mkdir each
+            self._made_ahead.clear()
+        stock = self._made_ahead.setdefault(ws.path, [])
+        if stock:
+            return stock.pop(0), []
+        names = [new_run_name() for _ in range(_AHEAD)]
+        stock.extend(names[1:])
+        return names[0], names[1:]
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         program = await self._start(self.prepare(ws, spec), interactive=False)
