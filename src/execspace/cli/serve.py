@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from ..errors import SetupFailed
+from ..errors import SetupFailed, UsageError
 
 __all__ = ["add_parser", "command"]
 
@@ -58,12 +59,20 @@ def add_parser(sub: Any) -> None:
         help="runtime environment the code interpreter's kernels start from when built (default code-interpreter: "
         "pandas, matplotlib...; 'none': the system python)",
     )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS (HTTP/2 by ALPN, else HTTP/1.1) with this PEM certificate chain; needs --tls-key",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     p.set_defaults(handler=command)
 
 
 async def command(args: argparse.Namespace) -> int:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
     try:
-        from ..server import ServerOptions, generate_api_key, serve
+        from ..server import TLS, ServerOptions, generate_api_key, serve
     except ImportError as exc:
         raise SetupFailed(
             "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
@@ -78,8 +87,10 @@ async def command(args: argparse.Namespace) -> int:
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
     )
 
+    tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
+
     def ready(host: str, port: int) -> None:
-        url = f"http://{host}:{port}"
+        url = f"{'https' if tls else 'http'}://{host}:{port}"
         lines = [
             f"execspace serve: listening on {url} (backend {args.backend})",
             "point the E2B SDK at it:",
@@ -94,6 +105,12 @@ async def command(args: argparse.Namespace) -> int:
     if args.backend == "sandbox":
         backend_options["mode"] = args.sandbox_mode
     await serve(
-        options, host=args.host, port=args.port, backend=args.backend, backend_options=backend_options, on_ready=ready
+        options,
+        host=args.host,
+        port=args.port,
+        backend=args.backend,
+        backend_options=backend_options,
+        on_ready=ready,
+        tls=tls,
     )
     return 0

@@ -6,10 +6,11 @@ import os
 import secrets
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import InvalidSpec
 
-__all__ = ["ENVD_VERSION", "TEMPLATES", "ServerOptions", "generate_api_key"]
+__all__ = ["ENVD_VERSION", "TEMPLATES", "TLS", "ServerOptions", "generate_api_key"]
 
 #: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
@@ -28,6 +29,15 @@ def generate_api_key() -> str:
 
 def _host_memory_mb() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class TLS:
+    """A certificate chain and its private key (PEM files): the server speaks HTTPS, HTTP/2 where the client offers
+    it by ALPN and HTTP/1.1 otherwise."""
+
+    cert: Path
+    key: Path
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ class E2BBackend:
             raise SetupFailed("e2b", probe.reason, probe.fix)
         caps = cls.capabilities(options)
         boxes = Sandboxes(options)
+        boxes.start()
         manager = E2BWorkspaceManager(boxes)
         fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
         runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace)

@@ -37,6 +37,7 @@ from .sandboxes import Box, Sandboxes, workspace_key
 
 if TYPE_CHECKING:
     from ...artifacts import ArtifactService
+    from ...process.warmpool import WarmPool
 
 __all__ = ["E2BWorkspaceFS", "E2BWorkspaceManager"]
 
@@ -50,6 +51,11 @@ class E2BWorkspaceManager:
 
     def __init__(self, boxes: Sandboxes) -> None:
         self._boxes = boxes
+
+    @property
+    def pool(self) -> WarmPool[Box] | None:
+        """The sandboxes made ahead (``pool_size``), or None: ``await pool.ready()`` waits for the fill."""
+        return self._boxes.pool
 
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import BackendError, PathDenied, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...process.warmpool import WarmPool
 from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
 
@@ -30,6 +31,8 @@ T = TypeVar("T")
 #: The sandbox user's home, where E2B templates (and ``execspace serve``) put it.
 HOME = "/home/user"
 _WS_KEY = "execspace.workspace"
+#: The metadata of a sandbox made ahead for the pool (per turn the workspace's name is only informative).
+_POOL_KEY = "execspace.pool"
 
 
 def _agent_text() -> str:
@@ -265,6 +268,16 @@ class Sandboxes:
         self._locks: dict[str, asyncio.Lock] = {}
         self._shared: Box | None = None
         self._turns: list[Box] = []
+        self.pool: WarmPool[Box] | None = None
+        if options.pool_size > 0:
+            self.pool = WarmPool(
+                options.pool_size, self._make_pooled, self._discard, idle_timeout=options.pool_age, starts_at_once=2
+            )
+
+    def start(self) -> None:
+        """Begin filling the pool (on the event loop of the engine's calls)."""
+        if self.pool is not None:
+            self.pool.refill()
 
     def api(self) -> dict[str, Any]:
         """The connection options of every SDK call (unset ones: the SDK's environment variables)."""
@@ -300,7 +313,7 @@ class Sandboxes:
                 return box
         if not create:
             raise WorkspaceNotFound(f"no sandbox holds workspace {key!r} (it was cleaned up, or it expired)")
-        box = await self._create(key)
+        box = await self._pooled(key) or await self._create(key)
         if self.options.persistence == "turn":
             self._turns.append(box)
         return box
@@ -336,7 +349,28 @@ class Sandboxes:
         )
         return sandbox
 
-    async def _create(self, key: str) -> Box:
+    async def _pooled(self, key: str) -> Box | None:
+        """A sandbox of the pool for workspace ``key``, its lifetime renewed; None when the pool has none."""
+        if self.pool is None:
+            return None
+        self.pool.refill()  # behind this take
+        while (box := self.pool.take()) is not None:
+            box.workspace = key
+            try:
+                await box.call("renewing a pooled sandbox", box.sandbox.set_timeout(self.options.sandbox_timeout))
+            except BackendError:  # gone meanwhile (killed, or the service lost it): the next one, or a create
+                continue
+            return box
+        return None
+
+    async def _make_pooled(self) -> Box:
+        return await self._create("", metadata={_POOL_KEY: "1"})
+
+    async def _discard(self, box: Box) -> None:
+        with contextlib.suppress(BackendError):  # gone already: nothing to kill
+            await self.kill(box)
+
+    async def _create(self, key: str, *, metadata: dict[str, str] | None = None) -> Box:
         from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
@@ -345,7 +379,7 @@ class Sandboxes:
             AsyncSandbox.create(
                 template=o.template,
                 timeout=o.sandbox_timeout,
-                metadata={**o.metadata, _WS_KEY: key},
+                metadata={**o.metadata, **(metadata or {_WS_KEY: key})},
                 envs=dict(o.env_vars),
                 secure=o.secure,
                 allow_internet_access=o.allow_internet_access,
@@ -353,7 +387,11 @@ class Sandboxes:
             ),
         )
         box = Box(sandbox, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
-        await box.install_agent()
+        try:
+            await box.install_agent()
+        except BaseException:
+            await asyncio.shield(self._discard(box))  # ours and of no use: never left running
+            raise
         return box
 
     async def _lost(self, box: Box) -> str:
@@ -391,7 +429,10 @@ class Sandboxes:
         await sdk_call(f"killing sandbox {box.id}", box.sandbox.kill())
 
     async def aclose(self) -> None:
-        """Kill the per-turn sandboxes; session ones stay (found again by their metadata) until they expire."""
+        """Kill the per-turn and pooled sandboxes; session ones stay (found again by their metadata) until they
+        expire."""
+        if self.pool is not None:
+            await self.pool.close()
         turns, self._turns = self._turns, []
         kept = [b for b in {*self._boxes.values(), *([self._shared] if self._shared else [])} if b not in turns]
         self._boxes.clear()
