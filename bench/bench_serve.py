@@ -288,7 +288,24 @@ async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, 
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def _bare_envd() -> Iterator[str]:
+    """``bare_envd.py`` (canned answers, no process behind them) in a process of its own, as the server is."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bare_envd.py")
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        found, _ = read_until(proc.stdout, rb"(\d+)\n", 30)
+        if found is None:
+            raise RuntimeError("bare_envd.py did not start")
+        yield f"http://127.0.0.1:{found.group(1).decode()}"
+    finally:
+        terminate(proc)
+
+
 async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
+    from execspace.server.serve import serve_sandbox_files
+
     sbx = await asyncio.to_thread(sandbox_cls.create)
     try:
 
@@ -298,21 +315,33 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
         async def stat() -> None:
             await asyncio.to_thread(sbx.files.exists, "nothing-here")
 
-        with scratch_dir("execspace-bench-direct-") as root:
+        with scratch_dir("execspace-bench-direct-") as root, _bare_envd() as bare_url:
             make_traversable(root)  # as root, the session's uid must reach its workspace
-            async with execspace.open_engine("sandbox", mode="session", workspace_root=root) as engine:
+            bare = await asyncio.to_thread(sandbox_cls.create, api_key=KEY, api_url=bare_url, sandbox_url=bare_url)
+            # what serve's sandboxes run for commands.run('true'), their own /etc/profile included
+            template = {"program_links": (("/home/user", "work"),), "system_files": serve_sandbox_files()}
+            async with execspace.open_engine("sandbox", mode="session", workspace_root=root, **template) as engine:
                 ws = await engine.manager.create_workspace("bench/direct")
                 login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"])
 
                 async def direct() -> None:  # what serve does for commands.run('true'), without the protocol
                     await engine.runner.run_program(ws, login_true)
 
-                lib, base, floor = await interleaved([run_true, stat, direct], plan.serve_iters, plan.warmup // 3)
+                async def sdk_alone() -> None:
+                    await asyncio.to_thread(bare.commands.run, "true")
+
+                steps = [run_true, stat, direct, sdk_alone]
+                lib, base, floor, client = await interleaved(steps, plan.serve_iters, plan.warmup // 3)
         report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
         direct_label = "bash -l -c true through the sandbox engine (session mode) directly"
         report.rows.append(
             Row(SECTION, "commands.run('true') vs the engine alone", "ms", Stats.of(lib, 1000), Stats.of(floor, 1000),
                 direct_label)
+        )  # fmt: skip
+        bare_label = "the SDK against a bare loop answering the same stream (bench/bare_envd.py)"
+        report.rows.append(
+            Row(SECTION, "commands.run('true') vs the SDK's own cost", "ms", Stats.of(lib, 1000),
+                Stats.of(client, 1000), bare_label)
         )  # fmt: skip
     finally:
         await asyncio.to_thread(sbx.kill)

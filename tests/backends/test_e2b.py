@@ -24,6 +24,7 @@ import pytest
 
 import execspace
 from execspace import BackendError, PutFile, RunProgramSpec, SandboxLost, SetupFailed
+from execspace.workspace.layout import workspace_env
 
 pytest.importorskip("e2b", reason="the e2b backend needs the official SDK (pip install 'execspace[e2b]')")
 pytest.importorskip("uvicorn", reason="the tests run against execspace serve (pip install 'execspace[serve]')")
@@ -338,6 +339,44 @@ async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_who
         await engine.fs.put_files(ws, [PutFile(name, b"") for name in names])
         listed = [e.path for e in await engine.fs.list(ws, ["work/d/*"])]
         assert sorted(listed) == names
+
+
+async def test_a_program_gets_exactly_the_environment_the_policy_built(e2b_server: Server) -> None:
+    """Nothing of envd's, the login shell's or the wrapper's own reaches the program (a name no shell could export
+    included)."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("env")
+        for extra in ({"MINE": "a b 'c'"}, {"MINE": "1", "A.B": "dotted"}):
+            r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], env=extra))
+            got = dict(item.split("=", 1) for item in r.stdout.split("\0") if item)
+            assert len(got.pop("EXECSPACE_RUN", "")) == 16, got  # the run's marker, and only it, is the wrapper's
+            run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
+            assert got == engine.runner.env_policy.build({}, extra, workspace_env(ws.path, run_dir)), got
+
+
+async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_the_process_api(
+    e2b_server: Server,
+) -> None:
+    """The program is the command envd started (no shell stays as its parent to turn a signal into 128 + N): 137
+    is an exit code, and a death by signal is envd's -1 with the signal's name."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("codes")
+        exited = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 137"]))
+        killed = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "kill -USR2 $$"]))
+    assert (exited.exit_code, exited.signal) == (137, None), exited
+    assert (killed.exit_code, killed.signal) == (-signal.SIGUSR2, signal.SIGUSR2), killed
+
+
+async def test_every_run_has_its_own_run_directory_even_after_runs_are_removed(e2b_server: Server) -> None:
+    """Run directories are made ahead, several at once: each run still gets a fresh one of its own, there when it
+    starts, also once a program removed them all."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("runs")
+        probe = RunProgramSpec("sh", ["-c", 'test -d "$RUN_DIR" && ! ls -A "$RUN_DIR" | grep -q . && echo "$RUN_DIR"'])
+        seen = [(await engine.runner.run_program(ws, probe)).stdout for _ in range(3)]
+        await engine.runner.run_program(ws, RunProgramSpec("rm", ["-rf", f"{ws.path}/runs"]))
+        seen += [(await engine.runner.run_program(ws, probe)).stdout for _ in range(3)]
+    assert all(seen) and len(set(seen)) == len(seen), seen
 
 
 def test_capabilities_say_why_there_is_no_pty() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -27,7 +28,34 @@ from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
-__all__ = ["serve"]
+__all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
+
+#: The ``/etc/profile`` of serve's sandboxes, which every command's ``bash -l`` reads (E2B's envd starts each one so):
+#: what Debian's sets for a user who is not root (a sandbox's never is), without the ``$(id -u)`` that forks and
+#: execs ``id`` in every login shell (about half of a ``commands.run('true')`` here). The host's
+#: ``/etc/profile.d`` scripts still run; ``~/.profile`` and the rest are the shell's own, read from ``HOME``.
+LOGIN_PROFILE = """\
+# /etc/profile of execspace serve's sandboxes (see docs/server.md): Debian's, for a user who is not root.
+PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+export PATH
+if [ "${PS1-}" ]; then
+  if [ "${BASH-}" ] && [ "$BASH" != "/bin/sh" ]; then
+    if [ -f /etc/bash.bashrc ]; then
+      . /etc/bash.bashrc
+    fi
+  else
+    PS1='$ '
+  fi
+fi
+if [ -d /etc/profile.d ]; then
+  for i in /etc/profile.d/*.sh; do
+    if [ -r "$i" ]; then
+      . "$i"
+    fi
+  done
+  unset i
+fi
+"""
 
 #: Seconds an idle client connection is kept open.
 _KEEP_ALIVE = 30
@@ -52,8 +80,7 @@ async def serve(
         _check_tls(tls)
     opts = dict(backend_options or {})
     if backend == "sandbox":
-        # E2B's programs name their files by its home: there it is the directory SDK paths map to
-        opts.setdefault("program_links", ((HOME, HOME_DIR),))
+        _sandbox_template(opts)
         if opts.get("mode") == "session":
             # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
             # sandbox, a pooled one included, does not lose it and pay its start on the next command
@@ -91,6 +118,19 @@ async def serve(
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
+    """The sandbox backend's ``system_files`` of serve's sandboxes: their login profile (none on a system without
+    ``/etc/profile``, whose login shells read none here either)."""
+    return (("/etc/profile", LOGIN_PROFILE),) if os.path.isfile("/etc/profile") else ()
+
+
+def _sandbox_template(opts: dict[str, Any]) -> None:
+    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
+    # E2B's programs name their files by its home: there it is the directory SDK paths map to
+    opts.setdefault("program_links", ((HOME, HOME_DIR),))
+    opts.setdefault("system_files", serve_sandbox_files())
 
 
 class _Server(uvicorn.Server):
