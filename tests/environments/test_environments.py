@@ -304,6 +304,45 @@ async def test_session_mode_runs_in_the_environment_too(tmp_path: Path) -> None:
         assert r.stdout.split() == [str(env.path)] * 2
 
 
+@pytest.mark.timeout(BUILD_TIMEOUT)
+@pytest.mark.parametrize("mode", ["per-run", "session"])
+async def test_a_run_names_its_own_environment_over_the_engines(
+    code_interpreter: Environment, tmp_path: Path, mode: str
+) -> None:
+    """``RunProgramSpec.environment``: that run has the other tree's python and packages, the next run the engine's
+    again; in session mode it runs in a sandbox of its own (the session's mounts lack the tree), and the session
+    goes on; a name not built is ``EnvironmentNotFound``; a backend that cannot switch refuses before running."""
+    base = await build(_spec("base"))
+    probe = await probe_backend("sandbox", mode=mode)
+    if not probe.ok:
+        pytest.skip(f"no sandbox ({mode}) here: {probe.reason}")
+    make_traversable(tmp_path)
+    code = "import os, sys; print(sys.prefix, os.environ['VIRTUAL_ENV']); import numpy; print(numpy.__version__)"
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", mode=mode, environment="base"
+    ) as engine:
+        assert engine.describe().environments
+        ws = await engine.manager.create_workspace("env/per-run")
+        own = RunProgramSpec("python", ["-c", code], environment="code-interpreter-v1", timeout=120)
+        r = await engine.runner.run_program(ws, own)
+        assert r.exit_code == 0, r.stderr
+        prefix, venv_dir, numpy_version = r.stdout.split()
+        assert prefix == venv_dir == str(code_interpreter.path)
+        assert numpy_version == code_interpreter.packages["numpy"]
+        engine_default = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", code]))
+        assert engine_default.exit_code == 1 and "No module named 'numpy'" in engine_default.stderr
+        assert engine_default.stdout.split() == [str(base.path)] * 2
+        async with await engine.runner.start_program(ws, own) as started:
+            assert (await started.wait()).stdout == r.stdout
+        with pytest.raises(EnvironmentNotFound, match="execspace env build"):
+            await engine.runner.run_program(ws, RunProgramSpec("true", environment="no-such-environment-here"))
+    async with execspace.open_engine("local", workspace_root=tmp_path / "local") as local:
+        assert not local.describe().environments
+        ws = await local.manager.create_workspace("env/local")
+        with pytest.raises(execspace.CapabilityError, match="environment"):
+            await local.runner.run_program(ws, RunProgramSpec("true", environment="base"))
+
+
 def test_the_env_commands_list_show_and_remove_and_doctor_lists_them(tmp_path: Path) -> None:
     root, spec = tmp_path / "store", tmp_path / "s.toml"
     spec.write_text('name = "cli"\ndescription = "from the CLI"\n')

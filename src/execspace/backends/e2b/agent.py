@@ -153,6 +153,7 @@ def op_install(args: dict[str, Any]) -> None:
             fd = open_dir(args["ws"], parts[:-1], dest, create=True)
             try:
                 refuse_dir(fd, parts[-1], dest)
+                refuse_unwritable(fd, parts[-1], dest)
                 os.rename(os.path.join(stage, name), parts[-1], dst_dir_fd=fd)
             finally:
                 os.close(fd)
@@ -161,6 +162,15 @@ def op_install(args: dict[str, Any]) -> None:
             for leftover in os.listdir(stage):
                 os.unlink(os.path.join(stage, leftover))
             os.rmdir(stage)
+
+
+def refuse_unwritable(dfd: int, name: str, display: str) -> None:
+    """A file the program may not write (we run as it) is not replaced either, as opening it to write would fail:
+    renaming over it would not."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and not os.access(name, os.W_OK, dir_fd=dfd, follow_symlinks=False):
+            raise Refused("PermissionError", display, "permission denied: the program may not write it")
 
 
 OPS = {
@@ -181,6 +191,8 @@ def answer(raw: str) -> dict[str, Any]:
         return {"ok": OPS[args["op"]](args)}
     except Refused as exc:
         return {"error": [exc.kind, exc.path, exc.why]}
+    except IsADirectoryError as exc:  # before PathDenied: PathIsDirectory is both
+        return {"error": ["IsADirectoryError", str(exc.filename or ""), "is a directory"]}
     except PathDenied as exc:
         return {"error": ["PathDenied", exc.path, exc.reason]}
     except OSError as exc:
