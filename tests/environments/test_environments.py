@@ -36,6 +36,8 @@ from execspace.environments import (
     load_spec,
 )
 from execspace.registry import probe_backend
+from tests.backends.container_support import container_engine
+from tests.backends.docker_fixture import Daemon
 from tests.support import CLI, make_traversable
 
 #: A first build of code-interpreter downloads ~150 MB and compiles it (about 2 minutes here).
@@ -341,6 +343,35 @@ async def test_a_run_names_its_own_environment_over_the_engines(
         ws = await local.manager.create_workspace("env/local")
         with pytest.raises(execspace.CapabilityError, match="environment"):
             await local.runner.run_program(ws, RunProgramSpec("true", environment="base"))
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT)
+async def test_numpy_runs_from_code_interpreter_in_a_container(
+    code_interpreter: Environment, docker_daemon: Daemon, test_image: str, tmp_path: Path
+) -> None:
+    """``ContainerOptions(environment=)``: the tree bound read-only at its own path, its python first on PATH (the
+    test image's own ``python3`` has no numpy), its variables set; a program cannot change it."""
+    make_traversable(tmp_path)
+    async with container_engine(
+        docker_daemon, test_image, tmp_path / "ws", environment="code-interpreter-v1", pool_size=0
+    ) as engine:
+        assert str(code_interpreter.path) in engine.describe().details["environment"]
+        ws = await engine.manager.create_workspace("env/container")
+        await engine.fs.put_files(ws, [PutFile("work/plot.py", PLOT.replace("OUT", "../out/plot.png"))])
+        r = await engine.runner.run_program(ws, RunProgramSpec("python", ["plot.py"], timeout=120))
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.startswith("sum 15 ")
+        assert (await engine.fs.read_file(ws, "out/plot.png")).content[:8] == b"\x89PNG\r\n\x1a\n"
+        code = "import os, sys, numpy; print(sys.prefix, os.environ['VIRTUAL_ENV'], numpy.__version__)"
+        where = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", code]))
+        assert where.stdout.split() == [str(code_interpreter.path)] * 2 + [code_interpreter.packages["numpy"]]
+        system = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/python3", ["-c", "import numpy"]))
+        assert system.exit_code == 1 and "numpy" in system.stderr  # the environment, not the image, has it
+        w = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"touch {code_interpreter.path}/x"]))
+        assert w.exit_code != 0 and not (code_interpreter.path / "x").exists()
+    with pytest.raises(EnvironmentNotFound):
+        async with container_engine(docker_daemon, test_image, tmp_path / "ws2", environment="no-such-environment"):
+            pass
 
 
 def test_the_env_commands_list_show_and_remove_and_doctor_lists_them(tmp_path: Path) -> None:
