@@ -616,9 +616,10 @@ async def test_the_file_api_honours_the_programs_permissions(any_engine: Engine,
     with pytest.raises(PermissionError):
         await fs.read_file(any_ws, "work/locked.txt")
     for target in ("work/ro.txt", "work/locked.txt"):
-        with pytest.raises(PermissionError):
-            await fs.put_files(any_ws, [PutFile(target, b"replaced")])
+        with pytest.raises(PermissionError):  # the whole batch: the first file is not written either
+            await fs.put_files(any_ws, [PutFile("work/new.txt", b"new"), PutFile(target, b"replaced")])
     assert (await fs.read_file(any_ws, "work/ro.txt")).content == b"keep"
+    assert not await fs.exists(any_ws, "work/new.txt")
     back = await run(any_engine, any_ws, "chmod 600 locked.txt && cat locked.txt")
     assert back.stdout == "secret"
     assert (await fs.read_file(any_ws, "work/locked.txt")).content == b"secret"

@@ -207,23 +207,34 @@ class ConfinedRoot:
 
     # -- files ---------------------------------------------------------------------
 
-    def write_file(self, path: str, data: bytes | int, mode: int = 0o644, writer: ProgramUser | None = None) -> None:
+    def write_file(self, path: str, data: bytes | int, mode: int = 0o644) -> None:
         """Atomically create or replace ``path`` (parents created) with ``data``.
 
-        ``data`` is bytes, or an fd open for reading whose remaining content is copied. With ``writer``, a file
-        there that ``writer`` may not write is refused (``PathDenied``), as opening it for writing would be.
+        ``data`` is bytes, or an fd open for reading whose remaining content is copied.
         """
         parts = split_relpath(path)
         dfd = self.open_dir(parts[:-1], create=True, display=path)
         try:
-            if writer is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        writer.refuse(path, st, stat.S_IWUSR)
             self._replace(dfd, parts[-1], data, mode, path)
         finally:
             os.close(dfd)
+
+    def refuse_unwritable(self, path: str, writer: ProgramUser) -> None:
+        """``PathDenied`` if a file at ``path`` is one ``writer`` may not write, as opening it to write would be:
+        :meth:`write_file` renames over it, which its write bit does not stop. Nothing there is fine."""
+        parts = split_relpath(path)
+        try:
+            dfd = self.open_dir(parts[:-1], display=path)
+        except FileNotFoundError:
+            return
+        try:
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        finally:
+            os.close(dfd)
+        if stat.S_ISREG(st.st_mode):
+            writer.refuse(path, st, stat.S_IWUSR)
 
     def _replace(self, dfd: int, name: str, data: bytes | int, mode: int, display: str) -> None:
         refuse_dir(dfd, name, display)

@@ -181,8 +181,12 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         def write_all() -> None:
             with ConfinedRoot(root, self.owner(ws)) as cr:
+                for f in files:  # every refusal before anything is written
+                    writer = self.program_user(ws, f.path)
+                    if writer is not None:
+                        cr.refuse_unwritable(f.path, writer)
                 for f in files:
-                    cr.write_file(f.path, f.data, f.mode, self.program_user(ws, f.path))
+                    cr.write_file(f.path, f.data, f.mode)
 
         await asyncio.to_thread(write_all)
 

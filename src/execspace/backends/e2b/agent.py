@@ -147,13 +147,25 @@ def op_install(args: dict[str, Any]) -> None:
     written through), then remove the staging directory."""
     stage = str(args["stage"])
     try:
+        for _, dest, _ in args["files"]:  # every refusal before anything moves
+            parts = split_relpath(dest)
+            try:
+                fd = open_dir(args["ws"], parts[:-1], dest)
+            except Refused as exc:
+                if exc.kind != "FileNotFoundError":
+                    raise
+                continue  # a parent missing: nothing there to refuse
+            try:
+                refuse_dir(fd, parts[-1], dest)
+                refuse_unwritable(fd, parts[-1], dest)
+            finally:
+                os.close(fd)
         for name, dest, mode in args["files"]:
             parts = split_relpath(dest)
             os.chmod(os.path.join(stage, name), mode & 0o777)
             fd = open_dir(args["ws"], parts[:-1], dest, create=True)
             try:
                 refuse_dir(fd, parts[-1], dest)
-                refuse_unwritable(fd, parts[-1], dest)
                 os.rename(os.path.join(stage, name), parts[-1], dst_dir_fd=fd)
             finally:
                 os.close(fd)
