@@ -193,6 +193,9 @@ async def test_a_name_not_built_says_how_to_build_it(tmp_path: Path) -> None:
             pass
     r = subprocess.run([*CLI, "run", "--environment", "no-such-environment-here", "--", "true"], capture_output=True)
     assert r.returncode == 125 and b"execspace env build" in r.stderr
+    local = [*CLI, "run", "--backend", "local", "--environment", "base", "--", "true"]
+    r = subprocess.run(local, capture_output=True)
+    assert r.returncode == 125 and b"sandbox, container and jupyter backends" in r.stderr, r.stderr
 
 
 def _build_argv(spec: Path) -> list[str]:
