@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,6 +156,54 @@ async def test_turn_sandboxes_are_killed_at_close(e2b_server: Server, mark: str)
         await engine.manager.create_workspace("turn-b")
         assert len(await _running(e2b_server, **{"execspace.test": mark})) == 2
     assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+async def test_a_pool_hands_out_sandboxes_made_ahead_and_kills_the_rest_at_close(e2b_server: Server, mark: str) -> None:
+    tagged = {"execspace.test": mark, "execspace.pool": "1"}
+    async with _engine(e2b_server, persistence="turn", metadata={"execspace.test": mark}, pool_size=2) as engine:
+        pool = engine.manager.pool  # type: ignore[attr-defined]
+        assert pool is not None and await pool.ready(30)  # each made ahead, its file agent installed
+        assert await _count(e2b_server, tagged, 2)
+        ws = await engine.manager.create_workspace("pooled")
+        await engine.fs.put_files(ws, [PutFile("work/a.txt", b"in a pooled sandbox")])
+        assert (await engine.fs.read_file(ws, "work/a.txt")).content == b"in a pooled sandbox"
+        assert (await engine.runner.run_program(ws, RunProgramSpec("cat", ["a.txt"]))).stdout == "in a pooled sandbox"
+        await _until("the pool topped up", lambda: _count(e2b_server, tagged, 3))  # 2 waiting + the taken one
+        # taken from the pool: no sandbox was created for the workspace (that one would be named in its metadata)
+        assert "pooled" not in (await _running(e2b_server, **{"execspace.test": mark})).values()
+    assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+async def test_a_pooled_sandbox_past_its_age_is_killed_and_the_next_create_refills(
+    e2b_server: Server, mark: str
+) -> None:
+    tagged = {"execspace.test": mark, "execspace.pool": "1"}
+    options = {"persistence": "turn", "metadata": {"execspace.test": mark}, "pool_size": 1, "pool_max_age": 1.0}
+    async with _engine(e2b_server, **options) as engine:
+        await _until("the pool filled", lambda: _count(e2b_server, tagged, 1))
+        first = set(await _running(e2b_server, **tagged))
+        await _until("the pooled sandbox killed at its age", lambda: _count(e2b_server, tagged, 0))
+        await engine.manager.create_workspace("later")  # made cold (the pool was empty); it refills the pool
+
+        async def refilled() -> bool:
+            now = set(await _running(e2b_server, **tagged))
+            return len(now) == 1 and not now & first
+
+        await _until("the pool refilled with a new one", refilled)
+
+
+async def _count(server: Server, metadata: dict[str, str], n: int) -> bool:
+    return len(await _running(server, **metadata)) == n
+
+
+def test_a_pool_is_refused_where_it_cannot_serve() -> None:
+    from execspace import InvalidSpec
+    from execspace.backends.e2b import E2BOptions
+
+    with pytest.raises(InvalidSpec, match="pool_size needs persistence='turn'"):
+        E2BOptions(pool_size=2)  # per session: found again by the workspace in its metadata
+    with pytest.raises(InvalidSpec, match="less than sandbox_timeout"):
+        E2BOptions(persistence="turn", pool_size=1, pool_max_age=600, sandbox_timeout=300)
 
 
 async def test_session_sandboxes_outlive_close_and_die_at_cleanup(e2b_server: Server, mark: str) -> None:
@@ -378,9 +427,27 @@ def test_languages_map_to_the_code_interpreter() -> None:
 async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
     from execspace import CodeBlock, ResourceLimits
 
-    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
-        ws = await engine.manager.create_workspace("no-js")
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "ts")) as engine:
+        ws = await engine.manager.create_workspace("no-ts")
         assert isinstance(engine, execspace.SupportsKernels)
-        assert engine.kernels.handles("node") and not engine.kernels.handles("bash")
-        with pytest.raises(BackendError, match=r"starting a js kernel: 501.*Python only"):
-            await engine.kernels.run_block(ws, CodeBlock("js", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+        assert engine.kernels.handles("typescript") and not engine.kernels.handles("bash")
+        with pytest.raises(BackendError, match=r"starting a ts kernel: 501.*no ts kernel"):
+            await engine.kernels.run_block(ws, CodeBlock("ts", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="execspace serve's JavaScript contexts run on Node.js")
+async def test_javascript_blocks_run_in_the_servers_node_context_with_state(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
+        ws = await engine.manager.create_workspace("js")
+        assert isinstance(engine, execspace.SupportsKernels)
+        limits = ResourceLimits()
+        blocks = [CodeBlock("js", "const n = 6"), CodeBlock("node", "console.log(n * 7)"), CodeBlock("js", "null.x")]
+        first, second, failed = [
+            (await engine.kernels.run_block(ws, block, i, timeout=30, limits=limits))[0]
+            for i, block in enumerate(blocks)
+        ]
+        assert first.exit_code == 0
+        assert (second.exit_code, second.stdout) == (0, "42\n")
+        assert failed.exit_code == 1 and "TypeError" in failed.stderr

@@ -96,7 +96,7 @@ def add_parser(sub: Any) -> None:
         "--resolve",
         action="append",
         default=[],
-        type=_resolve_pair,
+        type=resolve_pair,
         metavar="NAME=ADDR",
         help="pin NAME to ADDR for the egress proxy (the address then counts as allowed: tests, private hosts)",
     )
@@ -201,7 +201,7 @@ class InputArg:
     """Host directory the engine must allow for this input (``None``: not a host input)."""
 
 
-def _resolve_pair(text: str) -> tuple[str, str]:
+def resolve_pair(text: str) -> tuple[str, str]:
     name, sep, addr = text.partition("=")
     if not sep or not name or not addr:
         raise argparse.ArgumentTypeError(f"expected NAME=ADDR, got {text!r}")

@@ -129,7 +129,7 @@ class ProcessService(ServiceBase, Process):
                 env=env,
                 cwd=cwd,
                 timeout=None,  # a command lives until it exits, is killed, or its sandbox ends
-                network="on" if sandbox.allow_internet_access else "off",
+                network=sandbox.egress.network,
                 tag=request.tag if request.has_field("tag") else None,
                 pty=PtySize(rows=size.rows, cols=size.cols) if request.pty is not None and size else None,
             )

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from ..errors import CapabilityError, ExecspaceError, ProgramNotFound
 from ..models import Persistence, RunResult, Snapshot, Workspace, WorkspacePolicy
 from ..protocols import Engine, ProgramHandle, SupportsSnapshots
+from .network import SandboxEgress
 from .options import ServerOptions
 from .watch import DirectoryWatch
 
@@ -47,6 +48,8 @@ class CreateRequest:
     secure: bool = True
     allow_internet_access: bool = False
     """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
+    egress: SandboxEgress = field(default_factory=SandboxEgress)
+    """Its commands' network (off, on, or an allow-list) and the rules it was asked with."""
     snapshot: Snapshot | None = None
     """The snapshot it starts from (its ``templateID`` named one), else an empty workspace."""
 
@@ -64,6 +67,7 @@ class Sandbox:
     end_at: datetime
     access_token: str | None
     allow_internet_access: bool
+    egress: SandboxEgress = field(default_factory=SandboxEgress)
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -131,6 +135,7 @@ class Sandboxes:
                 end_at=started + timedelta(seconds=request.timeout),
                 access_token=secrets.token_urlsafe(24) if request.secure else None,
                 allow_internet_access=request.allow_internet_access,
+                egress=request.egress,
             )
             self._live[sandbox_id] = sandbox
             return sandbox
@@ -168,6 +173,7 @@ class Sandboxes:
                     end_at=started + timedelta(seconds=lifetime),
                     access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
                     allow_internet_access=source.allow_internet_access,
+                    egress=source.egress,
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
             ]

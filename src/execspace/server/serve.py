@@ -1,10 +1,17 @@
-"""Running the server: open the Engine, serve the app with uvicorn, and remove every sandbox on the way out."""
+"""Running the server: open the Engine, serve the app, and remove every sandbox on the way out.
+
+Plain HTTP is served by uvicorn (HTTP/1.1, the fastest here); with :class:`TLS`, by hypercorn, which negotiates
+HTTP/2 by ALPN and falls back to HTTP/1.1 for clients that do not offer it (the Python SDK's httpx, by default).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,9 +19,10 @@ from typing import Any
 import uvicorn
 
 from ..engine import open_engine
+from ..errors import SetupFailed
 from .app import E2BApp
 from .interpreter import CodeInterpreter
-from .options import ServerOptions
+from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
@@ -29,11 +37,15 @@ async def serve(
     backend: str | None = "sandbox",
     backend_options: dict[str, Any] | None = None,
     on_ready: Callable[[str, int], None] | None = None,
+    tls: TLS | None = None,
 ) -> None:
     """Serve until cancelled or signalled (SIGINT/SIGTERM); on the way out every sandbox is killed and removed.
 
     ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this is how to learn it).
+    With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN).
     """
+    if tls is not None:
+        _check_tls(tls)
     opts = dict(backend_options or {})
     if backend == "sandbox":
         # E2B's programs name their files by its home: there it is the directory SDK paths map to
@@ -41,14 +53,20 @@ async def serve(
     async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
-        interpreter = CodeInterpreter(engine.name, Path(root) if root is not None else None, options.kernel_environment)
-        sandboxes.on_remove.append(interpreter.end)
-        config = uvicorn.Config(
-            E2BApp(sandboxes, interpreter), host=host, port=port, lifespan="off", log_level="warning", access_log=False
+        interpreter = CodeInterpreter(
+            engine.runner, engine.name, Path(root) if root is not None else None, options.kernel_environment
         )
+        sandboxes.on_remove.append(interpreter.end)
+        app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
         try:
-            await _Server(config, on_ready, sandboxes.close).serve()
+            if tls is None:
+                config = uvicorn.Config(
+                    app, host=host, port=port, lifespan="off", log_level="warning", access_log=False
+                )
+                await _Server(config, on_ready, sandboxes.close).serve()
+            else:
+                await _serve_tls(app, host, port, tls, on_ready, sandboxes.close)
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -80,3 +98,55 @@ class _Server(uvicorn.Server):
         if self.started and self._on_ready is not None:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             self._on_ready(host, port)
+
+
+def _check_tls(tls: TLS) -> None:
+    """Load the pair once before anything starts, so that a wrong file is a clear error, not a failed handshake."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert, tls.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SetupFailed(
+            "serve",
+            f"cannot load the TLS certificate {tls.cert} with its key {tls.key}: {exc}",
+            "give a PEM certificate chain (--tls-cert) and the PEM private key that matches it (--tls-key)",
+        ) from None
+
+
+async def _serve_tls(
+    app: E2BApp,
+    host: str,
+    port: int,
+    tls: TLS,
+    on_ready: Callable[[str, int], None] | None,
+    before_shutdown: Callable[[], Awaitable[None]],
+) -> None:
+    try:
+        from hypercorn.asyncio import serve as serve_asgi
+        from hypercorn.config import Config
+    except ImportError:
+        raise SetupFailed("serve", "serving TLS and HTTP/2 needs hypercorn", "pip install 'execspace[serve]'") from None
+    config = Config()
+    config.certfile, config.keyfile = str(tls.cert), str(tls.key)
+    config.accesslog = None
+    config.errorlog = logging.getLogger("execspace.server")
+    config.graceful_timeout = 5.0
+    # bound here, so that port 0 is known before serving starts (hypercorn takes the listening socket by fd)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.create_server((host, port), family=family) as sock:
+        config.bind = [f"fd://{sock.fileno()}"]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def shutdown_trigger() -> None:
+            await stop.wait()
+            await before_shutdown()  # every sandbox ends, so do their streams: the connections can close
+
+        try:
+            if on_ready is not None:
+                on_ready(*sock.getsockname()[:2])
+            await serve_asgi(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)

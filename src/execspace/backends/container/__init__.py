@@ -276,6 +276,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             adopt=self._adopt_slot,
             refill=lambda: self.pool.refill(),
             stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
+            freeze=containers.paused,
         )
         self._containers = containers
         containers.pool_root = self.root

@@ -44,8 +44,9 @@ _HEAD = struct.Struct("=II")
 _SPAWN = struct.Struct("=IIII")
 _RLIMIT = struct.Struct("=IIQQ")
 _SIGNAL = struct.Struct("=iiI")
-_OP_SPAWN, _OP_SIGNAL = 1, 2
-_READY, _SPAWNED, _EXITED, _SIGNALED = 1, 2, 3, 4
+_FD_SIZE = array.array("i").itemsize
+_OP_SPAWN, _OP_SIGNAL, _OP_LISTEN = 1, 2, 3
+_READY, _SPAWNED, _EXITED, _SIGNALED, _LISTENING = 1, 2, 3, 4, 5
 _FLAG_CTTY = 1
 #: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
 #: buffers cannot take a datagram that large (``net.core.wmem_max``).
@@ -250,6 +251,19 @@ class Session:
         self._tasks.add(task)
         task.add_done_callback(_forget(self._tasks))
 
+    async def listener(self) -> socket.socket:
+        """A TCP socket listening on ``127.0.0.1`` of the session's network namespace (a free port), for one run's
+        egress proxy.
+
+        Raises:
+            OSError: the supervisor could not make it (its errno).
+            BackendError: the session is over or broke.
+        """
+        fd, err = await self._request(_OP_LISTEN, _LISTENING, b"", [])
+        if err:
+            raise OSError(err, os.strerror(err), "listening on the session's loopback")
+        return socket.socket(fileno=fd)
+
     async def _request(
         self, op: int, kind: int, body: bytes, fds: list[int], program: SessionProgram | None = None
     ) -> tuple[int, int]:
@@ -278,6 +292,8 @@ class Session:
             self._pending.pop(ident, None)
 
     def _disown(self, kind: int, pid: int, err: int) -> None:
+        if kind == _LISTENING and err == 0:
+            os.close(pid)  # the listener's fd: asked for by a caller who has gone
         if kind == _SPAWNED and err == 0 and self._programs.pop(pid, None) is not None:
             self._unclaimed.add(pid)
             self.signal(pid, signal.SIGKILL, group=True)  # started for a caller who has gone
@@ -311,26 +327,43 @@ class Session:
     def _readable(self) -> None:
         while self.usable:
             try:
-                # no room for ancillary data: fds it might send are discarded by the kernel (MSG_CTRUNC)
-                data, _, flags, _ = self._sock.recvmsg(_MSG.size + 1)
+                # room for one fd (a listener); more are discarded by the kernel (MSG_CTRUNC)
+                data, anc, flags, _ = self._sock.recvmsg(
+                    _MSG.size + 1, socket.CMSG_SPACE(_FD_SIZE), socket.MSG_CMSG_CLOEXEC
+                )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._fail(f"channel failed ({exc.strerror})")
                 return
+            fds = [
+                fd
+                for level, what, raw in anc
+                if (level, what) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+                for fd in array.array("i", raw[: len(raw) - len(raw) % _FD_SIZE])
+            ]
             if not data:
+                _close_all(fds)
                 self._fail("exited")
                 return
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) != _MSG.size:
+                _close_all(fds)
                 self._fail(f"sent a malformed message ({len(data)} bytes, flags {flags:#x})")
                 return
-            problem = self._dispatch(*_MSG.unpack(data))
+            kind, ident, a, b = _MSG.unpack(data)
+            problem = self._dispatch(kind, ident, a, b, fds)
             if problem is not None:
+                _close_all(fds)
                 self._fail(problem)
                 return
 
-    def _dispatch(self, kind: int, ident: int, a: int, b: int) -> str | None:
-        """Act on one message; what is wrong with it, if anything."""
+    def _dispatch(self, kind: int, ident: int, a: int, b: int, fds: list[int]) -> str | None:
+        """Act on one message (``fds``: those it carried, taken over when it is fine); what is wrong with it, if
+        anything."""
+        if len(fds) != (kind == _LISTENING and b == 0):
+            return f"sent {len(fds)} fds with message kind {kind}"
+        if kind == _LISTENING:
+            return self._listening(ident, a, b, fds)
         if not self._ready.done():
             if (kind, ident, a, b) != (_READY, 0, 0, 0):
                 return f"sent message kind {kind} before it was ready"
@@ -362,6 +395,19 @@ class Session:
         if kind == _SPAWNED and b == 0 and program is not None:
             self._programs[a] = program
         fut.set_result((a, b))
+        return None
+
+    def _listening(self, ident: int, port: int, err: int, fds: list[int]) -> str | None:
+        if not (0 < port < 65536 and err == 0) and not (port == 0 and 0 < err <= _MAX_ERRNO):
+            return f"answered a listen with an impossible port/errno ({port}, {err})"
+        if ident in self._abandoned:
+            self._abandoned.discard(ident)
+            _close_all(fds)
+            return None
+        want, fut, _ = self._pending.get(ident, (0, None, None))
+        if fut is None or want != _LISTENING or fut.done():
+            return f"answered a request it was not asked (kind {_LISTENING}, id {ident})"
+        fut.set_result((fds[0], 0) if fds else (-1, err))
         return None
 
 

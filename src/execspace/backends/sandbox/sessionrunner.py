@@ -34,7 +34,7 @@ from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, take_slot
 from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
-from .egress import proxy_env
+from .egress import RunAudit, proxy_env
 from .policy import Access
 from .session import Session, SessionConfig, SessionProgram, start_session
 
@@ -154,8 +154,6 @@ class SessionRunner(SandboxRunner):
         if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.program_env(prep)
-        if self.network_allow is not None:
-            env.update(proxy_env())  # the session's proxy, on its sandbox's loopback
         launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)
         launch.preexec_fn = None  # the supervisor sets the rlimits
         return launch
@@ -166,6 +164,8 @@ class SessionRunner(SandboxRunner):
         if process is not None or not self.fits_session(prep.spec):
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
+        if self.network_allow is not None:
+            await self._run_proxy(session, prep, launch)
         session.active += 1
         if session.idle_timer is not None:
             session.idle_timer.cancel()
@@ -173,6 +173,23 @@ class SessionRunner(SandboxRunner):
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
         make = functools.partial(SessionProgram, session=session, rlimits=rlimit_values(prep.spec.limits))
         return await super().spawn_prepared(prep, launch, make)
+
+    async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> None:
+        """The run's own proxy, on a listener the session's supervisor makes on its loopback: the run's attempts
+        are audited in its own directory and result, as in per-run mode. (The session's own proxy, on
+        ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
+        assert self.network_allow is not None
+        listener = await session.listener()
+        port = listener.getsockname()[1]
+        try:
+            audit = RunAudit(self.network_allow, prep.root, prep.run_dir, self.on_network_attempt)
+        except BaseException:
+            listener.close()
+            raise
+        await audit.proxy.serve(listener)
+        launch.env = {**launch.env, **proxy_env(port)}
+        launch.on_exit.append(audit.close)
+        launch.annotate.append(audit.annotate)
 
     def _program_over(self, root: Path, session: Session) -> None:
         session.active -= 1

@@ -10,13 +10,16 @@
  *   op 1 SPAWN:  u32 flags, u32 nlimits, u32 argc, u32 envc, nlimits x {u32 resource, u32 0, u64 cur, u64 max},
  *                then NUL-terminated strings: cwd, argv[argc], env[envc]; SCM_RIGHTS: stdin, stdout, stderr.
  *   op 2 SIGNAL: i32 pid, i32 signal, u32 group (kill the process group pid).
+ *   op 3 LISTEN: nothing (a TCP listener on 127.0.0.1 of the session's network namespace, any free port: one
+ *                run's way to its egress proxy, which the host serves on it).
  * Supervisor -> host, 16-byte packets: u32 kind, u32 id, i32 a, i32 b
  *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd), 3 EXITED (group left: 0/1, pid, wait status),
- *   4 SIGNALED (id, errno, 0).
+ *   4 SIGNALED (id, errno, 0), 5 LISTENING (id, port, errno; SCM_RIGHTS: the listener when errno is 0).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -35,8 +38,8 @@
 #define MAX_TRACKED 4096
 #define FLAG_CTTY 1u
 
-enum { OP_SPAWN = 1, OP_SIGNAL = 2 };
-enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4 };
+enum { OP_SPAWN = 1, OP_SIGNAL = 2, OP_LISTEN = 3 };
+enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_LISTENING = 5 };
 
 static int chan = -1;
 static pid_t tracked[MAX_TRACKED];
@@ -45,12 +48,35 @@ static unsigned char packet[MAX_PACKET + 1];
 /* written by a vfork child (which shares our memory until it execs or exits): why its exec failed */
 static volatile int32_t child_err;
 
-static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
-    uint32_t msg[4] = {kind, id, (uint32_t)a, (uint32_t)b};
+/* one message, with fd (when >= 0) attached */
+static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
+    uint32_t body[4] = {kind, id, (uint32_t)a, (uint32_t)b};
+    struct iovec iov = {body, sizeof body};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (fd >= 0) {
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
     for (;;) {
-        if (send(chan, msg, sizeof msg, MSG_NOSIGNAL) == (ssize_t)sizeof msg) return;
+        if (sendmsg(chan, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof body) return;
         if (errno != EINTR) _exit(0); /* the host is gone: so is the session */
     }
+}
+
+static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
+    reply_fd(kind, id, a, b, -1);
 }
 
 static int untrack(pid_t pid) {
@@ -188,6 +214,27 @@ static void signal_request(uint32_t id, struct reader *r) {
     reply(MSG_SIGNALED, id, rc < 0 ? errno : 0, 0);
 }
 
+static void listen_request(uint32_t id, struct reader *r) {
+    if (r->at != r->end) {
+        reply(MSG_LISTENING, id, 0, EINVAL);
+        return;
+    }
+    struct sockaddr_in addr = {0};
+    socklen_t len = sizeof addr;
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || bind(s, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(s, 128) < 0 ||
+        getsockname(s, (struct sockaddr *)&addr, &len) < 0) {
+        int err = errno;
+        if (s >= 0) close(s);
+        reply(MSG_LISTENING, id, 0, err);
+        return;
+    }
+    reply_fd(MSG_LISTENING, id, ntohs(addr.sin_port), 0, s);
+    close(s); /* the host serves it; no program inherits it (close-on-exec) */
+}
+
 static void serve(void) {
     union {
         struct cmsghdr align;
@@ -224,6 +271,7 @@ static void serve(void) {
     }
     close_fds(fds, nfds);
     if (op == OP_SIGNAL) signal_request(id, &r);
+    else if (op == OP_LISTEN) listen_request(id, &r);
     else _exit(2);
 }
 
