@@ -256,10 +256,16 @@ class RunProgramSpec:
     """Run on a pseudo-terminal of this size: stdin, stdout and stderr are the terminal, all output comes as
     ``stdout`` chunks (raw bytes, with the terminal's echo and CR LF), ``stderr`` stays empty. A backend whose
     ``Capabilities.pty`` is false raises ``CapabilityError``."""
+    environment: str | None = None
+    """The built runtime environment this run's program runs in (docs/environments.md), over the engine's own;
+    ``None`` keeps the engine's. A backend whose ``Capabilities.environments`` is false raises ``CapabilityError``;
+    a name that is not built, ``EnvironmentNotFound``."""
 
     def __post_init__(self) -> None:
         if not self.cmd:
             raise InvalidSpec("cmd must not be empty")
+        if self.environment is not None and (not self.environment or "\0" in self.environment):
+            raise InvalidSpec("environment must be a non-empty name without NUL bytes (or None)")
         if isinstance(self.args, str):
             raise InvalidSpec("args must be a sequence of strings, not one string")
         # exec cannot carry NUL bytes or non-strings: say so here, not as a ValueError from spawn

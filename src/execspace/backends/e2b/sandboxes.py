@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...errors import BackendError, PathDenied, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...errors import BackendError, PathDenied, PathIsDirectory, SandboxLost, SetupFailed, WorkspaceNotFound
 from ...process.warmpool import WarmPool
 from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
@@ -259,7 +259,9 @@ def _refusal(kind: str, path: str, why: str) -> Exception:
     if kind == "FileNotFoundError":
         return FileNotFoundError(2, why, path)
     if kind == "IsADirectoryError":
-        return IsADirectoryError(21, why, path)
+        return PathIsDirectory(path, why)
+    if kind == "PermissionError":  # the program's own mode bits, checked as it in the sandbox
+        return PathDenied(path, why)
     if kind == "WorkspaceGone":
         return BackendError(f"the workspace directory {path} is gone from its sandbox: its files were lost")
     return BackendError(f"{kind} at {path!r}: {why}")

@@ -176,6 +176,35 @@ class SandboxRunner(HostRunner):
         self.placeholders = Placeholders()
         self._bridge: Path | None = None
 
+    def in_environment(self, spec: RunProgramSpec) -> SandboxRunner:
+        """The runner for ``spec``: this one, or for a run naming another runtime environment, the same runner
+        (shared bookkeeping, as :meth:`with_seccomp`) with that tree bound and its bin first. The name is looked
+        up for every such run, so a rebuilt environment is the one it gets."""
+        if spec.environment is None:
+            return self
+        environment = EnvironmentStore().get(spec.environment)
+        if self.environment is not None and environment.path == self.environment.path:
+            return self
+        clone = copy.copy(self)
+        clone.environment = environment
+        clone.policy = self.policy.with_read_paths(environment.path)
+        clone.resolvers = Resolvers(clone.policy)
+        bin_dir = str(environment.bin_dir)
+        clone.preparation = self.preparation.with_lookup(lookup_on_path, functools.partial(_path_view, bin_dir))
+        return clone
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        runner = self.in_environment(spec)
+        if runner is not self:
+            return await runner.run_program(ws, spec)
+        return await super().run_program(ws, spec)
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        runner = self.in_environment(spec)
+        if runner is not self:
+            return await runner.start_program(ws, spec)
+        return await super().start_program(ws, spec)
+
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
         """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
         seccomp filters: for processes such as a sandboxed Jupyter kernel (:class:`~.seccomp.KernelSeccompFilters`)."""
@@ -524,6 +553,7 @@ class SandboxBackend:
             # a session's supervisor makes the terminal the program's controlling tty itself
             pty=mode == "session" or _visible(shutil.which("setsid")) is not None,
             host_paths=True,
+            environments=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
             fork="cow" if overlay_supported() else "copy",

@@ -76,6 +76,7 @@ class SessionRunner(SandboxRunner):
         self.supervisor = supervisor
         self.config = config
         self._session_seccomp = self.seccomp
+        self._session_environment = self.environment
         self._decisions: dict[tuple[Path, str], Access] = {}
         self._ending: set[asyncio.Task[None]] = set()
         self._sessions: dict[Path, asyncio.Future[Session]] = {}
@@ -122,6 +123,8 @@ class SessionRunner(SandboxRunner):
         if self.seccomp is not self._session_seccomp or self.policy.no_access_globs:
             # globs are judged against the workspace's files when a sandbox starts: each run gets its own
             return False
+        if self.environment is not self._session_environment:
+            return False  # another runtime environment (in_environment): the session's mounts have not its tree
         if self.network_allow is not None:
             # the session's sandbox has the engine's allow-list: only runs that keep it share it
             if spec.network is not None and spec.network != self.network_allow:
