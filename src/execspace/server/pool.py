@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -27,8 +26,9 @@ from ..errors import BackendError
 from ..models import Persistence, RunProgramSpec, Workspace, WorkspacePolicy
 from ..process.warmpool import WarmPool
 from ..protocols import Engine
+from .ledger import Ledger
 
-__all__ = ["ReadySandbox", "SandboxPool", "new_sandbox_id"]
+__all__ = ["ReadySandbox", "SandboxPool", "workspace_policy"]
 
 _log = logging.getLogger("execspace.server")
 #: Run once in each pooled workspace: on a session engine this starts (or adopts) the workspace's session.
@@ -44,13 +44,10 @@ _MAX_DELAY = 1.0
 #: ... and at once when a pool is empty: the next creates would be made cold.
 
 
-def new_sandbox_id() -> str:
-    return secrets.token_hex(10)
-
-
 def workspace_policy() -> WorkspacePolicy:
-    """A sandbox's workspace lives as long as the sandbox: each create gets a new one."""
-    return WorkspacePolicy(persistence=Persistence.TURN)
+    """A sandbox's workspace lives as long as the sandbox. Its id is the sandbox's, new for each create, and kept
+    under that id (a session workspace), so that a dead server's are found again by the next one (ledger.py)."""
+    return WorkspacePolicy(persistence=Persistence.SESSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +59,10 @@ class ReadySandbox:
 class SandboxPool:
     """One :class:`WarmPool` of ready sandboxes per template with a size above 0 (see the module)."""
 
-    def __init__(self, engine: Engine, sizes: Mapping[str, int], room: Callable[[], int]) -> None:
+    def __init__(self, engine: Engine, sizes: Mapping[str, int], room: Callable[[], int], ledger: Ledger) -> None:
         """``room()``: how many sandboxes the server may add now (its maximum less the live ones)."""
         self._engine = engine
+        self._ledger = ledger
         self._room = room
         self._timer: asyncio.TimerHandle | None = None
         self._first_take: float | None = None
@@ -146,7 +144,7 @@ class SandboxPool:
             await pool.close()
 
     async def _make(self, template: str) -> ReadySandbox:
-        sandbox_id = new_sandbox_id()
+        sandbox_id = self._ledger.new_id()
         ws = await self._engine.manager.create_workspace(f"e2b/{sandbox_id}", workspace_policy())
         try:
             result = await self._engine.runner.run_program(ws, _WARM_UP)
@@ -154,6 +152,7 @@ class SandboxPool:
                 raise BackendError(f"a pooled {template} sandbox could not run /bin/true (exit {result.exit_code})")
         except BaseException:
             await self._engine.manager.cleanup(ws)
+            self._ledger.forget(sandbox_id)
             raise
         return ReadySandbox(sandbox_id, ws)
 
@@ -162,3 +161,5 @@ class SandboxPool:
             await self._engine.manager.cleanup(ready.workspace)
         except Exception:
             _log.exception("removing the pooled sandbox %s failed", ready.sandbox_id)
+        else:
+            self._ledger.forget(ready.sandbox_id)

@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..errors import CapabilityError, ExecspaceError, ProgramNotFound
+from ..errors import CapabilityError, ExecspaceError, ProgramNotFound, WorkspaceNotFound
 from ..models import RunResult, Snapshot, Workspace
 from ..protocols import Engine, ProgramHandle, SupportsSnapshots
+from .ledger import Ledger
 from .network import SandboxEgress
 from .options import ServerOptions
-from .pool import SandboxPool, new_sandbox_id, workspace_policy
+from .pool import SandboxPool, workspace_policy
 from .watch import DirectoryWatch
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
@@ -91,15 +92,19 @@ def _now() -> datetime:
 class Sandboxes:
     """The table of live sandboxes and the reaper that ends expired ones."""
 
-    def __init__(self, engine: Engine, options: ServerOptions) -> None:
+    def __init__(self, engine: Engine, options: ServerOptions, ledger: Ledger | None = None) -> None:
         self.engine = engine
         self.options = options
+        self.ledger = ledger or Ledger(None)
+        """Where this server records its sandboxes for the next one, should it die (see ledger.py)."""
         self._live: dict[str, Sandbox] = {}
         self._reserved = 0
         self._removing: set[asyncio.Task[None]] = set()
+        self._closing = False
+        """Set by :meth:`close`: a create still in flight removes what it made instead of adding it."""
         self.on_remove: list[Callable[[Sandbox], Awaitable[None]]] = []
         """Run when a sandbox ends, before its workspace is removed (its kernels stop there)."""
-        self.pool = SandboxPool(engine, dict(options.pool_sizes), self._room)
+        self.pool = SandboxPool(engine, dict(options.pool_sizes), self._room, self.ledger)
 
     def _room(self) -> int:
         return self.options.max_sandboxes - len(self._live) - self._reserved
@@ -129,12 +134,17 @@ class Sandboxes:
             return sandbox
         self._reserved += 1
         try:
-            sandbox_id = new_sandbox_id()
+            sandbox_id = self.ledger.new_id()
             policy = workspace_policy()
-            if request.snapshot is not None:
-                (ws,) = await self.snapshots().fork(request.snapshot, ids=[f"e2b/{sandbox_id}"], policy=policy)
-            else:
-                ws = await self.engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
+            try:
+                if request.snapshot is not None:
+                    (ws,) = await self.snapshots().fork(request.snapshot, ids=[f"e2b/{sandbox_id}"], policy=policy)
+                else:
+                    ws = await self.engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
+            except BaseException:
+                self.ledger.forget(sandbox_id)  # the manager left nothing of a failed create
+                raise
+            await self._unless_closing([(sandbox_id, ws)])
             return self._started(request, sandbox_id, ws)
         finally:
             self._reserved -= 1
@@ -174,10 +184,15 @@ class Sandboxes:
             )
         self._reserved += count
         try:
-            new_ids = [new_sandbox_id() for _ in range(count)]
-            workspaces = await manager.fork(
-                source.workspace, count, [f"e2b/{i}" for i in new_ids], policy=workspace_policy()
-            )
+            new_ids = [self.ledger.new_id() for _ in range(count)]
+            try:
+                workspaces = await manager.fork(
+                    source.workspace, count, [f"e2b/{i}" for i in new_ids], policy=workspace_policy()
+                )
+            except BaseException:
+                for sandbox_id in new_ids:  # all or none: none was left
+                    self.ledger.forget(sandbox_id)
+                raise
             started = _now()
             forks = [
                 Sandbox(
@@ -194,6 +209,7 @@ class Sandboxes:
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
             ]
+            await self._unless_closing(list(zip(new_ids, workspaces, strict=True)))
             self._live.update((f.id, f) for f in forks)
             return forks
         finally:
@@ -234,6 +250,7 @@ class Sandboxes:
         try:
             await self._end_commands(sandbox)
             await self.engine.manager.cleanup(sandbox.workspace)
+            self.ledger.forget(sandbox.id)
         except Exception:
             # the sandbox is gone for its clients either way; say loudly that its workspace may be left
             _log.exception("removing the workspace of sandbox %s failed", sandbox.id)
@@ -263,11 +280,38 @@ class Sandboxes:
                 task.add_done_callback(lambda _: self.pool.refill())
             await asyncio.sleep(self.options.reap_interval)
 
+    async def _unless_closing(self, made: list[tuple[str, Workspace]]) -> None:
+        """Remove what a create made while the server began to stop (its list of sandboxes to end is taken)."""
+        if not self._closing:
+            return
+        for sandbox_id, ws in made:
+            await self.engine.manager.cleanup(ws)
+            self.ledger.forget(sandbox_id)
+        raise SandboxesFull("the server is stopping: create the sandbox on a running one")
+
     async def close(self) -> None:
         """Kill every sandbox, the pooled ones too (server shutdown)."""
+        self._closing = True
         await self.pool.close()  # first: nothing refills it afterwards
         sandboxes = list(self._live.values())
         self._live.clear()
         await asyncio.gather(*(self._remove(s) for s in sandboxes), return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._removing, return_exceptions=True)
+        self.ledger.close()
+
+    async def remove_abandoned(self) -> int:
+        """Remove the workspaces of dead servers on this root (see ledger.py); how many there were."""
+        removed = 0
+        for sandbox_ids, record in self.ledger.abandoned():
+            for sandbox_id in sandbox_ids:
+                try:
+                    ws = await self.engine.manager.get_workspace(f"e2b/{sandbox_id}")
+                    await self.engine.manager.cleanup(ws)
+                    removed += 1
+                    self.ledger.settled(record, sandbox_id)
+                except WorkspaceNotFound:  # its server died before the workspace was made, or after it was removed
+                    self.ledger.settled(record, sandbox_id)
+                except Exception:
+                    _log.exception("removing sandbox %s, left by a server that died (%s), failed", sandbox_id, record)
+        return removed

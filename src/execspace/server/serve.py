@@ -24,11 +24,14 @@ from ..engine import open_engine
 from ..errors import SetupFailed
 from .app import E2BApp
 from .interpreter import CodeInterpreter
+from .ledger import Ledger
 from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
 __all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
+
+_log = logging.getLogger("execspace.server")
 
 #: The ``/etc/profile`` of serve's sandboxes, which every command's ``bash -l`` reads (E2B's envd starts each one so):
 #: what Debian's sets for a user who is not root (a sandbox's never is), without the ``$(id -u)`` that forks and
@@ -86,8 +89,10 @@ async def serve(
             # sandbox, a pooled one included, does not lose it and pay its start on the next command
             opts.setdefault("session", SessionConfig(idle_timeout=None))
     async with open_engine(backend, **opts) as engine:
-        sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
+        sandboxes = Sandboxes(engine, options, Ledger(Path(root) if root is not None else None))
+        if left := await sandboxes.remove_abandoned():
+            _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         interpreter = CodeInterpreter(
             engine.runner, engine.name, Path(root) if root is not None else None, options.kernel_environment
         )

@@ -31,7 +31,7 @@ from ...process.rlimits import rlimit_values
 from ...process.supervisor import Launch, SupervisedProcess
 from ...process.warmpool import WarmPool
 from ...workspace.hostmanager import private_dir
-from ...workspace.slots import laid_out_slot, take_slot
+from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
 from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
@@ -85,6 +85,7 @@ class SessionRunner(SandboxRunner):
         self._workspace_root = workspace_root
         self._root_mode = root_mode
         self._prepare_slot = prepare_slot
+        self._swept = False
         self.pool: WarmPool[_Pooled] | None = (
             WarmPool(config.pool_size, self._make_pooled, self._discard_pooled, idle_timeout=None)
             if pool and config.pool_size > 0
@@ -320,6 +321,9 @@ class SessionRunner(SandboxRunner):
 
     def _make_slot(self) -> Path:
         private_dir(self._workspace_root, self._root_mode)  # same filesystem as the workspaces: atomic rename
+        if not self._swept:  # the pool slots of an engine that died on this root (killed, its host crashed)
+            sweep_stale_slots(self._workspace_root)
+            self._swept = True
         with laid_out_slot(self._workspace_root) as slot:
             if self._prepare_slot is not None:
                 self._prepare_slot(slot)
