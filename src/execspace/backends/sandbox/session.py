@@ -3,16 +3,21 @@
 A session is one bwrap, built by the same command line as a per-run sandbox (:func:`.bwrap.build_argv`: the
 same namespaces, mounts, seccomp filter, uid and cgroup), whose program is the supervisor (``supervisor.c``,
 built by :mod:`.supervisorbin`) running as PID 1 of the sandbox's PID namespace. The host talks to it over an
-inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. For each run the host makes the stdio
-(socketpairs, or a pty) and passes the program's ends with ``SCM_RIGHTS``; the supervisor forks, execs and
-answers with the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals
-process groups on request. Output goes from the program straight to the host, never through the supervisor.
+inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. The supervisor forks, execs and answers with
+the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals process groups on
+request. A run's stdio: for a run without stdin or terminal (``run_program`` of most calls), the supervisor
+makes it (``/dev/null`` and two socketpairs) and forwards the output to the host in messages on the channel, the
+end of the output in the exit's message (one message for a run that printed nothing); for the others (stdin,
+``start_program``, a pty) the host makes it and passes the program's ends with ``SCM_RIGHTS``, and output goes
+from the program straight to the host, never through the supervisor.
 
 Why socketpairs and not pipes: the programs of a session share a uid, and a pipe can be opened again through
 ``/proc/<pid>/fd`` by any process of that uid (stealing another run's stdin or output); a socket cannot.
 
-The host trusts nothing the supervisor says (:class:`Session`): every message is one 16-byte packet of a known
-kind that answers an open request (or reports a program it started), within ``request_timeout``; anything else
+The host trusts nothing the supervisor says (:class:`Session`): every message is one packet of a known kind and
+size (a 16-byte head; output: at most 64 KiB more, within the run's output cap as any output) that answers an
+open request or reports a program it started (output: one whose output has not ended), within
+``request_timeout``; anything else
 ends that session, with a :class:`~execspace.errors.BackendError` its runs report. A run's timeout signals its
 process group through the supervisor, and its escaped descendants are found by their run marker from the host
 (as in per-run mode), so a run never ends the session.
@@ -45,8 +50,17 @@ _SPAWN = struct.Struct("=IIII")
 _RLIMIT = struct.Struct("=IIQQ")
 _SIGNAL = struct.Struct("=iiI")
 _OP_SPAWN, _OP_SIGNAL = 1, 2
-_READY, _SPAWNED, _EXITED, _SIGNALED = 1, 2, 3, 4
-_FLAG_CTTY = 1
+_READY, _SPAWNED, _EXITED, _SIGNALED, _OUTPUT, _CLOSED = 1, 2, 3, 4, 5, 6
+_FLAG_CTTY, _FLAG_CAPTURE, _FLAG_RUN_DIR = 1, 2, 4
+_NO_RUN_DIR = -1  # SPAWNED's pid when the run directory could not be made
+_GROUP_LEFT = 1
+#: EXITED's flags for the end of a captured program's stdout (fd 1) and stderr (fd 2).
+_ENDED = {1: 2, 2: 4}
+#: Largest OUTPUT message: its head and at most this much output (``OUT_CHUNK`` in supervisor.c).
+_OUT_CHUNK = 64 * 1024
+#: Messages read per wake-up of the channel: a program that floods its output cannot hold the event loop (and
+#: the deadlines on it) for longer than that.
+_READS_PER_TURN = 64
 #: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
 #: buffers cannot take a datagram that large (``net.core.wmem_max``).
 MAX_REQUEST = 2 * 1024 * 1024
@@ -97,11 +111,14 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[int, asyncio.Future[tuple[int, int]], SessionProgram | None]] = {}
-        self._abandoned: set[int] = set()
-        """Requests whose caller was cancelled: their answer is expected, and dropped."""
-        self._unclaimed: set[int] = set()
-        """Programs started for an abandoned request (killed): their exit is expected, and dropped."""
+        self._abandoned: dict[int, SessionProgram | None] = {}
+        """Requests whose caller was cancelled (and their program): their answer is expected, and dropped."""
+        self._unclaimed: dict[int, SessionProgram | None] = {}
+        """Programs started for an abandoned request (killed), by pid: their exit is expected, and dropped."""
         self._programs: dict[int, SessionProgram] = {}
+        self._outputs: dict[int, SessionProgram] = {}
+        """Programs whose output the supervisor forwards (``capture``), by the id of the request that started
+        them, until both their outputs ended: the output of an exited program's leftovers still comes."""
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._outbox: deque[tuple[bytes, list[int]]] = deque()
         self._writing = False
@@ -204,6 +221,9 @@ class Session:
         programs, self._programs = list(self._programs.values()), {}
         for program in programs:
             program.session_ended(error)
+        outputs, self._outputs = list(self._outputs.values()), {}
+        for program in outputs:
+            program.session_ended(error)  # exited before: its leftovers' output ended with the session
         self._sock.close()
 
     # -- requests -------------------------------------------------------------------------
@@ -217,18 +237,25 @@ class Session:
         fds: list[int],
         rlimits: Sequence[tuple[int, int, int]],
         *,
-        ctty: bool,
+        ctty: bool = False,
     ) -> int:
         """Start ``argv`` with ``fds`` as its stdin, stdout and stderr (taken over: closed once sent); its pid in
-        the session.
+        the session. Without ``fds`` (``program.captures``), the supervisor makes them, and forwards the output to
+        ``program``; with ``program.run_dir``, it makes that directory first.
 
         Raises:
+            RunDirFailed: the supervisor could not make ``program.run_dir``.
             OSError: the exec failed (its errno).
             BackendError: the session is over or broke.
             InvalidSpec: argv and environment are too large for one request.
         """
+        run_dir = program.run_dir
         strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
-        body = _SPAWN.pack(_FLAG_CTTY if ctty else 0, len(rlimits), len(argv), len(env))
+        if run_dir is not None:
+            strings.insert(1, run_dir)
+        flags = (_FLAG_CTTY if ctty else 0) | (_FLAG_CAPTURE if program.captures else 0)
+        flags |= _FLAG_RUN_DIR if run_dir is not None else 0
+        body = _SPAWN.pack(flags, len(rlimits), len(argv), len(env))
         body += b"".join(_RLIMIT.pack(which, 0, soft, hard) for which, soft, hard in rlimits)
         body += os.fsencode("\0".join(strings) + "\0")
         if len(body) > self.max_request:
@@ -238,6 +265,8 @@ class Session:
                 f"{self.max_request}; pass large data through stdin or a file, or use mode='per-run'"
             )
         pid, err = await self._request(_OP_SPAWN, _SPAWNED, body, fds, program)
+        if pid == _NO_RUN_DIR:
+            raise RunDirFailed(err, os.strerror(err), run_dir)
         if err:
             raise OSError(err, os.strerror(err), argv[0])
         return pid
@@ -272,14 +301,14 @@ class Session:
             if fut.done() and not fut.cancelled():
                 self._disown(kind, *fut.result())  # answered, but its caller has gone
             elif ident in self._pending:
-                self._abandoned.add(ident)
+                self._abandoned[ident] = program
             raise
         finally:
             self._pending.pop(ident, None)
 
     def _disown(self, kind: int, pid: int, err: int) -> None:
-        if kind == _SPAWNED and err == 0 and self._programs.pop(pid, None) is not None:
-            self._unclaimed.add(pid)
+        if kind == _SPAWNED and err == 0 and (program := self._programs.pop(pid, None)) is not None:
+            self._unclaimed[pid] = program
             self.signal(pid, signal.SIGKILL, group=True)  # started for a caller who has gone
 
     def _send(self, data: bytes, fds: list[int]) -> None:
@@ -309,10 +338,12 @@ class Session:
     # -- what the supervisor says -----------------------------------------------------------
 
     def _readable(self) -> None:
-        while self.usable:
+        for _ in range(_READS_PER_TURN):
+            if not self.usable:
+                return
             try:
                 # no room for ancillary data: fds it might send are discarded by the kernel (MSG_CTRUNC)
-                data, _, flags, _ = self._sock.recvmsg(_MSG.size + 1)
+                data, _, flags, _ = self._sock.recvmsg(_MSG.size + _OUT_CHUNK + 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -321,48 +352,91 @@ class Session:
             if not data:
                 self._fail("exited")
                 return
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) != _MSG.size:
-                self._fail(f"sent a malformed message ({len(data)} bytes, flags {flags:#x})")
+            size = len(data)
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or size < _MSG.size:
+                self._fail(f"sent a malformed message ({size} bytes, flags {flags:#x})")
                 return
-            problem = self._dispatch(*_MSG.unpack(data))
+            kind, ident, a, b = _MSG.unpack_from(data)
+            # only OUTPUT carries more than the head: at least one byte, at most _OUT_CHUNK
+            if (size > _MSG.size) != (kind == _OUTPUT) or size > _MSG.size + _OUT_CHUNK:
+                self._fail(f"sent a malformed message (kind {kind}, {size} bytes)")
+                return
+            problem = self._dispatch(kind, ident, a, b, data)
             if problem is not None:
                 self._fail(problem)
                 return
 
-    def _dispatch(self, kind: int, ident: int, a: int, b: int) -> str | None:
-        """Act on one message; what is wrong with it, if anything."""
+    def _dispatch(self, kind: int, ident: int, a: int, b: int, data: bytes) -> str | None:
+        """Act on one message (``data``: the whole of it); what is wrong with it, if anything."""
         if not self._ready.done():
             if (kind, ident, a, b) != (_READY, 0, 0, 0):
                 return f"sent message kind {kind} before it was ready"
             self._ready.set_result(None)
             return None
-        if kind == _EXITED and ident in (0, 1) and a in self._unclaimed:
-            self._unclaimed.discard(a)
+        if kind in (_OUTPUT, _CLOSED):
+            program = self._outputs.get(ident)
+            if program is None or b != 0 or not program.output_open(a):
+                return f"sent output of a program it was not running, or after its end (id {ident}, fd {a})"
+            if kind == _OUTPUT:
+                program.output(a, data[_MSG.size :])
+            else:
+                self._output_ended(ident, program, a)
             return None
         if kind == _EXITED:
-            program = self._programs.pop(a, None) if ident in (0, 1) else None
-            if program is None or not _valid_status(b):
-                return f"reported the exit of a program it was not running (pid {a}, status {b})"
-            program.reported_exit(b, group_left=ident == 1)
-            return None
+            return self._exited(ident, a, b)
         if kind in (_SPAWNED, _SIGNALED) and ident in self._abandoned:
-            self._abandoned.discard(ident)
-            if kind == _SPAWNED and b == 0 and a > 1 and a not in self._programs:
-                self._unclaimed.add(a)
+            program = self._abandoned.pop(ident)
+            if kind == _SPAWNED and b == 0 and a > 1 and a not in self._programs and a not in self._unclaimed:
+                self._unclaimed[a] = program
+                if program is not None and program.captures:
+                    self._outputs[ident] = program
+                    program.output_id = ident
                 self.signal(a, signal.SIGKILL, group=True)  # started for a caller who has gone
             return None
         want, fut, program = self._pending.get(ident, (0, None, None))
         if fut is None or want != kind or fut.done():
             return f"answered a request it was not asked (kind {kind}, id {ident})"
         started = b == 0 and a > 1 and a not in self._programs and a not in self._unclaimed
-        if kind == _SPAWNED and not ((0 < b <= _MAX_ERRNO and a == 0) or started):
+        failed = 0 < b <= _MAX_ERRNO and (a == 0 or (a == _NO_RUN_DIR and program is not None and program.run_dir))
+        if kind == _SPAWNED and not (failed or started):
             return f"answered a start with an impossible pid/errno ({a}, {b})"
         if kind == _SIGNALED and not (0 <= a <= _MAX_ERRNO and b == 0):
             return f"answered a signal with an impossible errno ({a}, {b})"
         if kind == _SPAWNED and b == 0 and program is not None:
             self._programs[a] = program
+            if program.captures:
+                self._outputs[ident] = program
+                program.output_id = ident
         fut.set_result((a, b))
         return None
+
+    def _exited(self, flags: int, pid: int, status: int) -> str | None:
+        unclaimed = pid in self._unclaimed
+        program = self._unclaimed.pop(pid) if unclaimed else self._programs.pop(pid, None)
+        if (program is None and not unclaimed) or not _valid_status(status):
+            return f"reported the exit of a program it was not running (pid {pid}, status {status})"
+        ended = [fd for fd, bit in _ENDED.items() if flags & bit]
+        captures = program is not None and program.captures
+        if flags & ~(_GROUP_LEFT | (sum(_ENDED.values()) if captures else 0)):
+            return f"reported the exit of program {pid} with unknown flags {flags:#x}"
+        if program is not None and any(not program.output_open(fd) for fd in ended):
+            return f"reported the end of an output of program {pid} that had ended"
+        if program is not None and not unclaimed:
+            program.reported_exit(status, group_left=bool(flags & _GROUP_LEFT))
+        for fd in ended:
+            assert program is not None
+            self._output_ended(program.output_id, program, fd)
+        return None
+
+    def _output_ended(self, ident: int, program: SessionProgram, fd: int) -> None:
+        program.output_ended(fd)
+        if not program.output_open(1) and not program.output_open(2):
+            self._outputs.pop(ident, None)
+
+
+class RunDirFailed(OSError):
+    """The supervisor could not make a run's directory (``runs/`` gone, a symlink, not writable): the host makes
+    it then, or says why it cannot."""
 
 
 def _valid_status(status: int) -> bool:
@@ -550,18 +624,38 @@ class SessionProgram(SupervisedProcess):
 
     Its ``pid`` is the one it has in the session (what ``ps`` there shows). If the session breaks, its
     :meth:`wait` raises the session's :class:`~execspace.errors.BackendError`.
+
+    A run without stdin, terminal or streaming (most runs) ``captures``: the supervisor makes its stdio and
+    forwards its output on the session's channel, which spares the host two socketpairs, their registrations on
+    the event loop and the ``SCM_RIGHTS`` hand-over per run; the other runs get stdio sockets from the host.
     """
 
-    def __init__(self, launch: Launch, *, session: Session, rlimits: Sequence[tuple[int, int, int]] = ()) -> None:
+    def __init__(
+        self,
+        launch: Launch,
+        *,
+        session: Session,
+        rlimits: Sequence[tuple[int, int, int]] = (),
+        run_dir: str | None = None,
+        make_run_dir: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(launch)
         self._session = session
         self._rlimits = rlimits
+        self._make_run_dir = make_run_dir
+        la = launch
+        self.captures = la.pty is None and la.stdin is None and not la.interactive
+        self.run_dir = run_dir
+        """The run's directory as the session sees it, while the supervisor is to make it: only for a run that
+        ``captures`` (whose start can be asked again: it hands over no fds); the host makes the others'."""
         self.session_pid: int | None = None
         self._status: int | None = None
         self._group_left = True
         self._ended = False
         self._error: BackendError | None = None
         self._floor = 0
+        self.output_id = 0
+        """The id the session's supervisor names this program's output by (``captures``)."""
 
     @property
     def pid(self) -> int | None:
@@ -571,10 +665,14 @@ class SessionProgram(SupervisedProcess):
         loop = asyncio.get_running_loop()
         la = self._launch
         stdin: asyncio.BaseTransport | None = None
+        if self.run_dir is not None and not self.captures:
+            self._made_run_dir()
         if la.pty is not None:
             slave = self._open_pty(la.pty)
             child = [slave, os.dup(slave), os.dup(slave)]
             self._open_pipes = {1}
+        elif self.captures:
+            child = []
         else:
             child, stdin = await self._socket_stdio(loop)
         # the floor of a host-wide sweep, needed only when the session's tree cannot be walked
@@ -583,6 +681,11 @@ class SessionProgram(SupervisedProcess):
             self.session_pid = await self._session.spawn(
                 self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=la.pty is not None
             )
+        except RunDirFailed:
+            # the host's confined walk makes it then (runs/ again if it went), or says why it cannot (a symlink);
+            # a run that captures handed over no fds: its start is asked again as it was
+            self._made_run_dir()
+            return await self._open_transport()
         except BackendError:
             if self._session.broken is not None:
                 self._close_stdio(stdin)
@@ -616,6 +719,11 @@ class SessionProgram(SupervisedProcess):
             raise
         return child, stdin
 
+    def _made_run_dir(self) -> None:
+        self.run_dir = None
+        if self._make_run_dir is not None:
+            self._make_run_dir()
+
     def _close_stdio(self, stdin: asyncio.BaseTransport | None) -> None:
         for pipe in (stdin, *self._readers.values()):
             if pipe is not None:
@@ -634,6 +742,23 @@ class SessionProgram(SupervisedProcess):
         self._ended = True
         self._error = error
         self._exited.set()
+        self.end_output()
+
+    def output_open(self, fd: int) -> bool:
+        """Whether the supervisor may still forward output ``fd`` (1 or 2) of this program."""
+        return self.captures and fd in self._open_pipes
+
+    def output(self, fd: int, data: bytes) -> None:
+        self._on_data(fd, data)
+
+    def output_ended(self, fd: int) -> None:
+        self._on_pipe_closed(fd)
+
+    def end_output(self) -> None:
+        """No more output will come (the session is over)."""
+        if self.captures:
+            for fd in sorted(self._open_pipes):
+                self._on_pipe_closed(fd)
 
     def returncode(self) -> int | None:
         if self._status is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PathDenied
-from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
+from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.freezing import stopped_trees
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
@@ -145,6 +145,12 @@ class SessionRunner(SandboxRunner):
             found = self._decisions[key] = super().access_of(root, rel)
         return found
 
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+        # the supervisor makes the run directory of a session run (off the host's share of the run, whose
+        # largest single cost it was), where its sandbox may write runs/
+        defer = ws.host_path is not None and self.fits_session(spec) and self.access_of(ws.host_path, "runs").can_write
+        return self.preparation.prepare(ws, spec, make_run_dir=not defer)
+
     def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
         if init_fd is not None or not self.fits_session(prep.spec):
             return super().wrap(prep, interactive=interactive, init_fd=init_fd)
@@ -161,6 +167,8 @@ class SessionRunner(SandboxRunner):
         self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
     ) -> SupervisedProcess:
         if process is not None or not self.fits_session(prep.spec):
+            if not prep.run_dir_made:
+                self.preparation.make_run_dir(prep)
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
         session.active += 1
@@ -168,7 +176,13 @@ class SessionRunner(SandboxRunner):
             session.idle_timer.cancel()
             session.idle_timer = None
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
-        make = functools.partial(SessionProgram, session=session, rlimits=rlimit_values(prep.spec.limits))
+        make = functools.partial(
+            SessionProgram,
+            session=session,
+            rlimits=rlimit_values(prep.spec.limits),
+            run_dir=None if prep.run_dir_made else f"{SANDBOX_WORKSPACE}/{prep.run_dir}",
+            make_run_dir=functools.partial(self.preparation.make_run_dir, prep),
+        )
         return await super().spawn_prepared(prep, launch, make)
 
     def _program_over(self, root: Path, session: Session) -> None:
