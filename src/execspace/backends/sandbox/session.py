@@ -61,6 +61,7 @@ _OUT_CHUNK = 64 * 1024
 #: Messages read per wake-up of the channel: a program that floods its output cannot hold the event loop (and
 #: the deadlines on it) for longer than that.
 _READS_PER_TURN = 64
+_CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)  # an int: the flags enum's operators cost a run microseconds
 #: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
 #: buffers cannot take a datagram that large (``net.core.wmem_max``).
 MAX_REQUEST = 2 * 1024 * 1024
@@ -111,6 +112,9 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[int, asyncio.Future[tuple[int, int]], SessionProgram | None]] = {}
+        self._due: dict[int, float] = {}
+        """When each pending request must be answered by (oldest first, as they were sent)."""
+        self._watchdog: asyncio.TimerHandle | None = None
         self._abandoned: dict[int, SessionProgram | None] = {}
         """Requests whose caller was cancelled (and their program): their answer is expected, and dropped."""
         self._unclaimed: dict[int, SessionProgram | None] = {}
@@ -129,9 +133,14 @@ class Session:
         self.bwrap: SupervisedProcess | None = None
         self.supervisor_pid: int | None = None
         """The supervisor's pid on the host (its pid in the session is 1)."""
+        self.children: int | None = None
+        """An fd of the supervisor's ``/proc/<pid>/task/<pid>/children``, read again (``pread``) by each run's
+        sweep: one system call, and never another process's list after its pid is reused."""
         self.active = 0
         """Programs started and not yet over (the runner's idle timer runs while there are none)."""
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0
+        """Event-loop time the session's last program ended (while ``active`` is 0)."""
         self.owner: tuple[int, int] | None = None
         """The uid/gid its programs run as, when it differs from ours (as root)."""
         self._loop.add_reader(sock.fileno(), self._readable)
@@ -155,6 +164,7 @@ class Session:
             await asyncio.wait(waited, timeout=self.config.start_timeout, return_when="FIRST_COMPLETED")
             if self._ready.done() and self._ready.exception() is None:
                 self.supervisor_pid = _only_child(bwrap.pid)
+                self.children = _open_children(self.supervisor_pid)
                 return
             # its channel may close before bwrap is reaped: bwrap's last words say why
             await asyncio.wait({exited}, timeout=_LAST_WORDS)
@@ -184,6 +194,9 @@ class Session:
         await self._kill()
 
     async def _kill(self) -> None:
+        children, self.children = self.children, None
+        if children is not None:
+            os.close(children)
         if self.supervisor_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.supervisor_pid, signal.SIGKILL)
@@ -207,6 +220,8 @@ class Session:
         )
 
     def _shutdown_channel(self, error: BackendError | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self._sock.fileno())
             self._loop.remove_writer(self._sock.fileno())
@@ -215,6 +230,7 @@ class Session:
                 fut.set_exception(error or BackendError(f"sandbox session of workspace {self.name!r} was ended"))
                 fut.exception()  # its requester is told by _request, or has gone
         self._pending.clear()
+        self._due.clear()
         for _, fds in self._outbox:
             _close_all(fds)
         self._outbox.clear()
@@ -288,15 +304,13 @@ class Session:
         ident = next(self._ids) & 0xFFFF_FFFF
         fut: asyncio.Future[tuple[int, int]] = self._loop.create_future()
         self._pending[ident] = (kind, fut, program)
+        self._due[ident] = due = self._loop.time() + self.config.request_timeout
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(due, self._overdue)
         self._send(_HEAD.pack(op, ident) + body, fds)
         try:
-            async with asyncio.timeout(self.config.request_timeout):
-                # not shielded (one loop turn less): a request given up is answered all the same, and dropped
-                return await fut
-        except TimeoutError:
-            self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
-            assert self.broken is not None
-            raise self.broken from None
+            # not shielded (one loop turn less): a request given up is answered all the same, and dropped
+            return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._disown(kind, *fut.result())  # answered, but its caller has gone
@@ -305,6 +319,19 @@ class Session:
             raise
         finally:
             self._pending.pop(ident, None)
+            self._due.pop(ident, None)
+
+    def _overdue(self) -> None:
+        """The watchdog of every pending request (one timer, not one per request): the oldest one unanswered
+        past ``request_timeout`` ends the session; else it looks again when the oldest is due."""
+        self._watchdog = None
+        due = next(iter(self._due.values()), None)
+        if due is None or not self.usable:
+            return
+        if due <= self._loop.time():
+            self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
+        else:
+            self._watchdog = self._loop.call_at(due, self._overdue)
 
     def _disown(self, kind: int, pid: int, err: int) -> None:
         if kind == _SPAWNED and err == 0 and (program := self._programs.pop(pid, None)) is not None:
@@ -353,7 +380,7 @@ class Session:
                 self._fail("exited")
                 return
             size = len(data)
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or size < _MSG.size:
+            if flags & _CUT or size < _MSG.size:
                 self._fail(f"sent a malformed message ({size} bytes, flags {flags:#x})")
                 return
             kind, ident, a, b = _MSG.unpack_from(data)
@@ -459,15 +486,16 @@ def _only_child(pid: int | None) -> int | None:
     return int(children[0]) if len(children) == 1 else None
 
 
-def kill_marked_children(supervisor: int, marker: str) -> int:
+def kill_marked_children(supervisor: int, marker: str, children: int | None = None) -> int:
     """SIGKILL the processes of the session (the supervisor's descendants) whose environment carries ``marker``;
     return how many. Walking the session's tree in ``/proc`` instead of scanning every process of the host keeps
-    a run's teardown cheap, and finds what left the run's process group (``setsid``) wherever it is."""
+    a run's teardown cheap, and finds what left the run's process group (``setsid``) wherever it is.
+    ``children``: :attr:`Session.children`, where it is open."""
     needle = f"{RUN_MARKER_VAR}={marker}\0".encode()
     killed = 0
     for _ in range(3):  # a dying parent may fork once more: look again until quiet
         found = 0
-        for pid in _descendants(supervisor):
+        for pid in _descendants(supervisor, children):
             try:
                 marked = needle in _read_proc(f"/proc/{pid}/environ")
             except OSError:
@@ -482,7 +510,7 @@ def kill_marked_children(supervisor: int, marker: str) -> int:
     return killed
 
 
-def _descendants(supervisor: int) -> list[int]:
+def _descendants(supervisor: int, children_fd: int | None) -> list[int]:
     found: list[int] = []
     todo = [supervisor]
     while todo:
@@ -495,12 +523,33 @@ def _descendants(supervisor: int) -> list[int]:
             continue
         for task in tasks:
             try:
-                children = [int(c) for c in _read_proc(f"/proc/{parent}/task/{task}/children").split()]
+                if parent == supervisor and children_fd is not None:
+                    listed = _pread_all(children_fd)
+                else:
+                    listed = _read_proc(f"/proc/{parent}/task/{task}/children")
             except OSError:
                 continue
+            children = [int(c) for c in listed.split()]
             found += children
             todo += children
     return found
+
+
+def _open_children(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return os.open(f"/proc/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _pread_all(fd: int) -> bytes:
+    """All of a ``/proc`` file kept open: read from its start again, as it is now."""
+    chunks = [os.pread(fd, 65536, 0)]
+    while len(chunks[-1]) == 65536:
+        chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+    return b"".join(chunks)
 
 
 def _read_proc(path: str) -> bytes:
@@ -797,7 +846,7 @@ class SessionProgram(SupervisedProcess):
     async def _sweep(self) -> None:
         supervisor = self._session.supervisor_pid
         if supervisor is not None:
-            kill_marked_children(supervisor, self._launch.marker)
+            kill_marked_children(supervisor, self._launch.marker, self._session.children)
         elif (sweeper := self._launch.sweeper) is not None:
             await sweeper.sweep(self._launch.marker, self._floor)
 

@@ -171,10 +171,7 @@ class SessionRunner(SandboxRunner):
                 self.preparation.make_run_dir(prep)
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
-        session.active += 1
-        if session.idle_timer is not None:
-            session.idle_timer.cancel()
-            session.idle_timer = None
+        session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
         make = functools.partial(
             SessionProgram,
@@ -190,10 +187,22 @@ class SessionRunner(SandboxRunner):
         timeout = self.config.idle_timeout
         if session.active == 0 and timeout is not None and session.usable:
             loop = asyncio.get_running_loop()
-            session.idle_timer = loop.call_later(timeout, self._schedule_end, root, session)
+            session.idle_since = loop.time()
+            # one timer per idle spell, not one per run: a run that starts meanwhile leaves it, it looks again
+            if session.idle_timer is None:
+                session.idle_timer = loop.call_at(session.idle_since + timeout, self._idle_check, root, session)
 
-    def _schedule_end(self, root: Path, session: Session) -> None:
-        task = asyncio.get_running_loop().create_task(self._end_idle(root, session))
+    def _idle_check(self, root: Path, session: Session) -> None:
+        session.idle_timer = None
+        timeout = self.config.idle_timeout
+        if session.active or timeout is None or not session.usable:
+            return  # busy again: the end of its last program sets the timer anew
+        loop = asyncio.get_running_loop()
+        due = session.idle_since + timeout
+        if due > loop.time():  # runs came and went since the timer was set: idle for less than the timeout
+            session.idle_timer = loop.call_at(due, self._idle_check, root, session)
+            return
+        task = loop.create_task(self._end_idle(root, session))
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
 
