@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,19 +35,45 @@ KEY = "e2b_" + "0123456789abcdef" * 2
 
 
 @contextlib.contextmanager
-def _server(root: Any, max_sandboxes: int) -> Iterator[tuple[str, int]]:
-    argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", KEY, "--workspace-root", str(root)]
-    argv += ["--max-sandboxes", str(max_sandboxes)]
+def _listening(argv: list[str], what: str) -> Iterator[tuple[str, int]]:
     env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         assert proc.stdout is not None
         found, _ = read_until(proc.stdout, rb"listening on (\S+)", 30)
         if found is None:
-            raise RuntimeError("execspace serve did not start")
+            raise RuntimeError(f"{what} did not start")
         yield found.group(1).decode(), proc.pid
     finally:
         terminate(proc)
+
+
+def _server(root: Any, max_sandboxes: int, pool_size: int) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", KEY, "--workspace-root", str(root)]
+    argv += ["--max-sandboxes", str(max_sandboxes), "--pool-size", str(pool_size)]
+    return _listening(argv, "execspace serve")
+
+
+def _stub() -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """The bare HTTP loop (``stub_e2b_api.py``): uvicorn answering creates with a fixed 201, nothing else."""
+    return _listening([sys.executable, str(Path(__file__).with_name("stub_e2b_api.py"))], "the stub server")
+
+
+def _pool_counts(http: httpx.Client) -> str:
+    base = http.get("/execspace/pool").json()["base"]
+    return f"{base['taken']} creates took a ready sandbox, {base['missed']} found none (made cold)"
+
+
+async def _pool_full(http: httpx.AsyncClient, within: float = 120.0) -> None:
+    """Wait until the server's base pool holds what the room allows (``GET /execspace/pool``)."""
+    deadline = time.monotonic() + within
+    while True:
+        base = (await http.get("/execspace/pool")).json()["base"]
+        if base["ready"] >= base["target"]:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pool did not fill within {within:g} s: {base}")
+        await asyncio.sleep(0.05)
 
 
 def _pss_kib(pid: int) -> int:
@@ -90,7 +118,8 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
         report.notes.append("serve: e2b is not installed (pip install 'execspace[dev]'): skipped")
         return
     log("7 serve")
-    with scratch_dir("execspace-bench-serve-") as root, _server(root, 10 * plan.serve_concurrency) as (url, pid):
+    pool = plan.serve_concurrency  # a burst of that many creates finds a ready sandbox each
+    with scratch_dir("execspace-bench-serve-") as root, _server(root, 10 * pool, pool) as (url, pid):
         os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=KEY)
         http = httpx.Client(base_url=url, headers={"X-API-KEY": KEY})
         made: list[str] = []
@@ -114,12 +143,16 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
                 http.delete(f"/sandboxes/{made.pop()}")
 
         try:
+            async with httpx.AsyncClient(base_url=url, headers={"X-API-KEY": KEY}) as ahttp:
+                await _pool_full(ahttp)
             iters, warmup = plan.serve_iters, plan.warmup // 3
             lib, cold, base = await interleaved([sdk_create, sdk_create_and_run, bare_create], iters, warmup)
             await kill_made()
+            report.notes.append(f"serve: the pool after the one-by-one creates: {_pool_counts(http)}")
             report.rows.append(_row("create → 201 (SDK Sandbox.create)", lib, base, "bare POST loop", 10))
             report.rows.append(_row("create + first commands.run('true')", cold, base, "bare POST loop", 25))
-            await _concurrent_creates(AsyncSandbox, url, plan, report)
+            await _concurrent_creates(AsyncSandbox, url, pid, plan, report)
+            report.notes.append(f"serve: the pool after the concurrent creates too: {_pool_counts(http)}")
             await _round_trip(Sandbox, plan, report)
             await _run_code_round_trip(plan, report)
             await _commands_across_sandboxes(AsyncSandbox, plan, report)
@@ -129,34 +162,150 @@ async def run_serve(plan: Plan, report: Report, log: Any) -> None:
             http.close()
 
 
-async def _concurrent_creates(sandbox_cls: Any, url: str, plan: Plan, report: Report) -> None:
-    """Per-create latency with ``serve_concurrency`` creates at once: the SDK's async client against bare POSTs."""
+_CREATE_BODY = b'{"templateID":"base"}'
+#: A create's seconds and its sandbox's id.
+_Created = tuple[float, str]
+
+
+async def _raw_creates(url: str, n: int) -> list[_Created]:
+    """``n`` creates at once by a minimal HTTP/1.1 client (asyncio streams, one connection each, opened first as a
+    kept-alive client's are): about 0.1 ms of client CPU per request, so what it times is the server's."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conns = [await asyncio.open_connection(host, int(port)) for _ in range(n)]
+    head = (
+        f"POST /v2/sandboxes HTTP/1.1\r\nHost: {host}\r\nX-API-KEY: {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(_CREATE_BODY)}\r\n\r\n"
+    ).encode()
+
+    async def create(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Created:
+        t0 = time.perf_counter()
+        writer.write(head + _CREATE_BODY)
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode().lower().split("\r\n")
+        length = next(int(line.split(":", 1)[1]) for line in lines if line.startswith("content-length:"))
+        body = json.loads(await reader.readexactly(length))
+        return time.perf_counter() - t0, body["sandboxID"]
+
+    try:
+        return await asyncio.gather(*(create(r, w) for r, w in conns))
+    finally:
+        for _, writer in conns:
+            writer.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (not its children: the sessions)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _concurrent_creates(sandbox_cls: Any, url: str, pid: int, plan: Plan, report: Report) -> None:
+    """Per-create latency with ``serve_concurrency`` creates at once (each timed from its own start), the pool full
+    before each round: the SDK's async client against ``execspace serve`` and, in the same run, against the bare
+    HTTP loop (``stub_e2b_api.py``: the client's and HTTP stack's own cost), and the same for bare httpx POSTs.
+    The client's CPU time per create (this process runs only the client) bounds what 50 at once can reach: one
+    Python client serves them one after another; the server's CPU time per create during the burst is its own
+    share (a refill may start within it, see server/pool.py)."""
     n = plan.serve_concurrency
-    lib: list[float] = []
-    base: list[float] = []
-    async with httpx.AsyncClient(base_url=url, headers={"X-API-KEY": KEY}, limits=httpx.Limits(max_connections=n)) as c:
+    times: dict[str, list[float]] = {k: [] for k in ("sdk", "sdk_stub", "bare", "bare_stub", "raw", "raw_stub")}
+    cpu: dict[str, list[float]] = {k: [] for k in times}
+    server_cpu: dict[str, list[float]] = {"sdk": [], "raw": []}
+    limits = httpx.Limits(max_connections=n)
+    with _stub() as (stub_url, _):
+        async with (
+            httpx.AsyncClient(base_url=url, headers={"X-API-KEY": KEY}, limits=limits) as c,
+            httpx.AsyncClient(base_url=stub_url, headers={"X-API-KEY": KEY}, limits=limits) as s,
+        ):
 
-        async def bare() -> tuple[float, str]:
-            t0 = time.perf_counter()
-            answer = await c.post("/v2/sandboxes", json={"templateID": "base"})
-            return time.perf_counter() - t0, answer.json()["sandboxID"]
+            def bare(client: httpx.AsyncClient) -> Callable[[], Awaitable[tuple[float, str]]]:
+                async def post() -> tuple[float, str]:
+                    t0 = time.perf_counter()
+                    answer = await client.post("/v2/sandboxes", json={"templateID": "base"})
+                    return time.perf_counter() - t0, answer.json()["sandboxID"]
 
-        async def sdk() -> tuple[float, str]:
-            t0 = time.perf_counter()
-            sbx = await sandbox_cls.create()
-            return time.perf_counter() - t0, sbx.sandbox_id
+                return post
 
-        for i in range(plan.serve_rounds):
-            for step, out in ((sdk, lib), (bare, base)) if i % 2 == 0 else ((bare, base), (sdk, lib)):
-                done = await asyncio.gather(*(step() for _ in range(n)))
-                out.extend(t for t, _ in done)
-                await asyncio.gather(*(c.delete(f"/sandboxes/{sid}") for _, sid in done))
-    label = "bare httpx POSTs, as many at once"
-    report.rows.append(_row(f"create, {n} concurrent (per create)", lib, base, label, 10))
-    report.rows.append(_row(f"create, {n} concurrent (per create, p90)", lib, base, label, 30, p90=True))
+            def sdk(api_url: str) -> Callable[[], Awaitable[tuple[float, str]]]:
+                async def create() -> tuple[float, str]:
+                    t0 = time.perf_counter()
+                    sbx = await sandbox_cls.create(api_url=api_url)
+                    return time.perf_counter() - t0, sbx.sandbox_id
+
+                return create
+
+            def burst(one: Callable[[], Awaitable[_Created]]) -> Callable[[], Awaitable[list[_Created]]]:
+                return lambda: asyncio.gather(*(one() for _ in range(n)))
+
+            steps: dict[str, Callable[[], Awaitable[list[_Created]]]] = {
+                "sdk": burst(sdk(url)),
+                "sdk_stub": burst(sdk(stub_url)),
+                "bare": burst(bare(c)),
+                "bare_stub": burst(bare(s)),
+                "raw": lambda: _raw_creates(url, n),
+                "raw_stub": lambda: _raw_creates(stub_url, n),
+            }
+            order = list(steps.items())
+            for i in range(plan.serve_rounds):
+                for key, step in order if i % 2 == 0 else order[::-1]:
+                    await _pool_full(c)
+                    cpu0, server0 = time.process_time(), _cpu_seconds(pid)
+                    done = await step()
+                    cpu[key].append((time.process_time() - cpu0) / n)
+                    if key in server_cpu:
+                        server_cpu[key].append((_cpu_seconds(pid) - server0) / n)
+                    times[key].extend(t for t, _ in done)
+                    if not key.endswith("stub"):
+                        await asyncio.gather(*(c.delete(f"/sandboxes/{sid}") for _, sid in done))
+    label = "the same SDK creates against a bare HTTP loop (uvicorn, fixed 201)"
+    report.rows.append(_row(f"create, {n} concurrent (per create)", times["sdk"], times["sdk_stub"], label, 10))
+    report.rows.append(
+        _row(f"create, {n} concurrent (per create, p90)", times["sdk"], times["sdk_stub"], label, 30, p90=True)
+    )
+    raw_label = "the same against the bare HTTP loop"
+    name = f"create, {n} concurrent, minimal HTTP client (per create)"
+    report.rows.append(_row(name, times["raw"], times["raw_stub"], raw_label, 10))
+    report.rows.append(_row(f"{name[:-1]}, p90)", times["raw"], times["raw_stub"], raw_label, 30, p90=True))
+    report.rows.append(
+        Row(SECTION, f"server CPU per create, {n} concurrent (minimal client)", "ms", Stats.of(server_cpu["raw"], 1000),
+            None, "")
+    )  # fmt: skip
+    bare_label = "as many bare httpx POSTs at once against the bare HTTP loop"
+    report.rows.append(
+        Row(SECTION, f"create, {n} concurrent bare httpx POSTs", "ms", Stats.of(times["bare"], 1000),
+            Stats.of(times["bare_stub"], 1000), bare_label)
+    )  # fmt: skip
+    report.rows.append(
+        Row(SECTION, f"client CPU per create, {n} concurrent (SDK)", "ms", Stats.of(cpu["sdk"], 1000),
+            Stats.of(cpu["sdk_stub"], 1000), "the same against the bare HTTP loop")
+    )  # fmt: skip
+    report.rows.append(
+        Row(SECTION, f"server CPU per create, {n} concurrent (SDK; the server process)", "ms",
+            Stats.of(server_cpu["sdk"], 1000), Stats.of(cpu["sdk"], 1000), "client CPU per create (the SDK)")
+    )  # fmt: skip
+    report.rows.append(
+        Row(SECTION, f"client CPU per create, {n} concurrent (bare httpx)", "ms", Stats.of(cpu["bare"], 1000),
+            Stats.of(cpu["bare_stub"], 1000), "the same against the bare HTTP loop")
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _bare_envd() -> Iterator[str]:
+    """``bare_envd.py`` (canned answers, no process behind them) in a process of its own, as the server is."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bare_envd.py")
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        found, _ = read_until(proc.stdout, rb"(\d+)\n", 30)
+        if found is None:
+            raise RuntimeError("bare_envd.py did not start")
+        yield f"http://127.0.0.1:{found.group(1).decode()}"
+    finally:
+        terminate(proc)
 
 
 async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
+    from execspace.server.serve import serve_sandbox_files
+
     sbx = await asyncio.to_thread(sandbox_cls.create)
     try:
 
@@ -166,21 +315,33 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
         async def stat() -> None:
             await asyncio.to_thread(sbx.files.exists, "nothing-here")
 
-        with scratch_dir("execspace-bench-direct-") as root:
+        with scratch_dir("execspace-bench-direct-") as root, _bare_envd() as bare_url:
             make_traversable(root)  # as root, the session's uid must reach its workspace
-            async with execspace.open_engine("sandbox", mode="session", workspace_root=root) as engine:
+            bare = await asyncio.to_thread(sandbox_cls.create, api_key=KEY, api_url=bare_url, sandbox_url=bare_url)
+            # what serve's sandboxes run for commands.run('true'), their own /etc/profile included
+            template = {"program_links": (("/home/user", "work"),), "system_files": serve_sandbox_files()}
+            async with execspace.open_engine("sandbox", mode="session", workspace_root=root, **template) as engine:
                 ws = await engine.manager.create_workspace("bench/direct")
                 login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"])
 
                 async def direct() -> None:  # what serve does for commands.run('true'), without the protocol
                     await engine.runner.run_program(ws, login_true)
 
-                lib, base, floor = await interleaved([run_true, stat, direct], plan.serve_iters, plan.warmup // 3)
+                async def sdk_alone() -> None:
+                    await asyncio.to_thread(bare.commands.run, "true")
+
+                steps = [run_true, stat, direct, sdk_alone]
+                lib, base, floor, client = await interleaved(steps, plan.serve_iters, plan.warmup // 3)
         report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
         direct_label = "bash -l -c true through the sandbox engine (session mode) directly"
         report.rows.append(
             Row(SECTION, "commands.run('true') vs the engine alone", "ms", Stats.of(lib, 1000), Stats.of(floor, 1000),
                 direct_label)
+        )  # fmt: skip
+        bare_label = "the SDK against a bare loop answering the same stream (bench/bare_envd.py)"
+        report.rows.append(
+            Row(SECTION, "commands.run('true') vs the SDK's own cost", "ms", Stats.of(lib, 1000),
+                Stats.of(client, 1000), bare_label)
         )  # fmt: skip
     finally:
         await asyncio.to_thread(sbx.kill)

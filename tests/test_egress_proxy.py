@@ -247,6 +247,9 @@ async def test_close_cuts_open_tunnels_and_keeps_their_bytes(rig: Rig) -> None:
         {"domains": ["example.com"], "resolve": {"example.com": "not-an-ip"}},
         {"domains": ["example.com"], "resolve": {"*.example.com": "1.2.3.4"}},
         {"domains": "example.com"},
+        {"domains": ["10.0.0.0/33"]},
+        {"domains": ["10.0.0.0/8:**"]},
+        {"domains": ["example.com"], "resolve": {"example.com:*": "1.2.3.4"}},
     ],
 )
 def test_malformed_policies_are_refused_saying_what_is_wrong(kwargs: dict[str, object]) -> None:
@@ -286,3 +289,35 @@ async def test_an_approval_flow_decides_unlisted_names_once_each_never_denied_on
     assert reasons["yes.test"] == "approved by on_network_attempt"
     assert "did not approve" in reasons["no.test"] and reasons["denied.test"] == "denied by 'denied.test'"
     assert "not a public address" in reasons["127.0.0.1"]  # an approval does not lift the address check
+
+
+async def test_network_entries_match_addresses_on_their_ports_and_a_denied_network_refuses_names_in_it(
+    rig: Rig,
+) -> None:
+    """``127.0.0.0/29:*`` lets any port of its addresses through, a denied network wins over it (for an address and
+    for a name pinned into it), and an address outside the network reaches nothing."""
+    policy = NetworkPolicy.allow(
+        ["127.0.0.0/29:*", "inside.test:*"],
+        deny=["127.0.0.4/30"],
+        resolve={"inside.test": "127.0.0.5"},
+    )
+    proxy = EgressProxy(policy, "run-3")
+    listener = socket.create_server(("127.0.0.1", 0))
+    rig.port = listener.getsockname()[1]
+    await proxy.serve(listener)
+    try:
+        for port in (rig.upstream.port, rig.other.port):
+            status, reader, writer = await _connect_method(rig, f"127.0.0.1:{port}")
+            assert status.startswith(b"HTTP/1.1 200")
+            writer.write(b"ok")
+            assert await reader.readexactly(2) == b"ok"
+        for target in ("127.0.0.5", "127.0.0.9", "inside.test"):
+            status, _, _ = await _connect_method(rig, f"{target}:{rig.upstream.port}")
+            assert status.startswith(b"HTTP/1.1 403"), target
+    finally:
+        proxy.close()
+    reasons = {a.host: a.reason for a in proxy.audit()}
+    assert reasons["127.0.0.1"] == "allowed by '127.0.0.0/29:*'"
+    assert reasons["127.0.0.5"] == "denied by '127.0.0.4/30'"
+    assert "not on the allow-list" in reasons["127.0.0.9"]
+    assert reasons["inside.test"] == "inside.test resolves to 127.0.0.5, denied by '127.0.0.4/30'"

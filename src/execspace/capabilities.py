@@ -105,6 +105,8 @@ class Capabilities:
     """Plain statements of what this backend does not protect against."""
     kernels: KernelCapabilities | None = None
     """The engine's stateful kernels (``engine.kernels``), or None when it has none."""
+    environments: bool = False
+    """Runs may name their own runtime environment (``RunProgramSpec.environment``), over the engine's."""
     fork: Literal["cow", "copy"] | None = None
     """How its manager forks and snapshots workspace files (:class:`~execspace.protocols.SupportsSnapshots`):
     ``cow`` shares unchanged files, ``copy`` copies them all; None: it cannot."""
@@ -124,6 +126,13 @@ class Capabilities:
             raise CapabilityError("a timeout", self.backend, "Set timeout=None or choose another backend.")
         if spec.clean_env and not self.clean_env:
             raise CapabilityError("a clean environment", self.backend)
+        if spec.environment is not None and not self.environments:
+            raise CapabilityError(
+                f"a runtime environment per run (environment={spec.environment!r})",
+                self.backend,
+                "Open the engine in the environment (environment= of its options, where it takes one), or use the "
+                "sandbox backend on Linux, whose runs may each name one.",
+            )
         if spec.pty is not None and not self.pty:
             raise CapabilityError("a pseudo-terminal", self.backend, "Run without a pty, or see `execspace doctor`.")
         if spec.network == "off" and not self.network_control:
@@ -157,6 +166,7 @@ class Capabilities:
             "languages": list(self.languages),
             "does_not_protect": list(self.does_not_protect),
             "kernels": None if self.kernels is None else self.kernels.as_dict(),
+            "environments": self.environments,
             "fork": self.fork,
             "details": dict(self.details),
         }

@@ -12,6 +12,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     │   ├── CapabilityError         the backend cannot enforce what was asked: fails closed
     │   └── UnsupportedLanguage     no runtime for a code block's language
     ├── PathDenied                  a path leaves the workspace or breaks a file rule (also PermissionError)
+    │   └── PathIsDirectory         a file operation met a directory (also IsADirectoryError)
     ├── LimitExceeded               a file-count / byte cap on staging or collection was hit
     ├── SetupFailed                 the backend cannot start here (missing binary, daemon, kernel…)
     ├── UnsupportedBackend          unknown backend, or one that cannot exist on this platform
@@ -33,6 +34,7 @@ Each message says what happened and what to do next.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ __all__ = [
     "LimitExceeded",
     "PartialOutputCommit",
     "PathDenied",
+    "PathIsDirectory",
     "PolicyViolation",
     "ProgramFailed",
     "ProgramNotFound",
@@ -110,6 +113,16 @@ class PathDenied(ExecspaceError, PermissionError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class PathIsDirectory(PathDenied, IsADirectoryError):
+    """Reading or writing a file where a directory is: ``IsADirectoryError`` (``errno`` EISDIR) as the program
+    would get, and still a :class:`PathDenied` for callers that catch the file API's refusals."""
+
+    def __init__(self, path: str, reason: str = "it is a directory, not a file") -> None:
+        super().__init__(path, reason)
+        self.errno = errno.EISDIR
+        self.filename = path
 
 
 class LimitExceeded(ExecspaceError):

@@ -111,8 +111,8 @@ _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
 
 def _host_port(entry: str, what: str) -> tuple[str, int | None]:
-    """``entry`` (``name``, ``*.suffix``, an address, each with an optional ``:port``; IPv6 in brackets) as a
-    normalised (host, port)."""
+    """``entry`` (``name``, ``*.suffix``, an address or network, each with an optional ``:port`` or ``:*``; IPv6 in
+    brackets) as a normalised (host, port; 0 for every port)."""
     text = entry.strip().lower()
     port: int | None = None
     if text.startswith("["):
@@ -127,19 +127,27 @@ def _host_port(entry: str, what: str) -> tuple[str, int | None]:
     else:
         host = text
     host = host.rstrip(".")
-    if _address(host) is None:
+    if "/" in host:
+        try:
+            ipaddress.ip_network(host, strict=False)
+        except ValueError:
+            raise InvalidSpec(f"{what} {entry!r}: a network is ADDR/PREFIX, e.g. 10.0.0.0/8 or [fd00::/8]") from None
+    elif _address(host) is None:
         labels = host.removeprefix("*.").split(".")
         if not host or not all(_LABEL.fullmatch(label) for label in labels) or len(host) > 253:
             raise InvalidSpec(
-                f"{what} {entry!r} is not a domain name (example.com), a wildcard (*.example.com) or an address, "
-                "each with an optional :PORT"
+                f"{what} {entry!r} is not a domain name (example.com), a wildcard (*.example.com), an address or "
+                "a network (10.0.0.0/8), each with an optional :PORT"
             )
     return host, port
 
 
 def _port(digits: str, entry: str, what: str) -> int:
+    """The port ``digits`` names; 0 for ``*`` (every port)."""
+    if digits == "*":
+        return 0
     if not digits.isdigit() or not 0 < int(digits) < 65536:
-        raise InvalidSpec(f"{what} {entry!r}: the port must be a number from 1 to 65535")
+        raise InvalidSpec(f"{what} {entry!r}: the port must be a number from 1 to 65535, or * for every port")
     return int(digits)
 
 
@@ -155,8 +163,10 @@ class NetworkPolicy:
     """A run's network as an allow-list of destinations, enforced by a proxy outside the sandbox: the program
     reaches nothing else (no DNS, no other socket). Make one with :meth:`allow`.
 
-    Entries are ``example.com`` (that name only), ``*.example.com`` (its subdomains, not the name itself) or an
-    address, each with an optional ``:PORT`` (without one: ports 80 and 443). A ``denied`` entry wins over every
+    Entries are ``example.com`` (that name only), ``*.example.com`` (its subdomains, not the name itself), an
+    address or a network (``10.0.0.0/8``; IPv6 in brackets: ``[fd00::/8]``), each with an optional ``:PORT`` or
+    ``:*`` for every port (without one: ports 80 and 443). An address or network entry matches a program that
+    names an address; a denied one also refuses a name that resolves into it. A ``denied`` entry wins over every
     allowed one; without a port it denies every port. A name allowed here still may not resolve to a loopback,
     private, link-local or metadata address unless the address is pinned in ``resolve`` or allowed as an entry.
     """
@@ -246,10 +256,16 @@ class RunProgramSpec:
     """Run on a pseudo-terminal of this size: stdin, stdout and stderr are the terminal, all output comes as
     ``stdout`` chunks (raw bytes, with the terminal's echo and CR LF), ``stderr`` stays empty. A backend whose
     ``Capabilities.pty`` is false raises ``CapabilityError``."""
+    environment: str | None = None
+    """The built runtime environment this run's program runs in (docs/environments.md), over the engine's own;
+    ``None`` keeps the engine's. A backend whose ``Capabilities.environments`` is false raises ``CapabilityError``;
+    a name that is not built, ``EnvironmentNotFound``."""
 
     def __post_init__(self) -> None:
         if not self.cmd:
             raise InvalidSpec("cmd must not be empty")
+        if self.environment is not None and (not self.environment or "\0" in self.environment):
+            raise InvalidSpec("environment must be a non-empty name without NUL bytes (or None)")
         if isinstance(self.args, str):
             raise InvalidSpec("args must be a sequence of strings, not one string")
         # exec cannot carry NUL bytes or non-strings: say so here, not as a ValueError from spawn

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 
 import execspace
 from execspace import BackendError, PutFile, RunProgramSpec, SandboxLost, SetupFailed
+from execspace.workspace.layout import workspace_env
 
 pytest.importorskip("e2b", reason="the e2b backend needs the official SDK (pip install 'execspace[e2b]')")
 pytest.importorskip("uvicorn", reason="the tests run against execspace serve (pip install 'execspace[serve]')")
@@ -155,6 +157,54 @@ async def test_turn_sandboxes_are_killed_at_close(e2b_server: Server, mark: str)
         await engine.manager.create_workspace("turn-b")
         assert len(await _running(e2b_server, **{"execspace.test": mark})) == 2
     assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+async def test_a_pool_hands_out_sandboxes_made_ahead_and_kills_the_rest_at_close(e2b_server: Server, mark: str) -> None:
+    tagged = {"execspace.test": mark, "execspace.pool": "1"}
+    async with _engine(e2b_server, persistence="turn", metadata={"execspace.test": mark}, pool_size=2) as engine:
+        pool = engine.manager.pool  # type: ignore[attr-defined]
+        assert pool is not None and await pool.ready(30)  # each made ahead, its file agent installed
+        assert await _count(e2b_server, tagged, 2)
+        ws = await engine.manager.create_workspace("pooled")
+        await engine.fs.put_files(ws, [PutFile("work/a.txt", b"in a pooled sandbox")])
+        assert (await engine.fs.read_file(ws, "work/a.txt")).content == b"in a pooled sandbox"
+        assert (await engine.runner.run_program(ws, RunProgramSpec("cat", ["a.txt"]))).stdout == "in a pooled sandbox"
+        await _until("the pool topped up", lambda: _count(e2b_server, tagged, 3))  # 2 waiting + the taken one
+        # taken from the pool: no sandbox was created for the workspace (that one would be named in its metadata)
+        assert "pooled" not in (await _running(e2b_server, **{"execspace.test": mark})).values()
+    assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+async def test_a_pooled_sandbox_past_its_age_is_killed_and_the_next_create_refills(
+    e2b_server: Server, mark: str
+) -> None:
+    tagged = {"execspace.test": mark, "execspace.pool": "1"}
+    options = {"persistence": "turn", "metadata": {"execspace.test": mark}, "pool_size": 1, "pool_max_age": 1.0}
+    async with _engine(e2b_server, **options) as engine:
+        await _until("the pool filled", lambda: _count(e2b_server, tagged, 1))
+        first = set(await _running(e2b_server, **tagged))
+        await _until("the pooled sandbox killed at its age", lambda: _count(e2b_server, tagged, 0))
+        await engine.manager.create_workspace("later")  # made cold (the pool was empty); it refills the pool
+
+        async def refilled() -> bool:
+            now = set(await _running(e2b_server, **tagged))
+            return len(now) == 1 and not now & first
+
+        await _until("the pool refilled with a new one", refilled)
+
+
+async def _count(server: Server, metadata: dict[str, str], n: int) -> bool:
+    return len(await _running(server, **metadata)) == n
+
+
+def test_a_pool_is_refused_where_it_cannot_serve() -> None:
+    from execspace import InvalidSpec
+    from execspace.backends.e2b import E2BOptions
+
+    with pytest.raises(InvalidSpec, match="pool_size needs persistence='turn'"):
+        E2BOptions(pool_size=2)  # per session: found again by the workspace in its metadata
+    with pytest.raises(InvalidSpec, match="less than sandbox_timeout"):
+        E2BOptions(persistence="turn", pool_size=1, pool_max_age=600, sandbox_timeout=300)
 
 
 async def test_session_sandboxes_outlive_close_and_die_at_cleanup(e2b_server: Server, mark: str) -> None:
@@ -291,6 +341,44 @@ async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_who
         assert sorted(listed) == names
 
 
+async def test_a_program_gets_exactly_the_environment_the_policy_built(e2b_server: Server) -> None:
+    """Nothing of envd's, the login shell's or the wrapper's own reaches the program (a name no shell could export
+    included)."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("env")
+        for extra in ({"MINE": "a b 'c'"}, {"MINE": "1", "A.B": "dotted"}):
+            r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], env=extra))
+            got = dict(item.split("=", 1) for item in r.stdout.split("\0") if item)
+            assert len(got.pop("EXECSPACE_RUN", "")) == 16, got  # the run's marker, and only it, is the wrapper's
+            run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
+            assert got == engine.runner.env_policy.build({}, extra, workspace_env(ws.path, run_dir)), got
+
+
+async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_the_process_api(
+    e2b_server: Server,
+) -> None:
+    """The program is the command envd started (no shell stays as its parent to turn a signal into 128 + N): 137
+    is an exit code, and a death by signal is envd's -1 with the signal's name."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("codes")
+        exited = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 137"]))
+        killed = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "kill -USR2 $$"]))
+    assert (exited.exit_code, exited.signal) == (137, None), exited
+    assert (killed.exit_code, killed.signal) == (-signal.SIGUSR2, signal.SIGUSR2), killed
+
+
+async def test_every_run_has_its_own_run_directory_even_after_runs_are_removed(e2b_server: Server) -> None:
+    """Run directories are made ahead, several at once: each run still gets a fresh one of its own, there when it
+    starts, also once a program removed them all."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("runs")
+        probe = RunProgramSpec("sh", ["-c", 'test -d "$RUN_DIR" && ! ls -A "$RUN_DIR" | grep -q . && echo "$RUN_DIR"'])
+        seen = [(await engine.runner.run_program(ws, probe)).stdout for _ in range(3)]
+        await engine.runner.run_program(ws, RunProgramSpec("rm", ["-rf", f"{ws.path}/runs"]))
+        seen += [(await engine.runner.run_program(ws, probe)).stdout for _ in range(3)]
+    assert all(seen) and len(set(seen)) == len(seen), seen
+
+
 def test_capabilities_say_why_there_is_no_pty() -> None:
     from execspace.backends.e2b import E2BBackend, E2BOptions
 
@@ -378,9 +466,27 @@ def test_languages_map_to_the_code_interpreter() -> None:
 async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
     from execspace import CodeBlock, ResourceLimits
 
-    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
-        ws = await engine.manager.create_workspace("no-js")
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "ts")) as engine:
+        ws = await engine.manager.create_workspace("no-ts")
         assert isinstance(engine, execspace.SupportsKernels)
-        assert engine.kernels.handles("node") and not engine.kernels.handles("bash")
-        with pytest.raises(BackendError, match=r"starting a js kernel: 501.*Python only"):
-            await engine.kernels.run_block(ws, CodeBlock("js", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+        assert engine.kernels.handles("typescript") and not engine.kernels.handles("bash")
+        with pytest.raises(BackendError, match=r"starting a ts kernel: 501.*no ts kernel"):
+            await engine.kernels.run_block(ws, CodeBlock("ts", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="execspace serve's JavaScript contexts run on Node.js")
+async def test_javascript_blocks_run_in_the_servers_node_context_with_state(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "js")) as engine:
+        ws = await engine.manager.create_workspace("js")
+        assert isinstance(engine, execspace.SupportsKernels)
+        limits = ResourceLimits()
+        blocks = [CodeBlock("js", "const n = 6"), CodeBlock("node", "console.log(n * 7)"), CodeBlock("js", "null.x")]
+        first, second, failed = [
+            (await engine.kernels.run_block(ws, block, i, timeout=30, limits=limits))[0]
+            for i, block in enumerate(blocks)
+        ]
+        assert first.exit_code == 0
+        assert (second.exit_code, second.stdout) == (0, "42\n")
+        assert failed.exit_code == 1 and "TypeError" in failed.stderr

@@ -23,6 +23,8 @@ from execspace.backends.jupyter import (
 )
 from execspace.capabilities import Isolation
 from execspace.errors import InvalidSpec, SetupFailed
+from execspace.testing.processes import new_tag, pids_with
+from execspace.workspace.hostmanager import HostWorkspaceManager
 from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
 from tests.support import make_traversable
 
@@ -308,3 +310,46 @@ async def test_auto_falls_back_loudly_and_sandbox_fails_closed(tmp_path: Path) -
     with pytest.raises(InvalidSpec, match="not a kernel mode"):
         async with execspace.open_engine("jupyter", workspace_root=tmp_path / "d", mode="none"):
             pass
+
+
+def _states(pids: list[int]) -> set[str]:
+    found = set()
+    for pid in pids:
+        try:
+            found.add(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue
+    return found
+
+
+async def test_a_snapshot_stops_the_kernel_for_its_instant(
+    engine: BaseEngine, kernels: KernelSessions, ws: Workspace
+) -> None:
+    """The kernel writes from a thread of its own and from a child process; a snapshot stops both (its whole
+    sandbox) for its copy, and they go on after it."""
+    tag = new_tag("kernel-freeze")
+    cell = (
+        "import subprocess, threading\n"
+        f"child = subprocess.Popen(['/bin/sh', '-c', 'while :; do echo tick >> child; done # {tag}'])\n"
+        "def write():\n"
+        "    with open('thread', 'a', buffering=1) as f:\n"
+        "        while True:\n"
+        "            f.write('tick\\n')\n"
+        "threading.Thread(target=write, daemon=True).start()\n"
+    )
+    assert (await kernels.execute(ws, cell, timeout=20)).error is None
+    assert ws.host_path is not None
+    files = [ws.host_path / "work/child", ws.host_path / "work/thread"]
+    while not all(f.exists() for f in files) or not pids_with(tag):
+        await asyncio.sleep(0.01)
+    manager = engine.manager
+    assert isinstance(manager, HostWorkspaceManager)
+    async with manager._frozen(ws):
+        assert _states(pids_with(tag)) == {"T"}
+    snap = await manager.snapshot(ws)
+    for f in files:
+        frozen = (snap.path / "work" / f.name).read_bytes()
+        assert frozen == b"tick\n" * (len(frozen) // 5), f.name  # no half-written line: nobody wrote meanwhile
+        while f.stat().st_size <= len(frozen):  # they go on after it
+            await asyncio.sleep(0.01)
+    assert "T" not in _states(pids_with(tag))

@@ -338,11 +338,40 @@ async def test_an_engine_wide_allow_list_holds_for_every_run_that_keeps_it(
             json.loads(line) for f in ws.host_path.glob("runs/*/network.jsonl") for line in f.read_text().splitlines()
         ]
         assert sorted((a["host"], a["allowed"]) for a in audits) == [("allowed.test", True), ("denied.test", False)]
-        if mode == "per-run":
-            assert [a.allowed for a in r.network_audit] == [True, False]
-        else:  # the run went through the session's sandbox: its proxy audits into the session's run directory
-            assert r.network_audit == ()
-            assert not (ws.host_path / r.run_dir / "network.jsonl").exists()
+        # in session mode too the run has a proxy of its own, auditing into its own directory and result
+        assert [a.allowed for a in r.network_audit] == [True, False]
+        assert [a["host"] for a in _audit_file((engine, ws), r)] == ["allowed.test", "denied.test"]
+
+
+async def test_two_runs_in_one_session_each_see_only_their_own_attempts(tmp_path: Path, upstream: Upstream) -> None:
+    if not (await probe_backend("sandbox", mode="session")).ok:
+        pytest.skip("sandbox unavailable")
+    make_traversable(tmp_path)
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", network=_policy(upstream), mode="session"
+    ) as engine:
+        if not engine.describe().network_domains:
+            pytest.skip("no C compiler: the egress bridge cannot be built here")
+        ws = await engine.manager.create_workspace("egress/two-runs")
+        first = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "echo x > /tmp/session-mark"]))
+        assert first.exit_code == 0, first.stderr
+
+        def fetch(host: str, times: int) -> RunProgramSpec:
+            # /tmp is the session's: both runs share its sandbox, and both run at once
+            url = f"http://{host}:{upstream.port}/hello.txt"
+            script = f"test -f /tmp/session-mark && for i in $(seq {times}); do curl -s -o /dev/null {url}; done"
+            return RunProgramSpec("sh", ["-c", script], timeout=60)
+
+        one, two = await asyncio.gather(
+            engine.runner.run_program(ws, fetch("allowed.test", 3)),
+            engine.runner.run_program(ws, fetch("denied.test", 2)),
+        )
+        assert (one.exit_code, two.exit_code) == (0, 0), (one.stderr, two.stderr)
+        assert [(a.host, a.allowed) for a in one.network_audit] == [("allowed.test", True)] * 3
+        assert [(a.host, a.allowed) for a in two.network_audit] == [("denied.test", False)] * 2
+        assert {a.run_id for a in one.network_audit} == {Path(one.run_dir).name}
+        assert [a["host"] for a in _audit_file((engine, ws), one)] == ["allowed.test"] * 3
+        assert [a["host"] for a in _audit_file((engine, ws), two)] == ["denied.test"] * 2
 
 
 async def test_on_network_attempt_approves_an_unlisted_name_for_a_sandboxed_program(

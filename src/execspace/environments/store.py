@@ -308,6 +308,9 @@ async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path,
         if not any(k in os.environ for k in ("PIP_TIMEOUT", "PIP_DEFAULT_TIMEOUT")):  # the caller's pip settings win
             pip_install += ["--timeout", str(PIP_TIMEOUT)]
         await _run_step("pip", [*pip_install, *spec.requirements], emit)
+    if spec.programs:
+        emit(BuildEvent("files", f"{len(spec.programs)} program(s) in bin: {', '.join(spec.programs)}"))
+        _link_programs(tmp, spec)
     if spec.files:
         emit(BuildEvent("files", f"{len(spec.files)} file(s)"))
         for rel, text in spec.files.items():
@@ -319,6 +322,25 @@ async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path,
     compile_all = [own_python, "-I", "-m", "compileall", "-q", "-j", "0", "-s", str(tmp), "-p", str(final)]
     await _run_step("compile", [*compile_all, str(tmp / "lib")], emit)
     _relocate(tmp, final)
+
+
+def _link_programs(tree: Path, spec: EnvironmentSpec) -> None:
+    """``bin/NAME`` → its file in site-packages, by a relative link (it works wherever the tree is bound)."""
+    site = next((tree / "lib").glob("python3.*/site-packages"))
+    for name, target in spec.programs.items():
+        if not (site / target).is_file():
+            raise EnvironmentBuildFailed(
+                f"environment {spec.name!r}: program {name} links to {target} in site-packages, which no package "
+                "installed",
+                "add the package that ships it to requirements, or fix the path",
+            )
+        link = tree / "bin" / name
+        if link.exists() or link.is_symlink():
+            raise EnvironmentBuildFailed(
+                f"environment {spec.name!r}: program {name} is in bin already (a package's entry point)",
+                "drop it from [programs]",
+            )
+        link.symlink_to(os.path.relpath(site / target, link.parent))
 
 
 def _relocate(tmp: Path, final: Path) -> None:

@@ -27,6 +27,7 @@ from typing import Literal
 from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy
 
 __all__ = [
+    "ANY_PORT",
     "MAX_CONNECTIONS",
     "EgressProxy",
     "EgressRules",
@@ -50,9 +51,12 @@ MAX_HEAD = 32 * 1024
 _CHUNK = 256 * 1024
 #: Ports an entry without ``:PORT`` allows.
 DEFAULT_PORTS = (80, 443)
+#: The port of an entry written ``HOST:*``: every port.
+ANY_PORT = 0
 _HOP_HEADERS = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Protocol = Literal["connect", "http", "socks5", "unknown"]
 
 
@@ -74,8 +78,9 @@ def _address(host: str) -> Address | None:
     return addr
 
 
-def split_target(text: str) -> tuple[str, int | None]:
-    """``host``, ``host:port``, ``[v6]:port`` as a lower-case (host, port); raises ``ValueError``."""
+def split_target(text: str, *, entry: bool = False) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]:port`` as a lower-case (host, port); raises ``ValueError``. An ``entry`` of a
+    policy may also be a network (``10.0.0.0/8``) and have the port ``*`` (every port: :data:`ANY_PORT`)."""
     text = text.strip().lower()
     port: str | None = None
     if text.startswith("["):
@@ -88,12 +93,12 @@ def split_target(text: str) -> tuple[str, int | None]:
         host, _, port = text.partition(":")
     else:
         host = text
-    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536) and not (entry and port == "*"):
         raise ValueError(text)
     host = host.rstrip(".")
-    if not host or any(c.isspace() or c in "/@\\?#%" for c in host):
+    if not host or any(c.isspace() or c in ("@\\?#%" if entry else "/@\\?#%") for c in host):
         raise ValueError(text)
-    return host, None if port is None else int(port)
+    return host, None if port is None else ANY_PORT if port == "*" else int(port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,27 +106,34 @@ class _Entry:
     text: str
     host: str
     port: int | None
-    address: Address | None
+    """None: the entry names no port; :data:`ANY_PORT`: every port."""
+    network: Network | None
+    """The addresses the entry names (one for an address), None for a name."""
 
     def matches(self, host: str, port: int, addr: Address | None, *, ports: tuple[int, ...] | None) -> bool:
         """Whether ``host:port`` is this entry's; ``ports``: those an entry without a port covers (None: all)."""
-        if self.port is not None and self.port != port:
-            return False
         if self.port is None and ports is not None and port not in ports:
+            return False
+        if self.port not in (None, ANY_PORT, port):
             return False
         return self.names(host, addr)
 
     def names(self, host: str, addr: Address | None) -> bool:
-        if self.address is not None or addr is not None:
-            return self.address == addr
+        if self.network is not None or addr is not None:
+            return addr is not None and self.network is not None and addr in self.network
         if self.host.startswith("*."):
             return host.endswith(self.host[1:])
         return self.host == host
 
 
 def _entry(text: str) -> _Entry:
-    host, port = split_target(text)
-    return _Entry(text, host, port, _address(host))
+    host, port = split_target(text, entry=True)
+    addr = _address(host)
+    if addr is not None:
+        return _Entry(text, host, port, ipaddress.ip_network(addr))
+    if "/" in host:
+        return _Entry(text, host, port, ipaddress.ip_network(host, strict=False))
+    return _Entry(text, host, port, None)
 
 
 class EgressRules:
@@ -136,7 +148,7 @@ class EgressRules:
             pinned = _address(value)
             assert pinned is not None  # NetworkPolicy checked it
             self._pins[split_target(name)[0]] = pinned
-        self._explicit = {e.address for e in self._allow if e.address is not None}
+        self._explicit = [e.network for e in self._allow if e.network is not None]
 
     def judge_name(self, host: str, port: int) -> str:
         """The allow entry that lets ``host:port`` through; raises :class:`_Denied` with the reason."""
@@ -161,6 +173,7 @@ class EgressRules:
             self._check_address(host, literal)
             return [literal]
         if host in self._pins:
+            self._check_denied(host, port, self._pins[host])
             return [self._pins[host]]
         loop = asyncio.get_running_loop()
         try:
@@ -175,13 +188,20 @@ class EgressRules:
             if addr is not None and addr not in found:
                 found.append(addr)
         for addr in found:
+            self._check_denied(host, port, addr)
             self._check_address(host, addr)
         if not found:
             raise _Denied(f"{host} has no address")
         return found
 
+    def _check_denied(self, host: str, port: int, addr: Address) -> None:
+        """A name's address in a denied network is denied, as the address itself would be."""
+        for entry in self._deny:
+            if entry.network is not None and entry.matches(host, port, addr, ports=None):
+                raise _Denied(f"{host} resolves to {addr}, denied by {entry.text!r}")
+
     def _check_address(self, host: str, addr: Address) -> None:
-        if addr in self._explicit:
+        if any(addr in network for network in self._explicit):
             return
         if not addr.is_global or addr.is_multicast:
             raise _Denied(

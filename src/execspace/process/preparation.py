@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import errno
 import os
 import secrets
@@ -139,6 +140,12 @@ class RunPreparation:
         self._owner_of = owner
         self._program_root = program_root
         self._lookup = lookup
+
+    def with_lookup(self, lookup: ProgramLookup, path_view: Callable[[str], str] | None) -> RunPreparation:
+        """The same preparation with another program lookup and PATH view (a run in another environment)."""
+        clone = copy.copy(self)
+        clone._lookup, clone._path_view = lookup, path_view
+        return clone
 
     def program_root(self, ws: Workspace) -> str:
         """The workspace root as the program sees it."""

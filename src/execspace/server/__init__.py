@@ -8,8 +8,8 @@ interpreter's kernels through a sandboxed ``jupyter`` Engine's, on the same work
 from __future__ import annotations
 
 from .app import E2BApp
-from .options import ENVD_VERSION, ServerOptions, generate_api_key
+from .options import ENVD_VERSION, TLS, ServerOptions, generate_api_key
 from .sandboxes import Sandboxes
 from .serve import serve
 
-__all__ = ["ENVD_VERSION", "E2BApp", "Sandboxes", "ServerOptions", "generate_api_key", "serve"]
+__all__ = ["ENVD_VERSION", "TLS", "E2BApp", "Sandboxes", "ServerOptions", "generate_api_key", "serve"]

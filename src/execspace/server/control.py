@@ -21,10 +21,11 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import CapabilityError, ExecspaceError, InvalidSpec
 from ..models import Snapshot
+from .network import SandboxEgress, sandbox_egress
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
-__all__ = ["ControlPlane", "error_response"]
+__all__ = ["FORK_HEADER", "ControlPlane", "error_response"]
 
 #: E2B reports which client (team) made a sandbox; there is one here.
 CLIENT_ID = "execspace"
@@ -32,6 +33,8 @@ _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _MAX_LIST_LIMIT = 1000
 #: Forks one request may ask for (the SDK sends 1..20; the manager makes up to 100).
 _MAX_FORKS = 100
+#: The header of ``GET /snapshots`` answers saying how this server forks (``cow`` or ``copy``).
+FORK_HEADER = "x-execspace-fork"
 
 
 class BadRequest(Exception):
@@ -72,7 +75,10 @@ class ControlPlane:
             Route("/v2/sandboxes/{sandbox_id}/connect", guard(self.connect_v2), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/fork", guard(self.fork), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/snapshots", guard(self.snapshot), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/network", guard(self.update_network), methods=["PUT"]),
             Route("/snapshots", guard(self.list_snapshots), methods=["GET"]),
+            Route("/templates/{template_id}", guard(self.remove_snapshot), methods=["DELETE"]),
+            Route("/execspace/pool", guard(self.pool), methods=["GET"]),
             Route("/{path:path}", guard(self.not_implemented), methods=_ALL_METHODS),
         ]
 
@@ -97,6 +103,11 @@ class ControlPlane:
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
 
+    async def pool(self, request: Request) -> Response:
+        """execspace's own: the warm pool per template (``size`` configured, ``target`` within the room the live
+        sandboxes leave, ``ready`` now), so that a benchmark or an operator can wait for it to be full."""
+        return JSONResponse(self.sandboxes.pool.status())
+
     async def not_implemented(self, request: Request) -> Response:
         return error_response(501, f"{request.method} {request.url.path} is not implemented by execspace serve")
 
@@ -114,27 +125,49 @@ class ControlPlane:
         snapshot = await self._snapshot_named(template) if template not in TEMPLATES else None
         if template not in TEMPLATES and snapshot is None:
             raise BadRequest(f"templateID must be one of {', '.join(TEMPLATES)} or a snapshot id, got {template!r}")
-        internet = body.get("allow_internet_access")
-        if internet is not None and not isinstance(internet, bool):
-            raise BadRequest("allow_internet_access must be a boolean")
         if body.get("autoPause") or (body.get("autoResume") or {}).get("enabled"):
             return error_response(
                 501, "pausing sandboxes (autoPause, autoResume) is not implemented by execspace serve"
             )
         secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
+        egress = self._egress(body.get("allow_internet_access"), body.get("network"))
+        if isinstance(egress, Response):
+            return egress
         create = CreateRequest(
             template=str(template),
             timeout=self._timeout(body.get("timeout", self.options.default_timeout)),
             metadata=_strings(body.get("metadata"), "metadata"),
             env_vars=_strings(body.get("envVars"), "envVars"),
             secure=bool(secure),
-            # e2b < 2.51 always asks for the network (its default): without the server's consent the sandbox is
-            # made offline all the same, and its info says so
-            allow_internet_access=bool(internet) and self.options.allow_internet_access,
+            allow_internet_access=egress.network == "on",
+            egress=egress,
             snapshot=snapshot,
         )
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
+
+    def _egress(self, internet: Any, network: Any) -> SandboxEgress | Response:
+        """The sandbox network the request asks for, or the error response saying why it cannot have it."""
+        if internet is not None and not isinstance(internet, bool):
+            raise BadRequest("allow_internet_access must be a boolean")
+        try:
+            return sandbox_egress(internet, network, self.options, self.sandboxes.engine.describe())
+        except InvalidSpec as exc:
+            raise BadRequest(str(exc)) from None
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
+
+    async def update_network(self, request: Request) -> Response:
+        """E2B's network update: the egress rules of the sandbox's next commands, replaced as a whole (what the
+        body leaves out is cleared); commands already running keep the network they started with."""
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        internet = body.pop("allow_internet_access", None)
+        egress = self._egress(internet, body)
+        if isinstance(egress, Response):
+            return egress
+        sandbox.egress, sandbox.allow_internet_access = egress, egress.network == "on"
+        return Response(status_code=204)
 
     async def connect_v1(self, request: Request) -> Response:
         return await self._connect(request)
@@ -199,7 +232,20 @@ class ControlPlane:
             for s in snaps
             if (source is None or s.workspace == f"e2b/{source}") and (name is None or name in (s.id, s.name))
         ]
-        return JSONResponse([_snapshot_info(s) for s in found[: _limit(query.get("limit"))]])
+        # how this server forks (cow, copy): the e2b backend's probe for execspace serve's file snapshots
+        mode = self.sandboxes.engine.describe().fork
+        headers = {FORK_HEADER: mode} if mode is not None else None
+        return JSONResponse([_snapshot_info(s) for s in found[: _limit(query.get("limit"))]], headers=headers)
+
+    async def remove_snapshot(self, request: Request) -> Response:
+        """E2B deletes a snapshot as the template it is (``Sandbox.delete_snapshot``); templates themselves are
+        fixed here. What was created or forked from the snapshot keeps working."""
+        key = request.path_params["template_id"]
+        snap = await self._snapshot_named(key)
+        if snap is None:
+            return error_response(404, f"no snapshot {key!r} on this server (templates cannot be deleted)")
+        await self.sandboxes.snapshots().remove_snapshot(snap)
+        return Response(status_code=204)
 
     async def _snapshot_named(self, key: object) -> Snapshot | None:
         if not isinstance(key, str) or not key:
@@ -289,6 +335,8 @@ class ControlPlane:
             "allowInternetAccess": sandbox.allow_internet_access,
             "domain": self.options.domain,
         }
+        if (network := sandbox.egress.info()) is not None:
+            detail["network"] = network
         if with_token:
             detail["envdAccessToken"] = sandbox.access_token
         return detail

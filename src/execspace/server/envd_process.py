@@ -74,20 +74,24 @@ def _data_event(chunk: OutputChunk, pty: bool) -> pb.ProcessEvent:
 
 
 def _end_event(result: RunResult) -> pb.ProcessEvent:
+    """As envd reports a Go ``cmd.Wait()``: the ``ProcessState`` (-1 and ``signal: killed`` for a signal), and its
+    error, the same text, unless the command exited 0 (the SDK passes the error on, so a client can tell which
+    signal ended a command)."""
     code = result.exit_code
     if code >= 0:
         end = pb.ProcessEvent.EndEvent(exit_code=code, exited=True, status=f"exit status {code}")
-    else:  # like Go's ProcessState, which envd reports: -1 and the signal's name
-        end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status=f"signal: {_signal_name(-code)}")
+    else:
+        end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status=f"signal: {_signal_text(-code)}")
+    if code != 0:
+        end.error = end.status
     ended: Oneof[Literal["end"], pb.ProcessEvent.EndEvent] = Oneof("end", end)
     return _event(ended)
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name.removeprefix("SIG").lower()
-    except ValueError:
-        return str(number)
+def _signal_text(number: int) -> str:
+    """Go's name of a signal (``killed``, ``terminated``, ``user defined signal 1``): the C library's, lowercase."""
+    text = signal.strsignal(number) if 0 < number < signal.NSIG else None
+    return text.lower() if text and not text.startswith("Unknown") else f"signal {number}"
 
 
 def _keepalive() -> pb.ProcessEvent:
@@ -129,7 +133,7 @@ class ProcessService(ServiceBase, Process):
                 env=env,
                 cwd=cwd,
                 timeout=None,  # a command lives until it exits, is killed, or its sandbox ends
-                network="on" if sandbox.allow_internet_access else "off",
+                network=sandbox.egress.network,
                 tag=request.tag if request.has_field("tag") else None,
                 pty=PtySize(rows=size.rows, cols=size.cols) if request.pty is not None and size else None,
             )

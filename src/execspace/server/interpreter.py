@@ -1,10 +1,11 @@
-"""The code interpreter of each sandbox (E2B's port 49999): Jupyter contexts whose kernels run in the OS sandbox.
+"""The code interpreter of each sandbox (E2B's port 49999): contexts whose kernels run in the OS sandbox.
 
-A context is one kernel with its own variables. Its kernel is started by the ``jupyter`` backend in sandboxed mode
-(bubblewrap + seccomp, as the ``sandbox`` backend runs programs) **on the E2B sandbox's own workspace**, so code sees
-the files its commands see; it is a sandbox of its own beside the sandbox session that runs the commands. The
-``jupyter`` engine is opened on first use (kernels cost nothing until code runs), the default context of a language
-on its first cell. Killing the sandbox stops its kernels before its workspace is removed.
+A context is one kernel with its own variables. A Python context's kernel is started by the ``jupyter`` backend in
+sandboxed mode (bubblewrap + seccomp, as the ``sandbox`` backend runs programs) **on the E2B sandbox's own
+workspace**, so code sees the files its commands see; it is a sandbox of its own beside the sandbox session that
+runs the commands. The ``jupyter`` engine is opened on first use (kernels cost nothing until code runs), the default
+context of a language on its first cell. A JavaScript context is a Node process started like a command, in the
+sandbox itself (:mod:`.jscontext`). Killing the sandbox stops its kernels before its workspace is removed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import KernelEngine, open_engine
 from ..errors import EnvironmentNotFound, ExecspaceError, SetupFailed
+from ..protocols import ProgramRunner
+from .jscontext import NodeContext, node_available
+from .lines import error_line, result_line
 from .paths import HOME, USER, to_workspace
 from .sandboxes import Sandbox, SandboxGone
 
@@ -34,12 +38,19 @@ if TYPE_CHECKING:
 
 __all__ = ["CodeInterpreter", "Context", "ContextNotFound", "LanguageUnavailable", "TooManyContexts"]
 
-#: Languages a context may have: E2B's names (and their short forms) for what ipykernel runs.
 _log = logging.getLogger("execspace.server")
 
-_LANGUAGE_NAMES = {"python": "python", "py": "python", "python3": "python"}
-#: E2B's other languages, and why they are not served.
-_OTHER_LANGUAGES = {"javascript", "js", "typescript", "ts", "r", "java", "bash", "deno"}
+#: Languages a context may have: E2B's names (and their short forms) for what ipykernel and Node run.
+_LANGUAGE_NAMES = {
+    "python": "python",
+    "py": "python",
+    "python3": "python",
+    "javascript": "javascript",
+    "js": "javascript",
+    "node": "javascript",
+}
+#: E2B's other languages, which are not served.
+_OTHER_LANGUAGES = {"typescript", "ts", "r", "java", "bash", "deno"}
 #: Contexts (kernels, ~50 MB each) one sandbox may hold at once.
 MAX_CONTEXTS = 8
 #: Seconds between keepalive lines while a cell is quiet (as E2B's server does; a write also finds a gone client).
@@ -47,21 +58,6 @@ KEEPALIVE = 5.0
 #: Seconds an interrupted cell gets to stop before its kernel is replaced.
 INTERRUPT_GRACE = 2.0
 _START_TIMEOUT = 30.0
-#: Jupyter MIME type → the field of E2B's ``result`` line.
-_RESULT_FIELDS = {
-    "text/plain": "text",
-    "text/html": "html",
-    "text/markdown": "markdown",
-    "image/svg+xml": "svg",
-    "image/png": "png",
-    "image/jpeg": "jpeg",
-    "application/pdf": "pdf",
-    "text/latex": "latex",
-    "application/json": "json",
-    "application/javascript": "javascript",
-    "e2b/data": "data",
-    "e2b/chart": "chart",
-}
 
 
 class ContextNotFound(ExecspaceError, LookupError):
@@ -88,7 +84,9 @@ class Context:
     cwd: str
     """The SDK path the kernel works in (``/home/user`` by default)."""
     kernel: KernelConnection | None = None
-    """The started kernel, None until the first cell or after a restart."""
+    """The started kernel (Python), None until the first cell or after a restart."""
+    node: NodeContext | None = None
+    """The started Node process (JavaScript), likewise."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unsettled: str | None = None
     """msg_id of a cell whose client went away: interrupted, maybe still running."""
@@ -102,20 +100,29 @@ class Context:
 def normalise_language(language: str | None) -> str:
     name = (language or "python").strip().lower()
     if name in _LANGUAGE_NAMES:
-        return _LANGUAGE_NAMES[name]
+        found = _LANGUAGE_NAMES[name]
+        if found == "javascript" and not node_available():
+            raise LanguageUnavailable(
+                "JavaScript contexts run on Node.js, which this server's host does not have: install it "
+                "(e.g. apt install nodejs) and restart execspace serve"
+            )
+        return found
     if name in _OTHER_LANGUAGES:
         raise LanguageUnavailable(
-            f"the code interpreter of execspace serve runs Python only: its kernels are the jupyter backend's "
-            f"sandboxed ipykernel, and no {name} kernel runs in that sandbox yet; run {name} code with "
-            "commands.run (e.g. node, bash) instead"
+            f"the code interpreter of execspace serve runs Python (sandboxed ipykernel) and JavaScript (Node.js); "
+            f"it has no {name} kernel: run {name} code with commands.run instead (e.g. npx tsx, Rscript, bash)"
         )
-    raise LanguageUnavailable(f"unknown code interpreter language {language!r}: use 'python'")
+    raise LanguageUnavailable(f"unknown code interpreter language {language!r}: use 'python' or 'javascript'")
 
 
 class CodeInterpreter:
     """Every sandbox's contexts, over one lazily opened sandboxed ``jupyter`` engine."""
 
-    def __init__(self, backend: str, workspace_root: Path | None, environment: str | None = None) -> None:
+    def __init__(
+        self, runner: ProgramRunner, backend: str, workspace_root: Path | None, environment: str | None = None
+    ) -> None:
+        self._runner = runner
+        """Runs the JavaScript contexts, in each sandbox's own session."""
         self._backend = backend
         self._workspace_root = workspace_root
         self._environment = environment
@@ -143,7 +150,7 @@ class CodeInterpreter:
         context = self._new(sandbox, normalise_language(language), cwd or HOME)
         try:
             async with context.lock:
-                await self._kernel(sandbox, context)
+                await self._start(sandbox, context)
         except BaseException:
             self._contexts[sandbox.id].pop(context.id, None)
             raise
@@ -176,7 +183,7 @@ class CodeInterpreter:
         context = self.context(sandbox, context_id)
         async with context.lock:
             await _stop(context)
-            await self._kernel(sandbox, context)
+            await self._start(sandbox, context)
 
     async def remove(self, sandbox: Sandbox, context_id: str) -> None:
         context = self._contexts.get(sandbox.id, {}).pop(context_id, None)
@@ -210,6 +217,10 @@ class CodeInterpreter:
     ) -> AsyncIterator[dict[str, Any]]:
         """E2B's output lines of one cell, ``end_of_execution`` last. A cancelled caller (the client went away)
         interrupts the cell; a sandbox killed meanwhile ends the lines without ``end_of_execution``."""
+        if context.language == "javascript":
+            async for line in self._node_cell(sandbox, context, code, env_vars, timeout):
+                yield line
+            return
         async with context.lock:
             kernel = await self._ready_kernel(sandbox, context)
             await kernel.drain()
@@ -248,6 +259,52 @@ class CodeInterpreter:
             context.kernel.execute(context.restore, silent=True)
         context.restore = None
         return await self._kernel(sandbox, context)
+
+    async def _node_cell(
+        self,
+        sandbox: Sandbox,
+        context: Context,
+        code: str,
+        env_vars: dict[str, str],
+        timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
+    ) -> AsyncIterator[dict[str, Any]]:
+        async with context.lock:
+            node = await self._node(sandbox, context)
+            try:
+                async for line in node.cell(code, env_vars, timeout, sandbox.closed, KEEPALIVE, INTERRUPT_GRACE):
+                    yield line
+            except asyncio.CancelledError:
+                # the process reads cells in turn: an interrupted one ends before the next starts
+                await asyncio.shield(node.interrupt())
+                raise
+            if sandbox.closed.is_set():
+                return
+            if node.ended:
+                await _stop(context)
+        yield {"type": "end_of_execution"}
+
+    async def _start(self, sandbox: Sandbox, context: Context) -> None:
+        if context.language == "javascript":
+            await self._node(sandbox, context)
+        else:
+            await self._kernel(sandbox, context)
+
+    async def _node(self, sandbox: Sandbox, context: Context) -> NodeContext:
+        if context.node is not None:
+            return context.node
+        env = {"USER": USER, "HOME": HOME, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars}
+        node = await NodeContext.start(
+            self._runner,
+            sandbox,
+            posixpath.join(sandbox.workspace.path, to_workspace(context.cwd)),
+            env,
+            allow_network=sandbox.allow_internet_access,
+        )
+        if sandbox.closed.is_set():  # killed while it started: end() has run already
+            await node.stop()
+            raise SandboxGone(sandbox.id)
+        context.node = node
+        return node
 
     async def _kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
         if context.kernel is not None:
@@ -315,9 +372,12 @@ def _built(name: str | None) -> str | None:
 
 async def _stop(context: Context) -> None:
     kernel, context.kernel = context.kernel, None
+    node, context.node = context.node, None
     context.unsettled = context.restore = None
     if kernel is not None:
         await kernel.stop()
+    if node is not None:
+        await node.stop()
 
 
 async def _settle(kernel: KernelConnection, msg_id: str) -> bool:
@@ -349,7 +409,8 @@ class _Cell:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 if interrupted:
-                    yield _error("TimeoutError", f"the cell ran over {self.timeout:g}s and did not stop on interrupt")
+                    why = f"the cell ran over {self.timeout:g}s and did not stop on interrupt"
+                    yield error_line("TimeoutError", why)
                     return
                 interrupted, deadline = True, now + INTERRUPT_GRACE
                 await self.kernel.interrupt()
@@ -359,7 +420,7 @@ class _Cell:
                 if self.closed.is_set():
                     return
                 if not await self.kernel.is_alive():
-                    yield _error("KernelDied", "the kernel died; the next cell starts a fresh one (state is lost)")
+                    yield error_line("KernelDied", "the kernel died; the next cell starts a fresh one (state is lost)")
                     return
                 yield {"type": "keepalive"}
                 continue
@@ -384,34 +445,13 @@ def _line(msg_type: str, content: dict[str, Any], date: Any) -> dict[str, Any] |
         stamp = date.isoformat() if isinstance(date, datetime) else str(date or "")
         return {"type": kind, "text": str(content.get("text", "")), "timestamp": stamp}
     if msg_type in ("execute_result", "display_data"):
-        return _result(content.get("data") or {}, main=msg_type == "execute_result")
+        return result_line(content.get("data") or {}, main=msg_type == "execute_result")
     if msg_type == "error":
         trace = "\n".join(str(line) for line in content.get("traceback") or ())
-        return _error(str(content.get("ename", "Error")), str(content.get("evalue", "")), trace)
+        return error_line(str(content.get("ename", "Error")), str(content.get("evalue", "")), trace)
     if msg_type == "execute_input":
         return {"type": "number_of_executions", "execution_count": content.get("execution_count")}
     return None
-
-
-def _result(data: dict[str, Any], *, main: bool) -> dict[str, Any]:
-    line: dict[str, Any] = {"type": "result", "is_main_result": main}
-    extra: dict[str, Any] = {}
-    for mime, payload in data.items():
-        name = _RESULT_FIELDS.get(mime)
-        value = "".join(payload) if isinstance(payload, list) and mime != "application/json" else payload
-        if name is None:
-            extra[mime] = value
-        elif name == "text" and isinstance(value, str) and len(value) > 1 and value[0] == value[-1] in "'\"":
-            line[name] = value[1:-1]  # E2B gives a string result without its repr quotes
-        else:
-            line[name] = value
-    if extra:
-        line["extra"] = extra
-    return line
-
-
-def _error(name: str, value: str, traceback: str = "") -> dict[str, Any]:
-    return {"type": "error", "name": name, "value": value, "traceback": traceback or f"{name}: {value}"}
 
 
 def _parent(msg: dict[str, Any]) -> str | None:

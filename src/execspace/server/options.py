@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import InvalidSpec
+from ..models import NetworkPolicy
 
-__all__ = ["ENVD_VERSION", "TEMPLATES", "ServerOptions", "generate_api_key"]
+__all__ = ["ENVD_VERSION", "TEMPLATES", "TLS", "ServerOptions", "generate_api_key"]
 
 #: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
@@ -31,6 +34,15 @@ def _host_memory_mb() -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class TLS:
+    """A certificate chain and its private key (PEM files): the server speaks HTTPS, HTTP/2 where the client offers
+    it by ALPN and HTTP/1.1 otherwise."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True, slots=True)
 class ServerOptions:
     """The server's settings; ``execspace serve`` builds one from its flags."""
 
@@ -38,6 +50,9 @@ class ServerOptions:
     """Keys a control-plane request may carry in ``X-API-KEY``; at least one."""
     max_sandboxes: int = 100
     """Live sandboxes at once; a create beyond answers 429 with ``Retry-After``."""
+    pool_sizes: tuple[tuple[str, int], ...] = (("base", 2),)
+    """Ready sandboxes kept per template (see :mod:`.pool`), so that a create does not wait for its set-up;
+    they count toward ``max_sandboxes`` (the pools shrink to the room the live sandboxes leave)."""
     default_timeout: int = 300
     """Seconds a sandbox lives when create names no timeout (E2B's default)."""
     max_timeout: int = 24 * 3600
@@ -47,6 +62,9 @@ class ServerOptions:
     allow_internet_access: bool = False
     """Let a sandbox created with ``allow_internet_access=True`` reach the network (off: every sandbox is offline,
     whatever it asks; its info reports ``allowInternetAccess: false``)."""
+    resolve: Mapping[str, str] = field(default_factory=dict)
+    """Names pinned to an address for every sandbox's egress allow-list (``NetworkPolicy.resolve``: tests, private
+    deployments); a pinned address counts as allowed."""
     max_upload_bytes: int = 1024 * 1024 * 1024
     """Largest file ``POST /files`` takes (after gzip decoding)."""
     reap_interval: float = 0.5
@@ -69,7 +87,13 @@ class ServerOptions:
             raise InvalidSpec("the server needs at least one non-empty API key")
         if self.max_sandboxes < 1:
             raise InvalidSpec(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")
+        for template, size in self.pool_sizes:
+            if template not in TEMPLATES:
+                raise InvalidSpec(f"pool size for an unknown template {template!r}: use one of {', '.join(TEMPLATES)}")
+            if size < 0:
+                raise InvalidSpec(f"the pool size of {template} must be 0 or more, got {size}")
         if self.max_upload_bytes < 1:
             raise InvalidSpec(f"max_upload_bytes must be at least 1, got {self.max_upload_bytes}")
+        NetworkPolicy.allow([], resolve=self.resolve)  # checks the pins
         if not 0 < self.default_timeout <= self.max_timeout:
             raise InvalidSpec("default_timeout must be positive and at most max_timeout")

@@ -1,6 +1,7 @@
 """The live sandboxes: one workspace each on the server's Engine, with E2B's lifetime, metadata and token.
 
-Creation reserves a slot before it awaits anything, so ``max_sandboxes`` holds under concurrent creates; kill and
+Creation reserves a slot before it awaits anything, so ``max_sandboxes`` holds under concurrent creates; it takes
+a ready sandbox from the pool (:mod:`.pool`) when there is one, which awaits nothing at all. Kill and
 expiry drop the sandbox from the table first (every later request for it answers "not found") and then remove
 its workspace with everything in it, its programs included.
 """
@@ -16,9 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..errors import CapabilityError, ExecspaceError, ProgramNotFound
-from ..models import Persistence, RunResult, Snapshot, Workspace, WorkspacePolicy
+from ..models import RunResult, Snapshot, Workspace
 from ..protocols import Engine, ProgramHandle, SupportsSnapshots
+from .network import SandboxEgress
 from .options import ServerOptions
+from .pool import SandboxPool, new_sandbox_id, workspace_policy
 from .watch import DirectoryWatch
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
@@ -47,6 +50,8 @@ class CreateRequest:
     secure: bool = True
     allow_internet_access: bool = False
     """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
+    egress: SandboxEgress = field(default_factory=SandboxEgress)
+    """Its commands' network (off, on, or an allow-list) and the rules it was asked with."""
     snapshot: Snapshot | None = None
     """The snapshot it starts from (its ``templateID`` named one), else an empty workspace."""
 
@@ -64,6 +69,7 @@ class Sandbox:
     end_at: datetime
     access_token: str | None
     allow_internet_access: bool
+    egress: SandboxEgress = field(default_factory=SandboxEgress)
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -93,6 +99,10 @@ class Sandboxes:
         self._removing: set[asyncio.Task[None]] = set()
         self.on_remove: list[Callable[[Sandbox], Awaitable[None]]] = []
         """Run when a sandbox ends, before its workspace is removed (its kernels stop there)."""
+        self.pool = SandboxPool(engine, dict(options.pool_sizes), self._room)
+
+    def _room(self) -> int:
+        return self.options.max_sandboxes - len(self._live) - self._reserved
 
     def __iter__(self) -> Iterator[Sandbox]:
         return iter(list(self._live.values()))
@@ -112,30 +122,41 @@ class Sandboxes:
                 f"this server already runs its maximum of {self.options.max_sandboxes} sandboxes; "
                 "retry when one ends, or start it with a larger --max-sandboxes"
             )
+        ready = self.pool.take(request.template) if request.snapshot is None else None
+        if ready is not None:
+            sandbox = self._started(request, ready.sandbox_id, ready.workspace)
+            self.pool.refill()
+            return sandbox
         self._reserved += 1
         try:
-            sandbox_id = secrets.token_hex(10)
-            policy = WorkspacePolicy(persistence=Persistence.TURN)
+            sandbox_id = new_sandbox_id()
+            policy = workspace_policy()
             if request.snapshot is not None:
                 (ws,) = await self.snapshots().fork(request.snapshot, ids=[f"e2b/{sandbox_id}"], policy=policy)
             else:
                 ws = await self.engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
-            started = _now()
-            sandbox = Sandbox(
-                id=sandbox_id,
-                template=request.template,
-                workspace=ws,
-                metadata=request.metadata,
-                env_vars=request.env_vars,
-                started_at=started,
-                end_at=started + timedelta(seconds=request.timeout),
-                access_token=secrets.token_urlsafe(24) if request.secure else None,
-                allow_internet_access=request.allow_internet_access,
-            )
-            self._live[sandbox_id] = sandbox
-            return sandbox
+            return self._started(request, sandbox_id, ws)
         finally:
             self._reserved -= 1
+            self.pool.refill()
+
+    def _started(self, request: CreateRequest, sandbox_id: str, ws: Workspace) -> Sandbox:
+        """The live sandbox over ``ws``, with what the create asked for."""
+        started = _now()
+        sandbox = Sandbox(
+            id=sandbox_id,
+            template=request.template,
+            workspace=ws,
+            metadata=request.metadata,
+            env_vars=request.env_vars,
+            started_at=started,
+            end_at=started + timedelta(seconds=request.timeout),
+            access_token=secrets.token_urlsafe(24) if request.secure else None,
+            allow_internet_access=request.allow_internet_access,
+            egress=request.egress,
+        )
+        self._live[sandbox_id] = sandbox
+        return sandbox
 
     async def fork(self, source: Sandbox, count: int, lifetime: int) -> list[Sandbox]:
         """``count`` new sandboxes starting with the files of ``source`` (its processes are not forked: each fork
@@ -153,9 +174,10 @@ class Sandboxes:
             )
         self._reserved += count
         try:
-            new_ids = [secrets.token_hex(10) for _ in range(count)]
-            policy = WorkspacePolicy(persistence=Persistence.TURN)
-            workspaces = await manager.fork(source.workspace, count, [f"e2b/{i}" for i in new_ids], policy=policy)
+            new_ids = [new_sandbox_id() for _ in range(count)]
+            workspaces = await manager.fork(
+                source.workspace, count, [f"e2b/{i}" for i in new_ids], policy=workspace_policy()
+            )
             started = _now()
             forks = [
                 Sandbox(
@@ -168,6 +190,7 @@ class Sandboxes:
                     end_at=started + timedelta(seconds=lifetime),
                     access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
                     allow_internet_access=source.allow_internet_access,
+                    egress=source.egress,
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
             ]
@@ -195,7 +218,10 @@ class Sandboxes:
         sandbox = self._live.pop(sandbox_id, None)
         if sandbox is None:
             return False
-        await self._remove(sandbox)
+        try:
+            await self._remove(sandbox)
+        finally:
+            self.pool.refill()  # its room is free again
         return True
 
     async def _remove(self, sandbox: Sandbox) -> None:
@@ -234,10 +260,12 @@ class Sandboxes:
                 task = asyncio.create_task(self._remove(sandbox))
                 self._removing.add(task)
                 task.add_done_callback(self._removing.discard)
+                task.add_done_callback(lambda _: self.pool.refill())
             await asyncio.sleep(self.options.reap_interval)
 
     async def close(self) -> None:
-        """Kill every sandbox (server shutdown)."""
+        """Kill every sandbox, the pooled ones too (server shutdown)."""
+        await self.pool.close()  # first: nothing refills it afterwards
         sandboxes = list(self._live.values())
         self._live.clear()
         await asyncio.gather(*(self._remove(s) for s in sandboxes), return_exceptions=True)

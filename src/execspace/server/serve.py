@@ -1,24 +1,64 @@
-"""Running the server: open the Engine, serve the app with uvicorn, and remove every sandbox on the way out."""
+"""Running the server: open the Engine, serve the app, and remove every sandbox on the way out.
+
+Plain HTTP is served by uvicorn (HTTP/1.1, the fastest here); with :class:`TLS`, by hypercorn, which negotiates
+HTTP/2 by ALPN and falls back to HTTP/1.1 for clients that do not offer it (the Python SDK's httpx, by default).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from ..backends.sandbox import SessionConfig
 from ..engine import open_engine
+from ..errors import SetupFailed
 from .app import E2BApp
 from .interpreter import CodeInterpreter
-from .options import ServerOptions
+from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
-__all__ = ["serve"]
+__all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
+
+#: The ``/etc/profile`` of serve's sandboxes, which every command's ``bash -l`` reads (E2B's envd starts each one so):
+#: what Debian's sets for a user who is not root (a sandbox's never is), without the ``$(id -u)`` that forks and
+#: execs ``id`` in every login shell (about half of a ``commands.run('true')`` here). The host's
+#: ``/etc/profile.d`` scripts still run; ``~/.profile`` and the rest are the shell's own, read from ``HOME``.
+LOGIN_PROFILE = """\
+# /etc/profile of execspace serve's sandboxes (see docs/server.md): Debian's, for a user who is not root.
+PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+export PATH
+if [ "${PS1-}" ]; then
+  if [ "${BASH-}" ] && [ "$BASH" != "/bin/sh" ]; then
+    if [ -f /etc/bash.bashrc ]; then
+      . /etc/bash.bashrc
+    fi
+  else
+    PS1='$ '
+  fi
+fi
+if [ -d /etc/profile.d ]; then
+  for i in /etc/profile.d/*.sh; do
+    if [ -r "$i" ]; then
+      . "$i"
+    fi
+  done
+  unset i
+fi
+"""
+
+#: Seconds an idle client connection is kept open.
+_KEEP_ALIVE = 30
 
 
 async def serve(
@@ -29,32 +69,68 @@ async def serve(
     backend: str | None = "sandbox",
     backend_options: dict[str, Any] | None = None,
     on_ready: Callable[[str, int], None] | None = None,
+    tls: TLS | None = None,
 ) -> None:
     """Serve until cancelled or signalled (SIGINT/SIGTERM); on the way out every sandbox is killed and removed.
 
     ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this is how to learn it).
+    With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN).
     """
+    if tls is not None:
+        _check_tls(tls)
     opts = dict(backend_options or {})
     if backend == "sandbox":
-        # E2B's programs name their files by its home: there it is the directory SDK paths map to
-        opts.setdefault("program_links", ((HOME, HOME_DIR),))
+        _sandbox_template(opts)
+        if opts.get("mode") == "session":
+            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
+            # sandbox, a pooled one included, does not lose it and pay its start on the next command
+            opts.setdefault("session", SessionConfig(idle_timeout=None))
     async with open_engine(backend, **opts) as engine:
         sandboxes = Sandboxes(engine, options)
         root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
-        interpreter = CodeInterpreter(engine.name, Path(root) if root is not None else None, options.kernel_environment)
-        sandboxes.on_remove.append(interpreter.end)
-        config = uvicorn.Config(
-            E2BApp(sandboxes, interpreter), host=host, port=port, lifespan="off", log_level="warning", access_log=False
+        interpreter = CodeInterpreter(
+            engine.runner, engine.name, Path(root) if root is not None else None, options.kernel_environment
         )
+        sandboxes.on_remove.append(interpreter.end)
+        app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
+        sandboxes.pool.fill()
         try:
-            await _Server(config, on_ready, sandboxes.close).serve()
+            if tls is None:
+                config = uvicorn.Config(
+                    app,
+                    host=host,
+                    port=port,
+                    lifespan="off",
+                    log_level="warning",
+                    access_log=False,
+                    # longer than the clients' own (httpx: 5 s), so that a client never sends on a connection the
+                    # server is closing at the same moment (the request would fail with a read error)
+                    timeout_keep_alive=_KEEP_ALIVE,
+                    http="auto",  # httptools (the serve extra has it), else h11: docs/benchmarks.md says what it saves
+                )
+                await _Server(config, on_ready, sandboxes.close).serve()
+            else:
+                await _serve_tls(app, host, port, tls, on_ready, sandboxes.close)
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
+    """The sandbox backend's ``system_files`` of serve's sandboxes: their login profile (none on a system without
+    ``/etc/profile``, whose login shells read none here either)."""
+    return (("/etc/profile", LOGIN_PROFILE),) if os.path.isfile("/etc/profile") else ()
+
+
+def _sandbox_template(opts: dict[str, Any]) -> None:
+    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
+    # E2B's programs name their files by its home: there it is the directory SDK paths map to
+    opts.setdefault("program_links", ((HOME, HOME_DIR),))
+    opts.setdefault("system_files", serve_sandbox_files())
 
 
 class _Server(uvicorn.Server):
@@ -80,3 +156,55 @@ class _Server(uvicorn.Server):
         if self.started and self._on_ready is not None:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             self._on_ready(host, port)
+
+
+def _check_tls(tls: TLS) -> None:
+    """Load the pair once before anything starts, so that a wrong file is a clear error, not a failed handshake."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert, tls.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SetupFailed(
+            "serve",
+            f"cannot load the TLS certificate {tls.cert} with its key {tls.key}: {exc}",
+            "give a PEM certificate chain (--tls-cert) and the PEM private key that matches it (--tls-key)",
+        ) from None
+
+
+async def _serve_tls(
+    app: E2BApp,
+    host: str,
+    port: int,
+    tls: TLS,
+    on_ready: Callable[[str, int], None] | None,
+    before_shutdown: Callable[[], Awaitable[None]],
+) -> None:
+    try:
+        from hypercorn.asyncio import serve as serve_asgi
+        from hypercorn.config import Config
+    except ImportError:
+        raise SetupFailed("serve", "serving TLS and HTTP/2 needs hypercorn", "pip install 'execspace[serve]'") from None
+    config = Config()
+    config.certfile, config.keyfile = str(tls.cert), str(tls.key)
+    config.accesslog = None
+    config.errorlog = logging.getLogger("execspace.server")
+    config.graceful_timeout = 5.0
+    # bound here, so that port 0 is known before serving starts (hypercorn takes the listening socket by fd)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.create_server((host, port), family=family) as sock:
+        config.bind = [f"fd://{sock.fileno()}"]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def shutdown_trigger() -> None:
+            await stop.wait()
+            await before_shutdown()  # every sandbox ends, so do their streams: the connections can close
+
+        try:
+            if on_ready is not None:
+                on_ready(*sock.getsockname()[:2])
+            await serve_asgi(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)

@@ -209,6 +209,17 @@ async def test_unrunnable_program_exit_codes_as_a_shell(any_engine: Engine, any_
     assert cmd in r.stderr
 
 
+@needs(Feature.PROGRAMS)
+@pytest.mark.parametrize("cmd", ["./plain.sh", "/etc/passwd"])
+async def test_exec_of_a_non_executable_file_is_permission_denied(any_engine: Engine, any_ws: Ws, cmd: str) -> None:
+    """A file without the execute bit (one the program wrote, or a system file) is 126 "permission denied", as a
+    shell says, on every backend."""
+    await any_engine.fs.put_files(any_ws, [PutFile("work/plain.sh", b"#!/bin/sh\necho ran\n")])
+    r = await any_engine.runner.run_program(any_ws, RunProgramSpec(cmd))
+    assert (r.exit_code, r.stdout) == (126, ""), (r.exit_code, r.stderr)
+    assert cmd in r.stderr and "permission denied" in r.stderr.lower(), r.stderr
+
+
 # -- the file API's listing and tree operations ---------------------------------------------
 
 
@@ -572,3 +583,43 @@ async def test_cwd_and_files_by_the_programs_absolute_paths(any_engine: Engine, 
     assert (await any_engine.fs.read_file(any_ws, f"{root}/out/p.txt")).content == b"made\n"
     with pytest.raises(PathDenied):
         await run(any_engine, any_ws, "pwd", cwd="/etc")
+
+
+async def test_a_directory_is_no_file(any_engine: Engine, any_ws: Ws) -> None:
+    """Reading a directory, or writing a file where one is, is ``IsADirectoryError`` (still ``PathDenied``)."""
+    await any_engine.fs.put_files(any_ws, [PutFile("work/d/f.txt", b"f")])
+    with pytest.raises(IsADirectoryError, match="directory") as read:
+        await any_engine.fs.read_file(any_ws, "work/d")
+    with pytest.raises(IsADirectoryError, match="directory") as written:
+        await any_engine.fs.put_files(any_ws, [PutFile("work/d", b"over a directory")])
+    assert isinstance(read.value, PathDenied) and isinstance(written.value, PathDenied)
+    assert (await any_engine.fs.read_file(any_ws, "work/d/f.txt")).content == b"f"
+
+
+@needs(Feature.PROGRAMS)
+async def test_the_file_api_honours_the_programs_permissions(any_engine: Engine, any_ws: Ws) -> None:
+    """A file the program made unreadable or read-only is ``PermissionError`` for the file API when it is for the
+    program (where the program may anyway, root ignoring mode bits on local, so may the file API); a refused
+    write changes nothing."""
+    fs = any_engine.fs
+    await fs.put_files(any_ws, [PutFile("work/locked.txt", b"secret"), PutFile("work/ro.txt", b"keep")])
+    probe = "cat locked.txt >/dev/null 2>&1 && echo read; { true >> ro.txt; } 2>/dev/null && echo write; true"
+    r = await run(any_engine, any_ws, f"chmod 000 locked.txt && chmod 444 ro.txt && {{ {probe}; }}")
+    assert r.exit_code == 0, r.stderr
+    program_reads, program_writes = "read" in r.stdout.split(), "write" in r.stdout.split()
+    assert program_reads == program_writes, r.stdout  # only root may both: it ignores mode bits
+    if program_reads:
+        assert (await fs.read_file(any_ws, "work/locked.txt")).content == b"secret"
+        await fs.put_files(any_ws, [PutFile("work/ro.txt", b"replaced")])
+        assert (await fs.read_file(any_ws, "work/ro.txt")).content == b"replaced"
+        return
+    with pytest.raises(PermissionError):
+        await fs.read_file(any_ws, "work/locked.txt")
+    for target in ("work/ro.txt", "work/locked.txt"):
+        with pytest.raises(PermissionError):  # the whole batch: the first file is not written either
+            await fs.put_files(any_ws, [PutFile("work/new.txt", b"new"), PutFile(target, b"replaced")])
+    assert (await fs.read_file(any_ws, "work/ro.txt")).content == b"keep"
+    assert not await fs.exists(any_ws, "work/new.txt")
+    back = await run(any_engine, any_ws, "chmod 600 locked.txt && cat locked.txt")
+    assert back.stdout == "secret"
+    assert (await fs.read_file(any_ws, "work/locked.txt")).content == b"secret"

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_WALK_DEPTH",
     "ConfinedRoot",
     "Entry",
+    "ProgramUser",
     "remove_tree",
     "split_relpath",
 ]
@@ -58,6 +59,30 @@ class Entry:
     size: int
     nlink: int
     unreadable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramUser:
+    """The uid a workspace's programs run as, whose own files the host-side file API reads and writes by their
+    owner's mode bits: it may be root (for whom the kernel checks none) and replaces files by renaming (which a
+    file's write bit does not stop), so a file the program made unreadable or read-only is checked here.
+    Entries of other owners (the host's own records) keep the host's access: the program cannot chmod them."""
+
+    uid: int
+
+    def may(self, st: os.stat_result, bit: int) -> bool:
+        """Whether the program may ``bit`` (``stat.S_IRUSR`` read, ``stat.S_IWUSR`` write) its entry of ``st``."""
+        return self.uid == 0 or st.st_uid != self.uid or bool(st.st_mode & bit)
+
+    def refuse(self, path: str, st: os.stat_result, bit: int) -> None:
+        """``PathDenied`` unless :meth:`may`."""
+        if not self.may(st, bit):
+            doing = "read" if bit == stat.S_IRUSR else "write"
+            raise PathDenied(
+                path,
+                f"the workspace's programs (uid {self.uid}) may not {doing} it (mode {stat.filemode(st.st_mode)}); "
+                "a program's chmod gives the permission back",
+            )
 
 
 class ConfinedRoot:
@@ -194,6 +219,23 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
 
+    def refuse_unwritable(self, path: str, writer: ProgramUser) -> None:
+        """``PathDenied`` if a file at ``path`` is one ``writer`` may not write, as opening it to write would be:
+        :meth:`write_file` renames over it, which its write bit does not stop. Nothing there is fine."""
+        parts = split_relpath(path)
+        try:
+            dfd = self.open_dir(parts[:-1], display=path)
+        except FileNotFoundError:
+            return
+        try:
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        finally:
+            os.close(dfd)
+        if stat.S_ISREG(st.st_mode):
+            writer.refuse(path, st, stat.S_IWUSR)
+
     def _replace(self, dfd: int, name: str, data: bytes | int, mode: int, display: str) -> None:
         refuse_dir(dfd, name, display)
         tmp = write_temp(dfd, name, data, mode, self.owner)
@@ -213,9 +255,15 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
 
-    def read_file(self, path: str, max_bytes: int | None = None) -> tuple[bytes, int]:
-        """Return up to ``max_bytes`` of the file and its full size."""
+    def read_file(
+        self, path: str, max_bytes: int | None = None, reader: ProgramUser | None = None
+    ) -> tuple[bytes, int]:
+        """Return up to ``max_bytes`` of the file and its full size; with ``reader``, ``PathDenied`` if that
+        user may not read it (judged on the file opened, not on its name)."""
         fd, st = self.open_file(path)
+        if reader is not None and not reader.may(st, stat.S_IRUSR):
+            os.close(fd)
+            reader.refuse(path, st, stat.S_IRUSR)
         with os.fdopen(fd, "rb", closefd=True) as f:
             data = f.read() if max_bytes is None else f.read(max_bytes)
         return data, st.st_size

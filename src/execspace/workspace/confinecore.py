@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 try:
-    from ..errors import PathDenied
-except ImportError:  # shipped as text (no package): the same shape, so callers catch it alike
+    from ..errors import PathDenied, PathIsDirectory
+except ImportError:  # shipped as text (no package): the same shapes, so callers catch them alike
 
     class PathDenied(PermissionError):  # type: ignore[no-redef]
         def __init__(self, path: str, reason: str) -> None:
@@ -30,12 +30,19 @@ except ImportError:  # shipped as text (no package): the same shape, so callers 
             self.reason = reason
             super().__init__(f"path {path!r} denied: {reason}")
 
+    class PathIsDirectory(PathDenied, IsADirectoryError):  # type: ignore[no-redef]
+        def __init__(self, path: str, reason: str = "it is a directory, not a file") -> None:
+            super().__init__(path, reason)
+            self.errno = errno.EISDIR
+            self.filename = path
+
 
 __all__ = [
     "DIR_FLAGS",
     "MAX_WALK_DEPTH",
     "READ_FLAGS",
     "PathDenied",
+    "PathIsDirectory",
     "Visit",
     "open_regular",
     "refuse_dir",
@@ -99,6 +106,9 @@ def open_regular(dfd: int, name: str, display: str) -> tuple[int, os.stat_result
             raise PathDenied(display, "the file is a symlink") from exc
         raise
     st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        os.close(fd)
+        raise PathIsDirectory(display)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise PathDenied(display, "not a regular file")
@@ -112,7 +122,7 @@ def refuse_dir(dfd: int, name: str, display: str) -> None:
     """Refuse to replace a directory at ``name`` with a file."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-            raise PathDenied(display, "a directory exists at this path")
+            raise PathIsDirectory(display, "a directory exists at this path")
 
 
 def rename_path(open_dir: Callable[[list[str], bool, str], int], src: str, dst: str) -> None:

@@ -24,9 +24,10 @@ from ..models import (
     PutFile,
     Workspace,
 )
-from .confine import ConfinedRoot, Entry, split_relpath
+from .confine import ConfinedRoot, Entry, ProgramUser, split_relpath
 from .hostroots import HostSource, walk_tree
 from .layers import own_changes
+from .layout import METADATA_FILE
 from .metadata import is_metadata_temp
 from .programpaths import checked_relative, workspace_relative, workspace_relatives
 from .staging import WorkspaceFSBase
@@ -140,6 +141,14 @@ class HostWorkspaceFS(WorkspaceFSBase):
     def owner(self, ws: Workspace) -> tuple[int, int] | None:
         return self._owner(ws) if self._owner is not None else None
 
+    def program_user(self, ws: Workspace, path: str) -> ProgramUser | None:
+        """Whose mode bits ``read_file`` and ``put_files`` honour at ``path``: the uid the workspace's programs
+        run as (the one we give files to), else ours; None for the workspace's record, which is ours."""
+        if split_relpath(path) == [METADATA_FILE]:
+            return None
+        owner = self.owner(ws)
+        return ProgramUser(os.geteuid() if owner is None else owner[0])
+
     def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:
         """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path``."""
         if self._access is not None:
@@ -172,6 +181,10 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         def write_all() -> None:
             with ConfinedRoot(root, self.owner(ws)) as cr:
+                for f in files:  # every refusal before anything is written
+                    writer = self.program_user(ws, f.path)
+                    if writer is not None:
+                        cr.refuse_unwritable(f.path, writer)
                 for f in files:
                     cr.write_file(f.path, f.data, f.mode)
 
@@ -184,7 +197,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         def read() -> File:
             with ConfinedRoot(root) as cr:
-                data, size = cr.read_file(path, max_bytes)
+                data, size = cr.read_file(path, max_bytes, self.program_user(ws, path))
             return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
         return await asyncio.to_thread(read)

@@ -19,6 +19,9 @@ try {
   const ctx = await sbx.createCodeContext()
   const other = await sbx.runCode('x', { context: ctx })
   check(other.error && other.error.name === 'NameError', 'contexts do not share variables')
+  await sbx.runCode('const y = 20', { language: 'js' })
+  const node = await sbx.runCode('y + 1', { language: 'js' })
+  check(node.text === '21', `a JavaScript context keeps its state, got ${node.text}`)
   console.log('ok')
 } finally {
   await sbx.kill()

@@ -19,11 +19,13 @@ import asyncio
 import os
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
+from ...environments import EnvironmentStore
 from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
@@ -169,13 +171,17 @@ class ContainerBackend:
         if unknown:
             raise InvalidSpec(f"unknown languages {sorted(unknown)}; known: {[lang.name for lang in LANGUAGES]}")
         image = container_image(options.image)
+        environment = None if options.environment is None else EnvironmentStore().get(options.environment)
+        binds = dict(options.read_only_binds or {})
+        if environment is not None:
+            binds[str(environment.path)] = str(environment.path)  # at its own path: its scripts' #! lines name it
         config = ContainerConfig(
             image=image,
             user=options.user or (DEFAULT_USER if os.getuid() == 0 else (os.getuid(), os.getgid())),
             memory_bytes=options.memory_bytes,
             pids=options.pids,
             cpus=options.cpus,
-            read_only_binds=dict(options.read_only_binds or {}),
+            read_only_binds=binds,
             network=options.network,
             protected=tuple(options.protected),
         )
@@ -201,6 +207,8 @@ class ContainerBackend:
         caps = cls.capabilities(
             config, str(info), pool_size, options.watchdog, declared if languages is None else languages
         )
+        if environment is not None:
+            caps = replace(caps, details={**caps.details, "environment": environment.summary()})
         owner = _owner(config) if os.getuid() == 0 else _no_owner
         manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size)
         pool = manager.pool
@@ -211,7 +219,7 @@ class ContainerBackend:
             owner=owner,
             access=ProtectedPaths(config.protected),
         )
-        runner = ContainerRunner(containers, lambda: caps, options.env_policy or EnvPolicy(), owner)
+        runner = ContainerRunner(containers, lambda: caps, options.env_policy or EnvPolicy(), owner, environment)
 
         async def close() -> None:
             await pool.close()
@@ -268,6 +276,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             adopt=self._adopt_slot,
             refill=lambda: self.pool.refill(),
             stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
+            freeze=containers.paused,
         )
         self._containers = containers
         containers.pool_root = self.root

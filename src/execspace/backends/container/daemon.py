@@ -8,11 +8,12 @@ import contextlib
 import os
 import secrets
 import shutil
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import SetupFailed
+from ...errors import BackendError, SetupFailed
 from ...languages import LANGUAGES
 from ...models import Workspace
 from ...workspace.layout import sanitize_id
@@ -185,6 +186,35 @@ class WorkspaceContainers:
             raise
         self._held[str(container.id)] = held
         return str(container.id)
+
+    @contextlib.asynccontextmanager
+    async def paused(self, ws: Workspace) -> AsyncIterator[None]:
+        """The workspace's container paused (its cgroup frozen) for the block, so that a snapshot copies a state
+        none of its programs changes meanwhile; unpaused afterwards, also when the body raises."""
+        cid = self._ids.get(ws.host_path) if ws.host_path is not None else None
+        if cid is None or not await asyncio.to_thread(self._pause, cid):
+            yield  # no container runs for it: nothing writes into it
+            return
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self.client.api.unpause, cid)
+
+    def _pause(self, cid: str) -> bool:
+        """Pause ``cid``; False when it is not running (gone, or exited: its programs with it)."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            self.client.api.pause(cid)
+        except NotFound:
+            return False
+        except APIError as exc:
+            if exc.status_code == 409 and not self.client.api.inspect_container(cid)["State"]["Running"]:
+                return False
+            raise BackendError(
+                f"cannot pause container {cid[:12]} for a snapshot ({exc}); is the daemon healthy? retry"
+            ) from exc
+        return True
 
     async def remove(self, ws: Workspace) -> None:
         if ws.host_path is None:

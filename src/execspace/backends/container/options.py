@@ -36,6 +36,10 @@ class ContainerOptions(HostOptions):
         protected: workspace paths programs and the file API never write (the workspace root is read-only
             to programs anyway; an entry below a layout directory is mounted read-only). Pass a shorter
             list to opt out of some (``.execspace`` stays).
+        environment: a built runtime environment (``execspace env build NAME``, docs/environments.md) bound
+            read-only into every container at its host path, its ``bin`` first on PATH and its variables set;
+            its python is a venv of the host's system Python, so the image must have that Python at the same
+            path (the test image, the host's ``/usr``, has). ``details["environment"]`` names it.
     """
 
     image: str | None = None
@@ -51,3 +55,4 @@ class ContainerOptions(HostOptions):
     watchdog: bool = False
     languages: Sequence[str] | None = None
     protected: Sequence[str] = DEFAULT_PROTECTED
+    environment: str | None = None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
@@ -21,6 +23,9 @@ from .daemon import WorkspaceContainers
 from .execrun import KILL_GRACE, ExecRun
 from .handle import ContainerHandle
 from .limits import rlimit_argv
+
+if TYPE_CHECKING:
+    from ...environments import Environment
 
 __all__ = ["ContainerRunner"]
 
@@ -42,6 +47,7 @@ class ContainerRunner:
         capabilities: Callable[[], Capabilities],
         env_policy: EnvPolicy | None,
         owner: Callable[[Workspace], tuple[int, int] | None],
+        environment: Environment | None = None,
     ) -> None:
         self.preparation = RunPreparation(
             capabilities,
@@ -50,15 +56,24 @@ class ContainerRunner:
             owner=owner,
             program_root=lambda _ws: CONTAINER_WORKSPACE,
             lookup=lookup_where_it_runs,  # on the run's PATH, by the runtime (127 from there)
+            path_view=None if environment is None else functools.partial(_bin_first, str(environment.bin_dir)),
         )
+        self._environment = environment
         self._containers = containers
         user = containers.config.user
         self._user = f"{user[0]}:{user[1]}"
         self.programs = ProgramTable()
 
-    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+    def _prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
         self._check_spec(spec)
         prep = self.preparation.prepare(ws, spec)
+        if self._environment is not None and not isinstance(prep, RunResult):
+            # the environment's variables where the run sets none of its own (its bin is first on PATH already)
+            prep.env.update({k: v for k, v in self._environment.program_env().items() if k not in spec.env})
+        return prep
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        prep = self._prepare(ws, spec)
         if isinstance(prep, RunResult):
             return prep
         cid = await self._containers.ensure(ws)
@@ -73,8 +88,7 @@ class ContainerRunner:
         return await self.finish(run, prep, timed_out)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
-        self._check_spec(spec)
-        prep = self.preparation.prepare(ws, spec)
+        prep = self._prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())
         cid = await self._containers.ensure(ws)
@@ -208,3 +222,8 @@ class ContainerRunner:
             raw_stderr=raw_err,
             run_dir=prep.run_dir,
         )
+
+
+def _bin_first(bin_dir: str, path: str) -> str:
+    """The run's PATH with a runtime environment's ``bin`` first (bound at its own path in the container)."""
+    return ":".join(dict.fromkeys([bin_dir, *path.split(":")]))

@@ -72,6 +72,9 @@ class E2BBackend:
                 "persistence": options.persistence,
                 "pty": "none: the SDK's sandbox.pty starts only an interactive bash, never a given program",
                 "signals": "sent with kill inside the sandbox (the SDK's envd signal call sends only SIGKILL)",
+                "fork": "detected at first use: snapshots and forks of whole sandboxes where the service keeps "
+                "files-only snapshots (execspace serve; manager.fork_mode() says how it forks); CapabilityError "
+                "elsewhere (E2B cloud) and for workspaces sharing a sandbox_id",
             },
         )
 
@@ -84,6 +87,7 @@ class E2BBackend:
             raise SetupFailed("e2b", probe.reason, probe.fix)
         caps = cls.capabilities(options)
         boxes = Sandboxes(options)
+        boxes.start()
         manager = E2BWorkspaceManager(boxes)
         fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
         runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace)

@@ -147,6 +147,19 @@ def op_install(args: dict[str, Any]) -> None:
     written through), then remove the staging directory."""
     stage = str(args["stage"])
     try:
+        for _, dest, _ in args["files"]:  # every refusal before anything moves
+            parts = split_relpath(dest)
+            try:
+                fd = open_dir(args["ws"], parts[:-1], dest)
+            except Refused as exc:
+                if exc.kind != "FileNotFoundError":
+                    raise
+                continue  # a parent missing: nothing there to refuse
+            try:
+                refuse_dir(fd, parts[-1], dest)
+                refuse_unwritable(fd, parts[-1], dest)
+            finally:
+                os.close(fd)
         for name, dest, mode in args["files"]:
             parts = split_relpath(dest)
             os.chmod(os.path.join(stage, name), mode & 0o777)
@@ -161,6 +174,15 @@ def op_install(args: dict[str, Any]) -> None:
             for leftover in os.listdir(stage):
                 os.unlink(os.path.join(stage, leftover))
             os.rmdir(stage)
+
+
+def refuse_unwritable(dfd: int, name: str, display: str) -> None:
+    """A file the program may not write (we run as it) is not replaced either, as opening it to write would fail:
+    renaming over it would not."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and not os.access(name, os.W_OK, dir_fd=dfd, follow_symlinks=False):
+            raise Refused("PermissionError", display, "permission denied: the program may not write it")
 
 
 OPS = {
@@ -181,6 +203,8 @@ def answer(raw: str) -> dict[str, Any]:
         return {"ok": OPS[args["op"]](args)}
     except Refused as exc:
         return {"error": [exc.kind, exc.path, exc.why]}
+    except IsADirectoryError as exc:  # before PathDenied: PathIsDirectory is both
+        return {"error": ["IsADirectoryError", str(exc.filename or ""), "is a directory"]}
     except PathDenied as exc:
         return {"error": ["PathDenied", exc.path, exc.reason]}
     except OSError as exc:

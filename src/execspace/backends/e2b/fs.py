@@ -14,7 +14,7 @@ import builtins
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ...mime import SNIFF_BYTES, guess_mime
 from ...models import (
@@ -25,6 +25,7 @@ from ...models import (
     FileEntry,
     FileKind,
     PutFile,
+    Snapshot,
     Workspace,
     WorkspacePolicy,
 )
@@ -33,10 +34,12 @@ from ...workspace.layout import LAYOUT_DIRS
 from ...workspace.metadata import is_metadata_temp
 from ...workspace.programpaths import checked_relative, workspace_relatives
 from ...workspace.staging import WorkspaceFSBase, read_within_caps
+from .branches import E2BBranches
 from .sandboxes import Box, Sandboxes, workspace_key
 
 if TYPE_CHECKING:
     from ...artifacts import ArtifactService
+    from ...process.warmpool import WarmPool
 
 __all__ = ["E2BWorkspaceFS", "E2BWorkspaceManager"]
 
@@ -46,10 +49,18 @@ _KINDS = {"file": FileKind.FILE, "dir": FileKind.DIR, "symlink": FileKind.SYMLIN
 
 
 class E2BWorkspaceManager:
-    """One workspace per id, in the sandbox the persistence option gives it."""
+    """One workspace per id, in the sandbox the persistence option gives it. Snapshots and forks (see
+    :mod:`.branches`) where the service keeps files-only snapshots (``execspace serve``); elsewhere they raise
+    ``CapabilityError``."""
 
     def __init__(self, boxes: Sandboxes) -> None:
         self._boxes = boxes
+        self.branches = E2BBranches(boxes)
+
+    @property
+    def pool(self) -> WarmPool[Box] | None:
+        """The sandboxes made ahead (``pool_size``), or None: ``await pool.ready()`` waits for the fill."""
+        return self._boxes.pool
 
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
@@ -82,6 +93,42 @@ class E2BWorkspaceManager:
             return
         await box.call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
         await self._boxes.forget(key)
+
+    # -- snapshots and forks: the sandbox's files, never its processes or kernels ------------------------
+
+    async def fork_mode(self) -> Literal["cow", "copy"]:
+        """How the service forks (its own copy-on-write or copies); ``CapabilityError`` where it cannot."""
+        return await self.branches.mode()
+
+    async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
+        """Freeze the workspace's files (its sandbox's, taken by the service with its programs stopped)."""
+        return await self.branches.snapshot(ws, name)
+
+    async def fork(
+        self,
+        source: Workspace | Snapshot | str,
+        count: int = 1,
+        ids: Sequence[str] | None = None,
+        *,
+        policy: WorkspacePolicy | None = None,
+    ) -> builtins.list[Workspace]:
+        """``count`` new workspaces (1..100), each in a new sandbox starting with the files of ``source`` (a
+        workspace now, or a snapshot: its handle, id or name); ``ids`` names them. All or none."""
+        return await self.branches.fork(source, count, ids, policy)
+
+    async def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
+        """Give the workspace a new sandbox made from ``snapshot``; the old one and its programs are killed."""
+        await self.branches.restore(ws, snapshot)
+
+    async def list_snapshots(self) -> builtins.list[Snapshot]:
+        """The service's snapshots (those taken elsewhere with only their id and name known)."""
+        return await self.branches.list()
+
+    async def get_snapshot(self, key: str) -> Snapshot:
+        return await self.branches.get(key)
+
+    async def remove_snapshot(self, snapshot: Snapshot | str) -> None:
+        await self.branches.remove(snapshot)
 
 
 class E2BWorkspaceFS(WorkspaceFSBase):

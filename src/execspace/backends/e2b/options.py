@@ -10,6 +10,7 @@ from typing import Literal
 from ...artifacts import ArtifactService
 from ...backend import BackendOptions
 from ...envpolicy import EnvPolicy
+from ...errors import InvalidSpec
 
 __all__ = ["E2BOptions"]
 
@@ -46,6 +47,13 @@ class E2BOptions(BackendOptions):
             (stateful kernels, rich results under ``out/``); blocks of other languages run as programs. Names or
             aliases of python, javascript, typescript, bash, r, java. The default is what every E2B-protocol
             service's ``code-interpreter-v1`` runs, ``execspace serve`` included; E2B's and Cube's also run the others.
+        pool_size: with ``persistence="turn"``, sandboxes created ahead (template, env vars and metadata as
+            above, plus ``execspace.pool``) that ``create_workspace`` takes instead of waiting for a create; topped
+            up in the background. Per session a sandbox is found again by the workspace named in its metadata at
+            creation, so a pool cannot serve it (refused).
+        pool_max_age: seconds a pooled sandbox waits before it is killed (default: half of ``sandbox_timeout``;
+            must be less, so that none expires in the pool); the next ``create_workspace`` refills the pool, so
+            an idle engine stops paying for sandboxes. A taken one gets a full ``sandbox_timeout`` again.
     """
 
     api_url: str | None = None
@@ -67,3 +75,25 @@ class E2BOptions(BackendOptions):
     artifacts: ArtifactService | None = None
     kill_grace: float = 2.0
     code_languages: tuple[str, ...] = ("python",)
+    pool_size: int = 0
+    pool_max_age: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pool_size < 0:
+            raise InvalidSpec(f"pool_size must be 0 or more, got {self.pool_size}")
+        if self.pool_size and (self.persistence != "turn" or self.sandbox_id is not None):
+            raise InvalidSpec(
+                "pool_size needs persistence='turn' without sandbox_id: a per-session sandbox is found again by the "
+                "workspace named in its metadata when it is created, which a pooled one cannot know"
+            )
+        if self.pool_max_age is not None and not 0 < self.pool_max_age < self.sandbox_timeout:
+            raise InvalidSpec(
+                f"pool_max_age must be more than 0 and less than sandbox_timeout ({self.sandbox_timeout} s), so that "
+                "no pooled sandbox expires before it is taken"
+            )
+
+    @property
+    def pool_age(self) -> float:
+        """Seconds a pooled sandbox is kept."""
+        return self.pool_max_age if self.pool_max_age is not None else self.sandbox_timeout / 2

@@ -1,11 +1,13 @@
 """Programs in E2B sandboxes over the SDK's commands API.
 
-Each run is one background command: ``bash -l -c`` (what envd always starts) makes the cwd and run directory,
-then starts the program under ``env -i`` with exactly the environment the policy built, through a ``sh`` that
-records its pid in the run directory and ``exec``s the program. The ``bash`` stays as the parent, so a program
-killed by signal N ends it with ``128 + N``, reported as ``-N`` like every backend does. Timeouts are ours (the
-SDK's stream deadline is only a backstop): SIGTERM to the program, then after the grace SIGKILL to every process
-that carries the run's marker (found in the sandbox's ``/proc``). A timeout is ``timed_out``, never exit 0.
+Each run is one background command and one exec chain: ``bash -l -c`` (what envd always starts) makes the cwd and
+run directory, then ``exec``s ``env -i`` with exactly the environment the policy built (the run's marker among it),
+which ``exec``s the program: nothing is forked, the program is the process envd started and its end is the process
+API's: an exit code, or for a signal envd's -1 and ``signal: <name>`` (what Go's ``cmd.Wait()`` says), reported
+as ``-N`` like every backend does, once the sandbox is known to be still there (its end ends its commands so).
+Nothing is written down or read back. Timeouts are ours (the SDK's stream deadline is only a backstop): SIGTERM to
+the program (the marked process whose parent is not marked, found in the sandbox's ``/proc``), then after the grace
+SIGKILL to every process that carries the run's marker. A timeout is ``timed_out``, never exit 0.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
-from ...errors import BackendError, CapabilityError, SandboxLost, UsageError
+from ...errors import BackendError, CapabilityError, UsageError
 from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
-from ...process.preparation import signal_status
 from ...process.programs import OutputLog, ProgramTable, StartedProgram, program_info
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
@@ -40,13 +41,28 @@ if TYPE_CHECKING:
 
 __all__ = ["E2BProgram", "E2BRunner"]
 
-#: Sends ``$3`` to the program whose pid the run recorded in ``$1`` (waiting briefly for it to be written).
-_SIGNAL = 'for i in $(seq 100); do [ -s "$1" ] && break; sleep 0.02; done; kill -s "$2" "$(cat "$1")" 2>/dev/null; :'
+#: Sends ``$2`` to the run's program: the process whose environment holds ``$1`` (the run's marker) and whose
+#: parent's does not (its own children inherit the marker). It may not have exec'd yet: looked for again briefly.
+_SIGNAL = (
+    'for i in $(seq 100); do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null || continue;'
+    " p=$(sed -n 's/^PPid:[[:space:]]*//p' \"$d/status\" 2>/dev/null);"
+    ' grep -qzx -- "$1" "/proc/$p/environ" 2>/dev/null || { kill -s "$2" "${d#/proc/}" 2>/dev/null; exit 0; };'
+    " done; sleep 0.02; done; :"
+)
+#: A signal's number by the names envd's ``signal: <name>`` may use: Go's (the C library's text, lowercase:
+#: ``killed``, ``user defined signal 1``) and the short ones (``kill``, ``usr1``).
+_SIGNALS = {
+    **{s.name.removeprefix("SIG").lower(): s.value for s in signal.Signals},
+    **{text.lower(): s.value for s in signal.Signals if (text := signal.strsignal(s))},
+}
 #: SIGKILLs every process of the sandbox whose environment holds ``$1`` (the run's marker), twice for forks.
 _KILL = (
     'for pass in 1 2; do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null'
     ' && kill -9 "${d#/proc/}" 2>/dev/null; done; done; :'
 )
+#: Run directories one ``mkdir`` makes: the run's own and the next runs' of the workspace.
+_AHEAD = 8
+_MAX_WORKSPACES_AHEAD = 1024
 #: After the last kill, how long the command's stream may take to end before we stop waiting for it.
 _SETTLE = 5.0
 
@@ -59,7 +75,6 @@ class _Prepared:
     command: str
     run_dir: str
     marker: str
-    pidfile: str
 
 
 class E2BRunner:
@@ -77,6 +92,8 @@ class E2BRunner:
         self.env_policy = env_policy or EnvPolicy()
         self.kill_grace = kill_grace
         self.programs = ProgramTable()
+        # run directories made ahead, per workspace: a run that finds its own there starts no mkdir
+        self._made_ahead: dict[str, list[str]] = {}
 
     def prepare(self, ws: Workspace, spec: RunProgramSpec) -> _Prepared:
         self._caps().require(spec)
@@ -88,24 +105,39 @@ class E2BRunner:
         box = self._boxes.box(workspace_key(ws.id))
         rel = workspace_relative(ws, spec.cwd)
         cwd = "/".join(split_relpath(rel)) if rel not in ("", ".", "./") else ""
-        run_dir = new_run_name()
-        marker = f"{RUN_MARKER_VAR}={secrets.token_hex(8)}"
+        run_dir, ahead = self._run_dirs(ws)
+        marker_value = secrets.token_hex(8)
         env = self.env_policy.build(
             {}, {**options.env_vars, **spec.env}, workspace_env(ws.path, run_dir), clean=spec.clean_env
         )
         root = shlex.quote(ws.path)
         here = shlex.quote(f"{ws.path}/{cwd}" if cwd else ws.path)
-        pidfile = f"{ws.path}/{run_dir}/.pid"
+        env[RUN_MARKER_VAR] = marker_value
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
+        # env, not a shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says
+        # 127 for all of them, and adds no variable of its own (bash's exec would export SHLVL)
+        start = f"exec env -i {assignments} {program}"
+        made = " ".join(f"{root}/{d}" for d in (run_dir, *ahead))
+        # ``[`` is bash's own: only a missing directory (a run made ahead of time raced, or it was removed) costs
+        # a process
         command = (
-            f"mkdir -p -- {here} {root}/{run_dir} && cd -- {here} || exit 126\n"
-            # a subshell records its own pid (the program's, across the execs), then env, not a shell, execs the
-            # program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says 127 for all of them
-            f"(echo $BASHPID > {shlex.quote(pidfile)}; exec env -i {assignments} {shlex.quote(marker)} {program})\n"
-            f"s=$?; echo $s > {shlex.quote(pidfile + '.status')}; exit $s"
+            f"{{ [ -d {root}/{run_dir} ] && [ -d {here} ]; }} || mkdir -p -- {here} {made} || exit 126\n"
+            f"cd -- {here} || exit 126\n{start}"
         )
-        return _Prepared(ws, spec, box, command, run_dir, marker, pidfile)
+        return _Prepared(ws, spec, box, command, run_dir, f"{RUN_MARKER_VAR}={marker_value}")
+
+    def _run_dirs(self, ws: Workspace) -> tuple[str, list[str]]:
+        """This run's directory and those its wrapper makes ahead for the next runs (with its own, in one
+        ``mkdir``); up to ``_AHEAD - 1`` of them stay empty when the workspace's runs stop."""
+        if len(self._made_ahead) > _MAX_WORKSPACES_AHEAD:  # bounded: forgetting them costs one mkdir each
+            self._made_ahead.clear()
+        stock = self._made_ahead.setdefault(ws.path, [])
+        if stock:
+            return stock.pop(0), []
+        names = [new_run_name() for _ in range(_AHEAD)]
+        stock.extend(names[1:])
+        return names[0], names[1:]
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         program = await self._start(self.prepare(ws, spec), interactive=False)
@@ -130,7 +162,7 @@ class E2BRunner:
 
     async def send_signal(self, prep: _Prepared, sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
-        await self._sh(prep, _SIGNAL, prep.pidfile, name)
+        await self._sh(prep, _SIGNAL, prep.marker, name)
 
     async def kill_marked(self, prep: _Prepared) -> None:
         await self._sh(prep, _KILL, prep.marker)
@@ -195,14 +227,15 @@ class E2BProgram(StartedProgram):
             await self.write_stdin(data)
             await self.close_stdin()
 
-    async def _end(self, handle: AsyncCommandHandle[None]) -> int:
+    async def _end(self, handle: AsyncCommandHandle[None]) -> tuple[int, str | None]:
+        """The command's exit code and envd's error text (``signal: killed`` with -1)."""
         from e2b import CommandExitException
 
         try:
             result = await handle.wait()
         except CommandExitException as exc:
-            return int(exc.exit_code)
-        return int(result.exit_code)
+            return int(exc.exit_code), exc.error
+        return int(result.exit_code), result.error
 
     async def _supervise(self, handle: AsyncCommandHandle[None]) -> RunResult:
         spec = self._prep.spec
@@ -210,10 +243,10 @@ class E2BProgram(StartedProgram):
         timed_out = False
         try:
             try:
-                code = await asyncio.wait_for(asyncio.shield(ending), spec.timeout)
+                code, error = await asyncio.wait_for(asyncio.shield(ending), spec.timeout)
             except TimeoutError:
                 timed_out = True
-                code = await self._stop(ending)
+                code, error = await self._stop(ending)
         except Exception as exc:
             box = self._prep.box  # which of the two it was, said by the service: gone, unreachable or neither
             await box.call(f"the run of {spec.cmd!r}", box.sandbox.get_info())
@@ -224,13 +257,12 @@ class E2BProgram(StartedProgram):
         finally:
             self._queue.put_nowait(None)
             self._log.close()
-        if code == -1:  # envd's "ended by a signal", which the SDK does not name: the wrapper wrote it down
-            code = await self._recorded_status()
-        code = signal_status(code)
+        if code == -1:
+            code = await self._signalled(error)
         return self._result(code, timed_out)
 
-    async def _stop(self, ending: asyncio.Future[int]) -> int:
-        """TERM to the program, then (after the grace) KILL to everything of the run; the exit code."""
+    async def _stop(self, ending: asyncio.Future[tuple[int, str | None]]) -> tuple[int, str | None]:
+        """TERM to the program, then (after the grace) KILL to everything of the run; how it ended."""
         await self._runner.send_signal(self._prep, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(asyncio.shield(ending), self._runner.kill_grace)
@@ -244,19 +276,15 @@ class E2BProgram(StartedProgram):
             ending.cancel()
             with contextlib.suppress(Exception):
                 await self._handle.disconnect()
-            return -signal.SIGKILL
+            return -signal.SIGKILL, None
 
-    async def _recorded_status(self) -> int:
-        """The status the wrapper wrote down; a sandbox found gone meanwhile is why the run ended, and said."""
+    async def _signalled(self, error: str | None) -> int:
+        """``-N`` for envd's -1 ("ended by a signal") and its ``signal: <name>``: SIGKILL when the name is missing or
+        unknown. The end of its sandbox kills a command too: then that is why the run ended, and said."""
         box = self._prep.box
-        try:
-            status = box.sandbox.files.read(box.sdk_path(self._prep.pidfile + ".status"))
-            text = await box.call(f"the run of {self._prep.spec.cmd!r}", status)
-            return int(text.strip())
-        except SandboxLost:
-            raise
-        except Exception:  # no record: the wrapper itself was killed, by our SIGKILL
-            return -signal.SIGKILL
+        await box.call(f"the run of {self._prep.spec.cmd!r}", box.sandbox.get_info())
+        name = (error or "").removeprefix("signal: ").removesuffix(" (core dumped)").strip().lower()
+        return -_SIGNALS.get(name, signal.SIGKILL)
 
     def _result(self, code: int, timed_out: bool) -> RunResult:
         raw_out, raw_err = self._out.getvalue(), self._err.getvalue()

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...errors import BackendError, PathDenied, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...errors import BackendError, PathDenied, PathIsDirectory, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...process.warmpool import WarmPool
 from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .options import E2BOptions
 
@@ -30,6 +31,9 @@ T = TypeVar("T")
 #: The sandbox user's home, where E2B templates (and ``execspace serve``) put it.
 HOME = "/home/user"
 _WS_KEY = "execspace.workspace"
+_WS_DIR = "execspace.directory"
+#: The metadata of a sandbox made ahead for the pool (per turn the workspace's name is only informative).
+_POOL_KEY = "execspace.pool"
 
 
 def _agent_text() -> str:
@@ -155,6 +159,9 @@ class Box:
     """What the engine does when the sandbox turns out gone (forget it, or replace it); says what it did."""
     timeout: float = 30.0
     """Seconds the agent may take to answer (the engine's ``request_timeout``)."""
+    directory: str = ""
+    """The name of its workspace's directory under ``.execspace/ws`` when it is not the key: a fork keeps its
+    source's (renaming a directory of an overlay's lower layer would copy it whole); its metadata says so."""
     _agent: _AgentProcess | None = field(default=None, init=False, repr=False)
     _agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
@@ -175,7 +182,8 @@ class Box:
         return HOME + path[len(self.home) :]
 
     def root_of(self, key: str) -> str:
-        return f"{self.home}/.execspace/ws/{key}"
+        name = self.directory if key == self.workspace and self.directory else key
+        return f"{self.home}/.execspace/ws/{name}"
 
     def stage_dir(self) -> str:
         return f"{self.home}/.execspace/stage"
@@ -230,6 +238,7 @@ class Box:
     def renew(self, fresh: Box) -> None:
         """Go on with ``fresh``'s sandbox in place of a lost one (every holder of this box moves on)."""
         self.sandbox, self.home, self._agent = fresh.sandbox, fresh.home, fresh._agent
+        self.directory = fresh.directory
 
     async def release(self) -> None:
         """End our agent (stdin closed: it exits), as the sandbox may outlive this engine."""
@@ -250,7 +259,9 @@ def _refusal(kind: str, path: str, why: str) -> Exception:
     if kind == "FileNotFoundError":
         return FileNotFoundError(2, why, path)
     if kind == "IsADirectoryError":
-        return IsADirectoryError(21, why, path)
+        return PathIsDirectory(path, why)
+    if kind == "PermissionError":  # the program's own mode bits, checked as it in the sandbox
+        return PathDenied(path, why)
     if kind == "WorkspaceGone":
         return BackendError(f"the workspace directory {path} is gone from its sandbox: its files were lost")
     return BackendError(f"{kind} at {path!r}: {why}")
@@ -265,6 +276,16 @@ class Sandboxes:
         self._locks: dict[str, asyncio.Lock] = {}
         self._shared: Box | None = None
         self._turns: list[Box] = []
+        self.pool: WarmPool[Box] | None = None
+        if options.pool_size > 0:
+            self.pool = WarmPool(
+                options.pool_size, self._make_pooled, self._discard, idle_timeout=options.pool_age, starts_at_once=2
+            )
+
+    def start(self) -> None:
+        """Begin filling the pool (on the event loop of the engine's calls)."""
+        if self.pool is not None:
+            self.pool.refill()
 
     def api(self) -> dict[str, Any]:
         """The connection options of every SDK call (unset ones: the SDK's environment variables)."""
@@ -293,14 +314,16 @@ class Sandboxes:
                 self._shared = await self._connect(self.options.sandbox_id)
             return self._shared
         if self.options.persistence == "session":
-            existing = await self._find(key)
-            if existing is not None:
+            found = await self._find(key)
+            if found is not None:
+                existing, directory = found
                 box = Box(existing, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
+                box.directory = directory
                 await box.install_agent()
                 return box
         if not create:
             raise WorkspaceNotFound(f"no sandbox holds workspace {key!r} (it was cleaned up, or it expired)")
-        box = await self._create(key)
+        box = await self._pooled(key) or await self._create(key)
         if self.options.persistence == "turn":
             self._turns.append(box)
         return box
@@ -317,8 +340,9 @@ class Sandboxes:
         await box.install_agent()
         return box
 
-    async def _find(self, key: str) -> Any:
-        """The running sandbox we made for workspace ``key`` (by its metadata), connected, or None."""
+    async def _find(self, key: str) -> tuple[Any, str] | None:
+        """The running sandbox we made for workspace ``key`` (by its metadata), connected, and the name of the
+        workspace's directory in it; or None."""
         from e2b import SandboxQuery, SandboxState
         from e2b_code_interpreter import AsyncSandbox
 
@@ -334,18 +358,42 @@ class Sandboxes:
             AsyncSandbox.connect(mine[0].sandbox_id, timeout=self.options.sandbox_timeout, **self.api()),
             gone=f"workspace {key!r}",
         )
-        return sandbox
+        return sandbox, (mine[0].metadata or {}).get(_WS_DIR, "")
 
-    async def _create(self, key: str) -> Box:
+    async def _pooled(self, key: str) -> Box | None:
+        """A sandbox of the pool for workspace ``key``, its lifetime renewed; None when the pool has none."""
+        if self.pool is None:
+            return None
+        self.pool.refill()  # behind this take
+        while (box := self.pool.take()) is not None:
+            box.workspace = key
+            try:
+                await box.call("renewing a pooled sandbox", box.sandbox.set_timeout(self.options.sandbox_timeout))
+            except BackendError:  # gone meanwhile (killed, or the service lost it): the next one, or a create
+                continue
+            return box
+        return None
+
+    async def _make_pooled(self) -> Box:
+        return await self._create("", metadata={_POOL_KEY: "1"})
+
+    async def _discard(self, box: Box) -> None:
+        with contextlib.suppress(BackendError):  # gone already: nothing to kill
+            await self.kill(box)
+
+    async def _create(
+        self, key: str, template: str | None = None, directory: str = "", *, metadata: dict[str, str] | None = None
+    ) -> Box:
         from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
+        template = template or o.template
         sandbox = await sdk_call(
-            f"creating a sandbox from template {o.template!r}",
+            f"creating a sandbox from {template!r}",
             AsyncSandbox.create(
-                template=o.template,
+                template=template,
                 timeout=o.sandbox_timeout,
-                metadata={**o.metadata, _WS_KEY: key},
+                metadata={**o.metadata, **(metadata or {_WS_KEY: key, **({_WS_DIR: directory} if directory else {})})},
                 envs=dict(o.env_vars),
                 secure=o.secure,
                 allow_internet_access=o.allow_internet_access,
@@ -353,8 +401,40 @@ class Sandboxes:
             ),
         )
         box = Box(sandbox, True, key, on_lost=self._lost, timeout=self.options.request_timeout)
-        await box.install_agent()
+        box.directory = directory
+        try:
+            await box.install_agent()
+        except BaseException:
+            await asyncio.shield(self._discard(box))  # ours and of no use: never left running
+            raise
         return box
+
+    async def from_snapshot(self, key: str, snapshot_id: str, directory: str = "") -> Box:
+        """A new sandbox of ours for workspace ``key``, created from a snapshot (not held yet: see :meth:`hold`);
+        ``directory``: the name of the workspace's directory in it, when known and not ``key``."""
+        return await self._create(key, snapshot_id, "" if directory == key else directory)
+
+    def hold(self, key: str, box: Box) -> None:
+        """Hold ``box`` as workspace ``key``'s, as if ``for_workspace`` had made it."""
+        self._boxes[key] = box
+        if self.options.persistence == "turn":
+            self._turns.append(box)
+
+    async def keys_in_use(self) -> set[str]:
+        """The workspace keys open in this engine, and per session those of the running sandboxes with its
+        metadata (another engine's too)."""
+        keys = set(self._boxes)
+        if self.options.persistence == "session" and self.options.sandbox_id is None:
+            from e2b import SandboxQuery, SandboxState
+            from e2b_code_interpreter import AsyncSandbox
+
+            query = SandboxQuery(metadata=dict(self.options.metadata) or None, state=[SandboxState.RUNNING])
+            pages = AsyncSandbox.list(query=query, **self.api())
+            listed = await sdk_call("listing sandboxes", pages.next_items())
+            while pages.has_next:
+                listed += await sdk_call("listing sandboxes", pages.next_items())
+            keys |= {k for s in listed if (k := (s.metadata or {}).get(_WS_KEY))}
+        return keys
 
     async def _lost(self, box: Box) -> str:
         """Deal with ``box``'s sandbox being gone: per session (and a sandbox given by id) it is forgotten, so
@@ -391,7 +471,10 @@ class Sandboxes:
         await sdk_call(f"killing sandbox {box.id}", box.sandbox.kill())
 
     async def aclose(self) -> None:
-        """Kill the per-turn sandboxes; session ones stay (found again by their metadata) until they expire."""
+        """Kill the per-turn and pooled sandboxes; session ones stay (found again by their metadata) until they
+        expire."""
+        if self.pool is not None:
+            await self.pool.close()
         turns, self._turns = self._turns, []
         kept = [b for b in {*self._boxes.values(), *([self._shared] if self._shared else [])} if b not in turns]
         self._boxes.clear()

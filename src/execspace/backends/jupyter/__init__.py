@@ -42,7 +42,7 @@ from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.slots import sweep_stale_slots
 from .hostkernels import HostLauncher
-from .kernels import CellResult, KernelSessions, KernelWorkspaceManager
+from .kernels import CellResult, KernelSessions, KernelWorkspaceManager, with_kernel_frozen
 from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
 from .options import JupyterOptions
 from .outputs import RichOutputLimits
@@ -286,7 +286,13 @@ def _slot_workspaces(
     runner = sb.runner
     assert isinstance(runner, SandboxRunner)
     manager = SlotWorkspaceManager(
-        root, launcher, kernels, prepare=prepare, private_root=not as_root, stop_programs=runner.stop_programs
+        root,
+        launcher,
+        kernels,
+        prepare=prepare,
+        private_root=not as_root,
+        stop_programs=runner.stop_programs,
+        freeze=with_kernel_frozen(kernels, runner.frozen),
     )
     return manager, kernels
 
@@ -417,7 +423,7 @@ def _open_host(
     )
     kernels = KernelSessions(fs, launcher, language=language, **kernel_opts)
     runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace)
-    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs)
+    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, with_kernel_frozen(kernels, runner.frozen))
     if start_pool:
         kernels.start_pool()
     return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)

@@ -82,6 +82,10 @@ class ZmqConnection:
         while await _next(self.kc.get_shell_msg, 0) is not None:
             pass
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
     async def interrupt(self) -> None:
         await self.proc.interrupt()
 

@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from ...errors import UnsupportedLanguage, UsageError
 from ...languages import resolve_language
 from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBlock, PutFile, ResourceLimits, Workspace
+from ...process.freezing import stopped_trees
 from ...protocols import WorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
 from .outputs import CellOutputs, RichOutputLimits
@@ -99,6 +100,11 @@ class KernelConnection(Protocol):
     async def interrupt(self) -> None: ...
 
     async def is_alive(self) -> bool: ...
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the kernel's process (of its sandbox, for a sandboxed kernel); None elsewhere."""
+        ...
 
     async def exit_status(self) -> tuple[int | None, str]:
         """The dead kernel's exit status (``-N`` for signal N, None if unknown) and how to say it."""
@@ -365,6 +371,12 @@ class KernelSessions:
         if kernel is not None:
             await kernel.stop(wait=wait)
 
+    def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        """The workspace's kernel (its process tree) stopped for the block, as a snapshot stops its programs."""
+        session = self._sessions.get(_key(ws))
+        pid = session.kernel.pid if session is not None and session.kernel is not None else None
+        return stopped_trees([pid] if pid is not None else [])
+
     async def shutdown(self, ws: Workspace) -> None:
         """Stop the workspace's kernel (its state is lost). Idempotent."""
         session = self._sessions.pop(_key(ws), None)
@@ -381,6 +393,21 @@ class KernelSessions:
         await self.launcher.aclose()
 
 
+Freeze = Callable[[Workspace], contextlib.AbstractAsyncContextManager[None]]
+
+
+def with_kernel_frozen(kernels: KernelSessions, programs: Freeze) -> Freeze:
+    """A manager's ``freeze`` hook: the workspace's programs (``programs``) and its kernel stopped for the block
+    (a snapshot copies a state neither changes meanwhile)."""
+
+    @contextlib.asynccontextmanager
+    async def frozen(ws: Workspace) -> AsyncIterator[None]:
+        async with programs(ws), kernels.frozen(ws):
+            yield
+
+    return frozen
+
+
 class KernelWorkspaceManager(HostWorkspaceManager):
     """Host-directory workspaces whose cleanup also stops their kernel."""
 
@@ -389,8 +416,9 @@ class KernelWorkspaceManager(HostWorkspaceManager):
         root: Path | None,
         kernels: KernelSessions,
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
+        freeze: Freeze | None = None,
     ) -> None:
-        super().__init__("jupyter", root, stop_programs=stop_programs)
+        super().__init__("jupyter", root, stop_programs=stop_programs, freeze=freeze)
         self._kernels = kernels
 
     async def cleanup(self, ws: Workspace) -> None:

@@ -292,6 +292,8 @@ def main(request: dict[str, Any]) -> None:
         result = {"ok": OPS[request["op"]](request["args"])}
     except Refused as exc:
         result = {"error": [exc.kind, exc.path, exc.why]}
+    except IsADirectoryError as exc:  # before PathDenied: PathIsDirectory is both
+        result = {"error": ["IsADirectoryError", str(exc.filename or ""), "is a directory"]}
     except PathDenied as exc:  # before OSError: it is a PermissionError
         result = {"error": ["PathDenied", exc.path, exc.reason]}
     except OSError as exc:

@@ -29,7 +29,7 @@ from ...workspace.hostmanager import HostWorkspaceManager, private_dir
 from ...workspace.slots import laid_out_slot, take_slot
 from ..sandbox import SANDBOX_WORKSPACE
 from .hostkernels import ZmqConnection
-from .kernels import KernelSessions
+from .kernels import Freeze, KernelSessions
 from .pool import KernelPool
 from .sandboxed import SandboxKernelConfig
 
@@ -147,6 +147,7 @@ class SlotWorkspaceManager(HostWorkspaceManager):
         prepare: Callable[[Path], None] | None,
         private_root: bool,
         stop_programs: Callable[[Workspace], Awaitable[None]],
+        freeze: Freeze,
     ) -> None:
         super().__init__(
             "sandbox",
@@ -157,6 +158,7 @@ class SlotWorkspaceManager(HostWorkspaceManager):
             adopt=launcher.adopt,
             refill=launcher.refill,
             stop_programs=stop_programs,
+            freeze=freeze,
         )
         self._launcher = launcher
         self._kernels = kernels

@@ -83,6 +83,10 @@ class RemoteConnection:
             self._lost(_CLOSED)
         return str(msg["header"]["msg_id"])
 
+    @property
+    def pid(self) -> int | None:
+        return None  # the kernel runs on the Jupyter server's side: no process of this host to stop
+
     def execute(self, code: str, *, silent: bool = False) -> str:
         content = {"code": code, "silent": silent, "store_history": not silent, "user_expressions": {}}
         return self.send("execute_request", {**content, "allow_stdin": False, "stop_on_error": True})

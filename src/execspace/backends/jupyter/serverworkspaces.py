@@ -37,6 +37,7 @@ from wcmatch import glob as wglob
 from ...errors import (
     BackendError,
     PathDenied,
+    PathIsDirectory,
     SetupFailed,
     UnsupportedBackend,
     WorkspaceNotFound,
@@ -82,7 +83,7 @@ CHUNK = 1 << 20
 #: Most entries one walk lists (like ConfinedRoot.walk's budget).
 MAX_WALK_ENTRIES = 200_000
 _MIME = "application/vnd.execspace.remotefs+json"
-_ERRORS: dict[str, type[Exception]] = {"FileNotFoundError": FileNotFoundError, "IsADirectoryError": IsADirectoryError}
+_ERRORS: dict[str, type[Exception]] = {"FileNotFoundError": FileNotFoundError}
 
 
 def agent_source() -> tuple[str, str]:
@@ -125,6 +126,8 @@ class FileKernel:
             kind, path, why = (str(x) for x in result["error"])
             if kind == "PathDenied":
                 raise PathDenied(path, why)
+            if kind == "IsADirectoryError":
+                raise PathIsDirectory(path, f"{why} (on the server)")
             raise _ERRORS.get(kind, OSError)(f"{why}: {path!r} (on the server)")
         return result["ok"]
 

@@ -139,6 +139,7 @@ class SandboxRunner(HostRunner):
         on_network_attempt: NetworkApprover | None = None,
         environment: Environment | None = None,
         program_links: tuple[tuple[str, str], ...] = (),
+        system_files: tuple[tuple[str, str], ...] = (),
     ) -> None:
         bin_dir = None if environment is None else str(environment.bin_dir)
         super().__init__(
@@ -153,6 +154,7 @@ class SandboxRunner(HostRunner):
         )
         self.environment = environment
         self.program_links = program_links
+        self.system_files = tuple((path, text.encode()) for path, text in system_files)
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -173,6 +175,35 @@ class SandboxRunner(HostRunner):
         # shared with clones (with_seccomp): their runs mount the same placeholders
         self.placeholders = Placeholders()
         self._bridge: Path | None = None
+
+    def in_environment(self, spec: RunProgramSpec) -> SandboxRunner:
+        """The runner for ``spec``: this one, or for a run naming another runtime environment, the same runner
+        (shared bookkeeping, as :meth:`with_seccomp`) with that tree bound and its bin first. The name is looked
+        up for every such run, so a rebuilt environment is the one it gets."""
+        if spec.environment is None:
+            return self
+        environment = EnvironmentStore().get(spec.environment)
+        if self.environment is not None and environment.path == self.environment.path:
+            return self
+        clone = copy.copy(self)
+        clone.environment = environment
+        clone.policy = self.policy.with_read_paths(environment.path)
+        clone.resolvers = Resolvers(clone.policy)
+        bin_dir = str(environment.bin_dir)
+        clone.preparation = self.preparation.with_lookup(lookup_on_path, functools.partial(_path_view, bin_dir))
+        return clone
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        runner = self.in_environment(spec)
+        if runner is not self:
+            return await runner.run_program(ws, spec)
+        return await super().run_program(ws, spec)
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        runner = self.in_environment(spec)
+        if runner is not self:
+            return await runner.start_program(ws, spec)
+        return await super().start_program(ws, spec)
 
     def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
         """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
@@ -265,13 +296,21 @@ class SandboxRunner(HostRunner):
             egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
             mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
             env.update(proxy_env())
-        cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, links=self.program_links, init_fd=init_fd)
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
+        data_fds = [seccomp_fd]
         try:
+            files = []
+            for path, data in self.system_files:
+                files.append((_data_fd(data), path))
+                data_fds.append(files[-1][0])
+            cfg = BwrapConfig(
+                self.bwrap, network=network, mounts=mounts, links=self.program_links, files=files, init_fd=init_fd
+            )
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
-            os.close(seccomp_fd)
+            for fd in data_fds:
+                os.close(fd)
             if egress is not None:
                 egress.close()
             raise
@@ -284,8 +323,8 @@ class SandboxRunner(HostRunner):
         launch.signal_target = _program_group
         launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
-        launch.pass_fds = (*launch.pass_fds, seccomp_fd, *(() if init_fd is None else (init_fd,)))
-        launch.after_spawn.append(functools.partial(os.close, seccomp_fd))
+        launch.pass_fds = (*launch.pass_fds, *data_fds, *(() if init_fd is None else (init_fd,)))
+        launch.after_spawn += [functools.partial(os.close, fd) for fd in data_fds]
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
         return launch
@@ -514,6 +553,7 @@ class SandboxBackend:
             # a session's supervisor makes the terminal the program's controlling tty itself
             pty=mode == "session" or _visible(shutil.which("setsid")) is not None,
             host_paths=True,
+            environments=True,
             enforced_limits=frozenset(limits),
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
             fork="cow" if overlay_supported() else "copy",
@@ -593,6 +633,7 @@ class SandboxBackend:
             "on_network_attempt": options.on_network_attempt,
             "environment": environment,
             "program_links": options.program_links,
+            "system_files": options.system_files,
         }
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
@@ -651,6 +692,18 @@ async def _open_session(
         freeze=runner.frozen,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
+
+
+def _data_fd(data: bytes) -> int:
+    """An fd bwrap reads ``data`` from (``--ro-bind-data``), positioned at its start."""
+    fd = os.memfd_create("execspace-system-file", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _UNSUPPORTED_PLATFORM = (

@@ -142,6 +142,9 @@ class BwrapConfig:
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
     links: Sequence[tuple[str, str]] = ()
     """``(path, workspace-relative target)``: symlinks the sandbox makes in its own root (``program_links``)."""
+    files: Sequence[tuple[int, str]] = ()
+    """``(fd, path)``: system files the sandbox shows with the content read from ``fd`` (passed to bwrap), read-only,
+    in place of the host's (``system_files``)."""
     init_fd: int | None = None
     """A session's supervisor binary (an fd passed to bwrap): copied to :data:`SUPERVISOR_PATH` and run as
     PID 1 of the sandbox (``--as-pid-1``, no bwrap init), the program being ``[SUPERVISOR_PATH, ...]``."""
@@ -224,6 +227,8 @@ def build_argv(
         args += ["--size", str(cfg.tmp_size)]
     args += ["--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
+    for fd, path in cfg.files:
+        args += ["--perms", "0644", "--ro-bind-data", str(fd), path]
     if cfg.init_fd is not None:
         # a copy, not a bind: the binary is in a directory private to this user, which the sandbox's uid
         # cannot reach (and /proc/self/fd is masked: the supervisor is PID 1)

@@ -21,7 +21,7 @@ from ...models import NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
 from ...process.egress import EgressProxy, audit_line, receive_listener
 from ...workspace.confine import ConfinedRoot, split_relpath
 
-__all__ = ["AUDIT_FILE", "BRIDGE_PATH", "PROXY_PORT", "EgressChannel", "proxy_env"]
+__all__ = ["AUDIT_FILE", "BRIDGE_PATH", "PROXY_PORT", "EgressChannel", "RunAudit", "proxy_env"]
 
 #: The proxy's port on the sandbox's own loopback.
 PROXY_PORT = 3128
@@ -55,6 +55,27 @@ def proxy_env(port: int = PROXY_PORT) -> dict[str, str]:
     return env
 
 
+class RunAudit:
+    """One run's proxy and its audit: every attempt is appended to ``network.jsonl`` in the run's directory and
+    returned in its result (:meth:`annotate`). Serve it on a listener with ``proxy.serve``; :meth:`close` when the
+    run is over (its open connections are cut and audited)."""
+
+    def __init__(self, policy: NetworkPolicy, root: Path, run_dir: str, approve: NetworkApprover | None = None) -> None:
+        self._audit_fd = _open_audit(root, run_dir)
+        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve)
+
+    def close(self) -> None:
+        self.proxy.close()
+        os.close(self._audit_fd)
+
+    def annotate(self, result: RunResult) -> RunResult:
+        return replace(result, network_audit=self.proxy.audit())
+
+    def _write(self, attempt: NetworkAttempt) -> None:
+        with contextlib.suppress(OSError):  # a full disk loses the file's line, not the result's
+            os.write(self._audit_fd, audit_line(attempt))
+
+
 class EgressChannel:
     """One run's channel and proxy: made when the run is wrapped, closed when it is over.
 
@@ -67,8 +88,7 @@ class EgressChannel:
     def __init__(
         self, policy: NetworkPolicy, bridge: Path, root: Path, run_dir: str, approve: NetworkApprover | None = None
     ) -> None:
-        self._audit_fd = _open_audit(root, run_dir)
-        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve)
+        self.audit = RunAudit(policy, root, run_dir, approve)
         self._host, self._sandbox = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._bridge_fd = os.open(bridge, os.O_RDONLY | os.O_CLOEXEC)
         self._task: asyncio.Task[None] | None = None
@@ -99,7 +119,7 @@ class EgressChannel:
             return
         finally:
             self._host.close()
-        await self.proxy.serve(listener)
+        await self.audit.proxy.serve(listener)
 
     def close(self) -> None:
         """The run is over: stop the proxy (its open connections are cut and audited) and close the audit."""
@@ -109,15 +129,10 @@ class EgressChannel:
             os.close(self._bridge_fd)
             self._sandbox.close()
         self._host.close()
-        self.proxy.close()
-        os.close(self._audit_fd)
+        self.audit.close()
 
     def annotate(self, result: RunResult) -> RunResult:
-        return replace(result, network_audit=self.proxy.audit())
-
-    def _write(self, attempt: NetworkAttempt) -> None:
-        with contextlib.suppress(OSError):  # a full disk loses the file's line, not the result's
-            os.write(self._audit_fd, audit_line(attempt))
+        return self.audit.annotate(result)
 
 
 def _open_audit(root: Path, run_dir: str) -> int:

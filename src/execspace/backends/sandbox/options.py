@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +37,23 @@ def check_program_links(links: tuple[tuple[str, str], ...]) -> None:
             raise InvalidSpec(f"program_links: the target {target!r} must be a workspace path: {exc.reason}") from None
 
 
+def check_system_files(files: tuple[tuple[str, str], ...]) -> None:
+    """Refuse a replacement for anything but an existing file of the system's directories: the sandbox binds its
+    own copy over the host's, read-only, and cannot make one where there is none."""
+    for path, _text in files:
+        parts = [c for c in path.split("/") if c]
+        if not path.startswith("/") or len(parts) < 2 or ".." in parts or parts[0] not in SYSTEM_TOP:
+            raise InvalidSpec(
+                f"system_files: {path!r} must be an absolute path in one of the system's directories "
+                f"({', '.join('/' + t for t in sorted(SYSTEM_TOP))})"
+            )
+        if not os.path.isfile(path) or os.path.islink(path):
+            raise InvalidSpec(
+                f"system_files: {path!r} is not a regular file on this host; a sandbox can only show its own "
+                "version of a file the system has"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SandboxOptions(HostOptions):
     """The shared host options (:class:`~execspace.backend.HostOptions`), and:
@@ -61,6 +79,9 @@ class SandboxOptions(HostOptions):
             workspace path ``target`` (``("/home/user", "work")`` gives programs E2B's home, as ``execspace serve``
             does). ``path`` must lie outside the system's directories, ``/workspace``, ``/proc``, ``/dev`` and
             ``/tmp``; the link is the sandbox's own (nothing on the host changes).
+        system_files: ``(path, text)`` pairs: inside every sandbox, the system file ``path`` (an existing regular
+            file under ``/etc``, ``/usr``…) reads as ``text`` instead of the host's, read-only (``execspace serve``
+            gives its sandboxes a login ``/etc/profile`` this way); the host's file is not changed.
     """
 
     policy: SandboxPolicy | None = None
@@ -71,9 +92,11 @@ class SandboxOptions(HostOptions):
     session: SessionConfig | None = None
     environment: str | None = None
     program_links: tuple[tuple[str, str], ...] = ()
+    system_files: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_program_links(self.program_links)
+        check_system_files(self.system_files)
         if self.session is not None and self.mode != "session":
             raise InvalidSpec("SandboxOptions: session= configures mode='session'; give mode='session' too")

@@ -49,8 +49,9 @@ _HEAD = struct.Struct("=II")
 _SPAWN = struct.Struct("=IIII")
 _RLIMIT = struct.Struct("=IIQQ")
 _SIGNAL = struct.Struct("=iiI")
-_OP_SPAWN, _OP_SIGNAL = 1, 2
-_READY, _SPAWNED, _EXITED, _SIGNALED, _OUTPUT, _CLOSED = 1, 2, 3, 4, 5, 6
+_FD_SIZE = array.array("i").itemsize
+_OP_SPAWN, _OP_SIGNAL, _OP_LISTEN = 1, 2, 3
+_READY, _SPAWNED, _EXITED, _SIGNALED, _LISTENING, _OUTPUT, _CLOSED = 1, 2, 3, 4, 5, 6, 7
 _FLAG_CTTY, _FLAG_CAPTURE, _FLAG_RUN_DIR = 1, 2, 4
 _NO_RUN_DIR = -1  # SPAWNED's pid when the run directory could not be made
 _GROUP_LEFT = 1
@@ -62,6 +63,7 @@ _OUT_CHUNK = 64 * 1024
 #: the deadlines on it) for longer than that.
 _READS_PER_TURN = 64
 _CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)  # an int: the flags enum's operators cost a run microseconds
+_ANCILLARY = socket.CMSG_SPACE(_FD_SIZE)
 #: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
 #: buffers cannot take a datagram that large (``net.core.wmem_max``).
 MAX_REQUEST = 2 * 1024 * 1024
@@ -295,6 +297,19 @@ class Session:
         self._tasks.add(task)
         task.add_done_callback(_forget(self._tasks))
 
+    async def listener(self) -> socket.socket:
+        """A TCP socket listening on ``127.0.0.1`` of the session's network namespace (a free port), for one run's
+        egress proxy.
+
+        Raises:
+            OSError: the supervisor could not make it (its errno).
+            BackendError: the session is over or broke.
+        """
+        fd, err = await self._request(_OP_LISTEN, _LISTENING, b"", [])
+        if err:
+            raise OSError(err, os.strerror(err), "listening on the session's loopback")
+        return socket.socket(fileno=fd)
+
     async def _request(
         self, op: int, kind: int, body: bytes, fds: list[int], program: SessionProgram | None = None
     ) -> tuple[int, int]:
@@ -334,6 +349,8 @@ class Session:
             self._watchdog = self._loop.call_at(due, self._overdue)
 
     def _disown(self, kind: int, pid: int, err: int) -> None:
+        if kind == _LISTENING and err == 0:
+            os.close(pid)  # the listener's fd: asked for by a caller who has gone
         if kind == _SPAWNED and err == 0 and (program := self._programs.pop(pid, None)) is not None:
             self._unclaimed[pid] = program
             self.signal(pid, signal.SIGKILL, group=True)  # started for a caller who has gone
@@ -369,32 +386,53 @@ class Session:
             if not self.usable:
                 return
             try:
-                # no room for ancillary data: fds it might send are discarded by the kernel (MSG_CTRUNC)
-                data, _, flags, _ = self._sock.recvmsg(_MSG.size + _OUT_CHUNK + 1)
+                # room for one fd (a listener); more are discarded by the kernel (MSG_CTRUNC)
+                data, anc, flags, _ = self._sock.recvmsg(
+                    _MSG.size + _OUT_CHUNK + 1, _ANCILLARY, socket.MSG_CMSG_CLOEXEC
+                )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._fail(f"channel failed ({exc.strerror})")
                 return
+            fds = (
+                [
+                    fd
+                    for level, what, raw in anc
+                    if (level, what) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+                    for fd in array.array("i", raw[: len(raw) - len(raw) % _FD_SIZE])
+                ]
+                if anc
+                else []
+            )
             if not data:
+                _close_all(fds)
                 self._fail("exited")
                 return
             size = len(data)
             if flags & _CUT or size < _MSG.size:
+                _close_all(fds)
                 self._fail(f"sent a malformed message ({size} bytes, flags {flags:#x})")
                 return
             kind, ident, a, b = _MSG.unpack_from(data)
             # only OUTPUT carries more than the head: at least one byte, at most _OUT_CHUNK
             if (size > _MSG.size) != (kind == _OUTPUT) or size > _MSG.size + _OUT_CHUNK:
+                _close_all(fds)
                 self._fail(f"sent a malformed message (kind {kind}, {size} bytes)")
                 return
-            problem = self._dispatch(kind, ident, a, b, data)
+            problem = self._dispatch(kind, ident, a, b, data, fds)
             if problem is not None:
+                _close_all(fds)
                 self._fail(problem)
                 return
 
-    def _dispatch(self, kind: int, ident: int, a: int, b: int, data: bytes) -> str | None:
-        """Act on one message (``data``: the whole of it); what is wrong with it, if anything."""
+    def _dispatch(self, kind: int, ident: int, a: int, b: int, data: bytes, fds: list[int]) -> str | None:
+        """Act on one message (``data``: the whole of it; ``fds``: those it carried, taken over when it is fine);
+        what is wrong with it, if anything."""
+        if len(fds) != (kind == _LISTENING and b == 0):
+            return f"sent {len(fds)} fds with message kind {kind}"
+        if kind == _LISTENING:
+            return self._listening(ident, a, b, fds)
         if not self._ready.done():
             if (kind, ident, a, b) != (_READY, 0, 0, 0):
                 return f"sent message kind {kind} before it was ready"
@@ -435,6 +473,19 @@ class Session:
                 self._outputs[ident] = program
                 program.output_id = ident
         fut.set_result((a, b))
+        return None
+
+    def _listening(self, ident: int, port: int, err: int, fds: list[int]) -> str | None:
+        if not (0 < port < 65536 and err == 0) and not (port == 0 and 0 < err <= _MAX_ERRNO):
+            return f"answered a listen with an impossible port/errno ({port}, {err})"
+        if ident in self._abandoned:
+            del self._abandoned[ident]
+            _close_all(fds)
+            return None
+        want, fut, _ = self._pending.get(ident, (0, None, None))
+        if fut is None or want != _LISTENING or fut.done():
+            return f"answered a request it was not asked (kind {_LISTENING}, id {ident})"
+        fut.set_result((fds[0], 0) if fds else (-1, err))
         return None
 
     def _exited(self, flags: int, pid: int, status: int) -> str | None:

@@ -34,7 +34,7 @@ from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, take_slot
 from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
-from .egress import proxy_env
+from .egress import RunAudit, proxy_env
 from .policy import Access
 from .session import Session, SessionConfig, SessionProgram, start_session
 
@@ -76,6 +76,7 @@ class SessionRunner(SandboxRunner):
         self.supervisor = supervisor
         self.config = config
         self._session_seccomp = self.seccomp
+        self._session_environment = self.environment
         self._decisions: dict[tuple[Path, str], Access] = {}
         self._ending: set[asyncio.Task[None]] = set()
         self._sessions: dict[Path, asyncio.Future[Session]] = {}
@@ -122,6 +123,8 @@ class SessionRunner(SandboxRunner):
         if self.seccomp is not self._session_seccomp or self.policy.no_access_globs:
             # globs are judged against the workspace's files when a sandbox starts: each run gets its own
             return False
+        if self.environment is not self._session_environment:
+            return False  # another runtime environment (in_environment): the session's mounts have not its tree
         if self.network_allow is not None:
             # the session's sandbox has the engine's allow-list: only runs that keep it share it
             if spec.network is not None and spec.network != self.network_allow:
@@ -148,7 +151,13 @@ class SessionRunner(SandboxRunner):
     def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
         # the supervisor makes the run directory of a session run (off the host's share of the run, whose
         # largest single cost it was), where its sandbox may write runs/
-        defer = ws.host_path is not None and self.fits_session(spec) and self.access_of(ws.host_path, "runs").can_write
+        # (not with an allow-list: the run's proxy audits into its directory before the program starts)
+        defer = (
+            ws.host_path is not None
+            and self.network_allow is None
+            and self.fits_session(spec)
+            and self.access_of(ws.host_path, "runs").can_write
+        )
         return self.preparation.prepare(ws, spec, make_run_dir=not defer)
 
     def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
@@ -157,8 +166,6 @@ class SessionRunner(SandboxRunner):
         if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.program_env(prep)
-        if self.network_allow is not None:
-            env.update(proxy_env())  # the session's proxy, on its sandbox's loopback
         launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)
         launch.preexec_fn = None  # the supervisor sets the rlimits
         return launch
@@ -171,6 +178,8 @@ class SessionRunner(SandboxRunner):
                 self.preparation.make_run_dir(prep)
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
+        if self.network_allow is not None:
+            await self._run_proxy(session, prep, launch)
         session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
         make = functools.partial(
@@ -181,6 +190,23 @@ class SessionRunner(SandboxRunner):
             make_run_dir=functools.partial(self.preparation.make_run_dir, prep),
         )
         return await super().spawn_prepared(prep, launch, make)
+
+    async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> None:
+        """The run's own proxy, on a listener the session's supervisor makes on its loopback: the run's attempts
+        are audited in its own directory and result, as in per-run mode. (The session's own proxy, on
+        ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
+        assert self.network_allow is not None
+        listener = await session.listener()
+        port = listener.getsockname()[1]
+        try:
+            audit = RunAudit(self.network_allow, prep.root, prep.run_dir, self.on_network_attempt)
+        except BaseException:
+            listener.close()
+            raise
+        await audit.proxy.serve(listener)
+        launch.env = {**launch.env, **proxy_env(port)}
+        launch.on_exit.append(audit.close)
+        launch.annotate.append(audit.annotate)
 
     def _program_over(self, root: Path, session: Session) -> None:
         session.active -= 1

@@ -15,11 +15,14 @@
  *                RUN_DIR the run's directory to make first (an absolute path, its parent not a symlink),
  *                argv[argc], env[envc]; SCM_RIGHTS: stdin, stdout, stderr (none with CAPTURE).
  *   op 2 SIGNAL: i32 pid, i32 signal, u32 group (kill the process group pid).
+ *   op 3 LISTEN: nothing (a TCP listener on 127.0.0.1 of the session's network namespace, any free port: one
+ *                run's way to its egress proxy, which the host serves on it).
  * Supervisor -> host, packets of a 16-byte head: u32 kind, u32 id, i32 a, i32 b
  *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd; pid -1: the run directory's errno),
  *   3 EXITED (flags, pid, wait status),
- *   4 SIGNALED (id, errno, 0), 5 OUTPUT (id of its SPAWN, fd 1/2, 0) + 1..OUT_CHUNK bytes of that output,
- *   6 CLOSED (id of its SPAWN, fd 1/2, 0): that output ended after the program's exit.
+ *   4 SIGNALED (id, errno, 0), 5 LISTENING (id, port, errno; SCM_RIGHTS: the listener when errno is 0),
+ *   6 OUTPUT (id of its SPAWN, fd 1/2, 0) + 1..OUT_CHUNK bytes of that output,
+ *   7 CLOSED (id of its SPAWN, fd 1/2, 0): that output ended after the program's exit.
  * EXITED's flags: 1 its process group lives on (its background children); with CAPTURE, 2 and 4: its stdout and
  * stderr ended with it, every OUTPUT of them sent before (the usual run: one packet says it is over).
  */
@@ -27,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -50,8 +54,8 @@
 #define OUT_CHUNK (64 * 1024) /* the host takes OUTPUT packets of at most this much output */
 #define DRAIN_READS 8         /* at an exit: what its output sockets hold, not a writer that goes on */
 
-enum { OP_SPAWN = 1, OP_SIGNAL = 2 };
-enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_OUTPUT = 5, MSG_CLOSED = 6 };
+enum { OP_SPAWN = 1, OP_SIGNAL = 2, OP_LISTEN = 3 };
+enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_LISTENING = 5, MSG_OUTPUT = 6, MSG_CLOSED = 7 };
 
 /* a program we started: until it is reaped and, with CAPTURE, until both its outputs ended */
 struct prog {
@@ -83,6 +87,31 @@ static void send_packet(const void *data, size_t len) {
 static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
     uint32_t msg[4] = {kind, id, (uint32_t)a, (uint32_t)b};
     send_packet(msg, sizeof msg);
+}
+
+/* one message with fd attached */
+static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
+    uint32_t body[4] = {kind, id, (uint32_t)a, (uint32_t)b};
+    struct iovec iov = {body, sizeof body};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    for (;;) {
+        if (sendmsg(chan, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof body) return;
+        if (errno != EINTR) _exit(0); /* the host is gone: so is the session */
+    }
 }
 
 static struct prog *find(pid_t pid) {
@@ -298,6 +327,27 @@ static void signal_request(uint32_t id, struct reader *r) {
     reply(MSG_SIGNALED, id, rc < 0 ? errno : 0, 0);
 }
 
+static void listen_request(uint32_t id, struct reader *r) {
+    if (r->at != r->end) {
+        reply(MSG_LISTENING, id, 0, EINVAL);
+        return;
+    }
+    struct sockaddr_in addr = {0};
+    socklen_t len = sizeof addr;
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || bind(s, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(s, 128) < 0 ||
+        getsockname(s, (struct sockaddr *)&addr, &len) < 0) {
+        int err = errno;
+        if (s >= 0) close(s);
+        reply(MSG_LISTENING, id, 0, err);
+        return;
+    }
+    reply_fd(MSG_LISTENING, id, ntohs(addr.sin_port), 0, s);
+    close(s); /* the host serves it; no program inherits it (close-on-exec) */
+}
+
 static void serve(void) {
     union {
         struct cmsghdr align;
@@ -334,6 +384,7 @@ static void serve(void) {
     }
     close_fds(fds, nfds);
     if (op == OP_SIGNAL) signal_request(id, &r);
+    else if (op == OP_LISTEN) listen_request(id, &r);
     else _exit(2);
 }
 

@@ -1,0 +1,169 @@
+"""JavaScript contexts of the code interpreter: one Node process per context, in the sandbox's own session.
+
+The process (``jsrepl.js``) keeps its globals between cells, as a kernel does, and runs beside the sandbox's
+commands (same PID namespace, files and network). Cells go in on its stdin as JSON lines; E2B's output lines come
+back on its stdout after a record separator. Everything it writes is the program's output, so it is parsed as
+untrusted input: a line that is not a well-formed frame is plain stdout text of the running cell, a line longer
+than the cap is cut, and a frame naming another cell (one the server gave up on) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+from ..models import OutputChunk, RunProgramSpec
+from ..protocols import ProgramHandle, ProgramRunner
+from .lines import error_line, result_line
+from .sandboxes import Sandbox
+
+__all__ = ["NodeContext", "node_available"]
+
+_SOURCE = resources.files(__package__).joinpath("jsrepl.js").read_text(encoding="utf-8")
+_RS = b"\x1e"
+#: Bytes of one output line kept (a longer one is cut: its rest is dropped up to the next newline).
+MAX_LINE = 4 * 1024 * 1024
+_QUEUE = 1024
+
+
+def node_available() -> bool:
+    """Whether the host has Node, which the sandbox shows from the host's system directories."""
+    return shutil.which("node") is not None
+
+
+class NodeContext:
+    """A started Node process and the frames it sends."""
+
+    def __init__(self, handle: ProgramHandle) -> None:
+        self.handle = handle
+        self._frames: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(_QUEUE)
+        self._pump = asyncio.create_task(self._read(handle.attach(from_start=True)))
+        self.ended = False
+
+    @classmethod
+    async def start(
+        cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str, env: Mapping[str, str], *, allow_network: bool
+    ) -> NodeContext:
+        spec = RunProgramSpec(
+            cmd="node",
+            args=("--expose-internals", "-e", _SOURCE),
+            env=dict(env),
+            cwd=cwd,
+            timeout=None,  # lives until the context is removed or its sandbox ends
+            network="on" if allow_network else "off",
+            tag="execspace-js-context",
+        )
+        return cls(await runner.start_program(sandbox.workspace, spec))
+
+    async def stop(self) -> None:
+        self._pump.cancel()
+        with contextlib.suppress(Exception):
+            await self.handle.kill()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pump
+
+    async def interrupt(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.handle.signal(signal.SIGINT)
+
+    async def cell(
+        self,
+        code: str,
+        env_vars: Mapping[str, str],
+        timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
+        closed: asyncio.Event,
+        keepalive: float,
+        grace: float,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """E2B's lines of one cell, up to (not including) ``end_of_execution``; ``self.ended`` afterwards says the
+        process is gone or stuck, and must be replaced."""
+        cell_id = secrets.token_hex(8)
+        request = json.dumps({"id": cell_id, "code": code, "env": dict(env_vars)}) + "\n"
+        try:
+            await self.handle.write_stdin(request.encode())
+        except Exception:  # its stdin is gone: so is the process
+            self.ended = True
+            yield error_line("KernelDied", "the JavaScript context's process ended; the next cell starts a fresh one")
+            return
+        deadline = time.monotonic() + timeout if timeout else None
+        interrupted = False
+        while not closed.is_set():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if interrupted:
+                    self.ended = True
+                    yield error_line("TimeoutError", f"the cell ran over {timeout:g}s and did not stop on interrupt")
+                    return
+                interrupted, deadline = True, now + grace
+                await self.interrupt()
+            wait = keepalive if deadline is None else max(0.05, min(keepalive, deadline - now))
+            try:
+                frame = await asyncio.wait_for(self._frames.get(), wait)
+            except TimeoutError:
+                yield {"type": "keepalive"}
+                continue
+            if frame is None:
+                self.ended = True
+                yield error_line("KernelDied", "the JavaScript context's process died; the next cell starts afresh")
+                return
+            if frame.get("cell") not in (cell_id, None):
+                continue
+            kind = frame["type"]
+            if kind == "done":
+                return
+            if kind == "result":
+                yield result_line(frame["data"], main=True)
+            else:
+                yield {k: v for k, v in frame.items() if k != "cell"}
+
+    async def _read(self, chunks: AsyncIterator[OutputChunk]) -> None:
+        pending = {"stdout": bytearray(), "stderr": bytearray()}
+        with contextlib.suppress(Exception):  # the output ended either way: the consumer learns it below
+            async for chunk in chunks:
+                buffer = pending[chunk.stream]
+                buffer += chunk.data
+                while (end := buffer.find(b"\n")) >= 0 or len(buffer) > MAX_LINE:
+                    cut = end + 1 if end >= 0 else MAX_LINE
+                    line = bytes(buffer[:cut])
+                    del buffer[:cut]
+                    await self._frames.put(_frame(chunk.stream, line))
+        for stream, rest in pending.items():
+            if rest:
+                await self._frames.put(_frame(stream, bytes(rest)))
+        await self._frames.put(None)
+
+
+def _frame(stream: str, line: bytes) -> dict[str, Any]:
+    """One line of the process's output as a frame: its own (checked) or the running cell's plain text."""
+    if stream == "stdout" and line.startswith(_RS):
+        with contextlib.suppress(ValueError):
+            frame = json.loads(line[1:])
+            if _well_formed(frame):
+                return frame  # type: ignore[no-any-return]
+    stamp = datetime.now(UTC).isoformat()
+    return {"type": stream, "text": line.decode("utf-8", "replace"), "timestamp": stamp, "cell": None}
+
+
+def _well_formed(frame: Any) -> bool:
+    if not isinstance(frame, dict) or not isinstance(frame.get("cell"), str):
+        return False
+    kind = frame.get("type")
+    if kind == "result":
+        data = frame.get("data")
+        return isinstance(data, dict) and all(isinstance(v, str) for v in data.values())
+    if kind in ("stdout", "stderr"):
+        return isinstance(frame.get("text"), str)
+    if kind == "error":
+        return all(isinstance(frame.get(k), str) for k in ("name", "value", "traceback"))
+    if kind == "number_of_executions":
+        return isinstance(frame.get("execution_count"), int)
+    return kind == "done"

@@ -1,0 +1,119 @@
+// One JavaScript context of `execspace serve`'s code interpreter: a Node process in the sandbox's session that
+// keeps its globals between cells. A cell comes in on stdin as one JSON line {"id", "code", "env"}; E2B's output
+// lines go out on stdout, each after a record separator (RS) so that what a child process writes to the same
+// descriptor stays apart from them. Every line names its cell: the server drops the lines of a cell it gave up on.
+// Its own names live in this function's scope, not in the global one that the cells declare theirs in.
+(() => {
+  'use strict';
+  const fs = require('fs');
+  const { createRequire } = require('module');
+  const path = require('path');
+  const readline = require('readline');
+  const util = require('util');
+  const vm = require('vm');
+
+  // Node's REPL rewrites top-level `await` (keeping the last expression's value and the declarations) with this;
+  // it is internal (hence --expose-internals). Without it a cell with `await` fails to compile, as in a script.
+  let rewriteAwait = null;
+  try {
+    rewriteAwait = require('internal/repl/await').processTopLevelAwait;
+  } catch {}
+
+  const RS = '\x1e';
+  let cell = null; // the running cell's id
+  let count = 0;
+  let interrupt = null; // rejects the running cell's pending await
+
+  function emit(line) {
+    fs.writeSync(1, RS + JSON.stringify({ ...line, cell }) + '\n');
+  }
+
+  function capture(stream) {
+    return (chunk, encoding, callback) => {
+      const text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8');
+      if (cell !== null) emit({ type: stream, text, timestamp: new Date().toISOString() });
+      const done = typeof encoding === 'function' ? encoding : callback;
+      if (done) done();
+      return true;
+    };
+  }
+  process.stdout.write = capture('stdout');
+  process.stderr.write = capture('stderr');
+
+  // cells load packages as a script in the working directory would
+  globalThis.require = createRequire(path.join(process.cwd(), '[cell]'));
+
+  function userStack(error) {
+    // the frames of this file and of Node's internals below the cell say nothing to the cell's author
+    const lines = String(error.stack || error).split('\n');
+    const first = lines.findIndex((l) => /^\s+at /.test(l));
+    if (first < 0) return lines.join('\n');
+    const own = lines.slice(first).filter((l) => l.includes('cell['));
+    return [...lines.slice(0, first), ...own].join('\n');
+  }
+
+  function failure(error) {
+    if (error instanceof Error) {
+      return { type: 'error', name: error.name, value: error.message, traceback: userStack(error) };
+    }
+    return { type: 'error', name: 'Error', value: util.inspect(error), traceback: 'Uncaught ' + util.inspect(error) };
+  }
+
+  // a late callback's failure is reported, never the end of the context
+  process.on('uncaughtException', (error) => cell !== null && emit(failure(error)));
+  process.on('unhandledRejection', (error) => cell !== null && emit(failure(error)));
+  process.on('SIGINT', () => interrupt && interrupt(new Error('Interrupted: the cell was stopped')));
+
+  function awaited(promise) {
+    return new Promise((resolve, reject) => {
+      interrupt = reject;
+      promise.then(resolve, reject);
+    }).finally(() => {
+      interrupt = null;
+    });
+  }
+
+  async function evaluate(code) {
+    const rewritten = rewriteAwait ? rewriteAwait(code) : null;
+    const script = new vm.Script(rewritten ?? code, { filename: `cell[${count}]` });
+    const value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });
+    if (rewritten === null) return value;
+    const wrapped = await awaited(value);
+    return wrapped === undefined ? undefined : wrapped.value;
+  }
+
+  async function run(request) {
+    cell = String(request.id);
+    count += 1;
+    emit({ type: 'number_of_executions', execution_count: count });
+    const env = request.env || {};
+    const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));
+    Object.assign(process.env, env);
+    try {
+      const value = await evaluate(String(request.code));
+      if (value !== undefined) {
+        emit({ type: 'result', data: { 'text/plain': util.inspect(value) } });
+      }
+    } catch (error) {
+      emit(failure(error));
+    } finally {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+      emit({ type: 'done' });
+      cell = null;
+    }
+  }
+
+  let queue = Promise.resolve();
+  readline.createInterface({ input: process.stdin }).on('line', (line) => {
+    let request;
+    try {
+      request = JSON.parse(line);
+    } catch {
+      return;
+    }
+    queue = queue.then(() => run(request));
+  });
+})();

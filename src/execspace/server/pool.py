@@ -1,0 +1,164 @@
+"""Ready sandboxes kept per template, so that a create takes one instead of waiting for its set-up.
+
+A ready sandbox is what a create would make, made ahead: its id, its workspace (laid out, in E2B's layout) and,
+on a session engine, its started session (a ``/bin/true`` run through the engine starts it, or adopts one of
+the sandbox backend's own pooled sessions). Taking one is a pop from a list: no disk work, no thread, no
+namespace set-up; what the create asked for (metadata, envVars, timeout, token) is applied by the caller, which
+makes the :class:`~.sandboxes.Sandbox` around it. Each template's pool is a
+:class:`~execspace.process.warmpool.WarmPool` filled in the background on the event loop (the workspace's disk
+work in a worker thread, the session's start asynchronous).
+
+Bounded: pooled sandboxes count toward the server's ``max_sandboxes`` (:meth:`SandboxPool.fill` sizes the
+pools to the room the live ones leave), so a full server holds no more sessions than its maximum and still
+answers 429. Pooled sandboxes are nobody's until taken: they never expire, and :meth:`SandboxPool.close` removes
+them (server shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..errors import BackendError
+from ..models import Persistence, RunProgramSpec, Workspace, WorkspacePolicy
+from ..process.warmpool import WarmPool
+from ..protocols import Engine
+
+__all__ = ["ReadySandbox", "SandboxPool", "new_sandbox_id"]
+
+_log = logging.getLogger("execspace.server")
+#: Run once in each pooled workspace: on a session engine this starts (or adopts) the workspace's session.
+_WARM_UP = RunProgramSpec("/bin/true", timeout=30)
+#: Sandboxes one pool starts at once (two cores: more only queue behind each other).
+_STARTS_AT_ONCE = 2
+#: A refill starts once no take has come for this many seconds: making a pooled sandbox costs several times a
+#: create's CPU and blocks the event loop while its bwrap forks, so a burst of creates is not slowed by the refill of
+#: what it takes...
+_QUIET = 0.05
+#: ... but at most this long after the first take it refills (a steady stream of creates has no quiet moment) ...
+_MAX_DELAY = 1.0
+#: ... and at once when a pool is empty: the next creates would be made cold.
+
+
+def new_sandbox_id() -> str:
+    return secrets.token_hex(10)
+
+
+def workspace_policy() -> WorkspacePolicy:
+    """A sandbox's workspace lives as long as the sandbox: each create gets a new one."""
+    return WorkspacePolicy(persistence=Persistence.TURN)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadySandbox:
+    sandbox_id: str
+    workspace: Workspace
+
+
+class SandboxPool:
+    """One :class:`WarmPool` of ready sandboxes per template with a size above 0 (see the module)."""
+
+    def __init__(self, engine: Engine, sizes: Mapping[str, int], room: Callable[[], int]) -> None:
+        """``room()``: how many sandboxes the server may add now (its maximum less the live ones)."""
+        self._engine = engine
+        self._room = room
+        self._timer: asyncio.TimerHandle | None = None
+        self._first_take: float | None = None
+        """When the first take since the last fill came (loop time)."""
+        self._sizes = {template: size for template, size in sizes.items() if size > 0}
+        self._counts = {template: {"taken": 0, "missed": 0} for template in self._sizes}
+        self._pools = {
+            template: WarmPool(
+                size,
+                functools.partial(self._make, template),
+                self._discard,
+                idle_timeout=None,
+                starts_at_once=_STARTS_AT_ONCE,
+            )
+            for template, size in self._sizes.items()
+        }
+
+    def take(self, template: str) -> ReadySandbox | None:
+        """A ready sandbox of ``template``, or None (the caller makes one cold); the caller refills."""
+        pool = self._pools.get(template)
+        if pool is None:
+            return None
+        ready = pool.take()
+        self._counts[template]["taken" if ready is not None else "missed"] += 1
+        return ready
+
+    def held(self) -> int:
+        """Ready sandboxes waiting, every template's."""
+        return sum(pool.available() for pool in self._pools.values())
+
+    def status(self) -> dict[str, dict[str, int]]:
+        """Per template: the configured size, the size the room allows now, how many are ready, and how many
+        creates took one (``taken``) or found none (``missed``: made cold) so far."""
+        return {
+            template: {
+                "size": self._sizes[template],
+                "target": pool.size,
+                "ready": pool.available(),
+                **self._counts[template],
+            }
+            for template, pool in self._pools.items()
+        }
+
+    def refill(self) -> None:
+        """Top the pools up in the background after the takes (see ``_QUIET``, ``_MAX_DELAY``), at once when one
+        is empty. Call on the event loop."""
+        if any(pool.size > 0 and pool.available() == 0 for pool in self._pools.values()):
+            self.fill()
+            return
+        if not self._pools:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._first_take is None:
+            self._first_take = now
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(min(now + _QUIET, self._first_take + _MAX_DELAY), self.fill)
+
+    def fill(self) -> None:
+        """Top the pools up in the background now, to their sizes within the room (the first templates get
+        theirs first)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._first_take = None
+        room = self._room()
+        for template, pool in self._pools.items():
+            pool.size = min(self._sizes[template], max(room, 0))
+            room -= pool.size
+            pool.refill()
+
+    async def close(self) -> None:
+        """Stop filling and remove every pooled sandbox. Idempotent."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for pool in self._pools.values():
+            await pool.close()
+
+    async def _make(self, template: str) -> ReadySandbox:
+        sandbox_id = new_sandbox_id()
+        ws = await self._engine.manager.create_workspace(f"e2b/{sandbox_id}", workspace_policy())
+        try:
+            result = await self._engine.runner.run_program(ws, _WARM_UP)
+            if result.exit_code != 0:
+                raise BackendError(f"a pooled {template} sandbox could not run /bin/true (exit {result.exit_code})")
+        except BaseException:
+            await self._engine.manager.cleanup(ws)
+            raise
+        return ReadySandbox(sandbox_id, ws)
+
+    async def _discard(self, ready: ReadySandbox) -> None:
+        try:
+            await self._engine.manager.cleanup(ready.workspace)
+        except Exception:
+            _log.exception("removing the pooled sandbox %s failed", ready.sandbox_id)
