@@ -79,8 +79,9 @@ class EnvPolicy:
         if inherit == "none":
             return {}
         if inherit == "core":
-            # a dozen lookups, not a walk of the whole host environment (every run pays for this)
-            env = {k: host_env[k] for k in _CORE_ORDER if k in host_env}
+            # a dozen lookups, not a walk of the whole host environment (every run pays for this), each one
+            # lookup (os.environ's ``in`` and ``[]`` each encode the key and decode the value)
+            env = {k: v for k in _CORE_ORDER if (v := host_env.get(k)) is not None}
         else:
             env = {k: v for k, v in host_env.items() if _VALID_NAME.match(k)}
         if self.exclude_secrets:

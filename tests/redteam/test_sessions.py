@@ -179,6 +179,8 @@ async def test_a_sessions_programs_cannot_see_or_signal_another_sessions(engine:
 
 # -- a supervisor that breaks the protocol ----------------------------------------------------------
 
+#: The start a hostile supervisor reports before it lies about the program's output (pid 5, exec'd).
+_STARTED = "chan.send(struct.pack('=IIii', 2, ident, 5, 0))"
 _HOSTILE = {
     "garbage": "chan.send(b'\\xde\\xad\\xbe\\xef' * 4)",
     "oversized": "chan.send(b'\\0' * 100_000)",
@@ -188,6 +190,17 @@ _HOSTILE = {
     "fds": "chan.sendmsg([struct.pack('=IIii', 2, ident, 5, 0)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, "
     "array.array('i', [0]))])",
     "silent": "time.sleep(60)",
+    # the output the supervisor forwards for a run that captures (most runs)
+    "output-unasked": "chan.send(struct.pack('=IIii', 5, 99999, 1, 0) + b'x')",
+    "output-oversized": f"{_STARTED}; chan.send(struct.pack('=IIii', 5, ident, 1, 0) + b'x' * 65537)",
+    "output-empty": f"{_STARTED}; chan.send(struct.pack('=IIii', 5, ident, 1, 0))",
+    "output-bad-fd": f"{_STARTED}; chan.send(struct.pack('=IIii', 5, ident, 3, 0) + b'x')",
+    "output-after-end": f"{_STARTED}; chan.send(struct.pack('=IIii', 3, 2, 5, 0)); "
+    "chan.send(struct.pack('=IIii', 5, ident, 1, 0) + b'x')",
+    "exit-flags": f"{_STARTED}; chan.send(struct.pack('=IIii', 3, 8, 5, 0))",
+    # "could not make the run directory" (pid -1), then again to the start asked without one
+    "no-run-dir-twice": "chan.send(struct.pack('=IIii', 2, ident, -1, 2)); "
+    "ident = struct.unpack_from('=II', chan.recv(1 << 20))[1]; chan.send(struct.pack('=IIii', 2, ident, -1, 2))",
 }
 
 
@@ -258,6 +271,40 @@ async def test_a_supervisor_that_never_reports_an_exit_cannot_hold_a_kill(engine
     finally:
         engine.runner.supervisor = real  # type: ignore[attr-defined]
     assert (await sh(engine, ws, "echo again")).stdout == "again\n"  # a new session, a real supervisor
+
+
+_REFUSES_RUN_DIRS = """\
+#!/usr/bin/python3
+import socket, struct, sys
+chan = socket.socket(fileno=int(sys.argv[1]))
+chan.send(struct.pack('=IIii', 1, 0, 0, 0))
+while request := chan.recv(1 << 20):
+    op, ident, flags = struct.unpack_from('=III', request)
+    if flags & 4:  # asked to make the run directory first: it cannot (ENOENT)
+        chan.send(struct.pack('=IIii', 2, ident, -1, 2))
+    else:  # started (pid 5), exited 0, its stdout and stderr ended with it
+        chan.send(struct.pack('=IIii', 2, ident, 5, 0))
+        chan.send(struct.pack('=IIii', 3, 6, 5, 0))
+"""
+
+
+async def test_a_run_directory_the_supervisor_cannot_make_is_made_by_the_host(engine: Engine, tmp_path: Path) -> None:
+    """The supervisor makes a run's directory; where it cannot (runs/ gone from its view, say), the host makes it
+    by its own confined walk and asks for the start again, without one: the run gets its directory either way."""
+    ws = await engine.manager.create_workspace("sessions/rundir")
+    assert ws.host_path is not None
+    real = engine.runner.supervisor  # type: ignore[attr-defined]
+    refuses = tmp_path / "refuses"
+    refuses.write_text(_REFUSES_RUN_DIRS)
+    refuses.chmod(0o755)
+    engine.runner.supervisor = refuses  # type: ignore[attr-defined]
+    try:
+        r = await sh(engine, ws, "true")
+    finally:
+        engine.runner.supervisor = real  # type: ignore[attr-defined]
+    assert r.exit_code == 0, r
+    assert (ws.host_path / r.run_dir).is_dir()
+    assert session_of(engine, ws).usable
 
 
 async def test_a_stopped_supervisor_ends_only_its_session_and_its_runs_report_it(engine: Engine) -> None:

@@ -66,7 +66,12 @@ class HostRunner:
         self._live: dict[Path, set[asyncio.Future[SupervisedProcess]]] = {}
         self.programs = ProgramTable()
 
-    # -- the wrapper step --------------------------------------------------------------------
+    # -- the preparation and wrapper steps ---------------------------------------------------
+
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+        """The run's preparation (:meth:`.RunPreparation.prepare`), for :meth:`run_program` and
+        :meth:`start_program`."""
+        return self.preparation.prepare(ws, spec)
 
     def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
         """Turn a prepared run into the finished launch. The local backend spawns the program as is."""
@@ -98,7 +103,7 @@ class HostRunner:
     # -- ProgramRunner -----------------------------------------------------------------
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        prep = self.preparation.prepare(ws, spec)
+        prep = self.prepare(ws, spec)
         if isinstance(prep, RunResult):
             return prep
         try:
@@ -113,7 +118,7 @@ class HostRunner:
         return await finish_run(prep, result)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
-        prep = self.preparation.prepare(ws, spec)
+        prep = self.prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())
         launch = self.wrap(prep, interactive=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..capabilities import Capabilities
 from ..envpolicy import EnvPolicy
-from ..errors import PathDenied, UsageError, WorkspaceNotFound
+from ..errors import BackendError, PathDenied, UsageError, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layers import own_changes
@@ -92,9 +92,11 @@ class PreparedRun:
     cwd_rel: str
     """The working directory relative to the workspace root ("" for the root itself), made."""
     run_dir: str
-    """Workspace-relative directory of this run (``runs/…``), made."""
+    """Workspace-relative directory of this run (``runs/…``), made (unless ``run_dir_made`` is false)."""
     marker: str
     """The value of ``EXECSPACE_RUN`` in the run's processes: how escaped descendants are found."""
+    run_dir_made: bool = True
+    """False when what starts the program makes ``run_dir`` (see :meth:`RunPreparation.prepare`)."""
 
     @property
     def host_cwd(self) -> str:
@@ -152,10 +154,13 @@ class RunPreparation:
     def owner(self, ws: Workspace) -> tuple[int, int] | None:
         return self._owner_of(ws) if self._owner_of is not None else None
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec, *, make_run_dir: bool = True) -> PreparedRun | RunResult:
         """Check ``spec``, make its cwd and run directory, build its environment and find its program.
 
         Returns a 127 :class:`RunResult` when the command does not exist, as a shell would.
+
+        ``make_run_dir=False``: only the run directory's name is drawn; what starts the program makes it (a
+        sandbox session's supervisor, while the host goes on), or :meth:`make_run_dir` when it cannot.
 
         Raises:
             CapabilityError: the spec asks for what the backend cannot enforce.
@@ -180,7 +185,7 @@ class RunPreparation:
             # create directories elsewhere
             if cwd_parts:
                 os.close(cr.open_dir(cwd_parts, create=True))
-            run_dir = _make_run_dir(cr)
+            run_dir = _make_run_dir(cr) if make_run_dir else new_run_name()
         marker = secrets.token_hex(8)
         env = self.env_policy.build(
             self._host_env if self._host_env is not None else os.environ,
@@ -195,8 +200,33 @@ class RunPreparation:
         if program is None:
             searched = f"searched the run's PATH={env['PATH']}"
             msg = f"execspace: command not found: {spec.cmd!r} ({searched}){_split_hint(spec)}\n"
+            if not make_run_dir:
+                self._make_named_run_dir(ws, run_dir)
             return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
-        return PreparedRun(ws, root, spec, [program, *spec.args], env, "/".join(cwd_parts), run_dir, marker)
+        argv = [program, *spec.args]
+        return PreparedRun(ws, root, spec, argv, env, "/".join(cwd_parts), run_dir, marker, make_run_dir)
+
+    def make_run_dir(self, prep: PreparedRun) -> None:
+        """Make the run directory ``prep`` named and did not make (``make_run_dir=False``), fd-relative as
+        :meth:`prepare` makes it.
+
+        Raises:
+            BackendError: it exists already.
+            PathDenied: ``runs/`` is a symlink or not a directory.
+        """
+        self._make_named_run_dir(prep.ws, prep.run_dir)
+
+    def _make_named_run_dir(self, ws: Workspace, run_dir: str) -> None:
+        assert ws.host_path is not None
+        with ConfinedRoot(str(ws.host_path), self.owner(ws)) as cr:
+            try:
+                cr.make_new_dir(split_relpath(run_dir))
+            except FileExistsError:
+                # its name was drawn, and its environment built, before it was made: too late to draw again
+                raise BackendError(
+                    f"the run directory {run_dir} of workspace {ws.id!r} exists already (a program made it?); "
+                    "run the program again"
+                ) from None
 
     @staticmethod
     def _cwd_parts(cwd: str) -> list[str]:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
@@ -69,8 +70,12 @@ def ensure_layout(root: Path, owner: tuple[int, int] | None = None) -> None:
 
 def new_run_name() -> str:
     """A fresh, sortable run directory name under ``runs/``."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    return f"runs/{stamp}-{secrets.token_hex(3)}"
+    return f"runs/{_stamp(int(time.time()))}-{secrets.token_hex(3)}"
+
+
+@functools.lru_cache(maxsize=1)  # runs that start in the same second: formatted once (strftime costs ~5 µs)
+def _stamp(second: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(second))
 
 
 def workspace_env(root: str, run_dir: str) -> dict[str, str]:

@@ -3,16 +3,21 @@
 A session is one bwrap, built by the same command line as a per-run sandbox (:func:`.bwrap.build_argv`: the
 same namespaces, mounts, seccomp filter, uid and cgroup), whose program is the supervisor (``supervisor.c``,
 built by :mod:`.supervisorbin`) running as PID 1 of the sandbox's PID namespace. The host talks to it over an
-inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. For each run the host makes the stdio
-(socketpairs, or a pty) and passes the program's ends with ``SCM_RIGHTS``; the supervisor forks, execs and
-answers with the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals
-process groups on request. Output goes from the program straight to the host, never through the supervisor.
+inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. The supervisor forks, execs and answers with
+the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals process groups on
+request. A run's stdio: for a run without stdin or terminal (``run_program`` of most calls), the supervisor
+makes it (``/dev/null`` and two socketpairs) and forwards the output to the host in messages on the channel, the
+end of the output in the exit's message (one message for a run that printed nothing); for the others (stdin,
+``start_program``, a pty) the host makes it and passes the program's ends with ``SCM_RIGHTS``, and output goes
+from the program straight to the host, never through the supervisor.
 
 Why socketpairs and not pipes: the programs of a session share a uid, and a pipe can be opened again through
 ``/proc/<pid>/fd`` by any process of that uid (stealing another run's stdin or output); a socket cannot.
 
-The host trusts nothing the supervisor says (:class:`Session`): every message is one 16-byte packet of a known
-kind that answers an open request (or reports a program it started), within ``request_timeout``; anything else
+The host trusts nothing the supervisor says (:class:`Session`): every message is one packet of a known kind and
+size (a 16-byte head; output: at most 64 KiB more, within the run's output cap as any output) that answers an
+open request or reports a program it started (output: one whose output has not ended), within
+``request_timeout``; anything else
 ends that session, with a :class:`~execspace.errors.BackendError` its runs report. A run's timeout signals its
 process group through the supervisor, and its escaped descendants are found by their run marker from the host
 (as in per-run mode), so a run never ends the session.
@@ -46,8 +51,19 @@ _RLIMIT = struct.Struct("=IIQQ")
 _SIGNAL = struct.Struct("=iiI")
 _FD_SIZE = array.array("i").itemsize
 _OP_SPAWN, _OP_SIGNAL, _OP_LISTEN = 1, 2, 3
-_READY, _SPAWNED, _EXITED, _SIGNALED, _LISTENING = 1, 2, 3, 4, 5
-_FLAG_CTTY = 1
+_READY, _SPAWNED, _EXITED, _SIGNALED, _LISTENING, _OUTPUT, _CLOSED = 1, 2, 3, 4, 5, 6, 7
+_FLAG_CTTY, _FLAG_CAPTURE, _FLAG_RUN_DIR = 1, 2, 4
+_NO_RUN_DIR = -1  # SPAWNED's pid when the run directory could not be made
+_GROUP_LEFT = 1
+#: EXITED's flags for the end of a captured program's stdout (fd 1) and stderr (fd 2).
+_ENDED = {1: 2, 2: 4}
+#: Largest OUTPUT message: its head and at most this much output (``OUT_CHUNK`` in supervisor.c).
+_OUT_CHUNK = 64 * 1024
+#: Messages read per wake-up of the channel: a program that floods its output cannot hold the event loop (and
+#: the deadlines on it) for longer than that.
+_READS_PER_TURN = 64
+_CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)  # an int: the flags enum's operators cost a run microseconds
+_ANCILLARY = socket.CMSG_SPACE(_FD_SIZE)
 #: Largest spawn request (argv, environment, cwd), as ``ARG_MAX`` is for an exec: less where the host's socket
 #: buffers cannot take a datagram that large (``net.core.wmem_max``).
 MAX_REQUEST = 2 * 1024 * 1024
@@ -98,11 +114,17 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[int, asyncio.Future[tuple[int, int]], SessionProgram | None]] = {}
-        self._abandoned: set[int] = set()
-        """Requests whose caller was cancelled: their answer is expected, and dropped."""
-        self._unclaimed: set[int] = set()
-        """Programs started for an abandoned request (killed): their exit is expected, and dropped."""
+        self._due: dict[int, float] = {}
+        """When each pending request must be answered by (oldest first, as they were sent)."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._abandoned: dict[int, SessionProgram | None] = {}
+        """Requests whose caller was cancelled (and their program): their answer is expected, and dropped."""
+        self._unclaimed: dict[int, SessionProgram | None] = {}
+        """Programs started for an abandoned request (killed), by pid: their exit is expected, and dropped."""
         self._programs: dict[int, SessionProgram] = {}
+        self._outputs: dict[int, SessionProgram] = {}
+        """Programs whose output the supervisor forwards (``capture``), by the id of the request that started
+        them, until both their outputs ended: the output of an exited program's leftovers still comes."""
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._outbox: deque[tuple[bytes, list[int]]] = deque()
         self._writing = False
@@ -113,9 +135,14 @@ class Session:
         self.bwrap: SupervisedProcess | None = None
         self.supervisor_pid: int | None = None
         """The supervisor's pid on the host (its pid in the session is 1)."""
+        self.children: int | None = None
+        """An fd of the supervisor's ``/proc/<pid>/task/<pid>/children``, read again (``pread``) by each run's
+        sweep: one system call, and never another process's list after its pid is reused."""
         self.active = 0
         """Programs started and not yet over (the runner's idle timer runs while there are none)."""
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0
+        """Event-loop time the session's last program ended (while ``active`` is 0)."""
         self.owner: tuple[int, int] | None = None
         """The uid/gid its programs run as, when it differs from ours (as root)."""
         self._loop.add_reader(sock.fileno(), self._readable)
@@ -139,6 +166,7 @@ class Session:
             await asyncio.wait(waited, timeout=self.config.start_timeout, return_when="FIRST_COMPLETED")
             if self._ready.done() and self._ready.exception() is None:
                 self.supervisor_pid = _only_child(bwrap.pid)
+                self.children = _open_children(self.supervisor_pid)
                 return
             # its channel may close before bwrap is reaped: bwrap's last words say why
             await asyncio.wait({exited}, timeout=_LAST_WORDS)
@@ -168,6 +196,9 @@ class Session:
         await self._kill()
 
     async def _kill(self) -> None:
+        children, self.children = self.children, None
+        if children is not None:
+            os.close(children)
         if self.supervisor_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.supervisor_pid, signal.SIGKILL)
@@ -191,6 +222,8 @@ class Session:
         )
 
     def _shutdown_channel(self, error: BackendError | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self._sock.fileno())
             self._loop.remove_writer(self._sock.fileno())
@@ -199,12 +232,16 @@ class Session:
                 fut.set_exception(error or BackendError(f"sandbox session of workspace {self.name!r} was ended"))
                 fut.exception()  # its requester is told by _request, or has gone
         self._pending.clear()
+        self._due.clear()
         for _, fds in self._outbox:
             _close_all(fds)
         self._outbox.clear()
         programs, self._programs = list(self._programs.values()), {}
         for program in programs:
             program.session_ended(error)
+        outputs, self._outputs = list(self._outputs.values()), {}
+        for program in outputs:
+            program.session_ended(error)  # exited before: its leftovers' output ended with the session
         self._sock.close()
 
     # -- requests -------------------------------------------------------------------------
@@ -218,18 +255,25 @@ class Session:
         fds: list[int],
         rlimits: Sequence[tuple[int, int, int]],
         *,
-        ctty: bool,
+        ctty: bool = False,
     ) -> int:
         """Start ``argv`` with ``fds`` as its stdin, stdout and stderr (taken over: closed once sent); its pid in
-        the session.
+        the session. Without ``fds`` (``program.captures``), the supervisor makes them, and forwards the output to
+        ``program``; with ``program.run_dir``, it makes that directory first.
 
         Raises:
+            RunDirFailed: the supervisor could not make ``program.run_dir``.
             OSError: the exec failed (its errno).
             BackendError: the session is over or broke.
             InvalidSpec: argv and environment are too large for one request.
         """
+        run_dir = program.run_dir
         strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
-        body = _SPAWN.pack(_FLAG_CTTY if ctty else 0, len(rlimits), len(argv), len(env))
+        if run_dir is not None:
+            strings.insert(1, run_dir)
+        flags = (_FLAG_CTTY if ctty else 0) | (_FLAG_CAPTURE if program.captures else 0)
+        flags |= _FLAG_RUN_DIR if run_dir is not None else 0
+        body = _SPAWN.pack(flags, len(rlimits), len(argv), len(env))
         body += b"".join(_RLIMIT.pack(which, 0, soft, hard) for which, soft, hard in rlimits)
         body += os.fsencode("\0".join(strings) + "\0")
         if len(body) > self.max_request:
@@ -239,6 +283,8 @@ class Session:
                 f"{self.max_request}; pass large data through stdin or a file, or use mode='per-run'"
             )
         pid, err = await self._request(_OP_SPAWN, _SPAWNED, body, fds, program)
+        if pid == _NO_RUN_DIR:
+            raise RunDirFailed(err, os.strerror(err), run_dir)
         if err:
             raise OSError(err, os.strerror(err), argv[0])
         return pid
@@ -273,29 +319,40 @@ class Session:
         ident = next(self._ids) & 0xFFFF_FFFF
         fut: asyncio.Future[tuple[int, int]] = self._loop.create_future()
         self._pending[ident] = (kind, fut, program)
+        self._due[ident] = due = self._loop.time() + self.config.request_timeout
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(due, self._overdue)
         self._send(_HEAD.pack(op, ident) + body, fds)
         try:
-            async with asyncio.timeout(self.config.request_timeout):
-                # not shielded (one loop turn less): a request given up is answered all the same, and dropped
-                return await fut
-        except TimeoutError:
-            self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
-            assert self.broken is not None
-            raise self.broken from None
+            # not shielded (one loop turn less): a request given up is answered all the same, and dropped
+            return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._disown(kind, *fut.result())  # answered, but its caller has gone
             elif ident in self._pending:
-                self._abandoned.add(ident)
+                self._abandoned[ident] = program
             raise
         finally:
             self._pending.pop(ident, None)
+            self._due.pop(ident, None)
+
+    def _overdue(self) -> None:
+        """The watchdog of every pending request (one timer, not one per request): the oldest one unanswered
+        past ``request_timeout`` ends the session; else it looks again when the oldest is due."""
+        self._watchdog = None
+        due = next(iter(self._due.values()), None)
+        if due is None or not self.usable:
+            return
+        if due <= self._loop.time():
+            self._fail(f"did not answer within {self.config.request_timeout} s (stopped or hung)")
+        else:
+            self._watchdog = self._loop.call_at(due, self._overdue)
 
     def _disown(self, kind: int, pid: int, err: int) -> None:
         if kind == _LISTENING and err == 0:
             os.close(pid)  # the listener's fd: asked for by a caller who has gone
-        if kind == _SPAWNED and err == 0 and self._programs.pop(pid, None) is not None:
-            self._unclaimed.add(pid)
+        if kind == _SPAWNED and err == 0 and (program := self._programs.pop(pid, None)) is not None:
+            self._unclaimed[pid] = program
             self.signal(pid, signal.SIGKILL, group=True)  # started for a caller who has gone
 
     def _send(self, data: bytes, fds: list[int]) -> None:
@@ -325,41 +382,53 @@ class Session:
     # -- what the supervisor says -----------------------------------------------------------
 
     def _readable(self) -> None:
-        while self.usable:
+        for _ in range(_READS_PER_TURN):
+            if not self.usable:
+                return
             try:
                 # room for one fd (a listener); more are discarded by the kernel (MSG_CTRUNC)
                 data, anc, flags, _ = self._sock.recvmsg(
-                    _MSG.size + 1, socket.CMSG_SPACE(_FD_SIZE), socket.MSG_CMSG_CLOEXEC
+                    _MSG.size + _OUT_CHUNK + 1, _ANCILLARY, socket.MSG_CMSG_CLOEXEC
                 )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._fail(f"channel failed ({exc.strerror})")
                 return
-            fds = [
-                fd
-                for level, what, raw in anc
-                if (level, what) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
-                for fd in array.array("i", raw[: len(raw) - len(raw) % _FD_SIZE])
-            ]
+            fds = (
+                [
+                    fd
+                    for level, what, raw in anc
+                    if (level, what) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+                    for fd in array.array("i", raw[: len(raw) - len(raw) % _FD_SIZE])
+                ]
+                if anc
+                else []
+            )
             if not data:
                 _close_all(fds)
                 self._fail("exited")
                 return
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) != _MSG.size:
+            size = len(data)
+            if flags & _CUT or size < _MSG.size:
                 _close_all(fds)
-                self._fail(f"sent a malformed message ({len(data)} bytes, flags {flags:#x})")
+                self._fail(f"sent a malformed message ({size} bytes, flags {flags:#x})")
                 return
-            kind, ident, a, b = _MSG.unpack(data)
-            problem = self._dispatch(kind, ident, a, b, fds)
+            kind, ident, a, b = _MSG.unpack_from(data)
+            # only OUTPUT carries more than the head: at least one byte, at most _OUT_CHUNK
+            if (size > _MSG.size) != (kind == _OUTPUT) or size > _MSG.size + _OUT_CHUNK:
+                _close_all(fds)
+                self._fail(f"sent a malformed message (kind {kind}, {size} bytes)")
+                return
+            problem = self._dispatch(kind, ident, a, b, data, fds)
             if problem is not None:
                 _close_all(fds)
                 self._fail(problem)
                 return
 
-    def _dispatch(self, kind: int, ident: int, a: int, b: int, fds: list[int]) -> str | None:
-        """Act on one message (``fds``: those it carried, taken over when it is fine); what is wrong with it, if
-        anything."""
+    def _dispatch(self, kind: int, ident: int, a: int, b: int, data: bytes, fds: list[int]) -> str | None:
+        """Act on one message (``data``: the whole of it; ``fds``: those it carried, taken over when it is fine);
+        what is wrong with it, if anything."""
         if len(fds) != (kind == _LISTENING and b == 0):
             return f"sent {len(fds)} fds with message kind {kind}"
         if kind == _LISTENING:
@@ -369,31 +438,40 @@ class Session:
                 return f"sent message kind {kind} before it was ready"
             self._ready.set_result(None)
             return None
-        if kind == _EXITED and ident in (0, 1) and a in self._unclaimed:
-            self._unclaimed.discard(a)
+        if kind in (_OUTPUT, _CLOSED):
+            program = self._outputs.get(ident)
+            if program is None or b != 0 or not program.output_open(a):
+                return f"sent output of a program it was not running, or after its end (id {ident}, fd {a})"
+            if kind == _OUTPUT:
+                program.output(a, data[_MSG.size :])
+            else:
+                self._output_ended(ident, program, a)
             return None
         if kind == _EXITED:
-            program = self._programs.pop(a, None) if ident in (0, 1) else None
-            if program is None or not _valid_status(b):
-                return f"reported the exit of a program it was not running (pid {a}, status {b})"
-            program.reported_exit(b, group_left=ident == 1)
-            return None
+            return self._exited(ident, a, b)
         if kind in (_SPAWNED, _SIGNALED) and ident in self._abandoned:
-            self._abandoned.discard(ident)
-            if kind == _SPAWNED and b == 0 and a > 1 and a not in self._programs:
-                self._unclaimed.add(a)
+            program = self._abandoned.pop(ident)
+            if kind == _SPAWNED and b == 0 and a > 1 and a not in self._programs and a not in self._unclaimed:
+                self._unclaimed[a] = program
+                if program is not None and program.captures:
+                    self._outputs[ident] = program
+                    program.output_id = ident
                 self.signal(a, signal.SIGKILL, group=True)  # started for a caller who has gone
             return None
         want, fut, program = self._pending.get(ident, (0, None, None))
         if fut is None or want != kind or fut.done():
             return f"answered a request it was not asked (kind {kind}, id {ident})"
         started = b == 0 and a > 1 and a not in self._programs and a not in self._unclaimed
-        if kind == _SPAWNED and not ((0 < b <= _MAX_ERRNO and a == 0) or started):
+        failed = 0 < b <= _MAX_ERRNO and (a == 0 or (a == _NO_RUN_DIR and program is not None and program.run_dir))
+        if kind == _SPAWNED and not (failed or started):
             return f"answered a start with an impossible pid/errno ({a}, {b})"
         if kind == _SIGNALED and not (0 <= a <= _MAX_ERRNO and b == 0):
             return f"answered a signal with an impossible errno ({a}, {b})"
         if kind == _SPAWNED and b == 0 and program is not None:
             self._programs[a] = program
+            if program.captures:
+                self._outputs[ident] = program
+                program.output_id = ident
         fut.set_result((a, b))
         return None
 
@@ -401,7 +479,7 @@ class Session:
         if not (0 < port < 65536 and err == 0) and not (port == 0 and 0 < err <= _MAX_ERRNO):
             return f"answered a listen with an impossible port/errno ({port}, {err})"
         if ident in self._abandoned:
-            self._abandoned.discard(ident)
+            del self._abandoned[ident]
             _close_all(fds)
             return None
         want, fut, _ = self._pending.get(ident, (0, None, None))
@@ -409,6 +487,34 @@ class Session:
             return f"answered a request it was not asked (kind {_LISTENING}, id {ident})"
         fut.set_result((fds[0], 0) if fds else (-1, err))
         return None
+
+    def _exited(self, flags: int, pid: int, status: int) -> str | None:
+        unclaimed = pid in self._unclaimed
+        program = self._unclaimed.pop(pid) if unclaimed else self._programs.pop(pid, None)
+        if (program is None and not unclaimed) or not _valid_status(status):
+            return f"reported the exit of a program it was not running (pid {pid}, status {status})"
+        ended = [fd for fd, bit in _ENDED.items() if flags & bit]
+        captures = program is not None and program.captures
+        if flags & ~(_GROUP_LEFT | (sum(_ENDED.values()) if captures else 0)):
+            return f"reported the exit of program {pid} with unknown flags {flags:#x}"
+        if program is not None and any(not program.output_open(fd) for fd in ended):
+            return f"reported the end of an output of program {pid} that had ended"
+        if program is not None and not unclaimed:
+            program.reported_exit(status, group_left=bool(flags & _GROUP_LEFT))
+        for fd in ended:
+            assert program is not None
+            self._output_ended(program.output_id, program, fd)
+        return None
+
+    def _output_ended(self, ident: int, program: SessionProgram, fd: int) -> None:
+        program.output_ended(fd)
+        if not program.output_open(1) and not program.output_open(2):
+            self._outputs.pop(ident, None)
+
+
+class RunDirFailed(OSError):
+    """The supervisor could not make a run's directory (``runs/`` gone, a symlink, not writable): the host makes
+    it then, or says why it cannot."""
 
 
 def _valid_status(status: int) -> bool:
@@ -431,15 +537,16 @@ def _only_child(pid: int | None) -> int | None:
     return int(children[0]) if len(children) == 1 else None
 
 
-def kill_marked_children(supervisor: int, marker: str) -> int:
+def kill_marked_children(supervisor: int, marker: str, children: int | None = None) -> int:
     """SIGKILL the processes of the session (the supervisor's descendants) whose environment carries ``marker``;
     return how many. Walking the session's tree in ``/proc`` instead of scanning every process of the host keeps
-    a run's teardown cheap, and finds what left the run's process group (``setsid``) wherever it is."""
+    a run's teardown cheap, and finds what left the run's process group (``setsid``) wherever it is.
+    ``children``: :attr:`Session.children`, where it is open."""
     needle = f"{RUN_MARKER_VAR}={marker}\0".encode()
     killed = 0
     for _ in range(3):  # a dying parent may fork once more: look again until quiet
         found = 0
-        for pid in _descendants(supervisor):
+        for pid in _descendants(supervisor, children):
             try:
                 marked = needle in _read_proc(f"/proc/{pid}/environ")
             except OSError:
@@ -454,7 +561,7 @@ def kill_marked_children(supervisor: int, marker: str) -> int:
     return killed
 
 
-def _descendants(supervisor: int) -> list[int]:
+def _descendants(supervisor: int, children_fd: int | None) -> list[int]:
     found: list[int] = []
     todo = [supervisor]
     while todo:
@@ -467,12 +574,33 @@ def _descendants(supervisor: int) -> list[int]:
             continue
         for task in tasks:
             try:
-                children = [int(c) for c in _read_proc(f"/proc/{parent}/task/{task}/children").split()]
+                if parent == supervisor and children_fd is not None:
+                    listed = _pread_all(children_fd)
+                else:
+                    listed = _read_proc(f"/proc/{parent}/task/{task}/children")
             except OSError:
                 continue
+            children = [int(c) for c in listed.split()]
             found += children
             todo += children
     return found
+
+
+def _open_children(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return os.open(f"/proc/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _pread_all(fd: int) -> bytes:
+    """All of a ``/proc`` file kept open: read from its start again, as it is now."""
+    chunks = [os.pread(fd, 65536, 0)]
+    while len(chunks[-1]) == 65536:
+        chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+    return b"".join(chunks)
 
 
 def _read_proc(path: str) -> bytes:
@@ -596,18 +724,38 @@ class SessionProgram(SupervisedProcess):
 
     Its ``pid`` is the one it has in the session (what ``ps`` there shows). If the session breaks, its
     :meth:`wait` raises the session's :class:`~execspace.errors.BackendError`.
+
+    A run without stdin, terminal or streaming (most runs) ``captures``: the supervisor makes its stdio and
+    forwards its output on the session's channel, which spares the host two socketpairs, their registrations on
+    the event loop and the ``SCM_RIGHTS`` hand-over per run; the other runs get stdio sockets from the host.
     """
 
-    def __init__(self, launch: Launch, *, session: Session, rlimits: Sequence[tuple[int, int, int]] = ()) -> None:
+    def __init__(
+        self,
+        launch: Launch,
+        *,
+        session: Session,
+        rlimits: Sequence[tuple[int, int, int]] = (),
+        run_dir: str | None = None,
+        make_run_dir: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(launch)
         self._session = session
         self._rlimits = rlimits
+        self._make_run_dir = make_run_dir
+        la = launch
+        self.captures = la.pty is None and la.stdin is None and not la.interactive
+        self.run_dir = run_dir
+        """The run's directory as the session sees it, while the supervisor is to make it: only for a run that
+        ``captures`` (whose start can be asked again: it hands over no fds); the host makes the others'."""
         self.session_pid: int | None = None
         self._status: int | None = None
         self._group_left = True
         self._ended = False
         self._error: BackendError | None = None
         self._floor = 0
+        self.output_id = 0
+        """The id the session's supervisor names this program's output by (``captures``)."""
 
     @property
     def pid(self) -> int | None:
@@ -617,10 +765,14 @@ class SessionProgram(SupervisedProcess):
         loop = asyncio.get_running_loop()
         la = self._launch
         stdin: asyncio.BaseTransport | None = None
+        if self.run_dir is not None and not self.captures:
+            self._made_run_dir()
         if la.pty is not None:
             slave = self._open_pty(la.pty)
             child = [slave, os.dup(slave), os.dup(slave)]
             self._open_pipes = {1}
+        elif self.captures:
+            child = []
         else:
             child, stdin = await self._socket_stdio(loop)
         # the floor of a host-wide sweep, needed only when the session's tree cannot be walked
@@ -629,6 +781,11 @@ class SessionProgram(SupervisedProcess):
             self.session_pid = await self._session.spawn(
                 self, la.argv, la.env, la.cwd, child, self._rlimits, ctty=la.pty is not None
             )
+        except RunDirFailed:
+            # the host's confined walk makes it then (runs/ again if it went), or says why it cannot (a symlink);
+            # a run that captures handed over no fds: its start is asked again as it was
+            self._made_run_dir()
+            return await self._open_transport()
         except BackendError:
             if self._session.broken is not None:
                 self._close_stdio(stdin)
@@ -662,6 +819,11 @@ class SessionProgram(SupervisedProcess):
             raise
         return child, stdin
 
+    def _made_run_dir(self) -> None:
+        self.run_dir = None
+        if self._make_run_dir is not None:
+            self._make_run_dir()
+
     def _close_stdio(self, stdin: asyncio.BaseTransport | None) -> None:
         for pipe in (stdin, *self._readers.values()):
             if pipe is not None:
@@ -680,6 +842,23 @@ class SessionProgram(SupervisedProcess):
         self._ended = True
         self._error = error
         self._exited.set()
+        self.end_output()
+
+    def output_open(self, fd: int) -> bool:
+        """Whether the supervisor may still forward output ``fd`` (1 or 2) of this program."""
+        return self.captures and fd in self._open_pipes
+
+    def output(self, fd: int, data: bytes) -> None:
+        self._on_data(fd, data)
+
+    def output_ended(self, fd: int) -> None:
+        self._on_pipe_closed(fd)
+
+    def end_output(self) -> None:
+        """No more output will come (the session is over)."""
+        if self.captures:
+            for fd in sorted(self._open_pipes):
+                self._on_pipe_closed(fd)
 
     def returncode(self) -> int | None:
         if self._status is not None:
@@ -718,7 +897,7 @@ class SessionProgram(SupervisedProcess):
     async def _sweep(self) -> None:
         supervisor = self._session.supervisor_pid
         if supervisor is not None:
-            kill_marked_children(supervisor, self._launch.marker)
+            kill_marked_children(supervisor, self._launch.marker, self._session.children)
         elif (sweeper := self._launch.sweeper) is not None:
             await sweeper.sweep(self._launch.marker, self._floor)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PathDenied
-from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
+from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.freezing import stopped_trees
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
@@ -149,6 +149,18 @@ class SessionRunner(SandboxRunner):
             found = self._decisions[key] = super().access_of(root, rel)
         return found
 
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+        # the supervisor makes the run directory of a session run (off the host's share of the run, whose
+        # largest single cost it was), where its sandbox may write runs/
+        # (not with an allow-list: the run's proxy audits into its directory before the program starts)
+        defer = (
+            ws.host_path is not None
+            and self.network_allow is None
+            and self.fits_session(spec)
+            and self.access_of(ws.host_path, "runs").can_write
+        )
+        return self.preparation.prepare(ws, spec, make_run_dir=not defer)
+
     def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
         if init_fd is not None or not self.fits_session(prep.spec):
             return super().wrap(prep, interactive=interactive, init_fd=init_fd)
@@ -163,16 +175,21 @@ class SessionRunner(SandboxRunner):
         self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
     ) -> SupervisedProcess:
         if process is not None or not self.fits_session(prep.spec):
+            if not prep.run_dir_made:
+                self.preparation.make_run_dir(prep)
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
         if self.network_allow is not None:
             await self._run_proxy(session, prep, launch)
-        session.active += 1
-        if session.idle_timer is not None:
-            session.idle_timer.cancel()
-            session.idle_timer = None
+        session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
-        make = functools.partial(SessionProgram, session=session, rlimits=rlimit_values(prep.spec.limits))
+        make = functools.partial(
+            SessionProgram,
+            session=session,
+            rlimits=rlimit_values(prep.spec.limits),
+            run_dir=None if prep.run_dir_made else f"{SANDBOX_WORKSPACE}/{prep.run_dir}",
+            make_run_dir=functools.partial(self.preparation.make_run_dir, prep),
+        )
         return await super().spawn_prepared(prep, launch, make)
 
     async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> None:
@@ -197,10 +214,22 @@ class SessionRunner(SandboxRunner):
         timeout = self.config.idle_timeout
         if session.active == 0 and timeout is not None and session.usable:
             loop = asyncio.get_running_loop()
-            session.idle_timer = loop.call_later(timeout, self._schedule_end, root, session)
+            session.idle_since = loop.time()
+            # one timer per idle spell, not one per run: a run that starts meanwhile leaves it, it looks again
+            if session.idle_timer is None:
+                session.idle_timer = loop.call_at(session.idle_since + timeout, self._idle_check, root, session)
 
-    def _schedule_end(self, root: Path, session: Session) -> None:
-        task = asyncio.get_running_loop().create_task(self._end_idle(root, session))
+    def _idle_check(self, root: Path, session: Session) -> None:
+        session.idle_timer = None
+        timeout = self.config.idle_timeout
+        if session.active or timeout is None or not session.usable:
+            return  # busy again: the end of its last program sets the timer anew
+        loop = asyncio.get_running_loop()
+        due = session.idle_since + timeout
+        if due > loop.time():  # runs came and went since the timer was set: idle for less than the timeout
+            session.idle_timer = loop.call_at(due, self._idle_check, root, session)
+            return
+        task = loop.create_task(self._end_idle(root, session))
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
 

@@ -1,24 +1,35 @@
 /* execspace session supervisor: PID 1 of a sandbox session's PID namespace.
  *
  * Started by bwrap --as-pid-1 with one inherited SOCK_SEQPACKET socket (argv[1]) to the host, it forks and
- * execs programs on request, reports their exits and signals their process groups. It never sees their output:
- * the host creates each program's stdio and hands the fds over with SCM_RIGHTS. As init of its namespace it
- * ignores SIGKILL/SIGSTOP from inside it and reaps every orphan; when the host's end of the socket closes it
- * exits, and the kernel kills everything left in the namespace.
+ * execs programs on request, reports their exits and signals their process groups. A program's stdio is either
+ * the host's (made by the host, handed over with SCM_RIGHTS: output goes straight to the host, never through
+ * here) or, with CAPTURE (a run without stdin or terminal, the common case), made here: stdin /dev/null, stdout
+ * and stderr a socketpair each (a pipe could be reopened through /proc/<pid>/fd by the session's other
+ * programs), their output forwarded to the host in OUTPUT packets. As init of its namespace it ignores
+ * SIGKILL/SIGSTOP from inside it and reaps every orphan; when the host's end of the socket closes it exits, and
+ * the kernel kills everything left in the namespace.
  *
  * Host -> supervisor, one request per packet: u32 op, u32 id, then
- *   op 1 SPAWN:  u32 flags, u32 nlimits, u32 argc, u32 envc, nlimits x {u32 resource, u32 0, u64 cur, u64 max},
- *                then NUL-terminated strings: cwd, argv[argc], env[envc]; SCM_RIGHTS: stdin, stdout, stderr.
+ *   op 1 SPAWN:  u32 flags (1 CTTY, 2 CAPTURE, 4 RUN_DIR), u32 nlimits, u32 argc, u32 envc,
+ *                nlimits x {u32 resource, u32 0, u64 cur, u64 max}, then NUL-terminated strings: cwd, with
+ *                RUN_DIR the run's directory to make first (an absolute path, its parent not a symlink),
+ *                argv[argc], env[envc]; SCM_RIGHTS: stdin, stdout, stderr (none with CAPTURE).
  *   op 2 SIGNAL: i32 pid, i32 signal, u32 group (kill the process group pid).
  *   op 3 LISTEN: nothing (a TCP listener on 127.0.0.1 of the session's network namespace, any free port: one
  *                run's way to its egress proxy, which the host serves on it).
- * Supervisor -> host, 16-byte packets: u32 kind, u32 id, i32 a, i32 b
- *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd), 3 EXITED (group left: 0/1, pid, wait status),
- *   4 SIGNALED (id, errno, 0), 5 LISTENING (id, port, errno; SCM_RIGHTS: the listener when errno is 0).
+ * Supervisor -> host, packets of a 16-byte head: u32 kind, u32 id, i32 a, i32 b
+ *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd; pid -1: the run directory's errno),
+ *   3 EXITED (flags, pid, wait status),
+ *   4 SIGNALED (id, errno, 0), 5 LISTENING (id, port, errno; SCM_RIGHTS: the listener when errno is 0),
+ *   6 OUTPUT (id of its SPAWN, fd 1/2, 0) + 1..OUT_CHUNK bytes of that output,
+ *   7 CLOSED (id of its SPAWN, fd 1/2, 0): that output ended after the program's exit.
+ * EXITED's flags: 1 its process group lives on (its background children); with CAPTURE, 2 and 4: its stdout and
+ * stderr ended with it, every OUTPUT of them sent before (the usual run: one packet says it is over).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,6 +41,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,18 +49,47 @@
 #define MAX_PACKET (2 * 1024 * 1024 + 64 * 1024) /* the host sends at most 2 MiB */
 #define MAX_TRACKED 4096
 #define FLAG_CTTY 1u
+#define FLAG_CAPTURE 2u
+#define FLAG_RUN_DIR 4u
+#define OUT_CHUNK (64 * 1024) /* the host takes OUTPUT packets of at most this much output */
+#define DRAIN_READS 8         /* at an exit: what its output sockets hold, not a writer that goes on */
 
 enum { OP_SPAWN = 1, OP_SIGNAL = 2, OP_LISTEN = 3 };
-enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_LISTENING = 5 };
+enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_LISTENING = 5, MSG_OUTPUT = 6, MSG_CLOSED = 7 };
+
+/* a program we started: until it is reaped and, with CAPTURE, until both its outputs ended */
+struct prog {
+    pid_t pid;   /* 0 once reaped */
+    uint32_t id; /* the SPAWN request: what its OUTPUT packets are named by */
+    int capture;
+    int out[2]; /* our ends of its stdout and stderr (CAPTURE), -1 once ended (or without CAPTURE) */
+};
 
 static int chan = -1;
-static pid_t tracked[MAX_TRACKED];
-static size_t ntracked;
+static int devnull = -1;
+static struct prog progs[MAX_TRACKED];
+static size_t nprogs;
 static unsigned char packet[MAX_PACKET + 1];
+static unsigned char outbuf[16 + OUT_CHUNK];
+static struct pollfd polls[2 + 2 * MAX_TRACKED];
+static struct prog *polled[2 * MAX_TRACKED]; /* whose output polls[2 + i] is */
 /* written by a vfork child (which shares our memory until it execs or exits): why its exec failed */
 static volatile int32_t child_err;
 
-/* one message, with fd (when >= 0) attached */
+/* blocking: a host slow to read holds back the output (the program's socket fills), never loses it */
+static void send_packet(const void *data, size_t len) {
+    for (;;) {
+        if (send(chan, data, len, MSG_NOSIGNAL) == (ssize_t)len) return;
+        if (errno != EINTR) _exit(0); /* the host is gone: so is the session */
+    }
+}
+
+static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
+    uint32_t msg[4] = {kind, id, (uint32_t)a, (uint32_t)b};
+    send_packet(msg, sizeof msg);
+}
+
+/* one message with fd attached */
 static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
     uint32_t body[4] = {kind, id, (uint32_t)a, (uint32_t)b};
     struct iovec iov = {body, sizeof body};
@@ -60,32 +101,51 @@ static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
     struct msghdr msg = {0};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    if (fd >= 0) {
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof control.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    }
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
     for (;;) {
         if (sendmsg(chan, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof body) return;
         if (errno != EINTR) _exit(0); /* the host is gone: so is the session */
     }
 }
 
-static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
-    reply_fd(kind, id, a, b, -1);
+static struct prog *find(pid_t pid) {
+    for (size_t i = 0; i < nprogs; i++) {
+        if (progs[i].pid == pid) return &progs[i];
+    }
+    return NULL;
 }
 
-static int untrack(pid_t pid) {
-    for (size_t i = 0; i < ntracked; i++) {
-        if (tracked[i] == pid) {
-            tracked[i] = tracked[--ntracked];
-            return 1;
-        }
+/* drop the programs that are over: reaped, and their output ended */
+static void compact(void) {
+    size_t kept = 0;
+    for (size_t i = 0; i < nprogs; i++) {
+        if (progs[i].pid != 0 || progs[i].out[0] >= 0 || progs[i].out[1] >= 0) progs[kept++] = progs[i];
     }
+    nprogs = kept;
+}
+
+/* forward one read of output i of p; 0 once it ended (its socket closed), or when it has nothing now */
+static int forward(struct prog *p, int i) {
+    ssize_t n;
+    do {
+        n = read(p->out[i], outbuf + 16, OUT_CHUNK);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN) return 0;
+    if (n > 0) {
+        uint32_t head[4] = {MSG_OUTPUT, p->id, (uint32_t)i + 1, 0};
+        memcpy(outbuf, head, sizeof head);
+        send_packet(outbuf, 16 + (size_t)n);
+        return 1;
+    }
+    close(p->out[i]); /* its end (or a read error: nothing more will come) */
+    p->out[i] = -1;
+    if (p->pid == 0) reply(MSG_CLOSED, p->id, i + 1, 0); /* after its exit: else EXITED says it */
     return 0;
 }
 
@@ -93,13 +153,24 @@ static void reap(void) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        struct prog *p = find(pid);
+        if (p == NULL) continue; /* an orphan, or a child whose exec failed */
         /* whether its process group lives on (its background children): else the host need not kill it */
-        if (untrack(pid)) reply(MSG_EXITED, kill(-pid, 0) == 0, pid, status);
+        uint32_t flags = kill(-pid, 0) == 0;
+        for (int i = 0; i < 2 && p->capture; i++) {
+            for (int reads = 0; p->out[i] >= 0 && reads < DRAIN_READS && forward(p, i);) reads++;
+            if (p->out[i] < 0) flags |= 2u << i;
+        }
+        p->pid = 0;
+        reply(MSG_EXITED, flags, pid, status);
     }
+    compact();
 }
 
 static void close_fds(int *fds, int n) {
-    for (int i = 0; i < n; i++) close(fds[i]);
+    for (int i = 0; i < n; i++) {
+        if (fds[i] >= 0) close(fds[i]);
+    }
 }
 
 struct reader {
@@ -158,10 +229,41 @@ __attribute__((noinline)) static pid_t start_child(int *fds, uint32_t flags, con
     return pid;
 }
 
+/* mkdir path, its parent opened without following a symlink there (as the host's walk refuses one) */
+static int make_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (path[0] != '/' || slash == path || slash[1] == 0 || (size_t)(slash - path) >= PATH_MAX) return EINVAL;
+    char parent[PATH_MAX];
+    memcpy(parent, path, (size_t)(slash - path));
+    parent[slash - path] = 0;
+    int dir = open(parent, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0) return errno;
+    int err = mkdirat(dir, slash + 1, 0755) < 0 ? errno : 0;
+    close(dir);
+    return err;
+}
+
+/* stdin /dev/null, stdout and stderr a socketpair each (fds[1], fds[2] the program's ends, ours[] ours) */
+static int capture_stdio(int *fds, int *ours) {
+    if (devnull < 0) return ENOENT;
+    fds[0] = devnull;
+    for (int i = 0; i < 2; i++) {
+        int pair[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) return errno; /* the caller closes */
+        /* ours only reads, without blocking: the program cannot read back what it wrote */
+        shutdown(pair[0], SHUT_WR);
+        fcntl(pair[0], F_SETFL, O_NONBLOCK);
+        ours[i] = pair[0];
+        fds[i + 1] = pair[1];
+    }
+    return 0;
+}
+
 static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     uint32_t flags = 0, nlim = 0, argc = 0, envc = 0;
-    int bad = nfds != 3 || read_u32(r, &flags) || read_u32(r, &nlim) || read_u32(r, &argc) ||
-              read_u32(r, &envc) || nlim > 16 || argc == 0 || argc > MAX_PACKET / 2 || envc > MAX_PACKET / 2;
+    int bad = read_u32(r, &flags) || read_u32(r, &nlim) || read_u32(r, &argc) || read_u32(r, &envc) ||
+              nfds != ((flags & FLAG_CAPTURE) ? 0 : 3) || (flags & ~(FLAG_CTTY | FLAG_CAPTURE | FLAG_RUN_DIR)) ||
+              nlim > 16 || argc == 0 || argc > MAX_PACKET / 2 || envc > MAX_PACKET / 2;
     struct rlimit lims[16];
     int res[16];
     for (uint32_t i = 0; !bad && i < nlim; i++) {
@@ -177,6 +279,8 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
         lims[i].rlim_max = max;
     }
     const char *cwd = bad ? NULL : read_str(r);
+    const char *run_dir = bad || !(flags & FLAG_RUN_DIR) ? NULL : read_str(r);
+    bad = bad || ((flags & FLAG_RUN_DIR) && run_dir == NULL);
     char **argv = bad ? NULL : calloc((size_t)argc + 1, sizeof *argv);
     char **envp = bad ? NULL : calloc((size_t)envc + 1, sizeof *envp);
     bad = bad || cwd == NULL || argv == NULL || envp == NULL;
@@ -184,19 +288,28 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     for (uint32_t i = 0; !bad && i < envc; i++) bad = (envp[i] = (char *)read_str(r)) == NULL;
     int32_t err = 0;
     pid_t pid = 0;
+    int made = 0, no_dir = 0, ours[2] = {-1, -1};
     if (bad || r->at != r->end) {
         err = EINVAL;
-    } else if (ntracked == MAX_TRACKED) {
+    } else if (nprogs == MAX_TRACKED) {
         err = EAGAIN;
-    } else {
+    } else if (run_dir != NULL && (err = make_dir(run_dir)) != 0) {
+        no_dir = 1;
+    } else if (!(flags & FLAG_CAPTURE) || (made = 1, err = capture_stdio(fds, ours)) == 0) {
         pid = start_child(fds, flags, lims, res, nlim, cwd, argv, envp);
         err = pid < 0 ? errno : child_err;
-        if (err == 0) tracked[ntracked++] = pid; /* a failed child is reaped without a report */
+    }
+    if (err == 0) {
+        progs[nprogs++] = (struct prog){pid, id, made, {ours[0], ours[1]}};
+    } else {
+        close_fds(ours, 2); /* a failed child is reaped without a report */
     }
     free(argv);
     free(envp);
-    close_fds(fds, nfds);
-    reply(MSG_SPAWNED, id, err ? 0 : pid, err);
+    /* the program's ends: those the host sent, or those made here (not the /dev/null every CAPTURE run shares) */
+    if (made) close_fds(fds + 1, 2);
+    else close_fds(fds, nfds);
+    reply(MSG_SPAWNED, id, err ? -no_dir : pid, err);
 }
 
 static void signal_request(uint32_t id, struct reader *r) {
@@ -249,7 +362,7 @@ static void serve(void) {
     ssize_t n = recvmsg(chan, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n <= 0) _exit(0); /* the host closed the channel */
-    int fds[3], nfds = 0;
+    int fds[3] = {-1, -1, -1}, nfds = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -291,19 +404,38 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &chld, NULL);
     int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) return 3;
+    /* every CAPTURE program's stdin; without one (no /dev/null), CAPTURE spawns fail with ENOENT */
+    devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     reply(MSG_READY, 0, 0, 0);
-    struct pollfd p[2] = {{chan, POLLIN, 0}, {sfd, POLLIN, 0}};
+    polls[0] = (struct pollfd){chan, POLLIN, 0};
+    polls[1] = (struct pollfd){sfd, POLLIN, 0};
     for (;;) {
-        if (poll(p, 2, -1) < 0) {
+        nfds_t n = 2;
+        for (size_t i = 0; i < nprogs; i++) {
+            for (int j = 0; j < 2; j++) {
+                if (progs[i].out[j] < 0) continue;
+                polled[n - 2] = &progs[i];
+                polls[n++] = (struct pollfd){progs[i].out[j], POLLIN, 0};
+            }
+        }
+        if (poll(polls, n, -1) < 0) {
             if (errno == EINTR) continue;
             return 4;
         }
-        if (p[1].revents) {
+        /* output first: it comes before the exit that a signal below may report */
+        for (nfds_t i = 2; i < n; i++) {
+            if (!polls[i].revents) continue;
+            struct prog *p = polled[i - 2];
+            int j = p->out[0] == polls[i].fd ? 0 : 1;
+            forward(p, j);
+        }
+        compact();
+        if (polls[1].revents) {
             struct signalfd_siginfo info;
             while (read(sfd, &info, sizeof info) > 0) {
             }
             reap();
         }
-        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) serve();
+        if (polls[0].revents & (POLLIN | POLLHUP | POLLERR)) serve();
     }
 }
