@@ -39,7 +39,7 @@ async def run_e2b(plan: Plan, report: Report, log: Any) -> None:
         report.notes.append("e2b: the SDK is not installed (pip install 'execspace[e2b]'): skipped")
         return
     log("8 e2b")
-    with scratch_dir("execspace-bench-e2b-") as root, _server(root / "serve", 10) as (url, _pid):
+    with scratch_dir("execspace-bench-e2b-") as root, _server(root / "serve", 10, 2) as (url, _pid):
         os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=KEY)  # for the SDK's own row
         remote = execspace.open_engine(
             "e2b", api_url=url, sandbox_url=url, api_key=KEY, template="base", persistence="turn"

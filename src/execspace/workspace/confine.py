@@ -20,7 +20,7 @@ import errno
 import itertools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import PathDenied
@@ -219,22 +219,29 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
 
-    def refuse_unwritable(self, path: str, writer: ProgramUser) -> None:
-        """``PathDenied`` if a file at ``path`` is one ``writer`` may not write, as opening it to write would be:
-        :meth:`write_file` renames over it, which its write bit does not stop. Nothing there is fine."""
-        parts = split_relpath(path)
-        try:
-            dfd = self.open_dir(parts[:-1], display=path)
-        except FileNotFoundError:
-            return
-        try:
-            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        finally:
-            os.close(dfd)
-        if stat.S_ISREG(st.st_mode):
-            writer.refuse(path, st, stat.S_IWUSR)
+    def refuse_unwritable(self, writes: Sequence[tuple[str, ProgramUser]]) -> None:
+        """``PathDenied`` if a file at one of the paths is one its writer may not write, as opening it to write
+        would be: :meth:`write_file` renames over it, which its write bit does not stop. Nothing there is fine.
+        Each directory is opened once (a batch of many files in one directory costs a stat each)."""
+        by_dir: dict[tuple[str, ...], list[tuple[str, str, ProgramUser]]] = {}
+        for path, writer in writes:
+            parts = split_relpath(path)
+            by_dir.setdefault(tuple(parts[:-1]), []).append((parts[-1], path, writer))
+        for dir_parts, entries in by_dir.items():
+            try:
+                dfd = self.open_dir(list(dir_parts), display=entries[0][1])
+            except FileNotFoundError:
+                continue
+            try:
+                for name, path, writer in entries:
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        writer.refuse(path, st, stat.S_IWUSR)
+            finally:
+                os.close(dfd)
 
     def _replace(self, dfd: int, name: str, data: bytes | int, mode: int, display: str) -> None:
         refuse_dir(dfd, name, display)

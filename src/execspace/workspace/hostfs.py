@@ -181,10 +181,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         def write_all() -> None:
             with ConfinedRoot(root, self.owner(ws)) as cr:
-                for f in files:  # every refusal before anything is written
-                    writer = self.program_user(ws, f.path)
-                    if writer is not None:
-                        cr.refuse_unwritable(f.path, writer)
+                writers = ((f.path, self.program_user(ws, f.path)) for f in files)
+                cr.refuse_unwritable([(path, w) for path, w in writers if w is not None])  # all before any write
                 for f in files:
                     cr.write_file(f.path, f.data, f.mode)
 
