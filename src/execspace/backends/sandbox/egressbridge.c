@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+
 static int fail(const char *what) {
     fprintf(stderr, "execspace egress bridge: %s: %s\n", what, strerror(errno));
     return 126;
@@ -36,23 +38,7 @@ int main(int argc, char **argv) {
     if (listen(listener, 128) < 0) return fail("listen");
 
     char byte = 'L';
-    struct iovec iov = {&byte, 1};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
-    memset(&control, 0, sizeof control);
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof control.buf;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &listener, sizeof(int));
-    if (sendmsg(channel, &msg, MSG_NOSIGNAL) != 1) return fail("handing the listener to the proxy");
+    if (send_with_fd(channel, &byte, 1, listener) != 1) return fail("handing the listener to the proxy");
     close(listener);
     close(channel);
 

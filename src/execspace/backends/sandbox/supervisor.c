@@ -46,6 +46,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+
 #define MAX_PACKET (2 * 1024 * 1024 + 64 * 1024) /* the host sends at most 2 MiB */
 #define MAX_TRACKED 4096
 #define FLAG_CTTY 1u
@@ -92,24 +94,8 @@ static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
 /* one message with fd attached */
 static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
     uint32_t body[4] = {kind, id, (uint32_t)a, (uint32_t)b};
-    struct iovec iov = {body, sizeof body};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
-    memset(&control, 0, sizeof control);
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof control.buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
     for (;;) {
-        if (sendmsg(chan, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof body) return;
+        if (send_with_fd(chan, body, sizeof body, fd) == (ssize_t)sizeof body) return;
         if (errno != EINTR) _exit(0); /* the host is gone: so is the session */
     }
 }

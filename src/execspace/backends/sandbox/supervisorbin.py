@@ -23,6 +23,8 @@ __all__ = ["EGRESS_FIX", "SESSION_FIX", "SOURCE", "egress_bridge_binary", "super
 
 SOURCE = Path(__file__).with_name("supervisor.c")
 BRIDGE_SOURCE = Path(__file__).with_name("egressbridge.c")
+#: The header both include (``#include "fdpass.h"``, found beside them): part of what a build's key covers.
+HEADERS = (Path(__file__).with_name("fdpass.h"),)
 #: How to get session mode working where it cannot build its supervisor.
 SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"'
 #: How to get allow-list runs working where the bridge cannot be built.
@@ -47,7 +49,7 @@ def _helper(cache_root: Path, source_path: Path, name: str, why: str, fix: str) 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise SetupFailed("sandbox", f"{why} with a C compiler, and none is on PATH", fix)
-    source = source_path.read_bytes()
+    source = source_path.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
     try:
         ident = subprocess.run([cc, "--version"], capture_output=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
