@@ -50,6 +50,7 @@ async def run_e2b(plan: Plan, report: Report, log: Any) -> None:
             near = await sandbox_engine.manager.create_workspace("bench-e2b")
             await _run_true(e2b_engine, far, sandbox_engine, near, plan, report)
             await _put_read(e2b_engine, far, sandbox_engine, near, plan, report)
+            await _execute_code(e2b_engine, far, plan, report)
 
 
 async def _run_true(
@@ -111,6 +112,35 @@ async def _put_read(
     report.rows.append(
         Row(SECTION, "put_files + read_file, 1 MiB", "ms", Stats.of(lib, 1000), Stats.of(base, 1000), _BASELINE)
     )
+
+
+async def _execute_code(remote: execspace.BaseEngine, far: execspace.Workspace, plan: Plan, report: Report) -> None:
+    """A warm cell through the e2b engine's code executor against the SDK's own ``run_code`` on the same server."""
+    from e2b_code_interpreter import AsyncSandbox
+
+    from execspace import CodeBlock, ResourceLimits
+
+    assert isinstance(remote, execspace.SupportsKernels)
+    kernels, limits = remote.kernels, ResourceLimits()
+
+    async def engine_cell() -> None:
+        result, _ = await kernels.run_block(far, CodeBlock("python", "1 + 1"), 0, timeout=60, limits=limits)
+        ok(result.exit_code, "e2b execute_code('1 + 1')")
+
+    bare = await AsyncSandbox.create(template="code-interpreter-v1")
+    try:
+
+        async def sdk_cell() -> None:
+            if (await bare.run_code("1 + 1")).text != "2":
+                raise RuntimeError("the SDK's run_code('1 + 1') did not give 2")
+
+        # the first cell of each starts its kernel (about 0.6 s): warm-up, not timed
+        lib, floor = await interleaved([engine_cell, sdk_cell], plan.serve_iters, max(plan.warmup // 3, 2))
+    finally:
+        await bare.kill()
+    name = "execute_code('1 + 1') via execspace serve (warm kernel)"
+    baseline = "the SDK's run_code('1 + 1') on the same server (no engine)"
+    report.rows.append(Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(floor, 1000), baseline))
 
 
 def main() -> int:
