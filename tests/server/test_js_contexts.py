@@ -121,6 +121,17 @@ def test_frames_forged_by_the_code_are_plain_output_or_dropped(sbx: ci.Sandbox) 
     assert execution.logs.stdout == ["\x1e{not json\n", '\x1e{"type":"result","data":{"text/plain":[1]},"cell":"x"}\n']
 
 
+def test_a_flood_of_output_arrives_in_pieces_and_the_context_goes_on(sbx: ci.Sandbox) -> None:
+    js(sbx, "const kept = 7")
+    code = "const big = 'x'.repeat(1 << 20); for (let i = 0; i < 8; i++) console.log(big); 'done'"
+    flood = js(sbx, code, timeout=120)
+    assert flood.error is None and flood.text == "done"
+    assert "".join(flood.logs.stdout) == ("x" * (1 << 20) + "\n") * 8  # every byte, cut into frames and joined
+    no_newline = js(sbx, "process.stdout.write('y'.repeat(3 << 20)); 1", timeout=120)
+    assert "".join(no_newline.logs.stdout) == "y" * (3 << 20)  # one write with no newline, in pieces
+    assert js(sbx, "kept * 6").text == "42"
+
+
 def test_javascript_contexts_are_their_own(sbx: ci.Sandbox) -> None:
     one = sbx.create_code_context(language="js")
     two = sbx.create_code_context(language="javascript")

@@ -298,7 +298,6 @@ class CodeInterpreter:
             sandbox,
             posixpath.join(sandbox.workspace.path, to_workspace(context.cwd)),
             env,
-            allow_network=sandbox.allow_internet_access,
         )
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await node.stop()

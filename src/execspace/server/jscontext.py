@@ -30,9 +30,11 @@ __all__ = ["NodeContext", "node_available"]
 
 _SOURCE = resources.files(__package__).joinpath("jsrepl.js").read_text(encoding="utf-8")
 _RS = b"\x1e"
-#: Bytes of one output line kept (a longer one is cut: its rest is dropped up to the next newline).
-MAX_LINE = 4 * 1024 * 1024
-_QUEUE = 1024
+#: Bytes of one output line (a longer one is cut into pieces of this size); jsrepl.js keeps its frames under it.
+MAX_LINE = 256 * 1024
+#: Bytes of output read ahead of a client that reads slower than the cell writes; beyond, output is dropped (and
+#: counted in a note at the cell's end) rather than the context: the process is never held up or cut off.
+MAX_AHEAD = 32 * 1024 * 1024
 
 
 def node_available() -> bool:
@@ -45,21 +47,28 @@ class NodeContext:
 
     def __init__(self, handle: ProgramHandle) -> None:
         self.handle = handle
-        self._frames: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(_QUEUE)
+        self._frames: asyncio.Queue[tuple[dict[str, Any], int] | None] = asyncio.Queue()
+        self._ahead = 0
+        """Bytes of the frames waiting in ``_frames``."""
+        self._dropped = 0
+        """Bytes of output dropped since the last cell's end (see MAX_AHEAD)."""
         self._pump = asyncio.create_task(self._read(handle.attach(from_start=True)))
+        # a waiter lets the output flow to the attached reader: unwaited, the handle holds it for stream()
+        self._waiter = asyncio.ensure_future(handle.wait())
+        self._waiter.add_done_callback(lambda t: t.cancelled() or t.exception())
         self.ended = False
+        self._lost: str | None = None
+        """Why its output stopped coming, when the process may still run (a reader that fell behind)."""
 
     @classmethod
-    async def start(
-        cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str, env: Mapping[str, str], *, allow_network: bool
-    ) -> NodeContext:
+    async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str, env: Mapping[str, str]) -> NodeContext:
         spec = RunProgramSpec(
             cmd="node",
             args=("--expose-internals", "-e", _SOURCE),
             env=dict(env),
             cwd=cwd,
             timeout=None,  # lives until the context is removed or its sandbox ends
-            network="on" if allow_network else "off",
+            network=sandbox.egress.network,  # what the sandbox's commands may reach
             tag="execspace-js-context",
         )
         return cls(await runner.start_program(sandbox.workspace, spec))
@@ -68,8 +77,9 @@ class NodeContext:
         self._pump.cancel()
         with contextlib.suppress(Exception):
             await self.handle.kill()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._pump
+        for task in (self._pump, self._waiter):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
 
     async def interrupt(self) -> None:
         with contextlib.suppress(Exception):
@@ -107,18 +117,28 @@ class NodeContext:
                 await self.interrupt()
             wait = keepalive if deadline is None else max(0.05, min(keepalive, deadline - now))
             try:
-                frame = await asyncio.wait_for(self._frames.get(), wait)
+                item = await asyncio.wait_for(self._frames.get(), wait)
             except TimeoutError:
                 yield {"type": "keepalive"}
                 continue
-            if frame is None:
+            if item is None:
                 self.ended = True
-                yield error_line("KernelDied", "the JavaScript context's process died; the next cell starts afresh")
+                if self._lost is not None:
+                    why = f"the cell's output outran its reader ({self._lost}); the context is restarted: state lost"
+                    yield error_line("OutputOverflow", why)
+                else:
+                    yield error_line("KernelDied", "the JavaScript context's process died; the next cell starts afresh")
                 return
+            frame, size = item
+            self._ahead -= size
             if frame.get("cell") not in (cell_id, None):
                 continue
             kind = frame["type"]
             if kind == "done":
+                if self._dropped:
+                    dropped, self._dropped = self._dropped, 0
+                    note = f"[execspace: {dropped} bytes of output dropped: the client fell {MAX_AHEAD} bytes behind]\n"
+                    yield {"type": "stderr", "text": note, "timestamp": _now()}
                 return
             if kind == "result":
                 yield result_line(frame["data"], main=True)
@@ -127,19 +147,28 @@ class NodeContext:
 
     async def _read(self, chunks: AsyncIterator[OutputChunk]) -> None:
         pending = {"stdout": bytearray(), "stderr": bytearray()}
-        with contextlib.suppress(Exception):  # the output ended either way: the consumer learns it below
+        try:
             async for chunk in chunks:
                 buffer = pending[chunk.stream]
                 buffer += chunk.data
                 while (end := buffer.find(b"\n")) >= 0 or len(buffer) > MAX_LINE:
-                    cut = end + 1 if end >= 0 else MAX_LINE
+                    cut = end + 1 if 0 <= end < MAX_LINE else MAX_LINE
                     line = bytes(buffer[:cut])
                     del buffer[:cut]
-                    await self._frames.put(_frame(chunk.stream, line))
+                    self._put(_frame(chunk.stream, line), len(line))
+        except Exception as exc:  # the output ended either way: the consumer learns why below
+            self._lost = str(exc)
         for stream, rest in pending.items():
             if rest:
-                await self._frames.put(_frame(stream, bytes(rest)))
-        await self._frames.put(None)
+                self._put(_frame(stream, bytes(rest)), len(rest))
+        self._frames.put_nowait(None)
+
+    def _put(self, frame: dict[str, Any], size: int) -> None:
+        if frame["type"] in ("stdout", "stderr") and self._ahead + size > MAX_AHEAD:
+            self._dropped += size
+            return
+        self._ahead += size
+        self._frames.put_nowait((frame, size))
 
 
 def _frame(stream: str, line: bytes) -> dict[str, Any]:
@@ -149,8 +178,11 @@ def _frame(stream: str, line: bytes) -> dict[str, Any]:
             frame = json.loads(line[1:])
             if _well_formed(frame):
                 return frame  # type: ignore[no-any-return]
-    stamp = datetime.now(UTC).isoformat()
-    return {"type": stream, "text": line.decode("utf-8", "replace"), "timestamp": stamp, "cell": None}
+    return {"type": stream, "text": line.decode("utf-8", "replace"), "timestamp": _now(), "cell": None}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
 
 
 def _well_formed(frame: Any) -> bool:

@@ -24,14 +24,33 @@
   let count = 0;
   let interrupt = null; // rejects the running cell's pending await
 
+  // Node makes a socket or pipe stdout non-blocking: a full one fails a write with EAGAIN, so wait a little and go on
+  const pause = new Int32Array(new SharedArrayBuffer(4));
+
   function emit(line) {
-    fs.writeSync(1, RS + JSON.stringify({ ...line, cell }) + '\n');
+    const bytes = Buffer.from(RS + JSON.stringify({ ...line, cell }) + '\n', 'utf8');
+    for (let at = 0; at < bytes.length; ) {
+      try {
+        at += fs.writeSync(1, bytes, at);
+      } catch (error) {
+        if (error.code !== 'EAGAIN') throw error;
+        Atomics.wait(pause, 0, 0, 1);
+      }
+    }
   }
+
+  // a frame stays well under the server's line cap (MAX_LINE in jscontext.py), however long the write
+  const PIECE = 16384;
 
   function capture(stream) {
     return (chunk, encoding, callback) => {
       const text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8');
-      if (cell !== null) emit({ type: stream, text, timestamp: new Date().toISOString() });
+      if (cell !== null) {
+        const timestamp = new Date().toISOString();
+        for (let at = 0; at < text.length; at += PIECE) {
+          emit({ type: stream, text: text.slice(at, at + PIECE), timestamp });
+        }
+      }
       const done = typeof encoding === 'function' ? encoding : callback;
       if (done) done();
       return true;
