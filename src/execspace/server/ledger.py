@@ -40,10 +40,13 @@ class Ledger:
         base = workspace_root / _DIR
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         name = secrets.token_hex(8)
-        self._lock = os.open(base / f"{name}.lock", os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        # locked under a name no other server looks at, then named: it is never seen unlocked
+        pending = base / f"{name}.new"
+        self._lock = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._dir = base / name
         self._dir.mkdir(mode=0o700)
+        os.rename(pending, base / f"{name}.lock")
 
     def new_id(self) -> str:
         """A sandbox id, recorded before its workspace exists (so a crash during its set-up is covered)."""
