@@ -200,7 +200,8 @@ async def _serve_tls(
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            with contextlib.suppress(RuntimeError):  # not the main thread: the caller's cancellation stops it
+                loop.add_signal_handler(sig, stop.set)
 
         async def shutdown_trigger() -> None:
             await stop.wait()
@@ -212,4 +213,5 @@ async def _serve_tls(
             await serve_asgi(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+                with contextlib.suppress(RuntimeError):
+                    loop.remove_signal_handler(sig)

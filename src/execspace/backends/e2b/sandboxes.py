@@ -370,6 +370,7 @@ class Sandboxes:
             try:
                 await box.call("renewing a pooled sandbox", box.sandbox.set_timeout(self.options.sandbox_timeout))
             except BackendError:  # gone meanwhile (killed, or the service lost it): the next one, or a create
+                await self._discard(box)  # if it is still there, it is of no use
                 continue
             return box
         return None
