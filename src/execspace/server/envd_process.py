@@ -26,7 +26,7 @@ from protobuf import Oneof
 from ..errors import BackendError, CapabilityError, InvalidSpec, ProgramNotFound
 from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult
 from ..protocols import ProgramHandle
-from .paths import HOME_DIR, USER, PathOutsideHome, to_sdk, to_workspace
+from .paths import HOME_DIR, PathOutsideHome, to_sdk, to_workspace
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
 from .streams import deadline_of
@@ -123,7 +123,7 @@ class ProcessService(ServiceBase, Process):
 
     def _spec(self, sandbox: Sandbox, request: pb.StartRequest) -> RunProgramSpec:
         config = request.process or pb.ProcessConfig()
-        env = {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars, **config.envs}
+        env = {**sandbox.program_env(), **config.envs}
         size = request.pty.size if request.pty is not None else None
         cmd, args, cwd = _in_directory(config.cmd, list(config.args), config.cwd)
         try:

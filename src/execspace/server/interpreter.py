@@ -28,8 +28,8 @@ from ..engine import KernelEngine, open_engine
 from ..errors import EnvironmentNotFound, ExecspaceError, SetupFailed
 from ..protocols import ProgramRunner
 from .jscontext import NodeContext, node_available
-from .lines import error_line, result_line
-from .paths import HOME, USER, to_workspace
+from .lines import CellTimedOut, error_line, paced, result_line
+from .paths import HOME, to_workspace
 from .sandboxes import Sandbox, SandboxGone
 
 if TYPE_CHECKING:
@@ -292,13 +292,8 @@ class CodeInterpreter:
     async def _node(self, sandbox: Sandbox, context: Context) -> NodeContext:
         if context.node is not None:
             return context.node
-        env = {"USER": USER, "HOME": HOME, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars}
-        node = await NodeContext.start(
-            self._runner,
-            sandbox,
-            posixpath.join(sandbox.workspace.path, to_workspace(context.cwd)),
-            env,
-        )
+        cwd = posixpath.join(sandbox.workspace.path, to_workspace(context.cwd))
+        node = await NodeContext.start(self._runner, sandbox, cwd)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await node.stop()
             raise SandboxGone(sandbox.id)
@@ -314,8 +309,7 @@ class CodeInterpreter:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
             work = posixpath.join(sandbox.workspace.path, to_workspace(context.cwd))
-            env = {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox.id, **sandbox.env_vars}
-            kernel.execute(_setup(work, env), silent=True)
+            kernel.execute(_setup(work, sandbox.program_env()), silent=True)
         except BaseException:
             await kernel.stop()
             raise
@@ -402,38 +396,34 @@ class _Cell:
         """Whether the cell ended (the kernel said idle): the kernel is free for the next one."""
 
     async def lines(self) -> AsyncIterator[dict[str, Any]]:
-        deadline = time.monotonic() + self.timeout if self.timeout else None
-        interrupted = False
-        while not self.closed.is_set():
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                if interrupted:
-                    why = f"the cell ran over {self.timeout:g}s and did not stop on interrupt"
-                    yield error_line("TimeoutError", why)
+        kernel = self.kernel
+        messages = paced(
+            kernel.next_iopub, kernel.interrupt, self.timeout, self.closed, keepalive=KEEPALIVE, grace=INTERRUPT_GRACE
+        )
+        try:
+            async for msg in messages:
+                if msg is None:
+                    if self.closed.is_set():
+                        return
+                    if not await kernel.is_alive():
+                        yield error_line("KernelDied", _KERNEL_DIED)
+                        return
+                    yield {"type": "keepalive"}
+                    continue
+                if _parent(msg) != self.msg_id:
+                    continue  # an earlier cell's or a setup cell's output
+                line = _line(msg["header"]["msg_type"], msg["content"], msg["header"].get("date"))
+                if line is _IDLE:
+                    self.idle = True
                     return
-                interrupted, deadline = True, now + INTERRUPT_GRACE
-                await self.kernel.interrupt()
-            wait = KEEPALIVE if deadline is None else max(0.05, min(KEEPALIVE, deadline - now))
-            msg = await self.kernel.next_iopub(wait)
-            if msg is None:
-                if self.closed.is_set():
-                    return
-                if not await self.kernel.is_alive():
-                    yield error_line("KernelDied", "the kernel died; the next cell starts a fresh one (state is lost)")
-                    return
-                yield {"type": "keepalive"}
-                continue
-            if _parent(msg) != self.msg_id:
-                continue  # an earlier cell's or a setup cell's output
-            line = _line(msg["header"]["msg_type"], msg["content"], msg["header"].get("date"))
-            if line is _IDLE:
-                self.idle = True
-                return
-            if line is not None:
-                yield line
+                if line is not None:
+                    yield line
+        except CellTimedOut as exc:
+            yield error_line("TimeoutError", str(exc))
 
 
 _IDLE: dict[str, Any] = {}
+_KERNEL_DIED = "the kernel died; the next cell starts a fresh one (state is lost)"
 
 
 def _line(msg_type: str, content: dict[str, Any], date: Any) -> dict[str, Any] | None:

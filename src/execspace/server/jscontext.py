@@ -15,7 +15,6 @@ import json
 import secrets
 import shutil
 import signal
-import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from importlib import resources
@@ -23,13 +22,15 @@ from typing import Any
 
 from ..models import OutputChunk, RunProgramSpec
 from ..protocols import ProgramHandle, ProgramRunner
-from .lines import error_line, result_line
+from .lines import CellTimedOut, error_line, paced, result_line
 from .sandboxes import Sandbox
 
 __all__ = ["NodeContext", "node_available"]
 
 _SOURCE = resources.files(__package__).joinpath("jsrepl.js").read_text(encoding="utf-8")
 _RS = b"\x1e"
+#: What ``_receive`` gives once the process's output ended (its frames queue holds None then).
+_END: tuple[dict[str, Any], int] = ({}, 0)
 #: Bytes of one output line (a longer one is cut into pieces of this size); jsrepl.js keeps its frames under it.
 MAX_LINE = 256 * 1024
 #: Bytes of output read ahead of a client that reads slower than the cell writes; beyond, output is dropped (and
@@ -61,11 +62,11 @@ class NodeContext:
         """Why its output stopped coming, when the process may still run (a reader that fell behind)."""
 
     @classmethod
-    async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str, env: Mapping[str, str]) -> NodeContext:
+    async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str) -> NodeContext:
         spec = RunProgramSpec(
             cmd="node",
             args=("--expose-internals", "-e", _SOURCE),
-            env=dict(env),
+            env=sandbox.program_env(),
             cwd=cwd,
             timeout=None,  # lives until the context is removed or its sandbox ends
             network=sandbox.egress.network,  # what the sandbox's commands may reach
@@ -104,46 +105,50 @@ class NodeContext:
             self.ended = True
             yield error_line("KernelDied", "the JavaScript context's process ended; the next cell starts a fresh one")
             return
-        deadline = time.monotonic() + timeout if timeout else None
-        interrupted = False
-        while not closed.is_set():
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                if interrupted:
+        try:
+            async for item in paced(self._receive, self.interrupt, timeout, closed, keepalive=keepalive, grace=grace):
+                if item is None:
+                    yield {"type": "keepalive"}
+                    continue
+                if item is _END:
                     self.ended = True
-                    yield error_line("TimeoutError", f"the cell ran over {timeout:g}s and did not stop on interrupt")
+                    yield self._end_line()
                     return
-                interrupted, deadline = True, now + grace
-                await self.interrupt()
-            wait = keepalive if deadline is None else max(0.05, min(keepalive, deadline - now))
-            try:
-                item = await asyncio.wait_for(self._frames.get(), wait)
-            except TimeoutError:
-                yield {"type": "keepalive"}
-                continue
-            if item is None:
-                self.ended = True
-                if self._lost is not None:
-                    why = f"the cell's output outran its reader ({self._lost}); the context is restarted: state lost"
-                    yield error_line("OutputOverflow", why)
+                frame, size = item
+                self._ahead -= size
+                if frame.get("cell") not in (cell_id, None):
+                    continue
+                kind = frame["type"]
+                if kind == "done":
+                    if self._dropped:
+                        yield self._dropped_note()
+                    return
+                if kind == "result":
+                    yield result_line(frame["data"], main=True)
                 else:
-                    yield error_line("KernelDied", "the JavaScript context's process died; the next cell starts afresh")
-                return
-            frame, size = item
-            self._ahead -= size
-            if frame.get("cell") not in (cell_id, None):
-                continue
-            kind = frame["type"]
-            if kind == "done":
-                if self._dropped:
-                    dropped, self._dropped = self._dropped, 0
-                    note = f"[execspace: {dropped} bytes of output dropped: the client fell {MAX_AHEAD} bytes behind]\n"
-                    yield {"type": "stderr", "text": note, "timestamp": _now()}
-                return
-            if kind == "result":
-                yield result_line(frame["data"], main=True)
-            else:
-                yield {k: v for k, v in frame.items() if k != "cell"}
+                    yield {k: v for k, v in frame.items() if k != "cell"}
+        except CellTimedOut as exc:
+            self.ended = True
+            yield error_line("TimeoutError", str(exc))
+
+    async def _receive(self, wait: float) -> tuple[dict[str, Any], int] | None:
+        """The next frame (``_END`` once the output ended), or None if none came within ``wait``."""
+        try:
+            item = await asyncio.wait_for(self._frames.get(), wait)
+        except TimeoutError:
+            return None
+        return _END if item is None else item
+
+    def _end_line(self) -> dict[str, Any]:
+        if self._lost is not None:
+            why = f"the cell's output outran its reader ({self._lost}); the context is restarted: state lost"
+            return error_line("OutputOverflow", why)
+        return error_line("KernelDied", "the JavaScript context's process died; the next cell starts afresh")
+
+    def _dropped_note(self) -> dict[str, Any]:
+        dropped, self._dropped = self._dropped, 0
+        note = f"[execspace: {dropped} bytes of output dropped: the client fell {MAX_AHEAD} bytes behind]\n"
+        return {"type": "stderr", "text": note, "timestamp": _now()}
 
     async def _read(self, chunks: AsyncIterator[OutputChunk]) -> None:
         pending = {"stdout": bytearray(), "stderr": bytearray()}

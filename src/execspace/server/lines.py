@@ -1,10 +1,49 @@
-"""The output lines of E2B's ``/execute`` stream that every kind of context makes alike."""
+"""The output lines of E2B's ``/execute`` stream that every kind of context makes alike, and the pace of a cell:
+its deadline, its interrupt, the keepalives of a quiet one."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
-__all__ = ["RESULT_FIELDS", "error_line", "result_line"]
+__all__ = ["RESULT_FIELDS", "CellTimedOut", "error_line", "paced", "result_line"]
+
+T = TypeVar("T")
+
+
+class CellTimedOut(Exception):
+    """The cell ran past its timeout and did not stop within the grace after its interrupt."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"the cell ran over {timeout:g}s and did not stop on interrupt")
+
+
+async def paced(
+    receive: Callable[[float], Awaitable[T | None]],
+    interrupt: Callable[[], Awaitable[None]],
+    timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
+    closed: asyncio.Event,
+    *,
+    keepalive: float,
+    grace: float,
+) -> AsyncIterator[T | None]:
+    """What ``receive(wait)`` gets (None when ``wait`` passed quietly: a keepalive is due) until ``closed``; at the
+    deadline ``interrupt()`` once, and :class:`CellTimedOut` if the cell still runs ``grace`` seconds later."""
+    deadline = time.monotonic() + timeout if timeout else None
+    interrupted = False
+    while not closed.is_set():
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            if interrupted:
+                assert timeout is not None
+                raise CellTimedOut(timeout)
+            interrupted, deadline = True, now + grace
+            await interrupt()
+        wait = keepalive if deadline is None else max(0.05, min(keepalive, deadline - now))
+        yield await receive(wait)
+
 
 #: Jupyter MIME type → the field of E2B's ``result`` line.
 RESULT_FIELDS = {

@@ -22,6 +22,7 @@ from ..protocols import Engine, ProgramHandle, SupportsSnapshots
 from .ledger import Ledger
 from .network import SandboxEgress
 from .options import ServerOptions
+from .paths import USER
 from .pool import SandboxPool, workspace_policy
 from .watch import DirectoryWatch
 
@@ -77,6 +78,11 @@ class Sandbox:
     """Set when the sandbox is killed or expires: its streams end."""
     waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)
     """One task per started program, waiting for its end (which also lets its output flow when nobody reads)."""
+
+    def program_env(self) -> dict[str, str]:
+        """What every program of the sandbox starts with, as E2B's envd gives it: the user, the sandbox's marks and
+        its ``envVars`` (a command's or cell's own go on top)."""
+        return {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": self.id, **self.env_vars}
 
     def keep_waiting(self, handle: ProgramHandle) -> None:
         task = asyncio.ensure_future(handle.wait())

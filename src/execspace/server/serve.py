@@ -89,13 +89,12 @@ async def serve(
             # sandbox, a pooled one included, does not lose it and pay its start on the next command
             opts.setdefault("session", SessionConfig(idle_timeout=None))
     async with open_engine(backend, **opts) as engine:
-        root = getattr(engine.manager, "root", None)  # kernels run on the same workspaces
-        sandboxes = Sandboxes(engine, options, Ledger(Path(root) if root is not None else None))
+        found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
+        root = Path(found) if found is not None else None
+        sandboxes = Sandboxes(engine, options, Ledger(root))
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        interpreter = CodeInterpreter(
-            engine.runner, engine.name, Path(root) if root is not None else None, options.kernel_environment
-        )
+        interpreter = CodeInterpreter(engine.runner, engine.name, root, options.kernel_environment)
         sandboxes.on_remove.append(interpreter.end)
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
@@ -191,7 +190,7 @@ async def _serve_tls(
     config = Config()
     config.certfile, config.keyfile = str(tls.cert), str(tls.key)
     config.accesslog = None
-    config.errorlog = logging.getLogger("execspace.server")
+    config.errorlog = _log
     config.graceful_timeout = 5.0
     # bound here, so that port 0 is known before serving starts (hypercorn takes the listening socket by fd)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
