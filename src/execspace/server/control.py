@@ -139,7 +139,6 @@ class ControlPlane:
             metadata=_strings(body.get("metadata"), "metadata"),
             env_vars=_strings(body.get("envVars"), "envVars"),
             secure=bool(secure),
-            allow_internet_access=egress.network == "on",
             egress=egress,
             snapshot=snapshot,
         )
@@ -166,7 +165,7 @@ class ControlPlane:
         egress = self._egress(internet, body)
         if isinstance(egress, Response):
             return egress
-        sandbox.egress, sandbox.allow_internet_access = egress, egress.network == "on"
+        sandbox.egress = egress
         return Response(status_code=204)
 
     async def connect_v1(self, request: Request) -> Response:

@@ -50,8 +50,6 @@ class CreateRequest:
     metadata: dict[str, str]
     env_vars: dict[str, str]
     secure: bool = True
-    allow_internet_access: bool = False
-    """Whether the sandbox's commands reach the network (asked for, and allowed by the server)."""
     egress: SandboxEgress = field(default_factory=SandboxEgress)
     """Its commands' network (off, on, or an allow-list) and the rules it was asked with."""
     snapshot: Snapshot | None = None
@@ -70,7 +68,6 @@ class Sandbox:
     started_at: datetime
     end_at: datetime
     access_token: str | None
-    allow_internet_access: bool
     egress: SandboxEgress = field(default_factory=SandboxEgress)
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
@@ -78,6 +75,11 @@ class Sandbox:
     """Set when the sandbox is killed or expires: its streams end."""
     waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)
     """One task per started program, waiting for its end (which also lets its output flow when nobody reads)."""
+
+    @property
+    def allow_internet_access(self) -> bool:
+        """Whether its commands reach the whole network (its info's ``allowInternetAccess``)."""
+        return self.egress.network == "on"
 
     def program_env(self) -> dict[str, str]:
         """What every program of the sandbox starts with, as E2B's envd gives it: the user, the sandbox's marks and
@@ -168,7 +170,6 @@ class Sandboxes:
             started_at=started,
             end_at=started + timedelta(seconds=request.timeout),
             access_token=secrets.token_urlsafe(24) if request.secure else None,
-            allow_internet_access=request.allow_internet_access,
             egress=request.egress,
         )
         self._live[sandbox_id] = sandbox
@@ -210,7 +211,6 @@ class Sandboxes:
                     started_at=started,
                     end_at=started + timedelta(seconds=lifetime),
                     access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
-                    allow_internet_access=source.allow_internet_access,
                     egress=source.egress,
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
