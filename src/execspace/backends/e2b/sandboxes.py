@@ -376,25 +376,25 @@ class Sandboxes:
         return None
 
     async def _make_pooled(self) -> Box:
-        return await self._create("", metadata={_POOL_KEY: "1"})
+        return await self._create("", pooled=True)
 
     async def _discard(self, box: Box) -> None:
         with contextlib.suppress(BackendError):  # gone already: nothing to kill
             await self.kill(box)
 
-    async def _create(
-        self, key: str, template: str | None = None, directory: str = "", *, metadata: dict[str, str] | None = None
-    ) -> Box:
+    async def _create(self, key: str, template: str | None = None, directory: str = "", *, pooled: bool = False) -> Box:
         from e2b_code_interpreter import AsyncSandbox  # e2b's, with run_code
 
         o = self.options
         template = template or o.template
+        # a pooled sandbox's workspace is not known yet (per turn its name is only informative anyway)
+        ours = {_POOL_KEY: "1"} if pooled else {_WS_KEY: key, **({_WS_DIR: directory} if directory else {})}
         sandbox = await sdk_call(
             f"creating a sandbox from {template!r}",
             AsyncSandbox.create(
                 template=template,
                 timeout=o.sandbox_timeout,
-                metadata={**o.metadata, **(metadata or {_WS_KEY: key, **({_WS_DIR: directory} if directory else {})})},
+                metadata={**o.metadata, **ours},
                 envs=dict(o.env_vars),
                 secure=o.secure,
                 allow_internet_access=o.allow_internet_access,
