@@ -195,15 +195,25 @@ class SupervisedProcess:
         if la.interactive:
             # queue from the start so that a stream() opened right after spawn misses nothing,
             # including what arrived while the pipes were being connected (kept in the backlog)
-            self._queue = asyncio.Queue()
-            for early in self._backlog or ():
-                self._queue.put_nowait(early)
-            self._backlog = None
+            self._open_queue()
         if transport.get_returncode() is not None:  # exited before the protocol was wired
             self._exited.set()
         if la.stdin is not None:
             self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
         self._done = asyncio.ensure_future(self._supervise_then_wake())
+
+    def _open_queue(self) -> asyncio.Queue[OutputChunk | None]:
+        """The stream's queue, holding the backlog, and its end if the output ended already: it can end before
+        the queue exists, while the start is still awaited (a session's program whose sockets close in the loop
+        turn that brings the supervisor's answer)."""
+        queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        for early in self._backlog or ():
+            queue.put_nowait(early)
+        self._backlog = None
+        if self._pipes_closed.is_set():
+            queue.put_nowait(None)
+        self._queue = queue
+        return queue
 
     async def _open_transport(self) -> asyncio.SubprocessTransport:
         """Start the process with its output wired to :meth:`_on_data` (``_readers``, or the pty's); return its
@@ -471,18 +481,12 @@ class SupervisedProcess:
         """Yield output as it arrives, starting with what came before the first call
         (up to 1 MiB of it; beyond that, early chunks are only in the final result)."""
         self._streaming = True  # wait() must not drop the queue under a consumer
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            for early in self._backlog or ():
-                self._queue.put_nowait(early)
-            self._backlog = None
-            if self._pipes_closed.is_set():
-                self._queue.put_nowait(None)
+        queue = self._queue if self._queue is not None else self._open_queue()
         while True:
-            chunk = await self._queue.get()
+            chunk = await queue.get()
             if chunk is None:
                 return
-            if self._queue.qsize() < _STREAM_QUEUE_HIGH // 2:
+            if queue.qsize() < _STREAM_QUEUE_HIGH // 2:
                 self._pause_pipes(False)
             yield chunk
 

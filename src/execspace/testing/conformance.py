@@ -157,6 +157,20 @@ async def test_streaming_chunks_arrive_before_exit(any_engine: Engine, any_ws: W
 
 
 @needs(Feature.PROGRAMS)
+async def test_streams_end_when_their_programs_end_before_the_start_returned(any_engine: Engine, any_ws: Ws) -> None:
+    # programs started at once, each over before the answer to its start is read: a sandbox session's host saw
+    # their output end before it had a queue to tell, and stream() waited forever (5 % of the time at this width)
+    async def started() -> tuple[list[bytes], int]:
+        async with await any_engine.runner.start_program(any_ws, RunProgramSpec("echo", ["x"])) as handle:
+            chunks = [c.data async for c in handle.stream()]
+            return chunks, (await handle.wait()).exit_code
+
+    for _ in range(3):
+        ends = await asyncio.wait_for(asyncio.gather(*(started() for _ in range(40))), 60)
+        assert ends == [([b"x\n"], 0)] * 40
+
+
+@needs(Feature.PROGRAMS)
 async def test_interactive_stdin(any_engine: Engine, any_ws: Ws) -> None:
     async with await any_engine.runner.start_program(any_ws, RunProgramSpec("cat")) as handle:
         await handle.write_stdin("hello\n")
