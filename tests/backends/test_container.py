@@ -238,10 +238,13 @@ async def test_handle_output_capped_while_streamed_whole(engine: execspace.BaseE
         r = await handle.wait()
     assert streamed == size  # the consumer sees everything, as it comes
     assert r.stdout_truncated and r.stdout_total_bytes == size and len(r.raw_stdout) < 1100
-    # nobody streams: the run must not stall on undelivered chunks, and memory stays capped
+    # nobody streams: the run must not stall on undelivered chunks (each one held back 50 ms made this take 43 s,
+    # and the daemon cuts what an exited exec has not sent within 2 s), and memory stays capped
+    big = 10 * size
+    spec = sh(f"head -c {big} /dev/zero | tr '\\0' x", limits=ResourceLimits(output_bytes=1000))
     async with await engine.runner.start_program(ws, spec) as handle:
         r = await asyncio.wait_for(handle.wait(), 20)
-    assert r.exit_code == 0 and r.stdout_total_bytes == size and len(r.raw_stdout) < 1100
+    assert r.exit_code == 0 and r.stdout_total_bytes == big and len(r.raw_stdout) < 1100
 
 
 # -- hardening, checked from inside ----------------------------------------------------------------

@@ -57,13 +57,17 @@ class ContainerHandle(StartedProgram):
     # -- called by the runner ----------------------------------------------------------------
 
     def on_chunk(self, fd: int, data: bytes) -> None:
-        """From the pumping thread: pass a chunk to the loop once there is room for it."""
-        while not self._room.acquire(timeout=_POLL):
-            if self._released.is_set():
-                return
+        """From the pumping thread: pass a chunk to the loop once there is room for it; once nobody streams, to
+        attached readers only, at once. (Each chunk held back a poll's time made a 30 MB run take 43 s, and the
+        daemon gives an exited exec's output 2 s to drain before it cuts the rest.)"""
         chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
+        deliver = self._log.append
+        while not self._released.is_set():
+            if self._room.acquire(timeout=_POLL):
+                deliver = self._deliver
+                break
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody streams any more
-            self._loop.call_soon_threadsafe(self._deliver, chunk)
+            self._loop.call_soon_threadsafe(deliver, chunk)
 
     def _deliver(self, chunk: OutputChunk) -> None:
         self._queue.put_nowait(chunk)
