@@ -463,6 +463,11 @@ class FileEntry:
     mtime: float
     """Last modification, in seconds since the epoch (of the link itself for a symlink)."""
     kind: FileKind
+    mode: int | None = None
+    """Permission bits (``0o7777``: setuid, setgid, sticky and ``rwx`` for owner, group, others) as the program
+    sees them; None where the backend cannot tell (a Jupyter server's contents API)."""
+    link_target: str | None = None
+    """A symlink's target as stored (never resolved): from ``stat`` only; None in listings and for other kinds."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,18 @@ def test_list_with_depth_and_entry_info(sbx: Sandbox) -> None:
         sbx.files.list("top/mid/deep/f.txt")
 
 
+def test_entry_info_gives_mode_permissions_and_a_links_target(sbx: Sandbox) -> None:
+    r = sbx.commands.run("echo x > f && chmod 750 f && mkdir -m 1777 shared && ln -s f link", cwd="/home/user")
+    assert r.exit_code == 0, r.stderr
+    f = sbx.files.get_info("f")
+    assert (f.mode, f.permissions, f.symlink_target) == (0o750, "-rwxr-x---", None)
+    shared = sbx.files.get_info("shared")
+    assert (shared.mode, shared.permissions) == (0o1777, "dtrwxrwxrwx")
+    link = sbx.files.get_info("link")
+    assert (link.type, link.symlink_target, link.permissions) == (FileType.SYMLINK, "f", "Lrwxrwxrwx")
+    assert {e.name: e.mode for e in sbx.files.list("/home/user")}["f"] == 0o750
+
+
 def test_make_dir_rename_remove_exists(sbx: Sandbox) -> None:
     assert sbx.files.make_dir("d/e") is True
     assert sbx.files.make_dir("d/e") is False

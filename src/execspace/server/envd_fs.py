@@ -23,7 +23,7 @@ from .sandboxes import Sandbox
 from .streams import deadline_of, until_closed
 from .watch import Change, DirectoryWatch
 
-__all__ = ["FilesystemService", "entry_info"]
+__all__ = ["FilesystemService", "entry_info", "permissions"]
 
 #: Polling watchers one sandbox may keep at once (each costs a directory walk per poll).
 MAX_WATCHERS = 64
@@ -33,19 +33,30 @@ _EVENTS = {"create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove":
 
 
 def entry_info(entry: FileEntry) -> pb.EntryInfo:
-    """envd's view of an entry. The Engine's entries carry no mode, permissions or link target (yet), so those
-    fields stay empty; everything in the home belongs to ``user``."""
+    """envd's view of an entry: everything in the home belongs to ``user``."""
     path = to_sdk(entry.path)
     return pb.EntryInfo(
         name=posixpath.basename(path),
         type=_TYPES.get(entry.kind, pb.FileType.UNSPECIFIED),
         path=path,
         size=entry.size,
+        mode=entry.mode or 0,
+        permissions=permissions(entry.kind, entry.mode or 0),
         owner=USER,
         group=USER,
         modified_time=Timestamp.from_nanos(int(entry.mtime * 1e9)),
+        symlink_target=entry.link_target,
         is_symlink=entry.kind is FileKind.SYMLINK,
     )
+
+
+def permissions(kind: FileKind, mode: int) -> str:
+    """A mode as envd (Go's ``FileMode.String``) writes it: its type and special-bit letters, then ``rwx`` thrice
+    (``-rw-r--r--``, ``drwxr-xr-x``, ``Lrwxrwxrwx``, ``urwxr-xr-x`` for a setuid file)."""
+    kinds = {FileKind.DIR: "d", FileKind.SYMLINK: "L", FileKind.OTHER: "?"}.get(kind, "")
+    special = "".join(c for bit, c in ((0o4000, "u"), (0o2000, "g"), (0o1000, "t")) if mode & bit)
+    rwx = "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+    return (kinds + special or "-") + rwx
 
 
 class FilesystemService(ServiceBase, Filesystem):

@@ -290,6 +290,18 @@ async def test_stat_and_exists_see_the_entry_itself(any_engine: Engine, any_ws: 
 
 
 @needs(Feature.PROGRAMS)
+async def test_stat_and_list_give_the_mode_the_program_set_and_a_links_target(any_engine: Engine, any_ws: Ws) -> None:
+    r = await run(any_engine, any_ws, "echo x > f && chmod 640 f && mkdir d && chmod 1750 d && ln -s ../x/y link")
+    assert r.exit_code == 0, r.stderr
+    f = await any_engine.fs.stat(any_ws, "work/f")
+    assert (f.mode, f.link_target) == (0o640, None)
+    assert (await any_engine.fs.stat(any_ws, "work/d")).mode == 0o1750
+    assert (await any_engine.fs.stat(any_ws, "work/link")).link_target == "../x/y"  # as stored, never resolved
+    listed = {e.path: (e.mode, e.link_target) for e in await any_engine.fs.list(any_ws, ["work/*"])}
+    assert (listed["work/f"], listed["work/d"]) == ((0o640, None), (0o1750, None))
+
+
+@needs(Feature.PROGRAMS)
 async def test_a_directory_swapped_for_a_symlink_is_refused(any_engine: Engine, any_ws: Ws, tmp_path: Path) -> None:
     outside = outside_dir(tmp_path)
     await any_engine.fs.put_files(any_ws, [PutFile("work/sub/keep.txt", b"in"), PutFile("work/a.txt", b"a")])

@@ -298,6 +298,15 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
 
+    def read_link(self, path: str) -> str:
+        """The target of the symlink at ``path``, as stored (never resolved)."""
+        parts = split_relpath(path)
+        dfd = self.open_dir(parts[:-1], display=path)
+        try:
+            return os.readlink(parts[-1], dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
     def make_dir(self, path: str) -> None:
         """Create the directory ``path`` and missing parents; an existing directory is fine."""
         os.close(self.open_dir(split_relpath(path), create=True, display=path))

@@ -103,14 +103,15 @@ def glob_base(pattern: str) -> list[str]:
     return base
 
 
-def entry_of(path: str, st: os.stat_result) -> FileEntry:
+def entry_of(path: str, st: os.stat_result, link_target: str | None = None) -> FileEntry:
     """The :class:`FileEntry` of an ``lstat`` result."""
+    mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISREG(st.st_mode):
-        return FileEntry(path, st.st_size, st.st_mtime, FileKind.FILE)
+        return FileEntry(path, st.st_size, st.st_mtime, FileKind.FILE, mode)
     if stat.S_ISLNK(st.st_mode):
-        return FileEntry(path, st.st_size, st.st_mtime, FileKind.SYMLINK)
+        return FileEntry(path, st.st_size, st.st_mtime, FileKind.SYMLINK, mode, link_target)
     kind = FileKind.DIR if stat.S_ISDIR(st.st_mode) else FileKind.OTHER
-    return FileEntry(path, 0, st.st_mtime, kind)
+    return FileEntry(path, 0, st.st_mtime, kind, mode)
 
 
 class HostWorkspaceFS(WorkspaceFSBase):
@@ -249,7 +250,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         def lstat() -> FileEntry:
             with ConfinedRoot(root) as cr:
-                return entry_of(rel, cr.lstat(rel))
+                st = cr.lstat(rel)
+                return entry_of(rel, st, cr.read_link(rel) if stat.S_ISLNK(st.st_mode) else None)
 
         return await asyncio.to_thread(lstat)
 

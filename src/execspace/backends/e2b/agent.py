@@ -63,7 +63,8 @@ def kind_of(st: os.stat_result) -> str:
 
 def entry(path: str, st: os.stat_result) -> list[Any]:
     kind = kind_of(st)
-    return [path, st.st_size if kind in ("file", "symlink") else 0, st.st_mtime, kind, st.st_nlink]
+    size = st.st_size if kind in ("file", "symlink") else 0
+    return [path, size, st.st_mtime, kind, st.st_nlink, stat.S_IMODE(st.st_mode)]
 
 
 def op_root(args: dict[str, Any]) -> str:
@@ -75,19 +76,22 @@ def op_root(args: dict[str, Any]) -> str:
 
 
 def op_stat(args: dict[str, Any]) -> list[Any]:
+    """``[path, size, mtime, kind, nlinks, mode, link target or None]``."""
     parts = split_relpath(args["path"])
     fd = open_dir(args["ws"], parts[:-1], args["path"])
     try:
         try:
-            return entry(args["path"], os.stat(parts[-1], dir_fd=fd, follow_symlinks=False))
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            target = os.readlink(parts[-1], dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
         except FileNotFoundError:
             raise Refused("FileNotFoundError", args["path"], "no such file or directory") from None
+        return [*entry(args["path"], st), target]
     finally:
         os.close(fd)
 
 
 def op_scan(args: dict[str, Any]) -> list[list[Any]]:
-    """Every entry below each start (never through a link), ``[path, size, mtime, kind, nlinks]``."""
+    """Every entry below each start (never through a link), ``[path, size, mtime, kind, nlinks, mode]``."""
     out: list[list[Any]] = []
     for start in args["starts"]:
         prefix = "/".join(start)

@@ -189,12 +189,12 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         listed = await self._box(ws).agent("scan", ws=ws.path, starts=starts)
         out: builtins.list[tuple[FileEntry, int]] = []
         seen: set[str] = set()
-        for rel, size, mtime, kind, nlink in listed:
+        for rel, size, mtime, kind, nlink, mode in listed:
             if rel in seen or ("/" not in rel and is_metadata_temp(rel)):
                 continue
             if wglob.globmatch(rel, globs, flags=GLOB_FLAGS):
                 seen.add(rel)
-                out.append((FileEntry(rel, size, mtime, _KINDS[kind]), nlink))
+                out.append((FileEntry(rel, size, mtime, _KINDS[kind], mode), nlink))
         return out
 
     async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
@@ -224,8 +224,8 @@ class E2BWorkspaceFS(WorkspaceFSBase):
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
         rel = checked_relative(ws, path)
-        got, size, mtime, kind, _ = await self._box(ws).agent("stat", ws=ws.path, path=rel)
-        return FileEntry(got, size, mtime, _KINDS[kind])
+        got, size, mtime, kind, _, mode, target = await self._box(ws).agent("stat", ws=ws.path, path=rel)
+        return FileEntry(got, size, mtime, _KINDS[kind], mode, target)
 
     async def remove(self, ws: Workspace, path: str) -> None:
         await self._box(ws).agent("remove", ws=ws.path, path=checked_relative(ws, path))
