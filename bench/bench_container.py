@@ -173,13 +173,9 @@ def once(tunnel):
     t0 = time.perf_counter()
     if tunnel:
         s = socket.create_connection(("127.0.0.1", int(proxy[1])))
-        s.sendall(b"CONNECT allowed.test:%d HTTP/1.1
-
-" % up)
+        s.sendall(b"CONNECT allowed.test:%d HTTP/1.1\r\n\r\n" % up)
         head = b""
-        while not head.endswith(b"
-
-"):
+        while not head.endswith(b"\r\n\r\n"):
             head += s.recv(1)
         assert head.startswith(b"HTTP/1.1 200"), head
     else:

@@ -19,7 +19,7 @@ import pytest
 import execspace
 from execspace import RunProgramSpec
 from execspace.errors import CapabilityError
-from execspace.models import NetworkPolicy, RunResult
+from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
 
@@ -207,3 +207,26 @@ async def test_a_networked_container_refuses_allow_lists(
         ws = await engine.manager.create_workspace("egress/networked")
         with pytest.raises(CapabilityError, match="bypasses the proxy"):
             await engine.runner.run_program(ws, RunProgramSpec("true", network=_policy(upstream)))
+
+
+async def test_a_pooled_container_takes_the_engines_allow_list_and_its_approval_flow(
+    docker_daemon: Daemon, test_image: str, tmp_path: Path, upstream: Upstream
+) -> None:
+    asked: list[tuple[str, int]] = []
+
+    async def ask(attempt: NetworkAttempt) -> bool:
+        asked.append((attempt.host, attempt.port))
+        return False
+
+    policy = _policy(upstream)
+    root = tmp_path / "ws"
+    async with container_engine(
+        docker_daemon, test_image, root, warm=True, network=policy, on_network_attempt=ask
+    ) as engine:
+        ws = await engine.manager.create_workspace("egress/pooled")  # adopts the warm container
+        url = f"http://other.test:{upstream.port}/hello.txt"
+        r = await engine.runner.run_program(ws, RunProgramSpec("curl", ["-sSf", "-m", "20", url], timeout=60))
+        assert r.exit_code != 0
+        assert asked == [("other.test", upstream.port)]
+        (attempt,) = r.network_audit
+        assert not attempt.allowed and "on_network_attempt did not approve it" in attempt.reason

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,14 @@ class ContainerEgress:
         """Listen in container ``cid`` (the one of the workspace at ``ws_dir``) and serve ``policy`` there; raises
         :class:`CapabilityError` when its namespace cannot be entered from here."""
         sock = await asyncio.to_thread(_listen_in, api, cid, ws_dir)
-        audit = RunAudit(policy, ws_dir, run_dir, approve)
-        await audit.proxy.serve(sock)
-        return cls(audit, sock.getsockname()[1])
+        port = sock.getsockname()[1]
+        try:
+            audit = RunAudit(policy, ws_dir, run_dir, approve)
+        except BaseException:
+            sock.close()
+            raise
+        await audit.proxy.serve(sock)  # takes the socket over: closed with the proxy
+        return cls(audit, port)
 
     def annotate(self, result: RunResult) -> RunResult:
         return self.audit.annotate(result)
@@ -68,7 +74,7 @@ class ContainerEgress:
         self.audit.close()
 
 
-def _listen_in(api: Any, cid: str, ws_dir: Path) -> Any:
+def _listen_in(api: Any, cid: str, ws_dir: Path) -> socket.socket:
     state = api.inspect_container(cid)["State"]
     pid = int(state.get("Pid") or 0)
     if not state.get("Running") or pid <= 0:
