@@ -18,15 +18,14 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
+from execspace.backends.container.egress import egress_unavailable
 from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
 
-pytestmark = [
-    pytest.mark.timeout(180),
-    pytest.mark.skipif(os.geteuid() != 0, reason="allow-lists on the container backend need root"),
-]
+pytestmark = pytest.mark.timeout(180)
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="allow-lists on the container backend need root")
 
 HELLO = "hello from upstream\n"
 
@@ -90,6 +89,7 @@ def _audit_file(box: Box, result: RunResult) -> list[dict[str, object]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
+@as_root
 async def test_connect_and_plain_http_reach_an_allowed_name(box: Box, upstream: Upstream) -> None:
     url = f"http://allowed.test:{upstream.port}/hello.txt"
     r = await run(box, upstream, "curl", "-sSf", "-m", "20", "--proxytunnel", url)
@@ -122,6 +122,7 @@ async def test_connect_and_plain_http_reach_an_allowed_name(box: Box, upstream: 
         ("localhost:{port}", "not a public address"),
     ],
 )
+@as_root
 async def test_refused_destinations_fail_and_are_audited(
     box: Box, upstream: Upstream, target: str, reason: str
 ) -> None:
@@ -136,6 +137,7 @@ async def test_refused_destinations_fail_and_are_audited(
     assert len(upstream.requests) == before
 
 
+@as_root
 async def test_dns_and_direct_sockets_from_inside_go_nowhere(box: Box, upstream: Upstream) -> None:
     code = f"""
 import errno, socket
@@ -160,6 +162,7 @@ attempt("udp-dns", lambda: u.sendto(b"x", ("8.8.8.8", 53)))
     assert len(upstream.requests) == before
 
 
+@as_root
 async def test_the_engines_allow_list_is_every_runs_network_unless_it_says_off(
     docker_daemon: Daemon, test_image: str, tmp_path: Path, upstream: Upstream
 ) -> None:
@@ -178,6 +181,7 @@ async def test_the_engines_allow_list_is_every_runs_network_unless_it_says_off(
             await engine.runner.run_program(ws, RunProgramSpec("true", network="on"))
 
 
+@as_root
 async def test_a_started_program_and_concurrent_runs_have_their_own_proxy_and_audit(
     box: Box, upstream: Upstream
 ) -> None:
@@ -199,6 +203,7 @@ async def test_a_started_program_and_concurrent_runs_have_their_own_proxy_and_au
     assert len(proxies) == 3 and all(p.startswith("http://127.0.0.1:") for p in proxies)
 
 
+@as_root
 async def test_a_networked_container_refuses_allow_lists(
     docker_daemon: Daemon, test_image: str, tmp_path: Path, upstream: Upstream
 ) -> None:
@@ -209,6 +214,7 @@ async def test_a_networked_container_refuses_allow_lists(
             await engine.runner.run_program(ws, RunProgramSpec("true", network=_policy(upstream)))
 
 
+@as_root
 async def test_a_pooled_container_takes_the_engines_allow_list_and_its_approval_flow(
     docker_daemon: Daemon, test_image: str, tmp_path: Path, upstream: Upstream
 ) -> None:
@@ -230,3 +236,13 @@ async def test_a_pooled_container_takes_the_engines_allow_list_and_its_approval_
         assert asked == [("other.test", upstream.port)]
         (attempt,) = r.network_audit
         assert not attempt.allowed and "on_network_attempt did not approve it" in attempt.reason
+
+
+def test_allow_lists_need_root_a_local_daemon_and_no_daemon_network() -> None:
+    local = "unix:///run/docker.sock"
+    assert (egress_unavailable(local, networked=False) is None) == (os.geteuid() == 0)
+    if os.geteuid() != 0:
+        assert "must run as root" in str(egress_unavailable(local, networked=False))
+    else:
+        assert "over TCP" in str(egress_unavailable("tcp://10.0.0.1:2375", networked=False))
+    assert "bypasses any proxy" in str(egress_unavailable(local, networked=True))
