@@ -145,7 +145,8 @@ class Capabilities:
             raise CapabilityError(
                 "a network allow-list (NetworkPolicy)",
                 self.backend,
-                "Use the sandbox backend (per-run or session mode), or choose network='off' or 'on'.",
+                "Use the sandbox backend (per-run or session mode) or the container backend as root, or choose "
+                "network='off' or 'on'.",
             )
 
     def as_dict(self) -> dict[str, object]:

@@ -57,8 +57,8 @@ _HINTS: tuple[tuple[type[ExecspaceError], str], ...] = (
 _CAPABILITY_FLAGS = {
     "network off": "On the command line: --network on allows the network; --backend sandbox can turn it off.",
     "a timeout": "On the command line: --timeout none.",
-    "a network allow-list (NetworkPolicy)": "On the command line: --allow-domain needs --backend sandbox; "
-    "elsewhere use --network off or on.",
+    "a network allow-list (NetworkPolicy)": "On the command line: --allow-domain needs --backend sandbox "
+    "(or container, as root); elsewhere use --network off or on.",
 }
 
 

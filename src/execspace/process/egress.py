@@ -13,29 +13,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import ipaddress
 import json
 import os
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
-from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy
+from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
+from ..workspace.confine import ConfinedRoot, split_relpath
 
 __all__ = [
     "ANY_PORT",
+    "AUDIT_FILE",
     "MAX_CONNECTIONS",
     "EgressProxy",
     "EgressRules",
+    "RunAudit",
     "audit_line",
     "client_hello_sni",
+    "listen_in_netns",
+    "proxy_env",
     "receive_listener",
     "split_target",
 ]
+
+#: The audit's file name in the run's directory.
+AUDIT_FILE = "network.jsonl"
 
 #: Connections one run may have open through its proxy at once; more are refused (and audited).
 MAX_CONNECTIONS = 64
@@ -723,3 +734,102 @@ async def receive_listener(channel: socket.socket) -> socket.socket:
 def audit_line(attempt: NetworkAttempt) -> bytes:
     """One attempt as a line of the run's ``network.jsonl``."""
     return json.dumps(attempt.as_dict(), separators=(",", ":")).encode() + b"\n"
+
+
+def proxy_env(port: int) -> dict[str, str]:
+    """Proxy settings for a program whose proxy listens on ``127.0.0.1:port`` of its own loopback: its HTTP
+    clients, pip, npm and git (both cases where tools differ)."""
+    http = f"http://127.0.0.1:{port}"
+    env = {
+        "HTTP_PROXY": http,
+        "HTTPS_PROXY": http,
+        # socks5h: the proxy resolves names (the program has no DNS)
+        "ALL_PROXY": f"socks5h://127.0.0.1:{port}",
+        "NO_PROXY": "",
+        "PIP_PROXY": http,
+        "npm_config_proxy": http,
+        "npm_config_https_proxy": http,
+        "GIT_CONFIG_COUNT": "2",
+        "GIT_CONFIG_KEY_0": "http.proxy",
+        "GIT_CONFIG_VALUE_0": http,
+        "GIT_CONFIG_KEY_1": "https.proxy",
+        "GIT_CONFIG_VALUE_1": http,
+    }
+    env.update({key.lower(): value for key, value in env.items() if key.endswith("_PROXY")})
+    return env
+
+
+class RunAudit:
+    """One run's proxy and its audit: every attempt is appended to ``network.jsonl`` in the run's directory and
+    returned in its result (:meth:`annotate`). Serve it on a listener with ``proxy.serve``; :meth:`close` when the
+    run is over (its open connections are cut and audited)."""
+
+    def __init__(self, policy: NetworkPolicy, root: Path, run_dir: str, approve: NetworkApprover | None = None) -> None:
+        self._audit_fd = _open_audit(root, run_dir)
+        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve)
+
+    def close(self) -> None:
+        self.proxy.close()
+        os.close(self._audit_fd)
+
+    def annotate(self, result: RunResult) -> RunResult:
+        return replace(result, network_audit=self.proxy.audit())
+
+    def _write(self, attempt: NetworkAttempt) -> None:
+        with contextlib.suppress(OSError):  # a full disk loses the file's line, not the result's
+            os.write(self._audit_fd, audit_line(attempt))
+
+
+def _open_audit(root: Path, run_dir: str) -> int:
+    # through fds pinned from the root: the program may have replaced the run directory by a symlink by now
+    with ConfinedRoot(str(root)) as cr:
+        dir_fd = cr.open_dir(split_relpath(run_dir))
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(AUDIT_FILE, flags, 0o644, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def listen_in_netns(netns_fd: int, backlog: int = MAX_CONNECTIONS) -> socket.socket:
+    """A TCP socket listening on a free port of ``127.0.0.1`` in the network namespace ``netns_fd`` (an open
+    ``/proc/PID/ns/net``), for a proxy on the host to serve: a socket keeps the namespace it was made in. Needs
+    ``CAP_SYS_ADMIN`` over that namespace (root). Raises ``OSError``.
+
+    The switch is made in a thread of its own, which ends with it: no thread of ours is ever left in the other
+    namespace (``setns`` moves only the calling thread)."""
+    made: list[socket.socket] = []
+    failed: list[OSError] = []
+
+    def make() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if libc.setns(netns_fd, _CLONE_NEWNET) != 0:
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"cannot enter the network namespace: {os.strerror(errno)}")
+            try:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    sock.bind(("127.0.0.1", 0))
+                    sock.listen(backlog)
+                except OSError:
+                    sock.close()
+                    raise
+                made.append(sock)
+            finally:
+                libc.setns(own, _CLONE_NEWNET)
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            os.close(own)
+
+    thread = threading.Thread(target=make, name="execspace-netns")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]

@@ -27,9 +27,9 @@ from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...environments import EnvironmentStore
 from ...envpolicy import EnvPolicy
-from ...errors import InvalidSpec, PolicyViolation, SetupFailed
+from ...errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
-from ...models import Workspace
+from ...models import NetworkPolicy, Workspace
 from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
 from ...userconfig import config_path, config_string
 from ...workspace.hostfs import HostWorkspaceFS
@@ -39,6 +39,7 @@ from ...workspace.protected import ProtectedPaths
 from ...workspace.slots import take_slot
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
+from .egress import egress_unavailable
 from .limits import PER_RUN_LIMITS
 from .options import ContainerOptions
 from .pool import PoolSlot, WarmPool, container_pool
@@ -67,6 +68,9 @@ DOES_NOT_PROTECT = (
     "environment and starts a new session survives until the workspace is removed",
     "read-only staging only strips write bits; the program owns the files and can restore them",
     "cpu_seconds, file_size_bytes and a memory_bytes below the container's cap are per-process rlimits of the run",
+    "with a network allow-list: whatever the program sends to an allowed destination (exfiltration to it); the "
+    "runs of one workspace share its container's loopback, so a program can reach another run's proxy port "
+    "(its attempts are then judged by that run's allow-list and land in that run's audit)",
 )
 
 
@@ -116,15 +120,23 @@ class ContainerBackend:
         pool_size: int = 1,
         watchdog: bool = False,
         languages: Sequence[str] = (),
+        network_allow: NetworkPolicy | None = None,
+        egress: bool = False,
     ) -> Capabilities:
-        """What an engine opened with ``config`` applies (the defaults when ``config`` is None)."""
+        """What an engine opened with ``config`` applies (the defaults when ``config`` is None); ``egress``: its
+        runs may take allow-lists (:func:`~.egress.egress_unavailable` says why not), ``network_allow`` the
+        engine's own."""
         config = config or ContainerConfig(image="(the image= option)")
+        network = config.network if config.networked else "none"
+        if network_allow is not None:
+            network = f"allow-list through the egress proxy ({len(network_allow.allowed)} entries)"
         return Capabilities(
             backend="container",
             isolation=Isolation.CONTAINER,
             # a networked container cannot take the network away from one run
             network_control=not config.networked,
             network_default=config.networked,
+            network_domains=egress and not config.networked,
             clean_env=True,
             read_only_mounts=False,
             streaming=True,
@@ -138,7 +150,7 @@ class ContainerBackend:
                 "languages": "as the image declares (label execspace.languages) or the languages= option",
                 "daemon": daemon,
                 "user": f"{config.user[0]}:{config.user[1]}",
-                "network": config.network if config.networked else "none",
+                "network": network,
                 "root_fs": f"read-only, tmpfs /tmp ({config.tmp_bytes} bytes)",
                 "capabilities": "all dropped, no-new-privileges",
                 "memory_bytes": f"{config.memory_bytes} per workspace container (no swap); "
@@ -175,6 +187,7 @@ class ContainerBackend:
         binds = dict(options.read_only_binds or {})
         if environment is not None:
             binds[str(environment.path)] = str(environment.path)  # at its own path: its scripts' #! lines name it
+        allow = options.network if isinstance(options.network, NetworkPolicy) else None
         config = ContainerConfig(
             image=image,
             user=options.user or (DEFAULT_USER if os.getuid() == 0 else (os.getuid(), os.getgid())),
@@ -182,9 +195,14 @@ class ContainerBackend:
             pids=options.pids,
             cpus=options.cpus,
             read_only_binds=binds,
-            network=options.network,
+            network="none" if isinstance(options.network, NetworkPolicy) else options.network,
             protected=tuple(options.protected),
         )
+        unavailable = egress_unavailable(docker_host, config.networked)
+        if allow is not None and unavailable is not None:
+            raise CapabilityError(
+                "a network allow-list (NetworkPolicy)", "container", f"{unavailable}; or use the sandbox backend"
+            )
         client = await asyncio.to_thread(connect, docker_host)
         root = (
             Path(options.workspace_root) if options.workspace_root else default_workspace_root().with_name("container")
@@ -205,7 +223,13 @@ class ContainerBackend:
             await containers.close()
             raise
         caps = cls.capabilities(
-            config, str(info), pool_size, options.watchdog, declared if languages is None else languages
+            config,
+            str(info),
+            pool_size,
+            options.watchdog,
+            declared if languages is None else languages,
+            network_allow=allow,
+            egress=unavailable is None,
         )
         if environment is not None:
             caps = replace(caps, details={**caps.details, "environment": environment.summary()})
@@ -219,7 +243,15 @@ class ContainerBackend:
             owner=owner,
             access=ProtectedPaths(config.protected),
         )
-        runner = ContainerRunner(containers, lambda: caps, options.env_policy or EnvPolicy(), owner, environment)
+        runner = ContainerRunner(
+            containers,
+            lambda: caps,
+            options.env_policy or EnvPolicy(),
+            owner,
+            environment,
+            network_allow=allow,
+            on_network_attempt=options.on_network_attempt,
+        )
 
         async def close() -> None:
             await pool.close()

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ...backend import HostOptions
+from ...models import NetworkApprover, NetworkPolicy
 from ...workspace.protected import DEFAULT_PROTECTED
 
 __all__ = ["ContainerOptions"]
@@ -26,7 +27,13 @@ class ContainerOptions(HostOptions):
         memory_bytes / pids / cpus: limits of each workspace container.
         read_only_binds: host path → container path mounted read-only (a relaxation; sockets refused).
         network: ``"none"`` (default), or the name of a daemon network (e.g. ``"bridge"``) to let programs
-            reach the network: an explicit relaxation, reported by ``describe()``. ``"host"`` is refused.
+            reach the network: an explicit relaxation, reported by ``describe()``. ``"host"`` is refused. Or a
+            :class:`~execspace.models.NetworkPolicy`: the container has no network, and every run that does not
+            choose its own reaches only that allow-list, through an egress proxy on the host (needs root and a
+            local daemon; ``CapabilityError`` otherwise). On a ``"none"`` container each run may also ask for an
+            allow-list of its own (``RunProgramSpec.network``).
+        on_network_attempt: with allow-lists, an approval flow for the destinations they do not list (async; True
+            lets one through); see docs/backends.md.
         pool_size: started containers kept ready for new workspaces (0: create on first run).
         reap_on_open: first remove containers left by crashed processes (see ``reaper.py``).
         watchdog: also start a small process that removes this engine's containers as soon as our process
@@ -49,7 +56,8 @@ class ContainerOptions(HostOptions):
     pids: int = 256
     cpus: float = 1.0
     read_only_binds: Mapping[str, str] | None = None
-    network: str = "none"
+    network: str | NetworkPolicy = "none"
+    on_network_attempt: NetworkApprover | None = None
     pool_size: int = 1
     reap_on_open: bool = True
     watchdog: bool = False

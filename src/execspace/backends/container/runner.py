@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import CapabilityError
-from ...models import ProgramInfo, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkApprover, NetworkPolicy, ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ...process.preparation import PreparedRun, RunPreparation, finish_run, lookup_where_it_runs, signal_status
 from ...process.programs import ProgramTable
 from ...process.rlimits import classify_rlimit_exit
@@ -20,6 +20,7 @@ from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
+from .egress import ContainerEgress
 from .execrun import KILL_GRACE, ExecRun
 from .handle import ContainerHandle
 from .limits import rlimit_argv
@@ -48,6 +49,8 @@ class ContainerRunner:
         env_policy: EnvPolicy | None,
         owner: Callable[[Workspace], tuple[int, int] | None],
         environment: Environment | None = None,
+        network_allow: NetworkPolicy | None = None,
+        on_network_attempt: NetworkApprover | None = None,
     ) -> None:
         self.preparation = RunPreparation(
             capabilities,
@@ -63,6 +66,11 @@ class ContainerRunner:
         user = containers.config.user
         self._user = f"{user[0]}:{user[1]}"
         self.programs = ProgramTable()
+        # the engine's allow-list: the network of every run that does not choose its own
+        self.network_allow = network_allow
+        self.on_network_attempt = on_network_attempt
+        self._egress: dict[str, ContainerEgress] = {}
+        """The open proxies of running allow-list runs, by run directory (closed by :meth:`finish`)."""
 
     def _prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
         self._check_spec(spec)
@@ -77,27 +85,33 @@ class ContainerRunner:
         if isinstance(prep, RunResult):
             return prep
         cid = await self._containers.ensure(ws)
-        run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes)
-        workdir = self._container_path(prep)
+        await self._open_egress(prep, cid)
         try:
-            await asyncio.to_thread(run.start, self._argv(prep), prep.env, workdir, self._user)
-        except Exception:
-            self._containers.forget(ws)  # a dead container is replaced on the next run
-            raise
-        timed_out = await self._drive(run, prep)
-        return await self.finish(run, prep, timed_out)
+            run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes)
+            workdir = self._container_path(prep)
+            try:
+                await asyncio.to_thread(run.start, self._argv(prep), prep.env, workdir, self._user)
+            except Exception:
+                self._containers.forget(ws)  # a dead container is replaced on the next run
+                raise
+            timed_out = await self._drive(run, prep)
+            return await self.finish(run, prep, timed_out)
+        finally:
+            self._close_egress(prep)  # unless finish took it: a failed start, a cancelled run
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         prep = self._prepare(ws, spec)
         if isinstance(prep, RunResult):
             raise FileNotFoundError(prep.stderr.strip())
         cid = await self._containers.ensure(ws)
+        await self._open_egress(prep, cid)
         handle = ContainerHandle(self, prep)
         run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes, handle.on_chunk)
         try:
             await asyncio.to_thread(run.start, self._argv(prep), prep.env, self._container_path(prep), self._user)
             pid = await asyncio.to_thread(run.pid)
         except Exception:
+            self._close_egress(prep)
             self._containers.forget(ws)
             raise
         handle.begin(run, pid)
@@ -116,14 +130,46 @@ class ContainerRunner:
             await asyncio.to_thread(run.signal, RUN_MARKER_VAR, prep.marker, self._user, signame)
 
     async def finish(self, run: ExecRun, prep: PreparedRun, timed_out: bool, killed: bool = False) -> RunResult:
-        """The result of an exec whose stream has ended, after the shared post-run checks."""
-        return await finish_run(prep, await self._result(run, prep, timed_out, killed))
+        """The result of an exec whose stream has ended, after the shared post-run checks (and its proxy's
+        audit, closing the proxy: what the program left running loses the network with the run's end)."""
+        result = await self._result(run, prep, timed_out, killed)
+        egress = self._egress.pop(prep.run_dir, None)
+        if egress is not None:
+            result = egress.annotate(result)
+            egress.close()
+        return await finish_run(prep, result)
+
+    def _allow_list(self, spec: RunProgramSpec) -> NetworkPolicy | None:
+        wanted = self.network_allow if spec.network is None else spec.network
+        return wanted if isinstance(wanted, NetworkPolicy) else None
+
+    async def _open_egress(self, prep: PreparedRun, cid: str) -> None:
+        """With an allow-list, the run's proxy on a port of the container's loopback, named in its environment."""
+        policy = self._allow_list(prep.spec)
+        if policy is None:
+            return
+        api = self._containers.client.api
+        egress = await ContainerEgress.open(api, cid, prep.root, policy, prep.run_dir, self.on_network_attempt)
+        self._egress[prep.run_dir] = egress
+        prep.env.update(egress.env)
+
+    def _close_egress(self, prep: PreparedRun) -> None:
+        egress = self._egress.pop(prep.run_dir, None)
+        if egress is not None:
+            egress.close()
 
     def _argv(self, prep: PreparedRun) -> list[str]:
         return [*rlimit_argv(prep.spec.limits, self._containers.config.memory_bytes), *prep.argv]
 
     def _check_spec(self, spec: RunProgramSpec) -> None:
         config = self._containers.config
+        if self._allow_list(spec) is not None and config.networked:
+            raise CapabilityError(
+                f"a network allow-list (NetworkPolicy) on a container on the daemon network {config.network!r}",
+                "container",
+                "its programs have a route out that bypasses the proxy: open the engine with network='none' "
+                "(or network=NetworkPolicy.allow([...]))",
+            )
         if spec.network == "on" and not config.networked:
             raise CapabilityError(
                 "network on", "container", "open the engine with network='<daemon network>' (e.g. 'bridge')"

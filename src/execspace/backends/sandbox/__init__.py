@@ -55,7 +55,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
-from .egress import EgressChannel, proxy_env
+from .egress import PROXY_PORT, EgressChannel, proxy_env
 from .options import SandboxMode, SandboxOptions
 from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
@@ -295,7 +295,7 @@ class SandboxRunner(HostRunner):
             # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
             egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
             mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
-            env.update(proxy_env())
+            env.update(proxy_env(PROXY_PORT))
         seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
         data_fds = [seccomp_fd]
         try:

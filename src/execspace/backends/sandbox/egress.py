@@ -11,15 +11,12 @@ other run or workspace holds the socket. Every attempt is appended to ``network.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
-from dataclasses import replace
 from pathlib import Path
 
-from ...models import NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
-from ...process.egress import EgressProxy, audit_line, receive_listener
-from ...workspace.confine import ConfinedRoot, split_relpath
+from ...models import NetworkApprover, NetworkPolicy, RunResult
+from ...process.egress import AUDIT_FILE, RunAudit, proxy_env, receive_listener
 
 __all__ = ["AUDIT_FILE", "BRIDGE_PATH", "PROXY_PORT", "EgressChannel", "RunAudit", "proxy_env"]
 
@@ -27,53 +24,8 @@ __all__ = ["AUDIT_FILE", "BRIDGE_PATH", "PROXY_PORT", "EgressChannel", "RunAudit
 PROXY_PORT = 3128
 #: Where the bridge binary is copied in the sandbox.
 BRIDGE_PATH = "/.execspace-egress-bridge"
-#: The audit's file name in the run's directory.
-AUDIT_FILE = "network.jsonl"
 #: Seconds the bridge has to hand its listener over once bwrap started.
 _HANDOVER_TIMEOUT = 30.0
-
-
-def proxy_env(port: int = PROXY_PORT) -> dict[str, str]:
-    """Proxy settings for the program's HTTP clients, pip, npm and git (both cases where tools differ)."""
-    http = f"http://127.0.0.1:{port}"
-    env = {
-        "HTTP_PROXY": http,
-        "HTTPS_PROXY": http,
-        # socks5h: the proxy resolves names (the sandbox has no DNS)
-        "ALL_PROXY": f"socks5h://127.0.0.1:{port}",
-        "NO_PROXY": "",
-        "PIP_PROXY": http,
-        "npm_config_proxy": http,
-        "npm_config_https_proxy": http,
-        "GIT_CONFIG_COUNT": "2",
-        "GIT_CONFIG_KEY_0": "http.proxy",
-        "GIT_CONFIG_VALUE_0": http,
-        "GIT_CONFIG_KEY_1": "https.proxy",
-        "GIT_CONFIG_VALUE_1": http,
-    }
-    env.update({key.lower(): value for key, value in env.items() if key.endswith("_PROXY")})
-    return env
-
-
-class RunAudit:
-    """One run's proxy and its audit: every attempt is appended to ``network.jsonl`` in the run's directory and
-    returned in its result (:meth:`annotate`). Serve it on a listener with ``proxy.serve``; :meth:`close` when the
-    run is over (its open connections are cut and audited)."""
-
-    def __init__(self, policy: NetworkPolicy, root: Path, run_dir: str, approve: NetworkApprover | None = None) -> None:
-        self._audit_fd = _open_audit(root, run_dir)
-        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve)
-
-    def close(self) -> None:
-        self.proxy.close()
-        os.close(self._audit_fd)
-
-    def annotate(self, result: RunResult) -> RunResult:
-        return replace(result, network_audit=self.proxy.audit())
-
-    def _write(self, attempt: NetworkAttempt) -> None:
-        with contextlib.suppress(OSError):  # a full disk loses the file's line, not the result's
-            os.write(self._audit_fd, audit_line(attempt))
 
 
 class EgressChannel:
@@ -133,14 +85,3 @@ class EgressChannel:
 
     def annotate(self, result: RunResult) -> RunResult:
         return self.audit.annotate(result)
-
-
-def _open_audit(root: Path, run_dir: str) -> int:
-    # through fds pinned from the root: the program may have replaced the run directory by a symlink by now
-    with ConfinedRoot(str(root)) as cr:
-        dir_fd = cr.open_dir(split_relpath(run_dir))
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(AUDIT_FILE, flags, 0o644, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
