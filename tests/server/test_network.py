@@ -19,6 +19,10 @@ import pytest
 from e2b import ALL_TRAFFIC, Sandbox
 from e2b.exceptions import SandboxException
 
+import execspace
+from execspace import RunProgramSpec
+from execspace.backends.e2b import E2BOptions
+
 from .conftest import Server, running_server
 
 
@@ -185,3 +189,38 @@ def test_the_javascript_sdk_sends_the_same_rules(egress_server: Server, upstream
     finally:
         script.unlink()
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+async def test_the_e2b_backend_gives_its_sandboxes_the_engines_allow_list(
+    egress_server: Server, upstream: Upstream, tmp_path: Path
+) -> None:
+    """``E2BOptions(network=NetworkPolicy)`` becomes the sandbox's ``allow_out`` with all other traffic denied,
+    enforced by the service for every run; a run asking for another network is refused, and so is a policy whose
+    meaning would change on the way (a domain on another port, an address without ``:*``, a denied entry)."""
+    policy = execspace.NetworkPolicy.allow(["allowed.test", f"{upstream.address}:*"])
+    options = {"api_url": egress_server.url, "sandbox_url": egress_server.url, "api_key": egress_server.key}
+    async with execspace.open_engine("e2b", template="base", network=policy, **options) as engine:
+        assert engine.describe().network_domains
+        ws = await engine.manager.create_workspace("net/allow")
+
+        async def curl(url: str) -> str:
+            spec = RunProgramSpec("curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20", url])
+            return (await engine.runner.run_program(ws, spec)).stdout
+
+        assert await curl("http://allowed.test/") == "200"
+        assert await curl(f"http://{upstream.address}:{upstream.other_port}/") == "200"  # an address: every port
+        assert await curl("http://denied.test/") == "403"
+        assert await curl(f"http://allowed.test:{upstream.other_port}/") == "403"  # a domain: 80 and 443 only
+        for other in ("on", "off", execspace.NetworkPolicy.allow(["denied.test"])):
+            with pytest.raises(execspace.CapabilityError, match="allow-list"):
+                await engine.runner.run_program(ws, RunProgramSpec("true", network=other))
+    for bad, says in (
+        (["allowed.test:8080"], "ports 80 and 443"),
+        ([upstream.address], ":\\*"),
+    ):
+        with pytest.raises(execspace.InvalidSpec, match=says):
+            E2BOptions(network=execspace.NetworkPolicy.allow(bad))
+    with pytest.raises(execspace.InvalidSpec, match="allowed entries win"):
+        E2BOptions(network=execspace.NetworkPolicy.allow(["allowed.test"], deny=["10.0.0.0/8"]))
+    with pytest.raises(execspace.InvalidSpec, match="give one"):
+        E2BOptions(network=policy, allow_internet_access=True)

@@ -48,6 +48,7 @@ class E2BBackend:
             isolation=isolation,
             network_control=not options.allow_internet_access,
             network_default=options.allow_internet_access,
+            network_domains=options.network is not None,
             clean_env=True,
             read_only_mounts=False,
             streaming=True,

@@ -11,6 +11,8 @@ from ...artifacts import ArtifactService
 from ...backend import BackendOptions
 from ...envpolicy import EnvPolicy
 from ...errors import InvalidSpec
+from ...models import NetworkPolicy
+from .network import sandbox_rules
 
 __all__ = ["E2BOptions"]
 
@@ -33,6 +35,10 @@ class E2BOptions(BackendOptions):
         metadata: metadata of every sandbox we create (``execspace.*`` keys are ours).
         secure: envd access tokens (the default; off only for services that cannot issue them).
         allow_internet_access: whether programs may reach the network (off by default: secure by default).
+        network: an allow-list instead: the sandbox's egress rules at creation (``allow_out`` with everything else
+            denied), enforced by the service for every process of the sandbox and not audited here. Only what means
+            the same there maps (domains without a port, ``*.domain``, addresses and networks with ``:*``); the rest
+            is refused (``InvalidSpec``). Not with ``allow_internet_access=True``.
         persistence: ``session``: one stable sandbox per workspace id, found again by its metadata from other
             engines and after a restart (left running when the engine closes; ``cleanup`` kills it);
             ``turn``: a fresh sandbox for each ``create_workspace``, killed when the engine closes.
@@ -67,6 +73,7 @@ class E2BOptions(BackendOptions):
     metadata: Mapping[str, str] = field(default_factory=dict)
     secure: bool = True
     allow_internet_access: bool = False
+    network: NetworkPolicy | None = None
     persistence: Literal["session", "turn"] = "session"
     sandbox_id: str | None = None
     isolation: Literal["remote", "microvm"] = "remote"
@@ -80,6 +87,12 @@ class E2BOptions(BackendOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.network is not None:
+            if self.allow_internet_access:
+                raise InvalidSpec(
+                    "E2BOptions: network= is an allow-list and allow_internet_access=True allows everything; give one"
+                )
+            sandbox_rules(self.network)  # what cannot be a sandbox's rule is refused now, not at the first create
         if self.pool_size < 0:
             raise InvalidSpec(f"pool_size must be 0 or more, got {self.pool_size}")
         if self.pool_size and (self.persistence != "turn" or self.sandbox_id is not None):

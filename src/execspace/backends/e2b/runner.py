@@ -21,13 +21,14 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import BackendError, CapabilityError, UsageError
-from ...models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkPolicy, OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
+from ...process.egress import proxy_env
 from ...process.programs import OutputLog, ProgramTable, StartedProgram, program_info
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
@@ -98,10 +99,7 @@ class E2BRunner:
     def prepare(self, ws: Workspace, spec: RunProgramSpec) -> _Prepared:
         self._caps().require(spec)
         options = self._boxes.options
-        if spec.network == "on" and not options.allow_internet_access:
-            raise CapabilityError("network on", "e2b", "open the engine with allow_internet_access=True")
-        if spec.network == "off" and options.allow_internet_access:
-            raise CapabilityError("network off", "e2b", "its sandboxes were created with allow_internet_access=True")
+        _check_network(spec.network, options.allow_internet_access, options.network)
         box = self._boxes.box(workspace_key(ws.id))
         rel = workspace_relative(ws, spec.cwd)
         cwd = "/".join(split_relpath(rel)) if rel not in ("", ".", "./") else ""
@@ -117,7 +115,8 @@ class E2BRunner:
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
         # env, not a shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says
         # 127 for all of them, and adds no variable of its own (bash's exec would export SHLVL)
-        start = f"exec env -i {assignments} {program}"
+        kept = _SERVICE_PROXY if options.network is not None else ""
+        start = f"exec env -i {assignments}{kept} {program}"
         made = " ".join(f"{root}/{d}" for d in (run_dir, *ahead))
         # ``[`` is bash's own: only a missing directory (a run made ahead of time raced, or it was removed) costs
         # a process
@@ -360,3 +359,25 @@ class E2BProgram(StartedProgram):
             await self.kill()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._done), _SETTLE)
+
+
+#: With an allow-list, the proxy settings the service gives its sandbox's processes (``execspace serve`` has an
+#: egress proxy; E2B's own rules need none) pass the clean environment: ``${V+"V=$V"}`` is nothing when unset.
+_SERVICE_PROXY = "".join(f' ${{{name}+"{name}=${name}"}}' for name in proxy_env(1))
+
+
+def _check_network(
+    wanted: Literal["on", "off"] | NetworkPolicy | None, internet: bool, policy: NetworkPolicy | None
+) -> None:
+    """A run gets the network its sandbox was created with (rules the service enforces for the whole sandbox; a run
+    asking for an allow-list on an engine without one was refused by its Capabilities)."""
+    if wanted is None or wanted == policy:
+        return
+    if policy is not None:
+        raise CapabilityError(
+            f"network {wanted!r}", "e2b", "its sandboxes were created with the engine's allow-list: every run has it"
+        )
+    if wanted == "on" and not internet:
+        raise CapabilityError("network on", "e2b", "open the engine with allow_internet_access=True")
+    if wanted == "off" and internet:
+        raise CapabilityError("network off", "e2b", "its sandboxes were created with allow_internet_access=True")

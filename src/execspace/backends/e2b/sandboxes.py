@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...errors import BackendError, PathDenied, PathIsDirectory, SandboxLost, SetupFailed, WorkspaceNotFound
 from ...process.warmpool import WarmPool
 from ...workspace.layout import LAYOUT_DIRS, sanitize_id
+from .network import sandbox_rules
 from .options import E2BOptions
 
 if TYPE_CHECKING:
@@ -397,7 +398,8 @@ class Sandboxes:
                 metadata={**o.metadata, **ours},
                 envs=dict(o.env_vars),
                 secure=o.secure,
-                allow_internet_access=o.allow_internet_access,
+                allow_internet_access=o.allow_internet_access or o.network is not None,
+                **({"network": sandbox_rules(o.network)} if o.network is not None else {}),
                 **self.api(),
             ),
         )
