@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from execspace.testing.binding import make_traversable
 
-__all__ = ["CLI", "daemon_served", "make_traversable", "running_daemon"]
+__all__ = ["CLI", "daemon_served", "make_traversable", "running_daemon", "served_directory"]
 
 CLI = [sys.executable, "-m", "execspace"]
 
@@ -35,3 +38,25 @@ def daemon_served(env: dict[str, str]) -> int:
     """How many commands the daemon reached with ``env`` has run."""
     out = subprocess.run([*CLI, "daemon", "status"], env=env, capture_output=True, text=True, check=True).stdout
     return int(out.split("served=")[1].split()[0])
+
+
+@contextlib.contextmanager
+def served_directory(root: Path) -> Iterator[tuple[int, list[str]]]:
+    """An HTTP server on the host's loopback serving the files under ``root``: its port, and a list of what reached
+    it (``GET /path Host=...``)."""
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            requests.append(f"{self.command} {self.path} Host={self.headers.get('Host')}")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], requests
+    finally:
+        server.shutdown()
+        server.server_close()

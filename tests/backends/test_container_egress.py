@@ -6,10 +6,8 @@ pins (``allowed.test``, ``denied.test``); the container's loopback is its own, s
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import os
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
+from tests.support import served_directory
 
 pytestmark = pytest.mark.timeout(180)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="allow-lists on the container backend need root")
@@ -41,21 +40,8 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     """An HTTP server on the host's loopback serving ``/hello.txt``; ``requests`` lists what reached it."""
     root = tmp_path_factory.mktemp("upstream")
     (root / "hello.txt").write_text(HELLO)
-    requests: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-        def log_message(self, fmt: str, *args: object) -> None:
-            requests.append(f"{self.command} {self.path} Host={self.headers.get('Host')}")
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Upstream(server.server_address[1], requests)
-    server.shutdown()
-    server.server_close()
+    with served_directory(root) as (port, requests):
+        yield Upstream(port, requests)
 
 
 def _policy(up: Upstream) -> NetworkPolicy:

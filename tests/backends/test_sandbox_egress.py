@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import http.server
 import io
 import json
 import os
 import shutil
 import tarfile
-import threading
 import zipfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from execspace import RunProgramSpec
 from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from execspace.registry import probe_backend
-from tests.support import make_traversable
+from tests.support import make_traversable, served_directory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,22 +89,9 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     wheel = _wheel(root / "files")
     (root / "simple" / "demo-pkg").mkdir(parents=True)
     (root / "simple" / "demo-pkg" / "index.html").write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>')
-    requests: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-        def log_message(self, fmt: str, *args: object) -> None:
-            requests.append(f"{self.command} {self.path} Host={self.headers.get('Host')}")
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    _npm_registry(root / "npm", server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Upstream(server.server_address[1], root, requests)
-    server.shutdown()
-    server.server_close()
+    with served_directory(root) as (port, requests):
+        _npm_registry(root / "npm", port)
+        yield Upstream(port, root, requests)
 
 
 def _policy(up: Upstream, *extra: str) -> NetworkPolicy:
