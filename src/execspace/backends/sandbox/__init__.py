@@ -640,6 +640,10 @@ class SandboxBackend:
         prepare = sandbox_layout_owner() if as_root else None
         if mode == "session":
             config = options.session or SessionConfig()
+            if config.pids is not None and "pids" not in caps.enforced_limits:
+                raise CapabilityError(
+                    "SessionConfig.pids", "sandbox", "limiting a session's processes needs root (a cgroup or its uid)"
+                )
             return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
         runner = SandboxRunner(bwrap_path, **runner_options)
         manager = HostWorkspaceManager(

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import BackendError, InvalidSpec
-from ...models import RunResult
+from ...models import ResourceLimits, RunResult
 from ...process.supervisor import RUN_MARKER_VAR, Launch, SupervisedProcess, spawn
 
 __all__ = ["MAX_REQUEST", "Session", "SessionConfig", "SessionProgram", "start_session"]
@@ -86,6 +86,19 @@ class SessionConfig:
     """Seconds the supervisor has to answer a request; past that the session is ended as hung."""
     start_timeout: float = 10.0
     """Seconds a new session has to report ready."""
+    memory_bytes: int | None = None
+    """Memory of the whole session (every program in it together, and its supervisor), as a cgroup where this host
+    gives one (as root); else an rlimit of each of its processes. A program past it is killed by the kernel."""
+    pids: int | None = None
+    """Processes and threads of the whole session at once, as a cgroup where this host gives one; else ``RLIMIT_NPROC``
+    of its uid (not as root: its sessions' uids are per workspace, but root's rlimit would not hold)."""
+
+    def __post_init__(self) -> None:
+        self.limits(1)  # refused now as ResourceLimits refuses them, not when a session starts
+
+    def limits(self, output_bytes: int) -> ResourceLimits:
+        """The limits of a session's own sandbox (its bwrap keeps ``output_bytes`` of what it says)."""
+        return ResourceLimits(memory_bytes=self.memory_bytes, pids=self.pids, output_bytes=output_bytes)
 
 
 def _last_pid() -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PathDenied
-from ...models import NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkPolicy, RunProgramSpec, RunResult, Workspace
 from ...process.freezing import stopped_trees
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
@@ -282,7 +282,7 @@ class SessionRunner(SandboxRunner):
                 [str(theirs.fileno())],
                 cwd="",
                 timeout=None,
-                limits=ResourceLimits(output_bytes=_BWRAP_OUTPUT),
+                limits=self.config.limits(_BWRAP_OUTPUT),
             )
             prep = self.preparation.prepare(ws, spec)
             assert isinstance(prep, PreparedRun)  # a path is never looked up

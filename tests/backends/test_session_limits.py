@@ -1,0 +1,108 @@
+"""A sandbox session's own limits (``SessionConfig.memory_bytes``/``pids``): every program of the session counts
+together where a cgroup holds them (as root), a program past them is stopped by the kernel, and the session goes on.
+Attacks are bounded (a few hundred MiB, 60 processes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import execspace
+from execspace import CapabilityError, RunProgramSpec
+from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
+from execspace.registry import probe_backend
+from tests.support import make_traversable
+
+pytestmark = pytest.mark.timeout(120)
+MIB = 1 << 20
+
+
+async def _open(tmp_path: Path, config: SessionConfig) -> execspace.BaseEngine:
+    probe = await probe_backend("sandbox", mode="session")
+    if not probe.ok:
+        pytest.skip(f"sandbox session mode unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    return await SandboxBackend.open(SandboxOptions(workspace_root=tmp_path / "ws", mode="session", session=config))
+
+
+@pytest.fixture
+async def limited(tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
+    if os.geteuid() != 0:
+        pytest.skip("a session's processes are limited as a whole by a cgroup, made as root")
+    engine = await _open(tmp_path, SessionConfig(pool_size=0, memory_bytes=128 * MIB, pids=40))
+    caps = engine.describe()
+    if not {"memory_bytes", "pids"} <= caps.enforced_limits:
+        await engine.aclose()
+        pytest.skip("no cgroup memory and pids controllers here")
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+def _allocate(mib: int, then: str = "") -> RunProgramSpec:
+    code = f"b = bytearray({mib} * 2**20); b[::4096] = b'x' * len(b[::4096]); print('allocated', flush=True); {then}"
+    return RunProgramSpec("python3", ["-c", code], timeout=60)
+
+
+async def test_a_program_past_the_sessions_memory_is_killed_and_the_session_goes_on(
+    limited: execspace.BaseEngine,
+) -> None:
+    ws = await limited.manager.create_workspace("limits/memory")
+    r = await limited.runner.run_program(ws, _allocate(300))
+    assert r.exit_code in (-9, 137) and "allocated" not in r.stdout, (r.exit_code, r.stdout, r.stderr)
+    after = await limited.runner.run_program(ws, RunProgramSpec("echo", ["alive"]))
+    assert (after.exit_code, after.stdout) == (0, "alive\n")
+
+
+async def test_the_sessions_programs_share_its_memory(limited: execspace.BaseEngine) -> None:
+    """Two programs of 80 MiB each fit a per-program limit of 128 MiB, not a session's: one of them is killed."""
+    ws = await limited.manager.create_workspace("limits/shared")
+    async with await limited.runner.start_program(ws, _allocate(80, "import time; time.sleep(30)")) as first:
+        stream = first.stream()
+        assert (await anext(stream)).data == b"allocated\n"
+        second = await limited.runner.run_program(ws, _allocate(80))
+        if second.exit_code == 0:  # the kernel chose the first one
+            result = await first.wait()
+            assert result.exit_code in (-9, 137), result
+        else:
+            assert second.exit_code in (-9, 137) and "allocated" not in second.stdout, second
+            await first.kill()
+
+
+async def test_the_sessions_processes_are_bounded_together(limited: execspace.BaseEngine) -> None:
+    ws = await limited.manager.create_workspace("limits/pids")
+    forks = """
+import os, signal, time
+children = []
+for _ in range(60):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(children))
+"""
+    r = await limited.runner.run_program(ws, RunProgramSpec("python3", ["-c", forks], timeout=60))
+    assert r.exit_code == 0, r.stderr
+    assert 0 < int(r.stdout) < 40  # the supervisor and this program count too
+    after = await limited.runner.run_program(ws, RunProgramSpec("echo", ["alive"]))
+    assert (after.exit_code, after.stdout) == (0, "alive\n")
+
+
+async def test_a_pids_limit_that_cannot_hold_is_refused_and_bad_values_too(tmp_path: Path) -> None:
+    with pytest.raises(execspace.InvalidSpec):
+        SessionConfig(memory_bytes=0)
+    if os.geteuid() == 0:
+        pytest.skip("as root the session's pids are limited (a cgroup or its uid's RLIMIT_NPROC)")
+    with pytest.raises(CapabilityError, match=r"SessionConfig\.pids"):
+        await _open(tmp_path, SessionConfig(pool_size=0, pids=40))
