@@ -9,18 +9,20 @@ the root it should lie under: the host-side file API never reaches outside the w
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 from ..errors import PathDenied
 from ..models import Workspace
 from .confinecore import split_relpath
 
-__all__ = ["checked_relative", "workspace_relative", "workspace_relatives"]
+__all__ = ["bound_path", "checked_relative", "workspace_relative", "workspace_relatives"]
 
 
 def workspace_relative(ws: Workspace, path: str) -> str:
     """``path`` relative to the workspace: a relative path as given (it is checked where it is used), an absolute
-    one under ``ws.path`` without that prefix (``"."`` for the root itself).
+    one under ``ws.path`` without that prefix (``"."`` for the root itself), one under a program bind
+    (``/home/user/a`` → ``work/a``) as the workspace path of what the bind shows.
 
     Raises:
         PathDenied: an absolute path outside the workspace as the program sees it.
@@ -32,11 +34,34 @@ def workspace_relative(ws: Workspace, path: str) -> str:
         return "."
     if root and path.startswith(root + "/"):
         return path[len(root) + 1 :]
+    bound = _bind_of(ws, path)
+    if bound is not None:
+        target, rest = bound
+        return f"{target}/{rest}" if rest else target
+    roots = ", ".join(f"{r}/..." for r in (root or "/", *(b for b, _ in ws.program_binds)))
     raise PathDenied(
         path,
-        f"an absolute path must lie in the workspace as the program sees it ({root or '/'}/...); "
+        f"an absolute path must lie in the workspace as the program sees it ({roots}); "
         "give that, or a path relative to the workspace",
     )
+
+
+def bound_path(ws: Workspace, path: str) -> str:
+    """``path`` normalised when it names a directory through a program bind (a run's ``cwd`` of
+    ``/home/user/sub``: the program starts there, not at ``/workspace/work/sub``), else ``""``."""
+    if not isinstance(path, str) or _bind_of(ws, path) is None:
+        return ""
+    return posixpath.normpath(path)
+
+
+def _bind_of(ws: Workspace, path: str) -> tuple[str, str] | None:
+    """The workspace directory of the program bind ``path`` lies under, and the rest of ``path`` below it."""
+    for bound, target in ws.program_binds:
+        if path.rstrip("/") == bound:
+            return target, ""
+        if path.startswith(bound + "/"):
+            return target, path[len(bound) + 1 :]
+    return None
 
 
 def workspace_relatives(ws: Workspace, paths: Sequence[str]) -> list[str]:
