@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,24 @@ async def test_the_bind_carries_the_policy_of_the_directory_it_shows(
         script = "cat /srv/skills/s.md; echo; echo w > /srv/skills/s.md || echo refused"
         r = await sh(eng, ws, script, cwd="/srv/skills")
         assert (r.exit_code, r.stdout) == (0, "read-only\nrefused\n"), r.stderr
+
+
+async def test_the_home_is_bound_from_the_checked_directory_fd_never_by_path(root: Path) -> None:
+    """What bwrap is started with: the only mount at the bound path is the fd of the directory the walk opened
+    (a bind of ``<ws>/work`` by path would follow whatever the program swapped in before bwrap mounts it)."""
+    async with engine(root, {}) as eng:
+        ws = await eng.manager.create_workspace("argv")
+        assert ws.host_path is not None
+        runner: Any = eng.runner
+        launch = runner.wrap(runner.preparation.prepare(ws, RunProgramSpec("pwd", cwd=f"{HOME}/sub")))
+        try:
+            argv = launch.argv
+            at_home = [argv[i - 2 : i + 1] for i, a in enumerate(argv) if a == HOME]
+            assert len(at_home) == 1 and at_home[0][0] == "--bind-fd", at_home
+            fd = int(at_home[0][1])
+            assert os.path.samestat(os.fstat(fd), os.stat(ws.host_path / "work", follow_symlinks=False))
+            assert fd in launch.pass_fds
+            assert argv[argv.index("--chdir") + 1] == f"{HOME}/sub"
+        finally:
+            for hook in (*launch.after_spawn, *launch.on_exit):
+                hook()

@@ -611,7 +611,8 @@ def _plan_binds(p: _Plan, binds: Sequence[ProgramBind]) -> list[str]:
     args: list[str] = []
     for b in binds:
         src = _ws_dest(b.rel)
-        below = [op for op in sorted(p.ws_ops) if is_under(op.dest, src)]
+        # the directory's own bind (by path, at /workspace) is the fd's here; its masks (a glob's) hold here too
+        below = [op for op in sorted(p.ws_ops) if is_under(op.dest, src) and (op.mask or op.dest != src)]
         level = p.ws_level(b.rel)
         if level is Access.NONE:
             opened = any(not op.mask for op in below)
