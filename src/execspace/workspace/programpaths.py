@@ -3,8 +3,9 @@
 A program in a sandbox sees its workspace at ``/workspace`` (on local, at its host directory; on an E2B sandbox,
 where the server put it): ``ws.path``. Agents and the protocols they speak (E2B, the OpenAI Agents SDK's sandboxes,
 inspect_ai) name files by those absolute paths, so an absolute path under ``ws.path`` means the same file as its
-workspace-relative remainder, with the same confinement after the mapping. Any other absolute path is refused with
-the root it should lie under: the host-side file API never reaches outside the workspace.
+workspace-relative remainder, with the same confinement after the mapping; so is one under a directory the backend
+also shows elsewhere (``ws.program_binds``: the sandbox's ``/home/user`` is ``work/``). Any other absolute path is
+refused with the roots it should lie under: the host-side file API never reaches outside the workspace.
 """
 
 from __future__ import annotations
