@@ -319,10 +319,10 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
             make_traversable(root)  # as root, the session's uid must reach its workspace
             bare = await asyncio.to_thread(sandbox_cls.create, api_key=KEY, api_url=bare_url, sandbox_url=bare_url)
             # what serve's sandboxes run for commands.run('true'), their own /etc/profile included
-            template = {"program_links": (("/home/user", "work"),), "system_files": serve_sandbox_files()}
+            template = {"program_binds": (("/home/user", "work"),), "system_files": serve_sandbox_files()}
             async with execspace.open_engine("sandbox", mode="session", workspace_root=root, **template) as engine:
                 ws = await engine.manager.create_workspace("bench/direct")
-                login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"])
+                login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"], cwd="/home/user")
 
                 async def direct() -> None:  # what serve does for commands.run('true'), without the protocol
                     await engine.runner.run_program(ws, login_true)

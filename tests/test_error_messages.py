@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import CodeBlock, InvalidSpec, PolicyViolation, RunProgramSpec, SetupFailed, WorkspaceNotFound
+from execspace import (
+    CodeBlock,
+    InvalidSpec,
+    PathDenied,
+    PolicyViolation,
+    RunProgramSpec,
+    SetupFailed,
+    WorkspaceNotFound,
+)
 from execspace.backends.sandbox import SandboxPolicy
 from execspace.registry import probe_backend
 from tests.support import make_traversable
@@ -141,20 +149,33 @@ async def test_a_workspace_root_the_sandbox_uid_cannot_pass_is_refused_with_the_
 
 
 @pytest.mark.asyncio
-async def test_program_links_give_programs_a_path_to_the_workspace_and_refuse_what_would_shadow(
+async def test_program_binds_show_a_workspace_directory_at_another_path_and_refuse_what_would_shadow(
     tmp_path: Path,
 ) -> None:
-    for bad in ((("/usr/x", "work"),), (("relative", "work"),), (("/home/user", "../up"),), (("/tmp/x", "work"),)):
-        with pytest.raises(InvalidSpec, match="program_links"):
-            async with execspace.open_engine("sandbox", program_links=bad):
+    bad_binds = (
+        (("/usr/x", "work"),),
+        (("relative", "work"),),
+        (("/home/user", "../up"),),
+        (("/tmp/x", "work"),),
+        (("/home/user/", "work"),),
+    )
+    for bad in bad_binds:
+        with pytest.raises(InvalidSpec, match="program_binds"):
+            async with execspace.open_engine("sandbox", program_binds=bad):
                 pass
     if not (await probe_backend("sandbox")).ok:
         pytest.skip("no working sandbox here")
     make_traversable(tmp_path)
     async with execspace.open_engine(
-        "sandbox", workspace_root=tmp_path / "ws", program_links=(("/home/user", "work"),)
+        "sandbox", workspace_root=tmp_path / "ws", program_binds=(("/home/user", "work"),)
     ) as eng:
         ws = await eng.manager.create_workspace("l")
-        await eng.fs.put_files(ws, [execspace.PutFile("work/d.txt", "via the link")])
-        r = await eng.runner.run_program(ws, RunProgramSpec("sh", ["-c", "readlink /home/user; cat /home/user/d.txt"]))
-    assert r.stdout == "/workspace/work\nvia the link", r.stderr
+        # the file API takes the bound path as the program sees it; anything else names every root
+        await eng.fs.put_files(ws, [execspace.PutFile("/home/user/d.txt", "via the bind")])
+        with pytest.raises(PathDenied, match=r"/workspace/\.\.\., /home/user/\.\.\."):
+            await eng.fs.read_file(ws, "/home/x")
+        r = await eng.runner.run_program(
+            ws, RunProgramSpec("sh", ["-c", "test -L /home/user || pwd; cat d.txt"], cwd="/home/user")
+        )
+        assert (await eng.fs.read_file(ws, "work/d.txt")).content == b"via the bind"
+    assert r.stdout == "/home/user\nvia the bind", r.stderr

@@ -389,6 +389,9 @@ class Workspace:
     host_path: Path | None = None
     """The workspace root on this host, when the host can see it (local, sandbox)."""
     policy: WorkspacePolicy = field(default_factory=WorkspacePolicy)
+    program_binds: tuple[tuple[str, str], ...] = ()
+    """``(path, workspace directory)``: other absolute paths at which the program sees workspace directories (the
+    sandbox backend's ``program_binds``, ``("/home/user", "work")``); the file API and ``cwd`` take them too."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,8 @@ def test_contexts_have_their_own_variables_and_restart_clears_them(sbx: ci.Sandb
     sbx.run_code("v = 'one'", context=one)
     execution = sbx.run_code("v", context=two)
     assert execution.error is not None and execution.error.name == "NameError"
-    assert sbx.run_code("import os; os.getcwd().endswith('/sub')", context=two).text == "True"
+    assert sbx.run_code("import os; print(os.getcwd())", context=two).logs.stdout == ["/home/user/sub\n"]
+    assert sbx.run_code("import os; print(os.getcwd())").logs.stdout == ["/home/user\n"]
     assert {c.id for c in sbx.list_code_contexts()} >= {one.id, two.id}
     sbx.restart_code_context(one)
     assert sbx.run_code("v", context=one).error.name == "NameError"

@@ -74,6 +74,10 @@ def test_a_login_shell_reads_the_sandboxes_profile_and_gets_what_e2b_programs_ex
 
 def test_cwd_is_the_home_a_directory_under_it_or_one_of_the_sandbox(sbx: Sandbox) -> None:
     sbx.files.write("sub/marker.txt", "here")
+    # the home is a directory where programs see it, not a link to another name: pwd and tools agree with E2B's
+    assert sbx.commands.run("pwd; test -L /home/user || echo dir").stdout == "/home/user\ndir\n"
+    assert sbx.commands.run("pwd; pwd -P", cwd="/home/user/sub").stdout == "/home/user/sub\n/home/user/sub\n"
+    assert sbx.commands.run("pwd", cwd="~/sub/").stdout == "/home/user/sub\n"
     assert sbx.commands.run("cat marker.txt", cwd="/home/user/sub").stdout == "here"
     assert sbx.commands.run("cat sub/marker.txt").stdout == "here"  # the default cwd is the home
     assert sbx.commands.run("pwd", cwd="/etc").stdout == "/etc\n"  # the sandbox's own (read-only) /etc

@@ -85,6 +85,7 @@ def test_code_and_commands_share_the_files_and_the_sandbox(sbx: ci.Sandbox) -> N
     assert sbx.files.read("/home/user/from_js.txt") == "written by node"
     sbx.files.write("/home/user/to_js.txt", "from files")
     assert js(sbx, "require('fs').readFileSync('to_js.txt', 'utf8')").text == "from files"
+    assert js(sbx, "process.cwd()").text == "/home/user"  # the home itself, as in E2B's sandboxes
     # a child process's output (written straight to the descriptor) is the cell's stdout
     assert js(sbx, "require('child_process').execSync('echo raw', {stdio: 'inherit'}); 1").logs.stdout == ["raw\n"]
 

@@ -34,7 +34,7 @@ from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layers import own_changes
 from ..workspace.layout import new_run_name, workspace_env
-from ..workspace.programpaths import workspace_relative
+from ..workspace.programpaths import bound_path, workspace_relative
 from .supervisor import RUN_MARKER_VAR
 
 __all__ = [
@@ -97,6 +97,9 @@ class PreparedRun:
     """The value of ``EXECSPACE_RUN`` in the run's processes: how escaped descendants are found."""
     run_dir_made: bool = True
     """False when what starts the program makes ``run_dir`` (see :meth:`RunPreparation.prepare`)."""
+    cwd_view: str = ""
+    """The working directory as the program sees it when the run named it through a program bind
+    (``/home/user/sub``: see :attr:`~execspace.models.Workspace.program_binds`), else ``""``."""
 
     @property
     def host_cwd(self) -> str:
@@ -104,6 +107,8 @@ class PreparedRun:
 
     def program_cwd(self, program_root: str) -> str:
         """The working directory as the program sees it, its workspace being at ``program_root``."""
+        if self.cwd_view:
+            return self.cwd_view
         return f"{program_root}/{self.cwd_rel}" if self.cwd_rel else program_root
 
 
@@ -204,7 +209,8 @@ class RunPreparation:
                 self._make_named_run_dir(ws, run_dir)
             return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
         argv = [program, *spec.args]
-        return PreparedRun(ws, root, spec, argv, env, "/".join(cwd_parts), run_dir, marker, make_run_dir)
+        cwd_rel, cwd_view = "/".join(cwd_parts), bound_path(ws, spec.cwd)
+        return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view)
 
     def make_run_dir(self, prep: PreparedRun) -> None:
         """Make the run directory ``prep`` named and did not make (``make_run_dir=False``), fd-relative as

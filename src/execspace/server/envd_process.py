@@ -24,9 +24,9 @@ from e2b.envd.process.process_connect import Process
 from protobuf import Oneof
 
 from ..errors import BackendError, CapabilityError, InvalidSpec, ProgramNotFound
-from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult
+from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ..protocols import ProgramHandle
-from .paths import HOME_DIR, PathOutsideHome, to_sdk, to_workspace
+from .paths import HOME, PathOutsideHome, program_dir, to_sdk
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
 from .streams import deadline_of
@@ -47,16 +47,16 @@ def _event(event: Any) -> pb.ProcessEvent:
 _CD_THEN_EXEC = 'cd -- "$1" || exit 1; shift; exec "$@"'
 
 
-def _in_directory(cmd: str, args: list[str], cwd: str) -> tuple[str, list[str], str]:
-    """The program, its arguments and its workspace cwd for an SDK ``cwd``: one under the home is the workspace's;
-    another (``/``, ``/tmp``: the SDK's clients run set-up commands there) is entered by a shell that then execs
-    the program, as envd would start it there (a missing directory fails the command, as envd does)."""
-    if not cwd:
-        return cmd, args, HOME_DIR
+def _in_directory(ws: Workspace, cmd: str, args: list[str], cwd: str) -> tuple[str, list[str], str]:
+    """The program, its arguments and its run's cwd for an SDK ``cwd`` (the home by default): one under the home
+    is the workspace's (:func:`.paths.program_dir`); another (``/``, ``/tmp``: the SDK's clients run set-up
+    commands there) is entered by a shell that then execs the program, as envd would start it there (a missing
+    directory fails the command, as envd does)."""
     try:
-        return cmd, args, to_workspace(cwd)
+        return cmd, args, program_dir(ws, cwd or HOME)
     except PathOutsideHome:
-        return "/bin/sh", ["-c", _CD_THEN_EXEC, "sh", posixpath.normpath(cwd), cmd, *args], HOME_DIR
+        shell = ["-c", _CD_THEN_EXEC, "sh", posixpath.normpath(cwd), cmd, *args]
+        return "/bin/sh", shell, program_dir(ws, HOME)
 
 
 def _start_event(pid: int) -> pb.ProcessEvent:
@@ -125,7 +125,7 @@ class ProcessService(ServiceBase, Process):
         config = request.process or pb.ProcessConfig()
         env = {**sandbox.program_env(), **config.envs}
         size = request.pty.size if request.pty is not None else None
-        cmd, args, cwd = _in_directory(config.cmd, list(config.args), config.cwd)
+        cmd, args, cwd = _in_directory(sandbox.workspace, config.cmd, list(config.args), config.cwd)
         try:
             return RunProgramSpec(
                 cmd=cmd,

@@ -29,7 +29,7 @@ from ..errors import EnvironmentNotFound, ExecspaceError, SetupFailed
 from ..protocols import ProgramRunner
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
-from .paths import HOME, to_workspace
+from .paths import HOME, HOME_DIR, program_dir, to_workspace
 from .sandboxes import Sandbox, SandboxGone
 
 if TYPE_CHECKING:
@@ -292,7 +292,7 @@ class CodeInterpreter:
     async def _node(self, sandbox: Sandbox, context: Context) -> NodeContext:
         if context.node is not None:
             return context.node
-        cwd = posixpath.join(sandbox.workspace.path, to_workspace(context.cwd))
+        cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
         node = await NodeContext.start(self._runner, sandbox, cwd)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await node.stop()
@@ -308,7 +308,7 @@ class CodeInterpreter:
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
-            work = posixpath.join(sandbox.workspace.path, to_workspace(context.cwd))
+            work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
             kernel.execute(_setup(work, sandbox.program_env()), silent=True)
         except BaseException:
             await kernel.stop()
@@ -330,7 +330,8 @@ class CodeInterpreter:
             if self._engine is None:
                 from ..backends.jupyter import SandboxedKernels
 
-                mode = SandboxedKernels(pool_size=0, environment=_built(self._environment))
+                binds = ((HOME, HOME_DIR),)  # as serve's sandboxes show it (serve.py)
+                mode = SandboxedKernels(pool_size=0, environment=_built(self._environment), program_binds=binds)
                 try:
                     engine = await self._stack.enter_async_context(
                         open_engine("jupyter", mode=mode, workspace_root=self._workspace_root)

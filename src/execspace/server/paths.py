@@ -3,8 +3,10 @@
 An E2B sandbox has one user, ``user``, whose home is ``/home/user``; relative paths and ``~`` are taken from
 there, as envd does. Here that home is the workspace's ``work/`` directory, so ``/home/user/a.txt`` is the
 workspace file ``work/a.txt``. Only the file API is translated: a program started in the sandbox still sees the
-backend's own paths (the sandbox backend mounts the workspace at ``/workspace``) until the program's view of paths
-(issue 13) lands. Paths outside the home are refused with :class:`PathOutsideHome`.
+backend's own paths (the workspace at ``/workspace``) unless the backend shows ``work/`` at ``/home/user`` too (the
+sandbox backend's ``program_binds``, as serve configures it): then a command's cwd and a kernel's directory are
+named by the home's own path, so that ``pwd`` prints ``/home/user``. Paths outside the home are refused with
+:class:`PathOutsideHome`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import posixpath
 
 from ..errors import UsageError
+from ..models import Workspace
 
-__all__ = ["HOME", "HOME_DIR", "USER", "PathOutsideHome", "check_user", "to_sdk", "to_workspace"]
+__all__ = ["HOME", "HOME_DIR", "USER", "PathOutsideHome", "check_user", "program_dir", "to_sdk", "to_workspace"]
 
 USER = "user"
 HOME = "/home/user"
@@ -48,6 +51,14 @@ def to_sdk(workspace_path: str) -> str:
     if workspace_path == HOME_DIR:
         return HOME
     return HOME + workspace_path[len(HOME_DIR) :]
+
+
+def program_dir(ws: Workspace, path: str) -> str:
+    """An SDK directory under the home as a run's ``cwd`` or a kernel's directory: its path under ``/home/user``
+    where the program sees the home there (``program_binds``), else its workspace path (``work/...``); raise
+    :class:`PathOutsideHome` outside the home."""
+    rel = to_workspace(path)
+    return to_sdk(rel) if (HOME, HOME_DIR) in ws.program_binds else rel
 
 
 def check_user(user: str | None) -> None:

@@ -133,7 +133,7 @@ def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
 def _sandbox_template(opts: dict[str, Any]) -> None:
     """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
     # E2B's programs name their files by its home: there it is the directory SDK paths map to
-    opts.setdefault("program_links", ((HOME, HOME_DIR),))
+    opts.setdefault("program_binds", ((HOME, HOME_DIR),))
     opts.setdefault("system_files", serve_sandbox_files())
 
 

@@ -63,6 +63,7 @@ class HostWorkspaceManager:
         *,
         prepare: Callable[[Path], None] | None = None,
         program_path: Callable[[Path], str] = str,
+        program_binds: tuple[tuple[str, str], ...] = (),
         private_root: bool = True,
         adopt: Callable[[Path], bool] | None = None,
         refill: Callable[[], None] | None = None,
@@ -84,6 +85,7 @@ class HostWorkspaceManager:
         self._adopt = adopt
         self._refill = refill
         self._program_path = program_path
+        self._program_binds = program_binds
         self._private_root = private_root
         self.root = Path(root) if root is not None else default_workspace_root()
         self._prepare = prepare
@@ -155,7 +157,12 @@ class HostWorkspaceManager:
         if self._prepare is not None:
             self._prepare(ws_dir)
         return Workspace(
-            id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir, policy=policy
+            id=exec_id,
+            path=self._program_path(ws_dir),
+            backend=self.backend,
+            host_path=ws_dir,
+            policy=policy,
+            program_binds=self._program_binds,
         )
 
     def _cached(self, exec_id: str) -> bool:
@@ -179,7 +186,13 @@ class HostWorkspaceManager:
             raise WorkspaceNotFound(
                 f"no workspace for id {exec_id!r} under {self.root}; create it with create_workspace()"
             )
-        ws = Workspace(id=exec_id, path=self._program_path(ws_dir), backend=self.backend, host_path=ws_dir)
+        ws = Workspace(
+            id=exec_id,
+            path=self._program_path(ws_dir),
+            backend=self.backend,
+            host_path=ws_dir,
+            program_binds=self._program_binds,
+        )
         self._known[exec_id] = ws
         return ws
 

@@ -3,24 +3,27 @@
 A program in a sandbox sees its workspace at ``/workspace`` (on local, at its host directory; on an E2B sandbox,
 where the server put it): ``ws.path``. Agents and the protocols they speak (E2B, the OpenAI Agents SDK's sandboxes,
 inspect_ai) name files by those absolute paths, so an absolute path under ``ws.path`` means the same file as its
-workspace-relative remainder, with the same confinement after the mapping. Any other absolute path is refused with
-the root it should lie under: the host-side file API never reaches outside the workspace.
+workspace-relative remainder, with the same confinement after the mapping; so is one under a directory the backend
+also shows elsewhere (``ws.program_binds``: the sandbox's ``/home/user`` is ``work/``). Any other absolute path is
+refused with the roots it should lie under: the host-side file API never reaches outside the workspace.
 """
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 from ..errors import PathDenied
 from ..models import Workspace
 from .confinecore import split_relpath
 
-__all__ = ["checked_relative", "workspace_relative", "workspace_relatives"]
+__all__ = ["bound_path", "checked_relative", "workspace_relative", "workspace_relatives"]
 
 
 def workspace_relative(ws: Workspace, path: str) -> str:
     """``path`` relative to the workspace: a relative path as given (it is checked where it is used), an absolute
-    one under ``ws.path`` without that prefix (``"."`` for the root itself).
+    one under ``ws.path`` without that prefix (``"."`` for the root itself), one under a program bind
+    (``/home/user/a`` → ``work/a``) as the workspace path of what the bind shows.
 
     Raises:
         PathDenied: an absolute path outside the workspace as the program sees it.
@@ -32,11 +35,34 @@ def workspace_relative(ws: Workspace, path: str) -> str:
         return "."
     if root and path.startswith(root + "/"):
         return path[len(root) + 1 :]
+    bound = _bind_of(ws, path)
+    if bound is not None:
+        target, rest = bound
+        return f"{target}/{rest}" if rest else target
+    roots = ", ".join(f"{r}/..." for r in (root or "/", *(b for b, _ in ws.program_binds)))
     raise PathDenied(
         path,
-        f"an absolute path must lie in the workspace as the program sees it ({root or '/'}/...); "
+        f"an absolute path must lie in the workspace as the program sees it ({roots}); "
         "give that, or a path relative to the workspace",
     )
+
+
+def bound_path(ws: Workspace, path: str) -> str:
+    """``path`` normalised when it names a directory through a program bind (a run's ``cwd`` of
+    ``/home/user/sub``: the program starts there, not at ``/workspace/work/sub``), else ``""``."""
+    if not isinstance(path, str) or _bind_of(ws, path) is None:
+        return ""
+    return posixpath.normpath(path)
+
+
+def _bind_of(ws: Workspace, path: str) -> tuple[str, str] | None:
+    """The workspace directory of the program bind ``path`` lies under, and the rest of ``path`` below it."""
+    for bound, target in ws.program_binds:
+        if path.rstrip("/") == bound:
+            return target, ""
+        if path.startswith(bound + "/"):
+            return target, path[len(bound) + 1 :]
+    return None
 
 
 def workspace_relatives(ws: Workspace, paths: Sequence[str]) -> list[str]:

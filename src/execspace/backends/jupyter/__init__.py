@@ -251,7 +251,13 @@ async def _open_sandboxed(
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")
     if interpreter.read_paths:
         policy = policy.with_read_paths(*interpreter.read_paths)
-    own = {"policy": policy, "network": mode.network, "bwrap": mode.bwrap, "environment": mode.environment}
+    own = {
+        "policy": policy,
+        "network": mode.network,
+        "bwrap": mode.bwrap,
+        "environment": mode.environment,
+        "program_binds": mode.program_binds,
+    }
     sb = await SandboxBackend.open(SandboxOptions.from_keywords("sandbox", {**common.shared(), **own}))
     runner = sb.runner
     assert isinstance(runner, SandboxRunner)

@@ -68,12 +68,15 @@ class SandboxedKernels:
         environment: a built runtime environment (``execspace env build code-interpreter``) whose python and
             ipykernel run the kernels, and whose tree programs run in: nothing then comes from the caller's venv.
             None: the caller's own Python and packages, which the sandbox's uid must be able to read.
+        program_binds: the sandbox backend's option: workspace directories each kernel's sandbox also shows at
+            other absolute paths (``(("/home/user", "work"),)``).
     """
 
     policy: SandboxPolicy | None = None
     network: bool | NetworkPolicy | None = None
     bwrap: str | None = None
     environment: str | None = None
+    program_binds: tuple[tuple[str, str], ...] = ()
     kernel_limits: ResourceLimits | None = None
     pool_size: int = 1
     pool_idle_timeout: float = 600.0

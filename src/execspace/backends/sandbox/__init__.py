@@ -46,10 +46,12 @@ from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
     BwrapConfig,
+    ProgramBind,
     build_argv,
     find_bwrap,
     hidden_by_default,
     is_sandbox_uid,
+    open_program_bind,
     policy_mounts,
     sandbox_uid,
     visible_path_entries,
@@ -138,7 +140,7 @@ class SandboxRunner(HostRunner):
         network_allow: NetworkPolicy | None = None,
         on_network_attempt: NetworkApprover | None = None,
         environment: Environment | None = None,
-        program_links: tuple[tuple[str, str], ...] = (),
+        program_binds: tuple[tuple[str, str], ...] = (),
         system_files: tuple[tuple[str, str], ...] = (),
     ) -> None:
         bin_dir = None if environment is None else str(environment.bin_dir)
@@ -153,7 +155,7 @@ class SandboxRunner(HostRunner):
             path_view=functools.partial(_path_view, bin_dir),
         )
         self.environment = environment
-        self.program_links = program_links
+        self.program_binds = program_binds
         self.system_files = tuple((path, text.encode()) for path, text in system_files)
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
@@ -284,29 +286,31 @@ class SandboxRunner(HostRunner):
         network = self.network_default if wanted is None else wanted == "on"
         env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
-        mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden)
-        inner = list(prep.argv)
-        if prep.spec.pty is not None:
-            if self.setsid is None:
-                raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
-            inner = [self.setsid, "--ctty", *inner]
+        binds = self._open_binds(res.root, prep.ws)
+        # every fd bwrap reads from; closed right after the spawn, or here if anything fails before it
+        data_fds = [b.fd for b in binds]
         egress = None
-        if isinstance(wanted, NetworkPolicy):
-            # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
-            egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
-            mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
-            env.update(proxy_env(PROXY_PORT))
-        seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
-        data_fds = [seccomp_fd]
         try:
+            mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden, binds=binds)
+            inner = list(prep.argv)
+            if prep.spec.pty is not None:
+                if self.setsid is None:
+                    raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
+                inner = [self.setsid, "--ctty", *inner]
+            if isinstance(wanted, NetworkPolicy):
+                # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
+                egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+                mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
+                env.update(proxy_env(PROXY_PORT))
+            seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
+            data_fds.append(seccomp_fd)
             files = []
             for path, data in self.system_files:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
-            cfg = BwrapConfig(
-                self.bwrap, network=network, mounts=mounts, links=self.program_links, files=files, init_fd=init_fd
-            )
-            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd)
+            cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, files=files, init_fd=init_fd)
+            chdir = prep.cwd_view or None
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
         except BaseException:
             for fd in data_fds:
@@ -328,6 +332,18 @@ class SandboxRunner(HostRunner):
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
         return launch
+
+    def _open_binds(self, root: str, ws: Workspace) -> list[ProgramBind]:
+        """The program binds of a run, each directory opened (see :func:`.bwrap.open_program_bind`)."""
+        binds: list[ProgramBind] = []
+        try:
+            for path, rel in self.program_binds:
+                binds.append(ProgramBind(open_program_bind(root, rel, self.preparation.owner(ws)), path, rel))
+        except BaseException:
+            for b in binds:
+                os.close(b.fd)
+            raise
+        return binds
 
     def _bridge_binary(self) -> Path:
         if self._bridge is None:
@@ -632,7 +648,7 @@ class SandboxBackend:
             "network_allow": allow,
             "on_network_attempt": options.on_network_attempt,
             "environment": environment,
-            "program_links": options.program_links,
+            "program_binds": options.program_binds,
             "system_files": options.system_files,
         }
         if allow is not None and not caps.network_domains:
@@ -651,6 +667,7 @@ class SandboxBackend:
             root,
             prepare=prepare,
             program_path=lambda _p: SANDBOX_WORKSPACE,
+            program_binds=options.program_binds,
             private_root=not as_root,
             stop_programs=runner.stop_programs,
             copy_on_write=True,
@@ -688,6 +705,7 @@ async def _open_session(
         root,
         prepare=prepare,
         program_path=lambda _p: SANDBOX_WORKSPACE,
+        program_binds=runner_options["program_binds"],
         private_root=not _is_root(),
         adopt=runner.adopt if runner.pool is not None else None,
         refill=runner.refill if runner.pool is not None else None,

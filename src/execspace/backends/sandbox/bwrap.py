@@ -47,9 +47,11 @@ __all__ = [
     "SANDBOX_WORKSPACE",
     "SUPERVISOR_PATH",
     "BwrapConfig",
+    "ProgramBind",
     "build_argv",
     "hidden_by_default",
     "is_sandbox_uid",
+    "open_program_bind",
     "policy_mounts",
     "sandbox_uid",
     "visible_path_entries",
@@ -140,8 +142,6 @@ class BwrapConfig:
     tmp_size: int | None = 256 * 1024 * 1024
     mounts: Sequence[str] | None = None
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
-    links: Sequence[tuple[str, str]] = ()
-    """``(path, workspace-relative target)``: symlinks the sandbox makes in its own root (``program_links``)."""
     files: Sequence[tuple[int, str]] = ()
     """``(fd, path)``: system files the sandbox shows with the content read from ``fd`` (passed to bwrap), read-only,
     in place of the host's (``system_files``)."""
@@ -193,8 +193,12 @@ def build_argv(
     argv: Sequence[str],
     *,
     seccomp_fd: int | None = None,
+    chdir: str | None = None,
 ) -> list[str]:
     """The complete bwrap command line for one run. No environment values appear in it.
+
+    ``chdir``: the program's working directory when it is not ``/workspace/<cwd_rel>`` (one named through a
+    program bind, ``/home/user/sub``).
 
     ``seccomp_fd``: an fd (passed to bwrap) holding the BPF program bwrap loads before exec (see :mod:`.seccomp`).
     What the program may see of the host (credential stores included) comes from the policy, in ``cfg.mounts``
@@ -235,10 +239,8 @@ def build_argv(
         args += ["--perms", "0755", "--ro-bind-data", str(cfg.init_fd), SUPERVISOR_PATH]
     ws = SANDBOX_WORKSPACE
     args += cfg.mounts if cfg.mounts is not None else ["--bind", str(ws_root), ws]
-    for path, target in cfg.links:
-        args += ["--symlink", f"{ws}/{target}", path]
     args += [
-        "--chdir", f"{ws}/{cwd_rel}".rstrip("/"),
+        "--chdir", chdir or f"{ws}/{cwd_rel}".rstrip("/"),
         "--",
         *argv,
     ]  # fmt: skip
@@ -570,6 +572,62 @@ def _plan_workspace(p: _Plan, res: Resolver) -> None:
             p.mask(p.ws_ops, _ws_dest(rel), len(path_parts(rel)), kind)
 
 
+@dataclass(frozen=True, slots=True)
+class ProgramBind:
+    """A workspace directory the sandbox also shows at another absolute path (``program_binds``)."""
+
+    fd: int
+    """The directory, opened by :func:`open_program_bind` (passed to bwrap, which binds the fd, not a path)."""
+    path: str
+    """Where the program sees it (``/home/user``)."""
+    rel: str
+    """Its workspace path (``work``)."""
+
+
+def open_program_bind(root: str, rel: str, owner: tuple[int, int] | None) -> int:
+    """An fd of the workspace directory ``rel``, made (given to ``owner``) when missing, opened by a walk that
+    never follows a link: the workspace is the program's, which may have swapped ``rel`` for a link to a host
+    directory since its last run; bwrap binds this fd, so what the sandbox shows is what was checked.
+
+    Raises:
+        PathDenied: ``rel`` (or a directory on its way) is a symlink or not a directory, or cannot be opened.
+    """
+    try:
+        with ConfinedRoot(root, owner) as cr:
+            return cr.open_dir(rel.split("/"), create=True, display=rel)
+    except PathDenied as exc:
+        raise PathDenied(
+            rel,
+            f"{exc.reason}: the sandbox shows this directory at another path and binds only a real directory of "
+            "the workspace; remove what is there (it is made again, empty) and retry",
+        ) from None
+    except OSError as exc:
+        raise PathDenied(rel, f"cannot open it to show it at another path in the sandbox ({exc.strerror})") from None
+
+
+def _plan_binds(p: _Plan, binds: Sequence[ProgramBind]) -> list[str]:
+    """Each program bind as the workspace directory it shows is at ``/workspace``: the directory's fd bound with
+    its access, then every workspace rule under it (masks, read-only paths, pins) again below the bind's path."""
+    args: list[str] = []
+    for b in binds:
+        src = _ws_dest(b.rel)
+        # the directory's own bind (by path, at /workspace) is the fd's here; its masks (a glob's) hold here too
+        below = [op for op in sorted(p.ws_ops) if is_under(op.dest, src) and (op.mask or op.dest != src)]
+        level = p.ws_level(b.rel)
+        if level is Access.NONE:
+            opened = any(not op.mask for op in below)
+            args += ["--perms", "0111" if opened else "0000", "--tmpfs", b.path]
+            p.remount.append(b.path)
+        else:
+            args += ["--bind-fd" if level.can_write else "--ro-bind-fd", str(b.fd), b.path]
+        for op in below:
+            dest = b.path + op.dest[len(src) :]
+            args += [*op.args[:-1], dest]
+            if op.dest in p.remount:
+                p.remount.append(dest)
+    return args
+
+
 def _ensure_mask_file(root: str) -> None:
     with ConfinedRoot(root) as cr:
         dfd = cr.open_dir([INTERNAL_DIR], create=True)
@@ -585,10 +643,18 @@ def _ensure_mask_file(root: str) -> None:
             cr.write_file(MASK_FILE, b"", 0o000)
 
 
-def policy_mounts(res: Resolver, cwd_rel: str = "", *, held: PlaceholderRun, hidden: Sequence[Path] = ()) -> list[str]:
+def policy_mounts(
+    res: Resolver,
+    cwd_rel: str = "",
+    *,
+    held: PlaceholderRun,
+    hidden: Sequence[Path] = (),
+    binds: Sequence[ProgramBind] = (),
+) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
-    the glob denials; each tree shallow to deep, so the most specific rule is mounted last.
+    the glob denials; each tree shallow to deep, so the most specific rule is mounted last; then the program
+    ``binds``, each with the rules of the workspace directory it shows.
 
     Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
     for missing protected paths under writable parents (in the workspace and under host write grants), held in
@@ -630,6 +696,7 @@ def policy_mounts(res: Resolver, cwd_rel: str = "", *, held: PlaceholderRun, hid
         _ensure_mask_file(res.root)
     args = [a for op in sorted(p.host_ops) for a in op.args]
     args += [a for op in sorted(p.ws_ops) for a in op.args]
+    args += _plan_binds(p, binds)
     for dest in p.remount:
         args += ["--remount-ro", dest]
     return args

@@ -20,21 +20,21 @@ __all__ = ["SandboxMode", "SandboxOptions"]
 SandboxMode = Literal["per-run", "session"]
 
 
-def check_program_links(links: tuple[tuple[str, str], ...]) -> None:
-    """Refuse a link the sandbox cannot make, or one that would shadow what it must show."""
-    for path, target in links:
+def check_program_binds(binds: tuple[tuple[str, str], ...]) -> None:
+    """Refuse a bind the sandbox cannot make, or one that would shadow what it must show."""
+    for path, target in binds:
         parts = [c for c in path.split("/") if c]
-        if not path.startswith("/") or not parts or ".." in parts:
-            raise InvalidSpec(f"program_links: {path!r} must be an absolute path without '..'")
+        if not path.startswith("/") or not parts or ".." in parts or "/" + "/".join(parts) != path:
+            raise InvalidSpec(f"program_binds: {path!r} must be a normalised absolute path without '..'")
         if parts[0] in SYSTEM_TOP or parts[0] in ("workspace", "proc", "dev", "sys", "tmp"):
             raise InvalidSpec(
-                f"program_links: {path!r} lies in /{parts[0]}, which the sandbox binds or makes itself; "
+                f"program_binds: {path!r} lies in /{parts[0]}, which the sandbox binds or makes itself; "
                 "choose a path outside it (e.g. /home/user)"
             )
         try:
             split_relpath(target)
         except PathDenied as exc:
-            raise InvalidSpec(f"program_links: the target {target!r} must be a workspace path: {exc.reason}") from None
+            raise InvalidSpec(f"program_binds: the target {target!r} must be a workspace path: {exc.reason}") from None
 
 
 def check_system_files(files: tuple[tuple[str, str], ...]) -> None:
@@ -75,10 +75,13 @@ class SandboxOptions(HostOptions):
         environment: a built runtime environment (``execspace env build NAME``, docs/environments.md) to run
             programs in: its tree is bound read-only at its host path, its ``bin`` first on PATH, ``VIRTUAL_ENV``
             and its variables set; ``details["environment"]`` names it and what it holds.
-        program_links: ``(path, target)`` pairs: inside every sandbox, the absolute ``path`` is a symlink to the
-            workspace path ``target`` (``("/home/user", "work")`` gives programs E2B's home, as ``execspace serve``
-            does). ``path`` must lie outside the system's directories, ``/workspace``, ``/proc``, ``/dev`` and
-            ``/tmp``; the link is the sandbox's own (nothing on the host changes).
+        program_binds: ``(path, target)`` pairs: inside every sandbox, the absolute ``path`` is a bind mount of
+            the workspace directory ``target``, with the policy's rules for it and below it
+            (``("/home/user", "work")`` gives programs E2B's home, as ``execspace serve`` does: ``pwd`` prints
+            ``/home/user``). A run's ``cwd`` and the file API take paths under ``path`` too. ``target`` is
+            made when missing; a symlink or a file there is ``PathDenied`` when a sandbox starts (never
+            followed). ``path`` must lie outside the system's directories, ``/workspace``, ``/proc``, ``/dev``
+            and ``/tmp``; nothing on the host changes.
         system_files: ``(path, text)`` pairs: inside every sandbox, the system file ``path`` (an existing regular
             file under ``/etc``, ``/usr``…) reads as ``text`` instead of the host's, read-only (``execspace serve``
             gives its sandboxes a login ``/etc/profile`` this way); the host's file is not changed.
@@ -91,12 +94,12 @@ class SandboxOptions(HostOptions):
     mode: SandboxMode = "per-run"
     session: SessionConfig | None = None
     environment: str | None = None
-    program_links: tuple[tuple[str, str], ...] = ()
+    program_binds: tuple[tuple[str, str], ...] = ()
     system_files: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_program_links(self.program_links)
+        check_program_binds(self.program_binds)
         check_system_files(self.system_files)
         if self.session is not None and self.mode != "session":
             raise InvalidSpec("SandboxOptions: session= configures mode='session'; give mode='session' too")
