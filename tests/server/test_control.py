@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.parse
 from datetime import UTC, datetime
@@ -201,3 +204,35 @@ def test_the_network_when_the_server_allows_it(tmp_path, monkeypatch: pytest.Mon
         offline = Sandbox.create()  # not asked for: offline
         with pytest.raises(CommandExitException):
             offline.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}")
+
+
+def test_each_sandbox_has_the_memory_the_server_gives_it(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sandbox-memory-mb``: every process of a sandbox counts together (a cgroup of its session, as root); a
+    command past it is killed, the sandbox goes on, its info reports the limit, and another sandbox is unaffected."""
+    if os.geteuid() != 0:
+        pytest.skip("a sandbox's processes are limited together by a cgroup, made as root")
+    with running_server(tmp_path / "ws", "--sandbox-memory-mb", "128", "--sandbox-pids", "64") as server:
+        for name, value in server.sdk_env().items():
+            monkeypatch.setenv(name, value)
+        sbx, other = Sandbox.create(), Sandbox.create()
+        try:
+            assert sbx.get_info().memory_mb == 128
+            hog = "python3 -c \"b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('allocated')\""
+            with pytest.raises(CommandExitException) as killed:
+                sbx.commands.run(hog)
+            assert killed.value.error == "signal: killed" and "allocated" not in killed.value.stdout  # as envd says it
+            assert sbx.commands.run("echo alive").stdout == "alive\n"
+            small = hog.replace("300", "50")
+            assert other.commands.run(small).stdout == "allocated\n"
+        finally:
+            sbx.kill()
+            other.kill()
+
+
+def test_limits_per_sandbox_need_session_mode(tmp_path) -> None:
+    argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", "k" * 32]
+    argv += ["--workspace-root", str(tmp_path), "--sandbox-mode", "per-run", "--sandbox-memory-mb", "128"]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env={**os.environ, "EXECSPACE_DAEMON": "off"}
+    )
+    assert done.returncode == 125 and "session mode" in done.stderr, (done.returncode, done.stderr)

@@ -54,6 +54,16 @@ def add_parser(sub: Any) -> None:
         "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
     )
     p.add_argument(
+        "--sandbox-memory-mb",
+        type=int,
+        metavar="MB",
+        help="memory of each sandbox, all its processes together (session mode; a cgroup as root); reported as "
+        "memoryMB in its info",
+    )
+    p.add_argument(
+        "--sandbox-pids", type=int, metavar="N", help="processes of each sandbox at once (session mode; needs root)"
+    )
+    p.add_argument(
         "--domain", help="answer host-based routing for <port>-<sandboxID>.DOMAIN (behind wildcard DNS + TLS)"
     )
     p.add_argument(
@@ -117,6 +127,8 @@ async def command(args: argparse.Namespace) -> int:
         allow_internet_access=args.allow_internet_access,
         resolve=dict(args.resolve),
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
+        sandbox_memory_mb=args.sandbox_memory_mb,
+        sandbox_pids=args.sandbox_pids,
     )
 
     tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None

@@ -76,7 +76,13 @@ class ServerOptions:
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
     """Reported in sandbox info (not enforced per sandbox yet)."""
     memory_mb: int = field(default_factory=_host_memory_mb)
+    """Reported in sandbox info: the host's memory, or ``sandbox_memory_mb`` when that is set."""
     disk_mb: int = field(default_factory=lambda: shutil.disk_usage("/").total // (1024 * 1024))
+    sandbox_memory_mb: int | None = None
+    """Memory of each sandbox, every process of it together (its commands, kernels and contexts), enforced on its
+    sandbox session (``SessionConfig.memory_bytes``: a cgroup as root); None: no limit of its own."""
+    sandbox_pids: int | None = None
+    """Processes and threads of each sandbox at once (``SessionConfig.pids``); None: no limit of its own."""
     kernel_environment: str | None = "code-interpreter"
     """The runtime environment (``execspace env build NAME``) the code interpreter's kernels start from, so that
     ``run_code`` has E2B's data stack (pandas, matplotlib, …); when it is not built here, or None, kernels run on
@@ -97,3 +103,9 @@ class ServerOptions:
         NetworkPolicy.allow([], resolve=self.resolve)  # checks the pins
         if not 0 < self.default_timeout <= self.max_timeout:
             raise InvalidSpec("default_timeout must be positive and at most max_timeout")
+        for name in ("sandbox_memory_mb", "sandbox_pids"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidSpec(f"{name} must be at least 1, got {value}")
+        if self.sandbox_memory_mb is not None:
+            object.__setattr__(self, "memory_mb", self.sandbox_memory_mb)  # what the info reports is the limit

@@ -21,7 +21,7 @@ import uvicorn
 
 from ..backends.sandbox import SessionConfig
 from ..engine import open_engine
-from ..errors import SetupFailed
+from ..errors import CapabilityError, SetupFailed
 from .app import E2BApp
 from .interpreter import CodeInterpreter
 from .ledger import Ledger
@@ -82,12 +82,27 @@ async def serve(
     if tls is not None:
         _check_tls(tls)
     opts = dict(backend_options or {})
+    limited = options.sandbox_memory_mb is not None or options.sandbox_pids is not None
+    if limited and (backend != "sandbox" or opts.get("mode") != "session"):
+        raise CapabilityError(
+            "limits per sandbox (sandbox_memory_mb, sandbox_pids)",
+            backend or "default",
+            "they are the limits of each sandbox's session: use the sandbox backend in session mode",
+        )
     if backend == "sandbox":
         _sandbox_template(opts)
         if opts.get("mode") == "session":
             # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
             # sandbox, a pooled one included, does not lose it and pay its start on the next command
-            opts.setdefault("session", SessionConfig(idle_timeout=None))
+            memory = options.sandbox_memory_mb
+            opts.setdefault(
+                "session",
+                SessionConfig(
+                    idle_timeout=None,
+                    memory_bytes=None if memory is None else memory * 1024 * 1024,
+                    pids=options.sandbox_pids,
+                ),
+            )
     async with open_engine(backend, **opts) as engine:
         found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
         root = Path(found) if found is not None else None
