@@ -7,7 +7,8 @@ inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. The supervi
 the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals process groups on
 request. A run's stdio: for a run without stdin or terminal (``run_program`` of most calls), the supervisor
 makes it (``/dev/null`` and two socketpairs) and forwards the output to the host in messages on the channel, the
-end of the output in the exit's message (one message for a run that printed nothing); for the others (stdin,
+end of the output in the exit's message (one message for a run that printed nothing), and its start's answer
+held back until its first output or exit (at most 2 ms: a short run wakes the host once); for the others (stdin,
 ``start_program``, a pty) the host makes it and passes the program's ends with ``SCM_RIGHTS``, and output goes
 from the program straight to the host, never through the supervisor.
 
@@ -892,6 +893,14 @@ class SessionProgram(SupervisedProcess):
         if self.session_pid is None or self._exited.is_set():
             return False
         self._session.signal(self.session_pid, signal.SIGTERM, group=True)
+        return True
+
+    def _swept_at_once(self) -> bool:
+        supervisor = self._session.supervisor_pid
+        if supervisor is None:
+            return False
+        self._signal_group(signal.SIGKILL)
+        kill_marked_children(supervisor, self._launch.marker, self._session.children)
         return True
 
     async def _sweep(self) -> None:
