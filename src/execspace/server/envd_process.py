@@ -166,9 +166,7 @@ class ProcessService(ServiceBase, Process):
                 if wait <= 0:
                     raise ConnectError(Code.DEADLINE_EXCEEDED, "the command ran past the request's timeout")
                 try:
-                    # not wait_for: it runs the get in a task of its own, a loop turn later even when an item waits
-                    async with asyncio.timeout(wait):
-                        item = await queue.get()
+                    item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
                     yield _keepalive()
                     continue
