@@ -7,8 +7,7 @@ inherited ``SOCK_SEQPACKET`` socketpair, nothing a program can open. The supervi
 the pid (or the exec's errno: 127/126 as every backend reports them), reports exits and signals process groups on
 request. A run's stdio: for a run without stdin or terminal (``run_program`` of most calls), the supervisor
 makes it (``/dev/null`` and two socketpairs) and forwards the output to the host in messages on the channel, the
-end of the output in the exit's message (one message for a run that printed nothing), and its start's answer
-held back until its first output or exit (at most 2 ms: a short run wakes the host once); for the others (stdin,
+end of the output in the exit's message (one message for a run that printed nothing); for the others (stdin,
 ``start_program``, a pty) the host makes it and passes the program's ends with ``SCM_RIGHTS``, and output goes
 from the program straight to the host, never through the supervisor.
 

@@ -25,8 +25,6 @@
  *   7 CLOSED (id of its SPAWN, fd 1/2, 0): that output ended after the program's exit.
  * EXITED's flags: 1 its process group lives on (its background children); with CAPTURE, 2 and 4: its stdout and
  * stderr ended with it, every OUTPUT of them sent before (the usual run: one packet says it is over).
- * A CAPTURE start's SPAWNED comes before the program's first OUTPUT or its EXITED, at most ACK_DELAY_NS after the
- * start: a short run is answered in one turn, both packets read in one wake-up of the host.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -46,7 +44,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "fdpass.h"
@@ -58,7 +55,6 @@
 #define FLAG_RUN_DIR 4u
 #define OUT_CHUNK (64 * 1024) /* the host takes OUTPUT packets of at most this much output */
 #define DRAIN_READS 8         /* at an exit: what its output sockets hold, not a writer that goes on */
-#define ACK_DELAY_NS 2000000L /* a CAPTURE start is answered when the program exits, outputs, or after this */
 
 enum { OP_SPAWN = 1, OP_SIGNAL = 2, OP_LISTEN = 3 };
 enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_LISTENING = 5, MSG_OUTPUT = 6, MSG_CLOSED = 7 };
@@ -69,8 +65,6 @@ struct prog {
     uint32_t id; /* the SPAWN request: what its OUTPUT packets are named by */
     int capture;
     int out[2]; /* our ends of its stdout and stderr (CAPTURE), -1 once ended (or without CAPTURE) */
-    int acked;  /* its SPAWNED sent */
-    int64_t ack_due; /* CLOCK_MONOTONIC ns: when its SPAWNED is sent at the latest */
 };
 
 static int chan = -1;
@@ -106,20 +100,6 @@ static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
     }
 }
 
-static int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-/* A CAPTURE run's SPAWNED waits (ACK_DELAY_NS at most) until it is due, or until the program's first output or
- * its exit, which it precedes: a short run is answered in one turn, started and exited, one wake-up of the host */
-static void ack(struct prog *p) {
-    if (p->acked) return;
-    p->acked = 1;
-    reply(MSG_SPAWNED, p->id, p->pid, 0);
-}
-
 static struct prog *find(pid_t pid) {
     for (size_t i = 0; i < nprogs; i++) {
         if (progs[i].pid == pid) return &progs[i];
@@ -144,7 +124,6 @@ static int forward(struct prog *p, int i) {
     } while (n < 0 && errno == EINTR);
     if (n < 0 && errno == EAGAIN) return 0;
     if (n > 0) {
-        ack(p);
         uint32_t head[4] = {MSG_OUTPUT, p->id, (uint32_t)i + 1, 0};
         memcpy(outbuf, head, sizeof head);
         send_packet(outbuf, 16 + (size_t)n);
@@ -164,7 +143,6 @@ static void reap(void) {
         if (p == NULL) continue; /* an orphan, or a child whose exec failed */
         /* whether its process group lives on (its background children): else the host need not kill it */
         uint32_t flags = kill(-pid, 0) == 0;
-        ack(p);
         for (int i = 0; i < 2 && p->capture; i++) {
             for (int reads = 0; p->out[i] >= 0 && reads < DRAIN_READS && forward(p, i);) reads++;
             if (p->out[i] < 0) flags |= 2u << i;
@@ -308,7 +286,7 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
         err = pid < 0 ? errno : child_err;
     }
     if (err == 0) {
-        progs[nprogs++] = (struct prog){pid, id, made, {ours[0], ours[1]}, !made, now_ns() + ACK_DELAY_NS};
+        progs[nprogs++] = (struct prog){pid, id, made, {ours[0], ours[1]}};
     } else {
         close_fds(ours, 2); /* a failed child is reaped without a report */
     }
@@ -317,27 +295,7 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     /* the program's ends: those the host sent, or those made here (not the /dev/null every CAPTURE run shares) */
     if (made) close_fds(fds + 1, 2);
     else close_fds(fds, nfds);
-    if (err || !made) reply(MSG_SPAWNED, id, err ? -no_dir : pid, err);
-}
-
-/* poll's timeout: until the first unanswered start is due (-1: none is waiting) */
-static int ack_wait(void) {
-    int64_t first = -1;
-    for (size_t i = 0; i < nprogs; i++) {
-        if (!progs[i].acked && (first < 0 || progs[i].ack_due < first)) first = progs[i].ack_due;
-    }
-    if (first < 0) return -1;
-    int64_t left = first - now_ns();
-    return left <= 0 ? 0 : (int)((left + 999999) / 1000000);
-}
-
-static void ack_due(void) {
-    int64_t now = -1;
-    for (size_t i = 0; i < nprogs; i++) {
-        if (progs[i].acked) continue;
-        if (now < 0) now = now_ns();
-        if (progs[i].ack_due <= now) ack(&progs[i]);
-    }
+    reply(MSG_SPAWNED, id, err ? -no_dir : pid, err);
 }
 
 static void signal_request(uint32_t id, struct reader *r) {
@@ -446,11 +404,10 @@ int main(int argc, char **argv) {
                 polls[n++] = (struct pollfd){progs[i].out[j], POLLIN, 0};
             }
         }
-        if (poll(polls, n, ack_wait()) < 0) {
+        if (poll(polls, n, -1) < 0) {
             if (errno == EINTR) continue;
             return 4;
         }
-        ack_due();
         /* output first: it comes before the exit that a signal below may report */
         for (nfds_t i = 2; i < n; i++) {
             if (!polls[i].revents) continue;
