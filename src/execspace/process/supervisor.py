@@ -200,6 +200,15 @@ class SupervisedProcess:
             self._exited.set()
         if la.stdin is not None:
             self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
+        elif self._exited.is_set() and self._pipes_closed.is_set() and self._swept_at_once():
+            # over before its start returned (a short session run: started and exited in one message), its
+            # leftovers swept: nothing to wait for, so no task and no loop turn of its own
+            self._done = asyncio.get_running_loop().create_future()
+            try:
+                self._done.set_result(self._finish(timed_out=False))
+            except Exception as exc:
+                self._done.set_exception(exc)
+            return
         self._done = asyncio.ensure_future(self._supervise_then_wake())
 
     def _open_queue(self) -> asyncio.Queue[OutputChunk | None]:
@@ -375,6 +384,10 @@ class SupervisedProcess:
                     await self._pipes_closed.wait()
         # a descendant that left the group and let go of our pipes is only found by its marker
         await self._sweep()
+        return self._finish(timed_out)
+
+    def _finish(self, timed_out: bool) -> RunResult:
+        """The end of supervision, once the program and its leftovers are gone: close, run the hooks, the result."""
         if self._stdin_task is not None:
             self._stdin_task.cancel()
         assert self._transport is not None
@@ -383,7 +396,7 @@ class SupervisedProcess:
         for pipe in (*self._readers.values(), self._pty_writer):
             if pipe is not None:
                 pipe.close()
-        for hook in la.on_exit:
+        for hook in self._launch.on_exit:
             hook()
         return self._result(-signal.SIGKILL if code is None else code, timed_out)
 
@@ -412,6 +425,12 @@ class SupervisedProcess:
         for hook in self._launch.annotate:
             result = hook(result)
         return result
+
+    def _swept_at_once(self) -> bool:
+        """For a program over by the end of its start: kill what is left of its group and sweep its escaped
+        descendants now, where that needs no wait (never for a host process: its sweep is batched); whether it
+        did."""
+        return False
 
     def _signal_group(self, sig: int) -> None:
         pid = self.pid

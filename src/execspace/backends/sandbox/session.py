@@ -907,6 +907,14 @@ class SessionProgram(SupervisedProcess):
         self._session.signal(self.session_pid, signal.SIGTERM, group=True)
         return True
 
+    def _swept_at_once(self) -> bool:
+        supervisor = self._session.supervisor_pid
+        if supervisor is None:
+            return False
+        self._signal_group(signal.SIGKILL)
+        kill_marked_children(supervisor, self._launch.marker, self._session.children)
+        return True
+
     async def _sweep(self) -> None:
         supervisor = self._session.supervisor_pid
         if supervisor is not None:
