@@ -36,6 +36,8 @@ def test_the_kernel_is_a_process_that_commands_see(sbx: ci.Sandbox) -> None:
     pid = int(sbx.run_code("import os; os.getpid()").text)
     listed = sbx.commands.run("ps -e -o pid=").stdout.split()
     assert str(pid) in listed, listed
+    # that pid is the kernel's own process, not a namesake in another pid namespace
+    assert "IPKernelApp" in sbx.commands.run(f"cat /proc/{pid}/cmdline").stdout
 
 
 def test_a_server_started_in_a_cell_is_reached_by_a_command(sbx: ci.Sandbox) -> None:
