@@ -54,8 +54,9 @@ MAX_FRAME = MESSAGE_BYTES + 64 * 1024
 _IOPUB_AHEAD = 64
 #: Bytes kept of the kernel's own stderr (C-level output, a failed start's traceback).
 _STDERR_TAIL = 4000
-#: Seconds between kernel_info requests while the kernel starts (its iopub may not be joined yet).
-_PROBE_EVERY = 0.05
+#: Seconds between kernel_info requests while the kernel starts: the first is answered once it runs, unless the
+#: relay's iopub joined after the answer went out (the first iopub message ends the wait at once).
+_PROBE_EVERY = 0.5
 
 #: Runs in the sandbox as ``python -I -c``: reads its configuration (the first frame on stdin), moves the channel off
 #: fds 0 and 1 (C-level output and subprocesses write to stderr instead), binds the kernel on the sandbox's loopback
