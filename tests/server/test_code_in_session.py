@@ -76,3 +76,11 @@ def test_the_kernel_cannot_open_unix_sockets_when_the_sandbox_is_offline(sbx: ci
         "except PermissionError:\n    found = 'refused'\nfound"
     )
     assert sbx.run_code(probe).text == "refused"
+
+
+def test_outputs_larger_than_the_host_holds_ahead_arrive_whole(sbx: ci.Sandbox) -> None:
+    """A 5 MB print comes in pieces, each let through once the cell's reader took the one before (the setup cell's
+    reply, which no cell reads, holds nothing up)."""
+    run = sbx.run_code("print('x' * 5_000_000)\n'done'", timeout=60)
+    assert run.error is None and run.text == "done"
+    assert "".join(run.logs.stdout) == "x" * 5_000_000 + "\n"

@@ -50,8 +50,14 @@ _SHELL, _IOPUB, _CONTROL = 0, 1, 2
 MESSAGE_BYTES = RichOutputLimits().message_bytes
 #: Largest frame taken from the sandbox: a message and its framing. A longer one ends the connection.
 MAX_FRAME = MESSAGE_BYTES + 64 * 1024
-#: iopub messages read ahead of the cell's reader; beyond, the kernel's output waits in the sandbox.
-_IOPUB_AHEAD = 64
+#: iopub messages, and bytes of them, read ahead of their reader (one message is always let in, however large):
+#: beyond, the kernel's output waits in the sandbox, so that what one kernel makes the host hold stays bounded.
+_HELD_MESSAGES = 64
+_HELD_BYTES = 4 * 1024 * 1024
+#: Shell replies kept for a reader (the oldest go first), and the largest kept: cells read iopub only, and a reply
+#: must not hold up the iopub messages behind it.
+_SHELL_KEPT = 16
+_SHELL_BYTES = 64 * 1024
 #: Bytes kept of the kernel's own stderr (C-level output, a failed start's traceback).
 _STDERR_TAIL = 4000
 #: Seconds between kernel_info requests while the kernel starts: the first is answered once it runs, unless the
@@ -256,8 +262,11 @@ class SessionKernel:
     def __init__(self, handle: ProgramHandle, key: str) -> None:
         self.handle = handle
         self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", packer="json", unpacker="json")
-        self._iopub: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_IOPUB_AHEAD)
-        self._shell: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._iopub: asyncio.Queue[tuple[dict[str, Any], int]] = asyncio.Queue()
+        self._shell: asyncio.Queue[tuple[dict[str, Any], int]] = asyncio.Queue()
+        self._held = 0
+        """Bytes of the messages in ``_iopub``."""
+        self._room = asyncio.Event()
         self._out: asyncio.Queue[bytes] = asyncio.Queue()
         self._stderr = b""
         self._lost: str | None = None
@@ -319,7 +328,7 @@ class SessionKernel:
         except TimeoutError:
             raise SetupFailed("serve", f"the Python context's kernel did not start in {timeout:g}s", _FIX) from None
         while not self._iopub.empty():
-            self._iopub.get_nowait()
+            self._taken(self._iopub.get_nowait())
         await self.drain()
 
     def _why(self) -> str:
@@ -348,10 +357,11 @@ class SessionKernel:
         return self._send(_SHELL, "execute_request", content)
 
     async def next_iopub(self, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
-        return await _next(self._iopub, self._ended, timeout)
+        return self._taken(await _next(self._iopub, self._ended, timeout))
 
     async def next_shell(self, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
-        return await _next(self._shell, self._ended, timeout)
+        found = await _next(self._shell, self._ended, timeout)
+        return found[0] if found is not None else None
 
     async def drain(self) -> None:
         while not self._shell.empty():
@@ -419,17 +429,32 @@ class SessionKernel:
             msg = self.session.deserialize(message, content=True, copy=True)
         except Exception:  # unsigned, or not a message: nothing the kernel sent
             return
-        if channel == _IOPUB:
-            await self._iopub.put(msg)
-        elif channel == _SHELL:
-            self._shell.put_nowait(msg)
+        size = sum(map(len, parts))
+        if channel == _SHELL and size <= _SHELL_BYTES:
+            if self._shell.qsize() >= _SHELL_KEPT:
+                self._shell.get_nowait()
+            self._shell.put_nowait((msg, size))
+        elif channel == _IOPUB:
+            while self._held and (self._held + size > _HELD_BYTES or self._iopub.qsize() >= _HELD_MESSAGES):
+                self._room.clear()
+                await self._room.wait()
+            self._held += size
+            self._iopub.put_nowait((msg, size))
+
+    def _taken(self, item: tuple[dict[str, Any], int] | None) -> dict[str, Any] | None:
+        if item is None:
+            return None
+        msg, size = item
+        self._held -= size
+        self._room.set()
+        return msg
 
 
 async def _next(
-    queue: asyncio.Queue[dict[str, Any]],
+    queue: asyncio.Queue[tuple[dict[str, Any], int]],
     ended: asyncio.Event,
     timeout: float,  # noqa: ASYNC109
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any], int] | None:
     if not queue.empty():
         return queue.get_nowait()
     if ended.is_set():
