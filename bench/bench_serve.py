@@ -368,6 +368,7 @@ async def _run_code_round_trip(plan: Plan, report: Report) -> None:
     sbx = await asyncio.to_thread(CodeSandbox.create)
     try:
         await asyncio.to_thread(sbx.run_code, "x = 1")
+        report.rows.append(await _new_context(sbx))
 
         async def run_code() -> None:
             await asyncio.to_thread(sbx.run_code, "x + 1")
@@ -380,6 +381,18 @@ async def _run_code_round_trip(plan: Plan, report: Report) -> None:
         report.rows.append(Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(base, 1000), base_label))
     finally:
         await asyncio.to_thread(sbx.kill)
+
+
+async def _new_context(sbx: Any) -> Row:
+    """``create_code_context()`` and its first cell in a live sandbox (the kernel starts in the sandbox's session)."""
+    took = []
+    for _ in range(5):
+        started = time.perf_counter()
+        context = await asyncio.to_thread(sbx.create_code_context)
+        await asyncio.to_thread(sbx.run_code, "x = 1", context=context)
+        took.append(time.perf_counter() - started)
+        await asyncio.to_thread(sbx.remove_code_context, context)
+    return Row(SECTION, "create_code_context + its first run_code", "ms", Stats.of(took, 1000), None, "")
 
 
 async def _commands_across_sandboxes(sandbox_cls: Any, plan: Plan, report: Report) -> None:

@@ -2,7 +2,7 @@
 
 One ASGI application (:class:`E2BApp`) serves E2B's control plane and every sandbox's envd and code interpreter on
 one port; each sandbox is a workspace on an Engine the server opens, reached only through the Engine seam (its code
-interpreter's kernels through a sandboxed ``jupyter`` Engine's, on the same workspace). See docs/server.md.
+interpreter's kernels too: programs of the sandbox, started like its commands). See docs/server.md.
 """
 
 from __future__ import annotations

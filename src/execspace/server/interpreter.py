@@ -1,11 +1,9 @@
 """The code interpreter of each sandbox (E2B's port 49999): contexts whose kernels run in the OS sandbox.
 
-A context is one kernel with its own variables. A Python context's kernel is started by the ``jupyter`` backend in
-sandboxed mode (bubblewrap + seccomp, as the ``sandbox`` backend runs programs) **on the E2B sandbox's own
-workspace**, so code sees the files its commands see; it is a sandbox of its own beside the sandbox session that
-runs the commands. The ``jupyter`` engine is opened on first use (kernels cost nothing until code runs), the default
-context of a language on its first cell. A JavaScript context is a Node process started like a command, in the
-sandbox itself (:mod:`.jscontext`). Killing the sandbox stops its kernels before its workspace is removed.
+A context is one kernel with its own variables, a program started like a command in the sandbox itself, so code
+sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel
+(:mod:`.pykernel`), a JavaScript context's a Node process (:mod:`.jscontext`). The default context of a language
+starts with its first cell. Killing the sandbox stops its kernels before its workspace is removed.
 """
 
 from __future__ import annotations
@@ -13,19 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import posixpath
 import secrets
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..engine import KernelEngine, open_engine
-from ..errors import EnvironmentNotFound, ExecspaceError, SetupFailed
+from ..errors import ExecspaceError, SetupFailed
 from ..protocols import ProgramRunner
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
@@ -33,12 +27,10 @@ from .paths import HOME, HOME_DIR, program_dir, to_workspace
 from .sandboxes import Sandbox, SandboxGone
 
 if TYPE_CHECKING:
-    from ..backends.jupyter import KernelSessions
     from ..backends.jupyter.kernels import KernelConnection
+    from ..backends.jupyter.sandboxed import Interpreter
 
 __all__ = ["CodeInterpreter", "Context", "ContextNotFound", "LanguageUnavailable", "TooManyContexts"]
-
-_log = logging.getLogger("execspace.server")
 
 #: Languages a context may have: E2B's names (and their short forms) for what ipykernel and Node run.
 _LANGUAGE_NAMES = {
@@ -116,19 +108,14 @@ def normalise_language(language: str | None) -> str:
 
 
 class CodeInterpreter:
-    """Every sandbox's contexts, over one lazily opened sandboxed ``jupyter`` engine."""
+    """Every sandbox's contexts, each a program of the sandbox's session."""
 
-    def __init__(
-        self, runner: ProgramRunner, backend: str, workspace_root: Path | None, environment: str | None = None
-    ) -> None:
+    def __init__(self, runner: ProgramRunner, backend: str, python: Interpreter | str | None) -> None:
+        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can."""
         self._runner = runner
-        """Runs the JavaScript contexts, in each sandbox's own session."""
+        """Runs the kernels, in each sandbox's own session."""
         self._backend = backend
-        self._workspace_root = workspace_root
-        self._environment = environment
-        self._stack = AsyncExitStack()
-        self._engine: KernelEngine[KernelSessions] | None = None
-        self._opening = asyncio.Lock()
+        self._python = python
         self._contexts: dict[str, dict[str, Context]] = {}
         """By sandbox id, then context id."""
         self._defaults: dict[tuple[str, str], str] = {}
@@ -203,7 +190,6 @@ class CodeInterpreter:
         for sandbox_id in list(self._contexts):
             contexts = self._contexts.pop(sandbox_id)
             await asyncio.gather(*(_stop(c) for c in contexts.values()), return_exceptions=True)
-        await self._stack.aclose()
 
     # -- cells -----------------------------------------------------------------------------------
 
@@ -303,65 +289,40 @@ class CodeInterpreter:
     async def _kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
         if context.kernel is not None:
             return context.kernel
-        engine = await self._jupyter()
-        kernel = await engine.kernels.launcher.start(sandbox.workspace, timeout=_START_TIMEOUT)
+        from .pykernel import SessionKernel
+
+        home = posixpath.join(sandbox.workspace.path, HOME_DIR)
+        kernel = await SessionKernel.start(self._runner, sandbox, home, self._kernel_python(), timeout=_START_TIMEOUT)
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
             work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
-            kernel.execute(_setup(work, sandbox.program_env()), silent=True)
+            kernel.execute(_setup(work), silent=True)  # the context's directory may not exist yet: the kernel makes it
         except BaseException:
             await kernel.stop()
             raise
         context.kernel = kernel
         return kernel
 
-    async def _jupyter(self) -> KernelEngine[KernelSessions]:
-        """The sandboxed ``jupyter`` engine (opened once, on first use: a host without it fails a cell, not the
-        server)."""
-        async with self._opening:
-            if self._backend != "sandbox":
-                raise SetupFailed(
-                    "serve",
-                    f"the code interpreter runs its kernels in the OS sandbox on the sandbox backend's workspaces, "
-                    f"and this server's backend is {self._backend}",
-                    "start execspace serve with --backend sandbox (the default)",
-                )
-            if self._engine is None:
-                from ..backends.jupyter import SandboxedKernels
-
-                binds = ((HOME, HOME_DIR),)  # as serve's sandboxes show it (serve.py)
-                mode = SandboxedKernels(pool_size=0, environment=_built(self._environment), program_binds=binds)
-                try:
-                    engine = await self._stack.enter_async_context(
-                        open_engine("jupyter", mode=mode, workspace_root=self._workspace_root)
-                    )
-                except ImportError as exc:
-                    raise SetupFailed(
-                        "serve", f"the code interpreter needs {exc.name}", "pip install 'execspace[serve]'"
-                    ) from exc
-                assert isinstance(engine, KernelEngine)
-                self._engine = engine
-            return self._engine
+    def _kernel_python(self) -> Interpreter:
+        """The kernels' Python (a host without one fails a cell, not the server)."""
+        if self._backend != "sandbox":
+            raise SetupFailed(
+                "serve",
+                f"the code interpreter runs its kernels in the OS sandbox on the sandbox backend's workspaces, "
+                f"and this server's backend is {self._backend}",
+                "start execspace serve with --backend sandbox (the default)",
+            )
+        if self._python is None or isinstance(self._python, str):
+            why = self._python or "the server's Python has no jupyter_client"
+            raise SetupFailed("serve", f"the code interpreter cannot start Python kernels: {why}", _PYTHON_FIX)
+        return self._python
 
 
-def _built(name: str | None) -> str | None:
-    """``name`` if that environment is built here, else None: kernels then run on the sandbox's system python."""
-    if name is None:
-        return None
-    from ..environments import get
-
-    try:
-        get(name)
-    except EnvironmentNotFound:
-        _log.warning(
-            "the code interpreter's kernels run on the sandbox's system python: the environment %s is not built "
-            "here (execspace env build %s gives run_code its data stack)",
-            name,
-            name,
-        )
-        return None
-    return name
+_PYTHON_FIX = (
+    "pip install 'execspace[serve]' where the sandbox can read it, or build the kernels' environment "
+    "(execspace env build code-interpreter)"
+)
 
 
 async def _stop(context: Context) -> None:
@@ -449,9 +410,9 @@ def _parent(msg: dict[str, Any]) -> str | None:
     return parent.get("msg_id") if isinstance(parent, dict) else None
 
 
-def _setup(work: str, env: dict[str, str]) -> str:
-    """A silent cell (own globals) that puts a new kernel in its context's directory with the sandbox's env."""
-    source = f"import os\nos.makedirs({work!r}, exist_ok=True)\nos.chdir({work!r})\nos.environ.update({env!r})\n"
+def _setup(work: str) -> str:
+    """A silent cell (own globals) that puts a new kernel in its context's directory."""
+    source = f"import os\nos.makedirs({work!r}, exist_ok=True)\nos.chdir({work!r})\n"
     return f"exec({source!r}, {{}})"
 
 

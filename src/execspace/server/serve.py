@@ -15,11 +15,11 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from ..backends.sandbox import SessionConfig
+from ..backends.sandbox import SandboxPolicy, SessionConfig
 from ..engine import open_engine
 from ..errors import CapabilityError, SetupFailed
 from .app import E2BApp
@@ -28,6 +28,9 @@ from .ledger import Ledger
 from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
+
+if TYPE_CHECKING:
+    from ..backends.jupyter.sandboxed import Interpreter
 
 __all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
 
@@ -89,8 +92,12 @@ async def serve(
             backend or "default",
             "they are the limits of each sandbox's session: use the sandbox backend in session mode",
         )
+    python = kernel_python(options.kernel_environment) if backend == "sandbox" else None
     if backend == "sandbox":
         _sandbox_template(opts)
+        if python is not None and not isinstance(python, str) and python.read_paths:
+            # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
+            opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
         if opts.get("mode") == "session":
             # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
             # sandbox, a pooled one included, does not lose it and pay its start on the next command
@@ -109,7 +116,7 @@ async def serve(
         sandboxes = Sandboxes(engine, options, Ledger(root))
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        interpreter = CodeInterpreter(engine.runner, engine.name, root, options.kernel_environment)
+        interpreter = CodeInterpreter(engine.runner, engine.name, python)
         sandboxes.on_remove.append(interpreter.end)
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
@@ -137,6 +144,15 @@ async def serve(
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+def kernel_python(environment: str | None) -> Interpreter | str | None:
+    """What runs the code interpreter's Python kernels, why nothing can (str), or None without jupyter_client."""
+    try:
+        from .pykernel import kernel_interpreter
+    except ImportError:
+        return None
+    return kernel_interpreter(environment)
 
 
 def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
