@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import KernelEngine, open_engine
 from ..errors import EnvironmentNotFound, ExecspaceError, SetupFailed
+from ..process.freezing import stopped_trees
 from ..protocols import ProgramRunner
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
@@ -198,6 +199,12 @@ class CodeInterpreter:
         for key in [k for k in self._defaults if k[0] == sandbox.id]:
             del self._defaults[key]
         await asyncio.gather(*(_stop(c) for c in contexts.values()), return_exceptions=True)
+
+    def frozen(self, sandbox: Sandbox) -> contextlib.AbstractAsyncContextManager[None]:
+        """The sandbox's Python kernels stopped for the block (its pause). Its JavaScript contexts are programs
+        of its session, which the runner stops."""
+        pids = [c.kernel.pid for c in self.contexts(sandbox) if c.kernel is not None]
+        return stopped_trees(pid for pid in pids if pid is not None)
 
     async def aclose(self) -> None:
         for sandbox_id in list(self._contexts):

@@ -96,6 +96,7 @@ async def serve(
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         interpreter = CodeInterpreter(engine.runner, engine.name, root, options.kernel_environment)
         sandboxes.on_remove.append(interpreter.end)
+        sandboxes.on_pause.append(interpreter.frozen)
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
