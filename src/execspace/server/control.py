@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import CapabilityError, ExecspaceError, InvalidSpec
 from ..models import Snapshot
+from ..protocols import SupportsFreezing
 from .network import SandboxEgress, sandbox_egress
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
@@ -140,6 +141,8 @@ class ControlPlane:
         auto_pause, auto_resume = _auto_pause(body)
         if auto_pause and body.get("autoPauseMemory") is False:
             return error_response(501, _FILES_ONLY_PAUSE)
+        if auto_pause and not isinstance(self.sandboxes.engine.runner, SupportsFreezing):
+            return error_response(501, f"autoPause: the {self.sandboxes.engine.name} backend cannot pause sandboxes")
         secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
         egress = self._egress(body.get("allow_internet_access"), body.get("network"))
         if isinstance(egress, Response):
