@@ -8,6 +8,7 @@ what it must return and what it must raise; the conformance suite in
 from __future__ import annotations
 
 import builtins
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +44,7 @@ __all__ = [
     "Kernels",
     "ProgramHandle",
     "ProgramRunner",
+    "SupportsFreezing",
     "SupportsKernels",
     "SupportsSnapshots",
     "WorkspaceFS",
@@ -302,6 +304,17 @@ class SupportsKernels(Protocol):
 
     @property
     def kernels(self) -> Kernels: ...
+
+
+@runtime_checkable
+class SupportsFreezing(Protocol):
+    """A program runner that can stop every program it runs in a workspace for a while (``SIGSTOP``: they keep
+    their memory, and continue where they were when the block ends, also when it raises)."""
+
+    def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        """The workspace's programs, and their descendants, stopped for the block; the block may outlive the
+        task that entered it (``execspace serve`` holds it while a sandbox is paused)."""
+        ...
 
 
 @runtime_checkable

@@ -152,7 +152,7 @@ def test_v1_routes_and_unknown_routes(e2b_server: Server) -> None:
         connected = http.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 30})
         assert connected.status_code == 200 and connected.json()["sandboxID"] == sandbox_id
         assert sandbox_id in [s["sandboxID"] for s in http.get("/sandboxes").json()]
-        for method, path in (("POST", f"/sandboxes/{sandbox_id}/pause"), ("GET", "/templates"), ("PUT", "/x")):
+        for method, path in (("GET", f"/sandboxes/{sandbox_id}/metrics"), ("GET", "/templates"), ("PUT", "/x")):
             answer = http.request(method, path)
             assert answer.status_code == 501, (method, path, answer.status_code)
             assert path in answer.json()["message"]

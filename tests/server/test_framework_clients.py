@@ -43,7 +43,7 @@ def test_smolagents_e2b_executor_runs_unchanged() -> None:
 
 async def test_the_agents_sdk_e2b_client_runs_unchanged() -> None:
     """Its set-up commands run in cwd='/' and name /home/user (both are there in serve's sandboxes); it asks for
-    auto-pause unless on_timeout='kill', auto_resume=False (serve does not pause sandboxes)."""
+    auto-pause unless on_timeout='kill', auto_resume=False (kill at timeout, as the other tests expect)."""
     client = E2BSandboxClient()
     options = E2BSandboxClientOptions(sandbox_type="e2b", on_timeout="kill", auto_resume=False)
     session = await client.create(manifest=Manifest(root="/home/user/work"), options=options)

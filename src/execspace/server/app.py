@@ -59,6 +59,7 @@ class E2BApp:
             return
         try:
             sandbox = self._sandbox(scope, headers, target, signed)
+            await self._awake(sandbox, scope["path"])
         except _Refused as refused:
             await refused.respond(scope, receive, send)
             return
@@ -102,6 +103,16 @@ class E2BApp:
                 raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
         message = "missing or wrong X-Access-Token: send the envdAccessToken that create/connect returned"
         raise _Refused(path, 401, Code.UNAUTHENTICATED, message)
+
+    async def _awake(self, sandbox: Sandbox, path: str) -> None:
+        """A paused sandbox is resumed by its traffic when it was created with ``autoResume``, else refused as
+        E2B's proxy refuses it: 502 "... was not found" (the SDK's ``SandboxNotRunningException``)."""
+        if sandbox.paused is None:
+            return
+        if not sandbox.auto_resume:
+            message = f"The sandbox {sandbox.id} was not found running: it is paused; Sandbox.connect resumes it"
+            raise _Refused(path, 502, Code.UNAVAILABLE, message)
+        await self.sandboxes.resume(sandbox)
 
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
         path: str = scope["path"]

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import CapabilityError, ExecspaceError, InvalidSpec
 from ..models import Snapshot
+from ..protocols import SupportsFreezing
 from .network import SandboxEgress, sandbox_egress
 from .options import ENVD_VERSION, TEMPLATES, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
@@ -35,6 +36,16 @@ _MAX_LIST_LIMIT = 1000
 _MAX_FORKS = 100
 #: The header of ``GET /snapshots`` answers saying how this server forks (``cow`` or ``copy``).
 FORK_HEADER = "x-execspace-fork"
+
+
+_FILES_ONLY_PAUSE = (
+    "pausing without memory (mode='filesystem', autoPauseMemory false) is not implemented by execspace serve: "
+    "a paused sandbox keeps its processes; pause with the default mode"
+)
+_FILES_ONLY_RESUME = (
+    "resuming without memory (on_resume='reboot') is not implemented by execspace serve: connect with the default "
+    "on_resume, or kill the sandbox and create one from a snapshot of its files"
+)
 
 
 class BadRequest(Exception):
@@ -72,6 +83,8 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}", guard(self.kill), methods=["DELETE"]),
             Route("/sandboxes/{sandbox_id}/timeout", guard(self.set_timeout), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/connect", guard(self.connect_v1), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/pause", guard(self.pause), methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/resume", guard(self.resume), methods=["POST"]),
             Route("/v2/sandboxes/{sandbox_id}/connect", guard(self.connect_v2), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/fork", guard(self.fork), methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/snapshots", guard(self.snapshot), methods=["POST"]),
@@ -125,10 +138,11 @@ class ControlPlane:
         snapshot = await self._snapshot_named(template) if template not in TEMPLATES else None
         if template not in TEMPLATES and snapshot is None:
             raise BadRequest(f"templateID must be one of {', '.join(TEMPLATES)} or a snapshot id, got {template!r}")
-        if body.get("autoPause") or (body.get("autoResume") or {}).get("enabled"):
-            return error_response(
-                501, "pausing sandboxes (autoPause, autoResume) is not implemented by execspace serve"
-            )
+        auto_pause, auto_resume = _auto_pause(body)
+        if auto_pause and body.get("autoPauseMemory") is False:
+            return error_response(501, _FILES_ONLY_PAUSE)
+        if auto_pause and not isinstance(self.sandboxes.engine.runner, SupportsFreezing):
+            return error_response(501, f"autoPause: the {self.sandboxes.engine.name} backend cannot pause sandboxes")
         secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
         egress = self._egress(body.get("allow_internet_access"), body.get("network"))
         if isinstance(egress, Response):
@@ -141,6 +155,8 @@ class ControlPlane:
             secure=bool(secure),
             egress=egress,
             snapshot=snapshot,
+            auto_pause=auto_pause,
+            auto_resume=auto_resume,
         )
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
@@ -175,11 +191,42 @@ class ControlPlane:
         return await self._connect(request)
 
     async def _connect(self, request: Request) -> Response:
+        """Connect resumes a paused sandbox (201, as E2B), else extends a running one's lifetime (200)."""
         sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
         body = await _json_object(request)
-        if "timeout" in body:
-            self.sandboxes.extend(sandbox, self._timeout(body["timeout"]))
+        timeout = self._timeout(body["timeout"]) if "timeout" in body else None
+        if sandbox.paused is not None:
+            if body.get("memory") is False:
+                return error_response(501, _FILES_ONLY_RESUME)
+            if await self.sandboxes.resume(sandbox, timeout):
+                return JSONResponse(self._sandbox(sandbox), status_code=201)
+        if timeout is not None:
+            self.sandboxes.extend(sandbox, timeout)
         return JSONResponse(self._sandbox(sandbox), status_code=200)
+
+    async def pause(self, request: Request) -> Response:
+        """E2B's pause: the sandbox's programs and kernels stopped where they are, in memory (not persisted: see
+        docs/server.md), its lifetime clock stopped; 409 when it is paused already."""
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        if body.get("memory") is False:
+            return error_response(501, _FILES_ONLY_PAUSE)
+        try:
+            paused = await self.sandboxes.pause(sandbox)
+        except CapabilityError as exc:
+            return error_response(501, str(exc))
+        if not paused:
+            return error_response(409, f"sandbox {sandbox.id!r} is paused already: connect resumes it")
+        return Response(status_code=204)
+
+    async def resume(self, request: Request) -> Response:
+        """E2B's older resume (SDKs before connect resumed): 201, or 409 when it is running."""
+        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        body = await _json_object(request)
+        timeout = self._timeout(body["timeout"]) if "timeout" in body else None
+        if not await self.sandboxes.resume(sandbox, timeout):
+            return error_response(409, f"sandbox {sandbox.id!r} is running, not paused")
+        return JSONResponse(self._sandbox(sandbox), status_code=201)
 
     async def fork(self, request: Request) -> Response:
         """E2B's fork: ``count`` (default 1) sandboxes with the source's files, template, metadata and envs, one
@@ -289,14 +336,14 @@ class ControlPlane:
         states = {s for value in query.getlist("state") for s in value.split(",") if s}
         if states - {"running", "paused"}:
             raise BadRequest(f"state must be running or paused, got {','.join(sorted(states))}")
-        if states and "running" not in states:
-            return JSONResponse([])  # nothing is ever paused here
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise BadRequest(f"order must be asc or desc, got {order!r}")
         limit = _limit(query.get("limit"))
         after = _started_after(query.get("startedAfter"))
         found = _filtered(self.sandboxes, query.get("metadata"), query.get("template"), after)
+        if states:
+            found = [s for s in found if _state(s) in states]
         ordered = _ordered(found, descending=order == "desc")
         token = query.get("nextToken")
         if token:
@@ -329,16 +376,32 @@ class ControlPlane:
             "cpuCount": self.options.cpu_count,
             "memoryMB": self.options.memory_mb,
             "diskSizeMB": self.options.disk_mb,
-            "state": "running",
+            "state": _state(sandbox),
             "metadata": sandbox.metadata,
             "allowInternetAccess": sandbox.allow_internet_access,
             "domain": self.options.domain,
+            "lifecycle": {"autoResume": sandbox.auto_resume, "onTimeout": "pause" if sandbox.auto_pause else "kill"},
         }
         if (network := sandbox.egress.info()) is not None:
             detail["network"] = network
         if with_token:
             detail["envdAccessToken"] = sandbox.access_token
         return detail
+
+
+def _state(sandbox: Sandbox) -> str:
+    return "paused" if sandbox.paused is not None else "running"
+
+
+def _auto_pause(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``autoPause`` (a boolean) and ``autoResume`` (``{"enabled": bool}``) of a create body."""
+    auto_pause, auto_resume = body.get("autoPause", False), body.get("autoResume") or {}
+    if not isinstance(auto_pause, bool):
+        raise BadRequest(f"autoPause must be a boolean, got {auto_pause!r}")
+    enabled = auto_resume.get("enabled", False) if isinstance(auto_resume, dict) else None
+    if not isinstance(enabled, bool):
+        raise BadRequest(f'autoResume must be {{"enabled": <boolean>}}, got {body.get("autoResume")!r}')
+    return auto_pause, enabled
 
 
 async def _json_object(request: Request) -> dict[str, Any]:

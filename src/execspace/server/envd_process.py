@@ -115,6 +115,7 @@ class ProcessService(ServiceBase, Process):
                 raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd!r}: {exc}") from None
         reader = handle.attach(from_start=True)
         sandbox.keep_waiting(handle)
+        await self.sandboxes.keep_paused(sandbox)
         if request.has_field("stdin") and not request.stdin and spec.pty is None:
             await handle.close_stdin()
         yield pb.StartResponse(event=_start_event(handle.pid or 0))

@@ -4,6 +4,10 @@ Creation reserves a slot before it awaits anything, so ``max_sandboxes`` holds u
 a ready sandbox from the pool (:mod:`.pool`) when there is one, which awaits nothing at all. Kill and
 expiry drop the sandbox from the table first (every later request for it answers "not found") and then remove
 its workspace with everything in it, its programs included.
+
+A paused sandbox keeps its programs, stopped (``SIGSTOP`` through the runner's
+:class:`~execspace.protocols.SupportsFreezing`: its kernels and contexts are programs of its session too), in
+memory: nothing is persisted, and a server that ends takes it with it. Its lifetime clock stops with it.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..errors import CapabilityError, ExecspaceError, ProgramNotFound, WorkspaceNotFound
 from ..models import RunResult, Snapshot, Workspace
-from ..protocols import Engine, ProgramHandle, SupportsSnapshots
+from ..protocols import Engine, ProgramHandle, SupportsFreezing, SupportsSnapshots
 from .ledger import Ledger
 from .network import SandboxEgress
 from .options import ServerOptions
@@ -27,6 +32,8 @@ from .pool import SandboxPool, workspace_policy
 from .watch import DirectoryWatch
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
+
+#: What stops one more part of a paused sandbox (its kernels) for as long as it is paused.
 
 _log = logging.getLogger("execspace.server")
 
@@ -54,6 +61,10 @@ class CreateRequest:
     """Its commands' network (off, on, or an allow-list) and the rules it was asked with."""
     snapshot: Snapshot | None = None
     """The snapshot it starts from (its ``templateID`` named one), else an empty workspace."""
+    auto_pause: bool = False
+    """Paused instead of killed when its timeout fires (E2B's ``autoPause``)."""
+    auto_resume: bool = False
+    """Resumed by the first envd or code-interpreter request that reaches it paused (E2B's ``autoResume``)."""
 
 
 @dataclass(slots=True)
@@ -75,6 +86,14 @@ class Sandbox:
     """Set when the sandbox is killed or expires: its streams end."""
     waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)
     """One task per started program, waiting for its end (which also lets its output flow when nobody reads)."""
+    auto_pause: bool = False
+    auto_resume: bool = False
+    paused: AsyncExitStack | None = None
+    """While paused: what holds its programs and kernels stopped (closing it lets them continue)."""
+    left: timedelta = timedelta(0)
+    """While paused: what was left of its lifetime when it was paused."""
+    turning: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while it is being paused or resumed: one turn at a time, a kill waits for it."""
 
     @property
     def allow_internet_access(self) -> bool:
@@ -122,7 +141,8 @@ class Sandboxes:
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._live.get(sandbox_id)
-        if sandbox is None or sandbox.end_at <= _now():
+        # an expired auto-pause sandbox is the reaper's to pause at its next turn: until then it is there
+        if sandbox is None or (not sandbox.auto_pause and sandbox.end_at <= _now()):
             raise SandboxGone(sandbox_id)
         return sandbox
 
@@ -171,6 +191,8 @@ class Sandboxes:
             end_at=started + timedelta(seconds=request.timeout),
             access_token=secrets.token_urlsafe(24) if request.secure else None,
             egress=request.egress,
+            auto_pause=request.auto_pause,
+            auto_resume=request.auto_resume,
         )
         self._live[sandbox_id] = sandbox
         return sandbox
@@ -229,11 +251,58 @@ class Sandboxes:
         return manager
 
     def set_timeout(self, sandbox: Sandbox, seconds: int) -> None:
-        sandbox.end_at = _now() + timedelta(seconds=seconds)
+        if sandbox.paused is not None:  # its clock is stopped: what it will have when it resumes
+            sandbox.left = timedelta(seconds=seconds)
+        else:
+            sandbox.end_at = _now() + timedelta(seconds=seconds)
 
     def extend(self, sandbox: Sandbox, seconds: int) -> None:
         """Make the sandbox live at least ``seconds`` more (connect never shortens a lifetime)."""
         sandbox.end_at = max(sandbox.end_at, _now() + timedelta(seconds=seconds))
+
+    async def pause(self, sandbox: Sandbox) -> bool:
+        """Stop every program and kernel of the sandbox and its lifetime clock; False if it was paused already.
+
+        Raises:
+            CapabilityError: the engine's runner cannot stop a workspace's programs.
+        """
+        runner = self.engine.runner
+        if not isinstance(runner, SupportsFreezing):
+            raise CapabilityError("pausing sandboxes", self.engine.name, "Serve the sandbox or local backend.")
+        async with sandbox.turning:
+            if sandbox.paused is not None or sandbox.closed.is_set():
+                return False
+            held = AsyncExitStack()
+            try:
+                await held.enter_async_context(runner.frozen(sandbox.workspace))
+            except BaseException:
+                await held.aclose()
+                raise
+            sandbox.left = max(sandbox.end_at - _now(), timedelta(0))
+            sandbox.paused = held
+        return True
+
+    async def keep_paused(self, sandbox: Sandbox) -> None:
+        """Stop a program that started while the sandbox was being paused (its request came in before): after
+        the pause, everything of the workspace is stopped once more (what is stopped already stays so)."""
+        runner = self.engine.runner
+        async with sandbox.turning:
+            if sandbox.paused is not None and isinstance(runner, SupportsFreezing):
+                await sandbox.paused.enter_async_context(runner.frozen(sandbox.workspace))
+
+    async def resume(self, sandbox: Sandbox, lifetime: int | None = None) -> bool:
+        """Let a paused sandbox's programs and kernels continue and its clock run again with what was left of
+        it, at least ``lifetime`` seconds (the server's default when neither is there, as after an auto-pause);
+        False if it was not paused."""
+        async with sandbox.turning:
+            if sandbox.paused is None:
+                return False
+            held, sandbox.paused = sandbox.paused, None
+            asked = timedelta(seconds=lifetime or 0)
+            left = sandbox.left or asked or timedelta(seconds=self.options.default_timeout)
+            sandbox.end_at = _now() + max(left, asked)
+            await held.aclose()
+        return True
 
     async def kill(self, sandbox_id: str) -> bool:
         """End the sandbox and remove everything of it; False if there was none."""
@@ -248,6 +317,8 @@ class Sandboxes:
 
     async def _remove(self, sandbox: Sandbox) -> None:
         sandbox.closed.set()
+        # a stopped kernel answers no shutdown and a stopped program no SIGTERM: they continue to end
+        await self.resume(sandbox)
         for hook in self.on_remove:
             try:
                 await hook(sandbox)
@@ -278,13 +349,35 @@ class Sandboxes:
         """End expired sandboxes until cancelled; each removal runs on its own, so a slow one delays no other."""
         while True:
             now = _now()
-            for sandbox in [s for s in self._live.values() if s.end_at <= now]:
+            for sandbox in [s for s in self._live.values() if s.end_at <= now and s.paused is None]:
+                if sandbox.auto_pause:
+                    self._pause_expired(sandbox)
+                    continue
                 self._live.pop(sandbox.id, None)
                 task = asyncio.create_task(self._remove(sandbox))
                 self._removing.add(task)
                 task.add_done_callback(self._removing.discard)
                 task.add_done_callback(lambda _: self.pool.refill())
             await asyncio.sleep(self.options.reap_interval)
+
+    def _pause_expired(self, sandbox: Sandbox) -> None:
+        """Pause an expired auto-pause sandbox; its end moves out of the reaper's sight at once, and back to
+        when it expired once it is paused."""
+        expired, sandbox.end_at = sandbox.end_at, datetime.max.replace(tzinfo=UTC)
+        task = asyncio.create_task(self._pause_or_remove(sandbox, expired))
+        self._removing.add(task)
+        task.add_done_callback(self._removing.discard)
+
+    async def _pause_or_remove(self, sandbox: Sandbox, expired: datetime) -> None:
+        try:
+            await self.pause(sandbox)
+        except Exception:
+            _log.exception("auto-pausing sandbox %s failed: it is removed", sandbox.id)
+            if self._live.pop(sandbox.id, None) is not None:
+                await self._remove(sandbox)
+                self.pool.refill()
+            return
+        sandbox.end_at, sandbox.left = expired, timedelta(0)
 
     async def _unless_closing(self, made: list[tuple[str, Workspace]]) -> None:
         """Remove what a create made while the server began to stop (its list of sandboxes to end is taken)."""

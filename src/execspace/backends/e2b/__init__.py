@@ -76,6 +76,9 @@ class E2BBackend:
                 "fork": "detected at first use: snapshots and forks of whole sandboxes where the service keeps "
                 "files-only snapshots (execspace serve; manager.fork_mode() says how it forks); CapabilityError "
                 "elsewhere (E2B cloud) and for workspaces sharing a sandbox_id",
+                "pause": "manager.pause(ws) / resume(ws) where the service pauses sandboxes (E2B cloud, execspace "
+                "serve), detected at the first pause; the next call on a paused workspace resumes it; "
+                "CapabilityError elsewhere and for a sandbox given by sandbox_id",
             },
         )
 

@@ -94,6 +94,24 @@ class E2BWorkspaceManager:
         await box.call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
         await self._boxes.forget(key)
 
+    # -- pause: the whole sandbox, its processes and kernels included -----------------------------------
+
+    async def pause(self, ws: Workspace) -> None:
+        """Pause the workspace's sandbox where the service pauses sandboxes (E2B cloud keeps its memory and
+        files; ``execspace serve`` keeps it stopped in its memory): its programs and kernels stop where they are,
+        and its timeout with them. The next call on the workspace, :meth:`resume`, or per session the next
+        engine's ``get_workspace`` resumes it.
+
+        Raises:
+            CapabilityError: the service does not pause (detected at the first pause, then not asked again),
+                or the sandbox is shared (``sandbox_id``).
+        """
+        await self._boxes.pause(workspace_key(ws.id))
+
+    async def resume(self, ws: Workspace) -> None:
+        """Resume the workspace's paused sandbox now (a no-op when it runs)."""
+        await self._boxes.resume(workspace_key(ws.id))
+
     # -- snapshots and forks: the sandbox's files, never its processes or kernels ------------------------
 
     async def fork_mode(self) -> Literal["cow", "copy"]:

@@ -9,13 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...errors import BackendError, PathDenied, PathIsDirectory, SandboxLost, SetupFailed, WorkspaceNotFound
+from ...errors import (
+    BackendError,
+    CapabilityError,
+    PathDenied,
+    PathIsDirectory,
+    SandboxLost,
+    SetupFailed,
+    WorkspaceNotFound,
+)
 from ...process.warmpool import WarmPool
 from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .network import sandbox_rules
@@ -163,12 +172,21 @@ class Box:
     directory: str = ""
     """The name of its workspace's directory under ``.execspace/ws`` when it is not the key: a fork keeps its
     source's (renaming a directory of an overlay's lower layer would copy it whole); its metadata says so."""
+    resume_for: int | None = None
+    """Set while paused: the lifetime (seconds) it gets when the next call resumes it."""
     _agent: _AgentProcess | None = field(default=None, init=False, repr=False)
     _agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     async def call(self, what: str, call: Awaitable[T]) -> T:
         """:func:`sdk_call` on this sandbox: a lost sandbox is reported naming its workspace, after
-        :attr:`on_lost` has dealt with it."""
+        :attr:`on_lost` has dealt with it. A paused sandbox is resumed first."""
+        if self.resume_for is not None:
+            try:
+                await self.resume()
+            except BaseException:
+                if inspect.iscoroutine(call):
+                    call.close()  # never to run: not left unawaited
+                raise
         try:
             return await sdk_call(what, call, gone=f"the workspace {self.workspace!r} (sandbox {self.id})")
         except SandboxLost as exc:
@@ -177,6 +195,15 @@ class Box:
             lost = f"the sandbox {self.id} is gone (expired after sandbox_timeout, or killed)"
             then = await self.on_lost(self)
             raise SandboxLost(f"{what}: {lost}: the workspace {self.workspace!r} was lost. {then}") from exc.__cause__
+
+    async def resume(self) -> None:
+        """Resume the paused sandbox (E2B's connect); its programs continue where they were."""
+        lifetime, self.resume_for = self.resume_for, None
+        try:
+            await sdk_call(f"resuming sandbox {self.id}", self.sandbox.connect(timeout=lifetime))
+        except BaseException:
+            self.resume_for = lifetime
+            raise
 
     def sdk_path(self, path: str) -> str:
         """The files-API path of ``path`` as programs see it (under :attr:`home`)."""
@@ -277,6 +304,8 @@ class Sandboxes:
         self._locks: dict[str, asyncio.Lock] = {}
         self._shared: Box | None = None
         self._turns: list[Box] = []
+        self._pause_refused: str | None = None
+        """The service, once it answered that it does not pause sandboxes."""
         self.pool: WarmPool[Box] | None = None
         if options.pool_size > 0:
             self.pool = WarmPool(
@@ -342,13 +371,15 @@ class Sandboxes:
         return box
 
     async def _find(self, key: str) -> tuple[Any, str] | None:
-        """The running sandbox we made for workspace ``key`` (by its metadata), connected, and the name of the
-        workspace's directory in it; or None."""
+        """The running or paused sandbox we made for workspace ``key`` (by its metadata), connected (which resumes
+        a paused one), and the name of the workspace's directory in it; or None."""
         from e2b import SandboxQuery, SandboxState
         from e2b_code_interpreter import AsyncSandbox
 
         # the engine's own metadata too: another application's workspace of the same id is not this one
-        query = SandboxQuery(metadata={**self.options.metadata, _WS_KEY: key}, state=[SandboxState.RUNNING])
+        # paused ones too: connect resumes them
+        state = [SandboxState.RUNNING, SandboxState.PAUSED]
+        query = SandboxQuery(metadata={**self.options.metadata, _WS_KEY: key}, state=state)
         paginator = AsyncSandbox.list(query=query, **self.api())
         listed = await sdk_call("listing sandboxes", paginator.next_items())
         mine = listed  # the key is ours: whatever template it has, it holds this workspace
@@ -431,7 +462,8 @@ class Sandboxes:
             from e2b import SandboxQuery, SandboxState
             from e2b_code_interpreter import AsyncSandbox
 
-            query = SandboxQuery(metadata=dict(self.options.metadata) or None, state=[SandboxState.RUNNING])
+            state = [SandboxState.RUNNING, SandboxState.PAUSED]
+            query = SandboxQuery(metadata=dict(self.options.metadata) or None, state=state)
             pages = AsyncSandbox.list(query=query, **self.api())
             listed = await sdk_call("listing sandboxes", pages.next_items())
             while pages.has_next:
@@ -461,6 +493,38 @@ class Sandboxes:
             "put its inputs again and retry."
         )
 
+    async def pause(self, key: str) -> None:
+        """Pause the sandbox of workspace ``key`` (resumed by its next call).
+
+        Raises:
+            CapabilityError: the sandbox is shared (``sandbox_id``), or the service does not pause sandboxes
+                (it answered 501 or 405 once; not asked again).
+        """
+        from e2b import SandboxException
+
+        box = self.box(key)
+        if not box.owned:
+            raise CapabilityError(
+                "pausing a sandbox given by sandbox_id", "e2b", "Pause it where it was made: it is not this engine's."
+            )
+        if self._pause_refused is not None:
+            raise CapabilityError(f"pausing sandboxes (the service at {self._pause_refused})", "e2b", _NO_PAUSE)
+        if box.resume_for is not None:
+            return
+        await box.release()  # our file agent: a new one starts after the resume
+        try:
+            await sdk_call(f"pausing sandbox {box.id}", _refused_as(box.sandbox.pause(), SandboxException))
+        except _Unsupported as exc:
+            self._pause_refused = self.options.api_url or "E2B's default API"
+            raise CapabilityError(f"pausing sandboxes (the service said: {exc})", "e2b", _NO_PAUSE) from None
+        box.resume_for = self.options.sandbox_timeout
+
+    async def resume(self, key: str) -> None:
+        """Resume the sandbox of workspace ``key`` if it is paused."""
+        box = self.box(key)
+        if box.resume_for is not None:
+            await box.resume()
+
     async def forget(self, key: str) -> None:
         """Drop workspace ``key``: its sandbox is killed when it is ours and only its own."""
         box = self._boxes.pop(key, None)
@@ -471,6 +535,7 @@ class Sandboxes:
     async def kill(box: Box) -> None:
         if not box.owned:
             return
+        box.resume_for = None  # a paused one is killed as it is
         await sdk_call(f"killing sandbox {box.id}", box.sandbox.kill())
 
     async def aclose(self) -> None:
@@ -483,10 +548,30 @@ class Sandboxes:
         self._boxes.clear()
         self._shared = None
         for box in kept:
+            box.resume_for = None  # a paused one stays paused: the next engine's connect resumes it
             await box.release()
         for box in turns:
             with contextlib.suppress(BackendError):  # gone already, or the service is down: it expires on its own
                 await self.kill(box)
+
+
+_NO_PAUSE = (
+    "Pause needs a service that pauses sandboxes: E2B cloud, or execspace serve; elsewhere keep the sandbox "
+    "running (raise sandbox_timeout) or snapshot its files."
+)
+
+
+class _Unsupported(Exception):
+    """The service answered that it has no such operation (501 or 405)."""
+
+
+async def _refused_as(call: Awaitable[T], sdk_error: type[Exception]) -> T:
+    try:
+        return await call
+    except sdk_error as exc:
+        if str(exc).startswith(("501", "405")):
+            raise _Unsupported(str(exc)) from exc
+        raise
 
 
 def workspace_key(exec_id: str) -> str:

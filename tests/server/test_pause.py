@@ -1,0 +1,247 @@
+"""Pause and resume through the official SDK against a real ``execspace serve``: a paused sandbox's programs and
+kernels stop where they are (a counter stops growing, seen from the host) and continue on connect; its files and
+contexts are intact; kill while paused, auto-pause on timeout, auto-resume, and a server ending with one paused."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxQuery, SandboxState
+from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunningException
+
+from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
+
+from .conftest import Server, running_server
+
+ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[dev]' (e2b-code-interpreter)")
+
+#: A shell loop writing how often it went round into a file named by its tag.
+COUNTER = 'i=0; while :; do i=$((i+1)); echo "$i" > "$HOME/$EXECSPACE_TEST_RUN_TAG.count"; sleep 0.02; done'
+#: A thread of the Python kernel doing the same (path relative: the kernel works in the home, seen elsewhere).
+KERNEL_COUNTER = """
+import threading, time
+def _tick(path):
+    n = 0
+    while True:
+        n += 1
+        with open(path + ".tmp", "w") as f:
+            f.write(str(n))
+        __import__("os").replace(path + ".tmp", path)
+        time.sleep(0.02)
+threading.Thread(target=_tick, args=({path!r},), daemon=True).start()
+"""
+
+
+def _until(what: str, check: Callable[[], object], within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within}s")
+        time.sleep(0.05)
+
+
+def _host_file(root: Path, name: str) -> Path:
+    found: list[Path] = []
+    _until(f"{name} written", lambda: found.extend(root.rglob(name)) or found)
+    return found[0]
+
+
+def _count(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (FileNotFoundError, ValueError):  # between the shell's truncation and its write
+        return 0
+
+
+def _stands_still(path: Path) -> int:
+    """The counter's value once two reads half a second apart agree (bounded), checked once more a second later."""
+    values = [_count(path)]
+
+    def settled() -> bool:
+        time.sleep(0.5)
+        values.append(_count(path))
+        return values[-1] == values[-2]  # 0 too: the shell may be stopped between truncating and writing
+
+    _until("the counter stopped", settled, within=10)
+    time.sleep(1.0)
+    assert _count(path) == values[-1], "the counter went on while the sandbox was paused"
+    return values[-1]
+
+
+def _grows_past(path: Path, value: int) -> None:
+    _until(f"the counter grew past {value}", lambda: _count(path) > value + 5)
+
+
+def _loops(tag: str) -> set[int]:
+    """The counter's shell (not the ``sleep`` it forks each turn)."""
+    found = set()
+    for pid in pids_with(tag):
+        try:
+            if b"while" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _state(sandbox_id: str) -> SandboxState:
+    return Sandbox.get_info(sandbox_id).state
+
+
+@pytest.fixture
+def sbx() -> Iterator[ci.Sandbox]:
+    sandbox = ci.Sandbox.create(timeout=120)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def test_pause_stops_programs_and_kernels_and_connect_continues_them(sbx: ci.Sandbox, e2b_server: Server) -> None:
+    tag = new_tag("serve-pause")
+    sbx.files.write("/home/user/kept.bin", bytes(range(256)))
+    sbx.commands.run(COUNTER, background=True, envs=tagged(tag))
+    assert sbx.run_code("x = 41").error is None
+    kernel_tag = new_tag("kernel")
+    assert sbx.run_code(KERNEL_COUNTER.format(path=f"{kernel_tag}.count")).error is None
+    counter = _host_file(e2b_server.root, f"{tag}.count")
+    kernel_counter = _host_file(e2b_server.root, f"{kernel_tag}.count")
+    _grows_past(counter, 0)
+    _grows_past(kernel_counter, 0)
+    loops = _loops(tag)
+    assert loops
+
+    sbx.pause()
+    assert _state(sbx.sandbox_id) is SandboxState.PAUSED
+    paused = {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()}
+    running = {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()}
+    assert sbx.sandbox_id in paused and sbx.sandbox_id not in running
+    stopped, kernel_stopped = _stands_still(counter), _stands_still(kernel_counter)
+    with pytest.raises(SandboxNotRunningException):  # envd refuses it as E2B's proxy does
+        sbx.commands.run("true")
+    assert not sbx.is_running()
+    assert Sandbox.pause(sbx.sandbox_id) is False  # paused already (409)
+
+    again = ci.Sandbox.connect(sbx.sandbox_id)
+    assert _state(sbx.sandbox_id) is SandboxState.RUNNING
+    _grows_past(counter, stopped)
+    _grows_past(kernel_counter, kernel_stopped)
+    assert _loops(tag) == loops  # the same shell, continued
+    assert again.files.read("/home/user/kept.bin", format="bytes") == bytes(range(256))
+    assert again.run_code("x + 1").text == "42"
+    assert again.commands.run("echo after").stdout == "after\n"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="JavaScript contexts run on Node.js")
+def test_a_javascript_context_outlives_a_pause(sbx: ci.Sandbox) -> None:
+    assert sbx.run_code("globalThis.kept = 7", language="js").error is None  # type: ignore[arg-type]
+    sbx.pause()
+    ci.Sandbox.connect(sbx.sandbox_id)
+    assert sbx.run_code("kept * 6", language="js").text == "42"  # type: ignore[arg-type]
+
+
+def test_the_lifetime_clock_stops_while_paused() -> None:
+    sbx = Sandbox.create(timeout=60)
+    try:
+        created = time.monotonic()
+        sbx.pause()
+        before_pause = time.monotonic() - created
+        time.sleep(3)  # long enough that a running clock would show
+        Sandbox.connect(sbx.sandbox_id)
+        left = (Sandbox.get_info(sbx.sandbox_id).end_at - datetime.now(UTC)).total_seconds()
+        assert 60 - before_pause - 1.5 < left <= 60
+    finally:
+        sbx.kill()
+
+
+def test_kill_while_paused_leaves_no_process_and_no_file(e2b_server: Server) -> None:
+    tag = new_tag("serve-pause-kill")
+    sbx = Sandbox.create()
+    sbx.commands.run(f"sleep 600 & {COUNTER}", background=True, envs=tagged(tag))
+    counter = _host_file(e2b_server.root, f"{tag}.count")
+    sbx.pause()
+    _stands_still(counter)
+    assert sbx.kill() is True
+    assert wait_no_process(tag, within=15) == []
+    _until("its workspace removed", lambda: not counter.exists())
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id)
+
+
+def test_auto_pause_on_timeout_and_auto_resume_by_traffic(e2b_server: Server) -> None:
+    tag = new_tag("serve-autopause")
+    sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        info = sbx.get_info()
+        assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
+        sbx.commands.run(COUNTER, background=True, envs=tagged(tag))
+        counter = _host_file(e2b_server.root, f"{tag}.count")
+        _until("the sandbox paused at its timeout", lambda: _state(sbx.sandbox_id) is SandboxState.PAUSED)
+        stopped = _stands_still(counter)
+        assert sbx.commands.run("echo awake").stdout == "awake\n"  # its traffic resumed it
+        assert _state(sbx.sandbox_id) is SandboxState.RUNNING
+        _grows_past(counter, stopped)
+    finally:
+        sbx.kill()
+    assert wait_no_process(tag, within=15) == []
+
+
+def test_auto_pause_without_auto_resume_waits_for_connect(e2b_server: Server) -> None:
+    sbx = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("/home/user/f.txt", "kept")
+        _until("the sandbox paused at its timeout", lambda: _state(sbx.sandbox_id) is SandboxState.PAUSED)
+        with pytest.raises(SandboxNotRunningException):
+            sbx.files.read("/home/user/f.txt")
+        again = Sandbox.connect(sbx.sandbox_id, timeout=30)
+        assert again.files.read("/home/user/f.txt") == "kept"
+        left = (Sandbox.get_info(sbx.sandbox_id).end_at - datetime.now(UTC)).total_seconds()
+        assert 25 < left <= 30
+    finally:
+        sbx.kill()
+
+
+def test_what_is_not_implemented_says_so(e2b_server: Server) -> None:
+    sbx = Sandbox.create()
+    try:
+        with pytest.raises(SandboxException, match=r"501.*without memory"):
+            sbx.pause(mode="filesystem")
+        sbx.pause()
+        with pytest.raises(SandboxException, match=r"501.*without memory"):
+            Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
+        headers = {"X-API-KEY": e2b_server.key}
+        resumed = httpx.post(f"{e2b_server.url}/sandboxes/{sbx.sandbox_id}/resume", json={}, headers=headers)
+        assert resumed.status_code == 201 and resumed.json()["sandboxID"] == sbx.sandbox_id
+        again = httpx.post(f"{e2b_server.url}/sandboxes/{sbx.sandbox_id}/resume", json={}, headers=headers)
+        assert again.status_code == 409
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_server_that_ends_takes_its_paused_sandboxes_with_it(tmp_path: Path, how: int) -> None:
+    """A paused sandbox lives in the server's memory: stopped, the server kills it like any other; killed, its
+    programs die with it and the next server on the root removes its files; connect then answers not found."""
+    tag = new_tag("serve-pause-end")
+    root = tmp_path / "ws"
+    with running_server(root) as first:
+        api = {"api_key": first.key, "api_url": first.url, "sandbox_url": first.url}
+        sbx = Sandbox.create(**api)
+        sbx.commands.run(f"sleep 600 & {COUNTER}", background=True, envs=tagged(tag))
+        counter = _host_file(root, f"{tag}.count")
+        sbx.pause()
+        _stands_still(counter)
+        first.process.send_signal(how)
+        first.process.wait(timeout=30)
+    assert wait_no_process(tag, within=15) == []
+    with running_server(root) as second:
+        _until("its workspace removed", lambda: not counter.exists())
+        with pytest.raises(SandboxException, match="not found"):
+            Sandbox.connect(sbx.sandbox_id, api_key=second.key, api_url=second.url, sandbox_url=second.url)
