@@ -32,7 +32,7 @@ from jupyter_client.session import Session
 
 from ..backends.jupyter.hostkernels import PYTHON_KERNEL_ARGS
 from ..backends.jupyter.outputs import RichOutputLimits
-from ..backends.jupyter.sandboxed import Interpreter, environment_interpreter, find_interpreter
+from ..backends.jupyter.sandboxed import OUTPUT_BOUNDS, Interpreter, environment_interpreter, find_interpreter
 from ..environments import Environment
 from ..errors import EnvironmentNotFound, SetupFailed
 from ..models import OutputChunk, RunProgramSpec, RunResult
@@ -67,7 +67,8 @@ _PROBE_EVERY = 0.5
 #: Runs in the sandbox as ``python -I -c``: reads its configuration (the first frame on stdin), moves the channel off
 #: fds 0 and 1 (C-level output and subprocesses write to stderr instead), binds the kernel on the sandbox's loopback
 #: and relays its channels over the channel until the host closes it.
-LAUNCHER = r"""
+LAUNCHER = (
+    r"""
 import json, os, struct, sys, tempfile, threading
 
 HEAD = struct.Struct("=I")
@@ -105,35 +106,9 @@ class Kernel(IPKernelApp):
         at = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), 0)
         sys.path.insert(at, "")
 
-def bounded(serialize, limit):
-    # a frame over the host's limit would end this kernel's connection: its outputs become a note instead
-    def wrapped(msg, ident=None):
-        frames = serialize(msg, ident)
-        size = max(map(len, frames))
-        if size <= limit:
-            return frames
-        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
-        small = {
-            "stream": {"text": note + "\n"},
-            "error": {"evalue": note, "traceback": [note]},
-        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
-        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
-    return wrapped
-
-def split(stream, chars):
-    # long prints go out in pieces rather than as one message over the host's limit
-    def hook(msg):
-        text = msg["content"]["text"]
-        if len(text) <= chars:
-            return msg
-        for i in range(0, len(text), chars):
-            content = {**msg["content"], "text": text[i : i + chars]}
-            part = stream.session.msg("stream", content, parent=msg["parent_header"])
-            stream.session.send(stream.pub_thread, part, ident=stream.topic)
-        return None
-    return hook
-
-def relay(app):
+"""
+    + OUTPUT_BOUNDS
+    + r"""def relay(app):
     import zmq
     ctx = zmq.Context()
     socks = []
@@ -177,12 +152,11 @@ packers = ["--Session.packer=json", "--Session.unpacker=json"]
 profile = f"--ProfileDir.location={tempfile.mkdtemp(prefix='execspace-ipython-')}"
 app.initialize(["-f", f"/proc/self/fd/{conn}", profile, *packers, *cfg["args"]])
 os.close(conn)
-app.session.serialize = bounded(app.session.serialize, cfg["message_bytes"])
-for stream in (sys.stdout, sys.stderr):
-    stream.register_hook(split(stream, cfg["message_bytes"] // 8))  # UTF-8 and JSON escapes: 6 bytes at most
+bound_outputs(app, cfg["message_bytes"])
 threading.Thread(target=relay, args=(app,), name="execspace-relay", daemon=True).start()
 app.start()
 """
+)
 
 
 def kernel_interpreter(environment: str | None) -> Interpreter | str:

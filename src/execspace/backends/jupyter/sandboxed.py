@@ -67,6 +67,7 @@ from .outputs import RichOutputLimits
 
 __all__ = [
     "LAUNCHER",
+    "OUTPUT_BOUNDS",
     "Interpreter",
     "SandboxKernelConfig",
     "SandboxedKernel",
@@ -83,6 +84,44 @@ _PIPE_BYTES = 64 * 1024
 #: Messages each of our sockets holds from a kernel before libzmq stops reading (the kernel then waits).
 RECEIVE_QUEUE = 2
 
+#: Text of the kernel launchers (this module's and ``execspace serve``'s): ``bound_outputs(app, limit)`` makes a
+#: kernel send no message over ``limit`` bytes (a bigger output becomes a note, a long print goes in pieces).
+OUTPUT_BOUNDS = r"""
+def bound_outputs(app, limit):
+    serialize = app.session.serialize
+
+    def bounded(msg, ident=None):
+        # a frame over the host's limit would end this kernel's connection: its outputs become a note instead
+        frames = serialize(msg, ident)
+        size = max(map(len, frames))
+        if size <= limit:
+            return frames
+        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
+        small = {
+            "stream": {"text": note + "\n"},
+            "error": {"evalue": note, "traceback": [note]},
+        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
+        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
+
+    def split(stream, chars):
+        # long prints go out in pieces rather than as one message over the host's limit
+        def hook(msg):
+            text = msg["content"]["text"]
+            if len(text) <= chars:
+                return msg
+            for i in range(0, len(text), chars):
+                content = {**msg["content"], "text": text[i : i + chars]}
+                part = stream.session.msg("stream", content, parent=msg["parent_header"])
+                stream.session.send(stream.pub_thread, part, ident=stream.topic)
+            return None
+        return hook
+
+    app.session.serialize = bounded
+    for stream in (sys.stdout, sys.stderr):
+        stream.register_hook(split(stream, limit // 8))  # UTF-8 and JSON escapes: 6 bytes at most
+"""
+
+
 #: Runs in the sandbox as ``python -I -c``: reads its configuration from stdin, sends its own output to the
 #: kernel log, binds the kernel's channels, locks unix sockets out, says it is ready, serves.
 #:
@@ -92,7 +131,8 @@ RECEIVE_QUEUE = 2
 #: files planted in ``home/.ipython`` never run. The lock comes as soon as the last channel is bound, before
 #: ipykernel puts the cwd on sys.path and runs the shell's start-up; the connection file (it holds the key)
 #: is a memfd, so that the kernel needs no writable /tmp.
-LAUNCHER = r"""
+LAUNCHER = (
+    r"""
 import base64, ctypes, json, os, socket, sys, time
 
 def lock(bpf):
@@ -151,47 +191,20 @@ class Kernel(IPKernelApp):
         at = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), 0)
         sys.path.insert(at, "")
 
-def bounded(serialize, limit):
-    # a frame over the host's limit would end this kernel: its outputs become a note instead
-    def wrapped(msg, ident=None):
-        frames = serialize(msg, ident)
-        size = max(map(len, frames))
-        if size <= limit:
-            return frames
-        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
-        small = {
-            "stream": {"text": note + "\n"},
-            "error": {"evalue": note, "traceback": [note]},
-        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
-        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
-    return wrapped
-
-def split(stream, chars):
-    # long prints go out in pieces rather than as one message over the host's limit
-    def hook(msg):
-        text = msg["content"]["text"]
-        if len(text) <= chars:
-            return msg
-        for i in range(0, len(text), chars):
-            content = {**msg["content"], "text": text[i : i + chars]}
-            part = stream.session.msg("stream", content, parent=msg["parent_header"])
-            stream.session.send(stream.pub_thread, part, ident=stream.topic)
-        return None
-    return hook
-
-app = Kernel.instance()
+"""
+    + OUTPUT_BOUNDS
+    + r"""app = Kernel.instance()
 # the stdlib's json: jupyter_client packs with orjson where it is installed, and orjson 3.13 crashes the kernel
 # (SIGSEGV) on a flood of large outputs in the unprivileged sandbox
 packers = ["--Session.packer=json", "--Session.unpacker=json"]
 app.initialize(["-f", f"/proc/self/fd/{conn}", f"--ProfileDir.location={cfg['profile']}", *packers, *cfg["args"]])
 os.close(conn)
-app.session.serialize = bounded(app.session.serialize, cfg["message_bytes"])
-for stream in (sys.stdout, sys.stderr):
-    stream.register_hook(split(stream, cfg["message_bytes"] // 8))  # UTF-8 and JSON escapes: 6 bytes at most
+bound_outputs(app, cfg["message_bytes"])
 os.write(ready, cfg["ready"].encode())
 os.close(ready)
 app.start()
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
