@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import e2b_code_interpreter as ci
 import pytest
 
 from execspace.testing.binding import make_traversable
@@ -71,3 +72,14 @@ def sdk_env(e2b_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     return e2b_server
+
+
+@pytest.fixture
+def sbx() -> Iterator[ci.Sandbox]:
+    """A code-interpreter sandbox of the session's server, killed after the test (modules with plain sandboxes
+    define their own)."""
+    sandbox = ci.Sandbox.create(timeout=120)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()

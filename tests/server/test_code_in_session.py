@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,15 +13,6 @@ ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[
 pytest.importorskip(
     "ipykernel", reason="the code interpreter's kernels are ipykernel: pip install 'execspace[jupyter]'"
 )
-
-
-@pytest.fixture
-def sbx() -> Iterator[ci.Sandbox]:
-    sandbox = ci.Sandbox.create(timeout=120)
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def test_a_file_a_cell_writes_in_tmp_is_read_by_a_command(sbx: ci.Sandbox) -> None:

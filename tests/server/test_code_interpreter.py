@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -32,15 +31,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-@pytest.fixture
-def sbx() -> Iterator[ci.Sandbox]:
-    sandbox = ci.Sandbox.create(timeout=120)
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def test_state_persists_and_the_main_result_is_the_text(sbx: ci.Sandbox) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,15 +13,6 @@ from execspace.testing.processes import TAG_VARIABLE, new_tag, wait_no_process, 
 
 ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[dev]' (e2b-code-interpreter)")
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="JavaScript contexts run on Node.js")
-
-
-@pytest.fixture
-def sbx() -> Iterator[ci.Sandbox]:
-    sandbox = ci.Sandbox.create(timeout=120)
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def js(sbx: ci.Sandbox, code: str, **kw: object) -> ci.models.Execution:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -93,15 +93,6 @@ def _loops(tag: str) -> set[int]:
 
 def _state(sandbox_id: str) -> SandboxState:
     return Sandbox.get_info(sandbox_id).state
-
-
-@pytest.fixture
-def sbx() -> Iterator[ci.Sandbox]:
-    sandbox = ci.Sandbox.create(timeout=120)
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def test_pause_stops_programs_and_kernels_and_connect_continues_them(sbx: ci.Sandbox, e2b_server: Server) -> None:
