@@ -14,9 +14,18 @@ from pathlib import Path
 
 from execspace.testing.binding import make_traversable
 
-__all__ = ["CLI", "daemon_served", "make_traversable", "running_daemon", "served_directory"]
+__all__ = ["ATTEMPTS", "CLI", "daemon_served", "make_traversable", "running_daemon", "served_directory"]
 
 CLI = [sys.executable, "-m", "execspace"]
+
+#: The head of a Python probe run in a sandbox: ``attempt(label, fn)`` prints ``label OK`` or the OSError's errno.
+ATTEMPTS = """import errno, socket
+def attempt(label, fn):
+    try:
+        fn(); print(label, "OK")
+    except OSError as exc:
+        print(label, type(exc).__name__, errno.errorcode.get(exc.errno, exc.errno))
+"""
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
-from tests.support import served_directory
+from tests.support import ATTEMPTS, served_directory
 
 pytestmark = pytest.mark.timeout(180)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="allow-lists on the container backend need root")
@@ -125,19 +125,16 @@ async def test_refused_destinations_fail_and_are_audited(
 
 @as_root
 async def test_dns_and_direct_sockets_from_inside_go_nowhere(box: Box, upstream: Upstream) -> None:
-    code = f"""
-import errno, socket
-def attempt(label, fn):
-    try:
-        fn(); print(label, "OK")
-    except OSError as exc:
-        print(label, type(exc).__name__, errno.errorcode.get(exc.errno, exc.errno))
+    code = (
+        ATTEMPTS
+        + f"""
 attempt("dns-pinned", lambda: socket.getaddrinfo("allowed.test", 80))
 attempt("tcp-host-loopback", lambda: socket.create_connection(("127.0.0.1", {upstream.port}), timeout=5))
 attempt("tcp-public", lambda: socket.create_connection(("1.1.1.1", 80), timeout=5))
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 attempt("udp-dns", lambda: u.sendto(b"x", ("8.8.8.8", 53)))
 """
+    )
     before = len(upstream.requests)
     r = await run(box, upstream, "python3", "-c", code)
     got = dict(line.split(" ", 1) for line in r.stdout.splitlines())

@@ -24,7 +24,7 @@ from execspace import RunProgramSpec
 from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from execspace.registry import probe_backend
-from tests.support import make_traversable, served_directory
+from tests.support import ATTEMPTS, make_traversable, served_directory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -197,13 +197,9 @@ async def test_a_host_header_or_sni_other_than_the_target_is_refused(box: Box, u
 
 
 async def test_dns_and_direct_sockets_from_inside_go_nowhere(box: Box, upstream: Upstream) -> None:
-    code = f"""
-import errno, socket
-def attempt(label, fn):
-    try:
-        fn(); print(label, "OK")
-    except OSError as exc:
-        print(label, type(exc).__name__, errno.errorcode.get(exc.errno, exc.errno))
+    code = (
+        ATTEMPTS
+        + f"""
 attempt("dns-pinned", lambda: socket.getaddrinfo("allowed.test", 80))
 attempt("dns-public", lambda: socket.getaddrinfo("example.com", 80))
 attempt("tcp-host-loopback", lambda: socket.create_connection(("127.0.0.1", {upstream.port}), timeout=5))
@@ -213,6 +209,7 @@ u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 attempt("udp-dns", lambda: u.sendto(b"x", ("8.8.8.8", 53)))
 attempt("unix", lambda: socket.socket(socket.AF_UNIX))
 """
+    )
     r = await run(box, upstream, "python3", "-c", code)
     got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert got["dns-pinned"].startswith("gaierror") and got["dns-public"].startswith("gaierror"), got
