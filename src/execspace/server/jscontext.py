@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
-from ..models import OutputChunk, RunProgramSpec
+from ..models import OutputChunk
 from ..protocols import ProgramHandle, ProgramRunner
 from .lines import CellTimedOut, error_line, paced, result_line
 from .sandboxes import Sandbox
@@ -63,15 +63,7 @@ class NodeContext:
 
     @classmethod
     async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str) -> NodeContext:
-        spec = RunProgramSpec(
-            cmd="node",
-            args=("--expose-internals", "-e", _SOURCE),
-            env=sandbox.program_env(),
-            cwd=cwd,
-            timeout=None,  # lives until the context is removed or its sandbox ends
-            network=sandbox.egress.network,  # what the sandbox's commands may reach
-            tag="execspace-js-context",
-        )
+        spec = sandbox.context_process("node", ("--expose-internals", "-e", _SOURCE), cwd, "execspace-js-context")
         return cls(await runner.start_program(sandbox.workspace, spec))
 
     async def stop(self) -> None:

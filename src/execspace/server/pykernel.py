@@ -35,7 +35,7 @@ from ..backends.jupyter.outputs import RichOutputLimits
 from ..backends.jupyter.sandboxed import OUTPUT_BOUNDS, Interpreter, environment_interpreter, find_interpreter
 from ..environments import Environment
 from ..errors import EnvironmentNotFound, SetupFailed
-from ..models import OutputChunk, RunProgramSpec, RunResult
+from ..models import OutputChunk, RunResult
 from ..protocols import ProgramHandle, ProgramRunner
 from .sandboxes import Sandbox
 
@@ -261,15 +261,7 @@ class SessionKernel:
         *,
         timeout: float,  # noqa: ASYNC109 - the start-up's deadline
     ) -> SessionKernel:
-        spec = RunProgramSpec(
-            cmd=interpreter.path,
-            args=("-I", "-c", LAUNCHER),
-            env=sandbox.program_env(),
-            cwd=cwd,
-            timeout=None,  # lives until the context is removed or its sandbox ends
-            network=sandbox.egress.network,  # what the sandbox's commands may reach
-            tag="execspace-py-context",
-        )
+        spec = sandbox.context_process(interpreter.path, ("-I", "-c", LAUNCHER), cwd, "execspace-py-context")
         key = secrets.token_hex(32)
         kernel = cls(await runner.start_program(sandbox.workspace, spec), key)
         connection = {"transport": "tcp", "ip": "127.0.0.1", "key": key, "signature_scheme": "hmac-sha256"}

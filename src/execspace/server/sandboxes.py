@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..errors import CapabilityError, ExecspaceError, ProgramNotFound, WorkspaceNotFound
-from ..models import RunResult, Snapshot, Workspace
+from ..models import RunProgramSpec, RunResult, Snapshot, Workspace
 from ..protocols import Engine, ProgramHandle, SupportsFreezing, SupportsSnapshots
 from .ledger import Ledger
 from .network import SandboxEgress
@@ -104,6 +104,12 @@ class Sandbox:
         """What every program of the sandbox starts with, as E2B's envd gives it: the user, the sandbox's marks and
         its ``envVars`` (a command's or cell's own go on top)."""
         return {"USER": USER, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": self.id, **self.env_vars}
+
+    def context_process(self, cmd: str, args: Sequence[str], cwd: str, tag: str) -> RunProgramSpec:
+        """A code context's process (a Python kernel, a Node REPL): started like a command, with the commands'
+        environment and network, and no deadline (it lives until the context is removed or the sandbox ends)."""
+        env = self.program_env()
+        return RunProgramSpec(cmd, tuple(args), env=env, cwd=cwd, timeout=None, network=self.egress.network, tag=tag)
 
     def keep_waiting(self, handle: ProgramHandle) -> None:
         task = asyncio.ensure_future(handle.wait())
