@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -12,9 +13,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from execspace import RunResult, Workspace
 from execspace.testing.binding import make_traversable
 
-__all__ = ["ATTEMPTS", "CLI", "daemon_served", "make_traversable", "running_daemon", "served_directory"]
+__all__ = ["ATTEMPTS", "CLI", "audit_file", "daemon_served", "make_traversable", "running_daemon", "served_directory"]
 
 CLI = [sys.executable, "-m", "execspace"]
 
@@ -69,3 +71,10 @@ def served_directory(root: Path) -> Iterator[tuple[int, list[str]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def audit_file(ws: Workspace, result: RunResult) -> list[dict[str, object]]:
+    """The egress audit a run left in its run directory (``network.jsonl``), one attempt per line."""
+    assert ws.host_path is not None
+    text = (ws.host_path / result.run_dir / "network.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]

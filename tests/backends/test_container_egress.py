@@ -6,7 +6,6 @@ pins (``allowed.test``, ``denied.test``); the container's loopback is its own, s
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
-from tests.support import ATTEMPTS, served_directory
+from tests.support import ATTEMPTS, audit_file, served_directory
 
 pytestmark = pytest.mark.timeout(180)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="allow-lists on the container backend need root")
@@ -68,13 +67,6 @@ async def run(box: Box, up: Upstream, cmd: str, *args: str) -> RunResult:
     return await engine.runner.run_program(ws, spec)
 
 
-def _audit_file(box: Box, result: RunResult) -> list[dict[str, object]]:
-    _, ws = box
-    assert ws.host_path is not None
-    text = (ws.host_path / result.run_dir / "network.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
-
-
 @as_root
 async def test_connect_and_plain_http_reach_an_allowed_name(box: Box, upstream: Upstream) -> None:
     url = f"http://allowed.test:{upstream.port}/hello.txt"
@@ -88,11 +80,11 @@ async def test_connect_and_plain_http_reach_an_allowed_name(box: Box, upstream: 
         "127.0.0.1",
     )
     assert attempt.bytes_down > len(HELLO) and attempt.bytes_up > 0
-    assert _audit_file(box, r) == [attempt.as_dict()]
+    assert audit_file(box[1], r) == [attempt.as_dict()]
     r = await run(box, upstream, "python3", "-c", f"import urllib.request as u; print(u.urlopen({url!r}).read())")
     assert r.exit_code == 0 and "hello from upstream" in r.stdout, r.stderr
     assert [(a.protocol, a.method, a.allowed) for a in r.network_audit] == [("http", "GET", True)]
-    assert _audit_file(box, r) == [a.as_dict() for a in r.network_audit]
+    assert audit_file(box[1], r) == [a.as_dict() for a in r.network_audit]
     # ALL_PROXY is socks5h://: curl sends the name, the proxy resolves it
     r = await run(box, upstream, "sh", "-c", f'curl -sSf -m 20 -x "$ALL_PROXY" {url}')
     assert (r.exit_code, r.stdout) == (0, HELLO), r.stderr
@@ -119,7 +111,7 @@ async def test_refused_destinations_fail_and_are_audited(
         assert r.exit_code != 0 and HELLO not in r.stdout
         (attempt,) = r.network_audit
         assert not attempt.allowed and reason in attempt.reason, attempt
-        assert _audit_file(box, r) == [attempt.as_dict()]
+        assert audit_file(box[1], r) == [attempt.as_dict()]
     assert len(upstream.requests) == before
 
 

@@ -24,7 +24,7 @@ from execspace import RunProgramSpec
 from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from execspace.registry import probe_backend
-from tests.support import ATTEMPTS, make_traversable, served_directory
+from tests.support import ATTEMPTS, audit_file, make_traversable, served_directory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,13 +123,6 @@ async def run(box: Box, up: Upstream, cmd: str, *args: str, extra: tuple[str, ..
     return await engine.runner.run_program(ws, spec)
 
 
-def _audit_file(box: Box, result: RunResult) -> list[dict[str, object]]:
-    _, ws = box
-    assert ws.host_path is not None
-    text = (ws.host_path / result.run_dir / "network.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
-
-
 async def test_curl_through_connect_reaches_an_allowed_name(box: Box, upstream: Upstream) -> None:
     url = f"http://allowed.test:{upstream.port}/hello.txt"
     r = await run(box, upstream, "curl", "-sSf", "-m", "20", "--proxytunnel", url)
@@ -142,7 +135,7 @@ async def test_curl_through_connect_reaches_an_allowed_name(box: Box, upstream: 
         "127.0.0.1",
     )
     assert attempt.bytes_down > len("hello from upstream\n") and attempt.bytes_up > 0
-    assert _audit_file(box, r) == [attempt.as_dict()]
+    assert audit_file(box[1], r) == [attempt.as_dict()]
 
 
 async def test_python_plain_http_and_curl_socks5_reach_an_allowed_name(box: Box, upstream: Upstream) -> None:
@@ -177,7 +170,7 @@ async def test_refused_destinations_fail_and_are_audited(
         assert r.exit_code != 0 and "hello from upstream" not in r.stdout
         (attempt,) = r.network_audit
         assert not attempt.allowed and reason in attempt.reason, attempt
-        assert _audit_file(box, r) == [attempt.as_dict()]
+        assert audit_file(box[1], r) == [attempt.as_dict()]
     assert len(upstream.requests) == before
 
 
@@ -322,7 +315,7 @@ async def test_an_engine_wide_allow_list_holds_for_every_run_that_keeps_it(
         assert sorted((a["host"], a["allowed"]) for a in audits) == [("allowed.test", True), ("denied.test", False)]
         # in session mode too the run has a proxy of its own, auditing into its own directory and result
         assert [a.allowed for a in r.network_audit] == [True, False]
-        assert [a["host"] for a in _audit_file((engine, ws), r)] == ["allowed.test", "denied.test"]
+        assert [a["host"] for a in audit_file(ws, r)] == ["allowed.test", "denied.test"]
 
 
 async def test_two_runs_in_one_session_each_see_only_their_own_attempts(tmp_path: Path, upstream: Upstream) -> None:
@@ -352,8 +345,8 @@ async def test_two_runs_in_one_session_each_see_only_their_own_attempts(tmp_path
         assert [(a.host, a.allowed) for a in one.network_audit] == [("allowed.test", True)] * 3
         assert [(a.host, a.allowed) for a in two.network_audit] == [("denied.test", False)] * 2
         assert {a.run_id for a in one.network_audit} == {Path(one.run_dir).name}
-        assert [a["host"] for a in _audit_file((engine, ws), one)] == ["allowed.test"] * 3
-        assert [a["host"] for a in _audit_file((engine, ws), two)] == ["denied.test"] * 2
+        assert [a["host"] for a in audit_file(ws, one)] == ["allowed.test"] * 3
+        assert [a["host"] for a in audit_file(ws, two)] == ["denied.test"] * 2
 
 
 async def test_on_network_attempt_approves_an_unlisted_name_for_a_sandboxed_program(

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CapabilityError
-from ...models import NetworkApprover, NetworkPolicy, RunResult
+from ...models import NetworkApprover, NetworkPolicy
 from ...process.egress import RunAudit, listen_in_netns, proxy_env
 from .config import CONTAINER_WORKSPACE, daemon_socket_path
 
-__all__ = ["ContainerEgress", "egress_unavailable"]
+__all__ = ["egress_unavailable", "open_egress"]
 
 
 def egress_unavailable(docker_host: str | None, networked: bool) -> str | None:
@@ -36,42 +36,21 @@ def egress_unavailable(docker_host: str | None, networked: bool) -> str | None:
     return None
 
 
-class ContainerEgress:
-    """One run's listener in its container and the proxy serving it; :meth:`close` when the run is over."""
-
-    def __init__(self, audit: RunAudit, port: int) -> None:
-        self.audit = audit
-        self.env = proxy_env(port)
-        """The proxy variables the program gets (``HTTP_PROXY=http://127.0.0.1:PORT``…)."""
-
-    @classmethod
-    async def open(
-        cls,
-        api: Any,
-        cid: str,
-        ws_dir: Path,
-        policy: NetworkPolicy,
-        run_dir: str,
-        approve: NetworkApprover | None,
-    ) -> ContainerEgress:
-        """Listen in container ``cid`` (the one of the workspace at ``ws_dir``) and serve ``policy`` there; raises
-        :class:`CapabilityError` when its namespace cannot be entered from here."""
-        sock = await asyncio.to_thread(_listen_in, api, cid, ws_dir)
-        port = sock.getsockname()[1]
-        try:
-            audit = RunAudit(policy, ws_dir, run_dir, approve)
-        except BaseException:
-            sock.close()
-            raise
-        await audit.proxy.serve(sock)  # takes the socket over: closed with the proxy
-        return cls(audit, port)
-
-    def annotate(self, result: RunResult) -> RunResult:
-        return self.audit.annotate(result)
-
-    def close(self) -> None:
-        """Stop the proxy (its open connections are cut and audited), close the listener and the audit."""
-        self.audit.close()
+async def open_egress(
+    api: Any, cid: str, ws_dir: Path, policy: NetworkPolicy, run_dir: str, approve: NetworkApprover | None
+) -> tuple[RunAudit, dict[str, str]]:
+    """One run's proxy, serving ``policy`` on a listener in container ``cid`` (the one of the workspace at
+    ``ws_dir``): its audit (``close`` it when the run is over: open connections are cut and audited) and the proxy
+    variables the program gets. Raises :class:`CapabilityError` when the namespace cannot be entered from here."""
+    sock = await asyncio.to_thread(_listen_in, api, cid, ws_dir)
+    port = sock.getsockname()[1]
+    try:
+        audit = RunAudit(policy, ws_dir, run_dir, approve)
+    except BaseException:
+        sock.close()
+        raise
+    await audit.proxy.serve(sock)  # takes the socket over: closed with the proxy
+    return audit, proxy_env(port)
 
 
 def _listen_in(api: Any, cid: str, ws_dir: Path) -> socket.socket:

@@ -13,6 +13,7 @@ from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import CapabilityError
 from ...models import NetworkApprover, NetworkPolicy, ProgramInfo, RunProgramSpec, RunResult, Workspace
+from ...process.egress import RunAudit
 from ...process.preparation import PreparedRun, RunPreparation, finish_run, lookup_where_it_runs, signal_status
 from ...process.programs import ProgramTable
 from ...process.rlimits import classify_rlimit_exit
@@ -20,7 +21,7 @@ from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
-from .egress import ContainerEgress
+from .egress import open_egress
 from .execrun import KILL_GRACE, ExecRun
 from .handle import ContainerHandle
 from .limits import rlimit_argv
@@ -69,7 +70,7 @@ class ContainerRunner:
         # the engine's allow-list: the network of every run that does not choose its own
         self.network_allow = network_allow
         self.on_network_attempt = on_network_attempt
-        self._egress: dict[str, ContainerEgress] = {}
+        self._egress: dict[str, RunAudit] = {}
         """The open proxies of running allow-list runs, by run directory (closed by :meth:`finish`)."""
 
     def _prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
@@ -133,10 +134,10 @@ class ContainerRunner:
         """The result of an exec whose stream has ended, after the shared post-run checks (and its proxy's
         audit, closing the proxy: what the program left running loses the network with the run's end)."""
         result = await self._result(run, prep, timed_out, killed)
-        egress = self._egress.pop(prep.run_dir, None)
-        if egress is not None:
-            result = egress.annotate(result)
-            egress.close()
+        audit = self._egress.pop(prep.run_dir, None)
+        if audit is not None:
+            result = audit.annotate(result)
+            audit.close()
         return await finish_run(prep, result)
 
     def _allow_list(self, spec: RunProgramSpec) -> NetworkPolicy | None:
@@ -149,14 +150,14 @@ class ContainerRunner:
         if policy is None:
             return
         api = self._containers.client.api
-        egress = await ContainerEgress.open(api, cid, prep.root, policy, prep.run_dir, self.on_network_attempt)
-        self._egress[prep.run_dir] = egress
-        prep.env.update(egress.env)
+        audit, env = await open_egress(api, cid, prep.root, policy, prep.run_dir, self.on_network_attempt)
+        self._egress[prep.run_dir] = audit
+        prep.env.update(env)
 
     def _close_egress(self, prep: PreparedRun) -> None:
-        egress = self._egress.pop(prep.run_dir, None)
-        if egress is not None:
-            egress.close()
+        audit = self._egress.pop(prep.run_dir, None)
+        if audit is not None:
+            audit.close()
 
     def _argv(self, prep: PreparedRun) -> list[str]:
         return [*rlimit_argv(prep.spec.limits, self._containers.config.memory_bytes), *prep.argv]
