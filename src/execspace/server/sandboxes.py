@@ -33,8 +33,6 @@ from .watch import DirectoryWatch
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
 
-#: What stops one more part of a paused sandbox (its kernels) for as long as it is paused.
-
 _log = logging.getLogger("execspace.server")
 
 
@@ -278,12 +276,8 @@ class Sandboxes:
         async with sandbox.turning:
             if sandbox.paused is not None or sandbox.closed.is_set():
                 return False
-            held = AsyncExitStack()
-            try:
-                await held.enter_async_context(runner.frozen(sandbox.workspace))
-            except BaseException:
-                await held.aclose()
-                raise
+            held = AsyncExitStack()  # keep_paused adds to it what starts meanwhile
+            await held.enter_async_context(runner.frozen(sandbox.workspace))
             sandbox.left = max(sandbox.end_at - _now(), timedelta(0))
             sandbox.paused = held
         return True
