@@ -37,6 +37,8 @@ async def limited(tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
     if not {"memory_bytes", "pids"} <= caps.enforced_limits:
         await engine.aclose()
         pytest.skip("no cgroup memory and pids controllers here")
+    limits = caps.details["session_limits"]  # what holds each session, and how, is declared
+    assert f"memory_bytes={128 * MIB}: cgroup" in limits and "pids=40: cgroup pids.max" in limits, limits
     try:
         yield engine
     finally:

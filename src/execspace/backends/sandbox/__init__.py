@@ -481,6 +481,16 @@ def _with_nproc(inner: Any, pids: int | None) -> Any:
     return apply
 
 
+def _session_limits(config: SessionConfig, groups: CgroupSupport) -> str:
+    """What bounds each session as a whole (its ``SessionConfig``), and how; "" when nothing does."""
+    limits = []
+    if config.memory_bytes is not None:
+        limits.append(f"memory_bytes={config.memory_bytes}: {_memory_detail(groups)}")
+    if config.pids is not None:
+        limits.append(f"pids={config.pids}: {_pids_detail(groups)}")
+    return "; ".join(limits)
+
+
 def _pids_detail(groups: CgroupSupport) -> str:
     if "pids" in groups.enforced:
         return "cgroup pids.max over the whole sandbox (" + groups.describe()["pids"] + ")"
@@ -660,6 +670,8 @@ class SandboxBackend:
                 raise CapabilityError(
                     "SessionConfig.pids", "sandbox", "limiting a session's processes needs root (a cgroup or its uid)"
                 )
+            if limits := _session_limits(config, cgroups):
+                caps = replace(caps, details={**caps.details, "session_limits": limits})
             return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
         runner = SandboxRunner(bwrap_path, **runner_options)
         manager = HostWorkspaceManager(
