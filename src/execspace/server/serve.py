@@ -24,6 +24,7 @@ from ..engine import open_engine
 from ..errors import CapabilityError, SetupFailed
 from .app import E2BApp
 from .interpreter import CodeInterpreter
+from .jscontext import typescript_node
 from .ledger import Ledger
 from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
@@ -116,7 +117,8 @@ async def serve(
         sandboxes = Sandboxes(engine, options, Ledger(root))
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        interpreter = CodeInterpreter(engine.runner, engine.name, python)
+        typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
+        interpreter = CodeInterpreter(engine.runner, engine.name, python, typescript)
         sandboxes.on_remove.append(interpreter.end)
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
@@ -153,6 +155,14 @@ def kernel_python(environment: str | None) -> Interpreter | str | None:
     except ImportError:
         return None
     return kernel_interpreter(environment)
+
+
+def _typescript_node(python: Interpreter | str | None) -> str | None:
+    """The Node of TypeScript contexts: the kernels' environment's, or one beside this server's packages, or the
+    host's (see :func:`.jscontext.typescript_node`)."""
+    if python is None or isinstance(python, str):
+        return typescript_node(None, ())
+    return typescript_node(python.path, python.site_dirs)
 
 
 def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
