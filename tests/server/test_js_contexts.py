@@ -135,7 +135,7 @@ def test_javascript_contexts_are_their_own(sbx: ci.Sandbox) -> None:
 
 
 def test_r_is_refused_naming_what_runs(sbx: ci.Sandbox) -> None:
-    with pytest.raises(Exception, match=r"TypeScript \(Node\.js\); it has no r kernel"):
+    with pytest.raises(Exception, match=r"\(Node\.js\) and bash; it has no r kernel"):
         sbx.run_code("x <- 1", language="r")
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecspaceError, SetupFailed
 from ..protocols import ProgramRunner
+from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, program_dir, to_workspace
@@ -42,11 +43,12 @@ _LANGUAGE_NAMES = {
     "node": "javascript",
     "typescript": "typescript",
     "ts": "typescript",
+    "bash": "bash",
 }
-#: Languages whose contexts are Node processes.
-_NODE_LANGUAGES = ("javascript", "typescript")
+#: Languages whose contexts are a process of their own (a Node REPL, a bash), not an ipykernel.
+_PROCESS_LANGUAGES = ("javascript", "typescript", "bash")
 #: E2B's other languages, which are not served.
-_OTHER_LANGUAGES = {"r", "java", "bash", "deno"}
+_OTHER_LANGUAGES = {"r", "java", "deno"}
 #: Contexts (kernels, ~50 MB each) one sandbox may hold at once.
 MAX_CONTEXTS = 8
 #: Seconds between keepalive lines while a cell is quiet (as E2B's server does; a write also finds a gone client).
@@ -81,8 +83,8 @@ class Context:
     """The SDK path the kernel works in (``/home/user`` by default)."""
     kernel: KernelConnection | None = None
     """The started kernel (Python), None until the first cell or after a restart."""
-    node: NodeContext | None = None
-    """The started Node process (JavaScript, TypeScript), likewise."""
+    process: NodeContext | BashContext | None = None
+    """The started Node process (JavaScript, TypeScript) or bash, likewise."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unsettled: str | None = None
     """msg_id of a cell whose client went away: interrupted, maybe still running."""
@@ -109,10 +111,11 @@ def normalise_language(language: str | None, typescript: str | None) -> str:
     if name in _OTHER_LANGUAGES:
         raise LanguageUnavailable(
             f"the code interpreter of execspace serve runs Python (sandboxed ipykernel), JavaScript and TypeScript "
-            f"(Node.js); it has no {name} kernel: run {name} code with commands.run instead (e.g. Rscript, java)"
+            f"(Node.js) and bash; it has no {name} kernel: run {name} code with commands.run instead "
+            "(e.g. Rscript, java)"
         )
     raise LanguageUnavailable(
-        f"unknown code interpreter language {language!r}: use 'python', 'javascript' or 'typescript'"
+        f"unknown code interpreter language {language!r}: use 'python', 'javascript', 'typescript' or 'bash'"
     )
 
 
@@ -224,8 +227,8 @@ class CodeInterpreter:
     ) -> AsyncIterator[dict[str, Any]]:
         """E2B's output lines of one cell, ``end_of_execution`` last. A cancelled caller (the client went away)
         interrupts the cell; a sandbox killed meanwhile ends the lines without ``end_of_execution``."""
-        if context.language in _NODE_LANGUAGES:
-            async for line in self._node_cell(sandbox, context, code, env_vars, timeout):
+        if context.language in _PROCESS_LANGUAGES:
+            async for line in self._process_cell(sandbox, context, code, env_vars, timeout):
                 yield line
             return
         async with context.lock:
@@ -267,7 +270,7 @@ class CodeInterpreter:
         context.restore = None
         return await self._kernel(sandbox, context)
 
-    async def _node_cell(
+    async def _process_cell(
         self,
         sandbox: Sandbox,
         context: Context,
@@ -276,37 +279,41 @@ class CodeInterpreter:
         timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
     ) -> AsyncIterator[dict[str, Any]]:
         async with context.lock:
-            node = await self._node(sandbox, context)
+            process = await self._process(sandbox, context)
             try:
-                async for line in node.cell(code, env_vars, timeout, sandbox.closed, KEEPALIVE, INTERRUPT_GRACE):
+                async for line in process.cell(code, env_vars, timeout, sandbox.closed, KEEPALIVE, INTERRUPT_GRACE):
                     yield line
             except asyncio.CancelledError:
                 # the process reads cells in turn: an interrupted one ends before the next starts
-                await asyncio.shield(node.interrupt())
+                await asyncio.shield(process.interrupt())
                 raise
             if sandbox.closed.is_set():
                 return
-            if node.ended:
+            if process.ended:
                 await _stop(context)
         yield {"type": "end_of_execution"}
 
     async def _start(self, sandbox: Sandbox, context: Context) -> None:
-        if context.language in _NODE_LANGUAGES:
-            await self._node(sandbox, context)
+        if context.language in _PROCESS_LANGUAGES:
+            await self._process(sandbox, context)
         else:
             await self._kernel(sandbox, context)
 
-    async def _node(self, sandbox: Sandbox, context: Context) -> NodeContext:
-        if context.node is not None:
-            return context.node
+    async def _process(self, sandbox: Sandbox, context: Context) -> NodeContext | BashContext:
+        if context.process is not None:
+            return context.process
         cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
-        typescript = self._typescript if context.language == "typescript" else None
-        node = await NodeContext.start(self._runner, sandbox, cwd, typescript)
+        process: NodeContext | BashContext
+        if context.language == "bash":
+            process = await BashContext.start(self._runner, sandbox, cwd)
+        else:
+            typescript = self._typescript if context.language == "typescript" else None
+            process = await NodeContext.start(self._runner, sandbox, cwd, typescript)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
-            await node.stop()
+            await process.stop()
             raise SandboxGone(sandbox.id)
-        context.node = node
-        return node
+        context.process = process
+        return process
 
     async def _kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
         if context.kernel is not None:
@@ -349,12 +356,12 @@ _PYTHON_FIX = (
 
 async def _stop(context: Context) -> None:
     kernel, context.kernel = context.kernel, None
-    node, context.node = context.node, None
+    process, context.process = context.process, None
     context.unsettled = context.restore = None
     if kernel is not None:
         await kernel.stop()
-    if node is not None:
-        await node.stop()
+    if process is not None:
+        await process.stop()
 
 
 async def _settle(kernel: KernelConnection, msg_id: str) -> bool:
