@@ -85,7 +85,7 @@ def test_pooled_sandboxes_see_neither_files_nor_processes_of_each_other(pooled: 
 def test_the_pool_refills_within_the_server_maximum(pooled: Server) -> None:
     taken = [Sandbox.create() for _ in range(3)]
     wait_for_pool(pooled, ready=2)  # 3 live of 5: room for 2
-    assert pool_status(pooled)["base"] == {"size": 3, "target": 2, "ready": 2, "taken": 3, "missed": 0}
+    assert pool_status(pooled)["base"] == {"size": 3, "target": 2, "ready": 2, "kernels": 0, "taken": 3, "missed": 0}
     assert len(workspace_dirs(pooled)) == 5
     taken += [Sandbox.create(), Sandbox.create()]
     wait_for_pool(pooled, ready=0)

@@ -20,11 +20,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecspaceError, SetupFailed
+from ..models import Workspace
 from ..protocols import ProgramRunner
 from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, program_dir, to_workspace
+from .pool import ReadySandbox
 from .sandboxes import Sandbox, SandboxGone
 
 if TYPE_CHECKING:
@@ -316,8 +318,12 @@ class CodeInterpreter:
         return process
 
     async def _kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
-        if context.kernel is not None:
-            return context.kernel
+        if context.kernel is None:
+            context.kernel = await self._start_kernel(sandbox, context.cwd)
+        return context.kernel
+
+    async def _start_kernel(self, sandbox: Sandbox, cwd: str) -> KernelConnection:
+        """A Python kernel in the sandbox's session, working in ``cwd`` (an SDK path)."""
         from .pykernel import SessionKernel
 
         home = posixpath.join(sandbox.workspace.path, HOME_DIR)
@@ -325,13 +331,35 @@ class CodeInterpreter:
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
-            work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
+            work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, cwd))
             kernel.execute(_setup(work), silent=True)  # the context's directory may not exist yet: the kernel makes it
         except BaseException:
             await kernel.stop()
             raise
-        context.kernel = kernel
         return kernel
+
+    # -- warm kernels ----------------------------------------------------------------------------
+
+    def warms_kernels(self) -> bool:
+        """Whether this server can start Python kernels ahead of need (a backend and a Python for them)."""
+        return self._backend == "sandbox" and self._python is not None and not isinstance(self._python, str)
+
+    async def warm_kernel(self, template: str, sandbox_id: str, workspace: Workspace) -> KernelConnection:
+        """The default Python context's kernel of a pooled sandbox, started in its session ahead of its create."""
+        return await self._start_kernel(Sandbox.pooled(sandbox_id, template, workspace), HOME)
+
+    async def adopt(self, sandbox: Sandbox, ready: ReadySandbox) -> None:
+        """Make a taken pooled sandbox's warm kernel its default Python context's, with the create's ``envVars``;
+        a create whose network differs from the warm kernel's (off) has it stopped: its first cell starts one."""
+        kernel = ready.kernel
+        if kernel is None:
+            return
+        if sandbox.egress.network != "off":  # the kernel started offline, as every program of a pooled sandbox
+            await kernel.stop()
+            return
+        if sandbox.env_vars:
+            kernel.execute(_update_env(sandbox.env_vars), silent=True)  # before any cell: the kernel runs in order
+        self.default(sandbox, "python").kernel = kernel
 
     def _kernel_python(self) -> Interpreter:
         """The kernels' Python (a host without one fails a cell, not the server)."""
@@ -451,6 +479,12 @@ def _set_env(env: dict[str, str], restore: str) -> str:
         f"import os, builtins\nenv = {env!r}\n"
         f"setattr(builtins, {restore!r}, {{k: os.environ.get(k) for k in env}})\nos.environ.update(env)\n"
     )
+    return f"exec({source!r}, {{}})"
+
+
+def _update_env(env: dict[str, str]) -> str:
+    """A silent cell giving a warm kernel its sandbox's ``envVars`` (what a kernel started later starts with)."""
+    source = f"import os\nos.environ.update({env!r})\n"
     return f"exec({source!r}, {{}})"
 
 

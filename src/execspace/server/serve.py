@@ -26,7 +26,7 @@ from .app import E2BApp
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
 from .ledger import Ledger
-from .options import TLS, ServerOptions
+from .options import KERNEL_TEMPLATES, TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
@@ -120,6 +120,9 @@ async def serve(
         typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
         interpreter = CodeInterpreter(engine.runner, engine.name, python, typescript)
         sandboxes.on_remove.append(interpreter.end)
+        sandboxes.on_take.append(interpreter.adopt)
+        if options.warm_kernels and interpreter.warms_kernels():
+            sandboxes.pool.warm_kernels(interpreter.warm_kernel, frozenset(KERNEL_TEMPLATES))
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
