@@ -10,18 +10,16 @@ output on each stream is complete when its mark arrives. Everything else the she
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import re
-import secrets
 import shlex
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UsageError
 from ..protocols import ProgramHandle, ProgramRunner
 from .cellprocess import CellProcess, now
-from .lines import CellTimedOut, error_line, paced
+from .lines import error_line
 from .sandboxes import Sandbox
 
 __all__ = ["BashContext"]
@@ -70,8 +68,12 @@ _END = _Output("stderr", "")
 class BashContext(CellProcess[_Output | _Mark]):
     """A started bash and what it writes."""
 
+    DIED = "the bash context's shell exited (a cell's exit ends it); the next cell starts a fresh one, state lost"
+
     def __init__(self, handle: ProgramHandle) -> None:
         super().__init__(handle, _END)
+        self._marks: dict[str, int] = {}
+        """The running cell's exit status, by the stream its mark came on (it ends once both came)."""
         self._pending = {"stdout": b"", "stderr": b""}
         self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in self._pending}
 
@@ -80,46 +82,23 @@ class BashContext(CellProcess[_Output | _Mark]):
         args = ("--noprofile", "--norc", "-c", _DRIVER)
         return cls(await runner.start_program(sandbox.workspace, sandbox.context_process("bash", args, cwd, _TAG)))
 
-    async def cell(
-        self,
-        code: str,
-        env_vars: Mapping[str, str],
-        timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
-        closed: asyncio.Event,
-        keepalive: float,
-        grace: float,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """E2B's lines of one cell, up to (not including) ``end_of_execution``: its stdout and stderr as they come,
-        and an ``ExitCode`` error when it ends with a status other than 0; ``self.ended`` afterwards says the shell
-        is gone or stuck, and must be replaced."""
-        cell_id = secrets.token_hex(8)
-        if not await self._send(_request(cell_id, code, env_vars)):
-            yield error_line("KernelDied", _DIED)
-            return
-        status: dict[str, int] = {}
-        try:
-            async for item in paced(self._receive, self.interrupt, timeout, closed, keepalive=keepalive, grace=grace):
-                if item is None:
-                    yield {"type": "keepalive"}
-                elif item is _END:
-                    self.ended = True
-                    yield error_line("KernelDied", _DIED)
-                    return
-                elif isinstance(item, _Output):
-                    if item.text and item.stream not in status:  # after its mark: a background job's, dropped
-                        yield {"type": item.stream, "text": item.text, "timestamp": now()}
-                elif isinstance(item, _Mark) and item.cell == cell_id:
-                    status[item.stream] = item.status
-                    if len(status) == 2:
-                        break
-        except CellTimedOut as exc:
-            self.ended = True
-            yield error_line("TimeoutError", str(exc))
-            return
-        if (note := self._dropped_note()) is not None:
-            yield note
-        if len(status) == 2 and status["stdout"]:
-            yield error_line("ExitCode", str(status["stdout"]), f"the cell exited with status {status['stdout']}")
+    def _request(self, cell_id: str, code: str, env_vars: Mapping[str, str]) -> bytes:
+        self._marks.clear()
+        return _request(cell_id, code, env_vars)
+
+    def _lines(self, cell_id: str, item: _Output | _Mark) -> tuple[list[dict[str, Any]], bool]:
+        if isinstance(item, _Output):
+            if not item.text or item.stream in self._marks:  # after its mark: a background job's, dropped
+                return [], False
+            return [{"type": item.stream, "text": item.text, "timestamp": now()}], False
+        if item.cell == cell_id:  # another's is a cell's that was cut off
+            self._marks[item.stream] = item.status
+        return [], len(self._marks) == 2
+
+    def _closing_lines(self) -> list[dict[str, Any]]:
+        """An ``ExitCode`` error when the cell ended with a status other than 0."""
+        status = self._marks["stdout"]
+        return [error_line("ExitCode", str(status), f"the cell exited with status {status}")] if status else []
 
     def _feed(self, stream: str, data: bytes) -> None:
         pending = self._pending[stream] + data
@@ -143,7 +122,6 @@ class BashContext(CellProcess[_Output | _Mark]):
 
 
 _TAG = "execspace-bash-context"
-_DIED = "the bash context's shell exited (a cell's exit ends it); the next cell starts a fresh one, state lost"
 
 
 def _request(cell_id: str, code: str, env_vars: Mapping[str, str]) -> bytes:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from ..models import OutputChunk
 from ..protocols import ProgramHandle
+from .lines import CellTimedOut, error_line, paced
 
 __all__ = ["MAX_AHEAD", "CellProcess", "now"]
 
@@ -31,7 +33,10 @@ def now() -> str:
 
 
 class CellProcess(Generic[T]):
-    """A started context process and the items parsed from its output (subclasses parse: :meth:`_feed`)."""
+    """A started context process and the items parsed from its output. Subclasses say how a cell is sent
+    (:meth:`_request`), how output is parsed (:meth:`_feed`) and what an item means to a cell (:meth:`_lines`)."""
+
+    DIED = "the context's process ended; the next cell starts a fresh one (state is lost)"
 
     def __init__(self, handle: ProgramHandle, end: T) -> None:
         """``end``: the item :meth:`_receive` gives once the process's output ended."""
@@ -50,6 +55,61 @@ class CellProcess(Generic[T]):
         # a waiter lets the output flow to the attached reader: unwaited, the handle holds it for stream()
         self._waiter = asyncio.ensure_future(handle.wait())
         self._waiter.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def cell(
+        self,
+        code: str,
+        env_vars: Mapping[str, str],
+        timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
+        closed: asyncio.Event,
+        keepalive: float,
+        grace: float,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """E2B's lines of one cell, up to (not including) ``end_of_execution``; ``self.ended`` afterwards says the
+        process is gone or stuck, and must be replaced."""
+        cell_id = secrets.token_hex(8)
+        if not await self._send(self._request(cell_id, code, env_vars)):
+            yield error_line("KernelDied", self.DIED)
+            return
+        try:
+            async for item in paced(self._receive, self.interrupt, timeout, closed, keepalive=keepalive, grace=grace):
+                if item is None:
+                    yield {"type": "keepalive"}
+                    continue
+                if item is self._end:
+                    self.ended = True
+                    yield self._end_line()
+                    return
+                lines, done = self._lines(cell_id, item)
+                for line in lines:
+                    yield line
+                if done:
+                    if (note := self._dropped_note()) is not None:
+                        yield note
+                    for line in self._closing_lines():
+                        yield line
+                    return
+        except CellTimedOut as exc:
+            self.ended = True
+            yield error_line("TimeoutError", str(exc))
+
+    def _request(self, cell_id: str, code: str, env_vars: Mapping[str, str]) -> bytes:
+        """What starts the cell in the process (and resets what a cell keeps of its own)."""
+        raise NotImplementedError
+
+    def _lines(self, cell_id: str, item: T) -> tuple[list[dict[str, Any]], bool]:
+        """The E2B lines of an item for the running cell ``cell_id``, and whether the cell ended with it."""
+        raise NotImplementedError
+
+    def _closing_lines(self) -> list[dict[str, Any]]:
+        """Lines of a cell that ended, after its output (none by default)."""
+        return []
+
+    def _end_line(self) -> dict[str, Any]:
+        if self._lost is not None:
+            why = f"the cell's output outran its reader ({self._lost}); the context is restarted: state lost"
+            return error_line("OutputOverflow", why)
+        return error_line("KernelDied", self.DIED)
 
     async def stop(self) -> None:
         self._pump.cancel()

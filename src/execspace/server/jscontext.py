@@ -10,21 +10,19 @@ than the cap is cut, and a frame naming another cell (one the server gave up on)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
 import os
-import secrets
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from ..protocols import ProgramHandle, ProgramRunner
 from .cellprocess import CellProcess, now
-from .lines import CellTimedOut, error_line, paced, result_line
+from .lines import result_line
 from .sandboxes import Sandbox
 
 __all__ = ["NodeContext", "node_available", "typescript_node"]
@@ -68,6 +66,8 @@ def _strips_types(node: str) -> bool:
 class NodeContext(CellProcess[dict[str, Any]]):
     """A started Node process and the frames it sends."""
 
+    DIED = "the JavaScript context's process ended; the next cell starts a fresh one (state is lost)"
+
     def __init__(self, handle: ProgramHandle) -> None:
         super().__init__(handle, _END)
         self._pending = {"stdout": bytearray(), "stderr": bytearray()}
@@ -82,51 +82,18 @@ class NodeContext(CellProcess[dict[str, Any]]):
             spec = sandbox.context_process(typescript, (*args, "typescript"), cwd, "execspace-ts-context")
         return cls(await runner.start_program(sandbox.workspace, spec))
 
-    async def cell(
-        self,
-        code: str,
-        env_vars: Mapping[str, str],
-        timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
-        closed: asyncio.Event,
-        keepalive: float,
-        grace: float,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """E2B's lines of one cell, up to (not including) ``end_of_execution``; ``self.ended`` afterwards says the
-        process is gone or stuck, and must be replaced."""
-        cell_id = secrets.token_hex(8)
-        request = json.dumps({"id": cell_id, "code": code, "env": dict(env_vars)}) + "\n"
-        if not await self._send(request.encode()):
-            yield error_line("KernelDied", "the JavaScript context's process ended; the next cell starts a fresh one")
-            return
-        try:
-            async for frame in paced(self._receive, self.interrupt, timeout, closed, keepalive=keepalive, grace=grace):
-                if frame is None:
-                    yield {"type": "keepalive"}
-                    continue
-                if frame is _END:
-                    self.ended = True
-                    yield self._end_line()
-                    return
-                if frame.get("cell") not in (cell_id, None):
-                    continue
-                kind = frame["type"]
-                if kind == "done":
-                    if (note := self._dropped_note()) is not None:
-                        yield note
-                    return
-                if kind == "result":
-                    yield result_line(frame["data"], main=True)
-                else:
-                    yield {k: v for k, v in frame.items() if k != "cell"}
-        except CellTimedOut as exc:
-            self.ended = True
-            yield error_line("TimeoutError", str(exc))
+    def _request(self, cell_id: str, code: str, env_vars: Mapping[str, str]) -> bytes:
+        return (json.dumps({"id": cell_id, "code": code, "env": dict(env_vars)}) + "\n").encode()
 
-    def _end_line(self) -> dict[str, Any]:
-        if self._lost is not None:
-            why = f"the cell's output outran its reader ({self._lost}); the context is restarted: state lost"
-            return error_line("OutputOverflow", why)
-        return error_line("KernelDied", "the JavaScript context's process died; the next cell starts afresh")
+    def _lines(self, cell_id: str, item: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+        if item.get("cell") not in (cell_id, None):
+            return [], False  # a cell's the server gave up on
+        kind = item["type"]
+        if kind == "done":
+            return [], True
+        if kind == "result":
+            return [result_line(item["data"], main=True)], False
+        return [{k: v for k, v in item.items() if k != "cell"}], False
 
     def _feed(self, stream: str, data: bytes) -> None:
         buffer = self._pending[stream]
