@@ -4,6 +4,7 @@ stdin/stdout at scale, timeouts that kill whole trees, cancellation, rlimits, fd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
@@ -506,6 +507,34 @@ async def test_cancelling_run_program_kills_the_process(engine: BaseEngine, ws: 
         await task
     assert not alive(main)
     assert await dead(child)
+
+
+async def test_cancelling_a_start_while_its_pipes_are_wired_kills_the_whole_group(
+    engine: BaseEngine, ws: Workspace, tmp_path: Path
+) -> None:
+    """Cancelled after the program began but before asyncio connected its pipes (a loaded machine delays that):
+    its group dies, the child holding its pipes too, and the cancellation returns instead of waiting for them."""
+    pids = tmp_path / "pids"
+    task = asyncio.create_task(sh(engine, ws, f"sleep 300 & echo $$ $! > {pids}; wait", timeout=None))
+    while not _written(pids):
+        await asyncio.sleep(0)  # one step of the start
+        deadline = time.monotonic() + 0.2
+        while not _written(pids) and time.monotonic() < deadline:
+            time.sleep(0.005)  # the loop held up: the start stays where that step left it
+    main, child = map(int, pids.read_text().split())
+    task.cancel()
+    try:
+        done, _ = await asyncio.wait({task}, timeout=20)
+        assert task in done and task.cancelled()
+        assert await dead(main) and await dead(child)
+    finally:
+        for pid in (main, child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _written(path: Path) -> bool:
+    return path.exists() and path.read_text().endswith("\n")
 
 
 # -- limits -----------------------------------------------------------------------------------

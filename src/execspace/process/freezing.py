@@ -17,8 +17,13 @@ from collections.abc import AsyncIterator, Collection, Iterable
 
 __all__ = ["stopped_trees"]
 
-#: How long the stops may take to land before the snapshot goes ahead anyway (a process in the kernel's D state).
-_SETTLE_SECONDS = 1.0
+#: How long the stops may take to land before the block goes ahead anyway. A runnable process takes its stop when
+#: it is next scheduled, which on a loaded machine can be well past a few passes: it is waited for (up to the
+#: longer bound). One in the kernel's uninterruptible sleep (D, e.g. on a slow disk) takes it only when it leaves
+#: that: the block goes ahead after the shorter bound when only such processes are left.
+_SETTLE_SECONDS = 10.0
+_SETTLE_UNINTERRUPTIBLE_SECONDS = 1.0
+#: Passes that find processes not stopped yet (each forked just before its parent's stop) before giving up.
 _MAX_PASSES = 64
 
 
@@ -37,18 +42,24 @@ async def stopped_trees(roots: Iterable[int], *, keep: Collection[int] = ()) -> 
 
 
 def _stop_all(roots: list[int], keep: frozenset[int], halted: list[int]) -> None:
-    deadline = time.monotonic() + _SETTLE_SECONDS
-    for _ in range(_MAX_PASSES):
+    started = time.monotonic()
+    passes = 0
+    while True:
         found = [pid for pid in _trees(roots) if pid not in keep and pid not in halted]
         for pid in found:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
                 halted.append(pid)
-        settled = all(_stopped(pid) for pid in halted)
-        if not found and (settled or time.monotonic() > deadline):
+        passes += bool(found)
+        waiting = [state for pid in halted if (state := _state(pid)) not in _STOPPED]
+        if not found and not waiting:
             return
-        if not settled:
-            time.sleep(0.001)  # the stops land asynchronously: let them, then look again
+        elapsed = time.monotonic() - started
+        if passes >= _MAX_PASSES or elapsed > _SETTLE_SECONDS:
+            return
+        if not found and elapsed > _SETTLE_UNINTERRUPTIBLE_SECONDS and all(state == "D" for state in waiting):
+            return
+        time.sleep(0.001)  # the stops land asynchronously: let them, then look again
 
 
 def _trees(roots: list[int]) -> list[int]:
@@ -75,10 +86,13 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _stopped(pid: int) -> bool:
+#: States of a process that runs no more: stopped, traced, a zombie, dead ("" : gone from /proc).
+_STOPPED = frozenset({"T", "t", "Z", "X", ""})
+
+
+def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return True  # gone: nothing of it runs
-    return state in ("T", "t", "Z", "X")
+        return ""

@@ -157,6 +157,19 @@ async def spawn(launch: Launch, process: Callable[[Launch], SupervisedProcess] |
     return proc
 
 
+def _kill_group(transport: asyncio.SubprocessTransport) -> None:
+    """SIGKILL a started program's whole group and let go of it: its start failed or was cancelled after the
+    program began, so nobody will supervise it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(transport.get_pid(), signal.SIGKILL)
+    transport.close()
+
+
+def _kill_unsupervised(creating: asyncio.Future[tuple[asyncio.SubprocessTransport, Any]]) -> None:
+    if not creating.cancelled() and creating.exception() is None:
+        _kill_group(creating.result()[0])
+
+
 class SupervisedProcess:
     """A running program under supervision; implements the ``ProgramHandle`` protocol."""
 
@@ -249,8 +262,8 @@ class SupervisedProcess:
             )
             if la.preexec_fn is not None:
                 kwargs["preexec_fn"] = la.preexec_fn
-        try:
-            transport, _ = await loop.subprocess_exec(
+        creating = asyncio.ensure_future(
+            loop.subprocess_exec(
                 lambda: _Protocol(self),
                 *la.argv,
                 env=dict(la.env),
@@ -260,14 +273,25 @@ class SupervisedProcess:
                 pass_fds=tuple(la.pass_fds),
                 **kwargs,
             )
+        )
+        try:
+            # shielded: asyncio's own clean-up of a start cancelled while it wires the pipes kills the leader
+            # alone, then waits for pipes that a child of it (`sleep 300 &`) holds for as long as it lives
+            transport, _ = await asyncio.shield(creating)
         except BaseException:
             self._close_pty()
+            if not creating.done():
+                creating.add_done_callback(_kill_unsupervised)
             raise
         finally:
             if slave is not None:
                 os.close(slave)  # the program holds it now; ours would keep the output from ever ending
         if la.pty is not None:
-            await self._connect_pty(loop)
+            try:
+                await self._connect_pty(loop)
+            except BaseException:
+                _kill_group(transport)
+                raise
         else:
             for fd in (1, 2):
                 pipe = transport.get_pipe_transport(fd)
