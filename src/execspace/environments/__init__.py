@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .rootfs import DEBIAN_PATH, lookup_in_root
 from .spec import BUILTIN_SPECS, TEMPLATE_ALIASES, EnvironmentSpec, builtin_spec, canonical_name, load_spec
 from .store import MARKER, BuildEvent, Environment, EnvironmentStore, Progress, default_root
 
 __all__ = [
     "BUILTIN_SPECS",
+    "DEBIAN_PATH",
     "MARKER",
     "TEMPLATE_ALIASES",
     "BuildEvent",
@@ -31,6 +33,7 @@ __all__ = [
     "get",
     "list_environments",
     "load_spec",
+    "lookup_in_root",
     "remove",
 ]
 
