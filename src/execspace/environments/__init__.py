@@ -1,5 +1,6 @@
-"""Runtime environments: named, immutable trees (a venv of a system Python with pip packages) built once from the
-package registries into a per-user cache and bound read-only into every sandbox that runs in one (docs/environments.md).
+"""Runtime environments: named, immutable trees (a venv of a system Python with pip packages, or a minimal Debian
+root with apt packages) built once from the package registries into a per-user cache and bound read-only into every
+sandbox that runs in one (docs/environments.md).
 
 ::
 

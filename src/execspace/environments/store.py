@@ -284,7 +284,21 @@ class EnvironmentStore:
         """Remove what killed builds of this tree left (we hold its lock: nobody else builds it)."""
         for entry in os.listdir(self.root):
             if entry.startswith(f".build-{tree_name}-"):
+                _refuse_mounted(self.root / entry)
                 shutil.rmtree(self.root / entry, ignore_errors=True)
+
+
+def _refuse_mounted(tree: Path) -> None:
+    """A half tree with a mount in it (a rootfs build killed outside its namespace: mmdebstrap mounts the host's
+    /dev there) is never walked: removing it would remove what the mount shows."""
+    prefix = f"{os.path.realpath(tree)}/"
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        mounts = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+    if mounts:
+        raise EnvironmentBuildFailed(
+            f"the half-built {tree} still has mounts in it ({', '.join(sorted(mounts)[:3])}...)",
+            f"unmount them (umount -R {tree}/rootfs), then build again",
+        )
 
 
 #: Makes the tree of a spec at ``tmp`` (to be renamed to ``final``); what the marker says of it.
