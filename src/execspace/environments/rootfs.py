@@ -25,6 +25,8 @@ DEBIAN_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 _APT_DIR = Path("/etc/apt")
 #: Paths left out of the tree: nothing runs them, and they are a quarter of a minimal root (copyrights are kept).
 _EXCLUDE = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
+#: mmdebstrap's hook that merges /usr itself: without it apt installs ``usrmerge``, which brings all of Perl (50 MB).
+_MERGED_USR = "/usr/share/mmdebstrap/hooks/maybe-merged-usr"
 _MISSING_PACKAGE = re.compile(r"Unable to locate package (\S+)|Package '?(\S+?)'? has no installation candidate")
 
 
@@ -169,6 +171,7 @@ def mmdebstrap_argv(
         *(["--dry-run"] if dry_run else []),
         *(f"--dpkgopt=path-exclude={p}" for p in _EXCLUDE),
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        *([f"--hook-dir={_MERGED_USR}"] if os.path.isdir(_MERGED_USR) else []),
         *([f"--include={','.join(packages)}"] if packages else []),
         target.suite,
         str(tree),
