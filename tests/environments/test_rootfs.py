@@ -149,6 +149,24 @@ async def test_an_apt_package_that_does_not_exist_fails_naming_it_and_leaves_not
     assert [p.name for p in store.root.iterdir() if not p.name.startswith(".lock-")] == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the build as another user")
+def test_a_normal_user_without_subordinate_uids_is_told_what_to_do(tmp_path: Path) -> None:
+    """Unprivileged, mmdebstrap's unshare mode needs /etc/subuid ranges: the user 'nobody' has none here."""
+    make_traversable(tmp_path)
+    store = tmp_path / "store"
+    store.mkdir()
+    os.chown(store, 65534, 65534)
+    (tmp_path / "u.toml").write_text('name = "unprivileged"\nbase = "rootfs"\n')
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    env = {**_store_env(store), "HOME": str(store)}
+    if subprocess.run([*drop, *CLI, "--help"], env=env, capture_output=True).returncode != 0:
+        pytest.skip("'nobody' cannot run this checkout's execspace (a private directory on the way)")
+    r = subprocess.run([*drop, *CLI, "env", "build", str(tmp_path / "u.toml")], env=env, capture_output=True, text=True)
+    if "subordinate uids" not in r.stderr and r.returncode == 0:
+        pytest.skip("this host gives 'nobody' subordinate uids: the build ran")
+    assert r.returncode == 125 and "subordinate uids and gids" in r.stderr and "usermod --add-subuids" in r.stderr
+
+
 def _mounts_under(path: Path) -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(str(path))]

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import getpass
 import json
 import os
 import re
@@ -392,6 +393,13 @@ async def _mmdebstrap(
     try:
         await _run_step("apt", argv, emit)
     except EnvironmentBuildFailed as exc:
+        if "/etc/subuid" in exc.cause and os.geteuid() != 0:
+            raise EnvironmentBuildFailed(
+                f"environment {spec.name!r}: as a normal user mmdebstrap builds in a user namespace, which needs "
+                f"subordinate uids and gids (/etc/subuid, /etc/subgid) for {getpass.getuser()}, and it found none",
+                "build it as root (sudo execspace env build SPEC), or give the user a range: "
+                f"usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {getpass.getuser()}",
+            ) from None
         missing = missing_packages(exc.cause)
         if not missing:
             raise
