@@ -292,8 +292,8 @@ class EnvironmentStore:
 def _refuse_mounted(tree: Path) -> None:
     """A half tree with a mount in it (a rootfs build killed outside its namespace: mmdebstrap mounts the host's
     /dev there) is never walked: removing it would remove what the mount shows."""
-    prefix = f"{os.path.realpath(tree)}/"
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+    prefix, mounts = f"{os.path.realpath(tree)}/", []
+    with contextlib.suppress(FileNotFoundError), open("/proc/self/mountinfo", encoding="utf-8") as f:  # not Linux
         mounts = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
     if mounts:
         raise EnvironmentBuildFailed(
