@@ -3,7 +3,7 @@ host's own apt sources; the sandbox (per-run and session) shows it as the progra
 imports it as an image; a package that does not exist and a build killed with SIGKILL leave nothing in use.
 
 The shared rootfs is built in the normal store (``default_root()``) so that a second run on the same machine finds
-it built (the first build downloads ~40 MB from Debian's archive: about a minute here); the failure cases use
+it built (the first build downloads a minimal Debian from the apt archive: 1–1.5 minutes here); the failure cases use
 stores of their own under ``tmp_path``."""
 
 from __future__ import annotations
