@@ -108,7 +108,7 @@ async def test_a_program_no_package_installed_fails_the_build_and_leaves_nothing
 @pytest.mark.parametrize(
     ("toml", "says"),
     [
-        ('name = "x"\napt = ["curl"]\n', "not built here yet"),
+        ('name = "x"\napt = ["curl"]\n', 'add base = "rootfs"'),
         ('name = "x"\nnpm = ["git+https://example.com/x.git"]\n', "not a registry package"),
         ('name = "x"\nnpm = ["--registry=http://evil"]\n', "not a registry package"),
         ('name = "x"\nnpm = ["./local-dir"]\n', "not a registry package"),

@@ -93,6 +93,7 @@ def _row(env: Environment) -> dict[str, Any]:
         "digest": env.digest,
         "path": str(env.path),
         "python_version": env.python_version,
+        "suite": env.suite,
         "packages": dict(env.packages),
         "env": dict(env.env),
         "description": env.description,
@@ -112,7 +113,7 @@ def _print(args: argparse.Namespace, envs: list[Environment], what: str) -> None
     for env in envs:
         packages = len(env.packages)
         print(
-            f"{env.name:<20} {env.digest}  python {env.python_version}  {packages:>3} packages  "
+            f"{env.name:<20} {env.digest}  {env.runtime}  {packages:>3} packages  "
             f"{human_size(env.size_bytes):>8}  {printable(str(env.path))}"
         )
     sys.stdout.flush()

@@ -1,5 +1,6 @@
-"""Runtime environments: named, immutable trees (a venv of a system Python with pip packages) built once from the
-package registries into a per-user cache and bound read-only into every sandbox that runs in one (docs/environments.md).
+"""Runtime environments: named, immutable trees (a venv of a system Python with pip packages, or a minimal Debian
+root with apt packages) built once from the package registries into a per-user cache and bound read-only into every
+sandbox that runs in one (docs/environments.md).
 
 ::
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .rootfs import DEBIAN_PATH, lookup_in_root
 from .spec import BUILTIN_SPECS, TEMPLATE_ALIASES, EnvironmentSpec, builtin_spec, canonical_name, load_spec
 from .store import MARKER, BuildEvent, Environment, EnvironmentStore, Progress, default_root
 
 __all__ = [
     "BUILTIN_SPECS",
+    "DEBIAN_PATH",
     "MARKER",
     "TEMPLATE_ALIASES",
     "BuildEvent",
@@ -31,6 +34,7 @@ __all__ = [
     "get",
     "list_environments",
     "load_spec",
+    "lookup_in_root",
     "remove",
 ]
 

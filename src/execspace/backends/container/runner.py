@@ -60,7 +60,10 @@ class ContainerRunner:
             owner=owner,
             program_root=lambda _ws: CONTAINER_WORKSPACE,
             lookup=lookup_where_it_runs,  # on the run's PATH, by the runtime (127 from there)
-            path_view=None if environment is None else functools.partial(_bin_first, str(environment.bin_dir)),
+            # a rootfs environment is the image itself: its PATH is the image's, with no venv to put first
+            path_view=None
+            if environment is None or environment.root is not None
+            else functools.partial(_bin_first, str(environment.bin_dir)),
         )
         self._environment = environment
         self._containers = containers

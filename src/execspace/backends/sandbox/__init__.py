@@ -26,13 +26,13 @@ from ...artifacts import ArtifactService
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
-from ...environments import Environment, EnvironmentStore
+from ...environments import DEBIAN_PATH, Environment, EnvironmentStore, lookup_in_root
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
-from ...process.preparation import PreparedRun, lookup_on_path, signal_status
+from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...rundirs import daemon_dirs
@@ -143,17 +143,17 @@ class SandboxRunner(HostRunner):
         program_binds: tuple[tuple[str, str], ...] = (),
         system_files: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        bin_dir = None if environment is None else str(environment.bin_dir)
+        lookup, path_view = _environment_view(environment)
         super().__init__(
             capabilities,
             env_policy,
             kill_grace=kill_grace,
             owner=owner,
             program_root=lambda _ws: SANDBOX_WORKSPACE,
-            # the environment's bin is bound by the policy, wherever it lies: the view keeps it, the lookup too
-            lookup=which_in_sandbox if bin_dir is None else lookup_on_path,
-            path_view=functools.partial(_path_view, bin_dir),
+            lookup=lookup,
+            path_view=path_view,
         )
+        self.path_view = path_view
         self.environment = environment
         self.program_binds = program_binds
         self.system_files = tuple((path, text.encode()) for path, text in system_files)
@@ -189,10 +189,10 @@ class SandboxRunner(HostRunner):
             return self
         clone = copy.copy(self)
         clone.environment = environment
-        clone.policy = self.policy.with_read_paths(environment.path)
+        clone.policy = _with_environment(self.policy, environment)
         clone.resolvers = Resolvers(clone.policy)
-        bin_dir = str(environment.bin_dir)
-        clone.preparation = self.preparation.with_lookup(lookup_on_path, functools.partial(_path_view, bin_dir))
+        lookup, clone.path_view = _environment_view(environment)
+        clone.preparation = self.preparation.with_lookup(lookup, clone.path_view)
         return clone
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
@@ -270,7 +270,7 @@ class SandboxRunner(HostRunner):
         runtime environment's bin first), the runtime environment's variables where the run sets none of its own,
         and temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
         env = dict(prep.env)
-        env["PATH"] = _path_view(None if self.environment is None else str(self.environment.bin_dir), env["PATH"])
+        env["PATH"] = self.path_view(env["PATH"])
         if self.environment is not None:
             env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
         if not self.access_of(prep.root, "tmp").can_write:
@@ -291,7 +291,12 @@ class SandboxRunner(HostRunner):
         data_fds = [b.fd for b in binds]
         egress = None
         try:
-            mounts = policy_mounts(res, prep.cwd_rel, held=held, hidden=self.hidden, binds=binds)
+            system_root = (
+                None if self.environment is None or self.environment.root is None else str(self.environment.root)
+            )
+            mounts = policy_mounts(
+                res, prep.cwd_rel, held=held, hidden=self.hidden, binds=binds, system_root=system_root
+            )
             inner = list(prep.argv)
             if prep.spec.pty is not None:
                 if self.setsid is None:
@@ -308,7 +313,9 @@ class SandboxRunner(HostRunner):
             for path, data in self.system_files:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
-            cfg = BwrapConfig(self.bwrap, network=network, mounts=mounts, files=files, init_fd=init_fd)
+            cfg = BwrapConfig(
+                self.bwrap, network=network, mounts=mounts, files=files, init_fd=init_fd, system_root=system_root
+            )
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
@@ -397,6 +404,23 @@ class SandboxProcess:
     run_dir_fd: int
     """An fd of that directory, opened before the process started (so it is the one made for it): the caller's
     to close."""
+
+
+def _environment_view(environment: Environment | None) -> tuple[ProgramLookup, Callable[[str], str]]:
+    """How a program is found and the PATH it gets: in the host's system directories (with a venv's ``bin``,
+    bound by the policy, first), or in a rootfs environment's own, on Debian's PATH."""
+    if environment is not None and environment.root is not None:
+        return functools.partial(lookup_in_root, environment.root), lambda _path: DEBIAN_PATH
+    if environment is None:
+        return which_in_sandbox, functools.partial(_path_view, None)
+    # the environment's bin is bound by the policy, wherever it lies: the view keeps it, the lookup too
+    return lookup_on_path, functools.partial(_path_view, str(environment.bin_dir))
+
+
+def _with_environment(policy: SandboxPolicy, environment: Environment) -> SandboxPolicy:
+    """``policy`` reading a venv environment's tree at its own path; a rootfs is the sandbox's ``/`` instead, its
+    host path never shown."""
+    return policy if environment.root is not None else policy.with_read_paths(environment.path)
 
 
 def _path_view(bin_dir: str | None, path: str) -> str:
@@ -612,7 +636,7 @@ class SandboxBackend:
         policy = _resolve_policy(options.policy, False if allow is not None else cast("bool | None", options.network))
         environment = _runtime_environment(options.environment, policy)
         if environment is not None:
-            policy = policy.with_read_paths(environment.path)
+            policy = _with_environment(policy, environment)
         root = Path(workspace_root) if workspace_root else default_workspace_root().with_name("sandbox")
         if mode == "session" and (sys.platform == "darwin" or not policy.managed):
             raise UnsupportedBackend(

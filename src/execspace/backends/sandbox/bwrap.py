@@ -148,22 +148,26 @@ class BwrapConfig:
     init_fd: int | None = None
     """A session's supervisor binary (an fd passed to bwrap): copied to :data:`SUPERVISOR_PATH` and run as
     PID 1 of the sandbox (``--as-pid-1``, no bwrap init), the program being ``[SUPERVISOR_PATH, ...]``."""
+    system_root: str | None = None
+    """A rootfs environment's root filesystem, whose system directories the sandbox shows in place of the host's."""
 
 
-def _top_level_binds() -> list[str]:
+def _top_level_binds(system_root: str | None) -> list[str]:
+    """The system directories of the host (or of ``system_root``) at the sandbox's ``/``, read-only."""
+    root = system_root or "/"
     args: list[str] = []
-    for entry in sorted(os.listdir("/")):
+    for entry in sorted(os.listdir(root)):
         if entry not in SYSTEM_TOP:
             continue
-        path = f"/{entry}"
+        path = os.path.join(root, entry)
         try:
             st = os.lstat(path)
         except OSError:
             continue
         if stat.S_ISLNK(st.st_mode):
-            args += ["--symlink", os.readlink(path), path]
+            args += ["--symlink", os.readlink(path), f"/{entry}"]
         elif stat.S_ISDIR(st.st_mode):
-            args += ["--ro-bind", path, path]
+            args += ["--ro-bind", path, f"/{entry}"]
     return args
 
 
@@ -225,7 +229,7 @@ def build_argv(
         args.append("--as-pid-1")
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
-    args += _top_level_binds()
+    args += _top_level_binds(cfg.system_root)
     args += ["--dev", "/dev", "--proc", "/proc", *_HIDE_INIT]
     if cfg.tmp_size:
         args += ["--size", str(cfg.tmp_size)]
@@ -294,6 +298,8 @@ class _Plan:
     root: str
     visible_top: frozenset[str]
     held: PlaceholderRun
+    system_root: str | None
+    """A rootfs environment's root: what the sandbox shows at its system directories, in place of the host's."""
     """The run's transient placeholders for missing protected paths."""
     host_ops: list[_Op] = field(default_factory=list)
     ws_ops: list[_Op] = field(default_factory=list)
@@ -319,6 +325,13 @@ class _Plan:
                 return self.ws_levels[anc]
         return self.ws_levels["."]
 
+    def kind(self, path: str) -> str:
+        """What is at ``path`` as the sandbox shows it before any grant: the rootfs's under a system directory."""
+        top = path_parts(path)[:1]
+        if self.system_root is not None and top and top[0] in SYSTEM_TOP:
+            return _host_kind(self.system_root + path)
+        return _host_kind(path)
+
     def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access) -> None:
         ops.append(_Op(depth, False, dest, ("--bind" if access.can_write else "--ro-bind", src, dest)))
 
@@ -334,9 +347,12 @@ class _Plan:
             self.mask_file = True
 
 
-def _visible_top() -> frozenset[str]:
+def _visible_top(system_root: str | None) -> frozenset[str]:
+    root = system_root or "/"
     return frozenset(
-        e for e in os.listdir("/") if e in SYSTEM_TOP and os.path.isdir(f"/{e}") and not os.path.islink(f"/{e}")
+        e
+        for e in os.listdir(root)
+        if e in SYSTEM_TOP and os.path.isdir(os.path.join(root, e)) and not os.path.islink(os.path.join(root, e))
     )
 
 
@@ -388,6 +404,13 @@ def _host_grant(p: _Plan, t: Target, hidden: Sequence[str]) -> None:
         )
     if _host_kind(t.path) == "missing":
         raise PathDenied(t.path, "granted host path does not exist (create it first)")
+    if p.system_root is not None and p.host_level(t.path) is not None and p.kind(t.path) == "missing":
+        # bwrap would have to make the mount point in the read-only rootfs
+        raise PathDenied(
+            t.path,
+            "the rootfs environment has no such path to show it at; grant a path outside its "
+            "system directories (/usr, /etc, /opt…), e.g. under /srv or /data",
+        )
     _check_reachable(t.path)
     p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
     p.host_levels[t.path] = t.access
@@ -441,6 +464,8 @@ def _host_denial(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
                 "program could create it; create it first, or narrow the write grant"
             )
         return
+    if p.kind(t.path) == "missing":
+        return  # a rootfs without it: nothing there to hide
     _pin_host(p, t.path)
     p.mask(p.host_ops, t.path, len(path_parts(t.path)), kind, traversable=_opened_below(t.path, targets))
     p.host_levels[t.path] = Access.NONE
@@ -450,7 +475,7 @@ def _hide(p: _Plan, path: str) -> None:
     """Mask a host directory the sandbox must not see through a grant (workspaces at their host paths)."""
     real = os.path.realpath(path)
     level = p.host_level(real)
-    if level is not None and level is not Access.NONE and _host_kind(real) == "dir":
+    if level is not None and level is not Access.NONE and _host_kind(real) == "dir" and p.kind(real) == "dir":
         _pin_host(p, real)
         p.mask(p.host_ops, real, len(path_parts(real)), "dir")
         p.host_levels[real] = Access.NONE
@@ -650,11 +675,13 @@ def policy_mounts(
     held: PlaceholderRun,
     hidden: Sequence[Path] = (),
     binds: Sequence[ProgramBind] = (),
+    system_root: str | None = None,
 ) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
     the glob denials; each tree shallow to deep, so the most specific rule is mounted last; then the program
-    ``binds``, each with the rules of the workspace directory it shows.
+    ``binds``, each with the rules of the workspace directory it shows. ``system_root``: a rootfs environment's
+    root, which the sandbox shows at its system directories (host grants there need a place in it).
 
     Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
     for missing protected paths under writable parents (in the workspace and under host write grants), held in
@@ -680,7 +707,7 @@ def policy_mounts(
             "choose a workspace_root where every directory on the way is searchable by others (chmod o+x), "
             "or keep the default",
         )
-    p = _Plan(res.root, _visible_top(), held)
+    p = _Plan(res.root, _visible_top(system_root), held, system_root)
     hidden_real = [os.path.realpath(h) for h in hidden]
     for t in res.targets:
         if t.rel is None and t.protected:
