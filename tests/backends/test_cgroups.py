@@ -83,3 +83,27 @@ def test_untouched_group_reports_no_hit(support: CgroupSupport) -> None:
         assert group.limit_hit() is None
     finally:
         group.remove()
+
+
+def test_cpu_quota_covers_children(support: CgroupSupport) -> None:
+    """Two busy children in a group of 0.1 CPU get a tenth of the wall time between them (one-sided: without the
+    quota each gets up to a core's share)."""
+    if "cpus" not in support.enforced:
+        pytest.skip("cpu controller unavailable")
+    group = support.create(ResourceLimits(cpus=0.1))
+    assert group is not None
+    try:
+        code = (
+            "import os, time\n"
+            "w = time.monotonic()\n"
+            "pids = [os.fork() for _ in range(2)]\n"
+            "if 0 in pids:\n    while time.monotonic() - w < 1.5: pass\n    os._exit(0)\n"
+            "[os.waitpid(p, 0) for p in pids]\n"
+            "t = os.times()\n"
+            "print(t.children_user + t.children_system, time.monotonic() - w)\n"
+        )
+        proc = run_in(group.join_fn(), code)
+        cpu, wall = map(float, proc.stdout.split())
+        assert cpu <= 0.1 * wall + 0.15, (cpu, wall)
+    finally:
+        group.remove()
