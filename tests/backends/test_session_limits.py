@@ -15,7 +15,7 @@ import execspace
 from execspace import CapabilityError, RunProgramSpec
 from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
 from execspace.registry import probe_backend
-from tests.support import make_traversable
+from tests.support import FORKS, make_traversable
 
 pytestmark = pytest.mark.timeout(120)
 MIB = 1 << 20
@@ -78,24 +78,7 @@ async def test_the_sessions_programs_share_its_memory(limited: execspace.BaseEng
 
 async def test_the_sessions_processes_are_bounded_together(limited: execspace.BaseEngine) -> None:
     ws = await limited.manager.create_workspace("limits/pids")
-    forks = """
-import os, signal, time
-children = []
-for _ in range(60):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(20)
-        os._exit(0)
-    children.append(pid)
-for pid in children:
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-print(len(children))
-"""
-    r = await limited.runner.run_program(ws, RunProgramSpec("python3", ["-c", forks], timeout=60))
+    r = await limited.runner.run_program(ws, RunProgramSpec("python3", ["-c", FORKS], timeout=60))
     assert r.exit_code == 0, r.stderr
     assert 0 < int(r.stdout) < 40  # the supervisor and this program count too
     after = await limited.runner.run_program(ws, RunProgramSpec("echo", ["alive"]))

@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecspaceError, SetupFailed
-from ..protocols import ProgramRunner
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, program_dir, to_workspace
@@ -110,10 +109,9 @@ def normalise_language(language: str | None) -> str:
 class CodeInterpreter:
     """Every sandbox's contexts, each a program of the sandbox's session."""
 
-    def __init__(self, runner: ProgramRunner, backend: str, python: Interpreter | str | None) -> None:
-        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can."""
-        self._runner = runner
-        """Runs the kernels, in each sandbox's own session."""
+    def __init__(self, backend: str, python: Interpreter | str | None) -> None:
+        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can.
+        Each sandbox's engine runs its kernels, in its own session."""
         self._backend = backend
         self._python = python
         self._contexts: dict[str, dict[str, Context]] = {}
@@ -279,7 +277,7 @@ class CodeInterpreter:
         if context.node is not None:
             return context.node
         cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
-        node = await NodeContext.start(self._runner, sandbox, cwd)
+        node = await NodeContext.start(sandbox.engine.runner, sandbox, cwd)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await node.stop()
             raise SandboxGone(sandbox.id)
@@ -292,7 +290,8 @@ class CodeInterpreter:
         from .pykernel import SessionKernel
 
         home = posixpath.join(sandbox.workspace.path, HOME_DIR)
-        kernel = await SessionKernel.start(self._runner, sandbox, home, self._kernel_python(), timeout=_START_TIMEOUT)
+        runner, python = sandbox.engine.runner, self._kernel_python()
+        kernel = await SessionKernel.start(runner, sandbox, home, python, timeout=_START_TIMEOUT)
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)

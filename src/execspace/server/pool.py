@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import BackendError
@@ -53,15 +53,23 @@ def workspace_policy() -> WorkspacePolicy:
 @dataclass(frozen=True, slots=True)
 class ReadySandbox:
     sandbox_id: str
+    engine: Engine
     workspace: Workspace
 
 
 class SandboxPool:
     """One :class:`WarmPool` of ready sandboxes per template with a size above 0 (see the module)."""
 
-    def __init__(self, engine: Engine, sizes: Mapping[str, int], room: Callable[[], int], ledger: Ledger) -> None:
-        """``room()``: how many sandboxes the server may add now (its maximum less the live ones)."""
-        self._engine = engine
+    def __init__(
+        self,
+        engine_for: Callable[[str], Awaitable[Engine]],
+        sizes: Mapping[str, int],
+        room: Callable[[], int],
+        ledger: Ledger,
+    ) -> None:
+        """``engine_for(template)``: the engine of a template's sandboxes; ``room()``: how many sandboxes the
+        server may add now (its maximum less the live ones)."""
+        self._engine_for = engine_for
         self._ledger = ledger
         self._room = room
         self._timer: asyncio.TimerHandle | None = None
@@ -144,21 +152,22 @@ class SandboxPool:
             await pool.close()
 
     async def _make(self, template: str) -> ReadySandbox:
+        engine = await self._engine_for(template)
         sandbox_id = self._ledger.new_id()
-        ws = await self._engine.manager.create_workspace(f"e2b/{sandbox_id}", workspace_policy())
+        ws = await engine.manager.create_workspace(f"e2b/{sandbox_id}", workspace_policy())
         try:
-            result = await self._engine.runner.run_program(ws, _WARM_UP)
+            result = await engine.runner.run_program(ws, _WARM_UP)
             if result.exit_code != 0:
                 raise BackendError(f"a pooled {template} sandbox could not run /bin/true (exit {result.exit_code})")
         except BaseException:
-            await self._engine.manager.cleanup(ws)
+            await engine.manager.cleanup(ws)
             self._ledger.forget(sandbox_id)
             raise
-        return ReadySandbox(sandbox_id, ws)
+        return ReadySandbox(sandbox_id, engine, ws)
 
     async def _discard(self, ready: ReadySandbox) -> None:
         try:
-            await self._engine.manager.cleanup(ready.workspace)
+            await ready.engine.manager.cleanup(ready.workspace)
         except Exception:
             _log.exception("removing the pooled sandbox %s failed", ready.sandbox_id)
         else:

@@ -21,18 +21,21 @@ import uvicorn
 
 from ..backends.sandbox import SandboxPolicy, SessionConfig
 from ..engine import open_engine
+from ..environments import EnvironmentStore
 from ..errors import CapabilityError, SetupFailed
+from ..protocols import Engine
 from .app import E2BApp
 from .interpreter import CodeInterpreter
 from .ledger import Ledger
 from .options import TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
+from .templates import Profile
 
 if TYPE_CHECKING:
     from ..backends.jupyter.sandboxed import Interpreter
 
-__all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
+__all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_sandbox_files"]
 
 _log = logging.getLogger("execspace.server")
 
@@ -84,39 +87,19 @@ async def serve(
     """
     if tls is not None:
         _check_tls(tls)
-    opts = dict(backend_options or {})
-    limited = options.sandbox_memory_mb is not None or options.sandbox_pids is not None
-    if limited and (backend != "sandbox" or opts.get("mode") != "session"):
-        raise CapabilityError(
-            "limits per sandbox (sandbox_memory_mb, sandbox_pids)",
-            backend or "default",
-            "they are the limits of each sandbox's session: use the sandbox backend in session mode",
-        )
     python = kernel_python(options.kernel_environment) if backend == "sandbox" else None
-    if backend == "sandbox":
-        _sandbox_template(opts)
-        if python is not None and not isinstance(python, str) and python.read_paths:
-            # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
-            opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
-        if opts.get("mode") == "session":
-            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
-            # sandbox, a pooled one included, does not lose it and pay its start on the next command
-            memory = options.sandbox_memory_mb
-            opts.setdefault(
-                "session",
-                SessionConfig(
-                    idle_timeout=None,
-                    memory_bytes=None if memory is None else memory * 1024 * 1024,
-                    pids=options.sandbox_pids,
-                ),
-            )
-    async with open_engine(backend, **opts) as engine:
+    opts = dict(backend_options or {})
+    if python is not None and not isinstance(python, str) and python.read_paths:  # only with the sandbox backend
+        # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
+        opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
+    async with TemplateEngines(options, backend, opts) as engines:
+        engine = await engines.get("base")
         found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
         root = Path(found) if found is not None else None
-        sandboxes = Sandboxes(engine, options, Ledger(root))
+        sandboxes = Sandboxes(engine, options, Ledger(root), engines.get)
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        interpreter = CodeInterpreter(engine.runner, engine.name, python)
+        interpreter = CodeInterpreter(engine.name, python)
         sandboxes.on_remove.append(interpreter.end)
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
@@ -155,17 +138,95 @@ def kernel_python(environment: str | None) -> Interpreter | str | None:
     return kernel_interpreter(environment)
 
 
-def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
+def serve_sandbox_files(bin_dir: Path | None = None) -> tuple[tuple[str, str], ...]:
     """The sandbox backend's ``system_files`` of serve's sandboxes: their login profile (none on a system without
-    ``/etc/profile``, whose login shells read none here either)."""
-    return (("/etc/profile", LOGIN_PROFILE),) if os.path.isfile("/etc/profile") else ()
+    ``/etc/profile``, whose login shells read none here either), with ``bin_dir`` (a runtime environment's) first
+    on the ``PATH`` it sets."""
+    if not os.path.isfile("/etc/profile"):
+        return ()
+    profile = LOGIN_PROFILE if bin_dir is None else LOGIN_PROFILE.replace('PATH="', f'PATH="{bin_dir}:', 1)
+    return (("/etc/profile", profile),)
 
 
-def _sandbox_template(opts: dict[str, Any]) -> None:
-    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
+def _sandbox_template(opts: dict[str, Any], bin_dir: Path | None) -> None:
+    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile (with
+    ``bin_dir``, its runtime environment's, first on the ``PATH``)."""
     # E2B's programs name their files by its home: there it is the directory SDK paths map to
     opts.setdefault("program_binds", ((HOME, HOME_DIR),))
-    opts.setdefault("system_files", serve_sandbox_files())
+    opts.setdefault("system_files", serve_sandbox_files(bin_dir))
+
+
+class TemplateEngines:
+    """One engine per template profile (:class:`~.templates.Profile`: environment and limits), opened when a
+    template first needs it and closed with the server; templates with the same profile share theirs.
+
+    A profile that cannot be served fails the creates of its templates, not the server: an environment not built
+    here (``EnvironmentNotFound`` naming ``execspace env build``; a later create opens it once it is built), a
+    limit this backend cannot enforce, a disk limit (``CapabilityError``)."""
+
+    def __init__(self, options: ServerOptions, backend: str | None, opts: dict[str, Any]) -> None:
+        self._options = options
+        self._backend = backend
+        self._opts = opts
+        self._engines: dict[Profile, asyncio.Future[Engine]] = {}
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> TemplateEngines:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def get(self, template: str) -> Engine:
+        """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s)."""
+        wanted = self._options.templates.get(template)
+        if wanted is not None and wanted.disk_mb is not None:
+            raise CapabilityError(
+                f"template {template}'s disk_mb",
+                self._backend or "default",
+                "a per-sandbox disk bound is not implemented: remove disk_mb from the template in the serve config",
+            )
+        profile = self._options.profile(template)
+        found = self._engines.get(profile)
+        if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
+            found = self._engines[profile] = asyncio.ensure_future(self._open(profile))
+        return await asyncio.shield(found)
+
+    async def _open(self, profile: Profile) -> Engine:
+        opts = dict(self._opts)
+        if profile.limited and (self._backend != "sandbox" or opts.get("mode") != "session"):
+            raise CapabilityError(
+                "limits per sandbox (cpus, memory, pids)",
+                self._backend or "default",
+                "they are the limits of each sandbox's session: use the sandbox backend in session mode",
+            )
+        bin_dir = None
+        if profile.environment is not None:
+            if self._backend != "sandbox":
+                raise CapabilityError(
+                    f"a template's runtime environment {profile.environment!r}",
+                    self._backend or "default",
+                    "serve the sandbox backend, or run code-interpreter-v1 on the host dirs: --kernel-environment none",
+                )
+            # EnvironmentNotFound names the command that builds it
+            bin_dir = EnvironmentStore().get(profile.environment).bin_dir
+            opts["environment"] = profile.environment
+        if self._backend == "sandbox":
+            _sandbox_template(opts, bin_dir)
+        if self._backend == "sandbox" and opts.get("mode") == "session":
+            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
+            # sandbox, a pooled one included, does not lose it and pay its start on the next command
+            memory = profile.memory_mb
+            opts.setdefault(
+                "session",
+                SessionConfig(
+                    idle_timeout=None,
+                    memory_bytes=None if memory is None else memory * 1024 * 1024,
+                    pids=profile.pids,
+                    cpus=profile.cpus,
+                ),
+            )
+        return await self._stack.enter_async_context(open_engine(self._backend, **opts))
 
 
 class _Server(uvicorn.Server):
