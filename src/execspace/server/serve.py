@@ -22,7 +22,7 @@ import uvicorn
 from ..backends.sandbox import SandboxPolicy, SessionConfig
 from ..engine import open_engine
 from ..environments import EnvironmentStore
-from ..errors import CapabilityError, SetupFailed
+from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..protocols import Engine
 from .app import E2BApp
 from .interpreter import CodeInterpreter
@@ -93,6 +93,7 @@ async def serve(
         # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
         opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
     async with TemplateEngines(options, backend, opts) as engines:
+        engines.warn_unbuilt()
         engine = await engines.get("base")
         found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
         root = Path(found) if found is not None else None
@@ -176,6 +177,16 @@ class TemplateEngines:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+
+    def warn_unbuilt(self) -> None:
+        """Log each template whose environment is not built here (its creates fail until it is)."""
+        store = EnvironmentStore()
+        for template in self._options.templates.values():
+            if template.environment is not None:
+                try:
+                    store.get(template.environment)
+                except EnvironmentNotFound as exc:
+                    _log.warning("template %s cannot be created until its environment is built: %s", template.name, exc)
 
     async def get(self, template: str) -> Engine:
         """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s)."""
