@@ -14,6 +14,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,20 +225,24 @@ class TemplateEngines:
             opts["environment"] = profile.environment
         if self._backend == "sandbox":
             _sandbox_template(opts, bin_dir)
-        if self._backend == "sandbox" and opts.get("mode") == "session":
-            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
-            # sandbox, a pooled one included, does not lose it and pay its start on the next command
-            memory = profile.memory_mb
-            opts.setdefault(
-                "session",
-                SessionConfig(
-                    idle_timeout=None,
-                    memory_bytes=None if memory is None else memory * 1024 * 1024,
-                    pids=profile.pids,
-                    cpus=profile.cpus,
-                ),
-            )
+            if opts.get("mode") == "session":
+                opts["session"] = _session_config(opts.get("session"), profile)
         return await self._stack.enter_async_context(open_engine(self._backend, **opts))
+
+
+def _session_config(given: SessionConfig | None, profile: Profile) -> SessionConfig:
+    """The sessions of a profile's sandboxes: the caller's config (``backend_options``) with the profile's limits
+    over its own, so that a template's limit is never dropped."""
+    # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle sandbox, a pooled
+    # one included, does not lose it and pay its start on the next command
+    config = given or SessionConfig(idle_timeout=None)
+    memory = profile.memory_mb
+    return replace(
+        config,
+        memory_bytes=config.memory_bytes if memory is None else memory * 1024 * 1024,
+        pids=config.pids if profile.pids is None else profile.pids,
+        cpus=config.cpus if profile.cpus is None else profile.cpus,
+    )
 
 
 class _Server(uvicorn.Server):
