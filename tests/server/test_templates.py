@@ -17,7 +17,8 @@ from e2b import CommandExitException, Sandbox, SandboxException
 
 from execspace.backends.sandbox.cgroups import CgroupSupport
 from execspace.errors import InvalidSpec
-from execspace.server import load_config
+from execspace.server import BUILTIN_TEMPLATES, ServerOptions, Template, load_config
+from execspace.server.templates import Profile
 from tests.server.conftest import Server, code_interpreter_environment, running_server
 from tests.support import FORKS
 
@@ -152,3 +153,19 @@ def test_a_config_this_server_does_not_understand_is_refused(tmp_path: Path, tex
     config.write_text(text)
     with pytest.raises(InvalidSpec, match=error):
         load_config(config)
+
+
+def test_server_options_check_their_templates() -> None:
+    with pytest.raises(InvalidSpec, match="base included"):
+        ServerOptions(api_keys=("k",), templates={"small": Template("small")})
+    with pytest.raises(InvalidSpec, match="base included"):
+        ServerOptions(api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": Template("other")})
+    with pytest.raises(InvalidSpec, match="pool size for an unknown template 'small'"):
+        ServerOptions(api_keys=("k",), pool_sizes=(("small", 1),))
+    options = ServerOptions(
+        api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": Template("small", cpu_count=0.5)}, sandbox_pids=9
+    )
+    assert options.profile("small") == Profile(None, 0.5, None, 9)  # the server's limits where the template has none
+    assert options.resources("small")[0] == 1  # E2B's cpuCount is an integer: rounded up
+    assert options.templates["code-interpreter-v1"].environment == "code-interpreter"
+    assert ServerOptions(api_keys=("k",), kernel_environment=None).templates["code-interpreter-v1"].environment is None

@@ -99,6 +99,8 @@ class ServerOptions:
             raise InvalidSpec("the server needs at least one non-empty API key")
         if self.max_sandboxes < 1:
             raise InvalidSpec(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")
+        if "base" not in self.templates or any(name != t.name for name, t in self.templates.items()):
+            raise InvalidSpec("templates must map each template's own name to it, base included")
         if self.templates.get("code-interpreter-v1") == BUILTIN_TEMPLATES["code-interpreter-v1"]:
             built_in = replace(BUILTIN_TEMPLATES["code-interpreter-v1"], environment=self.kernel_environment)
             object.__setattr__(self, "templates", {**self.templates, "code-interpreter-v1": built_in})
