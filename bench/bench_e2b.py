@@ -5,7 +5,9 @@ The ratio is the protocol's overhead: the SDK's HTTP and Connect round trips, se
 engine adds on top (a wrapper shell per run, the in-sandbox agent's path checks per file operation). The target is
 the issue's: run_program at most 2× the direct call. A bare SDK ``commands.run`` on the same server shows how much
 of it is the protocol and serve (the floor) and how much the engine. A put + read of a 1 MiB file shows the files
-API's cost (one upload, one download, and one in-sandbox agent start per path check).
+API's cost (one upload, one download, and one in-sandbox agent start per path check). A run on a pty (the SDK's
+``sandbox.pty``: a login bash that execs the program from ``PROMPT_COMMAND``) is timed against the same run without
+one, on the same engine and server.
 
     python bench/bench_e2b.py [--quick]
 """
@@ -49,6 +51,7 @@ async def run_e2b(plan: Plan, report: Report, log: Any) -> None:
             far = await e2b_engine.manager.create_workspace("bench-e2b")
             near = await sandbox_engine.manager.create_workspace("bench-e2b")
             await _run_true(e2b_engine, far, sandbox_engine, near, plan, report)
+            await _pty_start(e2b_engine, far, plan, report)
             await _put_read(e2b_engine, far, sandbox_engine, near, plan, report)
             await _execute_code(e2b_engine, far, plan, report)
 
@@ -88,6 +91,21 @@ async def _run_true(
     report.rows.append(row)
     name = "SDK commands.run('/bin/true') on execspace serve (no engine)"
     report.rows.append(Row(SECTION, name, "ms", Stats.of(floor, 1000), Stats.of(base, 1000), _BASELINE))
+
+
+async def _pty_start(remote: execspace.BaseEngine, far: execspace.Workspace, plan: Plan, report: Report) -> None:
+    plain, on_pty = RunProgramSpec("/bin/true"), RunProgramSpec("/bin/true", pty=execspace.PtySize())
+
+    def step(spec: RunProgramSpec) -> Any:
+        async def run() -> None:
+            ok((await remote.runner.run_program(far, spec)).exit_code, f"e2b run_program({spec.cmd!r}, pty={spec.pty})")
+
+        return run
+
+    lib, base = await interleaved([step(on_pty), step(plain)], plan.serve_iters, plan.warmup // 3)
+    name = "run_program('/bin/true') on a pty via execspace serve"
+    baseline = "the same run without a pty (e2b engine, same server)"
+    report.rows.append(Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(base, 1000), baseline))
 
 
 async def _put_read(

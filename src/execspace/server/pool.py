@@ -8,6 +8,12 @@ makes the :class:`~.sandboxes.Sandbox` around it. Each template's pool is a
 :class:`~execspace.process.warmpool.WarmPool` filled in the background on the event loop (the workspace's disk
 work in a worker thread, the session's start asynchronous).
 
+A pooled sandbox of a code-interpreter template may also hold a **warm kernel** (:meth:`SandboxPool.warm_kernels`):
+its default Python context's ipykernel, started in its own session after the session itself, so that the first
+``run_code`` of the sandbox taken does not wait for a kernel's start. It is that sandbox's, never another's; what
+the create asks for reaches it when taken (see ``CodeInterpreter.adopt``). A kernel that cannot start leaves the
+sandbox pooled without one.
+
 Bounded: pooled sandboxes count toward the server's ``max_sandboxes`` (:meth:`SandboxPool.fill` sizes the
 pools to the room the live ones leave), so a full server holds no more sessions than its maximum and still
 answers 429. Pooled sandboxes are nobody's until taken: they never expire, and :meth:`SandboxPool.close` removes
@@ -21,6 +27,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import BackendError
 from ..models import Persistence, RunProgramSpec, Workspace, WorkspacePolicy
@@ -28,7 +35,13 @@ from ..process.warmpool import WarmPool
 from ..protocols import Engine
 from .ledger import Ledger
 
-__all__ = ["ReadySandbox", "SandboxPool", "workspace_policy"]
+if TYPE_CHECKING:
+    from ..backends.jupyter.kernels import KernelConnection
+
+__all__ = ["KernelStarter", "ReadySandbox", "SandboxPool", "workspace_policy"]
+
+#: Starts a pooled sandbox's warm kernel: (template, its engine, sandbox id, workspace) → the started kernel.
+KernelStarter = Callable[[str, Engine, str, Workspace], Awaitable["KernelConnection"]]
 
 _log = logging.getLogger("execspace.server")
 #: Run once in each pooled workspace: on a session engine this starts (or adopts) the workspace's session.
@@ -55,6 +68,8 @@ class ReadySandbox:
     sandbox_id: str
     engine: Engine
     workspace: Workspace
+    kernel: KernelConnection | None = None
+    """Its warm kernel (code-interpreter templates, see the module), for the taker to adopt or stop."""
 
 
 class SandboxPool:
@@ -75,6 +90,8 @@ class SandboxPool:
         self._timer: asyncio.TimerHandle | None = None
         self._first_take: float | None = None
         """When the first take since the last fill came (loop time)."""
+        self._kernels: tuple[KernelStarter, frozenset[str]] | None = None
+        """What starts warm kernels, and for which templates (see :meth:`warm_kernels`)."""
         self._sizes = {template: size for template, size in sizes.items() if size > 0}
         self._counts = {template: {"taken": 0, "missed": 0} for template in self._sizes}
         self._pools = {
@@ -87,6 +104,10 @@ class SandboxPool:
             )
             for template, size in self._sizes.items()
         }
+
+    def warm_kernels(self, start: KernelStarter, templates: frozenset[str]) -> None:
+        """Give each pooled sandbox of ``templates`` a warm kernel started by ``start`` (call before :meth:`fill`)."""
+        self._kernels = (start, templates)
 
     def take(self, template: str) -> ReadySandbox | None:
         """A ready sandbox of ``template``, or None (the caller makes one cold); the caller refills."""
@@ -109,6 +130,7 @@ class SandboxPool:
                 "size": self._sizes[template],
                 "target": pool.size,
                 "ready": pool.available(),
+                "kernels": sum(ready.kernel is not None for ready in pool.idle()),
                 **self._counts[template],
             }
             for template, pool in self._pools.items()
@@ -159,13 +181,29 @@ class SandboxPool:
             result = await engine.runner.run_program(ws, _WARM_UP)
             if result.exit_code != 0:
                 raise BackendError(f"a pooled {template} sandbox could not run /bin/true (exit {result.exit_code})")
+            kernel = await self._warm_kernel(template, engine, sandbox_id, ws)
         except BaseException:
             await engine.manager.cleanup(ws)
             self._ledger.forget(sandbox_id)
             raise
-        return ReadySandbox(sandbox_id, engine, ws)
+        return ReadySandbox(sandbox_id, engine, ws, kernel)
+
+    async def _warm_kernel(
+        self, template: str, engine: Engine, sandbox_id: str, ws: Workspace
+    ) -> KernelConnection | None:
+        if self._kernels is None or template not in self._kernels[1]:
+            return None
+        try:
+            return await self._kernels[0](template, engine, sandbox_id, ws)
+        except Exception:
+            _log.exception(
+                "the warm kernel of the pooled sandbox %s did not start: it is pooled without one", sandbox_id
+            )
+            return None
 
     async def _discard(self, ready: ReadySandbox) -> None:
+        if ready.kernel is not None:
+            await ready.kernel.stop()
         try:
             await ready.engine.manager.cleanup(ready.workspace)
         except Exception:

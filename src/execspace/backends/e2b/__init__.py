@@ -52,7 +52,7 @@ class E2BBackend:
             clean_env=True,
             read_only_mounts=False,
             streaming=True,
-            pty=False,
+            pty=True,
             persistent_state=options.persistence == "session",
             host_paths=False,
             enforced_limits=frozenset({"timeout", "output_bytes"}),
@@ -71,7 +71,8 @@ class E2BBackend:
             details={
                 "template": options.template,
                 "persistence": options.persistence,
-                "pty": "none: the SDK's sandbox.pty starts only an interactive bash, never a given program",
+                "pty": "through the SDK's sandbox.pty: its login bash execs the program from PROMPT_COMMAND, before "
+                "any prompt (a template whose login files replace PROMPT_COMMAND would show a shell instead)",
                 "signals": "sent with kill inside the sandbox (the SDK's envd signal call sends only SIGKILL)",
                 "fork": "detected at first use: snapshots and forks of whole sandboxes where the service keeps "
                 "files-only snapshots (execspace serve; manager.fork_mode() says how it forks); CapabilityError "

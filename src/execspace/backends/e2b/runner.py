@@ -8,6 +8,14 @@ as ``-N`` like every backend does, once the sandbox is known to be still there (
 Nothing is written down or read back. Timeouts are ours (the SDK's stream deadline is only a backstop): SIGTERM to
 the program (the marked process whose parent is not marked, found in the sandbox's ``/proc``), then after the grace
 SIGKILL to every process that carries the run's marker. A timeout is ``timed_out``, never exit 0.
+
+A run with a pty starts through the SDK's public ``sandbox.pty.create``, which always starts an interactive login
+``bash``: the same exec chain goes in its ``PROMPT_COMMAND`` (given in the call's ``envs``), which bash runs after
+its login files and before it prints a prompt or reads a key, so the program takes over bash's process, session
+and terminal with nothing typed, echoed or printed before it. The SDK's own process RPC (``StartRequest`` with any
+``cmd``) would say the same more directly, but it is private and changed shape between the SDK versions serve is
+tested with (``e2b_connect``/``process_pb2`` in 2.29.5, ``connectrpc``/``process_pb`` in 2.45.1 and 2.63), where
+``pty.create``'s signature stayed the same.
 """
 
 from __future__ import annotations
@@ -190,34 +198,22 @@ class E2BProgram(StartedProgram):
         self._killing: asyncio.Task[None] | None = None
         self._started = 0.0
 
-    def _on(self, stream: str) -> Callable[[str], None]:
-        def take(text: str) -> None:
-            data = text.encode("utf-8", "surrogateescape")
-            (self._out if stream == "stdout" else self._err).write(data)
-            chunk = OutputChunk("stdout" if stream == "stdout" else "stderr", data)
-            self._queue.put_nowait(chunk)
-            self._log.append(chunk)
+    def _take(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
+        (self._out if stream == "stdout" else self._err).write(data)
+        chunk = OutputChunk(stream, data)
+        self._queue.put_nowait(chunk)
+        self._log.append(chunk)
 
-        return take
+    def _on(self, stream: Literal["stdout", "stderr"]) -> Callable[[str], None]:
+        return lambda text: self._take(stream, text.encode("utf-8", "surrogateescape"))
 
     async def begin(self, interactive: bool) -> None:
         spec = self._prep.spec
-        # no stdin at all saves a round trip per run: envd closes it at the start
-        self._stdin_open = interactive or bool(spec.stdin)
+        # no stdin at all saves a round trip per run: envd closes it at the start; a terminal is always there
+        self._stdin_open = interactive or bool(spec.stdin) or spec.pty is not None
         backstop = 0 if spec.timeout is None else spec.timeout + self._runner.kill_grace + 2 * _SETTLE
         self._started = time.monotonic()
-        handle: AsyncCommandHandle[None] = await self._prep.box.call(
-            f"starting {spec.cmd!r}",
-            self._prep.box.sandbox.commands.run(
-                self._prep.command,
-                background=True,
-                stdin=self._stdin_open,
-                timeout=backstop,
-                on_stdout=self._on("stdout"),
-                on_stderr=self._on("stderr"),
-                retain_output=False,
-            ),
-        )
+        handle = await self._prep.box.call(f"starting {spec.cmd!r}", self._launch(backstop))
         self._handle = handle
         self._info = dataclasses.replace(self._info, pid=handle.pid)
         self._done = asyncio.ensure_future(self._supervise(handle))
@@ -225,6 +221,31 @@ class E2BProgram(StartedProgram):
             data = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
             await self.write_stdin(data)
             await self.close_stdin()
+
+    async def _launch(self, backstop: float) -> AsyncCommandHandle[None]:
+        """The SDK call that starts the exec chain: a background command, or a terminal's bash that runs it."""
+        sandbox, size = self._prep.box.sandbox, self._prep.spec.pty
+        handle: AsyncCommandHandle[None]
+        if size is None:
+            handle = await sandbox.commands.run(
+                self._prep.command,
+                background=True,
+                stdin=self._stdin_open,
+                timeout=backstop,
+                on_stdout=self._on("stdout"),
+                on_stderr=self._on("stderr"),
+                retain_output=False,
+            )
+            return handle
+        from e2b import PtySize as SdkPtySize
+
+        handle = await sandbox.pty.create(
+            SdkPtySize(rows=size.rows, cols=size.cols),
+            on_data=lambda data: self._take("stdout", data),
+            envs={"PROMPT_COMMAND": self._prep.command},
+            timeout=backstop,
+        )
+        return handle
 
     async def _end(self, handle: AsyncCommandHandle[None]) -> tuple[int, str | None]:
         """The command's exit code and envd's error text (``signal: killed`` with -1)."""
@@ -317,20 +338,44 @@ class E2BProgram(StartedProgram):
         payload = data.encode() if isinstance(data, str) else data
         for at in range(0, len(payload), 64 * 1024):  # bounded requests
             with contextlib.suppress(Exception):  # the program ended or closed its stdin
-                await self._handle.send_stdin(payload[at : at + 64 * 1024])
+                await self._send(payload[at : at + 64 * 1024])
+
+    async def _send(self, data: bytes) -> None:
+        assert self._handle is not None
+        if self._prep.spec.pty is None:
+            await self._handle.send_stdin(data)
+        else:
+            await self._prep.box.sandbox.pty.send_stdin(self._handle.pid, data)
 
     async def close_stdin(self) -> None:
         if self._stdin_open and self._handle is not None:
             self._stdin_open = False
             with contextlib.suppress(Exception):
-                await self._handle.close_stdin()
+                if self._prep.spec.pty is None:
+                    await self._handle.close_stdin()
+                else:  # the terminal stays: EOF is its end-of-file character (VEOF)
+                    await self._send(b"\x04")
 
     async def signal(self, sig: int) -> None:
         if not self.finished:
             await self._runner.send_signal(self._prep, sig)
 
     async def resize(self, size: PtySize) -> None:
-        raise UsageError("this program has no terminal to resize: the e2b backend runs programs without a pty")
+        if self._prep.spec.pty is None:
+            raise UsageError("this program has no terminal to resize: start it with pty=PtySize(...)")
+        if self._handle is not None and not self.finished:
+            box = self._prep.box
+            await box.call(f"resizing the terminal of {self._prep.spec.cmd!r}", self._resize(self._handle.pid, size))
+
+    async def _resize(self, pid: int, size: PtySize) -> None:
+        from e2b import NotFoundException, SandboxNotFoundException
+        from e2b import PtySize as SdkPtySize
+
+        try:
+            await self._prep.box.sandbox.pty.resize(pid, SdkPtySize(rows=size.rows, cols=size.cols))
+        except NotFoundException as exc:  # the program ended meanwhile: nothing to resize; its sandbox's end is said
+            if isinstance(exc, SandboxNotFoundException):
+                raise
 
     async def kill(self) -> None:
         assert self._done is not None
