@@ -16,7 +16,16 @@ from pathlib import Path
 from execspace import RunResult, Workspace
 from execspace.testing.binding import make_traversable
 
-__all__ = ["ATTEMPTS", "CLI", "audit_file", "daemon_served", "make_traversable", "running_daemon", "served_directory"]
+__all__ = [
+    "ATTEMPTS",
+    "CLI",
+    "FORKS",
+    "audit_file",
+    "daemon_served",
+    "make_traversable",
+    "running_daemon",
+    "served_directory",
+]
 
 CLI = [sys.executable, "-m", "execspace"]
 
@@ -27,6 +36,26 @@ def attempt(label, fn):
         fn(); print(label, "OK")
     except OSError as exc:
         print(label, type(exc).__name__, errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+#: A Python program that forks up to 60 children at once (as many as a pids limit lets it), ends them and prints how
+#: many it had: a bounded fork bomb.
+FORKS = """
+import os, signal, time
+children = []
+for _ in range(60):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(children))
 """
 
 

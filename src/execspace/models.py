@@ -78,18 +78,21 @@ class ResourceLimits:
     """Processes/threads the program may have at once (fork bombs stop here)."""
     cpu_seconds: float | None = None
     """CPU time, summed over the program's processes where the backend can."""
+    cpus: float | None = None
+    """CPU bandwidth of the whole run, in CPUs (``0.5``: half of one CPU's time per wall second, ``2``: two CPUs'),
+    every process together: a cgroup CPU quota where the backend has one. The run is throttled, not killed."""
     file_size_bytes: int | None = None
     """Largest file the program may write."""
     output_bytes: int | None = DEFAULT_OUTPUT_BYTES
     """Bytes kept per output stream: the first and last halves; the middle is dropped and counted."""
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "pids", "cpu_seconds", "file_size_bytes", "output_bytes"):
+        for name in ("memory_bytes", "pids", "cpu_seconds", "cpus", "file_size_bytes", "output_bytes"):
             _positive(name, getattr(self, name))
 
     def requested(self) -> frozenset[str]:
         """Names of the limits that are set (the ones a backend must enforce)."""
-        names = ("memory_bytes", "pids", "cpu_seconds", "file_size_bytes", "output_bytes")
+        names = ("memory_bytes", "pids", "cpu_seconds", "cpus", "file_size_bytes", "output_bytes")
         return frozenset(n for n in names if getattr(self, n) is not None)
 
 

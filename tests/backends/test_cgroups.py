@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 from execspace import ResourceLimits
-from execspace.backends.sandbox.cgroups import BWRAP_HELPER_PIDS, CgroupSupport
+from execspace.backends.sandbox.cgroups import BWRAP_HELPER_PIDS, CgroupSupport, RunCgroup
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux only")
 
@@ -53,12 +55,21 @@ def test_memory_limit_covers_children_and_is_reported(support: CgroupSupport) ->
     assert not any(p.exists() for p in group.paths.values())
 
 
-def test_pids_limit_is_per_group(support: CgroupSupport) -> None:
-    if "pids" not in support.enforced:
-        pytest.skip("pids controller unavailable")
-    group = support.create(ResourceLimits(pids=10))
+@contextlib.contextmanager
+def limited(support: CgroupSupport, name: str, limits: ResourceLimits) -> Iterator[RunCgroup]:
+    """A group with ``limits``, removed after the block; the test skips where ``name`` is not enforced here."""
+    if name not in support.enforced:
+        pytest.skip(f"no cgroup controller for {name} here")
+    group = support.create(limits)
     assert group is not None
     try:
+        yield group
+    finally:
+        group.remove()
+
+
+def test_pids_limit_is_per_group(support: CgroupSupport) -> None:
+    with limited(support, "pids", ResourceLimits(pids=10)) as group:
         code = (
             "import subprocess\nok = 0\n"
             "ps = []\n"
@@ -71,8 +82,6 @@ def test_pids_limit_is_per_group(support: CgroupSupport) -> None:
         started = int(proc.stdout.strip())
         assert started <= 10 + BWRAP_HELPER_PIDS
         assert group.limit_hit() == "pids"
-    finally:
-        group.remove()
 
 
 def test_untouched_group_reports_no_hit(support: CgroupSupport) -> None:
@@ -83,3 +92,22 @@ def test_untouched_group_reports_no_hit(support: CgroupSupport) -> None:
         assert group.limit_hit() is None
     finally:
         group.remove()
+
+
+def test_cpu_quota_covers_children(support: CgroupSupport) -> None:
+    """Two busy children in a group of 0.1 CPU get a tenth of the wall time between them (one-sided: without the
+    quota each gets up to a core's share)."""
+    with limited(support, "cpus", ResourceLimits(cpus=0.1)) as group:
+        code = (
+            "import os, time\n"
+            "w = time.monotonic()\n"
+            "for _ in range(2):\n"
+            "    if os.fork() == 0:\n"
+            "        while time.monotonic() - w < 1.5: pass\n"
+            "        os._exit(0)\n"
+            "os.wait(); os.wait()\n"
+            "t = os.times()\n"
+            "print(t.children_user + t.children_system, time.monotonic() - w)\n"
+        )
+        cpu, wall = map(float, run_in(group.join_fn(), code).stdout.split())
+        assert cpu <= 0.1 * wall + 0.15, (cpu, wall)

@@ -1,9 +1,10 @@
-"""A sandbox session's own limits (``SessionConfig.memory_bytes``/``pids``): every program of the session counts
-together where a cgroup holds them (as root), a program past them is stopped by the kernel, and the session goes on.
-Attacks are bounded (a few hundred MiB, 60 processes)."""
+"""A sandbox session's own limits (``SessionConfig.memory_bytes``/``pids``/``cpus``): every program of the session
+counts together where a cgroup holds them (as root), a program past them is stopped (or throttled) by the kernel, and
+the session goes on. Attacks are bounded (a few hundred MiB, 60 processes, two busy loops of 1.5 s)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import execspace
 from execspace import CapabilityError, RunProgramSpec
 from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
 from execspace.registry import probe_backend
-from tests.support import make_traversable
+from tests.support import FORKS, make_traversable
 
 pytestmark = pytest.mark.timeout(120)
 MIB = 1 << 20
@@ -77,34 +78,43 @@ async def test_the_sessions_programs_share_its_memory(limited: execspace.BaseEng
 
 async def test_the_sessions_processes_are_bounded_together(limited: execspace.BaseEngine) -> None:
     ws = await limited.manager.create_workspace("limits/pids")
-    forks = """
-import os, signal, time
-children = []
-for _ in range(60):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(20)
-        os._exit(0)
-    children.append(pid)
-for pid in children:
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-print(len(children))
-"""
-    r = await limited.runner.run_program(ws, RunProgramSpec("python3", ["-c", forks], timeout=60))
+    r = await limited.runner.run_program(ws, RunProgramSpec("python3", ["-c", FORKS], timeout=60))
     assert r.exit_code == 0, r.stderr
     assert 0 < int(r.stdout) < 40  # the supervisor and this program count too
     after = await limited.runner.run_program(ws, RunProgramSpec("echo", ["alive"]))
     assert (after.exit_code, after.stdout) == (0, "alive\n")
 
 
-async def test_a_pids_limit_that_cannot_hold_is_refused_and_bad_values_too(tmp_path: Path) -> None:
+async def test_the_sessions_programs_share_its_cpu_quota(tmp_path: Path) -> None:
+    """``SessionConfig.cpus``: two busy programs of one session get its quota between them (one-sided: without it
+    each gets up to a core's share), and ``describe()`` says what holds it."""
+    if os.geteuid() != 0:
+        pytest.skip("a session's CPU quota is a cgroup, made as root")
+    engine = await _open(tmp_path, SessionConfig(pool_size=0, cpus=0.1))
+    try:
+        if "cpus" not in engine.describe().enforced_limits:
+            pytest.skip("no cgroup cpu controller here")
+        assert "cpus=0.1: cgroup CPU quota" in engine.describe().details["session_limits"]
+        ws = await engine.manager.create_workspace("limits/cpu")
+        busy = "import time; w, c = time.monotonic(), time.process_time()\nwhile time.monotonic() - w < 1.5: pass\n"
+        busy += "print(time.process_time() - c, time.monotonic() - w)"
+        spec = RunProgramSpec("python3", ["-c", busy], timeout=60)
+        runs = await asyncio.gather(*(engine.runner.run_program(ws, spec) for _ in range(2)))
+        cpu = sum(float(r.stdout.split()[0]) for r in runs)
+        wall = max(float(r.stdout.split()[1]) for r in runs)
+        assert cpu <= 0.1 * wall + 0.15, (cpu, wall)
+    finally:
+        await engine.aclose()
+
+
+async def test_a_limit_that_cannot_hold_is_refused_and_bad_values_too(tmp_path: Path) -> None:
     with pytest.raises(execspace.InvalidSpec):
         SessionConfig(memory_bytes=0)
+    with pytest.raises(execspace.InvalidSpec):
+        SessionConfig(cpus=0)
     if os.geteuid() == 0:
-        pytest.skip("as root the session's pids are limited (a cgroup or its uid's RLIMIT_NPROC)")
+        pytest.skip("as root the session's pids are limited (a cgroup or its uid's RLIMIT_NPROC), its CPU too")
     with pytest.raises(CapabilityError, match=r"SessionConfig\.pids"):
         await _open(tmp_path, SessionConfig(pool_size=0, pids=40))
+    with pytest.raises(CapabilityError, match=r"SessionConfig\.cpus"):
+        await _open(tmp_path, SessionConfig(pool_size=0, cpus=0.5))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 import e2b_code_interpreter as ci
 import pytest
 
+from execspace.environments import Environment, build, builtin_spec
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import read_until, terminate
 
@@ -33,9 +36,19 @@ class Server:
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.key}
 
 
+@functools.cache
+def code_interpreter_environment() -> Environment:
+    """The environment of the ``code-interpreter-v1`` template (whose creates fail until it is built): built once per
+    machine, by whichever test needs it first (tests/environments builds the same tree)."""
+    spec = builtin_spec("code-interpreter")
+    assert spec is not None
+    return asyncio.run(build(spec))
+
+
 @contextlib.contextmanager
 def running_server(root: Path, *flags: str) -> Iterator[Server]:
     """``execspace serve`` on a free port, stopped with SIGTERM (as a user would) when the block ends."""
+    code_interpreter_environment()
     root.mkdir(parents=True, exist_ok=True)
     make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
     env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}

@@ -247,7 +247,8 @@ def test_js_code_interpreter_sdk_smoke(e2b_server: Server) -> None:
 
 
 def test_another_backend_is_refused_saying_which_to_use(tmp_path: Path) -> None:
-    with running_server(tmp_path / "serve", "--backend", "local") as server:
+    # code-interpreter-v1 on the host's dirs (its environment needs the sandbox backend)
+    with running_server(tmp_path / "serve", "--backend", "local", "--kernel-environment", "none") as server:
         sandbox = ci.Sandbox.create(api_key=server.key, api_url=server.url, sandbox_url=server.url)
         try:
             with pytest.raises(ci.SandboxException, match="--backend sandbox"):

@@ -71,6 +71,18 @@ def add_parser(sub: Any) -> None:
         "--sandbox-pids", type=int, metavar="N", help="processes of each sandbox at once (session mode; needs root)"
     )
     p.add_argument(
+        "--sandbox-cpus",
+        type=float,
+        metavar="N",
+        help="CPU bandwidth of each sandbox in CPUs, fractions allowed (session mode; a cgroup CPU quota, needs "
+        "root); reported as cpuCount in its info",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, pids (docs/server.md)",
+    )
+    p.add_argument(
         "--domain", help="answer host-based routing for <port>-<sandboxID>.DOMAIN (behind wildcard DNS + TLS)"
     )
     p.add_argument(
@@ -119,12 +131,13 @@ async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
     try:
-        from ..server import TLS, ServerOptions, generate_api_key, serve
+        from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, generate_api_key, load_config, serve
     except ImportError as exc:
         raise SetupFailed(
             "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
         ) from None
     keys = tuple(args.api_key) or (generate_api_key(),)
+    templates = load_config(Path(args.config)) if args.config else dict(BUILTIN_TEMPLATES)
     options = ServerOptions(
         api_keys=keys,
         max_sandboxes=args.max_sandboxes,
@@ -137,6 +150,8 @@ async def command(args: argparse.Namespace) -> int:
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
         sandbox_memory_mb=args.sandbox_memory_mb,
         sandbox_pids=args.sandbox_pids,
+        sandbox_cpus=args.sandbox_cpus,
+        templates=templates,
     )
 
     tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None

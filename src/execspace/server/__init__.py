@@ -11,5 +11,17 @@ from .app import E2BApp
 from .options import ENVD_VERSION, TLS, ServerOptions, generate_api_key
 from .sandboxes import Sandboxes
 from .serve import serve
+from .templates import BUILTIN_TEMPLATES, Template, load_config
 
-__all__ = ["ENVD_VERSION", "TLS", "E2BApp", "Sandboxes", "ServerOptions", "generate_api_key", "serve"]
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "ENVD_VERSION",
+    "TLS",
+    "E2BApp",
+    "Sandboxes",
+    "ServerOptions",
+    "Template",
+    "generate_api_key",
+    "load_config",
+    "serve",
+]

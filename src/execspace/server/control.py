@@ -19,11 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import CapabilityError, ExecspaceError, InvalidSpec
+from ..errors import CapabilityError, EnvironmentNotFound, ExecspaceError, InvalidSpec
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
 from .network import SandboxEgress, sandbox_egress
-from .options import ENVD_VERSION, TEMPLATES, ServerOptions
+from .options import ENVD_VERSION, ServerOptions
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
 __all__ = ["FORK_HEADER", "ControlPlane", "error_response"]
@@ -110,6 +110,10 @@ class ControlPlane:
                 return error_response(404, f"sandbox {exc.sandbox_id!r} not found")
             except SandboxesFull as exc:
                 return error_response(429, str(exc), {"Retry-After": "1"})
+            except EnvironmentNotFound as exc:  # a template's environment, not built here: retrying will not help
+                return error_response(500, str(exc))
+            except CapabilityError as exc:  # a template this backend cannot give its limits or environment
+                return error_response(501, str(exc))
 
         return checked
 
@@ -135,9 +139,10 @@ class ControlPlane:
     async def _create(self, request: Request, *, v1: bool) -> Response:
         body = await _json_object(request)
         template = body.get("templateID")
-        snapshot = await self._snapshot_named(template) if template not in TEMPLATES else None
-        if template not in TEMPLATES and snapshot is None:
-            raise BadRequest(f"templateID must be one of {', '.join(TEMPLATES)} or a snapshot id, got {template!r}")
+        templates = self.options.templates
+        snapshot = await self._snapshot_named(template) if template not in templates else None
+        if template not in templates and snapshot is None:
+            raise BadRequest(f"templateID must be one of {', '.join(templates)} or a snapshot id, got {template!r}")
         auto_pause, auto_resume = _auto_pause(body)
         if auto_pause and body.get("autoPauseMemory") is False:
             return error_response(501, _FILES_ONLY_PAUSE)
@@ -259,7 +264,7 @@ class ControlPlane:
         if name is not None and not isinstance(name, str):
             raise BadRequest(f"name must be a string, got {name!r}")
         try:
-            snap = await self.sandboxes.snapshots().snapshot(sandbox.workspace, name)
+            snap = await self.sandboxes.snapshots(sandbox.engine).snapshot(sandbox.workspace, name)
         except CapabilityError as exc:
             return error_response(501, str(exc))
         except InvalidSpec as exc:
@@ -365,6 +370,7 @@ class ControlPlane:
         }
 
     def _detail(self, sandbox: Sandbox, *, with_token: bool) -> dict[str, Any]:
+        cpus, memory, disk = self.options.resources(sandbox.template)
         detail = {
             "templateID": sandbox.template,
             "sandboxID": sandbox.id,
@@ -373,9 +379,9 @@ class ControlPlane:
             "startedAt": _iso(sandbox.started_at),
             "endAt": _iso(sandbox.end_at),
             "envdVersion": ENVD_VERSION,
-            "cpuCount": self.options.cpu_count,
-            "memoryMB": self.options.memory_mb,
-            "diskSizeMB": self.options.disk_mb,
+            "cpuCount": cpus,
+            "memoryMB": memory,
+            "diskSizeMB": disk,
             "state": _state(sandbox),
             "metadata": sandbox.metadata,
             "allowInternetAccess": sandbox.allow_internet_access,

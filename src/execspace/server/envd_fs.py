@@ -66,7 +66,7 @@ class FilesystemService(ServiceBase, Filesystem):
 
     async def _stat(self, sandbox: Sandbox, path: str) -> pb.EntryInfo:
         with rpc_errors(path):
-            return entry_info(await self.sandboxes.engine.fs.stat(sandbox.workspace, to_workspace(path)))
+            return entry_info(await sandbox.engine.fs.stat(sandbox.workspace, to_workspace(path)))
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
         sandbox = self.sandbox(ctx)
@@ -74,21 +74,21 @@ class FilesystemService(ServiceBase, Filesystem):
         base = wglob.escape(directory)
         patterns = [base + "/*" * level for level in range(1, max(request.depth, 1) + 1)]
         with rpc_errors(request.path):
-            entries = await self.sandboxes.engine.fs.list(sandbox.workspace, patterns)
+            entries = await sandbox.engine.fs.list(sandbox.workspace, patterns)
         return pb.ListDirResponse(entries=[entry_info(e) for e in entries if e.path != directory])
 
     async def _directory(self, sandbox: Sandbox, path: str) -> str:
         """The workspace path of ``path``, which must be a directory."""
         with rpc_errors(path):
             directory = to_workspace(path)
-            entry = await self.sandboxes.engine.fs.stat(sandbox.workspace, directory)
+            entry = await sandbox.engine.fs.stat(sandbox.workspace, directory)
         if entry.kind is not FileKind.DIR:
             raise ConnectError(Code.INVALID_ARGUMENT, f"path {path!r} is not a directory")
         return directory
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any], /) -> pb.MakeDirResponse:
         sandbox = self.sandbox(ctx)
-        fs = self.sandboxes.engine.fs
+        fs = sandbox.engine.fs
         with rpc_errors(request.path):
             path = to_workspace(request.path)
             if await fs.exists(sandbox.workspace, path):
@@ -99,7 +99,7 @@ class FilesystemService(ServiceBase, Filesystem):
     async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any], /) -> pb.MoveResponse:
         sandbox = self.sandbox(ctx)
         with rpc_errors(request.source):
-            await self.sandboxes.engine.fs.rename(
+            await sandbox.engine.fs.rename(
                 sandbox.workspace, to_workspace(request.source), to_workspace(request.destination)
             )
         return pb.MoveResponse(entry=await self._stat(sandbox, request.destination))
@@ -107,14 +107,14 @@ class FilesystemService(ServiceBase, Filesystem):
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any], /) -> pb.RemoveResponse:
         sandbox = self.sandbox(ctx)
         with rpc_errors(request.path):
-            await self.sandboxes.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
+            await sandbox.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
         return pb.RemoveResponse()
 
     # watching: the sync SDK polls a watcher, the async one streams
 
     async def _watch(self, sandbox: Sandbox, path: str, recursive: bool) -> DirectoryWatch:
         directory = await self._directory(sandbox, path)
-        watch = DirectoryWatch(self.sandboxes.engine.fs, sandbox.workspace, directory, recursive=recursive)
+        watch = DirectoryWatch(sandbox.engine.fs, sandbox.workspace, directory, recursive=recursive)
         with rpc_errors(path):
             await watch.start()
         return watch

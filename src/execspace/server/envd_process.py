@@ -108,7 +108,7 @@ class ProcessService(ServiceBase, Process):
         with rpc_errors(config.cwd or None):
             spec = self._spec(sandbox, request)
             try:
-                handle = await self.sandboxes.engine.runner.start_program(sandbox.workspace, spec)
+                handle = await sandbox.engine.runner.start_program(sandbox.workspace, spec)
             except CapabilityError as exc:
                 raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
             except (FileNotFoundError, NotADirectoryError) as exc:
@@ -184,7 +184,7 @@ class ProcessService(ServiceBase, Process):
 
     async def list(self, request: pb.ListRequest, ctx: RequestContext[Any, Any], /) -> pb.ListResponse:
         sandbox = self.sandbox(ctx)
-        programs = await self.sandboxes.engine.runner.list_programs(sandbox.workspace)
+        programs = await sandbox.engine.runner.list_programs(sandbox.workspace)
         return pb.ListResponse(processes=[_info(p) for p in programs])
 
     async def send_signal(
@@ -245,7 +245,7 @@ class ProcessService(ServiceBase, Process):
             case _:
                 raise ConnectError(Code.INVALID_ARGUMENT, "the process selector names neither a pid nor a tag")
         try:
-            return await self.sandboxes.engine.runner.get_program(sandbox.workspace, key)
+            return await sandbox.engine.runner.get_program(sandbox.workspace, key)
         except ProgramNotFound as exc:
             raise ConnectError(Code.NOT_FOUND, str(exc)) from None
 

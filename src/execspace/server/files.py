@@ -75,7 +75,7 @@ class FilesAPI:
             return error_response(400, "GET /files needs a path query parameter")
         try:
             check_user(request.query_params.get("username"))
-            found = await self.sandboxes.engine.fs.read_file(sandbox.workspace, to_workspace(path))
+            found = await sandbox.engine.fs.read_file(sandbox.workspace, to_workspace(path))
         except FileNotFoundError:
             return error_response(404, f"file {path!r} does not exist")
         except (IsADirectoryError, NotADirectoryError):
@@ -98,7 +98,7 @@ class FilesAPI:
             if not files:
                 return error_response(400, "the upload holds no file (multipart parts must be named 'file')")
             puts = [PutFile(to_workspace(path), data) for path, data in files]
-            await self.sandboxes.engine.fs.put_files(sandbox.workspace, puts)
+            await sandbox.engine.fs.put_files(sandbox.workspace, puts)
         except TooLarge:
             return error_response(
                 413, f"a file is larger than this server takes ({self.sandboxes.options.max_upload_bytes} bytes)"

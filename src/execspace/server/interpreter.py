@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecspaceError, SetupFailed
 from ..models import Workspace
-from ..protocols import ProgramRunner
+from ..protocols import Engine
 from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
 from .lines import CellTimedOut, error_line, paced, result_line
@@ -134,13 +134,10 @@ _NO_TYPESCRIPT = (
 class CodeInterpreter:
     """Every sandbox's contexts, each a program of the sandbox's session."""
 
-    def __init__(
-        self, runner: ProgramRunner, backend: str, python: Interpreter | str | None, typescript: str | None = None
-    ) -> None:
+    def __init__(self, backend: str, python: Interpreter | str | None, typescript: str | None = None) -> None:
         """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can;
-        ``typescript``: the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`), if any."""
-        self._runner = runner
-        """Runs the kernels, in each sandbox's own session."""
+        ``typescript``: the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`), if any.
+        Each sandbox's engine runs its contexts, in its own session."""
         self._backend = backend
         self._python = python
         self._typescript = typescript
@@ -309,10 +306,10 @@ class CodeInterpreter:
         cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
         process: NodeContext | BashContext
         if context.language == "bash":
-            process = await BashContext.start(self._runner, sandbox, cwd)
+            process = await BashContext.start(sandbox.engine.runner, sandbox, cwd)
         else:
             typescript = self._typescript if context.language == "typescript" else None
-            process = await NodeContext.start(self._runner, sandbox, cwd, typescript)
+            process = await NodeContext.start(sandbox.engine.runner, sandbox, cwd, typescript)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await process.stop()
             raise SandboxGone(sandbox.id)
@@ -329,7 +326,8 @@ class CodeInterpreter:
         from .pykernel import SessionKernel
 
         home = posixpath.join(sandbox.workspace.path, HOME_DIR)
-        kernel = await SessionKernel.start(self._runner, sandbox, home, self._kernel_python(), timeout=_START_TIMEOUT)
+        runner, python = sandbox.engine.runner, self._kernel_python()
+        kernel = await SessionKernel.start(runner, sandbox, home, python, timeout=_START_TIMEOUT)
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
@@ -346,9 +344,11 @@ class CodeInterpreter:
         """Whether this server can start Python kernels ahead of need (a backend and a Python for them)."""
         return self._backend == "sandbox" and self._python is not None and not isinstance(self._python, str)
 
-    async def warm_kernel(self, template: str, sandbox_id: str, workspace: Workspace) -> KernelConnection:
+    async def warm_kernel(
+        self, template: str, engine: Engine, sandbox_id: str, workspace: Workspace
+    ) -> KernelConnection:
         """The default Python context's kernel of a pooled sandbox, started in its session ahead of its create."""
-        return await self._start_kernel(Sandbox.pooled(sandbox_id, template, workspace), HOME)
+        return await self._start_kernel(Sandbox.pooled(sandbox_id, template, engine, workspace), HOME)
 
     async def adopt(self, sandbox: Sandbox, ready: ReadySandbox) -> None:
         """Make a taken pooled sandbox's warm kernel its default Python context's, with the create's ``envVars``;

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import InvalidSpec
 from ..models import NetworkPolicy
+from .templates import BUILTIN_TEMPLATES, Profile, Template
 
-__all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TEMPLATES", "TLS", "ServerOptions", "generate_api_key"]
+__all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TLS", "ServerOptions", "generate_api_key"]
 
 #: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
 #: ``close_stdin``, 0.5.7 octet-stream and gzip uploads. 0.6.2 (file metadata as xattrs) is not implemented.
 ENVD_VERSION = "0.5.7"
-#: The templates a sandbox may be created from. Commands run the same in both; the code interpreter's kernels start
-#: from ``ServerOptions.kernel_environment`` (E2B's ``code-interpreter-v1`` maps to the built-in ``code-interpreter``).
-TEMPLATES = ("base", "code-interpreter-v1")
 #: The templates whose pooled sandboxes get a warm kernel (``ServerOptions.warm_kernels``).
 KERNEL_TEMPLATES = ("code-interpreter-v1",)
 
@@ -76,10 +75,16 @@ class ServerOptions:
     keepalive_interval: float = 30.0
     """Seconds between keepalive events on a quiet stream."""
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
-    """Reported in sandbox info (not enforced per sandbox yet)."""
+    """Reported in sandbox info where neither the template nor ``sandbox_cpus`` limits it: the host's CPUs."""
     memory_mb: int = field(default_factory=_host_memory_mb)
-    """Reported in sandbox info: the host's memory, or ``sandbox_memory_mb`` when that is set."""
+    """Reported in sandbox info where neither the template nor ``sandbox_memory_mb`` limits it: the host's memory."""
     disk_mb: int = field(default_factory=lambda: shutil.disk_usage("/").total // (1024 * 1024))
+    """Reported in sandbox info: the host's disk (no template may limit it here)."""
+    templates: Mapping[str, Template] = field(default_factory=lambda: dict(BUILTIN_TEMPLATES))
+    """The templates a sandbox may be created from, by name (:mod:`.templates`; ``--config FILE``)."""
+    sandbox_cpus: float | None = None
+    """CPU bandwidth of each sandbox, in CPUs, where its template names none (``SessionConfig.cpus``: a cgroup CPU
+    quota as root); None: no limit of its own."""
     sandbox_memory_mb: int | None = None
     """Memory of each sandbox, every process of it together (its commands, kernels and contexts), enforced on its
     sandbox session (``SessionConfig.memory_bytes``: a cgroup as root); None: no limit of its own."""
@@ -92,16 +97,24 @@ class ServerOptions:
     kernel_environment: str | None = "code-interpreter"
     """The runtime environment (``execspace env build NAME``) the code interpreter's kernels start from, so that
     ``run_code`` has E2B's data stack (pandas, matplotlib, …); when it is not built here, or None, kernels run on
-    the sandbox's system python (the server logs which)."""
+    the sandbox's system python (the server logs which). It is also the environment of the built-in
+    ``code-interpreter-v1`` template's commands (None: the host's system dirs), unless ``templates`` redefines it."""
 
     def __post_init__(self) -> None:
         if not self.api_keys or any(not k for k in self.api_keys):
             raise InvalidSpec("the server needs at least one non-empty API key")
         if self.max_sandboxes < 1:
             raise InvalidSpec(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")
+        if "base" not in self.templates or any(name != t.name for name, t in self.templates.items()):
+            raise InvalidSpec("templates must map each template's own name to it, base included")
+        if self.templates.get("code-interpreter-v1") == BUILTIN_TEMPLATES["code-interpreter-v1"]:
+            built_in = replace(BUILTIN_TEMPLATES["code-interpreter-v1"], environment=self.kernel_environment)
+            object.__setattr__(self, "templates", {**self.templates, "code-interpreter-v1": built_in})
         for template, size in self.pool_sizes:
-            if template not in TEMPLATES:
-                raise InvalidSpec(f"pool size for an unknown template {template!r}: use one of {', '.join(TEMPLATES)}")
+            if template not in self.templates:
+                raise InvalidSpec(
+                    f"pool size for an unknown template {template!r}: use one of {', '.join(self.templates)}"
+                )
             if size < 0:
                 raise InvalidSpec(f"the pool size of {template} must be 0 or more, got {size}")
         if self.max_upload_bytes < 1:
@@ -113,5 +126,19 @@ class ServerOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidSpec(f"{name} must be at least 1, got {value}")
-        if self.sandbox_memory_mb is not None:
-            object.__setattr__(self, "memory_mb", self.sandbox_memory_mb)  # what the info reports is the limit
+        if self.sandbox_cpus is not None and self.sandbox_cpus <= 0:
+            raise InvalidSpec(f"sandbox_cpus must be positive, got {self.sandbox_cpus}")
+
+    def profile(self, template: str) -> Profile:
+        """What a sandbox of ``template`` runs in (a snapshot's sandboxes: ``base``'s), the server's limits where
+        the template names none."""
+        found = self.templates.get(template) or self.templates["base"]
+        return found.profile(self.sandbox_cpus, self.sandbox_memory_mb, self.sandbox_pids)
+
+    def resources(self, template: str) -> tuple[int, int, int]:
+        """``cpuCount``, ``memoryMB`` and ``diskSizeMB`` of a sandbox of ``template``'s info: its limits where it
+        has them (CPUs rounded up: E2B's field is an integer), else the host's figures."""
+        profile = self.profile(template)
+        cpus = self.cpu_count if profile.cpus is None else max(1, math.ceil(profile.cpus))
+        memory = self.memory_mb if profile.memory_mb is None else profile.memory_mb
+        return cpus, memory, self.disk_mb

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KernelStarter", "ReadySandbox", "SandboxPool", "workspace_policy"]
 
-#: Starts a pooled sandbox's warm kernel: (template, sandbox id, workspace) → the started kernel.
-KernelStarter = Callable[[str, str, Workspace], Awaitable["KernelConnection"]]
+#: Starts a pooled sandbox's warm kernel: (template, its engine, sandbox id, workspace) → the started kernel.
+KernelStarter = Callable[[str, Engine, str, Workspace], Awaitable["KernelConnection"]]
 
 _log = logging.getLogger("execspace.server")
 #: Run once in each pooled workspace: on a session engine this starts (or adopts) the workspace's session.
@@ -66,6 +66,7 @@ def workspace_policy() -> WorkspacePolicy:
 @dataclass(frozen=True, slots=True)
 class ReadySandbox:
     sandbox_id: str
+    engine: Engine
     workspace: Workspace
     kernel: KernelConnection | None = None
     """Its warm kernel (code-interpreter templates, see the module), for the taker to adopt or stop."""
@@ -74,9 +75,16 @@ class ReadySandbox:
 class SandboxPool:
     """One :class:`WarmPool` of ready sandboxes per template with a size above 0 (see the module)."""
 
-    def __init__(self, engine: Engine, sizes: Mapping[str, int], room: Callable[[], int], ledger: Ledger) -> None:
-        """``room()``: how many sandboxes the server may add now (its maximum less the live ones)."""
-        self._engine = engine
+    def __init__(
+        self,
+        engine_for: Callable[[str], Awaitable[Engine]],
+        sizes: Mapping[str, int],
+        room: Callable[[], int],
+        ledger: Ledger,
+    ) -> None:
+        """``engine_for(template)``: the engine of a template's sandboxes; ``room()``: how many sandboxes the
+        server may add now (its maximum less the live ones)."""
+        self._engine_for = engine_for
         self._ledger = ledger
         self._room = room
         self._timer: asyncio.TimerHandle | None = None
@@ -166,24 +174,27 @@ class SandboxPool:
             await pool.close()
 
     async def _make(self, template: str) -> ReadySandbox:
+        engine = await self._engine_for(template)
         sandbox_id = self._ledger.new_id()
-        ws = await self._engine.manager.create_workspace(f"e2b/{sandbox_id}", workspace_policy())
+        ws = await engine.manager.create_workspace(f"e2b/{sandbox_id}", workspace_policy())
         try:
-            result = await self._engine.runner.run_program(ws, _WARM_UP)
+            result = await engine.runner.run_program(ws, _WARM_UP)
             if result.exit_code != 0:
                 raise BackendError(f"a pooled {template} sandbox could not run /bin/true (exit {result.exit_code})")
-            kernel = await self._warm_kernel(template, sandbox_id, ws)
+            kernel = await self._warm_kernel(template, engine, sandbox_id, ws)
         except BaseException:
-            await self._engine.manager.cleanup(ws)
+            await engine.manager.cleanup(ws)
             self._ledger.forget(sandbox_id)
             raise
-        return ReadySandbox(sandbox_id, ws, kernel)
+        return ReadySandbox(sandbox_id, engine, ws, kernel)
 
-    async def _warm_kernel(self, template: str, sandbox_id: str, ws: Workspace) -> KernelConnection | None:
+    async def _warm_kernel(
+        self, template: str, engine: Engine, sandbox_id: str, ws: Workspace
+    ) -> KernelConnection | None:
         if self._kernels is None or template not in self._kernels[1]:
             return None
         try:
-            return await self._kernels[0](template, sandbox_id, ws)
+            return await self._kernels[0](template, engine, sandbox_id, ws)
         except Exception:
             _log.exception(
                 "the warm kernel of the pooled sandbox %s did not start: it is pooled without one", sandbox_id
@@ -194,7 +205,7 @@ class SandboxPool:
         if ready.kernel is not None:
             await ready.kernel.stop()
         try:
-            await self._engine.manager.cleanup(ready.workspace)
+            await ready.engine.manager.cleanup(ready.workspace)
         except Exception:
             _log.exception("removing the pooled sandbox %s failed", ready.sandbox_id)
         else:

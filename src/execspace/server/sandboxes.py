@@ -71,6 +71,8 @@ class Sandbox:
 
     id: str
     template: str
+    engine: Engine
+    """The engine of its template's profile (environment and limits): its workspace, files and programs are there."""
     workspace: Workspace
     metadata: dict[str, str]
     env_vars: dict[str, str]
@@ -94,11 +96,11 @@ class Sandbox:
     """Held while it is being paused or resumed: one turn at a time, a kill waits for it."""
 
     @classmethod
-    def pooled(cls, sandbox_id: str, template: str, workspace: Workspace) -> Sandbox:
+    def pooled(cls, sandbox_id: str, template: str, engine: Engine, workspace: Workspace) -> Sandbox:
         """A pooled sandbox as its programs started ahead of its create see it: its id, no ``envVars``, the network
         off (the taker compares what the create asked for, see ``CodeInterpreter.adopt``)."""
         now = _now()
-        return cls(sandbox_id, template, workspace, {}, {}, now, now, None)
+        return cls(sandbox_id, template, engine, workspace, {}, {}, now, now, None)
 
     @property
     def allow_internet_access(self) -> bool:
@@ -127,11 +129,20 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+#: The engine that serves a template's sandboxes (see serve.py): opened on first use.
+EngineFor = Callable[[str], Awaitable[Engine]]
+
+
 class Sandboxes:
     """The table of live sandboxes and the reaper that ends expired ones."""
 
-    def __init__(self, engine: Engine, options: ServerOptions, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self, engine: Engine, options: ServerOptions, ledger: Ledger | None = None, engine_for: EngineFor | None = None
+    ) -> None:
+        """``engine``: the default one (a snapshot's sandboxes, the server's capabilities); ``engine_for``: each
+        template's (the default engine for every template without it)."""
         self.engine = engine
+        self.engine_for = engine_for or self._default_engine
         self.options = options
         self.ledger = ledger or Ledger(None)
         """Where this server records its sandboxes for the next one, should it die (see ledger.py)."""
@@ -144,7 +155,10 @@ class Sandboxes:
         """Run when a sandbox ends, before its workspace is removed (its kernels stop there)."""
         self.on_take: list[Callable[[Sandbox, ReadySandbox], Awaitable[None]]] = []
         """Run when a create took a pooled sandbox, with what the pool made ahead (its warm kernel is adopted)."""
-        self.pool = SandboxPool(engine, dict(options.pool_sizes), self._room, self.ledger)
+        self.pool = SandboxPool(self.engine_for, dict(options.pool_sizes), self._room, self.ledger)
+
+    async def _default_engine(self, template: str) -> Engine:
+        return self.engine
 
     def _room(self) -> int:
         return self.options.max_sandboxes - len(self._live) - self._reserved
@@ -170,35 +184,37 @@ class Sandboxes:
             )
         ready = self.pool.take(request.template) if request.snapshot is None else None
         if ready is not None:
-            sandbox = self._started(request, ready.sandbox_id, ready.workspace)
+            sandbox = self._started(request, ready.sandbox_id, ready.engine, ready.workspace)
             self.pool.refill()
             for hook in self.on_take:
                 await hook(sandbox, ready)
             return sandbox
         self._reserved += 1
         try:
+            engine = self.engine if request.snapshot is not None else await self.engine_for(request.template)
             sandbox_id = self.ledger.new_id()
             policy = workspace_policy()
             try:
                 if request.snapshot is not None:
                     (ws,) = await self.snapshots().fork(request.snapshot, ids=[f"e2b/{sandbox_id}"], policy=policy)
                 else:
-                    ws = await self.engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
+                    ws = await engine.manager.create_workspace(f"e2b/{sandbox_id}", policy)
             except BaseException:
                 self.ledger.forget(sandbox_id)  # the manager left nothing of a failed create
                 raise
-            await self._unless_closing([(sandbox_id, ws)])
-            return self._started(request, sandbox_id, ws)
+            await self._unless_closing([(sandbox_id, engine, ws)])
+            return self._started(request, sandbox_id, engine, ws)
         finally:
             self._reserved -= 1
             self.pool.refill()
 
-    def _started(self, request: CreateRequest, sandbox_id: str, ws: Workspace) -> Sandbox:
+    def _started(self, request: CreateRequest, sandbox_id: str, engine: Engine, ws: Workspace) -> Sandbox:
         """The live sandbox over ``ws``, with what the create asked for."""
         started = _now()
         sandbox = Sandbox(
             id=sandbox_id,
             template=request.template,
+            engine=engine,
             workspace=ws,
             metadata=request.metadata,
             env_vars=request.env_vars,
@@ -220,7 +236,7 @@ class Sandboxes:
             SandboxesFull: fewer than ``count`` sandboxes fit under the server's maximum.
             CapabilityError: the engine's workspaces cannot be forked.
         """
-        manager = self.snapshots()
+        manager = self.snapshots(source.engine)
         if len(self._live) + self._reserved + count > self.options.max_sandboxes:
             raise SandboxesFull(
                 f"{count} more sandboxes do not fit this server's maximum of {self.options.max_sandboxes}; "
@@ -242,6 +258,7 @@ class Sandboxes:
                 Sandbox(
                     id=sandbox_id,
                     template=source.template,
+                    engine=source.engine,
                     workspace=ws,
                     metadata=dict(source.metadata),
                     env_vars=dict(source.env_vars),
@@ -252,17 +269,19 @@ class Sandboxes:
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
             ]
-            await self._unless_closing(list(zip(new_ids, workspaces, strict=True)))
+            await self._unless_closing([(i, source.engine, ws) for i, ws in zip(new_ids, workspaces, strict=True)])
             self._live.update((f.id, f) for f in forks)
             return forks
         finally:
             self._reserved -= count
 
-    def snapshots(self) -> SupportsSnapshots:
-        """The engine's manager, which snapshots and forks workspaces (``CapabilityError`` when it cannot)."""
-        manager = self.engine.manager
+    def snapshots(self, engine: Engine | None = None) -> SupportsSnapshots:
+        """The manager of ``engine`` (a sandbox's: it stops that sandbox's programs while it copies; default: the
+        server's), which snapshots and forks workspaces (``CapabilityError`` when it cannot)."""
+        engine = engine or self.engine
+        manager = engine.manager
         if not isinstance(manager, SupportsSnapshots):
-            raise CapabilityError("snapshots and forks", self.engine.name, "Serve the sandbox or local backend.")
+            raise CapabilityError("snapshots and forks", engine.name, "Serve the sandbox or local backend.")
         return manager
 
     def set_timeout(self, sandbox: Sandbox, seconds: int) -> None:
@@ -281,9 +300,9 @@ class Sandboxes:
         Raises:
             CapabilityError: the engine's runner cannot stop a workspace's programs.
         """
-        runner = self.engine.runner
+        runner = sandbox.engine.runner
         if not isinstance(runner, SupportsFreezing):
-            raise CapabilityError("pausing sandboxes", self.engine.name, "Serve the sandbox or local backend.")
+            raise CapabilityError("pausing sandboxes", sandbox.engine.name, "Serve the sandbox or local backend.")
         async with sandbox.turning:
             if sandbox.paused is not None or sandbox.closed.is_set():
                 return False
@@ -296,7 +315,7 @@ class Sandboxes:
     async def keep_paused(self, sandbox: Sandbox) -> None:
         """Stop a program that started while the sandbox was being paused (its request came in before): after
         the pause, everything of the workspace is stopped once more (what is stopped already stays so)."""
-        runner = self.engine.runner
+        runner = sandbox.engine.runner
         async with sandbox.turning:
             if sandbox.paused is not None and isinstance(runner, SupportsFreezing):
                 await sandbox.paused.enter_async_context(runner.frozen(sandbox.workspace))
@@ -337,7 +356,7 @@ class Sandboxes:
                 _log.exception("ending sandbox %s: %s failed", sandbox.id, hook)
         try:
             await self._end_commands(sandbox)
-            await self.engine.manager.cleanup(sandbox.workspace)
+            await sandbox.engine.manager.cleanup(sandbox.workspace)
             self.ledger.forget(sandbox.id)
         except Exception:
             # the sandbox is gone for its clients either way; say loudly that its workspace may be left
@@ -347,7 +366,7 @@ class Sandboxes:
     async def _end_commands(self, sandbox: Sandbox) -> None:
         """Kill the sandbox's commands and wait until each has ended, its bookkeeping in the workspace included,
         so that nothing writes into the workspace while it is removed."""
-        runner, ws = self.engine.runner, sandbox.workspace
+        runner, ws = sandbox.engine.runner, sandbox.workspace
 
         async def kill(pid: int) -> None:
             with contextlib.suppress(ProgramNotFound):
@@ -390,12 +409,12 @@ class Sandboxes:
             return
         sandbox.end_at, sandbox.left = expired, timedelta(0)
 
-    async def _unless_closing(self, made: list[tuple[str, Workspace]]) -> None:
+    async def _unless_closing(self, made: list[tuple[str, Engine, Workspace]]) -> None:
         """Remove what a create made while the server began to stop (its list of sandboxes to end is taken)."""
         if not self._closing:
             return
-        for sandbox_id, ws in made:
-            await self.engine.manager.cleanup(ws)
+        for sandbox_id, engine, ws in made:
+            await engine.manager.cleanup(ws)
             self.ledger.forget(sandbox_id)
         raise SandboxesFull("the server is stopping: create the sandbox on a running one")
 

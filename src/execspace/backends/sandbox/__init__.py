@@ -104,7 +104,7 @@ SESSION_DETAILS = (
     "never the supervisor; their stdio are sockets (so no program reopens another's through /proc; "
     "/dev/stdout cannot be opened either); a run's timeout kills its process group through the supervisor and "
     "its escaped descendants by their run marker from the host (one that drops the marker from its environment "
-    "lives until the session ends); no cgroup per run: a run asking for another network setting, pids, or a "
+    "lives until the session ends); no cgroup per run: a run asking for another network setting, pids, cpus, or a "
     "cgroup-enforced memory_bytes runs in a sandbox of its own, as in per-run mode"
 )
 
@@ -512,6 +512,8 @@ def _session_limits(config: SessionConfig, groups: CgroupSupport) -> str:
         limits.append(f"memory_bytes={config.memory_bytes}: {_memory_detail(groups)}")
     if config.pids is not None:
         limits.append(f"pids={config.pids}: {_pids_detail(groups)}")
+    if config.cpus is not None:
+        limits.append(f"cpus={config.cpus}: {_cpus_detail(groups)}")
     return "; ".join(limits)
 
 
@@ -519,6 +521,12 @@ def _pids_detail(groups: CgroupSupport) -> str:
     if "pids" in groups.enforced:
         return "cgroup pids.max over the whole sandbox (" + groups.describe()["pids"] + ")"
     return "RLIMIT_NPROC of the per-workspace uid" if _is_root() else "not enforced (not root)"
+
+
+def _cpus_detail(groups: CgroupSupport) -> str:
+    if "cpus" in groups.enforced:
+        return "cgroup CPU quota over the whole sandbox, throttled past it (" + groups.describe()["cpu"] + ")"
+    return "not enforced (a cgroup CPU controller needs root)"
 
 
 def _memory_detail(groups: CgroupSupport) -> str:
@@ -591,6 +599,7 @@ class SandboxBackend:
         groups = cgroups or CgroupSupport({})
         if _is_root():
             limits.add("pids")
+        limits |= groups.enforced & {"cpus"}
         return Capabilities(
             backend="sandbox",
             isolation=Isolation.PROCESS,
@@ -614,6 +623,7 @@ class SandboxBackend:
                 "uid": "per-workspace unprivileged uid" if _is_root() else "your uid, without capabilities",
                 "pids": _pids_detail(groups),
                 "memory_bytes": _memory_detail(groups),
+                "cpus": _cpus_detail(groups),
                 "disk_bytes": DISK_BYTES_DETAIL,
                 "seccomp": describe(),
                 "profile": (policy or SandboxPolicy()).summary(),
@@ -693,6 +703,10 @@ class SandboxBackend:
             if config.pids is not None and "pids" not in caps.enforced_limits:
                 raise CapabilityError(
                     "SessionConfig.pids", "sandbox", "limiting a session's processes needs root (a cgroup or its uid)"
+                )
+            if config.cpus is not None and "cpus" not in caps.enforced_limits:
+                raise CapabilityError(
+                    "SessionConfig.cpus", "sandbox", "a session's CPU quota is a cgroup: run as root (cpu controller)"
                 )
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})

@@ -1,4 +1,4 @@
-"""Per-run cgroups for the sandbox: memory and process count for the whole sandbox.
+"""Per-run cgroups for the sandbox: memory, process count and CPU bandwidth for the whole sandbox.
 
 rlimits are per process (a program can fork its way around ``RLIMIT_AS``) and
 ``RLIMIT_NPROC`` counts a uid, not a run. A cgroup counts every process of the
@@ -29,7 +29,11 @@ __all__ = ["BWRAP_HELPER_PIDS", "CgroupSupport", "RunCgroup"]
 #: bwrap keeps two processes of its own in the group (the monitor and the sandbox's pid 1).
 BWRAP_HELPER_PIDS = 2
 
-_CONTROLLERS = {"memory": "memory_bytes", "pids": "pids"}
+_CONTROLLERS = {"memory": "memory_bytes", "pids": "pids", "cpu": "cpus"}
+#: The CFS period a CPU quota is measured over (the kernel's default): a group gets ``cpus`` times it per period.
+_CPU_PERIOD_US = 100_000
+#: The smallest quota the kernel takes (1 ms per period).
+_MIN_CPU_QUOTA_US = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,7 @@ class CgroupSupport:
 
     @property
     def enforced(self) -> frozenset[str]:
-        """Limit names a run group enforces here (``memory_bytes``, ``pids``)."""
+        """Limit names a run group enforces here (``memory_bytes``, ``pids``, ``cpus``)."""
         return frozenset(_CONTROLLERS[c] for c in self._bases)
 
     def describe(self) -> dict[str, str]:
@@ -171,6 +175,13 @@ class RunCgroup:
                     _write(swap, limits.memory_bytes if v1 else 0)
             if controller == "pids" and limits.pids is not None:
                 _write(path / "pids.max", limits.pids + BWRAP_HELPER_PIDS)
+            if controller == "cpu" and limits.cpus is not None:
+                quota = max(round(limits.cpus * _CPU_PERIOD_US), _MIN_CPU_QUOTA_US)
+                if v1:
+                    _write(path / "cpu.cfs_period_us", _CPU_PERIOD_US)
+                    _write(path / "cpu.cfs_quota_us", quota)
+                else:
+                    (path / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
 
     def enforces(self) -> frozenset[str]:
         """Limit names this group applies (the rest stays with rlimits)."""

@@ -92,13 +92,17 @@ class SessionConfig:
     pids: int | None = None
     """Processes and threads of the whole session at once, as a cgroup where this host gives one; else ``RLIMIT_NPROC``
     of its uid (not as root: its sessions' uids are per workspace, but root's rlimit would not hold)."""
+    cpus: float | None = None
+    """CPU bandwidth of the whole session, in CPUs (``0.5``: half of one CPU's time per wall second), as a cgroup
+    CPU quota (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``): needs root and the cpu controller, refused otherwise.
+    Past it the session's programs are throttled, never killed."""
 
     def __post_init__(self) -> None:
         self.limits(1)  # refused now as ResourceLimits refuses them, not when a session starts
 
     def limits(self, output_bytes: int) -> ResourceLimits:
         """The limits of a session's own sandbox (its bwrap keeps ``output_bytes`` of what it says)."""
-        return ResourceLimits(memory_bytes=self.memory_bytes, pids=self.pids, output_bytes=output_bytes)
+        return ResourceLimits(memory_bytes=self.memory_bytes, pids=self.pids, cpus=self.cpus, output_bytes=output_bytes)
 
 
 def _last_pid() -> int:

@@ -4,7 +4,7 @@ One session (:mod:`.session`) per workspace, started on its first run or taken f
 started on laid-out slots (:mod:`execspace.workspace.slots`), kept while the workspace lives or until
 ``idle_timeout`` passes without programs, ended on cleanup and engine close. A run the session cannot give what
 it asks runs in a sandbox of its own, exactly as in per-run mode: another network setting than the session's,
-``pids`` or a cgroup-enforced ``memory_bytes`` (a session's processes share one uid and one cgroup), other
+``pids``, ``cpus`` or a cgroup-enforced ``memory_bytes`` (a session's processes share one uid and one cgroup), other
 seccomp filters (:meth:`with_seccomp`, e.g. a kernel's), or a policy with no-access globs (judged against the
 workspace's files when a sandbox starts).
 """
@@ -137,6 +137,8 @@ class SessionRunner(SandboxRunner):
         limits = spec.limits
         if limits.pids is not None and os.geteuid() == 0:
             return False  # RLIMIT_NPROC would count the whole session's processes
+        if limits.cpus is not None:
+            return False  # a quota of its own: the session's cgroup holds the session's
         return not (limits.memory_bytes is not None and "memory_bytes" in self.cgroups.enforced)
 
     def access_of(self, root: Path, rel: str) -> Access:

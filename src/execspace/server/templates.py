@@ -1,0 +1,134 @@
+"""Templates: what a sandbox is created from (its ``templateID``), that is the runtime environment its commands and
+kernels run in and the limits of the whole sandbox.
+
+``base`` runs on the host's system directories (as E2B's base image is a plain system with its own Python);
+``code-interpreter-v1`` in the ``code-interpreter`` environment (E2B's data stack), which must be built here (a
+create answers 503 naming ``execspace env build code-interpreter`` until it is). More come from serve's config file:
+
+.. code-block:: toml
+
+    [templates.small]
+    environment = "data"     # a built runtime environment (docs/environments.md); left out: the host's dirs
+    cpu_count = 0.5          # CPUs of bandwidth (a cgroup CPU quota; fractions allowed)
+    memory_mb = 512          # memory of the whole sandbox (a cgroup)
+    pids = 64                # processes and threads at once
+
+A limit a template leaves out is the server's (``--sandbox-cpus``, ``--sandbox-memory-mb``, ``--sandbox-pids``).
+Templates with the same environment and limits share one engine (:class:`Profile`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidSpec
+
+__all__ = ["BUILTIN_TEMPLATES", "Profile", "Template", "load_config"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What a sandbox runs in: one engine serves every template with the same profile."""
+
+    environment: str | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    pids: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in (self.cpus, self.memory_mb, self.pids))
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A template a sandbox may be created from (see the module)."""
+
+    name: str
+    environment: str | None = None
+    """The runtime environment of its commands and kernels (``execspace env build NAME``); None: the host's."""
+    cpu_count: float | None = None
+    """CPUs of bandwidth for the whole sandbox (a cgroup CPU quota); None: the server's ``--sandbox-cpus``."""
+    memory_mb: int | None = None
+    """Memory of the whole sandbox; None: the server's ``--sandbox-memory-mb``."""
+    disk_mb: int | None = None
+    """Disk of the whole sandbox: not enforced here, so a template that asks for it cannot be created (501)."""
+    pids: int | None = None
+    """Processes and threads of the whole sandbox at once; None: the server's ``--sandbox-pids``."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise InvalidSpec(f"template name {self.name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
+        if self.environment is not None and not _NAME.fullmatch(self.environment):
+            raise InvalidSpec(f"template {self.name}: environment {self.environment!r} is not an environment name")
+        for name in ("cpu_count", "memory_mb", "disk_mb", "pids"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value <= 0):
+                raise InvalidSpec(f"template {self.name}: {name} must be positive, got {value!r}")
+
+    def profile(self, cpus: float | None, memory_mb: int | None, pids: int | None) -> Profile:
+        """Its profile, with the server's limits (the arguments) where it names none."""
+        return Profile(
+            self.environment,
+            self.cpu_count if self.cpu_count is not None else cpus,
+            self.memory_mb if self.memory_mb is not None else memory_mb,
+            self.pids if self.pids is not None else pids,
+        )
+
+
+BUILTIN_TEMPLATES = {
+    "base": Template("base"),
+    "code-interpreter-v1": Template("code-interpreter-v1", environment="code-interpreter"),
+}
+
+_KEYS: dict[str, tuple[type, ...]] = {
+    "environment": (str,),
+    "cpu_count": (int, float),
+    "memory_mb": (int,),
+    "disk_mb": (int,),
+    "pids": (int,),
+}
+
+
+def load_config(path: Path) -> dict[str, Template]:
+    """The templates of serve's config file (``[templates.NAME]`` tables) over the built-in ones (a table named
+    ``base`` or ``code-interpreter-v1`` replaces it).
+
+    Raises:
+        InvalidSpec: the file cannot be read, is not TOML, or has a key or value this server does not know.
+    """
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidSpec(f"serve config {path}: {exc}") from None
+    unknown = sorted(set(data) - {"templates"})
+    if unknown:
+        raise InvalidSpec(f"serve config {path}: unknown table or key {', '.join(unknown)} (it takes [templates.NAME])")
+    tables = data.get("templates", {})
+    if not isinstance(tables, dict):
+        raise InvalidSpec(f"serve config {path}: templates must be tables, [templates.NAME]")
+    templates = dict(BUILTIN_TEMPLATES)
+    for name, table in tables.items():
+        templates[name] = _template(path, name, table)
+    return templates
+
+
+def _template(path: Path, name: str, table: Any) -> Template:
+    if not isinstance(table, dict):
+        raise InvalidSpec(f"serve config {path}: templates.{name} must be a table")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        kinds = _KEYS.get(key)
+        if kinds is None:
+            known = ", ".join(f.name for f in fields(Template) if f.name != "name")
+            raise InvalidSpec(f"serve config {path}: templates.{name}.{key} is not a template key (use {known})")
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise InvalidSpec(f"serve config {path}: templates.{name}.{key} must be {kinds[-1].__name__}")
+        values[key] = value
+    return replace(Template(name), **values)
