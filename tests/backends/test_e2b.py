@@ -542,12 +542,12 @@ def test_languages_map_to_the_code_interpreter() -> None:
 async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
     from execspace import CodeBlock, ResourceLimits
 
-    async with _engine(e2b_server, persistence="turn", code_languages=("python", "ts")) as engine:
-        ws = await engine.manager.create_workspace("no-ts")
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "r")) as engine:
+        ws = await engine.manager.create_workspace("no-r")
         assert isinstance(engine, execspace.SupportsKernels)
-        assert engine.kernels.handles("typescript") and not engine.kernels.handles("bash")
-        with pytest.raises(BackendError, match=r"starting a ts kernel: 501.*no ts kernel"):
-            await engine.kernels.run_block(ws, CodeBlock("ts", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+        assert engine.kernels.handles("r") and not engine.kernels.handles("bash")
+        with pytest.raises(BackendError, match=r"starting a r kernel: 501.*no r kernel"):
+            await engine.kernels.run_block(ws, CodeBlock("r", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="execspace serve's JavaScript contexts run on Node.js")
