@@ -3,7 +3,8 @@ kernels run in and the limits of the whole sandbox.
 
 ``base`` runs on the host's system directories (as E2B's base image is a plain system with its own Python);
 ``code-interpreter-v1`` in the ``code-interpreter`` environment (E2B's data stack), which must be built here (a
-create answers 503 naming ``execspace env build code-interpreter`` until it is). More come from serve's config file:
+create answers 500 naming ``execspace env build code-interpreter`` until it is; a 503 would make the SDK retry).
+More come from serve's config file:
 
 .. code-block:: toml
 
