@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -39,10 +40,12 @@ class Server:
 @functools.cache
 def code_interpreter_environment() -> Environment:
     """The environment of the ``code-interpreter-v1`` template (whose creates fail until it is built): built once per
-    machine, by whichever test needs it first (tests/environments builds the same tree)."""
+    machine, by whichever test needs it first (tests/environments builds the same tree). On a thread of its own: the
+    first to need it may be an async test, whose loop is running on this one."""
     spec = builtin_spec("code-interpreter")
     assert spec is not None
-    return asyncio.run(build(spec))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, build(spec)).result()
 
 
 @contextlib.contextmanager
