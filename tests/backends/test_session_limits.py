@@ -118,3 +118,67 @@ async def test_a_limit_that_cannot_hold_is_refused_and_bad_values_too(tmp_path: 
         await _open(tmp_path, SessionConfig(pool_size=0, pids=40))
     with pytest.raises(CapabilityError, match=r"SessionConfig\.cpus"):
         await _open(tmp_path, SessionConfig(pool_size=0, cpus=0.5))
+
+
+def _mounts() -> str:
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
+
+def _fill(mib: int, where: str = "big") -> RunProgramSpec:
+    return RunProgramSpec("sh", ["-c", f"dd if=/dev/zero of={where} bs=1M count={mib} 2>&1; echo rc=$?"], timeout=60)
+
+
+async def test_a_sessions_disk_is_bounded_and_removal_leaves_no_mount_or_image(tmp_path: Path) -> None:
+    """``SessionConfig.disk_bytes``: a write past it fails with ENOSPC in the program, the workspace goes on (a file
+    that fits is written once the big one is removed), ``/tmp`` is bounded too, another workspace is unaffected; its
+    cleanup leaves no mount, no image and no loop device on it."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
+    engine = await _open(tmp_path, SessionConfig(disk_bytes=20 * MIB))
+    disks = tmp_path / "ws" / ".disks"
+    try:
+        assert "disk_bytes=20971520: each workspace is a filesystem" in engine.describe().details["session_limits"]
+        ws = await engine.manager.create_workspace("limits/disk")
+        other = await engine.manager.create_workspace("limits/other")
+        assert ws.host_path is not None and f" {ws.host_path} " in _mounts()
+        full = await engine.runner.run_program(ws, _fill(30))
+        assert "No space left on device" in full.stdout and "rc=1" in full.stdout, full.stdout
+        refill = "rm big && dd if=/dev/zero of=f bs=1M count=5 2>/dev/null && wc -c < f"
+        fits = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", refill]))
+        assert (fits.exit_code, fits.stdout) == (0, "5242880\n"), fits
+        tmp = await engine.runner.run_program(ws, _fill(30, "/tmp/big"))
+        assert "No space left on device" in tmp.stdout, tmp.stdout
+        elsewhere = await engine.runner.run_program(other, _fill(15))
+        assert "rc=0" in elsewhere.stdout, elsewhere.stdout  # a disk of its own: the first one's files are not on it
+        assert len(list(disks.iterdir())) == 2
+        with pytest.raises(CapabilityError, match="disk-bounded"):
+            await engine.manager.fork(ws)
+        for each in (ws, other):
+            await engine.manager.cleanup(each)
+            assert f" {each.host_path} " not in _mounts() and not Path(str(each.host_path)).exists()
+        assert list(disks.iterdir()) == []
+    finally:
+        await engine.aclose()
+    await _no_loop_device_on(disks)
+
+
+async def _no_loop_device_on(disks: Path) -> None:
+    """Poll until no loop device is backed by an image of ``disks`` (a detached one frees itself once unused)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        loops = await asyncio.create_subprocess_exec("losetup", "-a", stdout=asyncio.subprocess.PIPE)
+        listed = (await loops.communicate())[0].decode()
+        if str(disks) not in listed:
+            return
+        assert asyncio.get_running_loop().time() < deadline, listed
+        await asyncio.sleep(0.1)
+
+
+async def test_a_disk_bound_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
+    with pytest.raises(execspace.InvalidSpec, match="disk_bytes must be at least"):
+        SessionConfig(disk_bytes=4096)
+    if os.geteuid() == 0:
+        pytest.skip("as root a session's disk can be bounded")
+    with pytest.raises(CapabilityError, match=r"SessionConfig\.disk_bytes.*run as root"):
+        await _open(tmp_path, SessionConfig(pool_size=0, disk_bytes=20 * MIB))
