@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import execspace
-from execspace import CapabilityError, RunProgramSpec
+from execspace import CapabilityError, PutFile, RunProgramSpec
 from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
 from execspace.registry import probe_backend
 from tests.support import FORKS, make_traversable
@@ -125,18 +126,29 @@ def _mounts() -> str:
         return f.read()
 
 
+@pytest.fixture
+def unmounted_after(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, with whatever a failed test left mounted under it detached afterwards (so that pytest's removal
+    of old temporary directories never meets a mount)."""
+    yield tmp_path
+    for line in _mounts().splitlines():
+        point = line.split()[4]
+        if point.startswith(f"{tmp_path}/"):
+            subprocess.run(["umount", "-l", point], check=False)
+
+
 def _fill(mib: int, where: str = "big") -> RunProgramSpec:
     return RunProgramSpec("sh", ["-c", f"dd if=/dev/zero of={where} bs=1M count={mib} 2>&1; echo rc=$?"], timeout=60)
 
 
-async def test_a_sessions_disk_is_bounded_and_removal_leaves_no_mount_or_image(tmp_path: Path) -> None:
+async def test_a_sessions_disk_is_bounded_and_removal_leaves_no_mount_or_image(unmounted_after: Path) -> None:
     """``SessionConfig.disk_bytes``: a write past it fails with ENOSPC in the program, the workspace goes on (a file
     that fits is written once the big one is removed), ``/tmp`` is bounded too, another workspace is unaffected; its
     cleanup leaves no mount, no image and no loop device on it."""
     if os.geteuid() != 0:
         pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
-    engine = await _open(tmp_path, SessionConfig(disk_bytes=20 * MIB))
-    disks = tmp_path / "ws" / ".disks"
+    engine = await _open(unmounted_after, SessionConfig(disk_bytes=20 * MIB))
+    disks = unmounted_after / "ws" / ".disks"
     try:
         assert "disk_bytes=20971520: each workspace is a filesystem" in engine.describe().details["session_limits"]
         ws = await engine.manager.create_workspace("limits/disk")
@@ -161,6 +173,34 @@ async def test_a_sessions_disk_is_bounded_and_removal_leaves_no_mount_or_image(t
     finally:
         await engine.aclose()
     await _no_loop_device_on(disks)
+
+
+async def test_a_bounded_workspace_whose_mount_is_gone_is_mounted_again_when_opened(unmounted_after: Path) -> None:
+    """After a reboot the image is kept and the mount gone (made here with a lazy unmount): the next engine's
+    ``get_workspace`` mounts it again, the files and the bound with it; its cleanup then removes the image."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
+    config = SessionConfig(disk_bytes=20 * MIB)
+    engine = await _open(unmounted_after, config)
+    try:
+        ws = await engine.manager.create_workspace("limits/reboot")
+        await engine.fs.put_files(ws, [PutFile("work/kept.txt", b"on its own disk")])
+    finally:
+        await engine.aclose()
+    umount = await asyncio.create_subprocess_exec("umount", "-l", str(ws.host_path))
+    assert await umount.wait() == 0 and f" {ws.host_path} " not in _mounts()
+    engine = await _open(unmounted_after, config)
+    try:
+        again = await engine.manager.get_workspace("limits/reboot")
+        assert f" {again.host_path} " in _mounts()
+        assert (await engine.fs.read_file(again, "work/kept.txt")).content == b"on its own disk"
+        full = await engine.runner.run_program(again, _fill(30))
+        assert "No space left on device" in full.stdout, full.stdout
+        await engine.manager.cleanup(again)
+    finally:
+        await engine.aclose()
+    assert list((unmounted_after / "ws" / ".disks").iterdir()) == [] and f" {ws.host_path} " not in _mounts()
+    await _no_loop_device_on(unmounted_after / "ws" / ".disks")
 
 
 async def _no_loop_device_on(disks: Path) -> None:
