@@ -150,7 +150,9 @@ async def test_a_sessions_disk_is_bounded_and_removal_leaves_no_mount_or_image(u
     engine = await _open(unmounted_after, SessionConfig(disk_bytes=20 * MIB))
     disks = unmounted_after / "ws" / ".disks"
     try:
-        assert "disk_bytes=20971520: each workspace is a filesystem" in engine.describe().details["session_limits"]
+        caps = engine.describe()
+        assert "disk_bytes=20971520: each workspace is a filesystem" in caps.details["session_limits"]
+        assert caps.fork is None  # it has no forks or snapshots, and says so
         ws = await engine.manager.create_workspace("limits/disk")
         other = await engine.manager.create_workspace("limits/other")
         assert ws.host_path is not None and f" {ws.host_path} " in _mounts()

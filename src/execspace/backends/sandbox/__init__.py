@@ -722,6 +722,7 @@ class SandboxBackend:
                 if why := disk_tools_missing():
                     raise CapabilityError("SessionConfig.disk_bytes", "sandbox", why)
                 runner_options["tmp_size"] = min(TMP_SIZE, config.disk_bytes)
+                caps = replace(caps, fork=None)  # its manager refuses them: a copy would not be bounded
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
             return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
