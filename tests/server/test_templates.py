@@ -155,10 +155,16 @@ def test_server_options_check_their_templates() -> None:
         ServerOptions(api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": Template("other")})
     with pytest.raises(InvalidSpec, match="pool size for an unknown template 'small'"):
         ServerOptions(api_keys=("k",), pool_sizes=(("small", 1),))
+    small = Template("small", cpu_count=0.5, disk_mb=30)
     options = ServerOptions(
-        api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": Template("small", cpu_count=0.5)}, sandbox_pids=9
+        api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": small}, sandbox_pids=9, sandbox_disk_mb=20
     )
-    assert options.profile("small") == Profile(None, 0.5, None, 9)  # the server's limits where the template has none
+    # the server's limits where the template has none
+    assert options.profile("small") == Profile(None, 0.5, None, 9, 30)
+    assert options.profile("base") == Profile(None, None, None, 9, 20)
     assert options.resources("small")[0] == 1  # E2B's cpuCount is an integer: rounded up
+    assert (options.resources("small")[2], options.resources("base")[2]) == (30, 20)  # diskSizeMB
+    with pytest.raises(InvalidSpec, match="sandbox_disk_mb must be at least 1"):
+        ServerOptions(api_keys=("k",), sandbox_disk_mb=0)
     assert options.templates["code-interpreter-v1"].environment == "code-interpreter"
     assert ServerOptions(api_keys=("k",), kernel_environment=None).templates["code-interpreter-v1"].environment is None
