@@ -84,14 +84,14 @@ def test_a_templates_disk_bound_holds_and_is_reported(disky: Server) -> None:
 
 def test_a_killed_servers_disks_are_removed_by_the_next_one(tmp_path: Path) -> None:
     root = tmp_path / "ws"
-    with running_server(root, "--sandbox-disk-mb", "20", "--pool-size", "0") as first:
+    with running_server(root, "--sandbox-disk-mb", "20") as first:
         sandbox = Sandbox.create(**_sdk(first))
         assert _disk_size_mb(first, sandbox) == 20
         sandbox.files.write("/home/user/kept.txt", "left behind")
+        until("the pool filled", lambda: len(_mounted(root)) >= 3)  # ours and the pool's two, each on its disk
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(timeout=20)
-    left = _mounted(root)
-    assert len(left) == len(_images(root)) == 1  # killed: nothing of it could remove anything
+    assert len(_mounted(root)) == len(_images(root)) == 3  # killed: nothing of it could remove anything
     with running_server(root, "--pool-size", "0"):
         until("the dead server's disk removed", lambda: not _mounted(root) and not _images(root))
     assert not any(sandbox.sandbox_id in name for name in os.listdir(root))
