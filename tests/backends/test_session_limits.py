@@ -16,6 +16,8 @@ import execspace
 from execspace import CapabilityError, PutFile, RunProgramSpec
 from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
 from execspace.registry import probe_backend
+from execspace.workspace.diskimages import image_of, make_disk
+from execspace.workspace.layout import sanitize_id
 from tests.support import FORKS, make_traversable
 
 pytestmark = pytest.mark.timeout(120)
@@ -202,6 +204,25 @@ async def test_a_bounded_workspace_whose_mount_is_gone_is_mounted_again_when_ope
     finally:
         await engine.aclose()
     assert list((unmounted_after / "ws" / ".disks").iterdir()) == [] and f" {ws.host_path} " not in _mounts()
+    await _no_loop_device_on(unmounted_after / "ws" / ".disks")
+
+
+async def test_a_disk_made_but_never_laid_out_is_removed_when_opened(unmounted_after: Path) -> None:
+    """A maker killed between a workspace's disk and its record (a server's pool, SIGKILLed) leaves a mounted image
+    that never was a workspace: opening it answers WorkspaceNotFound and removes it, mount and image."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
+    engine = await _open(unmounted_after, SessionConfig(disk_bytes=20 * MIB))
+    try:
+        half = engine.manager.root / sanitize_id("limits/half")
+        half.mkdir(parents=True)
+        make_disk(half, 20 * MIB)  # what the killed maker got done
+        assert f" {half} " in _mounts()
+        with pytest.raises(execspace.WorkspaceNotFound):
+            await engine.manager.get_workspace("limits/half")
+        assert f" {half} " not in _mounts() and not half.exists() and not image_of(half).exists()
+    finally:
+        await engine.aclose()
     await _no_loop_device_on(unmounted_after / "ws" / ".disks")
 
 

@@ -213,8 +213,9 @@ class HostWorkspaceManager:
         ws_dir = self.root / sanitize_id(exec_id)
         if chain_of(ws_dir) is not None:
             await asyncio.to_thread(self.branches.ensure_mounted, ws_dir)
-        await asyncio.to_thread(ensure_disk_mounted, ws_dir)
-        if not (ws_dir / METADATA_FILE).exists():
+        # one this manager is making has no record yet either: not a leftover
+        laid_out = await asyncio.to_thread(self._disk_laid_out, ws_dir, exec_id in self._creating)
+        if not laid_out or not (ws_dir / METADATA_FILE).exists():
             raise WorkspaceNotFound(
                 f"no workspace for id {exec_id!r} under {self.root}; create it with create_workspace()"
             )
@@ -227,6 +228,19 @@ class HostWorkspaceManager:
         )
         self._known[exec_id] = ws
         return ws
+
+    @staticmethod
+    def _disk_laid_out(ws_dir: Path, creating: bool) -> bool:
+        """Mount a disk-bounded workspace's image again where it is not (after a reboot); False when its disk was
+        made but never laid out (its maker died in between: it never was a workspace), which is removed then, so
+        that no mount or image outlives it. True for a workspace without a disk bound."""
+        if not image_of(ws_dir).exists():
+            return True
+        ensure_disk_mounted(ws_dir)
+        if creating or (ws_dir / METADATA_FILE).exists():
+            return True
+        remove_workspace_tree(ws_dir)
+        return False
 
     # -- snapshots and forks (see .branches) ---------------------------------------------------------------
 
