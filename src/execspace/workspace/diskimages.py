@@ -9,7 +9,8 @@
 A write past the size fails in the program with ``ENOSPC`` ("No space left on device"); the workspace and every
 other one go on. The image is made (sparse: it takes the blocks written, not its size) and mounted before the
 workspace's layout, so that everything of the workspace lies on it; a workspace whose image exists but is not
-mounted (the host rebooted) is mounted again when a manager opens it, as a fork's overlay is. Removing the
+mounted (the host rebooted) is mounted again when a manager opens it, as a fork's overlay is (and removed then if
+it was never laid out: see ``HostWorkspaceManager.get_workspace``). Removing the
 workspace detaches the mount first (``MNT_DETACH``: a process still holding it keeps its view until it ends, and
 the tree removed below is the empty mount point, never the filesystem's contents through a mount), then deletes the
 image; the loop device frees itself (``mount -o loop`` sets autoclear) once the last user is gone.
