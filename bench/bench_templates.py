@@ -3,13 +3,16 @@ create, each against ``base`` (no quota, the host's dirs) in the same server, in
 
     python bench/bench_templates.py [--rounds 3] [--creates 10]
 
-One server with two templates of its own (``half``: ``cpu_count = 0.5``, ``tenth``: ``cpu_count = 0.1``), pools
-off (every create is cold: its workspace and session made then), the official ``e2b`` SDK as the client. Rows:
+One server with three templates of its own (``half``: ``cpu_count = 0.5``, ``tenth``: ``cpu_count = 0.1``, ``disk``:
+``disk_mb = 1024``), serve's pools off (every create makes its workspace then), the official ``e2b`` SDK as the
+client. Rows:
 
 * the CPU two busy processes of one sandbox get over 3 s of wall time (CPUs: CPU seconds per wall second), per
   template: ``base`` is what the host gives without a quota (less than 2 when other work competes);
 * create + the first ``commands.run('true')``, per template: ``code-interpreter-v1`` runs in its environment (it
-  must be built: ``execspace env build code-interpreter``), ``tenth`` under its quota.
+  must be built: ``execspace env build code-interpreter``), ``tenth`` under its quota, ``disk`` on a 1 GiB filesystem
+  of its own (its image made, formatted and mounted by the create, its session started then: a disk-bounded engine
+  keeps no sessions started ahead, where the others take one of the sandbox backend's).
 Not in ``run_all.py``; its numbers are in docs/benchmarks.md.
 """
 
@@ -30,7 +33,7 @@ import e2b
 from execspace.testing.binding import make_traversable
 
 KEY = "e2b_" + "0123456789abcdef" * 2
-CONFIG = "[templates.half]\ncpu_count = 0.5\n[templates.tenth]\ncpu_count = 0.1\n"
+CONFIG = "[templates.half]\ncpu_count = 0.5\n[templates.tenth]\ncpu_count = 0.1\n[templates.disk]\ndisk_mb = 1024\n"
 BUSY = (
     'python3 -c "import os, time\nw = time.monotonic()\nfor _ in range(2):\n    if os.fork() == 0:\n'
     "        while time.monotonic() - w < 3: pass\n        os._exit(0)\nos.wait(); os.wait()\nt = os.times()\n"
@@ -71,7 +74,7 @@ def _measure(url: str, rounds: int, creates: int) -> None:
     sdk = {"api_key": KEY, "api_url": url, "sandbox_url": url}
     print("load at start:", os.getloadavg())
     cpus: dict[str, list[float]] = {"base": [], "half": [], "tenth": []}
-    made: dict[str, list[float]] = {"base": [], "code-interpreter-v1": [], "tenth": []}
+    made: dict[str, list[float]] = {"base": [], "code-interpreter-v1": [], "tenth": [], "disk": []}
     for template in made:  # each template's engine opens on its first create: untimed
         e2b.Sandbox.create(template=template, **sdk).kill()
     for _ in range(rounds):

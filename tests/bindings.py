@@ -21,6 +21,8 @@ from execspace.backends.jupyter import HostKernels, SandboxedKernels, ServerKern
 from execspace.backends.sandbox import SessionConfig
 from execspace.registry import probe_backend
 from execspace.testing.binding import BindContext, EngineBinding, Feature, backend_binding, bind, open_bound
+from execspace.workspace.diskimages import DISKS_DIR, disk_tools_missing
+from execspace.workspace.hostmanager import remove_workspace_tree
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
 
@@ -114,6 +116,29 @@ SANDBOX_SESSION = backend_binding(
     traversable=True,
 )
 
+_SANDBOX_SESSION_DISK = backend_binding(
+    "sandbox",
+    name="sandbox-session-disk",
+    options={"mode": "session", "session": SessionConfig(disk_bytes=64 << 20)},
+    probe_options={"mode": "session"},
+    traversable=True,
+)
+
+
+@contextlib.asynccontextmanager
+async def _sandbox_session_disk(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+    """Session mode with each workspace on a 64 MiB filesystem of its own (as root). The kit keeps its workspaces:
+    their disks are removed after each test, so that no mount outlives it."""
+    if why := disk_tools_missing():
+        pytest.skip(f"no disk-bounded workspaces here: {why}")
+    try:
+        async with _SANDBOX_SESSION_DISK.open(ctx) as engine:
+            yield engine
+    finally:
+        for image in (ctx.workspace_root / DISKS_DIR).glob("*.img"):
+            remove_workspace_tree(ctx.workspace_root / image.stem)
+
+
 #: Every mode, by name: the conformance kit runs on each (its kernels have their own tests in tests/backends).
 MODES: dict[str, EngineBinding] = {
     b.name: b
@@ -121,6 +146,7 @@ MODES: dict[str, EngineBinding] = {
         backend_binding("local"),
         backend_binding("sandbox", traversable=True),
         SANDBOX_SESSION,
+        EngineBinding("sandbox-session-disk", _sandbox_session_disk),
         EngineBinding("container", _container),
         JUPYTER_HOST,
         JUPYTER_SANDBOXED,

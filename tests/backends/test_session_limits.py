@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import execspace
-from execspace import CapabilityError, RunProgramSpec
+from execspace import CapabilityError, PutFile, RunProgramSpec
 from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig
 from execspace.registry import probe_backend
+from execspace.workspace.diskimages import image_of, make_disk
+from execspace.workspace.layout import sanitize_id
 from tests.support import FORKS, make_traversable
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,3 +121,127 @@ async def test_a_limit_that_cannot_hold_is_refused_and_bad_values_too(tmp_path: 
         await _open(tmp_path, SessionConfig(pool_size=0, pids=40))
     with pytest.raises(CapabilityError, match=r"SessionConfig\.cpus"):
         await _open(tmp_path, SessionConfig(pool_size=0, cpus=0.5))
+
+
+def _mounts() -> str:
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
+
+@pytest.fixture
+def unmounted_after(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, with whatever a failed test left mounted under it detached afterwards (so that pytest's removal
+    of old temporary directories never meets a mount)."""
+    yield tmp_path
+    for line in _mounts().splitlines():
+        point = line.split()[4]
+        if point.startswith(f"{tmp_path}/"):
+            subprocess.run(["umount", "-l", point], check=False)
+
+
+def _fill(mib: int, where: str = "big") -> RunProgramSpec:
+    return RunProgramSpec("sh", ["-c", f"dd if=/dev/zero of={where} bs=1M count={mib} 2>&1; echo rc=$?"], timeout=60)
+
+
+async def test_a_sessions_disk_is_bounded_and_removal_leaves_no_mount_or_image(unmounted_after: Path) -> None:
+    """``SessionConfig.disk_bytes``: a write past it fails with ENOSPC in the program, the workspace goes on (a file
+    that fits is written once the big one is removed), ``/tmp`` is bounded too, another workspace is unaffected; its
+    cleanup leaves no mount, no image and no loop device on it."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
+    engine = await _open(unmounted_after, SessionConfig(disk_bytes=20 * MIB))
+    disks = unmounted_after / "ws" / ".disks"
+    try:
+        caps = engine.describe()
+        assert "disk_bytes=20971520: each workspace is a filesystem" in caps.details["session_limits"]
+        assert caps.fork is None  # it has no forks or snapshots, and says so
+        ws = await engine.manager.create_workspace("limits/disk")
+        other = await engine.manager.create_workspace("limits/other")
+        assert ws.host_path is not None and f" {ws.host_path} " in _mounts()
+        full = await engine.runner.run_program(ws, _fill(30))
+        assert "No space left on device" in full.stdout and "rc=1" in full.stdout, full.stdout
+        refill = "rm big && dd if=/dev/zero of=f bs=1M count=5 2>/dev/null && wc -c < f"
+        fits = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", refill]))
+        assert (fits.exit_code, fits.stdout) == (0, "5242880\n"), fits
+        tmp = await engine.runner.run_program(ws, _fill(30, "/tmp/big"))
+        assert "No space left on device" in tmp.stdout, tmp.stdout
+        elsewhere = await engine.runner.run_program(other, _fill(15))
+        assert "rc=0" in elsewhere.stdout, elsewhere.stdout  # a disk of its own: the first one's files are not on it
+        assert len(list(disks.iterdir())) == 2
+        with pytest.raises(CapabilityError, match="disk-bounded"):
+            await engine.manager.fork(ws)
+        for each in (ws, other):
+            await engine.manager.cleanup(each)
+            assert f" {each.host_path} " not in _mounts() and not Path(str(each.host_path)).exists()
+        assert list(disks.iterdir()) == []
+    finally:
+        await engine.aclose()
+    await _no_loop_device_on(disks)
+
+
+async def test_a_bounded_workspace_whose_mount_is_gone_is_mounted_again_when_opened(unmounted_after: Path) -> None:
+    """After a reboot the image is kept and the mount gone (made here with a lazy unmount): the next engine's
+    ``get_workspace`` mounts it again, the files and the bound with it; its cleanup then removes the image."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
+    config = SessionConfig(disk_bytes=20 * MIB)
+    engine = await _open(unmounted_after, config)
+    try:
+        ws = await engine.manager.create_workspace("limits/reboot")
+        await engine.fs.put_files(ws, [PutFile("work/kept.txt", b"on its own disk")])
+    finally:
+        await engine.aclose()
+    umount = await asyncio.create_subprocess_exec("umount", "-l", str(ws.host_path))
+    assert await umount.wait() == 0 and f" {ws.host_path} " not in _mounts()
+    engine = await _open(unmounted_after, config)
+    try:
+        again = await engine.manager.get_workspace("limits/reboot")
+        assert f" {again.host_path} " in _mounts()
+        assert (await engine.fs.read_file(again, "work/kept.txt")).content == b"on its own disk"
+        full = await engine.runner.run_program(again, _fill(30))
+        assert "No space left on device" in full.stdout, full.stdout
+        await engine.manager.cleanup(again)
+    finally:
+        await engine.aclose()
+    assert list((unmounted_after / "ws" / ".disks").iterdir()) == [] and f" {ws.host_path} " not in _mounts()
+    await _no_loop_device_on(unmounted_after / "ws" / ".disks")
+
+
+async def test_a_disk_made_but_never_laid_out_is_removed_when_opened(unmounted_after: Path) -> None:
+    """A maker killed between a workspace's disk and its record (a server's pool, SIGKILLed) leaves a mounted image
+    that never was a workspace: opening it answers WorkspaceNotFound and removes it, mount and image."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace's disk bound is a filesystem the host mounts, as root")
+    engine = await _open(unmounted_after, SessionConfig(disk_bytes=20 * MIB))
+    try:
+        half = engine.manager.root / sanitize_id("limits/half")
+        half.mkdir(parents=True)
+        make_disk(half, 20 * MIB)  # what the killed maker got done
+        assert f" {half} " in _mounts()
+        with pytest.raises(execspace.WorkspaceNotFound):
+            await engine.manager.get_workspace("limits/half")
+        assert f" {half} " not in _mounts() and not half.exists() and not image_of(half).exists()
+    finally:
+        await engine.aclose()
+    await _no_loop_device_on(unmounted_after / "ws" / ".disks")
+
+
+async def _no_loop_device_on(disks: Path) -> None:
+    """Poll until no loop device is backed by an image of ``disks`` (a detached one frees itself once unused)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        loops = await asyncio.create_subprocess_exec("losetup", "-a", stdout=asyncio.subprocess.PIPE)
+        listed = (await loops.communicate())[0].decode()
+        if str(disks) not in listed:
+            return
+        assert asyncio.get_running_loop().time() < deadline, listed
+        await asyncio.sleep(0.1)
+
+
+async def test_a_disk_bound_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
+    with pytest.raises(execspace.InvalidSpec, match="disk_bytes must be at least"):
+        SessionConfig(disk_bytes=4096)
+    if os.geteuid() == 0:
+        pytest.skip("as root a session's disk can be bounded")
+    with pytest.raises(CapabilityError, match=r"SessionConfig\.disk_bytes.*run as root"):
+        await _open(tmp_path, SessionConfig(pool_size=0, disk_bytes=20 * MIB))

@@ -9,7 +9,8 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,25 @@ def running_server(root: Path, *flags: str) -> Iterator[Server]:
         terminate(process, grace=20)
         assert process.stdout is not None
         process.stdout.close()
+
+
+@contextlib.contextmanager
+def configured_server(directory: Path, config: str, *flags: str) -> Iterator[Server]:
+    """:func:`running_server` with the serve config file ``config`` (``--config``), its workspaces in
+    ``directory / "ws"``."""
+    path = directory / "serve.toml"
+    path.write_text(config)
+    with running_server(directory / "ws", "--config", str(path), *flags) as server:
+        yield server
+
+
+def until(what: str, check: Callable[[], object], within: float = 20.0) -> None:
+    """Poll ``check`` until it is true; fail saying ``what`` did not happen within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within}s")
+        time.sleep(0.05)
 
 
 def _listening_url(process: subprocess.Popen[bytes], within: float = 30.0) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunnin
 
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
 
-from .conftest import Server, running_server
+from .conftest import Server, running_server, until
 
 ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[dev]' (e2b-code-interpreter)")
 
@@ -39,17 +38,9 @@ threading.Thread(target=_tick, args=({path!r},), daemon=True).start()
 """
 
 
-def _until(what: str, check: Callable[[], object], within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.05)
-
-
 def _host_file(root: Path, name: str) -> Path:
     found: list[Path] = []
-    _until(f"{name} written", lambda: found.extend(root.rglob(name)) or found)
+    until(f"{name} written", lambda: found.extend(root.rglob(name)) or found)
     return found[0]
 
 
@@ -69,14 +60,14 @@ def _stands_still(path: Path) -> int:
         values.append(_count(path))
         return values[-1] == values[-2]  # 0 too: the shell may be stopped between truncating and writing
 
-    _until("the counter stopped", settled, within=10)
+    until("the counter stopped", settled, within=10)
     time.sleep(1.0)
     assert _count(path) == values[-1], "the counter went on while the sandbox was paused"
     return values[-1]
 
 
 def _grows_past(path: Path, value: int) -> None:
-    _until(f"the counter grew past {value}", lambda: _count(path) > value + 5)
+    until(f"the counter grew past {value}", lambda: _count(path) > value + 5)
 
 
 def _loops(tag: str) -> set[int]:
@@ -161,7 +152,7 @@ def test_kill_while_paused_leaves_no_process_and_no_file(e2b_server: Server) -> 
     _stands_still(counter)
     assert sbx.kill() is True
     assert wait_no_process(tag, within=15) == []
-    _until("its workspace removed", lambda: not counter.exists())
+    until("its workspace removed", lambda: not counter.exists())
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sbx.sandbox_id)
 
@@ -174,7 +165,7 @@ def test_auto_pause_on_timeout_and_auto_resume_by_traffic(e2b_server: Server) ->
         assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
         sbx.commands.run(COUNTER, background=True, envs=tagged(tag))
         counter = _host_file(e2b_server.root, f"{tag}.count")
-        _until("the sandbox paused at its timeout", lambda: _state(sbx.sandbox_id) is SandboxState.PAUSED)
+        until("the sandbox paused at its timeout", lambda: _state(sbx.sandbox_id) is SandboxState.PAUSED)
         stopped = _stands_still(counter)
         assert sbx.commands.run("echo awake").stdout == "awake\n"  # its traffic resumed it
         assert _state(sbx.sandbox_id) is SandboxState.RUNNING
@@ -188,7 +179,7 @@ def test_auto_pause_without_auto_resume_waits_for_connect(e2b_server: Server) ->
     sbx = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause"})
     try:
         sbx.files.write("/home/user/f.txt", "kept")
-        _until("the sandbox paused at its timeout", lambda: _state(sbx.sandbox_id) is SandboxState.PAUSED)
+        until("the sandbox paused at its timeout", lambda: _state(sbx.sandbox_id) is SandboxState.PAUSED)
         with pytest.raises(SandboxNotRunningException):
             sbx.files.read("/home/user/f.txt")
         again = Sandbox.connect(sbx.sandbox_id, timeout=30)
@@ -233,6 +224,6 @@ def test_a_server_that_ends_takes_its_paused_sandboxes_with_it(tmp_path: Path, h
         first.process.wait(timeout=30)
     assert wait_no_process(tag, within=15) == []
     with running_server(root) as second:
-        _until("its workspace removed", lambda: not counter.exists())
+        until("its workspace removed", lambda: not counter.exists())
         with pytest.raises(SandboxException, match="not found"):
             Sandbox.connect(sbx.sandbox_id, api_key=second.key, api_url=second.url, sandbox_url=second.url)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox, SandboxException
 
-from .conftest import Server, running_server
+from .conftest import Server, running_server, until
 
 
 def _connect(server: Server) -> dict[str, str]:
@@ -22,28 +21,20 @@ def _entries(root: Path, prefix: str) -> set[str]:
     return {name for name in os.listdir(root) if name.startswith(prefix)}
 
 
-def _until(what: str, check: object, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.1)
-
-
 def test_the_next_server_removes_what_a_killed_one_left_and_a_clean_stop_leaves_nothing(tmp_path: Path) -> None:
     root = tmp_path / "ws"
     with running_server(root) as first:
         sandbox = Sandbox.create(**_connect(first))
         sandbox.files.write("/home/user/kept.txt", "left behind")
-        _until("the pool filled", lambda: len(_entries(root, "e2b_")) >= 3)  # ours and the pool's
+        until("the pool filled", lambda: len(_entries(root, "e2b_")) >= 3)  # ours and the pool's
         left = _entries(root, "e2b_")
         slots = _entries(root, ".pool-")
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(timeout=20)
     assert _entries(root, "e2b_") == left  # killed: nothing of it could remove anything
     with running_server(root) as second:
-        _until("the dead server's workspaces removed", lambda: not _entries(root, "e2b_") & left)
-        _until("the dead server's pool slots removed", lambda: not _entries(root, ".pool-") & slots)
+        until("the dead server's workspaces removed", lambda: not _entries(root, "e2b_") & left)
+        until("the dead server's pool slots removed", lambda: not _entries(root, ".pool-") & slots)
         with pytest.raises(SandboxException, match="not found"):
             Sandbox.connect(sandbox.sandbox_id, **_connect(second))
         assert Sandbox.create(**_connect(second)).commands.run("echo fresh").stdout == "fresh\n"

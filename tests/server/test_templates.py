@@ -1,7 +1,8 @@
 """Templates with the official SDK against a real ``execspace serve``: ``code-interpreter-v1`` runs its commands in the
 code-interpreter environment, ``base`` on the host's dirs; templates from the config file carry their own limits (a
 CPU quota, memory, processes: reported by ``get_info`` and enforced by the sandbox's cgroup, pooled sandboxes too);
-what a template cannot have (an environment not built, a disk limit, an unknown name) fails the create saying why."""
+what a template cannot have (an environment not built, an unknown name) fails the create saying why (its disk bound:
+test_disk_limits.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from execspace.backends.sandbox.cgroups import CgroupSupport
 from execspace.errors import InvalidSpec
 from execspace.server import BUILTIN_TEMPLATES, ServerOptions, Template, load_config
 from execspace.server.templates import Profile
-from tests.server.conftest import Server, code_interpreter_environment, running_server
+from tests.server.conftest import Server, code_interpreter_environment, configured_server, running_server
 from tests.support import FORKS
 
 CONFIG = """
@@ -30,9 +31,6 @@ pids = 40
 
 [templates.unbuilt]
 environment = "no-such-environment"
-
-[templates.disky]
-disk_mb = 512
 """
 #: Seconds the CPU-bound loop runs; its CPU time may be at most its quota of that, plus a period's overshoot.
 _WINDOW = 2.0
@@ -45,10 +43,7 @@ _BUSY = (
 
 @pytest.fixture(scope="module")
 def templated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("templated")
-    config = root / "serve.toml"
-    config.write_text(CONFIG)
-    with running_server(root / "ws", "--config", str(config), "--pool-size", "small=1") as server:
+    with configured_server(tmp_path_factory.mktemp("templated"), CONFIG, "--pool-size", "small=1") as server:
         yield server
 
 
@@ -123,8 +118,6 @@ def templated_memory_mb() -> int:
 def test_what_a_template_cannot_have_fails_its_create_saying_why(templated: Server) -> None:
     with pytest.raises(SandboxException, match=r"500: .*no-such-environment.*execspace env build"):
         Sandbox.create(template="unbuilt", **_sdk(templated))
-    with pytest.raises(SandboxException, match=r"501: .*disk_mb"):
-        Sandbox.create(template="disky", **_sdk(templated))
     with pytest.raises(SandboxException, match=r"400: templateID must be one of base, code-interpreter-v1, small"):
         Sandbox.create(template="no-such-template", **_sdk(templated))
 
@@ -162,10 +155,16 @@ def test_server_options_check_their_templates() -> None:
         ServerOptions(api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": Template("other")})
     with pytest.raises(InvalidSpec, match="pool size for an unknown template 'small'"):
         ServerOptions(api_keys=("k",), pool_sizes=(("small", 1),))
+    small = Template("small", cpu_count=0.5, disk_mb=30)
     options = ServerOptions(
-        api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": Template("small", cpu_count=0.5)}, sandbox_pids=9
+        api_keys=("k",), templates={**BUILTIN_TEMPLATES, "small": small}, sandbox_pids=9, sandbox_disk_mb=20
     )
-    assert options.profile("small") == Profile(None, 0.5, None, 9)  # the server's limits where the template has none
+    # the server's limits where the template has none
+    assert options.profile("small") == Profile(None, 0.5, None, 9, 30)
+    assert options.profile("base") == Profile(None, None, None, 9, 20)
     assert options.resources("small")[0] == 1  # E2B's cpuCount is an integer: rounded up
+    assert (options.resources("small")[2], options.resources("base")[2]) == (30, 20)  # diskSizeMB
+    with pytest.raises(InvalidSpec, match="sandbox_disk_mb must be at least 1"):
+        ServerOptions(api_keys=("k",), sandbox_disk_mb=0)
     assert options.templates["code-interpreter-v1"].environment == "code-interpreter"
     assert ServerOptions(api_keys=("k",), kernel_environment=None).templates["code-interpreter-v1"].environment is None

@@ -68,6 +68,13 @@ def add_parser(sub: Any) -> None:
         "memoryMB in its info",
     )
     p.add_argument(
+        "--sandbox-disk-mb",
+        type=int,
+        metavar="MB",
+        help="disk of each sandbox: its workspace a filesystem of that size, its /tmp bounded too (session mode; "
+        "needs root); reported as diskSizeMB in its info",
+    )
+    p.add_argument(
         "--sandbox-pids", type=int, metavar="N", help="processes of each sandbox at once (session mode; needs root)"
     )
     p.add_argument(
@@ -80,7 +87,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, pids (docs/server.md)",
+        help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, disk_mb, pids "
+        "(docs/server.md)",
     )
     p.add_argument(
         "--domain", help="answer host-based routing for <port>-<sandboxID>.DOMAIN (behind wildcard DNS + TLS)"
@@ -150,6 +158,7 @@ async def command(args: argparse.Namespace) -> int:
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
         sandbox_memory_mb=args.sandbox_memory_mb,
         sandbox_pids=args.sandbox_pids,
+        sandbox_disk_mb=args.sandbox_disk_mb,
         sandbox_cpus=args.sandbox_cpus,
         templates=templates,
     )

@@ -79,7 +79,7 @@ class ServerOptions:
     memory_mb: int = field(default_factory=_host_memory_mb)
     """Reported in sandbox info where neither the template nor ``sandbox_memory_mb`` limits it: the host's memory."""
     disk_mb: int = field(default_factory=lambda: shutil.disk_usage("/").total // (1024 * 1024))
-    """Reported in sandbox info: the host's disk (no template may limit it here)."""
+    """Reported in sandbox info where neither the template nor ``sandbox_disk_mb`` limits it: the host's disk."""
     templates: Mapping[str, Template] = field(default_factory=lambda: dict(BUILTIN_TEMPLATES))
     """The templates a sandbox may be created from, by name (:mod:`.templates`; ``--config FILE``)."""
     sandbox_cpus: float | None = None
@@ -88,6 +88,10 @@ class ServerOptions:
     sandbox_memory_mb: int | None = None
     """Memory of each sandbox, every process of it together (its commands, kernels and contexts), enforced on its
     sandbox session (``SessionConfig.memory_bytes``: a cgroup as root); None: no limit of its own."""
+    sandbox_disk_mb: int | None = None
+    """Disk of each sandbox where its template names none: its workspace on a filesystem of that size of its own,
+    its ``/tmp`` a tmpfs of the same size, at most 256 MiB (``SessionConfig.disk_bytes``: root only); None: no bound
+    of its own (the host's disk)."""
     sandbox_pids: int | None = None
     """Processes and threads of each sandbox at once (``SessionConfig.pids``); None: no limit of its own."""
     warm_kernels: bool = True
@@ -122,7 +126,7 @@ class ServerOptions:
         NetworkPolicy.allow([], resolve=self.resolve)  # checks the pins
         if not 0 < self.default_timeout <= self.max_timeout:
             raise InvalidSpec("default_timeout must be positive and at most max_timeout")
-        for name in ("sandbox_memory_mb", "sandbox_pids"):
+        for name in ("sandbox_memory_mb", "sandbox_pids", "sandbox_disk_mb"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidSpec(f"{name} must be at least 1, got {value}")
@@ -133,7 +137,7 @@ class ServerOptions:
         """What a sandbox of ``template`` runs in (a snapshot's sandboxes: ``base``'s), the server's limits where
         the template names none."""
         found = self.templates.get(template) or self.templates["base"]
-        return found.profile(self.sandbox_cpus, self.sandbox_memory_mb, self.sandbox_pids)
+        return found.profile(self.sandbox_cpus, self.sandbox_memory_mb, self.sandbox_pids, self.sandbox_disk_mb)
 
     def resources(self, template: str) -> tuple[int, int, int]:
         """``cpuCount``, ``memoryMB`` and ``diskSizeMB`` of a sandbox of ``template``'s info: its limits where it
@@ -141,4 +145,4 @@ class ServerOptions:
         profile = self.profile(template)
         cpus = self.cpu_count if profile.cpus is None else max(1, math.ceil(profile.cpus))
         memory = self.memory_mb if profile.memory_mb is None else profile.memory_mb
-        return cpus, memory, self.disk_mb
+        return cpus, memory, self.disk_mb if profile.disk_mb is None else profile.disk_mb

@@ -179,7 +179,7 @@ class TemplateEngines:
 
     A profile that cannot be served fails the creates of its templates, not the server: an environment not built
     here (``EnvironmentNotFound`` naming ``execspace env build``; a later create opens it once it is built), a
-    limit this backend cannot enforce, a disk limit (``CapabilityError``)."""
+    limit this backend cannot enforce (``CapabilityError``)."""
 
     def __init__(self, options: ServerOptions, backend: str | None, opts: dict[str, Any]) -> None:
         self._options = options
@@ -206,13 +206,6 @@ class TemplateEngines:
 
     async def get(self, template: str) -> Engine:
         """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s)."""
-        wanted = self._options.templates.get(template)
-        if wanted is not None and wanted.disk_mb is not None:
-            raise CapabilityError(
-                f"template {template}'s disk_mb",
-                self._backend or "default",
-                "a per-sandbox disk bound is not implemented: remove disk_mb from the template in the serve config",
-            )
         profile = self._options.profile(template)
         found = self._engines.get(profile)
         if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
@@ -223,7 +216,7 @@ class TemplateEngines:
         opts = dict(self._opts)
         if profile.limited and (self._backend != "sandbox" or opts.get("mode") != "session"):
             raise CapabilityError(
-                "limits per sandbox (cpus, memory, pids)",
+                "limits per sandbox (cpus, memory, pids, disk)",
                 self._backend or "default",
                 "they are the limits of each sandbox's session: use the sandbox backend in session mode",
             )
@@ -257,6 +250,7 @@ def _session_config(given: SessionConfig | None, profile: Profile) -> SessionCon
         memory_bytes=config.memory_bytes if memory is None else memory * 1024 * 1024,
         pids=config.pids if profile.pids is None else profile.pids,
         cpus=config.cpus if profile.cpus is None else profile.cpus,
+        disk_bytes=config.disk_bytes if profile.disk_mb is None else profile.disk_mb * 1024 * 1024,
     )
 
 

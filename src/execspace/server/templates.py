@@ -41,10 +41,11 @@ class Profile:
     cpus: float | None = None
     memory_mb: int | None = None
     pids: int | None = None
+    disk_mb: int | None = None
 
     @property
     def limited(self) -> bool:
-        return any(v is not None for v in (self.cpus, self.memory_mb, self.pids))
+        return any(v is not None for v in (self.cpus, self.memory_mb, self.pids, self.disk_mb))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,8 @@ class Template:
     memory_mb: int | None = None
     """Memory of the whole sandbox; None: the server's ``--sandbox-memory-mb``."""
     disk_mb: int | None = None
-    """Disk of the whole sandbox: not enforced here, so a template that asks for it cannot be created (501)."""
+    """Disk of the whole sandbox: its workspace is a filesystem of this size of its own and its ``/tmp`` a tmpfs of
+    the same size (at most 256 MiB; ``SessionConfig.disk_bytes``, as root); None: the server's ``--sandbox-disk-mb``."""
     pids: int | None = None
     """Processes and threads of the whole sandbox at once; None: the server's ``--sandbox-pids``."""
 
@@ -73,13 +75,14 @@ class Template:
             if value is not None and (isinstance(value, bool) or value <= 0):
                 raise InvalidSpec(f"template {self.name}: {name} must be positive, got {value!r}")
 
-    def profile(self, cpus: float | None, memory_mb: int | None, pids: int | None) -> Profile:
+    def profile(self, cpus: float | None, memory_mb: int | None, pids: int | None, disk_mb: int | None) -> Profile:
         """Its profile, with the server's limits (the arguments) where it names none."""
         return Profile(
             self.environment,
             self.cpu_count if self.cpu_count is not None else cpus,
             self.memory_mb if self.memory_mb is not None else memory_mb,
             self.pids if self.pids is not None else pids,
+            self.disk_mb if self.disk_mb is not None else disk_mb,
         )
 
 

@@ -12,10 +12,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from ..errors import InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
+from ..errors import CapabilityError, InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
 from .branches import Branches, overlay_supported
 from .confine import remove_tree
+from .diskimages import ensure_disk_mounted, image_of, make_disk, remove_disk
 from .layers import chain_of, remove_layers
 from .layout import METADATA_FILE, ensure_layout, sanitize_id
 from .metadata import WorkspaceMetadata, save_metadata
@@ -70,6 +71,7 @@ class HostWorkspaceManager:
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
         copy_on_write: bool = False,
         freeze: Callable[[Workspace], contextlib.AbstractAsyncContextManager[None]] | None = None,
+        disk_bytes: int | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
@@ -79,7 +81,9 @@ class HostWorkspaceManager:
         ``copy_on_write`` lets forks be overlays where this process can mount them (root): only for backends
         whose programs see the workspace through a mount of its path (local, sandbox). ``freeze`` stops the
         workspace's programs for a block (:meth:`~execspace.process.hostrunner.HostRunner.frozen`): a snapshot,
-        or a fork of the live workspace, copies a state none of them changes meanwhile."""
+        or a fork of the live workspace, copies a state none of them changes meanwhile. ``disk_bytes`` puts each
+        new workspace under ``root`` on a filesystem of that size (:mod:`.diskimages`, root only; the caller checks
+        :func:`.diskimages.disk_tools_missing`); such workspaces have no snapshots or forks."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
@@ -95,6 +99,7 @@ class HostWorkspaceManager:
         self._copy_on_write = copy_on_write
         self._freeze = freeze
         self._branches: Branches | None = None
+        self.disk_bytes = disk_bytes
 
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
@@ -133,6 +138,10 @@ class HostWorkspaceManager:
 
     def _create(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
         if path is not None:
+            if self.disk_bytes is not None:
+                raise CapabilityError(
+                    "a disk-bounded workspace at a path of the caller's", self.backend, "omit path= (or the disk bound)"
+                )
             ws_dir = Path(path).absolute()
             if ws_dir.is_symlink():
                 raise PathDenied(str(ws_dir), "the workspace directory must not be a symlink")
@@ -146,7 +155,29 @@ class HostWorkspaceManager:
             if self._adopt is None or not self._adopt(ws_dir):
                 # 0700: the root may be traversable (0711, for a sandbox uid) and workspace names are guessable
                 ws_dir.mkdir(mode=0o700, exist_ok=True)
+            if self.disk_bytes is not None:
+                self._bound(ws_dir, self.disk_bytes)
         return self._laid_out(ws_dir, exec_id, policy)
+
+    def _bound(self, ws_dir: Path, size: int) -> None:
+        """Put ``ws_dir`` on its own filesystem of ``size`` bytes, or mount again the one it has."""
+        if image_of(ws_dir).exists():
+            ensure_disk_mounted(ws_dir)
+            return
+        with os.scandir(ws_dir) as entries:
+            empty = next(entries, None) is None
+        if empty:
+            try:
+                make_disk(ws_dir, size)
+            except BaseException:
+                ws_dir.rmdir()  # a workspace that could not be bounded is not made at all
+                raise
+        else:
+            raise SetupFailed(
+                self.backend,
+                f"the workspace {ws_dir} exists without a disk bound",
+                "remove it (execspace ws rm) or open it with an engine that has no disk bound",
+            )
 
     def _laid_out(self, ws_dir: Path, exec_id: str, policy: WorkspacePolicy) -> Workspace:
         if chain_of(ws_dir) is not None:
@@ -182,7 +213,9 @@ class HostWorkspaceManager:
         ws_dir = self.root / sanitize_id(exec_id)
         if chain_of(ws_dir) is not None:
             await asyncio.to_thread(self.branches.ensure_mounted, ws_dir)
-        if not (ws_dir / METADATA_FILE).exists():
+        # one this manager is making has no record yet either: not a leftover
+        laid_out = await asyncio.to_thread(self._disk_laid_out, ws_dir, exec_id in self._creating)
+        if not laid_out or not (ws_dir / METADATA_FILE).exists():
             raise WorkspaceNotFound(
                 f"no workspace for id {exec_id!r} under {self.root}; create it with create_workspace()"
             )
@@ -195,6 +228,19 @@ class HostWorkspaceManager:
         )
         self._known[exec_id] = ws
         return ws
+
+    @staticmethod
+    def _disk_laid_out(ws_dir: Path, creating: bool) -> bool:
+        """Mount a disk-bounded workspace's image again where it is not (after a reboot); False when its disk was
+        made but never laid out (its maker died in between: it never was a workspace), which is removed then, so
+        that no mount or image outlives it. True for a workspace without a disk bound."""
+        if not image_of(ws_dir).exists():
+            return True
+        ensure_disk_mounted(ws_dir)
+        if creating or (ws_dir / METADATA_FILE).exists():
+            return True
+        remove_workspace_tree(ws_dir)
+        return False
 
     # -- snapshots and forks (see .branches) ---------------------------------------------------------------
 
@@ -212,6 +258,7 @@ class HostWorkspaceManager:
         """Freeze the workspace's files now, its programs stopped meanwhile where the backend can (see
         ``freeze``). Processes and kernels are never part of a snapshot."""
         ws_dir = self._own_dir(ws)
+        self._refuse_branches("a snapshot")
         self._ensure_root()
         async with self._frozen(ws):
             return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
@@ -241,6 +288,7 @@ class HostWorkspaceManager:
         """``count`` new workspaces, each starting with the files of ``source`` (a workspace now, or a
         snapshot: its handle, id or name); ``ids`` names them (default ``<source id>/fork-<hex>``). Each is
         complete before it is listed: one killed mid-way leaves nothing behind that a manager uses."""
+        self._refuse_branches("a fork")
         if not isinstance(source, Workspace):
             source = await asyncio.to_thread(self.branches.store.get, source)
         new_ids = self._fork_ids(source, count, ids)
@@ -276,11 +324,19 @@ class HostWorkspaceManager:
         gone). Programs still running in it are stopped first; each step swaps whole trees, so the workspace
         is never seen half-restored."""
         ws_dir = self._own_dir(ws)
+        self._refuse_branches("a restore")
         snap = await asyncio.to_thread(self.branches.store.get, snapshot)
         if self._stop_programs is not None:
             await self._stop_programs(ws)
         await asyncio.to_thread(self.branches.restore, ws_dir, ws.id, snap)
         await asyncio.to_thread(self._laid_out, ws_dir, ws.id, ws.policy)
+
+    def _refuse_branches(self, what: str) -> None:
+        # a fork or a restored tree would not be on a filesystem of its own: it would escape the bound
+        if self.disk_bytes is not None:
+            raise CapabilityError(
+                f"{what} of a disk-bounded workspace", self.backend, "use an engine without a disk bound for forks"
+            )
 
     def _own_dir(self, ws: Workspace) -> Path:
         if ws.host_path is None or ws.host_path.parent != self.root:
@@ -310,8 +366,11 @@ class HostWorkspaceManager:
 
 def remove_workspace_tree(path: Path) -> None:
     """Remove a workspace directory by fds (see :func:`.confine.remove_tree`); its parent is ours, not the
-    program's, so that one is opened by path. A fork's overlay is unmounted and its own layers removed first."""
+    program's, so that one is opened by path. A fork's overlay is unmounted and its own layers removed first, a
+    disk-bounded workspace's filesystem detached (what is removed then is its empty mount point) and its image
+    deleted."""
     remove_layers(path)
+    remove_disk(path)
     try:
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:

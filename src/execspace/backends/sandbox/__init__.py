@@ -38,6 +38,7 @@ from ...process.supervisor import Launch, SupervisedProcess
 from ...rundirs import daemon_dirs
 from ...workspace.branches import overlay_supported
 from ...workspace.confine import ConfinedRoot, split_relpath
+from ...workspace.diskimages import disk_tools_missing
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.hostroots import closed_ancestor
@@ -45,6 +46,7 @@ from ...workspace.layout import ensure_layout
 from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
+    TMP_SIZE,
     BwrapConfig,
     ProgramBind,
     build_argv,
@@ -92,6 +94,12 @@ DOES_NOT_PROTECT = (
 
 
 #: ``Capabilities.details["mode"]``: what survives what in each mode.
+#: How ``SessionConfig.disk_bytes`` bounds a session's sandbox.
+DISK_BOUND_DETAIL = (
+    "each workspace is a filesystem of that size of its own (sparse ext4 image, loop-mounted; a write past it fails "
+    "with ENOSPC), and /tmp a tmpfs of the same size (at most 256 MiB, in memory): what a sandbox can write at once "
+    "is at most twice the bound; the workspaces have no snapshots or forks"
+)
 MODE_DETAILS = {
     "per-run": "per-run: one sandbox per run; nothing a run starts survives it",
     "session": "session: one sandbox per workspace, whose supervisor (PID 1) starts every run; programs started "
@@ -142,6 +150,7 @@ class SandboxRunner(HostRunner):
         environment: Environment | None = None,
         program_binds: tuple[tuple[str, str], ...] = (),
         system_files: tuple[tuple[str, str], ...] = (),
+        tmp_size: int = TMP_SIZE,
     ) -> None:
         lookup, path_view = _environment_view(environment)
         super().__init__(
@@ -157,6 +166,7 @@ class SandboxRunner(HostRunner):
         self.environment = environment
         self.program_binds = program_binds
         self.system_files = tuple((path, text.encode()) for path, text in system_files)
+        self.tmp_size = tmp_size
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -313,9 +323,7 @@ class SandboxRunner(HostRunner):
             for path, data in self.system_files:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
-            cfg = BwrapConfig(
-                self.bwrap, network=network, mounts=mounts, files=files, init_fd=init_fd, system_root=system_root
-            )
+            cfg = BwrapConfig(self.bwrap, network, self.tmp_size, mounts, files, init_fd, system_root=system_root)
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
@@ -514,6 +522,8 @@ def _session_limits(config: SessionConfig, groups: CgroupSupport) -> str:
         limits.append(f"pids={config.pids}: {_pids_detail(groups)}")
     if config.cpus is not None:
         limits.append(f"cpus={config.cpus}: {_cpus_detail(groups)}")
+    if config.disk_bytes is not None:
+        limits.append(f"disk_bytes={config.disk_bytes}: {DISK_BOUND_DETAIL}")
     return "; ".join(limits)
 
 
@@ -708,6 +718,11 @@ class SandboxBackend:
                 raise CapabilityError(
                     "SessionConfig.cpus", "sandbox", "a session's CPU quota is a cgroup: run as root (cpu controller)"
                 )
+            if config.disk_bytes is not None:
+                if why := disk_tools_missing():
+                    raise CapabilityError("SessionConfig.disk_bytes", "sandbox", why)
+                runner_options["tmp_size"] = min(TMP_SIZE, config.disk_bytes)
+                caps = replace(caps, fork=None)  # its manager refuses them: a copy would not be bounded
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
             return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
@@ -746,8 +761,9 @@ async def _open_session(
         workspace_root=root,
         root_mode=0o711 if _is_root() else 0o700,
         prepare_slot=prepare,
-        # no-access globs are judged against a workspace's files when its sandbox starts; a slot has none
-        pool=not policy.no_access_globs,
+        # no-access globs are judged against a workspace's files when its sandbox starts; a slot has none; a slot
+        # becomes a workspace by a rename, which a disk-bounded one's mount point refuses (EBUSY)
+        pool=not policy.no_access_globs and config.disk_bytes is None,
         **runner_options,
     )
     manager = HostWorkspaceManager(
@@ -762,6 +778,7 @@ async def _open_session(
         stop_programs=runner.stop_programs,
         copy_on_write=True,
         freeze=runner.frozen,
+        disk_bytes=config.disk_bytes,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
 

@@ -46,6 +46,7 @@ from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_un
 __all__ = [
     "SANDBOX_WORKSPACE",
     "SUPERVISOR_PATH",
+    "TMP_SIZE",
     "BwrapConfig",
     "ProgramBind",
     "build_argv",
@@ -135,11 +136,15 @@ def is_sandbox_uid(uid: int) -> bool:
     return _UID_BASE <= uid < _UID_BASE + _UID_SPAN
 
 
+#: Size of a sandbox's ``/tmp`` (a tmpfs), unless a disk bound makes it smaller.
+TMP_SIZE = 256 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class BwrapConfig:
     bwrap: str
     network: bool
-    tmp_size: int | None = 256 * 1024 * 1024
+    tmp_size: int | None = TMP_SIZE
     mounts: Sequence[str] | None = None
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
     files: Sequence[tuple[int, str]] = ()

@@ -41,6 +41,7 @@ from typing import Any
 from ...errors import BackendError, InvalidSpec
 from ...models import ResourceLimits, RunResult
 from ...process.supervisor import RUN_MARKER_VAR, Launch, SupervisedProcess, spawn
+from ...workspace.diskimages import MIN_DISK_BYTES
 
 __all__ = ["MAX_REQUEST", "Session", "SessionConfig", "SessionProgram", "start_session"]
 
@@ -96,9 +97,17 @@ class SessionConfig:
     """CPU bandwidth of the whole session, in CPUs (``0.5``: half of one CPU's time per wall second), as a cgroup
     CPU quota (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``): needs root and the cpu controller, refused otherwise.
     Past it the session's programs are throttled, never killed."""
+    disk_bytes: int | None = None
+    """Disk of each workspace, as a filesystem of that size of its own (a sparse ext4 image loop-mounted at the
+    workspace, :mod:`execspace.workspace.diskimages`): a write past it fails with ``ENOSPC`` in the program. The
+    session's ``/tmp`` (a tmpfs, in memory) is bounded to the same size (at most its usual 256 MiB). Needs root,
+    ``mkfs.ext4`` and loop devices, refused otherwise; its workspaces have no snapshots or forks, and no sessions
+    started ahead (``pool_size`` is not used)."""
 
     def __post_init__(self) -> None:
         self.limits(1)  # refused now as ResourceLimits refuses them, not when a session starts
+        if self.disk_bytes is not None and self.disk_bytes < MIN_DISK_BYTES:
+            raise InvalidSpec(f"SessionConfig.disk_bytes must be at least 1 MiB, got {self.disk_bytes}")
 
     def limits(self, output_bytes: int) -> ResourceLimits:
         """The limits of a session's own sandbox (its bwrap keeps ``output_bytes`` of what it says)."""
