@@ -93,13 +93,13 @@ DOES_NOT_PROTECT = (
 )
 
 
-#: ``Capabilities.details["mode"]``: what survives what in each mode.
 #: How ``SessionConfig.disk_bytes`` bounds a session's sandbox.
 DISK_BOUND_DETAIL = (
     "each workspace is a filesystem of that size of its own (sparse ext4 image, loop-mounted; a write past it fails "
     "with ENOSPC), and /tmp a tmpfs of the same size (at most 256 MiB, in memory): what a sandbox can write at once "
     "is at most twice the bound; the workspaces have no snapshots or forks"
 )
+#: ``Capabilities.details["mode"]``: what survives what in each mode.
 MODE_DETAILS = {
     "per-run": "per-run: one sandbox per run; nothing a run starts survives it",
     "session": "session: one sandbox per workspace, whose supervisor (PID 1) starts every run; programs started "
