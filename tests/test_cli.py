@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import execspace
 from execspace.cli.run import parse_input
 from execspace.errors import InputError
 from tests.support import make_traversable
@@ -627,6 +629,22 @@ def test_doctor_json_lists_every_backend(cli: Cli, tmp_path: Path) -> None:
     if report["default"]["backend"] is None:
         assert "--backend local" in report["default"]["reason"]
     assert b"probing backends" in proc.stderr
+
+
+def test_doctor_states_the_limits_an_opened_sandbox_enforces(cli: Cli) -> None:
+    """doctor states the sandbox's capabilities without opening it: the same limits an opened engine enforces here
+    (as root, the cgroup ones: cpus, and memory and pids for the whole run)."""
+    if not _sandbox_works():
+        pytest.skip("no working sandbox here")
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0
+    by_name = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+
+    async def opened() -> list[str]:
+        async with execspace.open_engine("sandbox") as engine:
+            return sorted(engine.describe().enforced_limits)
+
+    assert sorted(by_name["sandbox"]["capabilities"]["enforced_limits"]) == asyncio.run(opened())
 
 
 def test_doctor_states_each_sandbox_mode(cli: Cli) -> None:

@@ -513,6 +513,11 @@ def _with_nproc(inner: Any, pids: int | None) -> Any:
     return apply
 
 
+def _host_cgroups() -> CgroupSupport:
+    """The cgroup controllers runs get groups in here: root's, on Linux; none otherwise."""
+    return CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
+
+
 def _session_limits(config: SessionConfig, groups: CgroupSupport) -> str:
     """What bounds each session as a whole (its ``SessionConfig``), and how; "" when nothing does."""
     limits = []
@@ -606,7 +611,8 @@ class SandboxBackend:
             network_default = policy.network_enabled
         host_path = (env_policy or EnvPolicy()).program_path(os.environ)
         limits = {"timeout", "output_bytes", "disk_bytes"} | RLIMIT_ENFORCED
-        groups = cgroups or CgroupSupport({})
+        # what open() would enforce here, so that a statement made without opening (doctor) says the same
+        groups = cgroups if cgroups is not None else _host_cgroups()
         if _is_root():
             limits.add("pids")
         limits |= groups.enforced & {"cpus"}
@@ -669,7 +675,7 @@ class SandboxBackend:
         probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
-        cgroups = CgroupSupport.detect() if _is_root() and sys.platform.startswith("linux") else CgroupSupport({})
+        cgroups = _host_cgroups()
         caps = cls.capabilities(env_policy, policy=policy, cgroups=cgroups, mode=mode)
         if environment is not None:
             caps = replace(caps, details={**caps.details, "environment": environment.summary()})
