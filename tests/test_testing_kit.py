@@ -10,7 +10,7 @@ import pytest
 
 from execspace import RunProgramSpec
 from execspace.testing import conformance
-from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
+from execspace.testing.processes import new_tag, tagged, wait_no_process, wait_processes
 from tests.bindings import open_backend
 
 BINDING = """
@@ -58,7 +58,9 @@ async def test_the_tag_marks_every_process_of_a_run_until_it_ends(
         spec = RunProgramSpec("sh", ["-c", script], env=tagged(tag))
         async with await engine.runner.start_program(ws, spec) as handle:
             assert (await anext(handle.stream())).data == b"up\n"
-            assert len(pids_with(tag)) >= 2  # the shell and its escaped daemon, at least
+            # the shell and its escaped daemon, at least: polled, as the daemon may be between its execs (setsid,
+            # then sleep) when "up" comes, and a process in the middle of an exec shows no environment
+            assert len(await wait_processes(tag, 2)) >= 2
             await handle.kill()
             await handle.wait()
         assert wait_no_process(tag) == []
