@@ -86,6 +86,10 @@ class Capabilities:
     """Staged directories can be made read-only to the program."""
     streaming: bool
     """``start_program`` streams output as it comes and accepts stdin."""
+    binary_output: bool = True
+    """A program's stdout and stderr arrive byte for byte (``raw_stdout``, ``raw_stderr``, streamed chunks). False:
+    they arrive as text, and bytes that are not UTF-8 come as U+FFFD (a remote service whose SDK decodes them):
+    binary output belongs in a file there, which the file API moves byte for byte."""
     pty: bool = False
     """``start_program`` runs a program on a pseudo-terminal when the spec asks (``spec.pty``)."""
     network_domains: bool = False
@@ -159,6 +163,7 @@ class Capabilities:
             "clean_env": self.clean_env,
             "read_only_mounts": self.read_only_mounts,
             "streaming": self.streaming,
+            "binary_output": self.binary_output,
             "pty": self.pty,
             "persistent_state": self.persistent_state,
             "host_paths": self.host_paths,

@@ -518,6 +518,26 @@ async def test_signal_reaches_the_program(any_engine: Engine, any_ws: Ws) -> Non
     await handle.signal(signal.SIGUSR1)  # once it has ended: nothing, no error
 
 
+#: Every byte value, as ``printf`` makes them from octal escapes (NUL included).
+_EVERY_BYTE = bytes(range(256))
+_PRINTF_EVERY_BYTE = "".join(f"\\{b:03o}" for b in _EVERY_BYTE)
+
+
+@needs(Feature.PROGRAMS)
+async def test_binary_output_arrives_as_capabilities_say(any_engine: Engine, any_ws: Ws) -> None:
+    """With ``Capabilities.binary_output`` a program's output arrives byte for byte, run and streamed; without
+    it, as UTF-8 text whose other bytes are U+FFFD, never anything else."""
+    want = _EVERY_BYTE if any_engine.describe().binary_output else _EVERY_BYTE.decode(errors="replace").encode()
+    script = f"printf '{_PRINTF_EVERY_BYTE}'; printf '{_PRINTF_EVERY_BYTE}' >&2"
+    r = await run(any_engine, any_ws, script)
+    assert (r.exit_code, r.raw_stdout, r.raw_stderr) == (0, want, want)
+    async with await any_engine.runner.start_program(any_ws, RunProgramSpec("sh", ["-c", script])) as handle:
+        chunks = [chunk async for chunk in handle.stream()]
+        await handle.wait()
+    for stream in ("stdout", "stderr"):
+        assert b"".join(c.data for c in chunks if c.stream == stream) == want, stream
+
+
 @needs(Feature.PROGRAMS)
 async def test_stdin_closed_is_closed(any_engine: Engine, any_ws: Ws) -> None:
     async with await any_engine.runner.start_program(any_ws, RunProgramSpec("cat")) as handle:

@@ -52,6 +52,7 @@ class E2BBackend:
             clean_env=True,
             read_only_mounts=False,
             streaming=True,
+            binary_output=False,  # the SDK's command handle decodes the output as UTF-8, errors="replace"
             pty=True,
             persistent_state=options.persistence == "session",
             host_paths=False,
@@ -73,6 +74,8 @@ class E2BBackend:
                 "persistence": options.persistence,
                 "pty": "through the SDK's sandbox.pty: its login bash execs the program from PROMPT_COMMAND, before "
                 "any prompt (a template whose login files replace PROMPT_COMMAND would show a shell instead)",
+                "output": "a command's stdout and stderr come as text from the SDK (UTF-8, other bytes as U+FFFD); a "
+                "pty's output comes as bytes; write binary output to a file and read it with the file API",
                 "signals": "sent with kill inside the sandbox (the SDK's envd signal call sends only SIGKILL)",
                 "fork": "detected at first use: snapshots and forks of whole sandboxes where the service keeps "
                 "files-only snapshots (execspace serve; manager.fork_mode() says how it forks); CapabilityError "

@@ -205,7 +205,7 @@ class E2BProgram(StartedProgram):
         self._log.append(chunk)
 
     def _on(self, stream: Literal["stdout", "stderr"]) -> Callable[[str], None]:
-        return lambda text: self._take(stream, text.encode("utf-8", "surrogateescape"))
+        return lambda text: self._take(stream, text.encode())  # the SDK decoded it (binary_output=False)
 
     async def begin(self, interactive: bool) -> None:
         spec = self._prep.spec
