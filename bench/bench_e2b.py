@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import execspace
-from bench_core import MIB, Plan, Report, Row, Stats, backend_ready, interleaved, ok, scratch_dir
+from bench_core import MIB, Plan, Report, Row, Stats, Step, backend_ready, interleaved, ok, scratch_dir
 from bench_serve import KEY, _server
 from execspace import PutFile, RunProgramSpec
 
@@ -81,7 +81,10 @@ async def _run_true(
             await bare.commands.run("/bin/true")
 
         steps = [e2b_run, sandbox_run, sdk_run]
-        lib, base, floor = await interleaved(steps, plan.serve_iters, plan.warmup // 3)
+        rpc_run = _process_rpc(bare)
+        if rpc_run is not None:
+            steps.append(rpc_run)
+        lib, base, floor, *rpc = await interleaved(steps, plan.serve_iters, plan.warmup // 3)
     finally:
         await bare.kill()
     name = "run_program('/bin/true') via execspace serve"
@@ -91,6 +94,37 @@ async def _run_true(
     report.rows.append(row)
     name = "SDK commands.run('/bin/true') on execspace serve (no engine)"
     report.rows.append(Row(SECTION, name, "ms", Stats.of(floor, 1000), Stats.of(base, 1000), _BASELINE))
+    if rpc:
+        name = "SDK process RPC: /bin/true itself, no shell (no engine)"
+        report.rows.append(Row(SECTION, name, "ms", Stats.of(rpc[0], 1000), Stats.of(base, 1000), _BASELINE))
+    else:
+        report.notes.append("8 e2b: the SDK's process client has another shape in this version: no-shell row skipped")
+
+
+def _process_rpc(sandbox: Any) -> Step | None:
+    """The least any client of the official SDK can do per run: envd's process ``Start`` of ``/bin/true`` itself
+    (no ``bash -l -c``, which ``commands.run`` always sends), read to its end. Through the SDK's private process
+    client (the same call ``commands.run`` makes, with another ``cmd``), so only a floor, measured here and nowhere
+    used; None where that client has another shape (the SDK changes it between versions)."""
+    try:
+        from e2b.envd.client_async import as_stream
+        from e2b.envd.process import process_pb
+        from e2b.envd.utils import authentication_header
+
+        commands = sandbox.commands
+        rpc, version, handle_of = commands._rpc, commands._envd_version, commands._create_handle
+    except (ImportError, AttributeError):
+        return None
+
+    async def rpc_run() -> None:
+        config = process_pb.ProcessConfig(cmd="/bin/true", args=[], envs={})
+        events = as_stream(
+            rpc.start(process_pb.StartRequest(process=config, stdin=False), headers=authentication_header(version))
+        )
+        handle = await handle_of(events, "start", None, None, None, False)
+        ok((await handle.wait()).exit_code, "the SDK's process Start of /bin/true")
+
+    return rpc_run
 
 
 async def _pty_start(remote: execspace.BaseEngine, far: execspace.Workspace, plan: Plan, report: Report) -> None:
