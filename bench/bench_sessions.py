@@ -112,6 +112,12 @@ async def _runs(engine: execspace.BaseEngine, ws: execspace.Workspace, runs: int
         f"ratio {ratio:4.2f}x   (target <= 1.0 ms, <= 2x: {_verdict(_ms(lib) <= 1.0 and ratio <= 2)})   "
         f"{cpu.line()}"
     )
+    raw, bare = _raw_round_trips(_session(engine, ws), runs)
+    print(
+        f"raw supervisor round trip  {_ms(raw):6.2f} ms   bare subprocess.run {_ms(bare):6.2f} ms   "
+        f"ratio {_ms(raw) / _ms(bare):4.2f}x   (the design's floor: a blocking client of the session's channel "
+        "sends SPAWN and reads to EXITED, no library code)"
+    )
     py = RunProgramSpec(PYTHON, ["-c", "pass"])
 
     async def lib_py() -> None:
@@ -124,6 +130,38 @@ async def _runs(engine: execspace.BaseEngine, ws: execspace.Workspace, runs: int
         f"run_program('python3 -c pass') session {_ms(lib):6.2f} ms   bare {_ms(bare):6.2f} ms   "
         f"ratio {ratio:4.2f}x   (target <= 1.2x: {_verdict(ratio <= 1.2)})"
     )
+
+
+def _raw_round_trips(session: Any, runs: int) -> tuple[list[float], list[float]]:
+    """``/bin/true`` through the session's supervisor by a blocking client speaking its protocol directly (what
+    the library's run path costs above this is its own: preparation, checks, supervision, the event loop),
+    interleaved with bare ``subprocess.run``. The channel is taken off the event loop meanwhile."""
+    from execspace.backends.sandbox import session as proto
+
+    sock = session._sock
+    loop = asyncio.get_running_loop()
+    loop.remove_reader(sock.fileno())
+    sock.setblocking(True)
+    body = proto._SPAWN.pack(proto._FLAG_CAPTURE, 0, 1, 0) + b"/workspace\0/bin/true\0"
+    raw: list[float] = []
+    bare: list[float] = []
+    try:
+        for i in range(runs):
+            t = time.perf_counter()
+            sock.sendmsg([proto._HEAD.pack(proto._OP_SPAWN, 0x7000_0000 + i) + body])
+            while True:
+                kind, _, _, err = proto._MSG.unpack_from(sock.recv(proto._MSG.size + proto._OUT_CHUNK))
+                assert not (kind == proto._SPAWNED and err), f"spawn failed: errno {err}"
+                if kind == proto._EXITED:
+                    break
+            raw.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            subprocess.run(["/bin/true"], check=True)
+            bare.append(time.perf_counter() - t)
+    finally:
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), session._readable)
+    return raw, bare
 
 
 async def _create(root: Path, count: int) -> None:
