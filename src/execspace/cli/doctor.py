@@ -125,7 +125,8 @@ def _caps_lines(caps: dict[str, Any]) -> list[str]:
         f"limits:    {', '.join(caps['enforced_limits']) or 'none'}",
         f"languages: {', '.join(caps['languages']) or 'none found'}",
         f"streaming: {_yes(caps['streaming'])}   clean env: {_yes(caps['clean_env'])}   "
-        f"read-only mounts: {_yes(caps['read_only_mounts'])}   host paths: {_yes(caps['host_paths'])}",
+        f"read-only mounts: {_yes(caps['read_only_mounts'])}   host paths: {_yes(caps['host_paths'])}   "
+        f"binary output: {_yes(caps['binary_output'])}",
     ]
     kernels = caps.get("kernels")
     if kernels:
