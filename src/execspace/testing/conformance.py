@@ -526,11 +526,13 @@ _PRINTF_EVERY_BYTE = "".join(f"\\{b:03o}" for b in _EVERY_BYTE)
 @needs(Feature.PROGRAMS)
 async def test_binary_output_arrives_as_capabilities_say(any_engine: Engine, any_ws: Ws) -> None:
     """With ``Capabilities.binary_output`` a program's output arrives byte for byte, run and streamed; without
-    it, as UTF-8 text whose other bytes are U+FFFD, never anything else."""
+    it, as UTF-8 text whose other bytes are U+FFFD, never anything else. Its stdin takes any bytes."""
     want = _EVERY_BYTE if any_engine.describe().binary_output else _EVERY_BYTE.decode(errors="replace").encode()
     script = f"printf '{_PRINTF_EVERY_BYTE}'; printf '{_PRINTF_EVERY_BYTE}' >&2"
     r = await run(any_engine, any_ws, script)
     assert (r.exit_code, r.raw_stdout, r.raw_stderr) == (0, want, want)
+    echoed = await any_engine.runner.run_program(any_ws, RunProgramSpec("cat", stdin=_EVERY_BYTE))
+    assert (echoed.exit_code, echoed.raw_stdout) == (0, want)  # stdin is bytes everywhere
     async with await any_engine.runner.start_program(any_ws, RunProgramSpec("sh", ["-c", script])) as handle:
         chunks = [chunk async for chunk in handle.stream()]
         await handle.wait()
