@@ -84,4 +84,10 @@ async def test_swapping_a_directory_for_a_link_during_removal_never_reaches_the_
                 leftover.unlink()
             elif leftover.exists():
                 shutil.rmtree(leftover)
-    assert outcomes["removed"] > 0, outcomes
+    # every round may end refused (a loaded machine lets the swapper win each one: seen once in 300 of 300): that
+    # the refusals are the race's, not a removal that refuses everything, is what the same removal without a
+    # swapper shows
+    control = root / "control"
+    shutil.copytree(template, control, symlinks=True)
+    remove_stored(next(w for w in stored_workspaces(root) if w.path == control))
+    assert not control.exists(), outcomes
