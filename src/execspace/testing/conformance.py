@@ -146,11 +146,13 @@ async def test_secrets_not_inherited(any_engine: Engine, any_ws: Ws, monkeypatch
 
 @needs(Feature.PROGRAMS)
 async def test_streaming_chunks_arrive_before_exit(any_engine: Engine, any_ws: Ws) -> None:
-    spec = RunProgramSpec("sh", ["-c", "echo first; sleep 1; echo second"])
+    # the program cannot end before its stdin says so: its first chunk arriving first is streaming, on any machine
+    spec = RunProgramSpec("sh", ["-c", "echo first; read go; echo second"])
     async with await any_engine.runner.start_program(any_ws, spec) as handle:
         stream = handle.stream()
-        first = await asyncio.wait_for(anext(stream), 0.9)
+        first = await asyncio.wait_for(anext(stream), 30)
         assert first.data == b"first\n"
+        await handle.write_stdin("go\n")
         rest = [c.data async for c in stream]
         result = await handle.wait()
     assert b"".join(rest) == b"second\n" and result.exit_code == 0
