@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,12 @@ def test_metadata_writes_are_atomic(tmp_path: Path) -> None:
     thread = threading.Thread(target=reader)
     thread.start()
     try:
-        for i in range(150):
+        # 150 writes, and more until the reader has read during them (a loaded machine may not schedule it before)
+        i, deadline = 0, time.monotonic() + 30
+        while i < 150 or (reads[0] == 0 and time.monotonic() < deadline):
             meta = WorkspaceMetadata(id="atomic", skills={f"s{j}": {"pad": "x" * 2000} for j in range(i % 40)})
             save_metadata(tmp_path, meta)
+            i += 1
     finally:
         stop.set()
         thread.join()
