@@ -84,7 +84,7 @@ async def test_swapping_a_directory_for_a_link_during_removal_never_reaches_the_
                 leftover.unlink()
             elif leftover.exists():
                 shutil.rmtree(leftover)
-    # every round may end refused (a loaded machine lets the swapper win each one: seen once in 300 of 300): that
+    # every round may end refused (a loaded machine can let the swapper win all 300, as it did once): that
     # the refusals are the race's, not a removal that refuses everything, is what the same removal without a
     # swapper shows
     control = root / "control"
