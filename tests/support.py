@@ -107,3 +107,10 @@ def audit_file(ws: Workspace, result: RunResult) -> list[dict[str, object]]:
     assert ws.host_path is not None
     text = (ws.host_path / result.run_dir / "network.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
+
+
+def mount_points_under(root: Path) -> set[str]:
+    """The mount points below ``root`` in this process's mount table (``/proc/self/mountinfo``)."""
+    with open("/proc/self/mountinfo") as f:
+        points = {line.split()[4] for line in f}
+    return {p for p in points if p.startswith(f"{root}/")}

@@ -18,7 +18,7 @@ from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionCo
 from execspace.registry import probe_backend
 from execspace.workspace.diskimages import image_of, make_disk
 from execspace.workspace.layout import sanitize_id
-from tests.support import FORKS, make_traversable
+from tests.support import FORKS, make_traversable, mount_points_under
 
 pytestmark = pytest.mark.timeout(120)
 MIB = 1 << 20
@@ -133,10 +133,8 @@ def unmounted_after(tmp_path: Path) -> Iterator[Path]:
     """``tmp_path``, with whatever a failed test left mounted under it detached afterwards (so that pytest's removal
     of old temporary directories never meets a mount)."""
     yield tmp_path
-    for line in _mounts().splitlines():
-        point = line.split()[4]
-        if point.startswith(f"{tmp_path}/"):
-            subprocess.run(["umount", "-l", point], check=False)
+    for point in mount_points_under(tmp_path):
+        subprocess.run(["umount", "-l", point], check=False)
 
 
 def _fill(mib: int, where: str = "big") -> RunProgramSpec:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from e2b import CommandExitException, Sandbox
 
+from tests.support import mount_points_under
+
 from .conftest import Server, configured_server, running_server, until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox's disk bound is a filesystem mounted as root")
@@ -38,11 +40,8 @@ def _disk_size_mb(server: Server, sandbox: Sandbox) -> int:
     return size
 
 
-def _mounted(root: Path) -> set[str]:
-    """The mount points under ``root`` in this process's mount table."""
-    with open("/proc/self/mountinfo") as f:
-        points = {line.split()[4] for line in f}
-    return {p for p in points if p.startswith(f"{root}/")}
+def _laid_out(ws_dir: str) -> bool:
+    return os.path.exists(f"{ws_dir}/metadata.json")
 
 
 def _images(root: Path) -> set[str]:
@@ -54,7 +53,7 @@ def _images(root: Path) -> set[str]:
 def disky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with configured_server(tmp_path_factory.mktemp("disky"), CONFIG, "--pool-size", "disky=1") as server:
         yield server
-    assert _mounted(server.root) == set() and _images(server.root) == set()  # shutdown: the pooled one's too
+    assert mount_points_under(server.root) == set() and _images(server.root) == set()  # shutdown: the pooled one's too
 
 
 def test_a_templates_disk_bound_holds_and_is_reported(disky: Server) -> None:
@@ -73,13 +72,13 @@ def test_a_templates_disk_bound_holds_and_is_reported(disky: Server) -> None:
         assert other.commands.run(_FILL.format("g", 15), timeout=60).exit_code == 0  # a disk of its own
     finally:
         other.kill()
-    assert len(_mounted(disky.root)) == len(_images(disky.root)) >= 2  # the live one and the pooled one
-    ws = {p for p in _mounted(disky.root) if sbx.sandbox_id in p}
+    assert len(mount_points_under(disky.root)) == len(_images(disky.root)) >= 2  # the live one and the pooled one
+    ws = {p for p in mount_points_under(disky.root) if sbx.sandbox_id in p}
     assert len(ws) == 1
     sbx.kill()
-    until("the killed sandbox's disk removed", lambda: not ws & _mounted(disky.root))
+    until("the killed sandbox's disk removed", lambda: not ws & mount_points_under(disky.root))
     assert not any(sbx.sandbox_id in name for name in _images(disky.root))
-    assert len(_mounted(disky.root)) == len(_images(disky.root))
+    assert len(mount_points_under(disky.root)) == len(_images(disky.root))
 
 
 def test_a_killed_servers_disks_are_removed_by_the_next_one(tmp_path: Path) -> None:
@@ -89,10 +88,10 @@ def test_a_killed_servers_disks_are_removed_by_the_next_one(tmp_path: Path) -> N
         assert _disk_size_mb(first, sandbox) == 20
         sandbox.files.write("/home/user/kept.txt", "left behind")
         # ours and the pool's two, each on its disk and laid out (one killed before is test_session_limits')
-        until("the pool filled", lambda: len([p for p in _mounted(root) if os.path.exists(f"{p}/metadata.json")]) >= 3)
+        until("the pool filled", lambda: len({p for p in mount_points_under(root) if _laid_out(p)}) >= 3)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(timeout=20)
-    assert len(_mounted(root)) == len(_images(root)) == 3  # killed: nothing of it could remove anything
+    assert len(mount_points_under(root)) == len(_images(root)) == 3  # killed: nothing of it could remove anything
     with running_server(root, "--pool-size", "0"):
-        until("the dead server's disk removed", lambda: not _mounted(root) and not _images(root))
+        until("the dead server's disk removed", lambda: not mount_points_under(root) and not _images(root))
     assert not any(sandbox.sandbox_id in name for name in os.listdir(root))
