@@ -27,7 +27,7 @@ from execspace import (
     WorkspaceNotFound,
     WorkspacePolicy,
 )
-from execspace.workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id
+from execspace.workspace.layout import LAYOUT_DIRS, METADATA_FILE, new_run_name, sanitize_id
 from execspace.workspace.metadata import InputRecord, WorkspaceMetadata, load_metadata, save_metadata
 
 
@@ -49,6 +49,14 @@ async def test_layout_and_metadata_exist(engine: BaseEngine, ws: Workspace, tmp_
     meta = json.loads((root / METADATA_FILE).read_text())
     assert meta["id"] == "test/session"
     assert meta["inputs"] == [] and meta["outputs"] == []
+
+
+def test_run_names_drawn_in_one_second_do_not_meet() -> None:
+    # a session's supervisor makes the run directory after the environment named it: a name drawn twice is an
+    # error then, not a second draw. 200,000 draws (a busy second of a server, many times over) met about 1,200
+    # times with the 24 random bits names once had
+    names = [new_run_name() for _ in range(200_000)]
+    assert len({name.rsplit("-", 1)[1] for name in names}) == len(names)
 
 
 def test_metadata_round_trip(tmp_path: Path) -> None:

@@ -27,10 +27,10 @@ import signal
 import struct
 import termios
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import UsageError
 from ..models import OutputChunk, ProgramInfo, PtySize, RunResult
@@ -187,7 +187,6 @@ class SupervisedProcess:
         self._backlog_room = _STREAM_BACKLOG
         self._transport: asyncio.SubprocessTransport | None = None
         self._done: asyncio.Future[RunResult] | None = None
-        self._kill_reason: Literal["timeout", "killed"] | None = None
         self._t0 = 0.0
         self._stdin_task: asyncio.Task[None] | None = None
         self._streaming = False
@@ -213,6 +212,9 @@ class SupervisedProcess:
             self._exited.set()
         if la.stdin is not None:
             self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
+        elif (watched := self._watch()) is not None:
+            self._done = watched
+            return
         elif self._exited.is_set() and self._pipes_closed.is_set() and self._swept_at_once():
             # over before its start returned (a short session run: started and exited in one message), its
             # leftovers swept: nothing to wait for, so no task and no loop turn of its own
@@ -222,7 +224,12 @@ class SupervisedProcess:
             except Exception as exc:
                 self._done.set_exception(exc)
             return
-        self._done = asyncio.ensure_future(self._supervise_then_wake())
+        self._done = asyncio.ensure_future(self._then_wake(self._supervise()))
+
+    def _watch(self) -> asyncio.Future[RunResult] | None:
+        """The result as a future that the program's own events complete, with no task and no loop turn of
+        its own, for a handle whose events say all that supervision needs (``None``: a task supervises it)."""
+        return None
 
     def _open_queue(self) -> asyncio.Queue[OutputChunk | None]:
         """The stream's queue, holding the backlog, and its end if the output ended already: it can end before
@@ -375,25 +382,33 @@ class SupervisedProcess:
 
     # -- supervision -----------------------------------------------------------------
 
-    async def _supervise_then_wake(self) -> RunResult:
+    async def _then_wake(self, supervision: Awaitable[RunResult]) -> RunResult:
         try:
-            return await self._supervise()
+            return await supervision
         finally:
             # woken from here, not by a done-callback of the task: a run that exits at once is a loop turn sooner
-            for waiter in self._waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _supervise(self) -> RunResult:
-        la = self._launch
-        timed_out = False
         try:
-            async with asyncio.timeout(la.timeout):
+            async with asyncio.timeout(self._launch.timeout):
                 await self._exited.wait()
         except TimeoutError:
-            timed_out = True
-            self._kill_reason = "timeout"
-            await self._kill_tree()
+            return await self._run_out()
+        return await self._wind_up(timed_out=False)
+
+    async def _run_out(self) -> RunResult:
+        """Its deadline passed: its tree is killed (TERM, the grace period, KILL), and the run ends timed out."""
+        await self._kill_tree()
+        return await self._wind_up(timed_out=True)
+
+    async def _wind_up(self, timed_out: bool) -> RunResult:
+        """After the program's end: its leftovers killed, its output drained, the result."""
         # leftovers of the group (background children) do not outlive the run
         self._signal_group(signal.SIGKILL)
         try:
@@ -579,16 +594,12 @@ class SupervisedProcess:
             await asyncio.to_thread(kill_marked_processes, self._launch.marker, self.pid)
 
     async def kill(self) -> None:
-        if self._kill_reason is None:
-            self._kill_reason = "killed"
         await self._kill_tree()
         await self._sweep()
 
     async def kill_now(self) -> None:
         """SIGKILL the whole tree without a grace period and wait until supervision is over: for the removal of
         its workspace, which a program given time to react could keep changing."""
-        if self._kill_reason is None:
-            self._kill_reason = "killed"
         self._signal_group(signal.SIGKILL)
         await self._sweep()
         assert self._done is not None

@@ -69,8 +69,12 @@ def ensure_layout(root: Path, owner: tuple[int, int] | None = None) -> None:
 
 
 def new_run_name() -> str:
-    """A fresh, sortable run directory name under ``runs/``."""
-    return f"runs/{_stamp(int(time.time()))}-{secrets.token_hex(3)}"
+    """A fresh, sortable run directory name under ``runs/``.
+
+    64 random bits: a sandbox session's supervisor makes the directory after the run's environment has named
+    it, so a second draw is no longer possible then, and a thousand runs a second must not meet (24 bits did:
+    about one in fifty seconds)."""
+    return f"runs/{_stamp(int(time.time()))}-{secrets.token_hex(8)}"
 
 
 @functools.lru_cache(maxsize=1)  # runs that start in the same second: formatted once (strftime costs ~5 µs)

@@ -34,7 +34,7 @@ import signal
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -525,11 +525,12 @@ class Session:
             return f"reported the exit of program {pid} with unknown flags {flags:#x}"
         if program is not None and any(not program.output_open(fd) for fd in ended):
             return f"reported the end of an output of program {pid} that had ended"
-        if program is not None and not unclaimed:
-            program.reported_exit(status, group_left=bool(flags & _GROUP_LEFT))
         for fd in ended:
             assert program is not None
             self._output_ended(program.output_id, program, fd)
+        if program is not None and not unclaimed:
+            # after its output's end: the exit of a run whose output ended finishes it at once
+            program.reported_exit(status, group_left=bool(flags & _GROUP_LEFT))
         return None
 
     def _output_ended(self, ident: int, program: SessionProgram, fd: int) -> None:
@@ -780,6 +781,9 @@ class SessionProgram(SupervisedProcess):
         self._ended = False
         self._error: BackendError | None = None
         self._floor = 0
+        self._watched: asyncio.Future[RunResult] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._winding: asyncio.Task[RunResult] | None = None
         self.output_id = 0
         """The id the session's supervisor names this program's output by (``captures``)."""
 
@@ -862,6 +866,7 @@ class SessionProgram(SupervisedProcess):
         self._status = status
         self._group_left = group_left
         self._exited.set()
+        self._settle()
 
     def session_ended(self, error: BackendError | None) -> None:
         """The session is over (closed, or broken with ``error``): so is this program."""
@@ -869,6 +874,7 @@ class SessionProgram(SupervisedProcess):
         self._error = error
         self._exited.set()
         self.end_output()
+        self._settle()
 
     def output_open(self, fd: int) -> bool:
         """Whether the supervisor may still forward output ``fd`` (1 or 2) of this program."""
@@ -879,6 +885,7 @@ class SessionProgram(SupervisedProcess):
 
     def output_ended(self, fd: int) -> None:
         self._on_pipe_closed(fd)
+        self._settle()
 
     def end_output(self) -> None:
         """No more output will come (the session is over)."""
@@ -892,6 +899,58 @@ class SessionProgram(SupervisedProcess):
         return -signal.SIGKILL if self._ended else None
 
     # -- supervision through the session -------------------------------------------------------
+
+    def _watch(self) -> asyncio.Future[RunResult] | None:
+        # a run that captures (most runs) ends in one message of the supervisor, EXITED, saying its output
+        # ended too: that message finishes it, with no task of its own (the caller is one loop turn from its
+        # result), and its deadline is a timer
+        if not self.captures or self._session.supervisor_pid is None:
+            return None
+        loop = asyncio.get_running_loop()
+        self._watched = loop.create_future()
+        if self._launch.timeout is not None:
+            self._deadline = loop.call_later(self._launch.timeout, self._ran_out)
+        self._settle()
+        return self._watched
+
+    def _settle(self) -> None:
+        """After an event of a watched run: if it ended, finish it now, or in a task when its output outlives
+        it (held by a descendant that left its group) or its leftovers need a sweep that waits."""
+        done = self._watched
+        if done is None or done.done() or self._winding is not None or not self._exited.is_set():
+            return
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self._pipes_closed.is_set() and self._swept_at_once():
+            try:
+                done.set_result(self._finish(timed_out=False))
+            except Exception as exc:
+                done.set_exception(exc)
+            self._wake_waiters()
+        else:
+            self._wind_up_in_task(self._wind_up(timed_out=False))
+
+    def _ran_out(self) -> None:
+        self._deadline = None
+        if self._watched is not None and not self._watched.done() and self._winding is None:
+            self._wind_up_in_task(self._run_out())
+
+    def _wind_up_in_task(self, supervision: Coroutine[Any, Any, RunResult]) -> None:
+        self._winding = task = asyncio.ensure_future(self._then_wake(supervision))
+        task.add_done_callback(self._wound_up)
+
+    def _wound_up(self, task: asyncio.Task[RunResult]) -> None:
+        done = self._watched
+        assert done is not None
+        if done.done():
+            return
+        if task.cancelled():
+            done.cancel()
+        elif (exc := task.exception()) is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(task.result())
 
     def _signal_group(self, sig: int) -> None:
         # also after the leader's exit: what is left of its group does not outlive the run (the supervisor says
