@@ -72,8 +72,8 @@ def new_run_name() -> str:
     """A fresh, sortable run directory name under ``runs/``.
 
     64 random bits: a sandbox session's supervisor makes the directory after the run's environment has named
-    it, so a second draw is no longer possible then, and a thousand runs a second must not meet (24 bits did:
-    about one in fifty seconds)."""
+    it, so a second draw is no longer possible then, and a thousand runs a second must not meet (24 bits met
+    about once every half minute at that rate)."""
     return f"runs/{_stamp(int(time.time()))}-{secrets.token_hex(8)}"
 
 

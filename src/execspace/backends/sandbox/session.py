@@ -922,11 +922,14 @@ class SessionProgram(SupervisedProcess):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        if self._pipes_closed.is_set() and self._swept_at_once():
-            try:
+        try:
+            now = self._pipes_closed.is_set() and self._swept_at_once()
+            if now:
                 done.set_result(self._finish(timed_out=False))
-            except Exception as exc:
-                done.set_exception(exc)
+        except Exception as exc:  # its caller's, not the session's whose message this is
+            now = True
+            done.set_exception(exc)
+        if now:
             self._wake_waiters()
         else:
             self._wind_up_in_task(self._wind_up(timed_out=False))
