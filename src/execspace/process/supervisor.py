@@ -216,8 +216,8 @@ class SupervisedProcess:
             self._done = watched
             return
         elif self._exited.is_set() and self._pipes_closed.is_set() and self._swept_at_once():
-            # over before its start returned (a short session run: started and exited in one message), its
-            # leftovers swept: nothing to wait for, so no task and no loop turn of its own
+            # over before its start returned (a short session run with stdio of its own, whose exit and end of
+            # output came with its start), its leftovers swept: nothing to wait for, so no task and no loop turn
             self._done = asyncio.get_running_loop().create_future()
             try:
                 self._done.set_result(self._finish(timed_out=False))

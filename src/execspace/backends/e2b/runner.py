@@ -54,8 +54,8 @@ __all__ = ["E2BProgram", "E2BRunner"]
 #: parent's does not (its own children inherit the marker). It may not have exec'd yet: looked for again briefly.
 _SIGNAL = (
     'for i in $(seq 100); do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null || continue;'
-    " p=$(sed -n 's/^PPid:[[:space:]]*//p' \"$d/status\" 2>/dev/null);"
-    ' grep -qzx -- "$1" "/proc/$p/environ" 2>/dev/null || { kill -s "$2" "${d#/proc/}" 2>/dev/null; exit 0; };'
+    ' p=$(sed -n \'s/^PPid:[[:space:]]*//p\' "$d/status" 2>/dev/null); [ -n "$p" ] || continue;'
+    ' grep -qzx -- "$1" "/proc/$p/environ" 2>/dev/null || { kill -s "$2" "${d#/proc/}" 2>/dev/null && exit 0; };'
     " done; sleep 0.02; done; :"
 )
 #: A signal's number by the names envd's ``signal: <name>`` may use: Go's (the C library's text, lowercase:
