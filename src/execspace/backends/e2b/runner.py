@@ -52,6 +52,8 @@ __all__ = ["E2BProgram", "E2BRunner"]
 
 #: Sends ``$2`` to the run's program: the process whose environment holds ``$1`` (the run's marker) and whose
 #: parent's does not (its own children inherit the marker). It may not have exec'd yet: looked for again briefly.
+#: ``/proc/[0-9]*`` sorts as text, so a child can come before its program; one that ends while it is read has no
+#: parent to read and is not taken for the program, and only a kill that landed ends the search.
 _SIGNAL = (
     'for i in $(seq 100); do for d in /proc/[0-9]*; do grep -qzx -- "$1" "$d/environ" 2>/dev/null || continue;'
     ' p=$(sed -n \'s/^PPid:[[:space:]]*//p\' "$d/status" 2>/dev/null); [ -n "$p" ] || continue;'
