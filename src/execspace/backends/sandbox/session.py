@@ -914,8 +914,9 @@ class SessionProgram(SupervisedProcess):
         return self._watched
 
     def _settle(self) -> None:
-        """After an event of a watched run: if it ended, finish it now, or in a task when its output outlives
-        it (held by a descendant that left its group) or its leftovers need a sweep that waits."""
+        """After an event of a watched run: if it ended, finish it now (its leftovers are swept at once: a watched
+        run's session has a supervisor pid), or in a task when its output outlives it (held by a descendant that
+        left its group)."""
         done = self._watched
         if done is None or done.done() or self._winding is not None or not self._exited.is_set():
             return
