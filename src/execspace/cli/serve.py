@@ -28,7 +28,15 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY",
-        help="an X-API-KEY clients must send (repeatable); without one a random key is made and printed",
+        help="an X-API-KEY clients must send (repeatable); each key is a team that sees only its own sandboxes and "
+        "snapshots; without one a random key is made and printed",
+    )
+    p.add_argument(
+        "--admin-api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a key that sees and acts on every team's sandboxes and snapshots (repeatable; an operator's)",
     )
     p.add_argument("--backend", default="sandbox", help="backend each sandbox's workspace lives on (default sandbox)")
     p.add_argument(
@@ -144,10 +152,11 @@ async def command(args: argparse.Namespace) -> int:
         raise SetupFailed(
             "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
         ) from None
-    keys = tuple(args.api_key) or (generate_api_key(),)
+    keys = tuple(args.api_key) or (() if args.admin_api_key else (generate_api_key(),))
     templates = load_config(Path(args.config)) if args.config else dict(BUILTIN_TEMPLATES)
     options = ServerOptions(
         api_keys=keys,
+        admin_keys=tuple(args.admin_api_key),
         max_sandboxes=args.max_sandboxes,
         pool_sizes=_pool_sizes(args.pool_size),
         warm_kernels=args.warm_kernels,
@@ -173,7 +182,7 @@ async def command(args: argparse.Namespace) -> int:
             f"  export E2B_API_URL={url}",
             f"  export E2B_SANDBOX_URL={url}",
         ]
-        if not args.api_key:
+        if not args.api_key and not args.admin_api_key:
             lines.append(f"  export E2B_API_KEY={keys[0]}")
         print("\n".join(lines), flush=True)
 

@@ -2,9 +2,11 @@
 
 A request that names a sandbox (headers or host, see :mod:`.routing`), or carries a file-URL signature, is for the
 data plane: an unknown or ended sandbox answers 502 "... was not found" (the SDK reads that as "sandbox gone"),
-then the sandbox's access token is checked (``X-Access-Token``, or the signature), then envd's route runs (port
-49983) or the code interpreter's (49999; the SDK sends the token only with ``/execute``, so ``/contexts`` goes
-without, as in E2B). Anything else is the control plane, which checks ``X-API-KEY``.
+then the caller's credential is checked before anything else is done for it: envd's routes (port 49983) take the
+sandbox's access token (``X-Access-Token``) or a file-URL signature, the code interpreter's (49999) the access
+token or the sandbox's traffic token (``E2B-Traffic-Access-Token``: the SDK sends it with ``/contexts``, where it
+sends no access token). Only ``/health`` goes without one, and it never resumes a paused sandbox: an anonymous
+request changes no state and has no body read. Anything else is the control plane, which checks ``X-API-KEY``.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class E2BApp:
             await self._control(scope, receive, send)
             return
         try:
-            sandbox = self._sandbox(scope, headers, target, signed)
-            await self._awake(sandbox, scope["path"])
+            sandbox, entitled = self._sandbox(scope, headers, target, signed)
+            await self._awake(sandbox, scope["path"], entitled)
         except _Refused as refused:
             await refused.respond(scope, receive, send)
             return
@@ -69,47 +71,52 @@ class E2BApp:
             return
         await self._envd(scope, receive, send, sandbox)
 
-    def _sandbox(self, scope: Scope, headers: Headers, target: Target | None, signed: bool) -> Sandbox:
-        """The sandbox of a data-plane request, once it is known to exist, the port served and the caller
-        entitled; else raise :class:`_Refused` with the answer."""
+    def _sandbox(self, scope: Scope, headers: Headers, target: Target | None, signed: bool) -> tuple[Sandbox, bool]:
+        """The sandbox of a data-plane request, once it is known to exist and the port served, and whether the
+        caller proved it may act on it (an anonymous ``/health`` may only look); else raise :class:`_Refused`."""
         path: str = scope["path"]
         if target is None:  # a signed URL without headers: its signature names the sandbox
             try:
-                return signed_sandbox(Request(scope), self.sandboxes.by_token())
+                return signed_sandbox(Request(scope), self.sandboxes.by_token()), True
             except SignatureError as exc:
                 raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
         try:
             sandbox = self.sandboxes.get(target.sandbox_id)
         except SandboxGone as exc:
             raise _Refused(path, 502, Code.UNAVAILABLE, str(exc)) from None
-        if target.port == CODE_INTERPRETER_PORT:
-            if path != "/execute":  # the SDK sends no token with /contexts (nor E2B's own server wants one)
-                return sandbox
-        elif target.port != ENVD_PORT:
+        if target.port not in (ENVD_PORT, CODE_INTERPRETER_PORT):
             message = (
                 f"port {target.port} is not open in sandbox {sandbox.id}: only envd ({ENVD_PORT}) and the code "
                 f"interpreter ({CODE_INTERPRETER_PORT}) are served"
             )
             raise _Refused(path, 502, Code.UNAVAILABLE, message)
-        if sandbox.access_token is None or path == "/health":
-            return sandbox
-        token = headers.get("x-access-token", "")
-        if hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
-            return sandbox
-        if signed:
+        if sandbox.access_token is None or _holds(headers, "x-access-token", sandbox.access_token):
+            return sandbox, True
+        if target.port == CODE_INTERPRETER_PORT and _holds(headers, "e2b-traffic-access-token", sandbox.traffic_token):
+            return sandbox, True
+        if path == "/health":
+            return sandbox, False
+        if signed and target.port == ENVD_PORT:
             try:
-                return signed_sandbox(Request(scope), [sandbox])
+                return signed_sandbox(Request(scope), [sandbox]), True
             except SignatureError as exc:
                 raise _Refused(path, 401, Code.UNAUTHENTICATED, str(exc)) from None
-        message = "missing or wrong X-Access-Token: send the envdAccessToken that create/connect returned"
+        if target.port == CODE_INTERPRETER_PORT:
+            message = (
+                "missing or wrong E2B-Traffic-Access-Token (or X-Access-Token): send the trafficAccessToken (or "
+                "envdAccessToken) that create/connect returned"
+            )
+        else:
+            message = "missing or wrong X-Access-Token: send the envdAccessToken that create/connect returned"
         raise _Refused(path, 401, Code.UNAUTHENTICATED, message)
 
-    async def _awake(self, sandbox: Sandbox, path: str) -> None:
-        """A paused sandbox is resumed by its traffic when it was created with ``autoResume``, else refused as
-        E2B's proxy refuses it: 502 "... was not found" (the SDK's ``SandboxNotRunningException``)."""
+    async def _awake(self, sandbox: Sandbox, path: str, entitled: bool) -> None:
+        """A paused sandbox is resumed by its traffic when it was created with ``autoResume`` and the caller is
+        entitled to it, else refused as E2B's proxy refuses it: 502 "... was not found" (the SDK's
+        ``SandboxNotRunningException``)."""
         if sandbox.paused is None:
             return
-        if not sandbox.auto_resume:
+        if not (sandbox.auto_resume and entitled):
             message = f"The sandbox {sandbox.id} was not found running: it is paused; Sandbox.connect resumes it"
             raise _Refused(path, 502, Code.UNAVAILABLE, message)
         await self.sandboxes.resume(sandbox)
@@ -131,6 +138,12 @@ class E2BApp:
             status = 501 if path in _ENVD_NOT_IMPLEMENTED else 404
             what = "is not implemented by execspace serve" if status == 501 else "is not an envd route"
             await error_response(status, f"{method} {path} {what}")(scope, receive, send)
+
+
+def _holds(headers: Headers, name: str, secret: str | None) -> bool:
+    """Whether the header ``name`` carries ``secret`` (compared in constant time)."""
+    given = headers.get(name)
+    return secret is not None and given is not None and hmac.compare_digest(given.encode(), secret.encode())
 
 
 class _Refused(Exception):

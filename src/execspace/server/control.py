@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,8 +24,9 @@ from starlette.routing import BaseRoute, Route
 from ..errors import CapabilityError, EnvironmentNotFound, ExecspaceError, InvalidSpec
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
+from .bodies import CONTROL_BODY_BYTES, BadBody, BodyTooLarge, json_object
 from .network import SandboxEgress, sandbox_egress
-from .options import ENVD_VERSION, ServerOptions
+from .options import ENVD_VERSION, ServerOptions, key_id
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
 __all__ = ["FORK_HEADER", "ControlPlane", "error_response"]
@@ -52,12 +55,53 @@ class BadRequest(Exception):
     """A request body or query the control plane cannot take (answered 400)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a control-plane request: the team of its API key, and whether that key is an admin's."""
+
+    team: str
+    admin: bool = False
+
+    def owns(self, sandbox: Sandbox) -> bool:
+        return self.admin or sandbox.owner == self.team
+
+    def owns_snapshot(self, snap: Snapshot) -> bool:
+        return self.admin or _team_of(snap) == self.team
+
+
+#: What a snapshot's stored name is made of: its team, then the name its team gave it (or ``:`` and a random tail
+#: for an unnamed one). Names are the team's own: two teams may use the same one, and a snapshot made elsewhere
+#: (``execspace ws snapshot``: no team) is an admin's only.
+_TEAM_SEPARATOR = ":"
+#: The longest name the snapshot store takes, and what is left of it for a team's own name.
+_MAX_STORED_NAME = 128
+_MAX_NAME = _MAX_STORED_NAME - len(key_id("")) - len(_TEAM_SEPARATOR)
+
+
+def _stored_name(team: str, name: str | None) -> str:
+    return f"{team}{_TEAM_SEPARATOR}{name if name is not None else _TEAM_SEPARATOR + secrets.token_hex(6)}"
+
+
+def _team_of(snap: Snapshot) -> str | None:
+    team, separator, _ = (snap.name or "").partition(_TEAM_SEPARATOR)
+    return team if separator else None
+
+
+def _given_name(snap: Snapshot) -> str | None:
+    """The name its team gave it (None: unnamed)."""
+    if _team_of(snap) is None:
+        return snap.name
+    given = (snap.name or "").partition(_TEAM_SEPARATOR)[2]
+    return None if given.startswith(_TEAM_SEPARATOR) else given
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
 
 
 def _snapshot_info(snap: Snapshot) -> dict[str, Any]:
-    return {"snapshotID": snap.id, "names": [snap.name] if snap.name else []}
+    name = _given_name(snap)
+    return {"snapshotID": snap.id, "names": [name] if name else []}
 
 
 def _iso(moment: datetime) -> str:
@@ -96,16 +140,18 @@ class ControlPlane:
         ]
 
     def _authenticated(
-        self, handler: Callable[[Request], Awaitable[Response]]
+        self, handler: Callable[[Request, Caller], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def checked(request: Request) -> Response:
-            key = request.headers.get("x-api-key", "")
-            if not any(hmac.compare_digest(key.encode(), k.encode()) for k in self.options.api_keys):
+            caller = self._caller(request.headers.get("x-api-key", ""))
+            if caller is None:
                 return error_response(401, "Invalid API key: send one the server was started with (--api-key)")
             try:
-                return await handler(request)
+                return await handler(request, caller)
             except BadRequest as exc:
                 return error_response(400, str(exc))
+            except BodyTooLarge as exc:
+                return error_response(413, str(exc))
             except SandboxGone as exc:
                 return error_response(404, f"sandbox {exc.sandbox_id!r} not found")
             except SandboxesFull as exc:
@@ -117,30 +163,45 @@ class ControlPlane:
 
         return checked
 
+    def _caller(self, key: str) -> Caller | None:
+        """The caller a key makes, or None for a key this server does not take (every key is compared, in
+        constant time)."""
+        given = key.encode()
+        admin = any([hmac.compare_digest(given, k.encode()) for k in self.options.admin_keys])
+        team = any([hmac.compare_digest(given, k.encode()) for k in self.options.api_keys])
+        return Caller(key_id(key), admin) if admin or team else None
+
+    def _owned(self, sandbox_id: str, caller: Caller) -> Sandbox:
+        """The caller's live sandbox of that id: another team's answers as one that does not exist."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if not caller.owns(sandbox):
+            raise SandboxGone(sandbox_id)
+        return sandbox
+
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
 
-    async def pool(self, request: Request) -> Response:
+    async def pool(self, request: Request, caller: Caller) -> Response:
         """execspace's own: the warm pool per template (``size`` configured, ``target`` within the room the live
         sandboxes leave, ``ready`` now), so that a benchmark or an operator can wait for it to be full."""
         return JSONResponse(self.sandboxes.pool.status())
 
-    async def not_implemented(self, request: Request) -> Response:
+    async def not_implemented(self, request: Request, caller: Caller) -> Response:
         return error_response(501, f"{request.method} {request.url.path} is not implemented by execspace serve")
 
     # creation and connection
 
-    async def create_v1(self, request: Request) -> Response:
-        return await self._create(request, v1=True)
+    async def create_v1(self, request: Request, caller: Caller) -> Response:
+        return await self._create(request, caller, v1=True)
 
-    async def create_v2(self, request: Request) -> Response:
-        return await self._create(request, v1=False)
+    async def create_v2(self, request: Request, caller: Caller) -> Response:
+        return await self._create(request, caller, v1=False)
 
-    async def _create(self, request: Request, *, v1: bool) -> Response:
+    async def _create(self, request: Request, caller: Caller, *, v1: bool) -> Response:
         body = await _json_object(request)
         template = body.get("templateID")
         templates = self.options.templates
-        snapshot = await self._snapshot_named(template) if template not in templates else None
+        snapshot = await self._snapshot_named(template, caller) if template not in templates else None
         if template not in templates and snapshot is None:
             raise BadRequest(f"templateID must be one of {', '.join(templates)} or a snapshot id, got {template!r}")
         auto_pause, auto_resume = _auto_pause(body)
@@ -162,6 +223,7 @@ class ControlPlane:
             snapshot=snapshot,
             auto_pause=auto_pause,
             auto_resume=auto_resume,
+            owner=caller.team,
         )
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
@@ -177,10 +239,10 @@ class ControlPlane:
         except CapabilityError as exc:
             return error_response(501, str(exc))
 
-    async def update_network(self, request: Request) -> Response:
+    async def update_network(self, request: Request, caller: Caller) -> Response:
         """E2B's network update: the egress rules of the sandbox's next commands, replaced as a whole (what the
         body leaves out is cleared); commands already running keep the network they started with."""
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         internet = body.pop("allow_internet_access", None)
         egress = self._egress(internet, body)
@@ -189,15 +251,15 @@ class ControlPlane:
         sandbox.egress = egress
         return Response(status_code=204)
 
-    async def connect_v1(self, request: Request) -> Response:
-        return await self._connect(request)
+    async def connect_v1(self, request: Request, caller: Caller) -> Response:
+        return await self._connect(request, caller)
 
-    async def connect_v2(self, request: Request) -> Response:
-        return await self._connect(request)
+    async def connect_v2(self, request: Request, caller: Caller) -> Response:
+        return await self._connect(request, caller)
 
-    async def _connect(self, request: Request) -> Response:
+    async def _connect(self, request: Request, caller: Caller) -> Response:
         """Connect resumes a paused sandbox (201, as E2B), else extends a running one's lifetime (200)."""
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         timeout = self._timeout(body["timeout"]) if "timeout" in body else None
         if sandbox.paused is not None:
@@ -209,10 +271,10 @@ class ControlPlane:
             self.sandboxes.extend(sandbox, timeout)
         return JSONResponse(self._sandbox(sandbox), status_code=200)
 
-    async def pause(self, request: Request) -> Response:
+    async def pause(self, request: Request, caller: Caller) -> Response:
         """E2B's pause: the sandbox's programs and kernels stopped where they are, in memory (not persisted: see
         docs/server.md), its lifetime clock stopped; 409 when it is paused already."""
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         if body.get("memory") is False:
             return error_response(501, _FILES_ONLY_PAUSE)
@@ -224,27 +286,27 @@ class ControlPlane:
             return error_response(409, f"sandbox {sandbox.id!r} is paused already: connect resumes it")
         return Response(status_code=204)
 
-    async def resume(self, request: Request) -> Response:
+    async def resume(self, request: Request, caller: Caller) -> Response:
         """E2B's older resume (SDKs before connect resumed): 201, or 409 when it is running."""
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         timeout = self._timeout(body["timeout"]) if "timeout" in body else None
         if not await self.sandboxes.resume(sandbox, timeout):
             return error_response(409, f"sandbox {sandbox.id!r} is running, not paused")
         return JSONResponse(self._sandbox(sandbox), status_code=201)
 
-    async def fork(self, request: Request) -> Response:
+    async def fork(self, request: Request, caller: Caller) -> Response:
         """E2B's fork: ``count`` (default 1) sandboxes with the source's files, template, metadata and envs, one
         result each. Files only: the source's processes keep running (stopped while its files are copied), its
         forks start with none (execspace does not snapshot memory)."""
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         count = body.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_FORKS:
             raise BadRequest(f"count must be an integer from 1 to {_MAX_FORKS}, got {count!r}")
         timeout = self._timeout(body.get("timeout", self.options.default_timeout))
         try:
-            forks = await self.sandboxes.fork(sandbox, count, timeout)
+            forks = await self.sandboxes.fork(sandbox, count, timeout, caller.team)
         except CapabilityError as exc:
             return error_response(501, str(exc))
         except SandboxesFull:
@@ -253,10 +315,10 @@ class ControlPlane:
             return error_response(500, f"forking sandbox {sandbox.id!r} failed: {exc}")
         return JSONResponse([{"sandbox": self._sandbox(f)} for f in forks], status_code=201)
 
-    async def snapshot(self, request: Request) -> Response:
+    async def snapshot(self, request: Request, caller: Caller) -> Response:
         """E2B's snapshot of a sandbox: its files (``memory`` is refused: processes are not snapshotted), kept
         on the server until it is removed; ``Sandbox.create(snapshotID)`` starts a sandbox from it."""
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         if body.get("memory"):
             return error_response(501, "memory snapshots are not implemented by execspace serve: only files")
@@ -264,57 +326,67 @@ class ControlPlane:
         if name is not None and not isinstance(name, str):
             raise BadRequest(f"name must be a string, got {name!r}")
         try:
-            snap = await self.sandboxes.snapshots(sandbox.engine).snapshot(sandbox.workspace, name)
+            manager = self.sandboxes.snapshots(sandbox.engine)
+            if name is not None and len(_stored_name(caller.team, name)) > _MAX_STORED_NAME:
+                raise BadRequest(f"snapshot name {name!r} is too long: at most {_MAX_NAME} characters here")
+            if name is not None and await self._snapshot_named(name, caller) is not None:
+                raise BadRequest(f"a snapshot named {name!r} exists: remove it first or pick another name")
+            snap = await manager.snapshot(sandbox.workspace, _stored_name(caller.team, name))
         except CapabilityError as exc:
             return error_response(501, str(exc))
         except InvalidSpec as exc:
             raise BadRequest(str(exc)) from exc
         return JSONResponse(_snapshot_info(snap), status_code=201)
 
-    async def list_snapshots(self, request: Request) -> Response:
+    async def list_snapshots(self, request: Request, caller: Caller) -> Response:
         query = request.query_params
         try:
-            snaps = await self.sandboxes.snapshots().list_snapshots()
+            snaps = await self._snapshots(caller)
         except CapabilityError as exc:
             return error_response(501, str(exc))
         source, name = query.get("sandboxID"), query.get("name")
         found = [
             s
             for s in snaps
-            if (source is None or s.workspace == f"e2b/{source}") and (name is None or name in (s.id, s.name))
+            if (source is None or s.workspace == f"e2b/{source}") and (name is None or name in (s.id, _given_name(s)))
         ]
         # how this server forks (cow, copy): the e2b backend's probe for execspace serve's file snapshots
         mode = self.sandboxes.engine.describe().fork
         headers = {FORK_HEADER: mode} if mode is not None else None
         return JSONResponse([_snapshot_info(s) for s in found[: _limit(query.get("limit"))]], headers=headers)
 
-    async def remove_snapshot(self, request: Request) -> Response:
+    async def remove_snapshot(self, request: Request, caller: Caller) -> Response:
         """E2B deletes a snapshot as the template it is (``Sandbox.delete_snapshot``); templates themselves are
         fixed here. What was created or forked from the snapshot keeps working."""
         key = request.path_params["template_id"]
-        snap = await self._snapshot_named(key)
+        snap = await self._snapshot_named(key, caller)
         if snap is None:
             return error_response(404, f"no snapshot {key!r} on this server (templates cannot be deleted)")
         await self.sandboxes.snapshots().remove_snapshot(snap)
         return Response(status_code=204)
 
-    async def _snapshot_named(self, key: object) -> Snapshot | None:
+    async def _snapshot_named(self, key: object, caller: Caller) -> Snapshot | None:
+        """The caller's snapshot of that id or name (its team's name for it)."""
         if not isinstance(key, str) or not key:
             return None
         try:
-            return next(s for s in await self.sandboxes.snapshots().list_snapshots() if key in (s.id, s.name))
+            return next(s for s in await self._snapshots(caller) if key in (s.id, _given_name(s)))
         except (CapabilityError, StopIteration):
             return None
 
+    async def _snapshots(self, caller: Caller) -> list[Snapshot]:
+        return [s for s in await self.sandboxes.snapshots().list_snapshots() if caller.owns_snapshot(s)]
+
     # lifetime
 
-    async def kill(self, request: Request) -> Response:
+    async def kill(self, request: Request, caller: Caller) -> Response:
+        self._owned(request.path_params["sandbox_id"], caller)
         if await self.sandboxes.kill(request.path_params["sandbox_id"]):
             return Response(status_code=204)
         return error_response(404, f"sandbox {request.path_params['sandbox_id']!r} not found")
 
-    async def set_timeout(self, request: Request) -> Response:
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+    async def set_timeout(self, request: Request, caller: Caller) -> Response:
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = await _json_object(request)
         self.sandboxes.set_timeout(sandbox, self._timeout(body.get("timeout")))
         return Response(status_code=204)
@@ -328,15 +400,16 @@ class ControlPlane:
 
     # information
 
-    async def info(self, request: Request) -> Response:
-        sandbox = self.sandboxes.get(request.path_params["sandbox_id"])
+    async def info(self, request: Request, caller: Caller) -> Response:
+        sandbox = self._owned(request.path_params["sandbox_id"], caller)
         return JSONResponse(self._detail(sandbox, with_token=True))
 
-    async def list_v1(self, request: Request) -> Response:
-        found = _filtered(self.sandboxes, request.query_params.get("metadata"), None, None)
+    async def list_v1(self, request: Request, caller: Caller) -> Response:
+        mine = [s for s in self.sandboxes if caller.owns(s)]
+        found = _filtered(mine, request.query_params.get("metadata"), None, None)
         return JSONResponse([self._detail(s, with_token=False) for s in _ordered(found, descending=True)])
 
-    async def list_v2(self, request: Request) -> Response:
+    async def list_v2(self, request: Request, caller: Caller) -> Response:
         query = request.query_params
         states = {s for value in query.getlist("state") for s in value.split(",") if s}
         if states - {"running", "paused"}:
@@ -346,7 +419,8 @@ class ControlPlane:
             raise BadRequest(f"order must be asc or desc, got {order!r}")
         limit = _limit(query.get("limit"))
         after = _started_after(query.get("startedAfter"))
-        found = _filtered(self.sandboxes, query.get("metadata"), query.get("template"), after)
+        mine = [s for s in self.sandboxes if caller.owns(s)]
+        found = _filtered(mine, query.get("metadata"), query.get("template"), after)
         if states:
             found = [s for s in found if _state(s) in states]
         ordered = _ordered(found, descending=order == "desc")
@@ -365,7 +439,7 @@ class ControlPlane:
             "clientID": CLIENT_ID,
             "envdVersion": ENVD_VERSION,
             "envdAccessToken": sandbox.access_token,
-            "trafficAccessToken": None,
+            "trafficAccessToken": sandbox.traffic_token,
             "domain": self.options.domain,
         }
 
@@ -411,16 +485,12 @@ def _auto_pause(body: dict[str, Any]) -> tuple[bool, bool]:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
     try:
-        body = await request.json()
-    except ValueError as exc:
-        raise BadRequest(f"the request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
+        return await json_object(request, CONTROL_BODY_BYTES)
+    except BodyTooLarge:
+        raise  # 413
+    except BadBody as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def _strings(value: Any, name: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ language without a kernel here, 429 for too many contexts; a kernel that cannot 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..errors import ExecspaceError, SetupFailed, UsageError
+from .bodies import DATA_BODY_BYTES, BadBody, BodyTooLarge, json_object
 from .control import error_response
 from .interpreter import (
     CodeInterpreter,
@@ -43,7 +43,7 @@ class InterpreterAPI:
             if path == "/execute" and method == "POST":
                 return await self._execute(request, sandbox)
             if path == "/contexts" and method == "POST":
-                body = await _body(request)
+                body = await json_object(request, DATA_BODY_BYTES)
                 context = await self.interpreter.create(sandbox, _str(body, "language"), _str(body, "cwd"))
                 return JSONResponse(context.describe())
             if path == "/contexts" and method == "GET":
@@ -66,24 +66,26 @@ class InterpreterAPI:
             return error_response(429, str(exc))
         except SetupFailed as exc:
             return error_response(503, f"the code interpreter's kernel could not start: {exc}")
-        except (UsageError, _BadBody) as exc:
+        except BodyTooLarge as exc:
+            return error_response(413, str(exc))
+        except (UsageError, BadBody) as exc:
             return error_response(400, str(exc))
         return error_response(404, f"{method} {path} is not a code interpreter route")
 
     async def _execute(self, request: Request, sandbox: Sandbox) -> Response:
-        body = await _body(request)
+        body = await json_object(request, DATA_BODY_BYTES)
         code = body.get("code")
         if not isinstance(code, str):
-            raise _BadBody("/execute needs a string 'code'")
+            raise BadBody("/execute needs a string 'code'")
         context_id, language = _str(body, "context_id"), _str(body, "language")
         if context_id and language:
-            raise _BadBody("give context_id or language, not both")
+            raise BadBody("give context_id or language, not both")
         env_vars = body.get("env_vars") or {}
         if not isinstance(env_vars, dict) or not all(isinstance(v, str) for v in env_vars.values()):
-            raise _BadBody("env_vars must be an object of strings")
+            raise BadBody("env_vars must be an object of strings")
         timeout = body.get("timeout")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
-            raise _BadBody("timeout must be a number of seconds")
+            raise BadBody("timeout must be a number of seconds")
         interp = self.interpreter
         context = interp.context(sandbox, context_id) if context_id else await interp.default(sandbox, language)
         lines = interp.execute(sandbox, context, code, env_vars, timeout or None)
@@ -112,25 +114,8 @@ async def _ndjson(first: dict[str, Any] | None, lines: AsyncIterator[dict[str, A
         yield json_line(line)
 
 
-class _BadBody(Exception):
-    pass
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise _BadBody("the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise _BadBody("the body must be a JSON object")
-    return body
-
-
 def _str(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is None or isinstance(value, str):
         return value or None
-    raise _BadBody(f"{key!r} must be a string")
+    raise BadBody(f"{key!r} must be a string")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import secrets
@@ -14,7 +15,7 @@ from ..errors import InvalidSpec
 from ..models import NetworkPolicy
 from .templates import BUILTIN_TEMPLATES, Profile, Template
 
-__all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TLS", "ServerOptions", "generate_api_key"]
+__all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TLS", "ServerOptions", "generate_api_key", "key_id"]
 
 #: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
@@ -28,6 +29,12 @@ def generate_api_key() -> str:
     """A key in the format older SDKs check (``e2b_`` + hex; e2b < 2.30 refuses others unless
     ``E2B_VALIDATE_API_KEY=false``)."""
     return "e2b_" + secrets.token_hex(20)
+
+
+def key_id(key: str) -> str:
+    """The name of an API key where the server records or reports who did something (which team owns a sandbox, a
+    snapshot): a hash that does not give the key away."""
+    return hashlib.sha256(b"execspace api key\0" + key.encode()).hexdigest()[:16]
 
 
 def _host_memory_mb() -> int:
@@ -48,7 +55,10 @@ class ServerOptions:
     """The server's settings; ``execspace serve`` builds one from its flags."""
 
     api_keys: tuple[str, ...]
-    """Keys a control-plane request may carry in ``X-API-KEY``; at least one."""
+    """Keys a control-plane request may carry in ``X-API-KEY``; at least one (``admin_keys`` count too). Each key is
+    a team: the sandboxes and snapshots it makes are its own, and another key finds none of them (404)."""
+    admin_keys: tuple[str, ...] = ()
+    """Keys that see and act on every team's sandboxes and snapshots (an operator's)."""
     max_sandboxes: int = 100
     """Live sandboxes at once; a create beyond answers 429 with ``Retry-After``."""
     pool_sizes: tuple[tuple[str, int], ...] = (("base", 2),)
@@ -105,7 +115,7 @@ class ServerOptions:
     ``code-interpreter-v1`` template's commands (None: the host's system dirs), unless ``templates`` redefines it."""
 
     def __post_init__(self) -> None:
-        if not self.api_keys or any(not k for k in self.api_keys):
+        if not (self.api_keys or self.admin_keys) or not all((*self.api_keys, *self.admin_keys)):
             raise InvalidSpec("the server needs at least one non-empty API key")
         if self.max_sandboxes < 1:
             raise InvalidSpec(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")

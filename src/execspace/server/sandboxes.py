@@ -63,6 +63,8 @@ class CreateRequest:
     """Paused instead of killed when its timeout fires (E2B's ``autoPause``)."""
     auto_resume: bool = False
     """Resumed by the first envd or code-interpreter request that reaches it paused (E2B's ``autoResume``)."""
+    owner: str = ""
+    """The team (the :func:`~.options.key_id` of the API key) it belongs to."""
 
 
 @dataclass(slots=True)
@@ -79,6 +81,13 @@ class Sandbox:
     started_at: datetime
     end_at: datetime
     access_token: str | None
+    """What envd's routes need (``X-Access-Token``); None: an unsecured sandbox, open to whoever knows its id."""
+    traffic_token: str | None = None
+    """What the code interpreter's routes take instead (``E2B-Traffic-Access-Token``, which the SDK sends with
+    ``/contexts``); None exactly when ``access_token`` is."""
+    owner: str = ""
+    """The team (the :func:`~.options.key_id` of the API key that created it) whose control-plane requests find it;
+    another key's get 404, as for a sandbox that does not exist (an admin key's find every one)."""
     egress: SandboxEgress = field(default_factory=SandboxEgress)
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
@@ -221,6 +230,8 @@ class Sandboxes:
             started_at=started,
             end_at=started + timedelta(seconds=request.timeout),
             access_token=secrets.token_urlsafe(24) if request.secure else None,
+            traffic_token=secrets.token_urlsafe(24) if request.secure else None,
+            owner=request.owner,
             egress=request.egress,
             auto_pause=request.auto_pause,
             auto_resume=request.auto_resume,
@@ -228,9 +239,9 @@ class Sandboxes:
         self._live[sandbox_id] = sandbox
         return sandbox
 
-    async def fork(self, source: Sandbox, count: int, lifetime: int) -> list[Sandbox]:
-        """``count`` new sandboxes starting with the files of ``source`` (its processes are not forked: each fork
-        starts with none). All or none: a failure raises and leaves no fork.
+    async def fork(self, source: Sandbox, count: int, lifetime: int, owner: str) -> list[Sandbox]:
+        """``count`` new sandboxes of ``owner`` starting with the files of ``source`` (its processes are not forked:
+        each fork starts with none). All or none: a failure raises and leaves no fork.
 
         Raises:
             SandboxesFull: fewer than ``count`` sandboxes fit under the server's maximum.
@@ -265,6 +276,8 @@ class Sandboxes:
                     started_at=started,
                     end_at=started + timedelta(seconds=lifetime),
                     access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
+                    traffic_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
+                    owner=owner,
                     egress=source.egress,
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)
