@@ -8,9 +8,12 @@ attacker would, and with the official SDK where the victim's code must go on wor
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -249,3 +252,74 @@ def test_the_sdk_of_another_key_gets_not_found(server: Server, monkeypatch: pyte
         assert Sandbox.kill(mine.sandbox_id, api_key=OTHER_KEY) is False
         assert mine.is_running()
         until("the owner still reaches it", lambda: mine.commands.run("true").exit_code == 0)
+
+
+# 4. connections are capped, and one that never completes a request head is closed
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _address(server: Server) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except (BlockingIOError, TimeoutError):
+        return False
+
+
+def test_slowloris_is_capped_and_timed_out(tmp_path: Path) -> None:
+    flags = ("--max-connections", "20", "--head-timeout", "1", "--pool-size", "0")
+    with running_server(tmp_path / "ws", *flags) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        pid = server.process.pid
+        assert client.get("/health").status_code == 200
+        client.close()  # its connection is gone before the flood: the cap counts only the attacker's
+        baseline = _open_fds(pid)
+        slow: list[socket.socket] = []
+        try:
+            for _ in range(60):  # bounded: three times the cap
+                sock = socket.create_connection(_address(server), timeout=5)
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the rest of the head
+                slow.append(sock)
+            # the server holds at most its cap of them: the others were closed as they came
+            until("the refused connections closed", lambda: sum(map(_closed_by_peer_now, slow)) >= 40, within=10)
+            assert _open_fds(pid) <= baseline + 20 + 2
+            # the held ones are closed once their head is late, and the server answers again
+            until("the slow heads timed out", lambda: all(map(_closed_by_peer_now, slow)), within=10)
+        finally:
+            for sock in slow:
+                sock.close()
+        with httpx.Client(base_url=server.url, timeout=30) as fresh:
+            assert fresh.get("/health").status_code == 200
+
+
+def _closed_by_peer_now(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return _closed_by_peer(sock)
+    finally:
+        sock.setblocking(True)
+
+
+def test_a_slow_head_after_a_response_is_timed_out_too(tmp_path: Path) -> None:
+    """The keep-alive timer of the server library stops at the first byte of the next head: ours starts there."""
+    server_flags = ("--head-timeout", "1", "--pool-size", "0")
+    with running_server(tmp_path / "ws", *server_flags) as server, socket.create_connection(_address(server)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # a head begun and never finished
+        started = time.monotonic()
+        for _ in range(8):  # a byte now and then restarts nothing
+            time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                sock.sendall(b"X")
+        sock.settimeout(20)
+        assert sock.recv(4096) == b""
+        assert time.monotonic() - started < 10

@@ -66,6 +66,20 @@ def add_parser(sub: Any) -> None:
         "first run_code does not wait for it (default on; each costs its pooled sandbox the kernel's memory)",
     )
     p.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="client connections held at once, more are closed as they come (default: a quarter of the descriptors "
+        "the process may open, the rest kept for the sandboxes)",
+    )
+    p.add_argument(
+        "--head-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time a new connection has to send a complete request head before it is closed (default 10)",
+    )
+    p.add_argument(
         "--max-upload-mb", type=int, default=1024, metavar="MB", help="largest file POST /files takes (default 1024)"
     )
     p.add_argument(
@@ -161,6 +175,8 @@ async def command(args: argparse.Namespace) -> int:
         pool_sizes=_pool_sizes(args.pool_size),
         warm_kernels=args.warm_kernels,
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
+        max_connections=args.max_connections,
+        head_timeout=args.head_timeout,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,
         resolve=dict(args.resolve),

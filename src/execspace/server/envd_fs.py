@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import posixpath
 import secrets
 from collections.abc import AsyncIterator
@@ -25,8 +27,11 @@ from .watch import Change, DirectoryWatch
 
 __all__ = ["FilesystemService", "entry_info", "permissions"]
 
-#: Polling watchers one sandbox may keep at once (each costs a directory walk per poll).
-MAX_WATCHERS = 64
+#: The deepest listing ``ListDir`` gives (the SDK's ``depth``, a uint32): deeper levels are left out, as below any
+#: depth asked for. A listing is one walk that descends no further than the depth.
+MAX_LIST_DEPTH = 64
+#: A watched directory is polled at most this share of the time: a walk that takes longer stretches the interval.
+_WATCH_DUTY = 0.1
 
 _TYPES = {FileKind.FILE: pb.FileType.FILE, FileKind.DIR: pb.FileType.DIRECTORY, FileKind.SYMLINK: pb.FileType.SYMLINK}
 _EVENTS = {"create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE}
@@ -66,22 +71,26 @@ class FilesystemService(ServiceBase, Filesystem):
 
     async def _stat(self, sandbox: Sandbox, path: str) -> pb.EntryInfo:
         with rpc_errors(path):
-            return entry_info(await sandbox.engine.fs.stat(sandbox.workspace, to_workspace(path)))
+            async with sandbox.share.file_op():
+                return entry_info(await sandbox.engine.fs.stat(sandbox.workspace, to_workspace(path)))
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
         sandbox = self.sandbox(ctx)
         directory = await self._directory(sandbox, request.path)
         base = wglob.escape(directory)
-        patterns = [base + "/*" * level for level in range(1, max(request.depth, 1) + 1)]
+        depth = min(max(request.depth, 1), MAX_LIST_DEPTH)
+        patterns = [base + "/*" * level for level in range(1, depth + 1)]
         with rpc_errors(request.path):
-            entries = await sandbox.engine.fs.list(sandbox.workspace, patterns)
+            async with sandbox.share.file_op():
+                entries = await sandbox.engine.fs.list(sandbox.workspace, patterns)
         return pb.ListDirResponse(entries=[entry_info(e) for e in entries if e.path != directory])
 
     async def _directory(self, sandbox: Sandbox, path: str) -> str:
         """The workspace path of ``path``, which must be a directory."""
         with rpc_errors(path):
             directory = to_workspace(path)
-            entry = await sandbox.engine.fs.stat(sandbox.workspace, directory)
+            async with sandbox.share.file_op():
+                entry = await sandbox.engine.fs.stat(sandbox.workspace, directory)
         if entry.kind is not FileKind.DIR:
             raise ConnectError(Code.INVALID_ARGUMENT, f"path {path!r} is not a directory")
         return directory
@@ -91,23 +100,26 @@ class FilesystemService(ServiceBase, Filesystem):
         fs = sandbox.engine.fs
         with rpc_errors(request.path):
             path = to_workspace(request.path)
-            if await fs.exists(sandbox.workspace, path):
-                raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
-            await fs.make_dir(sandbox.workspace, path)
+            async with sandbox.share.file_op():
+                if await fs.exists(sandbox.workspace, path):
+                    raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
+                await fs.make_dir(sandbox.workspace, path)
         return pb.MakeDirResponse(entry=await self._stat(sandbox, request.path))
 
     async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any], /) -> pb.MoveResponse:
         sandbox = self.sandbox(ctx)
         with rpc_errors(request.source):
-            await sandbox.engine.fs.rename(
-                sandbox.workspace, to_workspace(request.source), to_workspace(request.destination)
-            )
+            async with sandbox.share.file_op():
+                await sandbox.engine.fs.rename(
+                    sandbox.workspace, to_workspace(request.source), to_workspace(request.destination)
+                )
         return pb.MoveResponse(entry=await self._stat(sandbox, request.destination))
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any], /) -> pb.RemoveResponse:
         sandbox = self.sandbox(ctx)
         with rpc_errors(request.path):
-            await sandbox.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
+            async with sandbox.share.file_op():
+                await sandbox.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
         return pb.RemoveResponse()
 
     # watching: the sync SDK polls a watcher, the async one streams
@@ -116,18 +128,21 @@ class FilesystemService(ServiceBase, Filesystem):
         directory = await self._directory(sandbox, path)
         watch = DirectoryWatch(sandbox.engine.fs, sandbox.workspace, directory, recursive=recursive)
         with rpc_errors(path):
-            await watch.start()
+            async with sandbox.share.file_op():
+                await watch.start()
         return watch
 
     async def create_watcher(
         self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.CreateWatcherResponse:
         sandbox = self.sandbox(ctx)
-        if len(sandbox.watchers) >= MAX_WATCHERS:
-            raise ConnectError(
-                Code.RESOURCE_EXHAUSTED, f"a sandbox keeps at most {MAX_WATCHERS} watchers; remove one first"
-            )
-        watch = await self._watch(sandbox, request.path, request.recursive)
+        with rpc_errors():
+            sandbox.share.watchers.take()
+        try:
+            watch = await self._watch(sandbox, request.path, request.recursive)
+        except BaseException:
+            sandbox.share.watchers.give_back()
+            raise
         watcher_id = secrets.token_hex(8)
         sandbox.watchers[watcher_id] = (watch, request.include_entry)
         return pb.CreateWatcherResponse(watcher_id=watcher_id)
@@ -141,7 +156,8 @@ class FilesystemService(ServiceBase, Filesystem):
             raise ConnectError(Code.NOT_FOUND, f"no watcher {request.watcher_id!r} in this sandbox")
         watch, include_entry = found
         with rpc_errors():
-            changes = await watch.changes()
+            async with sandbox.share.file_op():
+                changes = await watch.changes()
         return pb.GetWatcherEventsResponse(events=[_event(c, include_entry) for c in changes])
 
     async def remove_watcher(
@@ -150,12 +166,30 @@ class FilesystemService(ServiceBase, Filesystem):
         sandbox = self.sandbox(ctx)
         if sandbox.watchers.pop(request.watcher_id, None) is None:
             raise ConnectError(Code.NOT_FOUND, f"no watcher {request.watcher_id!r} in this sandbox")
+        sandbox.share.watchers.give_back()
         return pb.RemoveWatcherResponse()
 
     async def watch_dir(
         self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.WatchDirResponse]:
         sandbox = self.sandbox(ctx)
+        share = sandbox.share
+        with rpc_errors():
+            share.watchers.take()
+        try:
+            with rpc_errors():
+                share.streams.take()
+            try:
+                async for response in self._watching(sandbox, request, ctx):
+                    yield response
+            finally:
+                share.streams.give_back()
+        finally:
+            share.watchers.give_back()
+
+    async def _watching(
+        self, sandbox: Sandbox, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchDirResponse]:
         watch = await self._watch(sandbox, request.path, request.recursive)
         start: Oneof[Literal["start"], pb.WatchDirResponse.StartEvent] = Oneof(
             "start", pb.WatchDirResponse.StartEvent()
@@ -166,19 +200,31 @@ class FilesystemService(ServiceBase, Filesystem):
             "keepalive", pb.WatchDirResponse.KeepAlive()
         )
         keepalive = pb.WatchDirResponse(event=alive)
-        quiet = 0.0
+        loop = asyncio.get_running_loop()
+        said = loop.time()  # when the client last heard from the stream
         async for _ in until_closed(sandbox.closed, deadline_of(ctx), options.watch_interval):
+            began = loop.time()
             with rpc_errors():
-                changes = await watch.changes()
+                async with sandbox.share.file_op():
+                    changes = await watch.changes()
             for change in changes:
                 event: Oneof[Literal["filesystem"], pb.FilesystemEvent] = Oneof(
                     "filesystem", _event(change, request.include_entry)
                 )
                 yield pb.WatchDirResponse(event=event)
-            quiet = 0.0 if changes else quiet + options.watch_interval
-            if quiet >= options.keepalive_interval:
-                quiet = 0.0
+                said = loop.time()
+            # a directory that takes long to walk is walked less often: the watch's share of the time stays small
+            await _pause(sandbox, (loop.time() - began) / _WATCH_DUTY - options.watch_interval)
+            if loop.time() - said >= options.keepalive_interval:
+                said = loop.time()
                 yield keepalive
+
+
+async def _pause(sandbox: Sandbox, seconds: float) -> None:
+    """Wait ``seconds`` (if positive), or until the sandbox ends."""
+    if seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(sandbox.closed.wait(), seconds)
 
 
 def _event(change: Change, include_entry: bool) -> pb.FilesystemEvent:

@@ -104,17 +104,32 @@ class ProcessService(ServiceBase, Process):
         self, request: pb.StartRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.StartResponse]:
         sandbox = self.sandbox(ctx)
+        with rpc_errors():
+            sandbox.share.streams.take()
+        try:
+            async for response in self._start(sandbox, request, ctx):
+                yield response
+        finally:
+            sandbox.share.streams.give_back()
+
+    async def _start(
+        self, sandbox: Sandbox, request: pb.StartRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.StartResponse]:
         config = request.process or pb.ProcessConfig()
         with rpc_errors(config.cwd or None):
             spec = self._spec(sandbox, request)
+            sandbox.share.programs.take()
             try:
                 handle = await sandbox.engine.runner.start_program(sandbox.workspace, spec)
-            except CapabilityError as exc:
-                raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
-            except (FileNotFoundError, NotADirectoryError) as exc:
-                raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd!r}: {exc}") from None
+            except BaseException as exc:
+                sandbox.share.programs.give_back()
+                if isinstance(exc, CapabilityError):
+                    raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
+                if isinstance(exc, FileNotFoundError | NotADirectoryError):
+                    raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd!r}: {exc}") from None
+                raise
         reader = handle.attach(from_start=True)
-        sandbox.keep_waiting(handle)
+        sandbox.keep_waiting(handle)  # gives its share back when it ends
         await self.sandboxes.keep_paused(sandbox)
         if request.has_field("stdin") and not request.stdin and spec.pty is None:
             await handle.close_stdin()
@@ -146,10 +161,15 @@ class ProcessService(ServiceBase, Process):
     ) -> AsyncIterator[pb.ConnectResponse]:
         sandbox = self.sandbox(ctx)
         handle = await self._find(sandbox, request.process)
-        reader = handle.attach(from_start=False)
-        yield pb.ConnectResponse(event=_start_event(handle.pid or 0))
-        async for event in self._follow(handle, reader, ctx, pty=handle.info.pty is not None):
-            yield pb.ConnectResponse(event=event)
+        with rpc_errors():
+            sandbox.share.streams.take()
+        try:
+            reader = handle.attach(from_start=False)
+            yield pb.ConnectResponse(event=_start_event(handle.pid or 0))
+            async for event in self._follow(handle, reader, ctx, pty=handle.info.pty is not None):
+                yield pb.ConnectResponse(event=event)
+        finally:
+            sandbox.share.streams.give_back()
 
     async def _follow(
         self, handle: ProgramHandle, reader: AsyncIterator[OutputChunk], ctx: RequestContext[Any, Any], *, pty: bool

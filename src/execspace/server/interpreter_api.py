@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..errors import ExecspaceError, SetupFailed, UsageError
 from .bodies import DATA_BODY_BYTES, BadBody, BodyTooLarge, json_object
@@ -25,6 +26,7 @@ from .interpreter import (
     json_line,
 )
 from .sandboxes import Sandbox, SandboxGone
+from .shares import Count, ShareExhausted
 
 __all__ = ["InterpreterAPI"]
 
@@ -62,7 +64,7 @@ class InterpreterAPI:
             return error_response(502, str(exc))
         except LanguageUnavailable as exc:
             return error_response(501, str(exc))
-        except TooManyContexts as exc:
+        except (TooManyContexts, ShareExhausted) as exc:
             return error_response(429, str(exc))
         except SetupFailed as exc:
             return error_response(503, f"the code interpreter's kernel could not start: {exc}")
@@ -88,9 +90,14 @@ class InterpreterAPI:
             raise BadBody("timeout must be a number of seconds")
         interp = self.interpreter
         context = interp.context(sandbox, context_id) if context_id else await interp.default(sandbox, language)
-        lines = interp.execute(sandbox, context, code, env_vars, timeout or None)
-        first = await _first(lines, context)
-        return StreamingResponse(_ndjson(first, lines), media_type="application/x-ndjson")
+        sandbox.share.streams.take()
+        try:
+            lines = interp.execute(sandbox, context, code, env_vars, timeout or None)
+            first = await _first(lines, context)
+        except BaseException:
+            sandbox.share.streams.give_back()
+            raise
+        return _CountedStream(_ndjson(first, lines), sandbox.share.streams)
 
 
 async def _first(lines: AsyncIterator[dict[str, Any]], context: Context) -> dict[str, Any] | None:
@@ -112,6 +119,21 @@ async def _ndjson(first: dict[str, Any] | None, lines: AsyncIterator[dict[str, A
     yield json_line(first)
     async for line in lines:
         yield json_line(line)
+
+
+class _CountedStream(StreamingResponse):
+    """A cell's NDJSON stream, which counts in its sandbox's share of streams until it is answered (or the client
+    left)."""
+
+    def __init__(self, content: AsyncIterator[bytes], count: Count) -> None:
+        super().__init__(content, media_type="application/x-ndjson")
+        self._count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._count.give_back()
 
 
 def _str(body: dict[str, Any], key: str) -> str | None:

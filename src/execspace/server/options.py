@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import InvalidSpec
 from ..models import NetworkPolicy
+from .shares import ShareLimits
 from .templates import BUILTIN_TEMPLATES, Profile, Template
 
 __all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TLS", "ServerOptions", "generate_api_key", "key_id"]
@@ -76,6 +77,13 @@ class ServerOptions:
     resolve: Mapping[str, str] = field(default_factory=dict)
     """Names pinned to an address for every sandbox's egress allow-list (``NetworkPolicy.resolve``: tests, private
     deployments); a pinned address counts as allowed."""
+    max_connections: int | None = None
+    """Client connections held at once (more are closed as they come); None: a quarter of the descriptors this
+    process may open, so that the rest stays for the sandboxes' programs, files and streams."""
+    head_timeout: float = 10.0
+    """Seconds a new connection has to send a complete request head before it is closed."""
+    share: ShareLimits = field(default_factory=ShareLimits)
+    """What each sandbox may hold of the server at once (file operations, commands, streams, watchers)."""
     max_upload_bytes: int = 1024 * 1024 * 1024
     """Largest file ``POST /files`` takes (after gzip decoding)."""
     reap_interval: float = 0.5
@@ -131,6 +139,10 @@ class ServerOptions:
                 )
             if size < 0:
                 raise InvalidSpec(f"the pool size of {template} must be 0 or more, got {size}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise InvalidSpec(f"max_connections must be at least 1, got {self.max_connections}")
+        if self.head_timeout <= 0:
+            raise InvalidSpec(f"head_timeout must be positive, got {self.head_timeout}")
         if self.max_upload_bytes < 1:
             raise InvalidSpec(f"max_upload_bytes must be at least 1, got {self.max_upload_bytes}")
         NetworkPolicy.allow([], resolve=self.resolve)  # checks the pins

@@ -14,6 +14,7 @@ from ..errors import LimitExceeded, PathDenied, UsageError
 from .paths import check_user
 from .routing import target_of, user_of
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
+from .shares import ShareExhausted
 
 __all__ = ["ServiceBase", "rpc_errors"]
 
@@ -51,7 +52,7 @@ def rpc_errors(path: str | None = None) -> Iterator[None]:
         raise ConnectError(Code.INVALID_ARGUMENT, _text(exc, path)) from None
     except PathDenied as exc:
         raise ConnectError(Code.PERMISSION_DENIED, _text(exc, path)) from None
-    except LimitExceeded as exc:
+    except (LimitExceeded, ShareExhausted) as exc:
         raise ConnectError(Code.RESOURCE_EXHAUSTED, _text(exc, path)) from None
 
 

@@ -29,6 +29,7 @@ from .network import SandboxEgress
 from .options import ServerOptions
 from .paths import USER
 from .pool import ReadySandbox, SandboxPool, workspace_policy
+from .shares import SandboxShare, ShareLimits
 from .watch import DirectoryWatch
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
@@ -89,6 +90,8 @@ class Sandbox:
     """The team (the :func:`~.options.key_id` of the API key that created it) whose control-plane requests find it;
     another key's get 404, as for a sandbox that does not exist (an admin key's find every one)."""
     egress: SandboxEgress = field(default_factory=SandboxEgress)
+    share: SandboxShare = field(default_factory=lambda: SandboxShare(ShareLimits()))
+    """What it holds of the server (file operations, commands, streams, watchers) against its caps."""
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -128,9 +131,11 @@ class Sandbox:
         return RunProgramSpec(cmd, tuple(args), env=env, cwd=cwd, timeout=None, network=self.egress.network, tag=tag)
 
     def keep_waiting(self, handle: ProgramHandle) -> None:
+        """Wait for a started program in the background; it counts in the sandbox's share until it ends."""
         task = asyncio.ensure_future(handle.wait())
         self.waiting.add(task)
         task.add_done_callback(self.waiting.discard)
+        task.add_done_callback(lambda _: self.share.programs.give_back())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is the followers' to report
 
 
@@ -232,6 +237,7 @@ class Sandboxes:
             access_token=secrets.token_urlsafe(24) if request.secure else None,
             traffic_token=secrets.token_urlsafe(24) if request.secure else None,
             owner=request.owner,
+            share=SandboxShare(self.options.share),
             egress=request.egress,
             auto_pause=request.auto_pause,
             auto_resume=request.auto_resume,
@@ -278,6 +284,7 @@ class Sandboxes:
                     access_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
                     traffic_token=secrets.token_urlsafe(24) if source.access_token is not None else None,
                     owner=owner,
+                    share=SandboxShare(self.options.share),
                     egress=source.egress,
                 )
                 for sandbox_id, ws in zip(new_ids, workspaces, strict=True)

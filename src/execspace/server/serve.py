@@ -27,6 +27,7 @@ from ..environments import EnvironmentStore
 from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..protocols import Engine
 from .app import E2BApp
+from .connections import ConnectionGuard, raise_descriptor_limit
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
 from .ledger import Ledger
@@ -90,6 +91,8 @@ async def serve(
     """
     if tls is not None:
         _check_tls(tls)
+    # the sandboxes' programs, files and streams, and the connections, each hold descriptors: take what may be had
+    descriptors = raise_descriptor_limit()
     python = kernel_python(options.kernel_environment) if backend == "sandbox" else None
     opts = dict(backend_options or {})
     if python is not None and not isinstance(python, str) and python.read_paths:  # only with the sandbox backend
@@ -114,8 +117,14 @@ async def serve(
         sandboxes.pool.fill()
         try:
             if tls is None:
-                config = uvicorn.Config(
+                guard = ConnectionGuard(
                     app,
+                    limit=options.max_connections or max(16, descriptors // 4),
+                    head_timeout=options.head_timeout,
+                    idle_timeout=_KEEP_ALIVE,
+                )
+                config = uvicorn.Config(
+                    guard,
                     host=host,
                     port=port,
                     lifespan="off",
@@ -124,7 +133,7 @@ async def serve(
                     # longer than the clients' own (httpx: 5 s), so that a client never sends on a connection the
                     # server is closing at the same moment (the request would fail with a read error)
                     timeout_keep_alive=_KEEP_ALIVE,
-                    http="auto",  # httptools (the serve extra has it), else h11: docs/benchmarks.md says what it saves
+                    http=guard.protocol(_http_protocol()),
                 )
                 await _Server(config, on_ready, sandboxes.close).serve()
             else:
@@ -135,6 +144,18 @@ async def serve(
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+def _http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's protocol over httptools (the serve extra has it: half the server's CPU per request, see
+    docs/benchmarks.md), else over h11."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+    return HttpToolsProtocol
 
 
 def kernel_python(environment: str | None) -> Interpreter | str | None:

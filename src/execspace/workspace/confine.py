@@ -387,9 +387,12 @@ class ConfinedRoot:
             elif visit.kind == "file" and stat.S_ISREG(visit.st.st_mode):
                 yield Entry(visit.rel, visit.st.st_size, visit.st.st_nlink)
 
-    def scan(self, start: list[str], max_entries: int = 200_000) -> Iterator[tuple[str, os.stat_result, bool]]:
+    def scan(
+        self, start: list[str], max_entries: int = 200_000, descend: int | None = None
+    ) -> Iterator[tuple[str, os.stat_result, bool]]:
         """Yield ``(relpath, lstat, unreadable)`` for every entry below ``start`` (directories before what they
-        hold, sorted); symlinks are never followed. ``unreadable``: a directory whose entries we may not see.
+        hold, sorted), down to ``descend`` levels below it if given; symlinks are never followed. ``unreadable``: a
+        directory whose entries we may not see.
 
         Raises ``PathDenied`` for a tree deeper than :data:`MAX_WALK_DEPTH` below ``start``.
         """
@@ -401,7 +404,7 @@ class ConfinedRoot:
             if start:
                 yield "/".join(start), self.lstat("/".join(start)), True
             return
-        yield from itertools.islice(scan_tree(fd, "/".join(start)), max_entries)
+        yield from itertools.islice(scan_tree(fd, "/".join(start), descend), max_entries)
 
     def disk_usage(self) -> int:
         """Bytes of disk the workspace takes: allocated blocks of every file, directory and link, at any depth.

@@ -178,14 +178,20 @@ _RACED = frozenset({errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, 
 
 class Visit:
     """One step of a walk: a non-directory entry (``file``), a directory entered (``dir``, its fd is
-    ``dir_fd``'s child), left after all it held (``done``), or one we may not read (``denied``: only walks without
-    ``owner_bits`` meet it); ``dir_fd`` is the directory holding ``name``."""
+    ``dir_fd``'s child), left after all it held (``done``), one we may not read (``denied``: only walks without
+    ``owner_bits`` meet it), or one at the walk's ``descend`` depth, not entered (``leaf``); ``dir_fd`` is the
+    directory holding ``name``."""
 
     # plain classes, not dataclasses: shipped as text, this module is in no sys.modules for dataclasses to read
     __slots__ = ("dir_fd", "kind", "name", "rel", "st")
 
     def __init__(
-        self, kind: Literal["file", "dir", "done", "denied"], dir_fd: int, name: str, rel: str, st: os.stat_result
+        self,
+        kind: Literal["file", "dir", "done", "denied", "leaf"],
+        dir_fd: int,
+        name: str,
+        rel: str,
+        st: os.stat_result,
     ) -> None:
         self.kind, self.dir_fd, self.name, self.rel, self.st = kind, dir_fd, name, rel, st
 
@@ -201,8 +207,13 @@ class _Level:
         self.todo = todo  # names still to visit, the next one last
 
 
-def walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits: int = 0) -> Iterator[Visit]:
+def walk_tree(
+    top: int, prefix: str, *, max_depth: int | None = None, descend: int | None = None, owner_bits: int = 0
+) -> Iterator[Visit]:
     """Walk below the directory fd ``top`` (closed here) depth first, in sorted order, iteratively.
+
+    ``max_depth``: a directory deeper than that below ``top`` raises ``PathDenied``; ``descend``: directories that
+    many levels below ``top`` are yielded (``leaf``) and not entered.
 
     Symlinks are never followed and no directory on another filesystem is entered (a mount point is left
     alone). ``owner_bits`` are given to the owner (us) of each directory before it is read: what removal
@@ -243,6 +254,9 @@ def walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits
                 continue
             if st.st_dev != top_st.st_dev:
                 continue
+            if descend is not None and len(stack) >= descend:
+                yield Visit("leaf", level.fd, name, rel, st)
+                continue
             if max_depth is not None and len(stack) > max_depth:
                 raise PathDenied(rel, f"more than {max_depth} directory levels below the start; flatten the tree")
             try:
@@ -266,11 +280,12 @@ def walk_tree(top: int, prefix: str, *, max_depth: int | None = None, owner_bits
                 os.close(level.fd)
 
 
-def scan_tree(top: int, prefix: str) -> Iterator[tuple[str, os.stat_result, bool]]:
-    """Yield ``(relpath, lstat, unreadable)`` for every entry below the directory fd ``top`` (closed here),
-    directories before what they hold, sorted; symlinks are never followed. ``unreadable``: a directory whose
-    entries we may not see. Raises ``PathDenied`` for a tree deeper than :data:`MAX_WALK_DEPTH`."""
-    for visit in walk_tree(top, prefix, max_depth=MAX_WALK_DEPTH):
+def scan_tree(top: int, prefix: str, descend: int | None = None) -> Iterator[tuple[str, os.stat_result, bool]]:
+    """Yield ``(relpath, lstat, unreadable)`` for every entry below the directory fd ``top`` (closed here), down to
+    ``descend`` levels if given, directories before what they hold, sorted; symlinks are never followed.
+    ``unreadable``: a directory whose entries we may not see. Raises ``PathDenied`` for a tree deeper than
+    :data:`MAX_WALK_DEPTH`."""
+    for visit in walk_tree(top, prefix, max_depth=MAX_WALK_DEPTH, descend=descend):
         if visit.kind != "done" and visit.rel != ".":
             yield visit.rel, visit.st, visit.kind == "denied"
 

@@ -375,12 +375,27 @@ def _matching(cr: ConfinedRoot, globs: list[str]) -> Iterator[Entry]:
 def _listed(cr: ConfinedRoot, globs: list[str]) -> Iterator[tuple[str, os.stat_result]]:
     seen: set[str] = set()
     for start in walk_starts(globs):
-        for rel, st, _ in cr.scan(list(start)):
+        for rel, st, _ in cr.scan(list(start), descend=_levels(globs, start)):
             if rel in seen or ("/" not in rel and is_metadata_temp(rel)):
                 continue
             if wglob.globmatch(rel, globs, flags=GLOB_FLAGS):
                 seen.add(rel)
                 yield rel, st
+
+
+def _levels(globs: list[str], start: tuple[str, ...]) -> int | None:
+    """How many levels below ``start`` a match of ``globs`` can be (None: any depth, a ``**`` is among them), so
+    that a walk for them goes no deeper. A pattern's ``/`` count bounds every expansion of it (braces and extended
+    globs only take text away)."""
+    levels = 0
+    for g in globs:
+        parts = g.split("/")
+        if g.startswith("!") or parts[: len(start)] != list(start):
+            continue  # a negation narrows, and another start's pattern is walked from there
+        if "**" in g:
+            return None
+        levels = max(levels, len(parts) - len(start))
+    return levels or None
 
 
 _UNREADABLE = "unreadable (permission denied: the program removed read permission)"

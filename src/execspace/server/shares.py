@@ -1,0 +1,94 @@
+"""Each sandbox's share of the server: what one tenant may hold at once, so that one at its caps leaves the others
+a server that answers as if it were idle.
+
+A sandbox's requests cost the server threads (every file operation walks or reads on one), descriptors (a live
+command's pipes, an open stream's connection) and polling (a watcher walks its directory again and again). Its
+share bounds each: file operations run at most ``file_ops`` at a time (more wait, up to ``file_queue``; past that
+they are refused), and live commands, open streams and watchers have caps of their own. A request over a cap is
+refused at once with :class:`ShareExhausted`, which the routes answer as E2B does when it is too busy
+(``RESOURCE_EXHAUSTED`` on Connect, 429 on HTTP; the SDK raises ``RateLimitException``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+__all__ = ["Count", "SandboxShare", "ShareExhausted", "ShareLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareLimits:
+    """What one sandbox may hold of the server at once."""
+
+    file_ops: int = 2
+    """File operations running at once (each on a thread of the server's)."""
+    file_queue: int = 64
+    """File operations waiting for one of those; more are refused."""
+    programs: int = 128
+    """Commands started through the API and not ended yet (each holds descriptors of the server's)."""
+    streams: int = 64
+    """Streaming responses open at once: command output, directory watches, file transfers."""
+    watchers: int = 16
+    """Directory watchers, polled ones and streamed ones together (each walks its directory on every poll)."""
+
+
+class ShareExhausted(Exception):
+    """A sandbox asked for more of the server than its share: retry once something of it ended."""
+
+
+class Count:
+    """How many of one thing a sandbox holds, against its cap."""
+
+    def __init__(self, cap: int, what: str) -> None:
+        self.cap = cap
+        self.what = what
+        self.held = 0
+
+    def take(self) -> None:
+        if self.held >= self.cap:
+            raise ShareExhausted(f"this sandbox has {self.cap} {self.what} already, its most; end one and retry")
+        self.held += 1
+
+    def give_back(self) -> None:
+        self.held -= 1
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold one for the block."""
+        self.take()
+        try:
+            yield
+        finally:
+            self.give_back()
+
+
+class SandboxShare:
+    """One sandbox's counters against its :class:`ShareLimits`."""
+
+    def __init__(self, limits: ShareLimits) -> None:
+        self.limits = limits
+        self._files = asyncio.Semaphore(limits.file_ops)
+        self._waiting = 0
+        self.programs = Count(limits.programs, "commands running")
+        self.streams = Count(limits.streams, "open streams (command output, watches, file transfers)")
+        self.watchers = Count(limits.watchers, "directory watchers")
+
+    @contextlib.asynccontextmanager
+    async def file_op(self) -> AsyncIterator[None]:
+        """Hold one of the sandbox's file-operation slots for the block (waiting for one if need be)."""
+        if self._files.locked() and self._waiting >= self.limits.file_queue:
+            raise ShareExhausted(
+                f"this sandbox has {self.limits.file_queue} file operations waiting already; retry when they are done"
+            )
+        self._waiting += 1
+        try:
+            await self._files.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._files.release()
