@@ -107,6 +107,24 @@ def add_parser(sub: Any) -> None:
         "root); reported as cpuCount in its info",
     )
     p.add_argument(
+        "--sandbox-max-commands",
+        type=int,
+        metavar="N",
+        help="commands started through the API and running at once, per sandbox (default 128)",
+    )
+    p.add_argument(
+        "--sandbox-max-streams",
+        type=int,
+        metavar="N",
+        help="streams open at once per sandbox: command and cell output, directory watches (default 128)",
+    )
+    p.add_argument(
+        "--sandbox-max-watchers",
+        type=int,
+        metavar="N",
+        help="directory watchers per sandbox, polled and streamed together (default 16)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE",
         help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, disk_mb, pids "
@@ -161,11 +179,12 @@ async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
     try:
-        from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, generate_api_key, load_config, serve
+        from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, ShareLimits, generate_api_key, load_config, serve
     except ImportError as exc:
         raise SetupFailed(
             "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
         ) from None
+    defaults = ShareLimits()
     keys = tuple(args.api_key) or (() if args.admin_api_key else (generate_api_key(),))
     templates = load_config(Path(args.config)) if args.config else dict(BUILTIN_TEMPLATES)
     options = ServerOptions(
@@ -176,6 +195,11 @@ async def command(args: argparse.Namespace) -> int:
         warm_kernels=args.warm_kernels,
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         max_connections=args.max_connections,
+        share=ShareLimits(
+            programs=args.sandbox_max_commands or defaults.programs,
+            streams=args.sandbox_max_streams or defaults.streams,
+            watchers=args.sandbox_max_watchers or defaults.watchers,
+        ),
         head_timeout=args.head_timeout,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,

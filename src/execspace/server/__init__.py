@@ -11,6 +11,7 @@ from .app import E2BApp
 from .options import ENVD_VERSION, TLS, ServerOptions, generate_api_key
 from .sandboxes import Sandboxes
 from .serve import serve
+from .shares import ShareLimits
 from .templates import BUILTIN_TEMPLATES, Template, load_config
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "E2BApp",
     "Sandboxes",
     "ServerOptions",
+    "ShareLimits",
     "Template",
     "generate_api_key",
     "load_config",

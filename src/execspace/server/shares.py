@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+from ..errors import InvalidSpec
+
 __all__ = ["Count", "SandboxShare", "ShareExhausted", "ShareLimits"]
 
 
@@ -29,10 +31,22 @@ class ShareLimits:
     """File operations waiting for one of those; more are refused."""
     programs: int = 128
     """Commands started through the API and not ended yet (each holds descriptors of the server's)."""
-    streams: int = 64
-    """Streaming responses open at once: command output, directory watches, file transfers."""
+    streams: int = 128
+    """Streaming responses open at once: command output, cells' output, directory watches, file transfers."""
     watchers: int = 16
     """Directory watchers, polled ones and streamed ones together (each walks its directory on every poll)."""
+
+    def __post_init__(self) -> None:
+        for name, value in (
+            ("file_ops", self.file_ops),
+            ("programs", self.programs),
+            ("streams", self.streams),
+            ("watchers", self.watchers),
+        ):
+            if value < 1:
+                raise InvalidSpec(f"ShareLimits.{name} must be at least 1, got {value}")
+        if self.file_queue < 0:
+            raise InvalidSpec(f"ShareLimits.file_queue must be 0 or more, got {self.file_queue}")
 
 
 class ShareExhausted(Exception):
