@@ -24,7 +24,7 @@ pytest.importorskip(
 )
 
 from e2b import Sandbox
-from e2b.exceptions import NotFoundException
+from e2b.exceptions import NotFoundException, RateLimitException
 
 from tests.server.conftest import API_KEY, Server, running_server, until
 
@@ -323,3 +323,87 @@ def test_a_slow_head_after_a_response_is_timed_out_too(tmp_path: Path) -> None:
         sock.settimeout(20)
         assert sock.recv(4096) == b""
         assert time.monotonic() - started < 10
+
+
+# 3. each sandbox has a bounded share of the server
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with small shares per sandbox, so that a test reaches them in a few requests."""
+    root = tmp_path_factory.mktemp("round3-shares")
+    flags = ("--pool-size", "0", "--sandbox-max-commands", "8", "--sandbox-max-streams", "6")
+    with running_server(root, *flags, "--sandbox-max-watchers", "3") as server:
+        yield server
+
+
+@pytest.fixture
+def sdk(tight: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
+    for name, value in tight.sdk_env().items():
+        monkeypatch.setenv(name, value)
+    return tight
+
+
+def test_a_sandboxs_live_commands_and_streams_are_capped(sdk: Server) -> None:
+    with Sandbox.create(timeout=120) as hog, Sandbox.create(timeout=120) as other:
+        streaming = [hog.commands.run("sleep 600", background=True) for _ in range(6)]  # its streams, all
+        with pytest.raises(RateLimitException):
+            hog.commands.run("sleep 600", background=True)
+        assert other.commands.run("echo fine").stdout == "fine\n"  # another sandbox is not held back
+        for handle in streaming:
+            handle.disconnect()  # the commands go on without a stream...
+        until("the streams closed", lambda: _starts(hog))
+        detached = [hog.commands.run("sleep 600", background=True) for _ in range(2)]
+        for handle in detached:
+            handle.disconnect()
+        with pytest.raises(RateLimitException):  # ...and count as live commands: 8, its most
+            hog.commands.run("sleep 600", background=True)
+        assert len(hog.commands.list()) == 8
+        hog.commands.kill(streaming[0].pid)
+        until("a killed command gave its place back", lambda: _starts(hog))
+        assert other.commands.run("echo still").stdout == "still\n"
+
+
+def _starts(sbx: Sandbox) -> bool:
+    try:
+        handle = sbx.commands.run("true", background=True)
+    except RateLimitException:
+        return False
+    handle.wait()
+    return True
+
+
+def test_watchers_and_watch_streams_share_one_cap(sdk: Server) -> None:
+    with Sandbox.create(timeout=120) as hog:
+        hog.files.make_dir("/home/user/w")
+        polled = [hog.files.watch_dir("/home/user/w") for _ in range(3)]
+        with pytest.raises(RateLimitException):
+            hog.files.watch_dir("/home/user/w")
+        polled[0].stop()
+        again = hog.files.watch_dir("/home/user/w")
+        hog.files.write("/home/user/w/a.txt", "x")
+        until("the watcher saw the write", lambda: any(e.name == "a.txt" for e in again.get_new_events()))
+
+
+async def test_a_stream_watch_counts_too(sdk: Server) -> None:
+    from e2b import AsyncSandbox
+    from e2b.exceptions import SandboxException
+
+    hog = await AsyncSandbox.create(timeout=120)
+    try:
+        await hog.files.make_dir("/home/user/w")
+        handles = [await hog.files.watch_dir("/home/user/w", on_event=lambda e: None) for _ in range(3)]
+        with pytest.raises(SandboxException):  # the stream's error: too many watchers
+            await hog.files.watch_dir("/home/user/w", on_event=lambda e: None)
+        for handle in handles:
+            await handle.stop()
+    finally:
+        await hog.kill()
+
+
+def test_a_bottomless_list_depth_is_clamped(sdk: Server) -> None:
+    with Sandbox.create(timeout=120) as sbx:
+        sbx.commands.run("mkdir -p /home/user/d/$(printf 'x/%.0s' $(seq 80))")
+        entries = sbx.files.list("/home/user/d", depth=2**32 - 1)
+        deepest = max(e.path.count("/") for e in entries)
+        assert deepest == "/home/user/d".count("/") + 64  # MAX_LIST_DEPTH levels, not 80, not an error

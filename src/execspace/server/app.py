@@ -11,6 +11,8 @@ request changes no state and has no body read. Anything else is the control plan
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 from typing import Any
 
@@ -21,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .control import ControlPlane, error_response
 from .envd_fs import FilesystemService
@@ -125,9 +127,9 @@ class E2BApp:
         path: str = scope["path"]
         method: str = scope["method"]
         if path.startswith("/process.Process/"):
-            await self._process(scope, receive, send)
+            await _until_disconnected(self._process, scope, receive, send)
         elif path.startswith("/filesystem.Filesystem/"):
-            await self._filesystem(scope, receive, send)
+            await _until_disconnected(self._filesystem, scope, receive, send)
         elif path == "/health" and method == "GET":
             await Response(status_code=204)(scope, receive, send)
         elif path == "/files" and method == "GET":
@@ -138,6 +140,32 @@ class E2BApp:
             status = 501 if path in _ENVD_NOT_IMPLEMENTED else 404
             what = "is not implemented by execspace serve" if status == 501 else "is not an envd route"
             await error_response(status, f"{method} {path} {what}")(scope, receive, send)
+
+
+async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run ``app`` until it is done or its client is gone, whichever comes first. A Connect stream (a command's
+    output, a watch) notices a client that left only when it next has something to send, which can be a keepalive
+    half a minute away; until then it would hold its sandbox's share of streams and the program's reader."""
+    gone = asyncio.Event()
+
+    async def watched() -> Message:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+        return message
+
+    serving = asyncio.ensure_future(app(scope, watched, send))
+    left = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait({serving, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not serving.done():  # the client left (or this request is cancelled): nobody is left to tell
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await serving
+    if not serving.cancelled():
+        serving.result()
 
 
 def _holds(headers: Headers, name: str, secret: str | None) -> bool:
