@@ -134,6 +134,12 @@ class WorkspaceFS(Protocol):
         """
         ...
 
+    async def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
+        """The entries below the directory ``path``, down to ``depth`` levels (1: its own entries), as
+        :meth:`list` gives them; a walk that goes no deeper. Nothing (``[]``) when ``path`` is no directory.
+        ``depth`` below 1 raises ``UsageError``."""
+        ...
+
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
         """The entry at ``path`` itself (a symlink is reported, not followed); ``FileNotFoundError`` if absent."""
         ...

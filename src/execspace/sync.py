@@ -214,6 +214,9 @@ class SyncWorkspaceFS(_Proxy):
     def list(self, ws: Workspace, patterns: Sequence[str]) -> builtins.list[FileEntry]:
         return self._owner.call(lambda e: e.fs.list(ws, patterns))
 
+    def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
+        return self._owner.call(lambda e: e.fs.list_dir(ws, path, depth=depth))
+
     def stat(self, ws: Workspace, path: str) -> FileEntry:
         return self._owner.call(lambda e: e.fs.stat(ws, path))
 

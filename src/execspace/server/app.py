@@ -164,7 +164,7 @@ async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send
             serving.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await serving
-    if not serving.cancelled():
+    if not gone.is_set():
         serving.result()
 
 

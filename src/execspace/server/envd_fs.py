@@ -16,7 +16,6 @@ from e2b.envd.filesystem import filesystem_pb as pb
 from e2b.envd.filesystem.filesystem_connect import Filesystem
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
-from wcmatch import glob as wglob
 
 from ..models import FileEntry, FileKind
 from .paths import USER, to_sdk, to_workspace
@@ -77,12 +76,10 @@ class FilesystemService(ServiceBase, Filesystem):
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
         sandbox = self.sandbox(ctx)
         directory = await self._directory(sandbox, request.path)
-        base = wglob.escape(directory)
         depth = min(max(request.depth, 1), MAX_LIST_DEPTH)
-        patterns = [base + "/*" * level for level in range(1, depth + 1)]
         with rpc_errors(request.path):
             async with sandbox.share.file_op():
-                entries = await sandbox.engine.fs.list(sandbox.workspace, patterns)
+                entries = await sandbox.engine.fs.list_dir(sandbox.workspace, directory, depth=depth)
         return pb.ListDirResponse(entries=[entry_info(e) for e in entries if e.path != directory])
 
     async def _directory(self, sandbox: Sandbox, path: str) -> str:

@@ -271,6 +271,22 @@ async def test_list_gives_typed_entries_and_never_follows_links(any_engine: Engi
             await any_engine.fs.list(any_ws, bad)
 
 
+async def test_list_dir_goes_as_deep_as_asked_and_no_deeper(any_engine: Engine, any_ws: Ws) -> None:
+    fs = any_engine.fs
+    await fs.put_files(any_ws, [PutFile("out/a/b/c/d.txt", b"d"), PutFile("out/top.txt", b"t")])
+    assert [e.path for e in await fs.list_dir(any_ws, "out")] == ["out/a", "out/top.txt"]
+    two = {e.path: e.kind for e in await fs.list_dir(any_ws, "out", depth=2)}
+    kinds = execspace.FileKind
+    assert two == {"out/a": kinds.DIR, "out/a/b": kinds.DIR, "out/top.txt": kinds.FILE}
+    deep = [e.path for e in await fs.list_dir(any_ws, "out/", depth=2**32 - 1)]
+    assert deep == [e.path for e in await fs.list(any_ws, ["out/**"])]
+    assert await fs.list_dir(any_ws, "out/top.txt") == []
+    with pytest.raises(execspace.UsageError):
+        await fs.list_dir(any_ws, "out", depth=0)
+    with pytest.raises(PathDenied):
+        await fs.list_dir(any_ws, "../..")
+
+
 @needs(Feature.PROGRAMS)
 async def test_stat_and_exists_see_the_entry_itself(any_engine: Engine, any_ws: Ws) -> None:
     await any_engine.fs.put_files(any_ws, [PutFile("work/f.txt", b"12345")])

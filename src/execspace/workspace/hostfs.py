@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,7 @@ from .layers import own_changes
 from .layout import METADATA_FILE
 from .metadata import is_metadata_temp
 from .programpaths import checked_relative, workspace_relative, workspace_relatives
-from .staging import WorkspaceFSBase
+from .staging import WorkspaceFSBase, checked_depth
 
 if TYPE_CHECKING:
     from ..artifacts import ArtifactService
@@ -240,6 +241,20 @@ class HostWorkspaceFS(WorkspaceFSBase):
         def walk() -> list[FileEntry]:
             with ConfinedRoot(root) as cr:
                 return [entry_of(rel, st) for rel, st in _listed(cr, globs) if readable(rel)]
+
+        return await asyncio.to_thread(walk)
+
+    async def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
+        """One walk below ``path`` that goes no deeper than ``depth`` (no glob is matched)."""
+        root = self._root(ws)
+        rel = checked_relative(ws, path)
+        levels = checked_depth(depth)
+        readable = self._readable(ws)
+
+        def walk() -> builtins.list[FileEntry]:
+            with ConfinedRoot(root) as cr:
+                found = cr.scan(split_relpath(rel), descend=levels)
+                return [entry_of(r, st) for r, st, _ in found if readable(r) and ("/" in r or not is_metadata_temp(r))]
 
         return await asyncio.to_thread(walk)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import builtins
 import hashlib
 import os
 import secrets
@@ -70,6 +71,7 @@ from ..models import (
     Workspace,
 )
 from .confine import split_relpath
+from .confinecore import MAX_WALK_DEPTH
 from .hostroots import HostRoots, HostSource, walk_tree
 from .layout import METADATA_FILE
 from .metadata import InputRecord, OutputRecord, WorkspaceMetadata, is_metadata_temp
@@ -579,6 +581,12 @@ async def read_within_caps(
     return files
 
 
+def checked_depth(depth: int) -> int:
+    if depth < 1:
+        raise UsageError(f"depth must be at least 1 (the directory's own entries), got {depth}")
+    return depth
+
+
 class WorkspaceFSBase(abc.ABC):
     """Defaults over a backend's file primitives, written once (fsspec's ``AbstractFileSystem`` model).
 
@@ -619,6 +627,16 @@ class WorkspaceFSBase(abc.ABC):
     def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:  # noqa: B027 - a default
         """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path``; here, no rule."""
 
+    async def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
+        """The entries below the directory ``path``, down to ``depth`` levels: :meth:`list` with one pattern per
+        level, as deep as a walk may go (a backend that can walk to a depth overrides it)."""
+        base = wglob.escape(path.rstrip("/"))
+        levels = min(checked_depth(depth), MAX_WALK_DEPTH)
+        return await self.list(ws, [base + "/*" * level for level in range(1, levels + 1)])
+
+    @abc.abstractmethod
+    async def list(self, ws: Workspace, patterns: Sequence[str]) -> builtins.list[FileEntry]: ...
+
     async def exists(self, ws: Workspace, path: str) -> bool:
         """Whether an entry of any kind (a dangling symlink too) is at ``path``."""
         try:
@@ -636,7 +654,7 @@ class WorkspaceFSBase(abc.ABC):
         puts = await asyncio.to_thread(self._read_host_tree, ws, Path(src), dest, read_only)
         await self.put_files(ws, puts)
 
-    def _read_host_tree(self, ws: Workspace, src: Path, dest: str, read_only: bool) -> list[PutFile]:
+    def _read_host_tree(self, ws: Workspace, src: Path, dest: str, read_only: bool) -> builtins.list[PutFile]:
         """The regular files of the allowed host tree ``src`` the file rule lets us read, capped."""
 
         def keep(rel: tuple[str, ...]) -> bool:
@@ -674,7 +692,7 @@ class WorkspaceFSBase(abc.ABC):
             self._stager = Stager(self, artifacts=self.artifacts, host_roots=self.host_roots, locks=self.locks)
         return self._stager
 
-    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> list[str]:
+    async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> builtins.list[str]:
         """Stage inputs (artifact, host, workspace, skill, bytes); return the workspace paths written."""
         return await self.stager.stage_inputs(ws, inputs)
 
