@@ -3,8 +3,9 @@ a server that answers as if it were idle.
 
 A sandbox's requests cost the server threads (every file operation walks or reads on one), descriptors (a live
 command's pipes, an open stream's connection) and polling (a watcher walks its directory again and again). Its
-share bounds each: file operations run at most ``file_ops`` at a time (more wait, up to ``file_queue``; past that
-they are refused), and live commands, open streams and watchers have caps of their own. A request over a cap is
+share bounds each: file operations run at most ``file_ops`` at a time and ``file_time`` of one thread's time on
+average (more wait, up to ``file_queue``; past that they are refused), and live commands, open streams and watchers
+have caps of their own. A request over a cap is
 refused at once with :class:`ShareExhausted`, which the routes answer as E2B does when it is too busy
 (``RESOURCE_EXHAUSTED`` on Connect, 429 on HTTP; the SDK raises ``RateLimitException``).
 """
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from ..errors import InvalidSpec
 
 __all__ = ["Count", "SandboxShare", "ShareExhausted", "ShareLimits"]
+
+#: Seconds of file work a sandbox may do at once before its share of the time applies.
+_BURST = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,9 @@ class ShareLimits:
     """File operations running at once (each on a thread of the server's)."""
     file_queue: int = 64
     """File operations waiting for one of those; more are refused."""
+    file_time: float = 0.25
+    """The share of one thread's time its file operations take on average: a sandbox that walked for a second
+    waits three before its next operation starts (short ones never wait)."""
     programs: int = 128
     """Commands started through the API and not ended yet (each holds descriptors of the server's)."""
     streams: int = 128
@@ -45,6 +53,8 @@ class ShareLimits:
         ):
             if value < 1:
                 raise InvalidSpec(f"ShareLimits.{name} must be at least 1, got {value}")
+        if not 0 < self.file_time <= 1:
+            raise InvalidSpec(f"ShareLimits.file_time must be in (0, 1], got {self.file_time}")
         if self.file_queue < 0:
             raise InvalidSpec(f"ShareLimits.file_queue must be 0 or more, got {self.file_queue}")
 
@@ -86,6 +96,9 @@ class SandboxShare:
         self.limits = limits
         self._files = asyncio.Semaphore(limits.file_ops)
         self._waiting = 0
+        self._credit = _BURST
+        """Seconds of file work it may do before it waits (negative: how far it is past its share)."""
+        self._credited = time.monotonic()
         self.programs = Count(limits.programs, "commands running")
         self.streams = Count(limits.streams, "open streams (command output, watches, file transfers)")
         self.watchers = Count(limits.watchers, "directory watchers")
@@ -100,9 +113,23 @@ class SandboxShare:
         self._waiting += 1
         try:
             await self._files.acquire()
+            await self._within_share()
+        except BaseException:
+            self._files.release()
+            raise
         finally:
             self._waiting -= 1
+        began = time.monotonic()
         try:
             yield
         finally:
+            self._credit -= time.monotonic() - began
             self._files.release()
+
+    async def _within_share(self) -> None:
+        """Wait until the sandbox's file work is back within its share of the time."""
+        now = time.monotonic()
+        self._credit = min(_BURST, self._credit + (now - self._credited) * self.limits.file_time)
+        self._credited = now
+        if self._credit < 0:
+            await asyncio.sleep(-self._credit / self.limits.file_time)
