@@ -340,7 +340,7 @@ async def test_a_caller_venv_under_a_private_directory_runs_the_environment_in_t
     assert report["stdout"].startswith("sum 15 ") and any(
         o["path"] == "out/plot.png" and o["mime"] == "image/png" for o in report["outputs"]
     )
-    cell = PLOT.replace("OUT", "/dev/null") + "\nplt.show()\n"
+    cell = PLOT.replace("OUT", "/tmp/plot.png") + "\nplt.show()\n"  # /dev is read-only: no /dev/null.png
     kernel = subprocess.run(
         [python, "-m", "execspace", "exec-code", "--backend", "jupyter", "--environment", "code-interpreter",
          "--json", "-"],

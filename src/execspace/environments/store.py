@@ -171,6 +171,25 @@ class EnvironmentStore:
             f"environment {name!r} is not built in {self.root}: {how}; `execspace env list` shows what is built"
         )
 
+    def holds(self, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` is one complete environment tree of this store: all a sandbox that runs in it is shown
+        of the store (read-only)."""
+        tree = Path(os.path.realpath(path))
+        if tree.parent != Path(os.path.realpath(self.root)) or _TREE.match(tree.name) is None:
+            return False
+        return self._complete(tree) is not None
+
+    def create(self) -> None:
+        """Create the store where it is missing, each new directory 0755 (the sandbox's uid passes them)."""
+        for d in reversed([self.root, *self.root.parents]):
+            if d.exists():
+                continue
+            try:
+                d.mkdir(mode=0o755)
+            except FileExistsError:
+                continue  # made by another process meanwhile: its mode is its maker's
+            os.chmod(d, 0o755)  # noqa: S103 - whatever the umask: the sandbox's uid passes it
+
     def remove(self, name: str) -> list[Path]:
         """Remove every tree called ``name`` (sandboxes running in one lose it); the paths removed."""
         wanted, removed = canonical_name(name), []
@@ -268,10 +287,7 @@ class EnvironmentStore:
 
     def _make_root(self) -> None:
         """Create the store, searchable by others up to ``/`` when we are root (the sandbox's uid must pass)."""
-        for d in reversed([self.root, *self.root.parents]):
-            if not d.exists():
-                d.mkdir(mode=0o755)
-                os.chmod(d, 0o755)  # noqa: S103 - whatever the umask: the sandbox's uid passes it
+        self.create()
         closed = closed_ancestor(self.root)
         if closed is not None:
             raise EnvironmentBuildFailed(

@@ -46,7 +46,6 @@ from ...workspace.layout import ensure_layout
 from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
-    TMP_SIZE,
     BwrapConfig,
     ProgramBind,
     build_argv,
@@ -56,12 +55,13 @@ from .bwrap import (
     open_program_bind,
     policy_mounts,
     sandbox_uid,
+    tmpfs_sizes,
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
 from .options import SandboxMode, SandboxOptions
-from .policy import Access, Profile, Resolvers, SandboxPolicy, file_access_hook
+from .policy import Access, Profile, Resolver, Resolvers, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .seccomp import LOAD_FAILED_FIX, KernelSeccompFilters, SeccompFilters, check_probe, describe, probe_script
 from .session import SessionConfig
@@ -88,7 +88,8 @@ DOES_NOT_PROTECT = (
     "reading world-readable host system files (/usr, /etc…) that are bound read-only",
     "with network on: anything reachable from this host, including services on other hosts",
     "with a network allow-list: whatever the program sends to an allowed destination (exfiltration to it)",
-    "CPU time is an rlimit per process, not a total; without cgroups memory is an rlimit per process too",
+    "CPU time is an rlimit per process, not a total; without cgroups so is memory (RLIMIT_AS of each process, and "
+    "the sizes of the sandbox's tmpfs)",
     "disk usage is measured after a run (limit_hit), not stopped while the program writes",
 )
 
@@ -96,8 +97,16 @@ DOES_NOT_PROTECT = (
 #: How ``SessionConfig.disk_bytes`` bounds a session's sandbox.
 DISK_BOUND_DETAIL = (
     "each workspace is a filesystem of that size of its own (sparse ext4 image, loop-mounted; a write past it fails "
-    "with ENOSPC), and /tmp a tmpfs of the same size (at most 256 MiB, in memory): what a sandbox can write at once "
-    "is at most twice the bound; the workspaces have no snapshots or forks"
+    "with ENOSPC), and /tmp and /dev/shm tmpfs that together hold at most the same size (in memory; / and /dev are "
+    "read-only): what a sandbox can write at once is at most twice the bound; the workspaces have no snapshots or "
+    "forks"
+)
+#: ``Capabilities.details["tmpfs"]``: what a sandbox can write outside its workspace and grants, and its bound.
+TMPFS_DETAIL = (
+    "/ and /dev are read-only; the writable in-memory filesystems are /tmp and /dev/shm, tmpfs of at most 256 MiB "
+    "and 64 MiB that together hold at most the run's memory_bytes (a quarter of it for /dev/shm; in session mode "
+    "the session's SessionConfig.memory_bytes and disk_bytes, shared by its runs); a write past them fails with "
+    "ENOSPC"
 )
 #: ``Capabilities.details["mode"]``: what survives what in each mode.
 MODE_DETAILS = {
@@ -150,7 +159,8 @@ class SandboxRunner(HostRunner):
         environment: Environment | None = None,
         program_binds: tuple[tuple[str, str], ...] = (),
         system_files: tuple[tuple[str, str], ...] = (),
-        tmp_size: int = TMP_SIZE,
+        disk_bound: int | None = None,
+        environment_store: EnvironmentStore | None = None,
     ) -> None:
         lookup, path_view = _environment_view(environment)
         super().__init__(
@@ -166,7 +176,8 @@ class SandboxRunner(HostRunner):
         self.environment = environment
         self.program_binds = program_binds
         self.system_files = tuple((path, text.encode()) for path, text in system_files)
-        self.tmp_size = tmp_size
+        # a bound on what the sandbox can write (a session's disk_bytes): its tmpfs stay within it too
+        self.disk_bound = disk_bound
         self.cgroups = cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -182,8 +193,10 @@ class SandboxRunner(HostRunner):
         self.seccomp = seccomp
         self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
-        # host directories never visible through a grant (the engine's workspaces, the daemon's)
+        # host directories never visible through a grant (the engine's workspaces, the daemon's, the environment
+        # store), but for the environment trees a run is in (environment_store), read-only
         self.hidden = tuple(hidden)
+        self.environment_store = environment_store
         # shared with clones (with_seccomp): their runs mount the same placeholders
         self.placeholders = Placeholders()
         self._bridge: Path | None = None
@@ -305,7 +318,13 @@ class SandboxRunner(HostRunner):
                 None if self.environment is None or self.environment.root is None else str(self.environment.root)
             )
             mounts = policy_mounts(
-                res, prep.cwd_rel, held=held, hidden=self.hidden, binds=binds, system_root=system_root
+                res,
+                prep.cwd_rel,
+                held=held,
+                hidden=self.hidden,
+                shown=self._shown_environments(res),
+                binds=binds,
+                system_root=system_root,
             )
             inner = list(prep.argv)
             if prep.spec.pty is not None:
@@ -323,7 +342,8 @@ class SandboxRunner(HostRunner):
             for path, data in self.system_files:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
-            cfg = BwrapConfig(self.bwrap, network, self.tmp_size, mounts, files, init_fd, system_root=system_root)
+            tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
+            cfg = BwrapConfig(self.bwrap, network, tmp_size, shm_size, mounts, files, init_fd, system_root=system_root)
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
             launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
@@ -347,6 +367,14 @@ class SandboxRunner(HostRunner):
         if _is_root():
             self._drop_to_sandbox_uid(prep, launch)
         return launch
+
+    def _shown_environments(self, res: Resolver) -> tuple[str, ...]:
+        """The policy's host grants that are built trees of the (hidden) environment store: the run's environment,
+        serve's kernels'. Each is bound alone, read-only; any other grant there is refused."""
+        store = self.environment_store
+        if store is None:
+            return ()
+        return tuple(t.path for t in res.targets if t.rel is None and t.access.can_read and store.holds(t.path))
 
     def _open_binds(self, root: str, ws: Workspace) -> list[ProgramBind]:
         """The program binds of a run, each directory opened (see :func:`.bwrap.open_program_bind`)."""
@@ -546,8 +574,17 @@ def _cpus_detail(groups: CgroupSupport) -> str:
 
 def _memory_detail(groups: CgroupSupport) -> str:
     if "memory_bytes" in groups.enforced:
-        return "cgroup memory limit over the whole sandbox, swap included (" + groups.describe()["memory"] + ")"
-    return "RLIMIT_AS per process"
+        return (
+            "cgroup memory limit over the whole sandbox, swap and its tmpfs pages included ("
+            + groups.describe()["memory"]
+            + ")"
+        )
+    # no cgroup (not root): the tmpfs sizes are what bounds the memory that no process's address space holds
+    return (
+        "RLIMIT_AS per process (each process's address space, not their sum), and the sizes of the sandbox's "
+        "in-memory filesystems, which RLIMIT_AS does not count: / and /dev read-only, /tmp and /dev/shm together "
+        "at most memory_bytes (see details['tmpfs'])"
+    )
 
 
 def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
@@ -641,6 +678,7 @@ class SandboxBackend:
                 "memory_bytes": _memory_detail(groups),
                 "cpus": _cpus_detail(groups),
                 "disk_bytes": DISK_BYTES_DETAIL,
+                "tmpfs": TMPFS_DETAIL,
                 "seccomp": describe(),
                 "profile": (policy or SandboxPolicy()).summary(),
                 "mode": MODE_DETAILS[mode],
@@ -687,6 +725,7 @@ class SandboxBackend:
         assert bwrap_path is not None
         as_root = _is_root()
         private = _private_execspace_dir()
+        store = _environment_store()
 
         def owner(ws: Workspace) -> tuple[int, int] | None:
             if not as_root or ws.host_path is None:
@@ -699,7 +738,8 @@ class SandboxBackend:
             "network_default": policy.network_enabled,
             "seccomp": seccomp,
             "policy": policy,
-            "hidden": (root, private, *_daemon_dirs(as_root)),
+            "hidden": (root, private, *_daemon_dirs(as_root), *_store_dirs(store)),
+            "environment_store": store,
             "cgroups": cgroups,
             "owner": owner,
             "capabilities": lambda: caps,
@@ -727,7 +767,7 @@ class SandboxBackend:
             if config.disk_bytes is not None:
                 if why := disk_tools_missing():
                     raise CapabilityError("SessionConfig.disk_bytes", "sandbox", why)
-                runner_options["tmp_size"] = min(TMP_SIZE, config.disk_bytes)
+                runner_options["disk_bound"] = config.disk_bytes
                 caps = replace(caps, fork=None)  # its manager refuses them: a copy would not be bounded
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
@@ -845,6 +885,23 @@ def _daemon_dirs(as_root: bool) -> tuple[Path, ...]:
     A root caller's are 0700 root and its programs run under other uids, which the daemon refuses:
     masking them would only break grants over their parents (bwrap cannot reach a mount point there)."""
     return () if as_root else tuple(map(Path, daemon_dirs()))
+
+
+def _environment_store() -> EnvironmentStore:
+    """This caller's environment store, made now: hidden from every sandbox, even through a grant that covers it,
+    so it must exist before a program with a write grant over its parent could make it and plant a tree in it
+    that a later build would take as built."""
+    store = EnvironmentStore()
+    with contextlib.suppress(OSError):  # not creatable here: then a sandbox cannot make it either
+        store.create()
+    return store
+
+
+def _store_dirs(store: EnvironmentStore) -> tuple[Path, ...]:
+    """The store as a hidden directory: a program with a write grant over it (a normal user's is in their HOME)
+    could plant code that another workspace's run executes (a ``.pth``). As root, one the sandbox's uid cannot
+    reach is out of its sight already, and bwrap (running as that uid) could not mask it."""
+    return () if closed_ancestor(store.root) is not None else (store.root,)
 
 
 def _runtime_environment(name: str | None, policy: SandboxPolicy) -> Environment | None:
@@ -983,7 +1040,7 @@ def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
             os.chmod(tmp, 0o711)  # noqa: S103 - the sandbox uid must traverse to the workspace
             os.chown(ws, uid, uid)
             kwargs = {"user": uid, "group": uid, "extra_groups": []}
-        cfg = BwrapConfig(bwrap, network=False, tmp_size=None)
+        cfg = BwrapConfig(bwrap, network=False)
         python = shutil.which("python3", path=visible_path_entries(MINIMAL_PATH))
         check = f"id -u; grep CapEff /proc/self/status; {probe_script(python)}"
         try:

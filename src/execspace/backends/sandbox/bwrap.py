@@ -5,6 +5,9 @@ Design (see docs/backends/sandbox.md):
 * The sandbox root is an empty tmpfs. Only system directories of the host are
   bound into it, read-only (:data:`SYSTEM_TOP`: ``/usr``, ``/etc``, ``/opt``…); ``/home``, ``/root``,
   ``/mnt``, ``/srv``, ``/run``, the host's ``/tmp`` and any other top-level directory are not there at all.
+  Once every mount point is made in it, it is remounted read-only, and so is ``/dev``: the only writable
+  tmpfs are ``/tmp`` and ``/dev/shm``, sized from the run's limits (:func:`tmpfs_sizes`), since a tmpfs page is
+  memory that ``RLIMIT_AS`` does not count and that no disk bound sees.
 * The workspace is bound at ``/workspace`` as its :class:`~.policy.SandboxPolicy`
   says (:func:`policy_mounts`): by default read-only, with the layout directories
   bound writable over it; extra host grants, no-access masks (an empty mode-000
@@ -33,7 +36,7 @@ import posixpath
 import secrets
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +48,7 @@ from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_un
 
 __all__ = [
     "SANDBOX_WORKSPACE",
+    "SHM_SIZE",
     "SUPERVISOR_PATH",
     "TMP_SIZE",
     "BwrapConfig",
@@ -55,6 +59,7 @@ __all__ = [
     "open_program_bind",
     "policy_mounts",
     "sandbox_uid",
+    "tmpfs_sizes",
     "visible_path_entries",
 ]
 
@@ -136,15 +141,32 @@ def is_sandbox_uid(uid: int) -> bool:
     return _UID_BASE <= uid < _UID_BASE + _UID_SPAN
 
 
-#: Size of a sandbox's ``/tmp`` (a tmpfs), unless a disk bound makes it smaller.
+#: Size of a sandbox's ``/tmp`` (a tmpfs), unless a bound makes it smaller (:func:`tmpfs_sizes`).
 TMP_SIZE = 256 * 1024 * 1024
+#: Size of a sandbox's ``/dev/shm`` (a tmpfs: POSIX shared memory and semaphores, Python's ``multiprocessing``
+#: locks), unless a bound makes it smaller.
+SHM_SIZE = 64 * 1024 * 1024
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tmpfs_sizes(*bounds: int | None) -> tuple[int, int]:
+    """The sizes of a sandbox's writable tmpfs, ``/tmp`` and ``/dev/shm``: together at most the smallest of the
+    ``bounds`` that are set (its memory limit: ``RLIMIT_AS`` does not count tmpfs pages; a disk bound), a quarter
+    of it for ``/dev/shm``; :data:`TMP_SIZE` and :data:`SHM_SIZE` at most. Never 0, which tmpfs reads as no limit."""
+    given = [b for b in bounds if b is not None]
+    if not given:
+        return TMP_SIZE, SHM_SIZE
+    budget = min(given)
+    shm = max(_PAGE, min(SHM_SIZE, budget // 4))
+    return max(_PAGE, min(TMP_SIZE, budget - shm)), shm
 
 
 @dataclass(frozen=True, slots=True)
 class BwrapConfig:
     bwrap: str
     network: bool
-    tmp_size: int | None = TMP_SIZE
+    tmp_size: int = TMP_SIZE
+    shm_size: int = SHM_SIZE
     mounts: Sequence[str] | None = None
     """What :func:`policy_mounts` made for this run; None binds the workspace writable as is (the probe)."""
     files: Sequence[tuple[int, str]] = ()
@@ -235,10 +257,9 @@ def build_argv(
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     args += _top_level_binds(cfg.system_root)
-    args += ["--dev", "/dev", "--proc", "/proc", *_HIDE_INIT]
-    if cfg.tmp_size:
-        args += ["--size", str(cfg.tmp_size)]
-    args += ["--tmpfs", "/tmp"]
+    args += ["--dev", "/dev", "--size", str(cfg.shm_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    args += ["--proc", "/proc", *_HIDE_INIT]
+    args += ["--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
     for fd, path in cfg.files:
         args += ["--perms", "0644", "--ro-bind-data", str(fd), path]
@@ -248,6 +269,8 @@ def build_argv(
         args += ["--perms", "0755", "--ro-bind-data", str(cfg.init_fd), SUPERVISOR_PATH]
     ws = SANDBOX_WORKSPACE
     args += cfg.mounts if cfg.mounts is not None else ["--bind", str(ws_root), ws]
+    # last: every mount point above is made in the root's tmpfs (unsized), which nothing may write after
+    args += ["--remount-ro", "/"]
     args += [
         "--chdir", chdir or f"{ws}/{cwd_rel}".rstrip("/"),
         "--",
@@ -397,15 +420,21 @@ def _opened_below(path: str, targets: Sequence[Target]) -> bool:
 # -- host paths
 
 
-def _host_grant(p: _Plan, t: Target, hidden: Sequence[str]) -> None:
+def _host_grant(p: _Plan, t: Target, hidden: Sequence[str], shown: Collection[str]) -> None:
     if t.path == "/" or any(is_under(t.path, u) or is_under(u, t.path) for u in _UNGRANTABLE):
         raise PolicyViolation(f"a grant on {t.path} would replace the sandbox's own /proc, /dev, /sys or /workspace")
     inside = next((h for h in hidden if t.path != h and is_under(t.path, h)), None)
-    if inside is not None:
+    if inside is not None and t.path in shown and t.access.can_write:
+        raise PolicyViolation(
+            f"a write grant on {t.path}: a built runtime environment is shown read-only to every sandbox that runs "
+            "in it (another workspace's runs execute its code); grant it read-only, or name it with environment="
+        )
+    if inside is not None and t.path not in shown:
         # a grant covering one is masked (see _hide); one inside it would show what the mask hides
         raise PolicyViolation(
             f"a grant on {t.path} lies inside {inside}, which no sandbox may see (the engine's workspaces, "
-            "the execspace daemon's key and socket); grant a path outside it"
+            "the execspace daemon's key and socket, the runtime environment store, whose environments are shown "
+            "read-only one by one with environment=); grant a path outside it"
         )
     if _host_kind(t.path) == "missing":
         raise PathDenied(t.path, "granted host path does not exist (create it first)")
@@ -476,13 +505,14 @@ def _host_denial(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
     p.host_levels[t.path] = Access.NONE
 
 
-def _hide(p: _Plan, path: str) -> None:
-    """Mask a host directory the sandbox must not see through a grant (workspaces at their host paths)."""
-    real = os.path.realpath(path)
+def _hide(p: _Plan, real: str) -> None:
+    """Mask a host directory the sandbox must not see through a grant or the system view (workspaces at their
+    host paths, the environment store); what it shows of it (an environment tree) is bound after, below the mask."""
     level = p.host_level(real)
     if level is not None and level is not Access.NONE and _host_kind(real) == "dir" and p.kind(real) == "dir":
         _pin_host(p, real)
-        p.mask(p.host_ops, real, len(path_parts(real)), "dir")
+        shows = any(path != real and is_under(path, real) and lv.can_read for path, lv in p.host_levels.items())
+        p.mask(p.host_ops, real, len(path_parts(real)), "dir", traversable=shows)
         p.host_levels[real] = Access.NONE
 
 
@@ -679,14 +709,17 @@ def policy_mounts(
     *,
     held: PlaceholderRun,
     hidden: Sequence[Path] = (),
+    shown: Collection[str] = (),
     binds: Sequence[ProgramBind] = (),
     system_root: str | None = None,
 ) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
     the glob denials; each tree shallow to deep, so the most specific rule is mounted last; then the program
-    ``binds``, each with the rules of the workspace directory it shows. ``system_root``: a rootfs environment's
-    root, which the sandbox shows at its system directories (host grants there need a place in it).
+    ``binds``, each with the rules of the workspace directory it shows. ``hidden``: host directories masked
+    wherever the sandbox would see them; ``shown``: the only paths inside them a grant may name, read-only (the
+    runtime environments the run uses, canonical). ``system_root``: a rootfs environment's root, which the
+    sandbox shows at its system directories (host grants there need a place in it).
 
     Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
     for missing protected paths under writable parents (in the workspace and under host write grants), held in
@@ -695,9 +728,9 @@ def policy_mounts(
 
     Raises:
         SetupFailed: as root, the workspace lies under a directory its sandbox's uid cannot pass.
-        PolicyViolation: a rule that cannot be enforced (a grant over /proc or inside a
-            ``hidden`` directory, a missing no-access path the program could create, too many
-            glob matches).
+        PolicyViolation: a rule that cannot be enforced (a grant over /proc, or inside a
+            ``hidden`` directory but for a read-only one of ``shown``, a missing no-access path the program
+            could create, too many glob matches).
         PathDenied: a granted host path that does not exist; a symlink where a workspace
             rule must mount, or at a protected path; a cwd the policy hides.
     """
@@ -718,7 +751,7 @@ def policy_mounts(
         if t.rel is None and t.protected:
             _host_protected(p, t)
         elif t.rel is None and t.access.can_read:
-            _host_grant(p, t, hidden_real)
+            _host_grant(p, t, hidden_real, shown)
         elif t.rel is None:
             _host_denial(p, t, res.targets)
     for h in (*hidden_real, res.root):

@@ -89,7 +89,8 @@ class SessionConfig:
     """Seconds a new session has to report ready."""
     memory_bytes: int | None = None
     """Memory of the whole session (every program in it together, and its supervisor), as a cgroup where this host
-    gives one (as root); else an rlimit of each of its processes. A program past it is killed by the kernel."""
+    gives one (as root); else an rlimit of each of its processes. A program past it is killed by the kernel. The
+    session's ``/tmp`` and ``/dev/shm`` (tmpfs, in memory) together hold at most this much."""
     pids: int | None = None
     """Processes and threads of the whole session at once, as a cgroup where this host gives one; else ``RLIMIT_NPROC``
     of its uid (not as root: its sessions' uids are per workspace, but root's rlimit would not hold)."""
@@ -100,7 +101,7 @@ class SessionConfig:
     disk_bytes: int | None = None
     """Disk of each workspace, as a filesystem of that size of its own (a sparse ext4 image loop-mounted at the
     workspace, :mod:`execspace.workspace.diskimages`): a write past it fails with ``ENOSPC`` in the program. The
-    session's ``/tmp`` (a tmpfs, in memory) is bounded to the same size (at most its usual 256 MiB). Needs root,
+    session's ``/tmp`` and ``/dev/shm`` (tmpfs, in memory) together hold at most the same size. Needs root,
     ``mkfs.ext4`` and loop devices, refused otherwise; its workspaces have no snapshots or forks, and no sessions
     started ahead (``pool_size`` is not used)."""
 
