@@ -108,8 +108,8 @@ class ServerOptions:
     sandbox session (``SessionConfig.memory_bytes``: a cgroup as root); None: no limit of its own."""
     sandbox_disk_mb: int | None = None
     """Disk of each sandbox where its template names none: its workspace on a filesystem of that size of its own,
-    its ``/tmp`` a tmpfs of the same size, at most 256 MiB (``SessionConfig.disk_bytes``: root only); None: no bound
-    of its own (the host's disk)."""
+    its ``/tmp`` and ``/dev/shm`` tmpfs at most that much together (``SessionConfig.disk_bytes``: root only); None:
+    no bound of its own (the host's disk)."""
     sandbox_pids: int | None = None
     """Processes and threads of each sandbox at once (``SessionConfig.pids``); None: no limit of its own."""
     warm_kernels: bool = True

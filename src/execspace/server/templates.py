@@ -60,8 +60,9 @@ class Template:
     memory_mb: int | None = None
     """Memory of the whole sandbox; None: the server's ``--sandbox-memory-mb``."""
     disk_mb: int | None = None
-    """Disk of the whole sandbox: its workspace is a filesystem of this size of its own and its ``/tmp`` a tmpfs of
-    the same size (at most 256 MiB; ``SessionConfig.disk_bytes``, as root); None: the server's ``--sandbox-disk-mb``."""
+    """Disk of the whole sandbox: its workspace is a filesystem of this size of its own, and its ``/tmp`` and
+    ``/dev/shm`` tmpfs hold at most this much together (``SessionConfig.disk_bytes``, as root); None: the server's
+    ``--sandbox-disk-mb``."""
     pids: int | None = None
     """Processes and threads of the whole sandbox at once; None: the server's ``--sandbox-pids``."""
 
