@@ -37,6 +37,8 @@ from .sandboxes import Sandbox, Sandboxes, SandboxGone
 __all__ = ["E2BApp"]
 
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
+#: The RPCs that stream their answer for as long as the client listens.
+_SERVER_STREAMS = frozenset({"/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"})
 #: envd routes the SDK knows but that are not implemented here (answered 501, naming them).
 _ENVD_NOT_IMPLEMENTED = ("/envs", "/metrics", "/init", "/files/compose")
 
@@ -126,10 +128,13 @@ class E2BApp:
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        if path.startswith("/process.Process/"):
-            await _until_disconnected(self._process, scope, receive, send)
+        if path in _SERVER_STREAMS:
+            service = self._process if path.startswith("/process.") else self._filesystem
+            await _until_disconnected(service, scope, receive, send)
+        elif path.startswith("/process.Process/"):
+            await self._process(scope, receive, send)
         elif path.startswith("/filesystem.Filesystem/"):
-            await _until_disconnected(self._filesystem, scope, receive, send)
+            await self._filesystem(scope, receive, send)
         elif path == "/health" and method == "GET":
             await Response(status_code=204)(scope, receive, send)
         elif path == "/files" and method == "GET":
