@@ -13,7 +13,8 @@ import pytest
 
 from execspace.errors import InvalidSpec
 from execspace.models import NetworkAttempt, NetworkPolicy
-from execspace.process.egress import EgressProxy, client_hello_sni
+from execspace.process.egress import EgressProxy
+from execspace.process.egresswire import Incomplete, Malformed, client_hello_sni
 
 
 @dataclass
@@ -174,8 +175,10 @@ def _client_hello(server_name: str) -> bytes:
 
 def test_the_sni_of_a_real_client_hello_is_read() -> None:
     assert client_hello_sni(_client_hello("allowed.test")) == "allowed.test"
-    assert client_hello_sni(b"\x16\x03\x01\x00") is None
-    assert client_hello_sni(b"GET / HTTP/1.1\r\n") is None
+    with pytest.raises(Incomplete):
+        client_hello_sni(b"\x16\x03\x01\x00")
+    with pytest.raises(Malformed):
+        client_hello_sni(b"GET / HTTP/1.1\r\n")
 
 
 async def test_a_tls_client_hello_naming_another_host_is_not_forwarded(rig: Rig) -> None:
