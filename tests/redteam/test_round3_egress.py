@@ -7,7 +7,9 @@ reaches that listener (connections, bytes) and what the proxy's audit records.
 - an HTTP head that two parsers could read two ways (bare LF or CR, obs-fold, two ``Host``, control characters,
   a body framed twice) is refused with a 400 and forwards nothing;
 - fuzzed SOCKS5, HTTP and TLS inputs never crash the proxy, never hold a connection past its timeout, and never
-  get a connection judged on anything but a fully parsed, allowed target.
+  get a connection judged on anything but a fully parsed, allowed target;
+- a serve sandbox never reaches the server's host through its proxy (loopback, the host's own addresses), unless
+  the address is pinned with ``--resolve``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import json
+import random
 import socket
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -500,3 +505,126 @@ def test_fuzz_the_proxy_never_crashes_hangs_or_judges_a_half_parsed_target(
         if data[:1] == b"\x16" and name not in (None, "allowed.test"):
             assert len(rig.upstream.received) == received, data  # not one byte of a refused hello went on
             assert not attempts[-1].allowed
+
+
+# -- serve: a sandbox never reaches the server's host -----------------------------------------------------------
+
+
+def _free_loopback_address() -> str:
+    return f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randrange(2, 254, 2)}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, Upstream]]:
+    """A real ``execspace serve`` allowing the network, with ``pinned.test`` pinned to a loopback address only a
+    listener of this test's answers on."""
+    pytest.importorskip("e2b", reason="serve is tested with the official e2b SDK")
+    from tests.server.conftest import running_server
+
+    address = _free_loopback_address()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="upstreams")
+    thread.start()
+    upstream = Upstream()
+    server = asyncio.run_coroutine_threadsafe(asyncio.start_server(upstream.handle, address, 0), loop).result(10)
+    upstream.port = server.sockets[0].getsockname()[1]
+    flags = ("--allow-internet-access", "--resolve", f"pinned.test={address}", "--pool-size", "0")
+    try:
+        with running_server(tmp_path_factory.mktemp("serve"), *flags) as running:
+            yield running, address, upstream
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def _own_addresses() -> list[str]:
+    """Addresses of this host's interfaces other than loopback (from ``ip``), if it has any."""
+    try:
+        shown = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [
+        a["local"]
+        for link in json.loads(shown.stdout)
+        for a in link.get("addr_info", [])
+        if not a["local"].startswith("127.") and a["local"] != "::1"
+    ]
+
+
+def test_serve_refuses_allow_out_entries_that_reach_its_host(served: tuple[Any, str, Upstream]) -> None:
+    import httpx
+
+    server, address, _ = served
+    host_entries = [
+        "127.0.0.1",
+        "127.0.0.0/8",
+        "0.0.0.0/0",
+        "::1",
+        "::/0",
+        "::ffff:127.0.0.1",
+        "0.0.0.0",
+        "localhost",
+        "api.localhost",
+        *[f"{a}/32" if ":" not in a else a for a in _own_addresses()[:2]],
+    ]
+    for entry in host_entries:
+        body = {"templateID": "base", "network": {"allowOut": [entry], "denyOut": ["0.0.0.0/0"]}}
+        answer = httpx.post(f"{server.url}/sandboxes", json=body, headers={"X-API-KEY": server.key}, timeout=30)
+        assert answer.status_code == 400, (entry, answer.text)
+        message = answer.json()["message"]
+        assert answer.json()["code"] == 400 and f"network.allowOut entry {entry!r}" in message, message
+        assert "never reaches the host's loopback or its own addresses" in message
+    # the pinned address is the operator's: allowed, as is a name pinned to it
+    body = {"templateID": "base", "network": {"allowOut": [address, "pinned.test"], "denyOut": ["0.0.0.0/0"]}}
+    made = httpx.post(f"{server.url}/sandboxes", json=body, headers={"X-API-KEY": server.key}, timeout=60)
+    assert made.status_code == 201, made.text
+    httpx.delete(f"{server.url}/sandboxes/{made.json()['sandboxID']}", headers={"X-API-KEY": server.key}, timeout=30)
+
+
+def test_a_serve_sandbox_reaches_its_pinned_upstream_and_never_the_servers_host(
+    served: tuple[Any, str, Upstream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from e2b import ALL_TRAFFIC, Sandbox
+    from e2b.exceptions import SandboxException
+
+    server, address, upstream = served
+    for name, value in server.sdk_env().items():
+        monkeypatch.setenv(name, value)
+    loopback = Upstream()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="loopback-listener")
+    thread.start()
+    listener = asyncio.run_coroutine_threadsafe(asyncio.start_server(loopback.handle, "127.0.0.1", 0), loop).result(10)
+    loopback.port = listener.sockets[0].getsockname()[1]
+    server_port = int(server.url.rsplit(":", 1)[1])
+    sbx = Sandbox.create(network={"allow_out": [address], "deny_out": [ALL_TRAFFIC]})
+    try:
+
+        def status(url: str) -> str:
+            run = sbx.commands.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 {url} || true")
+            return run.stdout
+
+        assert status(f"http://{address}:{upstream.port}/") == "200"
+        for url in (
+            f"http://127.0.0.1:{loopback.port}/",
+            f"http://localhost:{loopback.port}/",
+            f"http://127.0.0.1:{server_port}/health",
+            f"http://[::1]:{loopback.port}/",
+        ):
+            assert status(url) == "403", url
+        with pytest.raises(SandboxException, match=r"400: network.allowOut entry '127.0.0.1'"):
+            sbx.update_network({"allow_out": ["127.0.0.1"], "deny_out": [ALL_TRAFFIC]})
+        assert status(f"http://127.0.0.1:{loopback.port}/") == "403"  # a refused update changed nothing
+        # the runs' audits, in the sandbox's workspace (gone with it)
+        audits = [json.loads(line) for f in server.root.rglob("network.jsonl") for line in f.read_text().splitlines()]
+    finally:
+        sbx.kill()
+        loop.call_soon_threadsafe(listener.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    assert loopback.connections == 0  # the host's loopback listener never saw the sandbox
+    refused = {(a["host"], a["port"]) for a in audits if not a["allowed"]}
+    assert {("127.0.0.1", loopback.port), ("localhost", loopback.port), ("127.0.0.1", server_port)} <= refused
