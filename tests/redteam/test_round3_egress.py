@@ -628,3 +628,44 @@ def test_a_serve_sandbox_reaches_its_pinned_upstream_and_never_the_servers_host(
     assert loopback.connections == 0  # the host's loopback listener never saw the sandbox
     refused = {(a["host"], a["port"]) for a in audits if not a["allowed"]}
     assert {("127.0.0.1", loopback.port), ("localhost", loopback.port), ("127.0.0.1", server_port)} <= refused
+
+
+def test_a_serve_sandbox_with_the_network_on_never_reaches_the_servers_host(
+    served: tuple[Any, str, Upstream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``allow_internet_access=True`` is the proxy to every public destination, never the host: not its loopback
+    (directly: the sandbox has a loopback of its own; or through the proxy, by address or name), not its own
+    addresses. A pinned name still reaches its upstream (the operator's)."""
+    from e2b import Sandbox
+
+    server, _, upstream = served
+    for name, value in server.sdk_env().items():
+        monkeypatch.setenv(name, value)
+    loopback = Upstream()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="loopback-listener")
+    thread.start()
+    listener = asyncio.run_coroutine_threadsafe(asyncio.start_server(loopback.handle, "0.0.0.0", 0), loop).result(10)
+    loopback.port = listener.sockets[0].getsockname()[1]
+    server_port = int(server.url.rsplit(":", 1)[1])
+    sbx = Sandbox.create(allow_internet_access=True)
+    try:
+        assert sbx.get_info().allow_internet_access is True
+
+        def status(url: str) -> str:
+            return sbx.commands.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 {url} || true").stdout
+
+        assert status(f"http://pinned.test:{upstream.port}/") == "200"
+        hosts = ["127.0.0.1", "localhost", "[::1]", "0.0.0.0", *[a for a in _own_addresses() if ":" not in a][:2]]
+        for host in hosts:
+            for port in (loopback.port, server_port):
+                assert status(f"http://{host}:{port}/") == "403", (host, port)
+        direct = sbx.commands.run(f"(exec 3<>/dev/tcp/127.0.0.1/{loopback.port}) 2>&1 && echo reached || true")
+        assert "reached" not in direct.stdout
+    finally:
+        sbx.kill()
+        loop.call_soon_threadsafe(listener.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    assert loopback.connections == 0  # listening on every address of the host: the sandbox reached none

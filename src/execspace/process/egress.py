@@ -139,6 +139,8 @@ class _Entry:
         return self.names(host, addr)
 
     def names(self, host: str, addr: Address | None) -> bool:
+        if self.host == "*":  # every destination (an address still has to be public, see _check_address)
+            return True
         if self.network is not None or addr is not None:
             return addr is not None and self.network is not None and addr in self.network
         if self.host.startswith("*."):

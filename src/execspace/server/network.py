@@ -3,10 +3,12 @@
 E2B's rules: an ``allowOut`` entry is an address, a CIDR block or a domain (``*.example.com`` for its subdomains);
 a ``denyOut`` entry an address or a CIDR block only; allowed entries win over denied ones;
 ``allow_internet_access=False`` is ``denyOut: ["0.0.0.0/0"]``. A domain is matched on ports 80 (HTTP ``Host``) and
-443 (TLS SNI), an address or block on every port. Here the sandbox's network is ``off``, ``on`` or an allow-list
-enforced by the egress proxy (:class:`~execspace.models.NetworkPolicy`), so the rules map to an allow-list when all
-other traffic is denied; a deny list with holes in it ("everything but these blocks") has no allow-list and is
-refused rather than enforced loosely.
+443 (TLS SNI), an address or block on every port. Here the sandbox's network is ``off`` or a policy enforced by its
+egress proxy (:class:`~execspace.models.NetworkPolicy`): with all other traffic denied, an allow-list of what
+``allowOut`` lists; with nothing denied, every public destination on every port (``*:*``) and what ``allowOut``
+lists. A deny list with holes in it ("everything but these blocks") has no allow-list and is refused rather than
+enforced loosely. Only a server started with ``--allow-host-network`` gives a sandbox with the network on the
+host's own network (``on``) instead.
 
 A sandbox never reaches the server's host through its proxy: loopback, ``0.0.0.0``/``::`` and every address of the
 host's interfaces are refused at create (an ``allowOut`` address or block that covers one, ``localhost`` or the
@@ -55,6 +57,8 @@ class SandboxEgress:
     network: Literal["off", "on"] | NetworkPolicy = "off"
     allow_out: tuple[str, ...] | None = None
     deny_out: tuple[str, ...] | None = None
+    internet: bool = False
+    """Whether its commands reach the whole (public) network: its info's ``allowInternetAccess``."""
 
     def info(self) -> dict[str, list[str]] | None:
         """The ``network`` of the sandbox's info: its rules as given, None when it was created without any."""
@@ -69,10 +73,15 @@ def sandbox_egress(
 ) -> SandboxEgress:
     """The network of a sandbox created with ``allow_internet_access=internet`` and ``network=network``.
 
+    The network on is the egress proxy allowing every public destination, never the server's host (unless the
+    server shares its own network: ``--allow-host-network``); an allow-list is the proxy allowing what it lists.
+
     Raises:
-        InvalidSpec: a malformed rule (the message names the field).
+        InvalidSpec: a malformed rule (the message names the field), or an ``allowOut`` entry that reaches the
+            server's host.
         CapabilityError: rules this server cannot enforce (a deny list that does not deny all traffic, an
-            allow-list on a server without ``--allow-internet-access`` or on a backend without an egress proxy).
+            allow-list on a server without ``--allow-internet-access``, the network on a backend without an egress
+            proxy).
     """
     if network is None:
         network = {}
@@ -89,7 +98,8 @@ def sandbox_egress(
     deny_out = _entries(network.get("denyOut"), "denyOut")
     denied = [_network(entry, "denyOut") for entry in deny_out or ()]
     allowed = [_allow_entry(entry) for entry in allow_out or ()]
-    keep_out = _host_out_of_reach(allow_out or (), options.resolve) if allowed else []
+    # an entry that reaches the server's host is refused now, before anything else is decided
+    keep_out = _host_out_of_reach(allow_out or (), options.resolve) if allowed else None
     deny_all = internet is not True or any(n in _ALL_TRAFFIC for n in denied)
     if denied and not deny_all:
         raise CapabilityError(
@@ -107,17 +117,25 @@ def sandbox_egress(
             "This server keeps sandboxes offline: start it with --allow-internet-access.",
         )
     if not deny_all:
-        return SandboxEgress("on", allow_out, deny_out)  # nothing denied: allowOut adds nothing to everything
-    if not allowed:
+        if options.host_network:
+            return SandboxEgress("on", allow_out, deny_out, internet=True)
+        # every public destination on every port, and what allowOut lists (private blocks); the host is denied below
+        reach = ["*:*", *allowed]
+    elif allowed:
+        reach = allowed  # what is not allowed is denied, and allowed entries win: denyOut takes nothing away
+    else:
         return SandboxEgress("off", allow_out, deny_out)
     if not capabilities.network_domains:
         raise CapabilityError(
-            "network.allowOut (an egress allow-list)", capabilities.backend, "Serve the sandbox backend."
+            "the network of a sandbox (an egress proxy)",
+            capabilities.backend,
+            "Serve the sandbox backend (or, dangerously, give sandboxes the host's network: --allow-host-network).",
         )
-    # what is not allowed is denied, and allowed entries win: denyOut has nothing left to take away; the host's
-    # own addresses are denied to the proxy too, whatever reaches them (deny entries win there)
-    policy = NetworkPolicy.allow(allowed, deny=keep_out, resolve=options.resolve)
-    return SandboxEgress(policy, allow_out, deny_out)
+    if keep_out is None:
+        keep_out = _host_out_of_reach((), options.resolve)
+    # the host's own addresses are denied to the proxy whatever name reaches them (deny entries win)
+    policy = NetworkPolicy.allow(reach, deny=keep_out, resolve=options.resolve)
+    return SandboxEgress(policy, allow_out, deny_out, internet=not deny_all)
 
 
 def _entries(value: Any, field: str) -> tuple[str, ...] | None:
