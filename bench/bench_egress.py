@@ -82,7 +82,7 @@ async def _echo_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
 async def _setup(plan: Plan, report: Report, proxy_port: int, port: int) -> None:
     async def through_proxy() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
-        writer.write(f"CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n".encode())
+        writer.write(f"CONNECT allowed.test:{port} HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n".encode())
         if not (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200"):
             raise RuntimeError("the proxy refused the benchmark's CONNECT")
         await _echo_once(reader, writer)

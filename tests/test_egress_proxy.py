@@ -13,7 +13,8 @@ import pytest
 
 from execspace.errors import InvalidSpec
 from execspace.models import NetworkAttempt, NetworkPolicy
-from execspace.process.egress import EgressProxy, client_hello_sni
+from execspace.process.egress import EgressProxy
+from execspace.process.egresswire import Incomplete, Malformed, client_hello_sni
 
 
 @dataclass
@@ -174,8 +175,10 @@ def _client_hello(server_name: str) -> bytes:
 
 def test_the_sni_of_a_real_client_hello_is_read() -> None:
     assert client_hello_sni(_client_hello("allowed.test")) == "allowed.test"
-    assert client_hello_sni(b"\x16\x03\x01\x00") is None
-    assert client_hello_sni(b"GET / HTTP/1.1\r\n") is None
+    with pytest.raises(Incomplete):
+        client_hello_sni(b"\x16\x03\x01\x00")
+    with pytest.raises(Malformed):
+        client_hello_sni(b"GET / HTTP/1.1\r\n")
 
 
 async def test_a_tls_client_hello_naming_another_host_is_not_forwarded(rig: Rig) -> None:
@@ -321,3 +324,28 @@ async def test_network_entries_match_addresses_on_their_ports_and_a_denied_netwo
     assert reasons["127.0.0.5"] == "denied by '127.0.0.4/30'"
     assert "not on the allow-list" in reasons["127.0.0.9"]
     assert reasons["inside.test"] == "inside.test resolves to 127.0.0.5, denied by '127.0.0.4/30'"
+
+
+async def test_the_entry_star_allows_every_public_destination_and_nothing_else(rig: Rig) -> None:
+    """``*:*`` matches every name and address on every port, but the address check stays: loopback, private and
+    the like are refused (unless pinned, as ``allowed.test`` is here), and a deny entry still wins."""
+    policy = NetworkPolicy.allow(["*:*"], deny=["denied.test"], resolve={"allowed.test": "127.0.0.1"})
+    proxy = EgressProxy(policy, "run-4")
+    listener = socket.create_server(("127.0.0.1", 0))
+    rig.port = listener.getsockname()[1]
+    await proxy.serve(listener)
+    try:
+        for port in (rig.upstream.port, rig.other.port):
+            status, reader, writer = await _connect_method(rig, f"allowed.test:{port}")
+            assert status.startswith(b"HTTP/1.1 200")
+            writer.write(b"ok")
+            assert await reader.readexactly(2) == b"ok"
+        for target in ("127.0.0.1", "localhost", "10.0.0.1", "[::1]", "denied.test"):
+            status, _, _ = await _connect_method(rig, f"{target}:{rig.upstream.port}")
+            assert status.startswith(b"HTTP/1.1 403"), target
+    finally:
+        proxy.close()
+    reasons = {a.host: a.reason for a in proxy.audit()}
+    assert reasons["allowed.test"] == "allowed by '*:*'"
+    assert "not a public address" in reasons["127.0.0.1"] and "not a public address" in reasons["10.0.0.1"]
+    assert reasons["denied.test"] == "denied by 'denied.test'"

@@ -114,8 +114,8 @@ _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
 
 def _host_port(entry: str, what: str) -> tuple[str, int | None]:
-    """``entry`` (``name``, ``*.suffix``, an address or network, each with an optional ``:port`` or ``:*``; IPv6 in
-    brackets) as a normalised (host, port; 0 for every port)."""
+    """``entry`` (``name``, ``*.suffix``, ``*``, an address or network, each with an optional ``:port`` or ``:*``;
+    IPv6 in brackets) as a normalised (host, port; 0 for every port)."""
     text = entry.strip().lower()
     port: int | None = None
     if text.startswith("["):
@@ -135,7 +135,7 @@ def _host_port(entry: str, what: str) -> tuple[str, int | None]:
             ipaddress.ip_network(host, strict=False)
         except ValueError:
             raise InvalidSpec(f"{what} {entry!r}: a network is ADDR/PREFIX, e.g. 10.0.0.0/8 or [fd00::/8]") from None
-    elif _address(host) is None:
+    elif _address(host) is None and host != "*":
         labels = host.removeprefix("*.").split(".")
         if not host or not all(_LABEL.fullmatch(label) for label in labels) or len(host) > 253:
             raise InvalidSpec(
@@ -166,9 +166,10 @@ class NetworkPolicy:
     """A run's network as an allow-list of destinations, enforced by a proxy outside the sandbox: the program
     reaches nothing else (no DNS, no other socket). Make one with :meth:`allow`.
 
-    Entries are ``example.com`` (that name only), ``*.example.com`` (its subdomains, not the name itself), an
-    address or a network (``10.0.0.0/8``; IPv6 in brackets: ``[fd00::/8]``), each with an optional ``:PORT`` or
-    ``:*`` for every port (without one: ports 80 and 443). An address or network entry matches a program that
+    Entries are ``example.com`` (that name only), ``*.example.com`` (its subdomains, not the name itself), ``*``
+    (every name and address: the public internet, as the address check below still applies), an address or a
+    network (``10.0.0.0/8``; IPv6 in brackets: ``[fd00::/8]``), each with an optional ``:PORT`` or ``:*`` for
+    every port (without one: ports 80 and 443). An address or network entry matches a program that
     names an address; a denied one also refuses a name that resolves into it. A ``denied`` entry wins over every
     allowed one; without a port it denies every port. A name allowed here still may not resolve to a loopback,
     private, link-local or metadata address unless the address is pinned in ``resolve`` or allowed as an entry.

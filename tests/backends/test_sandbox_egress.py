@@ -385,7 +385,7 @@ async def test_runs_leave_no_fd_or_task_behind_even_when_killed_mid_tunnel(box: 
     hold = (
         "import socket, time\n"
         "s = socket.create_connection(('127.0.0.1', 3128))\n"
-        f"s.sendall(b'CONNECT allowed.test:{upstream.port} HTTP/1.1\\r\\n\\r\\n')\n"
+        f"s.sendall(b'CONNECT allowed.test:{upstream.port} HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n')\n"
         "assert s.recv(100).startswith(b'HTTP/1.1 200')\n"
         "s.sendall(b'GET /hello.txt HTTP/1.0\\r\\n\\r\\n')\n"
         "print(len(s.recv(1000)), flush=True)\n"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import os
+import random
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from datetime import UTC, datetime
@@ -13,6 +16,9 @@ import httpx
 import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import AuthenticationException, NotFoundException, RateLimitException
+
+from execspace.errors import InvalidSpec
+from execspace.server import ServerOptions
 
 from .conftest import Server, running_server
 
@@ -194,16 +200,55 @@ def test_sandboxes_are_offline_unless_the_server_allows_the_network(e2b_server: 
 
 
 def test_the_network_when_the_server_allows_it(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with running_server(tmp_path / "ws", "--allow-internet-access") as server:
-        for name, value in server.sdk_env().items():
-            monkeypatch.setenv(name, value)
+    """The network on is the egress proxy to every public destination (and pinned names), never this host: its
+    loopback, the server's own port, is out of reach, directly or through the proxy."""
+    address = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randrange(2, 254, 2)}"
+    upstream = http.server.ThreadingHTTPServer((address, 0), _Hello)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    pinned = f"pinned.test:{upstream.server_address[1]}"
+    with running_server(tmp_path / "ws", "--allow-internet-access", "--resolve", f"pinned.test={address}") as server:
+        for variable, value in server.sdk_env().items():
+            monkeypatch.setenv(variable, value)
+        port = server.url.rsplit(":", 1)[1]
+        online = Sandbox.create(allow_internet_access=True)
+        try:
+            assert online.get_info().allow_internet_access is True
+            assert online.commands.run(f"curl -sS --max-time 20 http://{pinned}/").stdout == "hello\n"
+            with pytest.raises(CommandExitException):
+                online.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}")  # its own loopback: nothing there
+            for host in ("127.0.0.1", "localhost", address):  # the host, through the proxy: refused
+                status = f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 http://{host}:{port}/health"
+                assert online.commands.run(status).stdout == "403", host
+        finally:
+            online.kill()
+        offline = Sandbox.create()  # not asked for: offline
+        with pytest.raises(CommandExitException):
+            offline.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}")
+    upstream.shutdown()
+    upstream.server_close()
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "6")
+        self.end_headers()
+        self.wfile.write(b"hello\n")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_hosts_network_only_behind_its_dangerous_flag(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidSpec, match="needs allow_internet_access"):
+        ServerOptions(api_keys=("k",), host_network=True)
+    with running_server(tmp_path / "ws", "--allow-internet-access", "--allow-host-network") as server:
+        for variable, value in server.sdk_env().items():
+            monkeypatch.setenv(variable, value)
         port = server.url.rsplit(":", 1)[1]
         online = Sandbox.create(allow_internet_access=True)
         assert online.get_info().allow_internet_access is True
         assert online.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo reached").stdout == "reached\n"
-        offline = Sandbox.create()  # not asked for: offline
-        with pytest.raises(CommandExitException):
-            offline.commands.run(f"exec 3<>/dev/tcp/127.0.0.1/{port}")
 
 
 def test_each_sandbox_has_the_memory_the_server_gives_it(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -217,6 +217,7 @@ async def test_the_e2b_backend_gives_its_sandboxes_the_engines_allow_list(
     for bad, says in (
         (["allowed.test:8080"], "ports 80 and 443"),
         ([upstream.address], ":\\*"),
+        (["*:*"], "allow_internet_access=True"),
     ):
         with pytest.raises(execspace.InvalidSpec, match=says):
             E2BOptions(network=execspace.NetworkPolicy.allow(bad))

@@ -136,7 +136,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--allow-internet-access",
         action="store_true",
-        help="let sandboxes created with allow_internet_access=True reach the network (default: all offline)",
+        help="let sandboxes created with allow_internet_access=True reach the network through their egress proxy: "
+        "every public destination, never this host (default: all offline)",
+    )
+    p.add_argument(
+        "--allow-host-network",
+        action="store_true",
+        help="DANGEROUS: such sandboxes share this host's network instead, its loopback services (this server's "
+        "API included) and its own addresses with it (needs --allow-internet-access)",
     )
     p.add_argument(
         "--resolve",
@@ -203,6 +210,7 @@ async def command(args: argparse.Namespace) -> int:
         head_timeout=args.head_timeout,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,
+        host_network=args.allow_host_network,
         resolve=dict(args.resolve),
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
         sandbox_memory_mb=args.sandbox_memory_mb,

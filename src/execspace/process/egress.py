@@ -5,8 +5,9 @@ over by the sandbox's bridge, or any socket a test gives it). Each connection sp
 proxying (absolute-URI requests) or SOCKS5 (``CONNECT`` with a name or address). Every destination is judged on its
 name first (deny entries win, then allow entries), then the proxy resolves the name itself, refuses any address that
 is not public unless the policy names it (a ``resolve`` pin, an address entry), and connects only to an address it
-checked. Plain HTTP must carry a ``Host`` header naming the target; a TLS ClientHello through a tunnel must name the
-target in its SNI. Every attempt is recorded (:class:`~execspace.models.NetworkAttempt`).
+checked. What the client sends is parsed strictly (:mod:`.egresswire`: a malformed or ambiguous request is refused);
+plain HTTP must carry a ``Host`` header naming the target; a TLS ClientHello through a tunnel, reassembled whole,
+must name the target in its SNI. Every attempt is recorded (:class:`~execspace.models.NetworkAttempt`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TypeVar
 
 from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
 from ..workspace.confine import ConfinedRoot, split_relpath
+from .egresswire import (
+    ClientHelloReader,
+    HeadReader,
+    HttpRequest,
+    Incomplete,
+    Malformed,
+    http_request,
+    socks5_methods,
+    socks5_request,
+    target_host,
+)
 
 __all__ = [
     "ANY_PORT",
@@ -38,7 +50,6 @@ __all__ = [
     "EgressRules",
     "RunAudit",
     "audit_line",
-    "client_hello_sni",
     "listen_in_netns",
     "proxy_env",
     "receive_listener",
@@ -57,8 +68,6 @@ REQUEST_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 #: Seconds an approval flow (``approve``) may take to answer; no answer refuses.
 APPROVAL_TIMEOUT = 120.0
-#: Largest HTTP request head (request line and headers) the proxy reads.
-MAX_HEAD = 32 * 1024
 _CHUNK = 256 * 1024
 #: Ports an entry without ``:PORT`` allows.
 DEFAULT_PORTS = (80, 443)
@@ -68,7 +77,7 @@ _HOP_HEADERS = frozenset({"connection", "proxy-connection", "keep-alive", "proxy
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Protocol = Literal["connect", "http", "socks5", "unknown"]
+_T = TypeVar("_T")
 
 
 class _Denied(Exception):
@@ -130,6 +139,8 @@ class _Entry:
         return self.names(host, addr)
 
     def names(self, host: str, addr: Address | None) -> bool:
+        if self.host == "*":  # every destination (an address still has to be public, see _check_address)
+            return True
         if self.network is not None or addr is not None:
             return addr is not None and self.network is not None and addr in self.network
         if self.host.startswith("*."):
@@ -237,21 +248,14 @@ class _Socket:
             raise EOFError
         self.buffer += data
 
-    async def readexactly(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            await self.fill()
-        data = bytes(self.buffer[:n])
-        del self.buffer[:n]
-        return data
-
-    async def readuntil(self, separator: bytes, limit: int) -> bytes:
-        while (end := self.buffer.find(separator)) < 0:
-            if len(self.buffer) > limit:
-                raise ValueError("request head too long")
-            await self.fill()
-        data = bytes(self.buffer[: end + len(separator)])
-        del self.buffer[: end + len(separator)]
-        return data
+    async def parse(self, parser: Callable[[bytearray], _T]) -> _T:
+        """What ``parser`` makes of the buffer, read on until it has a whole message (raises ``EOFError`` when the
+        client ends first; :class:`Malformed` as the parser does)."""
+        while True:
+            try:
+                return parser(self.buffer)
+            except Incomplete:
+                await self.fill()
 
     async def send(self, data: bytes | memoryview) -> None:
         await self.loop.sock_sendall(self.sock, data)
@@ -283,8 +287,10 @@ class EgressProxy:
         on_record: Callable[[NetworkAttempt], None] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         approve: NetworkApprover | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         self.rules = EgressRules(policy)
+        self.request_timeout = request_timeout
         self.approve = approve
         self._approvals: dict[tuple[str, int], asyncio.Task[bool]] = {}
         self.run_id = run_id
@@ -338,37 +344,44 @@ class EgressProxy:
         assert task is not None
         conn = _Conn(client)
         if self._closed or len(self._live) >= self.max_connections:
-            conn.record = self._new("", 0, "unknown")
+            conn.record = self._new()
             conn.record.update(allowed=False, reason=f"too many connections: at most {self.max_connections} open")
             self._finish(conn)
             client.close()
             return
         self._live[task] = conn
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT) as conn.deadline:
-                first = await client.readexactly(1)
-                if first == b"\x05":
+            async with asyncio.timeout(self.request_timeout) as conn.deadline:
+                await client.fill()
+                conn.record = self._new()
+                if client.buffer[:1] == b"\x05":
                     tunnel = await self._socks5(conn)
                 else:
-                    tunnel = await self._http(conn, first)
+                    tunnel = await self._http(conn)
             if tunnel is not None:
                 await self._pipe(conn, *tunnel)
-        except (OSError, EOFError, TimeoutError, ValueError):
-            pass
+        except (OSError, EOFError, TimeoutError) as exc:
+            if conn.record and not conn.record["reason"]:  # it ended before its request was judged
+                conn.record["reason"] = (
+                    f"no complete request within {self.request_timeout:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else "the connection ended before its request was complete"
+                )
         finally:
             self._finish(conn)
             for side in (client, conn.upstream):
                 if side is not None:
                     side.close()
 
-    def _new(self, host: str, port: int, protocol: Protocol, method: str = "") -> dict[str, object]:
+    def _new(self) -> dict[str, object]:
+        """A new attempt: what it asked for is filled in as it is parsed."""
         return {
             "run_id": self.run_id,
             "time": time.time(),
-            "host": host,
-            "port": port,
-            "protocol": protocol,
-            "method": method,
+            "host": "",
+            "port": 0,
+            "protocol": "unknown",
+            "method": "",
             "allowed": False,
             "reason": "",
             "address": "",
@@ -442,30 +455,34 @@ class EgressProxy:
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    async def _http(self, conn: _Conn, first: bytes) -> _Tunnel | None:
-        head = first + await conn.client.readuntil(b"\r\n\r\n", MAX_HEAD)
-        lines = head.decode("latin-1").split("\r\n")
-        method, _, rest = lines[0].partition(" ")
-        target, _, version = rest.partition(" ")
-        headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
-        if method == "CONNECT":
-            conn.record = self._new(target, 0, "connect", method)
-            return await self._connect_method(conn, target)
-        conn.record = self._new(target, 0, "http", method)
-        return await self._forward(conn, method, target, version, headers)
+    async def _http(self, conn: _Conn) -> _Tunnel | None:
+        client = conn.client
+        try:
+            end = await client.parse(HeadReader().end)
+            request = http_request(bytes(client.buffer[:end]))
+        except Malformed as exc:
+            conn.record["protocol"] = "connect" if client.buffer.startswith(b"CONNECT ") else "http"
+            await self._refuse(conn, 400, f"malformed HTTP request: {exc}")
+            return None
+        del client.buffer[:end]
+        connect = request.method == "CONNECT"
+        conn.record.update(protocol="connect" if connect else "http", method=request.method, host=request.target)
+        if connect:
+            return await self._connect_method(conn, request.target)
+        return await self._forward(conn, request)
 
     async def _connect_method(self, conn: _Conn, target: str) -> _Tunnel | None:
         try:
-            host, port = split_target(target)
+            host, port = _authority(target)
             if port is None:
-                raise _Denied("CONNECT needs HOST:PORT")
+                raise Malformed("CONNECT needs HOST:PORT")
             conn.record.update(host=host, port=port)
             upstream = await self._open(conn, host, port)
         except _Denied as exc:
             await self._refuse(conn, 403, str(exc))
             return None
-        except ValueError:
-            await self._refuse(conn, 400, f"malformed CONNECT target {target!r}")
+        except Malformed as exc:
+            await self._refuse(conn, 400, f"malformed CONNECT target {target!r}: {exc}")
             return None
         except ConnectionError as exc:
             await self._refuse(conn, 502, str(exc), denied=False)
@@ -473,34 +490,34 @@ class EgressProxy:
         await conn.client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
         return upstream, host
 
-    async def _forward(
-        self, conn: _Conn, method: str, target: str, version: str, headers: list[tuple[str, ...]]
-    ) -> _Tunnel | None:
-        scheme, sep, rest = target.partition("://")
+    async def _forward(self, conn: _Conn, request: HttpRequest) -> _Tunnel | None:
+        scheme, sep, rest = request.target.partition("://")
         if not sep or scheme.lower() != "http":
             await self._refuse(conn, 400, "a proxy request needs an absolute http:// URI (CONNECT for https)")
             return None
-        authority, slash, path = rest.partition("/")
+        authority, _, path = rest.partition("/")
         try:
-            host, port = split_target(authority.rpartition("@")[2])
+            if "@" in authority:
+                raise Malformed("user information in the request target")
+            host, port = _authority(authority)
             port = port or 80
             conn.record.update(host=host, port=port)
-            hosts = [h[1] for h in headers if len(h) == 2 and h[0].lower() == "host"]
-            named = split_target(hosts[0]) if len(hosts) == 1 else None
-            if named is None or named[0] != host or (named[1] or 80) != port:
-                raise _Denied(f"the Host header {hosts!r} does not name the request's target {host}:{port}")
+            named = request.header("host")
+            if named is None or _authority(named, default_port=80) != (host, port):
+                raise _Denied(f"the Host header {named!r} does not name the request's target {host}:{port}")
             upstream = await self._open(conn, host, port)
         except _Denied as exc:
             await self._refuse(conn, 403, str(exc))
             return None
-        except ValueError:
-            await self._refuse(conn, 400, f"malformed request target {target!r}")
+        except Malformed as exc:
+            await self._refuse(conn, 400, f"malformed request target {request.target!r}: {exc}")
             return None
         except ConnectionError as exc:
             await self._refuse(conn, 502, str(exc), denied=False)
             return None
-        kept = [f"{h[0]}: {h[1]}" for h in headers if len(h) == 2 and h[0].lower() not in _HOP_HEADERS]
-        data = "\r\n".join([f"{method} {slash}{path} {version}", *kept, "Connection: close", "", ""]).encode("latin-1")
+        kept = [f"{name}: {value}" for name, value in request.headers if name.lower() not in _HOP_HEADERS]
+        line = f"{request.method} /{path} HTTP/{request.version}"
+        data = "\r\n".join([line, *kept, "Connection: close", "", ""]).encode("latin-1")
         await upstream.send(data)
         conn.record["bytes_up"] = len(data)
         return upstream, None
@@ -516,38 +533,40 @@ class EgressProxy:
     # -- SOCKS5 --------------------------------------------------------------------------------
 
     async def _socks5(self, conn: _Conn) -> _Tunnel | None:
-        conn.record = self._new("", 0, "socks5")
+        conn.record["protocol"] = "socks5"
         client = conn.client
-        methods = await client.readexactly((await client.readexactly(1))[0])
+        try:
+            methods, used = await client.parse(socks5_methods)
+        except Malformed as exc:
+            await client.send(b"\x05\xff")
+            conn.record["reason"] = f"malformed SOCKS5 greeting: {exc}"
+            return None
+        del client.buffer[:used]
         if 0 not in methods:
             await client.send(b"\x05\xff")
             conn.record["reason"] = "SOCKS5 without the no-authentication method"
             return None
         await client.send(b"\x05\x00")
-        ver, cmd, _, atyp = await client.readexactly(4)
-        if atyp == 1:
-            host = str(ipaddress.IPv4Address(await client.readexactly(4)))
-        elif atyp == 4:
-            host = str(ipaddress.IPv6Address(await client.readexactly(16)))
-        elif atyp == 3:
-            name = await client.readexactly((await client.readexactly(1))[0])
-            host = name.decode("ascii", errors="replace").lower().rstrip(".")
-        else:
-            await client.send(_socks_reply(8))
-            conn.record["reason"] = f"SOCKS5 address type {atyp} is unknown"
+        try:
+            request, used = await client.parse(socks5_request)
+        except Malformed as exc:
+            await client.send(_socks_reply(1))
+            conn.record["reason"] = f"malformed SOCKS5 request: {exc}"
             return None
-        port = int.from_bytes(await client.readexactly(2), "big")
-        conn.record.update(host=host, port=port, method="CONNECT" if cmd == 1 else f"command {cmd}")
-        if ver != 5 or cmd != 1:
+        del client.buffer[:used]
+        host, port = request.host, request.port
+        conn.record.update(
+            host=host, port=port, method="CONNECT" if request.command == 1 else f"command {request.command}"
+        )
+        if request.command != 1:
             await client.send(_socks_reply(7))
             conn.record["reason"] = "only SOCKS5 CONNECT is served (no BIND, no UDP)"
             return None
         try:
-            split_target(host if _address(host) is None else f"[{host}]")
             upstream = await self._open(conn, host, port)
-        except (_Denied, ValueError) as exc:
+        except _Denied as exc:
             await client.send(_socks_reply(2))  # connection not allowed by ruleset
-            conn.record.update(allowed=False, reason=str(exc) if isinstance(exc, _Denied) else "malformed name")
+            conn.record.update(allowed=False, reason=str(exc))
             return None
         except ConnectionError as exc:
             await client.send(_socks_reply(5))
@@ -580,23 +599,30 @@ class EgressProxy:
             down.cancel()
 
     async def _check_sni(self, conn: _Conn, host: str) -> bool:
+        """Whether the client's first bytes may go on: anything but TLS is not inspected; a TLS ClientHello is
+        reassembled whole (within the request timeout and :data:`MAX_CLIENT_HELLO`) and must name ``host`` or no
+        name at all; an incomplete or malformed one is refused."""
         client = conn.client
         if not client.buffer:
             with contextlib.suppress(EOFError):
                 await client.fill()
         if client.buffer[:1] != b"\x16":
             return True
-        async with asyncio.timeout(REQUEST_TIMEOUT):
-            while len(client.buffer) < _tls_record_end(client.buffer):
-                try:
-                    await client.fill()
-                except EOFError:
-                    break
-        name = client_hello_sni(bytes(client.buffer))
-        if name is not None and name.lower().rstrip(".") != host:
-            conn.record.update(allowed=False, reason=f"the TLS SNI {name!r} differs from the target {host!r}")
-            return False
-        return True
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                name = await client.parse(ClientHelloReader().server_name)
+        except Malformed as exc:
+            reason = f"malformed TLS ClientHello: {exc}"
+        except EOFError:
+            reason = "the TLS ClientHello ended before it was complete"
+        except TimeoutError:
+            reason = f"the TLS ClientHello was not complete within {self.request_timeout:g} s"
+        else:
+            if name is None or name == host:
+                return True
+            reason = f"the TLS SNI {name!r} differs from the target {host!r}"
+        conn.record.update(allowed=False, reason=reason)
+        return False
 
 
 _Tunnel = tuple[_Socket, str | None]
@@ -607,11 +633,13 @@ def _socks_reply(code: int) -> bytes:
     return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
-def _tls_record_end(buffer: bytearray) -> int:
-    """How many bytes the TLS record at the start of ``buffer`` takes (capped at the largest record)."""
-    if len(buffer) < 5:
-        return 5
-    return min(5 + int.from_bytes(buffer[3:5], "big"), 5 + 16384 + 5)
+def _authority(text: str, default_port: int | None = None) -> tuple[str, int | None]:
+    """``host[:port]`` of a request target or ``Host`` header as the proxy judges it; raises :class:`Malformed`."""
+    try:
+        host, port = split_target(text)
+    except ValueError:
+        raise Malformed(f"{text!r} is not HOST or HOST:PORT") from None
+    return target_host(host), default_port if port is None else port
 
 
 async def _relay(src: _Socket, dst: _Socket, record: dict[str, object], key: str) -> None:
@@ -671,28 +699,6 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> No
         await ready
     finally:
         (loop.remove_writer if write else loop.remove_reader)(fd)
-
-
-def client_hello_sni(record: bytes) -> str | None:
-    """The server name of a TLS ClientHello record (None when it has none or is not one)."""
-    try:
-        if record[0] != 0x16 or record[5] != 0x01:
-            return None
-        pos = 5 + 4 + 2 + 32  # record header, handshake header, version, random
-        pos += 1 + record[pos]  # session id
-        pos += 2 + int.from_bytes(record[pos : pos + 2], "big")  # cipher suites
-        pos += 1 + record[pos]  # compression methods
-        end = pos + 2 + int.from_bytes(record[pos : pos + 2], "big")
-        pos += 2
-        while pos + 4 <= end:
-            kind, size = int.from_bytes(record[pos : pos + 2], "big"), int.from_bytes(record[pos + 2 : pos + 4], "big")
-            if kind == 0:  # server_name: list length, then (type 0, length, name)
-                length = int.from_bytes(record[pos + 7 : pos + 9], "big")
-                return record[pos + 9 : pos + 9 + length].decode("ascii", errors="replace")
-            pos += 4 + size
-    except IndexError:
-        return None
-    return None
 
 
 async def receive_listener(channel: socket.socket) -> socket.socket:

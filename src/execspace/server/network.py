@@ -3,16 +3,26 @@
 E2B's rules: an ``allowOut`` entry is an address, a CIDR block or a domain (``*.example.com`` for its subdomains);
 a ``denyOut`` entry an address or a CIDR block only; allowed entries win over denied ones;
 ``allow_internet_access=False`` is ``denyOut: ["0.0.0.0/0"]``. A domain is matched on ports 80 (HTTP ``Host``) and
-443 (TLS SNI), an address or block on every port. Here the sandbox's network is ``off``, ``on`` or an allow-list
-enforced by the egress proxy (:class:`~execspace.models.NetworkPolicy`), so the rules map to an allow-list when all
-other traffic is denied; a deny list with holes in it ("everything but these blocks") has no allow-list and is
-refused rather than enforced loosely.
+443 (TLS SNI), an address or block on every port. Here the sandbox's network is ``off`` or a policy enforced by its
+egress proxy (:class:`~execspace.models.NetworkPolicy`): with all other traffic denied, an allow-list of what
+``allowOut`` lists; with nothing denied, every public destination on every port (``*:*``) and what ``allowOut``
+lists. A deny list with holes in it ("everything but these blocks") has no allow-list and is refused rather than
+enforced loosely. Only a server started with ``--allow-host-network`` gives a sandbox with the network on the
+host's own network (``on``) instead.
+
+A sandbox never reaches the server's host through its proxy: loopback, ``0.0.0.0``/``::`` and every address of the
+host's interfaces are refused at create (an ``allowOut`` address or block that covers one, ``localhost`` or the
+host's own name) and denied again by the sandbox's proxy (deny entries win, also over a name that resolves there),
+except the addresses ``--resolve`` pins: the operator's own, for tests and private deployments.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from ..capabilities import Capabilities
@@ -22,8 +32,22 @@ from .options import ServerOptions
 
 __all__ = ["SandboxEgress", "sandbox_egress"]
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 #: E2B's ``ALL_TRAFFIC`` (and its IPv6 twin): a deny entry that leaves only what ``allowOut`` lists.
 _ALL_TRAFFIC = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+#: What reaches the host whatever its interfaces: loopback, and "this host" (a connect to 0.0.0.0 or :: is one to
+#: the host's own loopback).
+_ALWAYS_HOST: tuple[tuple[Network, str], ...] = (
+    (ipaddress.ip_network("127.0.0.0/8"), "loopback"),
+    (ipaddress.ip_network("::1/128"), "loopback"),
+    (ipaddress.ip_network("0.0.0.0/8"), "this host"),
+    (ipaddress.ip_network("::/128"), "this host"),
+)
+_V4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+#: Names that always mean the host itself (RFC 6761): ``localhost`` and every name under it.
+_LOCAL_NAMES = ("localhost", "*.localhost", "localhost.localdomain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +57,8 @@ class SandboxEgress:
     network: Literal["off", "on"] | NetworkPolicy = "off"
     allow_out: tuple[str, ...] | None = None
     deny_out: tuple[str, ...] | None = None
+    internet: bool = False
+    """Whether its commands reach the whole (public) network: its info's ``allowInternetAccess``."""
 
     def info(self) -> dict[str, list[str]] | None:
         """The ``network`` of the sandbox's info: its rules as given, None when it was created without any."""
@@ -47,10 +73,15 @@ def sandbox_egress(
 ) -> SandboxEgress:
     """The network of a sandbox created with ``allow_internet_access=internet`` and ``network=network``.
 
+    The network on is the egress proxy allowing every public destination, never the server's host (unless the
+    server shares its own network: ``--allow-host-network``); an allow-list is the proxy allowing what it lists.
+
     Raises:
-        InvalidSpec: a malformed rule (the message names the field).
+        InvalidSpec: a malformed rule (the message names the field), or an ``allowOut`` entry that reaches the
+            server's host.
         CapabilityError: rules this server cannot enforce (a deny list that does not deny all traffic, an
-            allow-list on a server without ``--allow-internet-access`` or on a backend without an egress proxy).
+            allow-list on a server without ``--allow-internet-access``, the network on a backend without an egress
+            proxy).
     """
     if network is None:
         network = {}
@@ -67,6 +98,8 @@ def sandbox_egress(
     deny_out = _entries(network.get("denyOut"), "denyOut")
     denied = [_network(entry, "denyOut") for entry in deny_out or ()]
     allowed = [_allow_entry(entry) for entry in allow_out or ()]
+    # an entry that reaches the server's host is refused now, before anything else is decided
+    keep_out = _host_out_of_reach(allow_out or (), options.resolve) if allowed else None
     deny_all = internet is not True or any(n in _ALL_TRAFFIC for n in denied)
     if denied and not deny_all:
         raise CapabilityError(
@@ -84,16 +117,25 @@ def sandbox_egress(
             "This server keeps sandboxes offline: start it with --allow-internet-access.",
         )
     if not deny_all:
-        return SandboxEgress("on", allow_out, deny_out)  # nothing denied: allowOut adds nothing to everything
-    if not allowed:
+        if options.host_network:
+            return SandboxEgress("on", allow_out, deny_out, internet=True)
+        # every public destination on every port, and what allowOut lists (private blocks); the host is denied below
+        reach = ["*:*", *allowed]
+    elif allowed:
+        reach = allowed  # what is not allowed is denied, and allowed entries win: denyOut takes nothing away
+    else:
         return SandboxEgress("off", allow_out, deny_out)
     if not capabilities.network_domains:
         raise CapabilityError(
-            "network.allowOut (an egress allow-list)", capabilities.backend, "Serve the sandbox backend."
+            "the network of a sandbox (an egress proxy)",
+            capabilities.backend,
+            "Serve the sandbox backend (or, dangerously, give sandboxes the host's network: --allow-host-network).",
         )
-    # what is not allowed is denied, and allowed entries win: denyOut has nothing left to take away
-    policy = NetworkPolicy.allow(allowed, resolve=options.resolve)
-    return SandboxEgress(policy, allow_out, deny_out)
+    if keep_out is None:
+        keep_out = _host_out_of_reach((), options.resolve)
+    # the host's own addresses are denied to the proxy whatever name reaches them (deny entries win)
+    policy = NetworkPolicy.allow(reach, deny=keep_out, resolve=options.resolve)
+    return SandboxEgress(policy, allow_out, deny_out, internet=not deny_all)
 
 
 def _entries(value: Any, field: str) -> tuple[str, ...] | None:
@@ -133,3 +175,94 @@ def _allow_entry(entry: str) -> str:
             "*.example.com; no port: a domain is reached on 80 and 443)"
         ) from None
     return entry.lower()
+
+
+def _host_out_of_reach(allow_out: Iterable[str], pins: Mapping[str, str]) -> list[str]:
+    """The deny entries that keep a sandbox's proxy off the server's host: every address that reaches it, less
+    those ``pins`` pin. Raises :class:`InvalidSpec` for an ``allowOut`` entry that reaches the host anyway (an
+    address or block that covers one, a name that is the host's own), naming the entry and the rule."""
+    pinned = {_plain(ipaddress.ip_address(value.strip().strip("[]"))) for value in pins.values()}
+    found: list[tuple[Network, str]] = []
+    for net, what in [*_ALWAYS_HOST, *((net, "the host's address") for net in _interface_networks())]:
+        if not any(net.network_address in seen and net.broadcast_address in seen for seen, _ in found):
+            found.append((net, f"{what} {net}"))
+    host = [(part, what) for net, what in found for part in _without(net, pinned)]
+    own_names = {*_LOCAL_NAMES, socket.gethostname().lower()} - {name.lower() for name in pins}
+    for entry in allow_out:
+        try:
+            block = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            name = entry.lower().rstrip(".")
+            if any(name == own or (own.startswith("*.") and name.endswith(own[1:])) for own in own_names):
+                raise InvalidSpec(_refusal(entry, f"{name!r} names the host itself")) from None
+            continue
+        blocks = [block, *_as_v4(block)]
+        for net, what in host:
+            if any(b.version == net.version and b.overlaps(net) for b in blocks):
+                raise InvalidSpec(_refusal(entry, f"it covers {what}"))
+    return [f"[{net}]" if net.version == 6 else str(net) for net, _ in host]
+
+
+def _refusal(entry: str, why: str) -> str:
+    return (
+        f"network.allowOut entry {entry!r} reaches the server's host ({why}): a sandbox never reaches the host's "
+        "loopback or its own addresses; to reach a test server there, start the server with --resolve NAME=ADDR "
+        "and allow NAME"
+    )
+
+
+def _plain(addr: Address) -> Address:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def _as_v4(block: Network) -> Iterator[ipaddress.IPv4Network]:
+    """The IPv4 addresses an IPv6 block names in their IPv4-mapped form (the proxy reads them as IPv4)."""
+    if isinstance(block, ipaddress.IPv6Network) and block.overlaps(_V4_MAPPED):
+        if block.prefixlen <= 96:
+            yield ipaddress.IPv4Network("0.0.0.0/0")
+        else:
+            yield ipaddress.IPv4Network((int(block.network_address) & 0xFFFFFFFF, block.prefixlen - 96))
+
+
+def _without(net: Network, pinned: Iterable[Address]) -> list[Network]:
+    """``net`` less the pinned addresses in it (as the fewest blocks)."""
+    parts: list[Network] = [net]
+    for addr in pinned:
+        parts = [rest for part in parts for rest in _exclude(part, addr)]
+    return parts
+
+
+def _exclude(net: Network, addr: Address) -> Iterator[Network]:
+    if addr not in net:
+        yield net
+    elif isinstance(net, ipaddress.IPv4Network) and isinstance(addr, ipaddress.IPv4Address):
+        yield from net.address_exclude(ipaddress.IPv4Network(addr))
+    elif isinstance(net, ipaddress.IPv6Network) and isinstance(addr, ipaddress.IPv6Address):
+        yield from net.address_exclude(ipaddress.IPv6Network(addr))
+
+
+def _interface_networks() -> Iterator[Network]:
+    """Every address of this host's interfaces (in its network namespace): the kernel's IPv4 local routes (an
+    address reaches the host whichever interface carries it) and the IPv6 interface addresses."""
+    try:
+        trie = Path("/proc/net/fib_trie").read_text()
+    except OSError as exc:  # without it the host's addresses are unknown: refuse rather than guess
+        raise CapabilityError(
+            "an egress allow-list that keeps the server's host out of reach", "execspace serve", f"{exc}"
+        ) from None
+    address = ""
+    for line in trie.splitlines():
+        words = line.split()
+        if words[:1] == ["|--"] and len(words) > 1:
+            address = words[1]
+        elif len(words) >= 3 and words[0].startswith("/") and words[2] == "LOCAL" and address:
+            yield ipaddress.ip_network(f"{address}{words[0]}", strict=False)
+    try:
+        inet6 = Path("/proc/net/if_inet6").read_text()
+    except FileNotFoundError:
+        return  # no IPv6 here
+    for line in inet6.splitlines():
+        if words := line.split():
+            yield ipaddress.ip_network(ipaddress.IPv6Address(int(words[0], 16)))

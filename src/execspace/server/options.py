@@ -73,7 +73,12 @@ class ServerOptions:
     ``E2B_SANDBOX_URL`` (header routing) is the way in."""
     allow_internet_access: bool = False
     """Let a sandbox created with ``allow_internet_access=True`` reach the network (off: every sandbox is offline,
-    whatever it asks; its info reports ``allowInternetAccess: false``)."""
+    whatever it asks; its info reports ``allowInternetAccess: false``): every public destination, through its egress
+    proxy, never the server's host (see ``host_network``)."""
+    host_network: bool = False
+    """Dangerous: a sandbox with the network on shares the host's network namespace instead of going through its
+    egress proxy, so it reaches the host's loopback services (this server's API included) and its own addresses.
+    Needs ``allow_internet_access``."""
     resolve: Mapping[str, str] = field(default_factory=dict)
     """Names pinned to an address for every sandbox's egress allow-list (``NetworkPolicy.resolve``: tests, private
     deployments); a pinned address counts as allowed."""
@@ -146,6 +151,10 @@ class ServerOptions:
         if self.max_upload_bytes < 1:
             raise InvalidSpec(f"max_upload_bytes must be at least 1, got {self.max_upload_bytes}")
         NetworkPolicy.allow([], resolve=self.resolve)  # checks the pins
+        if self.host_network and not self.allow_internet_access:
+            raise InvalidSpec(
+                "host_network (--allow-host-network) needs allow_internet_access (--allow-internet-access)"
+            )
         if not 0 < self.default_timeout <= self.max_timeout:
             raise InvalidSpec("default_timeout must be positive and at most max_timeout")
         for name in ("sandbox_memory_mb", "sandbox_pids", "sandbox_disk_mb"):

@@ -117,7 +117,7 @@ class Sandbox:
     @property
     def allow_internet_access(self) -> bool:
         """Whether its commands reach the whole network (its info's ``allowInternetAccess``)."""
-        return self.egress.network == "on"
+        return self.egress.internet
 
     def program_env(self) -> dict[str, str]:
         """What every program of the sandbox starts with, as E2B's envd gives it: the user, the sandbox's marks and

@@ -34,6 +34,8 @@ def sandbox_rules(policy: NetworkPolicy) -> dict[str, list[str]]:
 
 def _allow_entry(entry: str) -> str:
     host, port = split_target(entry, entry=True)
+    if host == "*":
+        raise _unmapped("the entry '*' (every destination)", "open the engine with allow_internet_access=True")
     if _is_address(host):
         if port != ANY_PORT:
             raise _unmapped(
