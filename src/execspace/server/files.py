@@ -40,8 +40,8 @@ __all__ = ["FilesAPI", "SignatureError", "signature_matches", "signed_sandbox"]
 
 Operation = Literal["read", "write"]
 _MAX_PARTS = 1000
-#: An upload refused before its body was read to the end: the connection goes, rather than the rest of the body
-#: being read (and thrown away) to keep it.
+#: A refused upload's body may not have been read to the end: over HTTP/1 its connection goes, rather than the rest
+#: being read (and thrown away) to keep it. HTTP/2 has no such header (h2 leaves it out): flow control stops there.
 _CLOSE = {"Connection": "close"}
 
 
