@@ -12,15 +12,17 @@ import contextlib
 import ctypes
 import errno
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from execspace import BaseEngine, File, PathDenied, PutFile, Workspace
-from execspace.workspace.hostfs import HostWorkspaceFS
+from execspace import BackendError, BaseEngine, File, LimitExceeded, PathDenied, PutFile, Workspace
+from execspace.protocols import SupportsFileStreams
+from execspace.workspace.hostfs import STREAM_CHUNK, HostWorkspaceFS
 
 CANARY = b"CANARY: host content that must never leave or change\n"
 
@@ -184,6 +186,8 @@ async def test_symlink_swapped_in_during_operations(engine: BaseEngine, ws: Work
             pytest.skip("RENAME_EXCHANGE is not supported on this filesystem")
         raise
     before = snapshot(outside)
+    fs = engine.fs
+    assert isinstance(fs, SupportsFileStreams)
     stop = threading.Event()
     swaps = [0]
 
@@ -208,6 +212,11 @@ async def test_symlink_swapped_in_during_operations(engine: BaseEngine, ws: Work
                     await engine.fs.put_files(ws, [PutFile(f"out/{name}/new-{rounds}.txt", "new")])
                 with contextlib.suppress(PathDenied, FileNotFoundError):
                     seen.append((await engine.fs.read_file(ws, f"out/{name}/canary.txt")).content)
+                with contextlib.suppress(PathDenied, FileNotFoundError):
+                    await fs.write_stream(ws, f"out/{name}/canary.txt", _chunks(b"streamed"), max_bytes=100)
+                with contextlib.suppress(PathDenied, FileNotFoundError):
+                    reader = await fs.open_reader(ws, f"out/{name}/canary.txt")
+                    seen.extend([chunk async for chunk in reader.chunks()])
             seen.extend(f.content for f in await engine.fs.collect(ws, ["out/**"]))
     finally:
         stop.set()
@@ -215,6 +224,135 @@ async def test_symlink_swapped_in_during_operations(engine: BaseEngine, ws: Work
     assert swaps[0] > 100 and rounds > 10, "the race did not really run"
     assert CANARY not in seen
     assert snapshot(outside) == before
+
+
+# -- streams (what execspace serve's file API runs on) ----------------------------------------------
+
+
+async def _chunks(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+def _streams(engine: BaseEngine) -> SupportsFileStreams:
+    fs = engine.fs
+    assert isinstance(fs, SupportsFileStreams)
+    return fs
+
+
+def _temps(directory: Path) -> list[str]:
+    return [n for n in os.listdir(directory) if n.endswith(".tmp")]
+
+
+async def test_streams_are_confined_like_put_and_read(engine: BaseEngine, ws: Workspace, outside: Path) -> None:
+    fs = _streams(engine)
+    (host(ws) / "out" / "link.txt").symlink_to(outside / "canary.txt")
+    (host(ws) / "out" / "dir").symlink_to(outside, target_is_directory=True)
+    os.link(outside / "canary.txt", host(ws) / "out" / "hard.txt")
+    before = snapshot(outside)
+    for path in ("../outside/x.txt", str(outside / "x.txt"), "out/dir/x.txt", "out/dir/canary.txt"):
+        with pytest.raises(PathDenied):
+            await fs.write_stream(ws, path, _chunks(b"x"), max_bytes=10)
+        with pytest.raises((PathDenied, FileNotFoundError)):
+            await fs.open_reader(ws, path)
+    for path in ("out/link.txt", "out/hard.txt"):
+        with pytest.raises(PathDenied):
+            await fs.open_reader(ws, path)
+        assert await fs.write_stream(ws, path, _chunks(b"mine", b"!"), max_bytes=10) == 5
+        assert (host(ws) / path).read_bytes() == b"mine!" and not (host(ws) / path).is_symlink()
+    assert snapshot(outside) == before
+    assert (outside / "canary.txt").stat().st_nlink == 1
+
+
+async def test_a_stream_over_its_cap_is_refused_without_taking_more(engine: BaseEngine, ws: Workspace) -> None:
+    fs = _streams(engine)
+    target = host(ws) / "out" / "capped.bin"
+    target.write_bytes(b"before")
+    pulled = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        while True:
+            pulled += 1
+            yield b"1234"
+
+    with pytest.raises(LimitExceeded, match="larger than 10 bytes"):
+        await fs.write_stream(ws, "out/capped.bin", endless(), max_bytes=10)
+    assert pulled == 3  # 12 bytes > 10: no fourth chunk asked for
+    assert target.read_bytes() == b"before" and _temps(target.parent) == []
+
+
+async def test_a_failing_or_cancelled_stream_leaves_nothing(engine: BaseEngine, ws: Workspace) -> None:
+    fs = _streams(engine)
+    out = host(ws) / "out"
+    (out / "kept.bin").write_bytes(b"before")
+    started = asyncio.Event()
+
+    async def failing() -> AsyncIterator[bytes]:
+        yield b"x" * STREAM_CHUNK * 3  # written to the new file already
+        raise RuntimeError("the client went away")
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"x" * STREAM_CHUNK * 3
+        started.set()
+        await asyncio.Event().wait()
+        yield b""
+
+    with pytest.raises(RuntimeError, match="went away"):
+        await fs.write_stream(ws, "out/kept.bin", failing(), max_bytes=1 << 30)
+    assert (out / "kept.bin").read_bytes() == b"before" and _temps(out) == []
+    task = asyncio.create_task(fs.write_stream(ws, "out/new.bin", stalled(), max_bytes=1 << 30))
+    await started.wait()
+    assert [(out / n).stat().st_size for n in _temps(out)] == [STREAM_CHUNK * 3]  # on disk as it came
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not (out / "new.bin").exists() and _temps(out) == []
+
+
+async def test_a_stream_writes_an_empty_file_and_keeps_the_mode(engine: BaseEngine, ws: Workspace) -> None:
+    fs = _streams(engine)
+    assert await fs.write_stream(ws, "out/empty.bin", _chunks(), max_bytes=0) == 0
+    assert await fs.write_stream(ws, "out/run.sh", _chunks(b"#!/bin/sh\n"), max_bytes=100, mode=0o4755) == 10
+    assert (host(ws) / "out" / "empty.bin").read_bytes() == b""
+    assert (host(ws) / "out" / "run.sh").stat().st_mode & 0o7777 == 0o755  # setuid never set
+
+
+async def test_a_reader_reads_bounded_chunks_and_stops_at_a_shrunk_file(engine: BaseEngine, ws: Workspace) -> None:
+    fs = _streams(engine)
+    data = os.urandom(STREAM_CHUNK * 2 + 5)
+    (host(ws) / "out" / "data.bin").write_bytes(data)
+    fds = len(os.listdir("/proc/self/fd"))
+    reader = await fs.open_reader(ws, "out/data.bin")
+    assert reader.size == len(data)
+    chunks = [chunk async for chunk in reader.chunks()]
+    assert b"".join(chunks) == data and max(map(len, chunks)) <= STREAM_CHUNK
+    reader = await fs.open_reader(ws, "out/data.bin")
+    got = reader.chunks()
+    assert await anext(got) == data[:STREAM_CHUNK]
+    os.truncate(host(ws) / "out" / "data.bin", STREAM_CHUNK)
+    with pytest.raises(BackendError, match="shrank"):
+        await anext(got)
+    unread = await fs.open_reader(ws, "out/data.bin")
+    await unread.aclose()
+    assert len(os.listdir("/proc/self/fd")) == fds  # every reader's file closed
+
+
+async def test_a_reader_refuses_special_files_at_once_naming_them(engine: BaseEngine, ws: Workspace) -> None:
+    fs = _streams(engine)
+    out = host(ws) / "out"
+    os.mkfifo(out / "pipe")
+    listener = socket.socket(socket.AF_UNIX)
+    directory = os.open(out, os.O_PATH | os.O_DIRECTORY)
+    try:
+        listener.bind(f"/proc/self/fd/{directory}/sock")
+    finally:
+        os.close(directory)
+        listener.close()
+    async with asyncio.timeout(10):
+        for name, kind in (("pipe", "FIFO"), ("sock", "socket")):
+            with pytest.raises(PathDenied, match=f"not a regular file: it is an? {kind}"):
+                await fs.open_reader(ws, f"out/{name}")
 
 
 # -- hard links, FIFOs, directories in the way --------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -41,9 +41,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Engine",
+    "FileReader",
     "Kernels",
     "ProgramHandle",
     "ProgramRunner",
+    "SupportsFileStreams",
     "SupportsFreezing",
     "SupportsKernels",
     "SupportsSnapshots",
@@ -169,6 +171,46 @@ class WorkspaceFS(Protocol):
 
     async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
         """Collect outputs with caps, optionally saving them as artifacts, and record them in metadata."""
+        ...
+
+
+@runtime_checkable
+class FileReader(Protocol):
+    """A workspace file opened for reading (:meth:`SupportsFileStreams.open_reader`)."""
+
+    @property
+    def size(self) -> int:
+        """The file's size when it was opened: what :meth:`chunks` yields in all."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The content in bounded chunks, read as they are asked for (never the whole file at once); the file
+        is closed when they end. A file that shrank meanwhile ends them with ``BackendError``. Call it once."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the file, read or not. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class SupportsFileStreams(Protocol):
+    """A :class:`WorkspaceFS` that moves one file at a time as a stream of chunks, holding one chunk in memory
+    whatever the file's size: what ``execspace serve``'s file API runs on. Paths, confinement and the file rule
+    are those of ``read_file`` and ``put_files``."""
+
+    async def open_reader(self, ws: Workspace, path: str) -> FileReader:
+        """Open the file at ``path``; raise as ``read_file`` does (``PathDenied`` for anything but a regular file
+        with one link, such as a FIFO, socket or device, naming what it is; ``FileNotFoundError``) before
+        anything is read."""
+        ...
+
+    async def write_stream(
+        self, ws: Workspace, path: str, chunks: AsyncIterable[bytes], *, max_bytes: int, mode: int = 0o644
+    ) -> int:
+        """Write the chunks to a new file beside ``path`` (created ``O_EXCL``) as they come, then rename it over
+        ``path``; return the size written. Past ``max_bytes`` raise ``LimitExceeded`` without asking for another
+        chunk. On any error, the chunks' own included, the new file is removed and ``path`` is left as it was."""
         ...
 
 

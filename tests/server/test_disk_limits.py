@@ -5,6 +5,7 @@ reports it; kill, shutdown and the next server after a killed one leave no mount
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2b import CommandExitException, Sandbox
+from e2b import CommandExitException, NotEnoughSpaceException, Sandbox
 
 from tests.support import mount_points_under
 
@@ -54,6 +55,18 @@ def disky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with configured_server(tmp_path_factory.mktemp("disky"), CONFIG, "--pool-size", "disky=1") as server:
         yield server
     assert mount_points_under(server.root) == set() and _images(server.root) == set()  # shutdown: the pooled one's too
+
+
+def test_an_upload_past_the_disk_bound_is_507_and_leaves_nothing(disky: Server) -> None:
+    sbx = Sandbox.create(template="disky", **_sdk(disky))
+    try:
+        with pytest.raises(NotEnoughSpaceException, match="disk is full"):
+            sbx.files.write("big.bin", io.BytesIO(bytes(30 * 1024 * 1024)))
+        assert [e.name for e in sbx.files.list("/home/user") if e.name.startswith((".big", "big"))] == []
+        sbx.files.write("small.bin", io.BytesIO(bytes(5 * 1024 * 1024)))  # the space is back
+        assert sbx.files.get_info("small.bin").size == 5 * 1024 * 1024
+    finally:
+        sbx.kill()
 
 
 def test_a_templates_disk_bound_holds_and_is_reported(disky: Server) -> None:

@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -158,6 +159,73 @@ def test_fifty_megabytes_up_and_down(sbx: Sandbox) -> None:
     assert hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
     sbx.files.write("big2.bin", data)  # multipart
     assert sbx.files.get_info("big2.bin").size == len(data)
+
+
+def test_fifty_megabytes_streamed_gzip_and_multipart_from_a_file_object(sbx: Sandbox, tmp_path: Path) -> None:
+    data = os.urandom(50 * 1024 * 1024)
+    digest = hashlib.sha256(data).digest()
+    source = tmp_path / "big.bin"
+    source.write_bytes(data)
+    with open(source, "rb") as f:
+        sbx.files.write("gz.bin", f, gzip=True)  # octet-stream, gzip encoded as it is sent
+    with open(source, "rb") as f:
+        sbx.files.write("multi.bin", f, use_octet_stream=False)  # one multipart part, streamed by httpx
+    for name in ("gz.bin", "multi.bin"):
+        streamed = hashlib.sha256()
+        for chunk in sbx.files.read(name, format="stream"):
+            streamed.update(chunk)
+        assert streamed.digest() == digest, name
+    assert hashlib.sha256(sbx.files.read("gz.bin", format="bytes", gzip=True)).digest() == digest
+
+
+def test_multi_file_uploads_write_each_file_whole(sbx: Sandbox) -> None:
+    sizes = {"empty.bin": 0, "one.bin": 1, "deep/er/three.bin": 3 * 1024 * 1024, "every.bin": len(EVERY_BYTE)}
+    contents = {name: os.urandom(size) for name, size in sizes.items()}
+    contents["every.bin"] = EVERY_BYTE
+    written = sbx.files.write_files([{"path": name, "data": data} for name, data in contents.items()])
+    assert sorted(w.path for w in written) == sorted(f"/home/user/{name}" for name in contents)
+    for name, data in contents.items():
+        assert sbx.files.read(name, format="bytes") == data, name
+        assert sbx.files.get_info(name).size == len(data)
+    sbx.files.write("empty2.bin", io.BytesIO(b""))  # octet-stream, no byte at all
+    assert sbx.files.read("empty2.bin", format="bytes") == b""
+
+
+def test_a_failing_part_writes_nothing_of_its_own(sbx: Sandbox, e2b_server: Server) -> None:
+    """Each part of a multipart upload is written when it ends: one refused (outside the home, over a directory)
+    is answered 400 and leaves no file, the parts before it stay written."""
+    sbx.files.make_dir("a-dir")
+    for bad in ("/etc/x.txt", "a-dir"):
+        parts = [("file", ("first.txt", b"first")), ("file", (bad, b"bad")), ("file", ("third.txt", b"third"))]
+        answer = httpx.post(f"{e2b_server.url}/files", files=parts, headers=_headers(sbx), timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert sbx.files.read("first.txt") == "first"
+        assert not sbx.files.exists("third.txt")
+        assert sbx.files.get_info("a-dir").type == FileType.DIR
+        names = {e.name for e in sbx.files.list("/home/user")}
+        assert not any(n.endswith(".tmp") for n in names), names
+    with pytest.raises(InvalidArgumentException, match="directory"):
+        sbx.files.write("a-dir", b"x")
+    sbx.files.write("plain.txt", "p")
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.write("plain.txt/below.txt", b"x")
+
+
+def test_downloads_refuse_what_is_not_a_regular_file(sbx: Sandbox) -> None:
+    r = sbx.commands.run("mkfifo fifo && ln -s marker.txt link && mkdir d", cwd="/home/user")
+    assert r.exit_code == 0, r.stderr
+    with pytest.raises(InvalidArgumentException, match="FIFO"):
+        sbx.files.read("fifo")
+    with pytest.raises(InvalidArgumentException, match="symlink"):
+        sbx.files.read("link")
+    with pytest.raises(InvalidArgumentException, match="directory"):
+        sbx.files.read("d")
+    with pytest.raises(NotFoundException):
+        sbx.files.read("absent")
+
+
+def _headers(sbx: Sandbox) -> dict[str, str]:
+    return {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""}
 
 
 def test_gzip_bomb_is_refused(sbx: Sandbox, e2b_server: Server) -> None:

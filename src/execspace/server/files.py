@@ -1,44 +1,56 @@
 """envd's plain HTTP file API: ``GET /files`` downloads, ``POST /files`` uploads (multipart, one part per file, or
 a raw octet-stream body, gzip allowed), both binary-safe, and the signatures of pre-signed file URLs.
 
+Nothing is held whole: a download streams from the opened file (anything but a regular file is refused before a
+byte is read), an upload is parsed as it arrives and written a chunk at a time to a new file beside its target,
+which replaces the target only once the file's last byte came. The size cap holds as the bytes come: past it the
+answer is 413 at once and the connection is closed rather than read further. The caller was authenticated before
+any of this runs (:mod:`.app`).
+
 A signed URL (``Sandbox.download_url``/``upload_url`` of a secured sandbox) carries no sandbox id: its signature,
-a hash over the path, operation, user, expiry and the sandbox's access token, is what names the sandbox.
+a hash over the path, operation, user, expiry and the sandbox's access token, is what names the sandbox. An upload
+that carries a signature writes the signed path and nothing else.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import hmac
 import posixpath
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Literal
 
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from python_multipart.exceptions import FormParserError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..errors import PathDenied, UsageError
-from ..models import PutFile
+from ..errors import LimitExceeded, PathDenied, UsageError
+from ..models import PutFile, Workspace
+from ..protocols import FileReader, SupportsFileStreams, WorkspaceFS
 from .control import error_response
-from .paths import check_user, to_sdk, to_workspace
+from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk, to_workspace
 from .sandboxes import Sandbox, Sandboxes
+from .uploads import MultipartBody, decoded_body
 
 __all__ = ["FilesAPI", "SignatureError", "signature_matches", "signed_sandbox"]
 
 Operation = Literal["read", "write"]
 _MAX_PARTS = 1000
+#: A refused upload's body may not have been read to the end: over HTTP/1 its connection goes, rather than the rest
+#: being read (and thrown away) to keep it. HTTP/2 has no such header (h2 leaves it out): flow control stops there.
+_CLOSE = {"Connection": "close"}
 
 
 class SignatureError(Exception):
     """A signed file URL that no live sandbox signed, or one past its expiry."""
 
 
-class TooLarge(Exception):
-    pass
+class _Forbidden(Exception):
+    """An upload its credential does not admit (a signed one naming another path, or more than one file)."""
 
 
 def signature_matches(
@@ -69,78 +81,203 @@ class FilesAPI:
     def __init__(self, sandboxes: Sandboxes) -> None:
         self.sandboxes = sandboxes
 
+    def _streams(self, sandbox: Sandbox) -> SupportsFileStreams:
+        fs = sandbox.engine.fs
+        if isinstance(fs, SupportsFileStreams):
+            return fs
+        return _WholeFiles(fs, self.sandboxes.options.max_upload_bytes)
+
     async def download(self, request: Request, sandbox: Sandbox) -> Response:
         path = request.query_params.get("path")
         if not path:
             return error_response(400, "GET /files needs a path query parameter")
         try:
             check_user(request.query_params.get("username"))
-            found = await sandbox.engine.fs.read_file(sandbox.workspace, to_workspace(path))
+            reader = await self._streams(sandbox).open_reader(sandbox.workspace, to_workspace(path))
         except FileNotFoundError:
             return error_response(404, f"file {path!r} does not exist")
         except (IsADirectoryError, NotADirectoryError):
             return error_response(400, f"path {path!r} is a directory, not a file")
-        except (UsageError, PathDenied) as exc:
+        except LimitExceeded as exc:
+            return error_response(413, str(exc))
+        except PathDenied as exc:
+            return error_response(400, _denied(exc))
+        except UsageError as exc:
             return error_response(400, str(exc))
-        return Response(found.content, media_type="application/octet-stream")
+        headers = {"Content-Length": str(reader.size)}
+        return StreamingResponse(_streamed(reader), media_type="application/octet-stream", headers=headers)
 
     async def upload(self, request: Request, sandbox: Sandbox) -> Response:
+        limit = self.sandboxes.options.max_upload_bytes
         try:
             check_user(request.query_params.get("username"))
-            content_type = request.headers.get("content-type", "")
-            if content_type.startswith("multipart/form-data"):
-                files = await self._multipart(request)
-            else:
-                path = request.query_params.get("path")
-                if not path:
-                    return error_response(400, "an octet-stream upload needs a path query parameter")
-                files = [(path, await self._body(request))]
-            if not files:
-                return error_response(400, "the upload holds no file (multipart parts must be named 'file')")
-            puts = [PutFile(to_workspace(path), data) for path, data in files]
-            await sandbox.engine.fs.put_files(sandbox.workspace, puts)
-        except TooLarge:
-            return error_response(
-                413, f"a file is larger than this server takes ({self.sandboxes.options.max_upload_bytes} bytes)"
+            written = await self._upload(request, sandbox, limit)
+        except LimitExceeded:
+            message = f"a file is larger than this server takes ({limit} bytes; serve's --max-upload-mb sets it)"
+            return error_response(413, message, _CLOSE)
+        except _Forbidden as exc:
+            return error_response(403, str(exc), _CLOSE)
+        except PathDenied as exc:
+            return error_response(400, _denied(exc), _CLOSE)
+        except (UsageError, FormParserError, zlib.error) as exc:
+            return error_response(400, str(exc), _CLOSE)
+        except (IsADirectoryError, NotADirectoryError, FileExistsError, FileNotFoundError) as exc:
+            # FileNotFoundError: the directory was removed while the file was written into it
+            return error_response(400, f"cannot write there: {exc.strerror or exc}", _CLOSE)
+        except ClientDisconnect:
+            return error_response(400, "the client went away before the upload ended: nothing was written", _CLOSE)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            message = f"the sandbox's disk is full ({exc.strerror}): the file was not written; free some space"
+            return error_response(507, message, _CLOSE)
+        return JSONResponse([{"name": posixpath.basename(p), "type": "file", "path": p} for p in map(to_sdk, written)])
+
+    async def _upload(self, request: Request, sandbox: Sandbox, limit: int) -> list[str]:
+        """Write the request's files; their workspace paths."""
+        path = request.query_params.get("path")
+        signed = "signature" in request.query_params
+        if signed and not path:
+            raise _Forbidden("a signed upload URL names the file it writes (its path parameter); this one names none")
+        streams, ws = self._streams(sandbox), sandbox.workspace
+        content_type = request.headers.get("content-type", "")
+        if content_type.startswith("multipart/form-data"):
+            form = MultipartBody(decoded_body(request), content_type)
+            if path:
+                return [await _write_only_part(form, streams, ws, path, signed, limit)]
+            return await _write_parts(form, streams, ws, limit)
+        if not path:
+            raise UsageError("an octet-stream upload needs a path query parameter")
+        length = request.headers.get("content-length", "")
+        if "content-encoding" not in request.headers and length.isdigit() and int(length) > limit:
+            raise LimitExceeded(f"the body is {length} bytes")  # refused before a byte of it is read
+        target = to_workspace(path)
+        await streams.write_stream(ws, target, decoded_body(request), max_bytes=limit)
+        return [target]
+
+
+async def _write_only_part(
+    form: MultipartBody, streams: SupportsFileStreams, ws: Workspace, path: str, signed: bool, limit: int
+) -> str:
+    """The upload whose query names its one file: the body's only part, named ``file``, is written there (its own
+    file name is not used). Signed, the part must not name another path; any second part is refused, and with
+    it the first, which is never written."""
+    part = await form.next_part()
+    if part is None or part.name != "file":
+        if signed:
+            raise _Forbidden(f"a signed upload URL writes one file ({path!r}): its body must be one part, named 'file'")
+        raise UsageError("the upload holds no file: its multipart part must be named 'file'")
+    target = to_workspace(path)
+    if signed and not _names_target(part.filename, target):
+        raise _Forbidden(
+            f"the upload URL is signed for {path!r} only, and its part names {part.filename!r}: send the file as "
+            "that path, or sign a URL for the other one"
+        )
+
+    async def only() -> AsyncIterator[bytes]:
+        async for chunk in form.data():
+            yield chunk
+        if await form.next_part() is not None:
+            message = f"the upload names one file ({path!r}) but its body holds more than one part"
+            if signed:
+                raise _Forbidden(f"{message}: a signed URL writes its own path only; sign a URL per file")
+            raise UsageError(f"{message}: send several files without the path parameter, each named by its part")
+
+    await streams.write_stream(ws, target, only(), max_bytes=limit)
+    return target
+
+
+async def _write_parts(form: MultipartBody, streams: SupportsFileStreams, ws: Workspace, limit: int) -> list[str]:
+    """Each part named ``file`` written to its file name (a path), as it ends; other parts are read past."""
+    written: list[str] = []
+    for _ in range(_MAX_PARTS):
+        part = await form.next_part()
+        if part is None:
+            if not written:
+                raise UsageError("the upload holds no file (multipart parts must be named 'file')")
+            return written
+        if part.name != "file":
+            await _read_past(form.data(), limit)
+            continue
+        if not part.filename:
+            raise UsageError("a multipart file part has no filename to write it to")
+        target = to_workspace(part.filename)
+        await streams.write_stream(ws, target, form.data(), max_bytes=limit)
+        written.append(target)
+    raise UsageError(f"the upload has more than {_MAX_PARTS} parts; send the files in several uploads")
+
+
+def _names_target(filename: str | None, target: str) -> bool:
+    """Whether a signed upload's part names its signed path: none, that path, or only its file name (what a
+    browser's form and ``curl -F file=@name`` send)."""
+    if not filename or filename == posixpath.basename(target):
+        return True
+    try:
+        return to_workspace(filename) == target
+    except PathOutsideHome:
+        return False
+
+
+def _denied(exc: PathDenied) -> str:
+    """A refusal naming the path as the SDK does (``/home/user/...``)."""
+    inside = exc.path == HOME_DIR or exc.path.startswith(HOME_DIR + "/")
+    return f"path {to_sdk(exc.path) if inside else exc.path!r} denied: {exc.reason}"
+
+
+async def _read_past(chunks: AsyncIterable[bytes], limit: int) -> None:
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise LimitExceeded(f"a form field is larger than {limit} bytes")
+
+
+async def _streamed(reader: FileReader) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in reader.chunks():
+            yield chunk
+    finally:
+        await reader.aclose()
+
+
+class _WholeFiles:
+    """File streams over a :class:`WorkspaceFS` without them (the e2b backend's, a remote Jupyter server's): each
+    file is held whole, so only up to ``limit`` bytes of it, both ways."""
+
+    def __init__(self, fs: WorkspaceFS, limit: int) -> None:
+        self._fs, self._limit = fs, limit
+
+    async def open_reader(self, ws: Workspace, path: str) -> FileReader:
+        found = await self._fs.read_file(ws, path, max_bytes=self._limit)
+        if found.truncated:
+            raise LimitExceeded(
+                f"{to_sdk(path)!r} is larger than the {self._limit} bytes this server holds for a download from a "
+                "backend without file streams; read it in parts with a command, or serve the sandbox backend"
             )
-        except (UsageError, PathDenied, MultiPartException, zlib.error) as exc:
-            return error_response(400, str(exc))
-        except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
-            return error_response(400, f"cannot write there: {exc.strerror}")
-        written = [to_sdk(p.path) for p in puts]
-        return JSONResponse([{"name": posixpath.basename(p), "type": "file", "path": p} for p in written])
+        return _Held(found.content)
 
-    async def _multipart(self, request: Request) -> list[tuple[str, bytes]]:
-        limit = self.sandboxes.options.max_upload_bytes
-        single_path = request.query_params.get("path")
-        async with request.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS) as form:
-            parts = [v for k, v in form.multi_items() if k == "file" and isinstance(v, UploadFile)]
-            files = []
-            for part in parts:
-                # one file: the query names its path; several: each part's filename is its full path
-                path = single_path if single_path and len(parts) == 1 else part.filename
-                if not path:
-                    raise UsageError("a multipart file part has no filename to write it to")
-                if part.size is not None and part.size > limit:
-                    raise TooLarge
-                files.append((path, await part.read()))
-        return files
+    async def write_stream(
+        self, ws: Workspace, path: str, chunks: AsyncIterable[bytes], *, max_bytes: int, mode: int = 0o644
+    ) -> int:
+        data = bytearray()
+        async for chunk in chunks:
+            if len(data) + len(chunk) > min(max_bytes, self._limit):
+                raise LimitExceeded(f"the file is larger than {min(max_bytes, self._limit)} bytes")
+            data += chunk
+        await self._fs.put_files(ws, [PutFile(path, bytes(data), mode)])
+        return len(data)
 
-    async def _body(self, request: Request) -> bytes:
-        limit = self.sandboxes.options.max_upload_bytes
-        gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
-        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS) if gzipped else None
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            # bounded inflation: a small gzip body must not become more than the limit in memory
-            data = inflate.decompress(chunk, limit + 1 - size) if inflate else chunk
-            size += len(data)
-            if size > limit or (inflate is not None and inflate.unconsumed_tail):
-                raise TooLarge
-            chunks.append(data)
-        if inflate is not None:
-            chunks.append(inflate.flush())
-            if not inflate.eof:
-                raise UsageError("the gzip body ended before its end of stream")
-        return b"".join(chunks)
+
+class _Held:
+    """A file read whole, handed out as a reader."""
+
+    def __init__(self, content: bytes) -> None:
+        self.size = len(content)
+        self._content = content
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for start in range(0, self.size, 256 * 1024):
+            yield self._content[start : start + 256 * 1024]
+
+    async def aclose(self) -> None:
+        self._content = b""

@@ -20,6 +20,7 @@ import errno
 import itertools
 import os
 import stat
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,15 +29,17 @@ from .confinecore import (
     DIR_FLAGS,
     MAX_WALK_DEPTH,
     READ_FLAGS,
+    copy_fd,
+    create_temp,
     open_regular,
     refuse_dir,
     remove_tree,
     rename_path,
     scan_tree,
+    seal_temp,
     split_relpath,
     step_dir,
     walk_tree,
-    write_temp,
 )
 from .treecopy import copy_tree
 
@@ -45,6 +48,7 @@ __all__ = [
     "ConfinedRoot",
     "Entry",
     "ProgramUser",
+    "TempFile",
     "remove_tree",
     "split_relpath",
 ]
@@ -186,7 +190,7 @@ class ConfinedRoot:
         """Re-own one entry of ``dfd`` if ``old_uid`` owns it; return whether it is a directory to descend."""
         assert self.owner is not None
         try:
-            fd = os.open(name, READ_FLAGS | os.O_NOCTTY, dir_fd=dfd)
+            fd = os.open(name, READ_FLAGS, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # a symlink: its own owner changes, never its target's
                 with contextlib.suppress(FileNotFoundError):
@@ -212,12 +216,25 @@ class ConfinedRoot:
 
         ``data`` is bytes, or an fd open for reading whose remaining content is copied.
         """
+        temp = self.open_temp(path, mode)
+        try:
+            temp.write(data)
+            temp.commit()
+        finally:
+            temp.discard()
+
+    def open_temp(self, path: str, mode: int = 0o644) -> TempFile:
+        """A new file beside ``path`` (parents created) that :meth:`TempFile.commit` renames over it: until then
+        nothing at ``path`` changes. A directory at ``path`` is refused now, before anything is written."""
         parts = split_relpath(path)
         dfd = self.open_dir(parts[:-1], create=True, display=path)
         try:
-            self._replace(dfd, parts[-1], data, mode, path)
-        finally:
+            refuse_dir(dfd, parts[-1], path)
+            tmp, fd = create_temp(dfd, parts[-1])
+        except BaseException:
             os.close(dfd)
+            raise
+        return TempFile(dfd, fd, tmp, parts[-1], mode, self.owner)
 
     def refuse_unwritable(self, writes: Sequence[tuple[str, ProgramUser]]) -> None:
         """``PathDenied`` if a file at one of the paths is one its writer may not write, as opening it to write
@@ -243,16 +260,6 @@ class ConfinedRoot:
             finally:
                 os.close(dfd)
 
-    def _replace(self, dfd: int, name: str, data: bytes | int, mode: int, display: str) -> None:
-        refuse_dir(dfd, name, display)
-        tmp = write_temp(dfd, name, data, mode, self.owner)
-        try:
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-
     def open_file(self, path: str) -> tuple[int, os.stat_result]:
         """Open a regular file for reading without following any symlink."""
         parts = split_relpath(path)
@@ -262,15 +269,20 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
 
-    def read_file(
-        self, path: str, max_bytes: int | None = None, reader: ProgramUser | None = None
-    ) -> tuple[bytes, int]:
-        """Return up to ``max_bytes`` of the file and its full size; with ``reader``, ``PathDenied`` if that
-        user may not read it (judged on the file opened, not on its name)."""
+    def open_readable(self, path: str, reader: ProgramUser | None = None) -> tuple[int, os.stat_result]:
+        """:meth:`open_file`; with ``reader``, ``PathDenied`` if that user may not read it (judged on the file
+        opened, not on its name)."""
         fd, st = self.open_file(path)
         if reader is not None and not reader.may(st, stat.S_IRUSR):
             os.close(fd)
             reader.refuse(path, st, stat.S_IRUSR)
+        return fd, st
+
+    def read_file(
+        self, path: str, max_bytes: int | None = None, reader: ProgramUser | None = None
+    ) -> tuple[bytes, int]:
+        """Return up to ``max_bytes`` of the file and its full size (``reader``: as in :meth:`open_readable`)."""
+        fd, st = self.open_readable(path, reader)
         with os.fdopen(fd, "rb", closefd=True) as f:
             data = f.read() if max_bytes is None else f.read(max_bytes)
         return data, st.st_size
@@ -426,6 +438,66 @@ class ConfinedRoot:
                 seen.add(key)
             total += _allocated(visit.st)
         return total
+
+
+class TempFile:
+    """A file being written beside its target, created ``O_EXCL|O_NOFOLLOW`` in the target's directory (held open,
+    so a directory a program swaps meanwhile cannot redirect the rename): :meth:`commit` renames it over the target
+    whole; :meth:`discard` (also on garbage collection) removes it. Nothing half-written is ever at the target.
+
+    Its methods may run on worker threads while another discards it: they take turns, so no write can reach a
+    descriptor number closed and reused meanwhile.
+    """
+
+    def __init__(self, dfd: int, fd: int, tmp: str, name: str, mode: int, owner: tuple[int, int] | None = None) -> None:
+        self._dfd, self._fd, self._tmp, self._name = dfd, fd, tmp, name
+        self._mode, self._owner = mode, owner
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes | bytearray | memoryview | int) -> None:
+        """Append ``data`` (or copy the rest of the fd ``data``)."""
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError("the file was already committed or discarded")
+            if isinstance(data, int):
+                copy_fd(data, self._fd)
+                return
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+
+    def commit(self) -> None:
+        """Give the file its mode and owner and rename it over the target (a file there is replaced, a hard
+        link planted there too, never written through); the file is discarded if that fails."""
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError("the file was already committed or discarded")
+            try:
+                seal_temp(self._fd, self._mode, self._owner)
+                os.rename(self._tmp, self._name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+            except BaseException:
+                self._discard()
+                raise
+            self._close()
+
+    def discard(self) -> None:
+        """Remove the file unless it was committed; idempotent."""
+        with self._lock:
+            self._discard()
+
+    def _discard(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp, dir_fd=self._dfd)
+            self._close()
+
+    def _close(self) -> None:
+        os.close(self._fd)
+        os.close(self._dfd)
+        self._fd = self._dfd = -1
+
+    def __del__(self) -> None:
+        self.discard()
 
 
 def _allocated(st: os.stat_result) -> int:

@@ -44,11 +44,14 @@ __all__ = [
     "PathDenied",
     "PathIsDirectory",
     "Visit",
+    "copy_fd",
+    "create_temp",
     "open_regular",
     "refuse_dir",
     "remove_tree",
     "rename_path",
     "scan_tree",
+    "seal_temp",
     "split_relpath",
     "step_dir",
     "walk_tree",
@@ -56,7 +59,8 @@ __all__ = [
 ]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: Non-blocking, so that a FIFO cannot hang us; no controlling terminal from a tty opened by mistake.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _CHUNK = 1024 * 1024
 
 
@@ -104,6 +108,10 @@ def open_regular(dfd: int, name: str, display: str) -> tuple[int, os.stat_result
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise PathDenied(display, "the file is a symlink") from exc
+        if exc.errno in (errno.ENXIO, errno.ENODEV):  # a socket, or a device without a driver: say which
+            mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+            if not stat.S_ISREG(mode):
+                raise PathDenied(display, f"not a regular file: it is {_kind(mode)}, which is never read") from exc
         raise
     st = os.fstat(fd)
     if stat.S_ISDIR(st.st_mode):
@@ -111,11 +119,23 @@ def open_regular(dfd: int, name: str, display: str) -> tuple[int, os.stat_result
         raise PathIsDirectory(display)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise PathDenied(display, "not a regular file")
+        raise PathDenied(display, f"not a regular file: it is {_kind(st.st_mode)}, which is never read")
     if st.st_nlink > 1:
         os.close(fd)
         raise PathDenied(display, "the file has several hard links and may alias a file outside the workspace")
     return fd, st
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return f"of type {stat.filemode(mode)[0]!r}"
 
 
 def refuse_dir(dfd: int, name: str, display: str) -> None:
@@ -144,20 +164,32 @@ def rename_path(open_dir: Callable[[list[str], bool, str], int], src: str, dst: 
         os.close(sfd)
 
 
+def create_temp(dfd: int, name: str) -> tuple[str, int]:
+    """A new empty file beside ``name`` in ``dfd``, created ``O_EXCL`` (nothing planted is ever opened), mode 0600:
+    its name and an fd open for writing."""
+    tmp = f".{name[:40]}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    return tmp, fd
+
+
+def seal_temp(fd: int, mode: int, owner: tuple[int, int] | None = None) -> None:
+    """Give a written temp file its final ``mode`` (never setuid/setgid) and ``owner``, before it is renamed."""
+    os.fchmod(fd, mode & 0o777)
+    if owner is not None:
+        os.fchown(fd, *owner)
+
+
 def write_temp(dfd: int, name: str, data: bytes | int, mode: int, owner: tuple[int, int] | None = None) -> str:
     """A fresh temp file beside ``name`` holding ``data`` (bytes, or an fd whose remaining content is copied),
     with ``mode`` (never setuid/setgid) and ``owner``; its name, for the caller to rename into place."""
-    tmp = f".{name[:40]}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    tmp, fd = create_temp(dfd, name)
     try:
         with os.fdopen(fd, "wb", closefd=True) as f:
             if isinstance(data, int):
-                _copy_fd(data, f.fileno())
+                copy_fd(data, f.fileno())
             else:
                 f.write(data)
-            os.fchmod(f.fileno(), mode & 0o777)
-            if owner is not None:
-                os.fchown(f.fileno(), *owner)
+            seal_temp(f.fileno(), mode, owner)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dfd)
@@ -391,7 +423,8 @@ def _unless_raced(op: Callable[..., None], name: str, dfd: int) -> None:
             raise
 
 
-def _copy_fd(src_fd: int, dst_fd: int) -> None:
+def copy_fd(src_fd: int, dst_fd: int) -> None:
+    """Copy the rest of ``src_fd`` to ``dst_fd``, a chunk at a time."""
     while chunk := os.read(src_fd, _CHUNK):
         view = memoryview(chunk)
         while view:

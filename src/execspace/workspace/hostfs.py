@@ -6,14 +6,15 @@ import asyncio
 import builtins
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from wcmatch import glob as wglob
 
-from ..errors import InputError, LimitExceeded, PathDenied, UsageError
+from ..errors import BackendError, InputError, LimitExceeded, PathDenied, UsageError
 from ..mime import SNIFF_BYTES, guess_mime
 from ..models import (
     DEFAULT_MAX_FILE_BYTES,
@@ -25,7 +26,7 @@ from ..models import (
     PutFile,
     Workspace,
 )
-from .confine import ConfinedRoot, Entry, ProgramUser, split_relpath
+from .confine import ConfinedRoot, Entry, ProgramUser, TempFile, split_relpath
 from .hostroots import HostSource, walk_tree
 from .layers import own_changes
 from .layout import METADATA_FILE
@@ -36,11 +37,22 @@ from .staging import WorkspaceFSBase, checked_depth
 if TYPE_CHECKING:
     from ..artifacts import ArtifactService
 
-__all__ = ["GLOB_FLAGS", "AccessHook", "HostWorkspaceFS", "entry_of", "glob_base", "normalize_globs"]
+__all__ = [
+    "GLOB_FLAGS",
+    "AccessHook",
+    "FileStream",
+    "HostWorkspaceFS",
+    "entry_of",
+    "glob_base",
+    "normalize_globs",
+]
 
 #: A backend's file rule, run before each access: ``(ws, path, mode)`` raises ``PathDenied`` when
 #: ``mode`` is not allowed at ``path`` (workspace-relative, or an absolute host path being read).
 AccessHook = Callable[[Workspace, str, Literal["read", "write"]], None]
+
+#: Bytes a stream reads or writes per worker-thread call: what one file transfer holds in memory at a time.
+STREAM_CHUNK = 256 * 1024
 
 #: ``**`` crosses directories, dotfiles match, no brace/extglob surprises.
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.DOTGLOB | wglob.NEGATE
@@ -201,6 +213,45 @@ class HostWorkspaceFS(WorkspaceFSBase):
             return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
         return await asyncio.to_thread(read)
+
+    async def open_reader(self, ws: Workspace, path: str) -> FileStream:
+        """The file at ``path``, opened as :meth:`read_file` opens it, to be read a chunk at a time."""
+        root = self._root(ws)
+        path = workspace_relative(ws, path)
+        self.check(ws, path, "read")
+
+        def open_() -> FileStream:
+            with ConfinedRoot(root) as cr:
+                fd, st = cr.open_readable(path, self.program_user(ws, path))
+            return FileStream(fd, st.st_size)
+
+        return await asyncio.to_thread(open_)
+
+    async def write_stream(
+        self, ws: Workspace, path: str, chunks: AsyncIterable[bytes], *, max_bytes: int, mode: int = 0o644
+    ) -> int:
+        """Write the chunks, as they come, to a new file beside ``path`` that replaces it once they end; past
+        ``max_bytes`` (``LimitExceeded``) or on any error no more is taken and nothing at ``path`` changes. The
+        confinement, the file rule and the program's mode bits are those of :meth:`put_files`."""
+        root = self._root(ws)
+        path = workspace_relative(ws, path)
+        split_relpath(path)
+        self.check(ws, path, "write")
+        writer = self.program_user(ws, path)
+
+        def open_temp() -> TempFile:
+            with ConfinedRoot(root, self.owner(ws)) as cr:
+                if writer is not None:
+                    cr.refuse_unwritable([(path, writer)])
+                return cr.open_temp(path, mode)
+
+        temp = await asyncio.to_thread(open_temp)
+        try:
+            size = await _pump(chunks, temp, max_bytes)
+            await asyncio.to_thread(temp.commit)
+        finally:
+            temp.discard()  # here, not in a thread: a cancelled task must not leave it behind
+        return size
 
     async def collect(
         self,
@@ -371,6 +422,66 @@ class HostWorkspaceFS(WorkspaceFSBase):
                 return cr.disk_usage()
 
         return await asyncio.to_thread(du)
+
+
+class FileStream:
+    """An opened workspace file read a chunk at a time, up to the size it had when opened: memory stays one chunk
+    whatever the file's size (a sparse one of a terabyte too). A file that shrinks meanwhile ends the stream with
+    ``BackendError``; one that grows is read only up to that size."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.size = size
+        self._fd = fd
+        self._lock = threading.Lock()  # a read on a worker thread and a close take turns
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The content, in chunks of at most :data:`STREAM_CHUNK` bytes; the file is closed when they end."""
+        offset = 0
+        try:
+            while offset < self.size:
+                data = await asyncio.to_thread(self._read, offset, min(STREAM_CHUNK, self.size - offset))
+                if not data:
+                    raise BackendError(f"the file shrank to {offset} bytes while it was read ({self.size} expected)")
+                offset += len(data)
+                yield data
+        finally:
+            self.close()
+
+    def _read(self, offset: int, size: int) -> bytes:
+        with self._lock:
+            if self._fd < 0:
+                raise BackendError("the file was closed while it was read")
+            return os.pread(self._fd, size, offset)  # no shared offset: reads never depend on each other
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+async def _pump(chunks: AsyncIterable[bytes], temp: TempFile, max_bytes: int) -> int:
+    """Write ``chunks`` into ``temp`` a :data:`STREAM_CHUNK` batch per worker-thread call; the size written.
+    ``LimitExceeded`` as soon as more than ``max_bytes`` came, without asking for another chunk."""
+    size = 0
+    batch = bytearray()
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise LimitExceeded(f"the file is larger than {max_bytes} bytes")
+        batch += chunk
+        if len(batch) >= STREAM_CHUNK:
+            await asyncio.to_thread(temp.write, batch)
+            batch = bytearray()
+    if batch:
+        await asyncio.to_thread(temp.write, batch)
+    return size
 
 
 def _matching(cr: ConfinedRoot, globs: list[str]) -> Iterator[Entry]:
