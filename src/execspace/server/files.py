@@ -26,7 +26,7 @@ from typing import Literal
 
 from python_multipart.exceptions import FormParserError
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ..errors import LimitExceeded, PathDenied, UsageError
 from ..models import PutFile, Workspace
@@ -34,6 +34,8 @@ from ..protocols import FileReader, SupportsFileStreams, WorkspaceFS
 from .control import error_response
 from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk, to_workspace
 from .sandboxes import Sandbox, Sandboxes
+from .shares import SandboxShare, ShareExhausted
+from .streams import CountedStream
 from .uploads import MultipartBody, decoded_body
 
 __all__ = ["FilesAPI", "SignatureError", "signature_matches", "signed_sandbox"]
@@ -93,25 +95,29 @@ class FilesAPI:
             return error_response(400, "GET /files needs a path query parameter")
         try:
             check_user(request.query_params.get("username"))
-            reader = await self._streams(sandbox).open_reader(sandbox.workspace, to_workspace(path))
-        except FileNotFoundError:
-            return error_response(404, f"file {path!r} does not exist")
-        except (IsADirectoryError, NotADirectoryError):
-            return error_response(400, f"path {path!r} is a directory, not a file")
-        except LimitExceeded as exc:
-            return error_response(413, str(exc))
-        except PathDenied as exc:
-            return error_response(400, _denied(exc))
+            sandbox.share.streams.take()
+        except ShareExhausted as exc:
+            return error_response(429, str(exc))
         except UsageError as exc:
             return error_response(400, str(exc))
+        try:
+            async with sandbox.share.file_op():
+                reader = await self._streams(sandbox).open_reader(sandbox.workspace, to_workspace(path))
+        except BaseException as exc:
+            sandbox.share.streams.give_back()
+            return _refused_download(exc, path)
         headers = {"Content-Length": str(reader.size)}
-        return StreamingResponse(_streamed(reader), media_type="application/octet-stream", headers=headers)
+        content = _streamed(reader, sandbox.share)
+        return CountedStream(content, sandbox.share.streams, media_type="application/octet-stream", headers=headers)
 
     async def upload(self, request: Request, sandbox: Sandbox) -> Response:
         limit = self.sandboxes.options.max_upload_bytes
         try:
             check_user(request.query_params.get("username"))
-            written = await self._upload(request, sandbox, limit)
+            with sandbox.share.streams.holding():
+                written = await self._upload(request, sandbox, limit)
+        except ShareExhausted as exc:
+            return error_response(429, str(exc), _CLOSE)
         except LimitExceeded:
             message = f"a file is larger than this server takes ({limit} bytes; serve's --max-upload-mb sets it)"
             return error_response(413, message, _CLOSE)
@@ -232,9 +238,32 @@ async def _read_past(chunks: AsyncIterable[bytes], limit: int) -> None:
             raise LimitExceeded(f"a form field is larger than {limit} bytes")
 
 
-async def _streamed(reader: FileReader) -> AsyncIterator[bytes]:
+def _refused_download(exc: BaseException, path: str) -> Response:
+    """The answer to a download whose file could not be opened (``exc`` raised again if it is no refusal)."""
+    if isinstance(exc, FileNotFoundError):
+        return error_response(404, f"file {path!r} does not exist")
+    if isinstance(exc, IsADirectoryError | NotADirectoryError):
+        return error_response(400, f"path {path!r} is a directory, not a file")
+    if isinstance(exc, ShareExhausted):
+        return error_response(429, str(exc))
+    if isinstance(exc, LimitExceeded):
+        return error_response(413, str(exc))
+    if isinstance(exc, PathDenied):
+        return error_response(400, _denied(exc))
+    if isinstance(exc, UsageError):
+        return error_response(400, str(exc))
+    raise exc
+
+
+async def _streamed(reader: FileReader, share: SandboxShare) -> AsyncIterator[bytes]:
+    """The file's chunks, each read as one of its sandbox's file operations (a download is paced by its share)."""
+    chunks = reader.chunks()
     try:
-        async for chunk in reader.chunks():
+        while True:
+            async with share.file_op():
+                chunk = await anext(chunks, None)
+            if chunk is None:
+                return
             yield chunk
     finally:
         await reader.aclose()

@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..errors import ExecspaceError, SetupFailed, UsageError
 from .bodies import DATA_BODY_BYTES, BadBody, BodyTooLarge, json_object
@@ -26,7 +25,8 @@ from .interpreter import (
     json_line,
 )
 from .sandboxes import Sandbox, SandboxGone
-from .shares import Count, ShareExhausted
+from .shares import ShareExhausted
+from .streams import CountedStream
 
 __all__ = ["InterpreterAPI"]
 
@@ -97,7 +97,7 @@ class InterpreterAPI:
         except BaseException:
             sandbox.share.streams.give_back()
             raise
-        return _CountedStream(_ndjson(first, lines), sandbox.share.streams)
+        return CountedStream(_ndjson(first, lines), sandbox.share.streams, media_type="application/x-ndjson")
 
 
 async def _first(lines: AsyncIterator[dict[str, Any]], context: Context) -> dict[str, Any] | None:
@@ -119,21 +119,6 @@ async def _ndjson(first: dict[str, Any] | None, lines: AsyncIterator[dict[str, A
     yield json_line(first)
     async for line in lines:
         yield json_line(line)
-
-
-class _CountedStream(StreamingResponse):
-    """A cell's NDJSON stream, which counts in its sandbox's share of streams until it is answered (or the client
-    left)."""
-
-    def __init__(self, content: AsyncIterator[bytes], count: Count) -> None:
-        super().__init__(content, media_type="application/x-ndjson")
-        self._count = count
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._count.give_back()
 
 
 def _str(body: dict[str, Any], key: str) -> str | None:
