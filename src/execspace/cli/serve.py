@@ -125,6 +125,13 @@ def add_parser(sub: Any) -> None:
         help="directory watchers per sandbox, polled and streamed together (default 16)",
     )
     p.add_argument(
+        "--sandbox-request-rate",
+        type=float,
+        metavar="N",
+        help="data-plane requests per second each sandbox makes on average, in bursts of as many; one past it waits "
+        "its turn (default 500)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE",
         help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, disk_mb, pids "
@@ -206,6 +213,7 @@ async def command(args: argparse.Namespace) -> int:
             programs=args.sandbox_max_commands or defaults.programs,
             streams=args.sandbox_max_streams or defaults.streams,
             watchers=args.sandbox_max_watchers or defaults.watchers,
+            requests_per_second=args.sandbox_request_rate or defaults.requests_per_second,
         ),
         head_timeout=args.head_timeout,
         domain=args.domain,

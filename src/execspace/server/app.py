@@ -33,6 +33,7 @@ from .interpreter import CodeInterpreter
 from .interpreter_api import InterpreterAPI
 from .routing import CODE_INTERPRETER_PORT, ENVD_PORT, Target, target_of
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
+from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 
 __all__ = ["E2BApp"]
 
@@ -66,6 +67,9 @@ class E2BApp:
         try:
             sandbox, entitled = self._sandbox(scope, headers, target, signed)
             await self._awake(sandbox, scope["path"], entitled)
+            if entitled:
+                await self._paced(sandbox, scope["path"])
+                receive = _paced_body(receive, sandbox.share)
         except _Refused as refused:
             await refused.respond(scope, receive, send)
             return
@@ -125,6 +129,13 @@ class E2BApp:
             raise _Refused(path, 502, Code.UNAVAILABLE, message)
         await self.sandboxes.resume(sandbox)
 
+    async def _paced(self, sandbox: Sandbox, path: str) -> None:
+        """Wait for the request's turn in its sandbox's pace (:meth:`.SandboxShare.pace`)."""
+        try:
+            await sandbox.share.pace()
+        except ShareExhausted as exc:
+            raise _Refused(path, 429, Code.RESOURCE_EXHAUSTED, str(exc)) from None
+
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
@@ -171,6 +182,19 @@ async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send
                 await serving
     if not gone.is_set():
         serving.result()
+
+
+def _paced_body(receive: Receive, share: SandboxShare) -> Receive:
+    """``receive``, each piece of the body taken in its sandbox's pace (a body that comes faster waits: its bytes
+    stay in the socket's buffers, and the sender is held back by TCP)."""
+
+    async def paced() -> Message:
+        message = await receive()
+        if message["type"] == "http.request" and message.get("body"):
+            await share.pace(len(message["body"]) / BODY_UNIT, queued=False)
+        return message
+
+    return paced
 
 
 def _holds(headers: Headers, name: str, secret: str | None) -> bool:

@@ -34,7 +34,7 @@ from ..protocols import FileReader, SupportsFileStreams, WorkspaceFS
 from .control import error_response
 from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk, to_workspace
 from .sandboxes import Sandbox, Sandboxes
-from .shares import SandboxShare, ShareExhausted
+from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 from .streams import CountedStream
 from .uploads import MultipartBody, decoded_body
 
@@ -256,7 +256,8 @@ def _refused_download(exc: BaseException, path: str) -> Response:
 
 
 async def _streamed(reader: FileReader, share: SandboxShare) -> AsyncIterator[bytes]:
-    """The file's chunks, each read as one of its sandbox's file operations (a download is paced by its share)."""
+    """The file's chunks, each read as one of its sandbox's file operations and sent in its pace (a download takes
+    its share of the server, however fast the file reads)."""
     chunks = reader.chunks()
     try:
         while True:
@@ -264,6 +265,7 @@ async def _streamed(reader: FileReader, share: SandboxShare) -> AsyncIterator[by
                 chunk = await anext(chunks, None)
             if chunk is None:
                 return
+            await share.pace(len(chunk) / BODY_UNIT, queued=False)
             yield chunk
     finally:
         await reader.aclose()

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 from ..errors import InvalidSpec
 
-__all__ = ["Count", "SandboxShare", "ShareExhausted", "ShareLimits"]
+__all__ = ["BODY_UNIT", "Count", "SandboxShare", "ShareExhausted", "ShareLimits"]
 
 #: Seconds of file work a sandbox may do at once before its share of the time applies.
 _BURST = 1.0
+#: Bytes of a body (a request's, a download's) that count as one request in its sandbox's pace.
+BODY_UNIT = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,13 @@ class ShareLimits:
     """Streaming responses open at once: command output, cells' output, directory watches, file transfers."""
     watchers: int = 16
     """Directory watchers, polled ones and streamed ones together (each walks its directory on every poll)."""
+    requests_per_second: float = 500.0
+    """Data-plane requests (envd's, the file API's, the code interpreter's) it makes on average, in bursts of as
+    many, each 256 KiB of a request's body or of a download counting as one more: one past its pace waits for its
+    turn (no CPU meanwhile, its body unread), and past ``request_queue`` waiting it is refused. 500 is 128 MiB/s of
+    uploads."""
+    request_queue: int = 256
+    """Requests waiting for their turn at once."""
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -50,11 +59,14 @@ class ShareLimits:
             ("programs", self.programs),
             ("streams", self.streams),
             ("watchers", self.watchers),
+            ("requests_per_second", self.requests_per_second),
         ):
             if value < 1:
                 raise InvalidSpec(f"ShareLimits.{name} must be at least 1, got {value}")
         if not 0 < self.file_time <= 1:
             raise InvalidSpec(f"ShareLimits.file_time must be in (0, 1], got {self.file_time}")
+        if self.request_queue < 0:
+            raise InvalidSpec(f"ShareLimits.request_queue must be 0 or more, got {self.request_queue}")
         if self.file_queue < 0:
             raise InvalidSpec(f"ShareLimits.file_queue must be 0 or more, got {self.file_queue}")
 
@@ -99,6 +111,10 @@ class SandboxShare:
         self._credit = _BURST
         """Seconds of file work it may do before it waits (negative: how far it is past its share)."""
         self._credited = time.monotonic()
+        self._requests = float(limits.requests_per_second)
+        """Requests it may make before it waits (negative: how many are waiting for their turn)."""
+        self._requested = self._credited
+        self._queued = 0
         self.programs = Count(limits.programs, "commands running")
         self.streams = Count(limits.streams, "open streams (command output, watches, file transfers)")
         self.watchers = Count(limits.watchers, "directory watchers")
@@ -125,6 +141,32 @@ class SandboxShare:
         finally:
             self._credit -= time.monotonic() - began
             self._files.release()
+
+    async def pace(self, units: float = 1.0, *, queued: bool = True) -> None:
+        """Wait for the turn of the sandbox's next request, or of the next ``units`` of a body (at once within its
+        pace). ``queued=False``: a piece of a request already admitted, which waits however many others do (its
+        sender is held back meanwhile).
+
+        Raises:
+            ShareExhausted: ``request_queue`` requests of it are waiting already.
+        """
+        rate = self.limits.requests_per_second
+        now = time.monotonic()
+        self._requests = min(rate, self._requests + (now - self._requested) * rate)
+        self._requested = now
+        if self._requests >= units:
+            self._requests -= units
+            return
+        if queued and self._queued >= self.limits.request_queue:
+            raise ShareExhausted(
+                f"this sandbox makes more than {rate:g} requests a second and has {self._queued} waiting: slow down"
+            )
+        self._requests -= units
+        self._queued += 1
+        try:
+            await asyncio.sleep(-self._requests / rate)
+        finally:
+            self._queued -= 1
 
     async def _within_share(self) -> None:
         """Wait until the sandbox's file work is back within its share of the time."""
