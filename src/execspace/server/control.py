@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import CapabilityError, EnvironmentNotFound, ExecspaceError, InvalidSpec
+from ..errors import CapabilityError, EnvironmentNotFound, ExecspaceError, FreezeFailed, InvalidSpec
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
 from .network import SandboxEgress, sandbox_egress
@@ -220,6 +220,8 @@ class ControlPlane:
             paused = await self.sandboxes.pause(sandbox)
         except CapabilityError as exc:
             return error_response(501, str(exc))
+        except FreezeFailed as exc:  # not 409: the SDK reads that as "paused already"
+            return error_response(500, f"sandbox {sandbox.id!r} was not paused and runs on, its clock too: {exc}")
         if not paused:
             return error_response(409, f"sandbox {sandbox.id!r} is paused already: connect resumes it")
         return Response(status_code=204)
