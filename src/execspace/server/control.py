@@ -19,7 +19,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import CapabilityError, EnvironmentNotFound, ExecspaceError, FreezeFailed, InvalidSpec
+from ..errors import (
+    CapabilityError,
+    EnvironmentNotFound,
+    ExecspaceError,
+    FreezeFailed,
+    InvalidSpec,
+    LimitExceeded,
+    PathDenied,
+)
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
 from .network import SandboxEgress, sandbox_egress
@@ -251,6 +259,8 @@ class ControlPlane:
             return error_response(501, str(exc))
         except SandboxesFull:
             raise  # 429, as for a creation
+        except (LimitExceeded, PathDenied) as exc:  # its files as they are cannot be copied (a tree too deep)
+            return error_response(422, f"forking sandbox {sandbox.id!r} failed: {exc}")
         except ExecspaceError as exc:
             return error_response(500, f"forking sandbox {sandbox.id!r} failed: {exc}")
         return JSONResponse([{"sandbox": self._sandbox(f)} for f in forks], status_code=201)
@@ -271,6 +281,10 @@ class ControlPlane:
             return error_response(501, str(exc))
         except InvalidSpec as exc:
             raise BadRequest(str(exc)) from exc
+        except (LimitExceeded, PathDenied) as exc:  # its files as they are cannot be copied (a tree too deep)
+            return error_response(422, f"snapshotting sandbox {sandbox.id!r} failed: {exc}")
+        except FreezeFailed as exc:
+            return error_response(500, f"snapshotting sandbox {sandbox.id!r} failed: {exc}")
         return JSONResponse(_snapshot_info(snap), status_code=201)
 
     async def list_snapshots(self, request: Request) -> Response:
