@@ -18,6 +18,7 @@ from execspace import ResourceLimits
 from execspace.backends.sandbox.cgroups import BWRAP_HELPER_PIDS, CgroupSupport, RunCgroup, _Base
 from execspace.errors import FreezeFailed
 from execspace.process.freezing import held
+from tests.support import held_still
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux only")
 
@@ -195,7 +196,11 @@ def _fighting(group: RunCgroup) -> Iterator[subprocess.Popen[str]]:
 
 def _members(group: RunCgroup) -> list[int]:
     """Every process of the run's freezer group and the groups below it."""
-    return [int(p) for f in group.paths["freezer"].rglob("cgroup.procs") for p in f.read_text().split()]
+    return _everyone_in(group.paths["freezer"])
+
+
+def _everyone_in(path: Path) -> list[int]:
+    return [int(p) for f in path.rglob("cgroup.procs") for p in f.read_text().split()]
 
 
 def _cpu(pids: list[int]) -> dict[int, int]:
@@ -310,3 +315,66 @@ async def test_a_group_that_cannot_be_frozen_fails_the_hold_and_runs_on(freezer_
             assert _moved(_members(group))
     finally:
         group.remove()
+
+
+#: A holder: puts a sleeper in a fresh group of the given freezer (v1 by detect, v2 below BASE), holds it, says
+#: ``held <pid>``, and waits to be killed.
+_HOLDER = """
+import asyncio, subprocess, sys
+from pathlib import Path
+from execspace import ResourceLimits
+from execspace.backends.sandbox.cgroups import CgroupSupport, _Base
+from execspace.process.freezing import held
+from tests.support import held_still
+
+version, base = sys.argv[1], sys.argv[2]
+support = CgroupSupport.detect() if version == "v1" else CgroupSupport({"freezer": _Base("freezer", 2, Path(base))})
+group = support.create(ResourceLimits())
+sleeper = subprocess.Popen(["sleep", "60"], preexec_fn=group.join_fn())
+
+async def main():
+    async with held([group.freezer([sleeper.pid], ())]):
+        print("held", sleeper.pid, group.paths["freezer"], flush=True)
+        await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_a_hold_never_outlives_the_process_that_holds(freezer_support: CgroupSupport) -> None:
+    """Killed while it holds a group (SIGKILL: nothing of it runs after), the holder leaves nothing frozen: its
+    thawer lets the group go, so a sandbox whose bwrap dies with it (``--die-with-parent``) can die too."""
+    version = "v1" if "v1" in freezer_support.describe()["freezer"] else "v2"
+    base = str(freezer_support._bases["freezer"].path)  # type: ignore[attr-defined]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, version, base], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    sleeper = 0
+    group: Path | None = None
+    try:
+        assert holder.stdout is not None
+        _, pid, path = holder.stdout.readline().split()
+        sleeper, group = int(pid), Path(path)
+        assert held_still(sleeper)
+        holder.kill()
+        holder.wait()
+        _until("the sleeper thawed", lambda: not held_still(sleeper))
+        os.kill(sleeper, signal.SIGKILL)  # as bwrap's death would: it dies at once
+        _until("the sleeper died", lambda: not Path(f"/proc/{sleeper}").exists() or _state(sleeper) == "Z")
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+        if group is not None:  # a failed test leaves nothing frozen either
+            for leftover in group.glob("held-*"):
+                thaw = ("freezer.state", "THAWED") if version == "v1" else ("cgroup.freeze", "0")
+                (leftover / thaw[0]).write_text(thaw[1])
+        if sleeper:
+            with contextlib.suppress(OSError):
+                os.kill(sleeper, signal.SIGKILL)
+        if group is not None:
+            _until("the group emptied", lambda: not _everyone_in(group))
+            for leftover in group.glob("held-*"):
+                leftover.rmdir()
+            group.rmdir()

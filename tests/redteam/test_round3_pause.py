@@ -21,7 +21,7 @@ import execspace
 from execspace import FreezeFailed, PutFile, RunProgramSpec, Workspace
 from execspace.registry import probe_backend
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
-from tests.support import make_traversable
+from tests.support import held_still, make_traversable
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -151,6 +151,8 @@ async def test_a_tree_that_fights_the_freeze_is_held_or_the_freeze_fails(
         all_ticking(work)
         try:
             async with engine.runner.frozen(ws):
+                if cgroup_freezer(engine):  # the kernel holds them, not a stop signal
+                    assert all(held_still(pid) for pid in pids_with(tag)) and stopped_states(tag) == []
                 nothing_runs(tag, work)
                 # woken from outside the tree (as any process of the uid could): held again, and stays so
                 for pid in pids_with(tag):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -272,7 +273,13 @@ class GroupFreeze:
     and their ancestors (a session's supervisor and bwrap, which keep answering) is moved into a frozen group of
     this hold's own below it, where the kernel holds it whatever signal it gets; a process forked or started before
     its move is moved by the next pass. Release moves them back (a frozen process moved into a thawed group
-    continues) and removes the frozen group. Holds nest: each has its own frozen group."""
+    continues) and removes the frozen group. Holds nest: each has its own frozen group.
+
+    A hold never outlives this process: a v1 frozen process does not even die of a signal until it is thawed (the
+    kill bwrap's death sends its sandbox when this process dies, ``--die-with-parent``, would wait forever), and a
+    v2 one left frozen would run nothing until someone thawed it. So each hold has a thawer, a shell in a session of
+    its own that thaws the frozen group once the pipe from this process closes: at release, or when this process
+    dies, however it dies."""
 
     def __init__(self, group: Path, version: int, keep: Collection[int]) -> None:
         self._group = group
@@ -280,11 +287,13 @@ class GroupFreeze:
         self._held = group / f"{_HELD}{secrets.token_hex(4)}"
         self._spared = _with_ancestors(keep, _procs(group))
         self._made = False
+        self._thawer: tuple[subprocess.Popen[bytes], int] | None = None
 
     def sweep(self, stop: threading.Event) -> str | None:
         if not self._made:
             self._held.mkdir()
             self._made = True
+            self._thawer = _thawer(self._held, self._version)
             _freeze(self._held, self._version, frozen=True)
         moved = 0
         for pid in _procs(self._group):
@@ -306,7 +315,33 @@ class GroupFreeze:
             _move(pid, self._group)
         with contextlib.suppress(OSError):
             _freeze(self._held, self._version, frozen=False)  # whatever could not be moved continues where it is
+        if self._thawer is not None:
+            thawer, pipe = self._thawer
+            os.close(pipe)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                thawer.wait(timeout=1.0)
         _rmdir(self._held)
+
+
+def _thawer(group: Path, version: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A shell, in a session of its own (no signal to this process's group reaches it), that thaws ``group`` once
+    the returned pipe end is closed; the pipe's other end is its only link to this process."""
+    read_end, write_end = os.pipe()  # both close-on-exec: no other child of this process holds the write end
+    thaw = "THAWED" if version == 1 else "0"
+    try:
+        thawer = subprocess.Popen(
+            ["/bin/sh", "-c", 'read -r _; echo "$2" > "$1"', "execspace-thaw", str(group / _STATE[version]), thaw],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return thawer, write_end
 
 
 def _procs(group: Path) -> list[int]:
