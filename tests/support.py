@@ -22,6 +22,7 @@ __all__ = [
     "FORKS",
     "audit_file",
     "daemon_served",
+    "held_still",
     "make_traversable",
     "running_daemon",
     "served_directory",
@@ -114,3 +115,25 @@ def mount_points_under(root: Path) -> set[str]:
     with open("/proc/self/mountinfo") as f:
         points = {line.split()[4] for line in f}
     return {p for p in points if p.startswith(f"{root}/")}
+
+
+def held_still(pid: int) -> bool:
+    """Whether ``pid`` is held still the way a freeze holds it: stopped by a signal (``T``), or in a cgroup the
+    kernel froze (v1 ``freezer.state`` FROZEN, v2 ``cgroup.events`` frozen 1). False once it is gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        groups = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    if state == "T":
+        return True
+    for line in groups:
+        _, names, path = line.split(":", 2)
+        with contextlib.suppress(OSError):
+            if names == "freezer":
+                return Path("/sys/fs/cgroup/freezer", path.lstrip("/"), "freezer.state").read_text().strip() == "FROZEN"
+            if names == "" and path != "/":
+                events = Path("/sys/fs/cgroup/unified", path.lstrip("/"), "cgroup.events").read_text()
+                if "frozen 1" in events.splitlines():
+                    return True
+    return False

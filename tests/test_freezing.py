@@ -1,18 +1,23 @@
-"""Stopping process trees for a snapshot's instant: every process of the tree is stopped when the block runs, also
-one that the kernel schedules only rarely (a loaded machine; here a CPU quota makes it so)."""
+"""Holding process trees still by signals (:class:`StoppedTree`): every process of the tree is stopped when the block
+runs, also one that the kernel schedules only rarely (a loaded machine; here a CPU quota makes it so); one woken
+while held is stopped again; a tree that cannot be held fails the freeze and runs on."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from execspace.process.freezing import stopped_trees
+from execspace.errors import FreezeFailed
+from execspace.process.freezing import StoppedTree, held
 
 _CPU_V1 = Path("/sys/fs/cgroup/cpu")
 
@@ -52,10 +57,77 @@ async def test_a_process_scheduled_rarely_is_stopped_before_the_block_runs(starv
         while _throttled(starved_cgroup) < 2:  # it spins, throttled: runnable, but run 1 ms a second
             await asyncio.sleep(0.01)
         assert _state(busy.pid) == "R"
-        async with stopped_trees([busy.pid]):
+        async with held([StoppedTree([busy.pid])]):
             assert _state(busy.pid) == "T"
         while _state(busy.pid) == "T":  # continued: polled, as SIGCONT lands asynchronously
             await asyncio.sleep(0.01)
     finally:
         busy.kill()
         busy.wait()
+
+
+def _spinning(children: int) -> subprocess.Popen[bytes]:
+    """A shell whose ``children`` spin; in a session of its own, killed whole by the test."""
+    loops = " ".join(["(while :; do :; done) &"] * children)
+    return subprocess.Popen(["/bin/sh", "-c", f"{loops} wait"], start_new_session=True)
+
+
+def _tree(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        found.append(p := pending.pop())
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                pending += [int(c) for c in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
+    return found
+
+
+async def _until(what: str, check: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen within {within} s"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def spinning() -> Iterator[subprocess.Popen[bytes]]:
+    proc = _spinning(3)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+async def test_a_process_woken_while_held_is_stopped_again(spinning: subprocess.Popen[bytes]) -> None:
+    await _until("the children started", lambda: len(_tree(spinning.pid)) == 4)
+    async with held([StoppedTree([spinning.pid])]):
+        pids = _tree(spinning.pid)
+        assert {_state(p) for p in pids} == {"T"}
+        for _ in range(20):  # woken from outside the tree, over and over: stopped again each time
+            os.killpg(spinning.pid, signal.SIGCONT)
+            await _until("the woken ones stopped again", lambda: {_state(p) for p in pids} == {"T"})
+    await _until("everything continued", lambda: "T" not in {_state(p) for p in pids})
+
+
+async def test_a_tree_woken_without_end_fails_the_freeze_and_runs_on(spinning: subprocess.Popen[bytes]) -> None:
+    await _until("the children started", lambda: len(_tree(spinning.pid)) == 4)
+    pids = _tree(spinning.pid)
+    # three processes outside the tree wake it as fast as they can (until it is gone)
+    wake = f"while kill -CONT -{spinning.pid} 2>/dev/null; do :; done"
+    wakers = [subprocess.Popen(["/bin/sh", "-c", wake]) for _ in range(3)]
+    try:
+        with pytest.raises(FreezeFailed, match=r"could not all be stopped within 5 s \(\d+ process"):
+            async with held([StoppedTree([spinning.pid])]):
+                pytest.fail("the block ran while the tree was being woken")
+    finally:
+        for waker in wakers:
+            waker.kill()
+            waker.wait()
+    assert _tree(spinning.pid) == pids  # intact
+    await _until("everything continued", lambda: "T" not in {_state(p) for p in pids})
+
+
+async def test_a_freeze_of_nothing_holds_at_once() -> None:
+    async with held([]), held([StoppedTree([])]):
+        pass

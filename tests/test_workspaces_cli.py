@@ -13,6 +13,7 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
+from tests.support import CLI
 
 pytestmark = pytest.mark.asyncio
 
@@ -99,6 +100,48 @@ async def test_snapshot_fork_and_restore_from_the_cli(tmp_path: Path) -> None:
         for f in json.loads(ws_cli(root, "list").stdout)["workspaces"]:
             ws_cli(root, "rm", f["path"])
     assert json.loads(ws_cli(root, "list").stdout)["workspaces"] == []
+
+
+async def test_a_users_directory_keeps_its_mode_and_owner_through_snapshot_fork_restore_and_rm(
+    tmp_path: Path,
+) -> None:
+    """What the red team did: ``execspace ws snapshot`` of a ``--workspace DIR`` made DIR's parent (a directory of
+    the user's, named as the root) 0700. The parent and DIR keep their modes and owners through every verb, and
+    the parent's own entries are untouched (the snapshots' store and the forks asked for are added beside)."""
+    parent = tmp_path / "projects"
+    parent.mkdir()
+    (parent / "notes.txt").write_text("mine")
+    ws_dir = parent / "proj"
+    env = {**os.environ, "EXECSPACE_DAEMON": "off"}
+    made = subprocess.run(
+        [*CLI, "run", "--backend", "local", "--workspace", str(ws_dir), "--", "sh", "-c", "echo v1 > state.txt"],
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    os.chmod(parent, 0o751)
+    os.chmod(ws_dir, 0o750)
+
+    def looks() -> list[tuple[int, int, int]]:
+        return [(st.st_mode, st.st_uid, st.st_gid) for st in (parent.stat(), ws_dir.stat())]
+
+    before = looks()
+    assert json.loads(ws_cli(parent, "snapshot", str(ws_dir), "--name", "v1").stdout)["snapshot"]["name"] == "v1"
+    assert looks() == before
+    (ws_dir / "work" / "state.txt").write_text("v2")
+    (fork,) = json.loads(ws_cli(parent, "fork", str(ws_dir), "--id", "mine/f1").stdout)["forks"]
+    assert Path(fork["path"], "work", "state.txt").read_text() == "v2"
+    assert looks() == before
+    assert json.loads(ws_cli(parent, "restore", str(ws_dir), "v1").stdout)["restored"] == str(ws_dir)
+    assert (ws_dir / "work" / "state.txt").read_text() == "v1\n"
+    assert looks() == before
+    assert ws_cli(parent, "rm", fork["path"]).returncode == 0
+    assert looks() == before
+    assert {p.name for p in parent.iterdir()} <= {"notes.txt", "proj", ".snapshots", ".layers"}
+    assert (parent / "notes.txt").read_text() == "mine"
+    assert ws_cli(parent, "rm", str(ws_dir)).returncode == 0
+    assert not ws_dir.exists() and (parent.stat().st_mode, parent.stat().st_uid) == before[0][:2]
 
 
 async def test_show_tells_size_runs_and_outputs_without_following_links(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── ExecutionTimeout            a run exceeded its deadline (also TimeoutError); carries the partial result
     ├── ProgramFailed               raised only on request (check=True); carries the result
     └── BackendError                the backend failed while running (daemon died, kernel crashed…)
+        ├── FreezeFailed            a workspace's programs could not all be held still (snapshot, pause)
         ├── PartialOutputCommit     outputs were collected but their record could not be written
         └── SandboxLost             a remote sandbox expired or was killed: what it held is gone
 
@@ -48,6 +49,7 @@ __all__ = [
     "EnvironmentNotFound",
     "ExecspaceError",
     "ExecutionTimeout",
+    "FreezeFailed",
     "InputError",
     "InvalidSpec",
     "LimitExceeded",
@@ -199,6 +201,12 @@ class ProgramFailed(ExecspaceError):
 
 class BackendError(ExecspaceError):
     """The backend failed while working (daemon gone, kernel died, transport broke)."""
+
+
+class FreezeFailed(BackendError):
+    """A workspace's programs could not all be held still (for a snapshot's copy, a pause of ``execspace serve``):
+    they kept waking each other or starting new processes past the time allowed. Nothing was frozen: every program
+    stopped on the way was let continue."""
 
 
 class PartialOutputCommit(BackendError):

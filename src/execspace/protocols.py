@@ -356,12 +356,18 @@ class SupportsKernels(Protocol):
 
 @runtime_checkable
 class SupportsFreezing(Protocol):
-    """A program runner that can stop every program it runs in a workspace for a while (``SIGSTOP``: they keep
-    their memory, and continue where they were when the block ends, also when it raises)."""
+    """A program runner that can hold every program it runs in a workspace still for a while (a cgroup freezer, or
+    ``SIGSTOP`` sent again to whatever wakes: :mod:`execspace.process.freezing`): they keep their memory, and
+    continue where they were when the block ends, also when it raises."""
 
     def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
-        """The workspace's programs, and their descendants, stopped for the block; the block may outlive the
-        task that entered it (``execspace serve`` holds it while a sandbox is paused)."""
+        """The workspace's programs, and their descendants, held still for the block; the block may outlive the
+        task that entered it (``execspace serve`` holds it while a sandbox is paused).
+
+        Raises:
+            FreezeFailed: (on entering) they could not all be held (they keep waking each other or forking, and only
+                signals hold them); none is, every one stopped on the way continues.
+        """
         ...
 
 
@@ -375,6 +381,8 @@ class SupportsSnapshots(Protocol):
 
         Raises:
             InvalidSpec: the name is taken or malformed, or ``ws`` is not this manager's.
+            LimitExceeded: the tree is too deep or too large to copy (the message names the limit); nothing is kept.
+            FreezeFailed: its programs could not be held still for the copy; nothing is kept.
         """
         ...
 
@@ -392,6 +400,8 @@ class SupportsSnapshots(Protocol):
         Raises:
             InvalidSpec: a bad count, duplicate or existing ids.
             SnapshotNotFound: ``source`` is a snapshot that was removed.
+            LimitExceeded: a workspace ``source`` is too deep or too large to copy; no fork is made.
+            FreezeFailed: a workspace ``source``'s programs could not be held still for the copy; no fork is made.
         """
         ...
 

@@ -123,6 +123,45 @@ async def test_remove_file_removes_a_file_or_a_tree(setup: tuple[McpTools, Clock
     assert all(not e["path"].startswith("work/d") for e in listed["entries"])
 
 
+async def test_the_workspace_record_is_never_written_or_removed_through_a_tool(
+    setup: tuple[McpTools, Clock], uploads: Path, tmp_path: Path
+) -> None:
+    """What the red team did: write_file over metadata.json (the staging record execspace trusts). Every tool that
+    writes or removes refuses the record, its temporary writes and the corrupt copies kept aside; it is unchanged."""
+    tools, _ = setup
+    await call(tools, "upload_file", {"workspace_id": "rec", "host_path": str(uploads / "data.csv")})
+    (record,) = (tmp_path / "ws").glob("rec-*/metadata.json")
+    before = record.read_bytes()
+    assert b"data.csv" in before
+    forged = json.dumps({"id": "rec", "inputs": [], "outputs": []})
+    names = [
+        "metadata.json",
+        "./metadata.json",
+        "metadata.json/",
+        "metadata.json.corrupt-1-abc",
+        ".metadata.json.1.a.tmp",
+    ]
+    for name in names:
+        wrote = await call(tools, "write_file", {"workspace_id": "rec", "path": name, "content": forged})
+        removed = await call(tools, "remove_file", {"workspace_id": "rec", "path": name})
+        uploaded = await call(
+            tools, "upload_file", {"workspace_id": "rec", "host_path": str(uploads / "data.csv"), "path": name}
+        )
+        assert all(r["error_type"] == "PathDenied" for r in (wrote, removed, uploaded)), (
+            name,
+            wrote,
+            removed,
+            uploaded,
+        )
+        assert "workspace's own record" in wrote["error"] and "workspace's own record" in removed["error"]
+    assert record.read_bytes() == before
+    assert not any(p.name != "metadata.json" and "metadata.json" in p.name for p in record.parent.iterdir())
+    # a file of that name elsewhere is just a file
+    assert (await call(tools, "write_file", {"workspace_id": "rec", "path": "work/metadata.json", "content": "{}"}))[
+        "status"
+    ] == "ok"
+
+
 async def test_skills_are_listed_and_run(setup: tuple[McpTools, Clock]) -> None:
     tools, _ = setup
     listed = await call(tools, "skill_list", {})

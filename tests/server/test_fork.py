@@ -88,6 +88,32 @@ def test_snapshots_list_and_start_sandboxes() -> None:
         Sandbox.create("no-such-snapshot")
 
 
+def test_a_tree_deeper_than_a_snapshot_copies_is_refused_with_the_limit(e2b_server: Server) -> None:
+    """What the red team did: snapshot (and fork) a sandbox holding a tree deeper than the copy's walk goes. The
+    answer is E2B's JSON error, 422, naming the limit and what to do (was a 500); nothing is kept, the sandbox
+    runs on and, once the deep part is gone, snapshots."""
+    source = Sandbox.create(timeout=120)
+    try:
+        made = source.commands.run("mkdir -p $(python3 -c \"print('/'.join(['d'] * 300))\") && echo made")
+        assert made.stdout == "made\n"
+        before = {s.snapshot_id for s in Sandbox.list_snapshots().next_items()}
+        headers = {"X-API-KEY": e2b_server.key}
+        for verb in ("snapshots", "fork"):
+            answer = httpx.post(f"{e2b_server.url}/sandboxes/{source.sandbox_id}/{verb}", json={}, headers=headers)
+            assert answer.status_code == 422, answer.text
+            body = answer.json()
+            assert body["code"] == 422 and "more than 256 directories deep" in body["message"], body
+            assert "flatten the deep part" in body["message"]
+        with pytest.raises(SandboxException, match=r"422.*256 directories deep"):
+            source.create_snapshot()
+        assert {s.snapshot_id for s in Sandbox.list_snapshots().next_items()} == before
+        assert not [p for p in (e2b_server.root / ".snapshots").glob(".partial-*")]
+        source.commands.run("rm -rf d")
+        assert source.create_snapshot().snapshot_id.startswith("snap-")
+    finally:
+        source.kill()
+
+
 def test_a_snapshot_is_deleted_as_a_template(e2b_server: Server) -> None:
     source = Sandbox.create(timeout=120)
     try:

@@ -4,6 +4,7 @@ contexts are intact; kill while paused, auto-pause on timeout, auto-resume, and 
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
@@ -16,6 +17,7 @@ from e2b import Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunningException
 
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
+from tests.redteam.test_round3_pause import ATTACK, CHILDREN, all_ticking, nothing_runs
 
 from .conftest import Server, running_server, until
 
@@ -227,3 +229,62 @@ def test_a_server_that_ends_takes_its_paused_sandboxes_with_it(tmp_path: Path, h
         until("its workspace removed", lambda: not counter.exists())
         with pytest.raises(SandboxException, match="not found"):
             Sandbox.connect(sbx.sandbox_id, api_key=second.key, api_url=second.url, sandbox_url=second.url)
+
+
+@pytest.mark.parametrize("mode", ["wake", "fork"])
+def test_a_program_that_fights_the_pause_is_never_reported_paused_while_running(e2b_server: Server, mode: str) -> None:
+    """Children that wake each other (SIGCONT) or fork without end: paused, none of them runs (the cgroup freezer as
+    root); else the pause fails with the server's message and the sandbox runs on, its clock too."""
+    tag = new_tag(f"serve-fight-{mode}")
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/attack.py", ATTACK)
+        sbx.commands.run(f"python3 attack.py {mode} {CHILDREN} 90 {tag}.", background=True, envs=tagged(tag))
+        work = _host_file(e2b_server.root, f"{tag}.tick.0").parent
+        all_ticking(work, f"{tag}.")
+        end_at = Sandbox.get_info(sbx.sandbox_id).end_at
+        try:
+            sbx.pause()
+        except SandboxException as exc:
+            assert os.geteuid() != 0, f"as root the cgroup freezer holds any tree: {exc}"
+            assert "was not paused and runs on" in str(exc)
+            assert _state(sbx.sandbox_id) is SandboxState.RUNNING
+            assert Sandbox.get_info(sbx.sandbox_id).end_at == end_at
+        else:
+            assert _state(sbx.sandbox_id) is SandboxState.PAUSED
+            nothing_runs(tag, work, f"{tag}.")
+            Sandbox.connect(sbx.sandbox_id)
+        all_ticking(work, f"{tag}.")
+    finally:
+        sbx.kill()
+    assert wait_no_process(tag, within=15) == []
+
+
+#: A counter that three processes outside its tree (escaped with ``setsid``) wake with SIGCONT until it is gone:
+#: signals, the local backend's only way, cannot hold it.
+WOKEN_COUNTER = (
+    'me=$$; for w in 1 2 3; do setsid -f sh -c "while kill -CONT $me 2>/dev/null; do :; done"; done; ' + COUNTER
+)
+
+
+def test_a_pause_that_cannot_hold_fails_and_leaves_the_sandbox_running(tmp_path: Path) -> None:
+    tag = new_tag("serve-pause-fails")
+    with running_server(
+        tmp_path / "ws", "--backend", "local", "--kernel-environment", "none", "--allow-internet-access"
+    ) as server:
+        api = {"api_key": server.key, "api_url": server.url, "sandbox_url": server.url}
+        sbx = Sandbox.create(timeout=120, allow_internet_access=True, **api)  # the local backend has no network off
+        try:
+            sbx.commands.run(WOKEN_COUNTER, background=True, envs=tagged(tag))
+            counter = _host_file(server.root, f"{tag}.count")
+            _grows_past(counter, 0)
+            end_at = Sandbox.get_info(sbx.sandbox_id, **api).end_at
+            with pytest.raises(SandboxException, match=r"500.*was not paused and runs on.*could not all be stopped"):
+                sbx.pause()
+            info = Sandbox.get_info(sbx.sandbox_id, **api)
+            assert info.state is SandboxState.RUNNING and info.end_at == end_at  # its clock never stopped
+            _grows_past(counter, _count(counter))
+            assert sbx.commands.run("echo still here").stdout == "still here\n"
+        finally:
+            sbx.kill()
+        assert wait_no_process(tag, within=15) == []

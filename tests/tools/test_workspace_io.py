@@ -130,6 +130,17 @@ async def test_put_refuses_escapes(io: WorkspaceIO) -> None:
             await io.put_files([PutFile(bad, b"x")])
 
 
+async def test_put_refuses_the_workspace_record(io: WorkspaceIO) -> None:
+    await io.stage_inputs([InputSpec(b"data", dest="work/inputs/d.txt")])
+    record = host(io.workspace) / "metadata.json"
+    before = record.read_bytes()
+    for name in ("metadata.json", "./metadata.json", "metadata.json.corrupt-1-ab", ".metadata.json.1.ab.tmp"):
+        with pytest.raises(PathDenied, match="workspace's own record"):
+            await io.put(name, "{}")
+    assert record.read_bytes() == before
+    await io.put("out/metadata.json", "{}")  # only the record itself is refused
+
+
 async def test_snapshot_and_changes(io: WorkspaceIO) -> None:
     await io.put("out/keep.txt", "same")
     before = await io.snapshot()

@@ -27,6 +27,7 @@ from execspace.workspace.metadata import load_metadata
 from execspace.workspace.snapshots import SNAPSHOTS_DIR
 from execspace.workspace.stored import stored_workspaces
 from tests.bindings import open_backend
+from tests.support import held_still
 
 
 @pytest.fixture(params=["local", "sandbox", "sandbox-session", "container"])
@@ -167,8 +168,8 @@ async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.B
         while len(_program_states(tag)) < 2:
             await asyncio.sleep(0.01)
         async with frozen(ws):
-            assert set(_program_states(tag).values()) == {"T"}, _program_states(tag)
-        while "T" in _program_states(tag).values():  # continued: polled, as SIGCONT lands asynchronously
+            assert all(held_still(pid) for pid in _program_states(tag)), _program_states(tag)
+        while any(held_still(pid) for pid in _program_states(tag)):  # continued: polled, SIGCONT lands async
             await asyncio.sleep(0.01)
         snap = await manager(engine).snapshot(ws)  # stops them for its copy, and lets them go again
         frozen_ticks = (snap.path / "work/ticks").stat().st_size

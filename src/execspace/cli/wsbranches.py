@@ -34,7 +34,8 @@ def add_verbs(verbs: Any) -> None:
 
 
 def _manager(root: Path) -> HostWorkspaceManager:
-    return HostWorkspaceManager(root.name, root, copy_on_write=True)
+    # the roots exist (an engine made them, or the user named a directory of theirs): never change their mode
+    return HostWorkspaceManager(root.name, root, copy_on_write=True, keep_root_mode=True)
 
 
 def _workspace(roots: list[Path], key: str) -> tuple[HostWorkspaceManager, Workspace]:

@@ -14,6 +14,7 @@ from ..models import FileKind, InputSpec, PutFile, Workspace
 from ..protocols import Engine
 from ..tools import ToolSpec, WorkspaceIO
 from ..workspace.hostroots import HostRoots
+from ..workspace.metadata import refuse_record
 from .content import IMAGE_TYPES
 
 __all__ = ["FileTools"]
@@ -122,6 +123,7 @@ class FileTools:
         data = _decode(args["content"], args["encoding"])
         self._check_size(len(data), args["path"])
         mode = 0o755 if args["executable"] else 0o644
+        refuse_record(args["path"])
         await self.engine.fs.put_files(ws, [PutFile(args["path"], data, mode)])
         return {"status": "ok", "path": args["path"], "size": len(data)}
 
@@ -164,6 +166,7 @@ class FileTools:
         return out
 
     async def remove_file(self, ws: Workspace, args: Mapping[str, Any]) -> dict[str, Any]:
+        refuse_record(args["path"])
         await self.engine.fs.remove(ws, args["path"])
         return {"status": "ok", "removed": args["path"]}
 

@@ -18,7 +18,7 @@ from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ..workspace.branches import overlay_supported
-from .freezing import stopped_trees
+from .freezing import held
 from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
@@ -146,11 +146,19 @@ class HostRunner:
         await asyncio.gather(*(_kill_started(started) for started in live))
 
     def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
-        """Every program this runner runs in ``ws`` (and its descendants) stopped for the block: for
-        ``HostWorkspaceManager(freeze=...)``, so that a snapshot copies a state nobody changes meanwhile."""
+        """Every program this runner runs in ``ws`` (and its descendants) held still for the block, each the way
+        its launch says (:mod:`.freezing`): for ``HostWorkspaceManager(freeze=...)``, so that a snapshot copies a
+        state nobody changes meanwhile, and for a pause.
+
+        Raises:
+            FreezeFailed: (on entering) they could not all be held; none is.
+        """
+        return held(proc.freezer([pid], ()) for proc in self.live_processes(ws) if (pid := proc.pid) is not None)
+
+    def live_processes(self, ws: Workspace) -> list[SupervisedProcess]:
+        """The processes of the programs this runner runs in ``ws`` (started, not over yet)."""
         live = self._live.get(ws.host_path, set()) if ws.host_path is not None else set()
-        roots = [p.pid for f in live if f.done() and not f.cancelled() and not f.exception() and (p := f.result()).pid]
-        return stopped_trees(pid for pid in roots if pid is not None)
+        return [f.result() for f in live if f.done() and not f.cancelled() and f.exception() is None]
 
     async def spawn_prepared(
         self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None

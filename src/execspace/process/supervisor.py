@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import UsageError
 from ..models import OutputChunk, ProgramInfo, PtySize, RunResult
 from .capture import HeadTailBuffer
+from .freezing import Freezer, stop_signals
 from .programs import OutputLog
 
 __all__ = ["RUN_MARKER_VAR", "Launch", "MarkerSweeper", "SupervisedProcess", "kill_marked_processes", "spawn"]
@@ -90,6 +91,9 @@ class Launch:
     signal_target: Callable[[int], int | None] | None = None
     """Maps the started process's pid to the process group ``signal()`` reaches (a wrapper such as bwrap puts the
     program in a session of its own); None while the wrapper has not started the program yet."""
+    freezer: Freezer = stop_signals
+    """How the process's tree is held still for a snapshot or a pause (:mod:`.freezing`): a wrapper's own (the
+    sandbox's cgroup freezer), else signals."""
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -329,6 +333,11 @@ class SupervisedProcess:
     @property
     def pid(self) -> int | None:
         return self._transport.get_pid() if self._transport else None
+
+    @property
+    def freezer(self) -> Freezer:
+        """How this process's tree is held still (:attr:`Launch.freezer`)."""
+        return self._launch.freezer
 
     @property
     def finished(self) -> bool:

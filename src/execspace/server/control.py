@@ -21,7 +21,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import CapabilityError, EnvironmentNotFound, ExecspaceError, InvalidSpec
+from ..errors import (
+    CapabilityError,
+    EnvironmentNotFound,
+    ExecspaceError,
+    FreezeFailed,
+    InvalidSpec,
+    LimitExceeded,
+    PathDenied,
+)
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
 from .bodies import CONTROL_BODY_BYTES, BadBody, BodyTooLarge, json_object
@@ -282,6 +290,8 @@ class ControlPlane:
             paused = await self.sandboxes.pause(sandbox)
         except CapabilityError as exc:
             return error_response(501, str(exc))
+        except FreezeFailed as exc:  # not 409: the SDK reads that as "paused already"
+            return error_response(500, f"sandbox {sandbox.id!r} was not paused and runs on, its clock too: {exc}")
         if not paused:
             return error_response(409, f"sandbox {sandbox.id!r} is paused already: connect resumes it")
         return Response(status_code=204)
@@ -311,6 +321,8 @@ class ControlPlane:
             return error_response(501, str(exc))
         except SandboxesFull:
             raise  # 429, as for a creation
+        except (LimitExceeded, PathDenied) as exc:  # its files as they are cannot be copied (a tree too deep)
+            return error_response(422, f"forking sandbox {sandbox.id!r} failed: {exc}")
         except ExecspaceError as exc:
             return error_response(500, f"forking sandbox {sandbox.id!r} failed: {exc}")
         return JSONResponse([{"sandbox": self._sandbox(f)} for f in forks], status_code=201)
@@ -336,6 +348,10 @@ class ControlPlane:
             return error_response(501, str(exc))
         except InvalidSpec as exc:
             raise BadRequest(str(exc)) from exc
+        except (LimitExceeded, PathDenied) as exc:  # its files as they are cannot be copied (a tree too deep)
+            return error_response(422, f"snapshotting sandbox {sandbox.id!r} failed: {exc}")
+        except FreezeFailed as exc:
+            return error_response(500, f"snapshotting sandbox {sandbox.id!r} failed: {exc}")
         return JSONResponse(_snapshot_info(snap), status_code=201)
 
     async def list_snapshots(self, request: Request, caller: Caller) -> Response:

@@ -36,6 +36,7 @@ from ..backends.jupyter.sandboxed import OUTPUT_BOUNDS, Interpreter, environment
 from ..environments import Environment
 from ..errors import EnvironmentNotFound, SetupFailed
 from ..models import OutputChunk, RunResult
+from ..process.freezing import Hold
 from ..protocols import ProgramHandle, ProgramRunner
 from .sandboxes import Sandbox
 
@@ -307,9 +308,8 @@ class SessionKernel:
     def dropped(self) -> int:
         return 0  # a reader that falls behind holds the kernel up instead
 
-    @property
-    def pid(self) -> int | None:
-        return self.handle.pid
+    def hold(self) -> Hold | None:
+        return None  # a program of the sandbox's session: held with the session's programs when it is paused
 
     def execute(self, code: str, *, silent: bool = False) -> str:
         content = {

@@ -5,9 +5,11 @@ a ready sandbox from the pool (:mod:`.pool`) when there is one, which awaits not
 expiry drop the sandbox from the table first (every later request for it answers "not found") and then remove
 its workspace with everything in it, its programs included.
 
-A paused sandbox keeps its programs, stopped (``SIGSTOP`` through the runner's
-:class:`~execspace.protocols.SupportsFreezing`: its kernels and contexts are programs of its session too), in
-memory: nothing is persisted, and a server that ends takes it with it. Its lifetime clock stops with it.
+A paused sandbox keeps its programs, held still (through the runner's :class:`~execspace.protocols.SupportsFreezing`:
+the cgroup freezer as root, else ``SIGSTOP`` sent again to whatever wakes; its kernels and contexts are programs of
+its session too), in memory: nothing is persisted, and a server that ends takes it with it. Its lifetime clock
+stops with it. A sandbox is never reported paused while a program of it runs: a pause whose programs cannot all be
+held fails (:class:`~execspace.errors.FreezeFailed`) and leaves it running, its clock too.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..errors import CapabilityError, ExecspaceError, ProgramNotFound, WorkspaceNotFound
+from ..errors import CapabilityError, ExecspaceError, FreezeFailed, ProgramNotFound, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Snapshot, Workspace
 from ..protocols import Engine, ProgramHandle, SupportsFreezing, SupportsSnapshots
 from .ledger import Ledger
@@ -319,6 +321,7 @@ class Sandboxes:
 
         Raises:
             CapabilityError: the engine's runner cannot stop a workspace's programs.
+            FreezeFailed: its programs could not all be held still: it was not paused, they and its clock run on.
         """
         runner = sandbox.engine.runner
         if not isinstance(runner, SupportsFreezing):
@@ -334,11 +337,18 @@ class Sandboxes:
 
     async def keep_paused(self, sandbox: Sandbox) -> None:
         """Stop a program that started while the sandbox was being paused (its request came in before): after
-        the pause, everything of the workspace is stopped once more (what is stopped already stays so)."""
+        the pause, everything of the workspace is held once more (what is held already stays so). If that
+        fails, the sandbox is resumed: it is never reported paused while something of it runs."""
         runner = sandbox.engine.runner
         async with sandbox.turning:
-            if sandbox.paused is not None and isinstance(runner, SupportsFreezing):
+            if sandbox.paused is None or not isinstance(runner, SupportsFreezing):
+                return
+            try:
                 await sandbox.paused.enter_async_context(runner.frozen(sandbox.workspace))
+                return
+            except FreezeFailed as exc:
+                _log.warning("sandbox %s resumed: a program started while it was paused: %s", sandbox.id, exc)
+        await self.resume(sandbox)
 
     async def resume(self, sandbox: Sandbox, lifetime: int | None = None) -> bool:
         """Let a paused sandbox's programs and kernels continue and its clock run again with what was left of

@@ -40,6 +40,7 @@ from ..models import (
 from ..protocols import Engine
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.hostfs import normalize_globs
+from ..workspace.metadata import refuse_record
 from ..workspace.staging import Stager
 
 __all__ = [
@@ -139,7 +140,10 @@ class WorkspaceIO:
     # -- files in -------------------------------------------------------------------
 
     async def put_files(self, files: Sequence[PutFile]) -> None:
-        """Write files (workspace-relative paths; escapes raise ``PathDenied``)."""
+        """Write files (workspace-relative paths; escapes and the workspace's record ``metadata.json`` raise
+        ``PathDenied``)."""
+        for f in files:
+            refuse_record(f.path)
         await self.engine.fs.put_files(self.workspace, files)
 
     async def put(self, path: str, content: bytes | str, mode: int = 0o644) -> None:

@@ -32,10 +32,11 @@ def default_workspace_root() -> Path:
     return Path(tempfile.gettempdir()) / f"execspace-{os.getuid()}" / "workspaces"
 
 
-def private_dir(path: Path, mode: int = 0o700) -> None:
+def private_dir(path: Path, mode: int = 0o700, *, keep_mode: bool = False) -> None:
     """Create ``path`` with ``mode`` (0700, or 0711 when a sandbox uid must traverse it)
     and check that nobody else planted or owns it. A parent named ``execspace-<uid>``
-    is kept at 0711: traversable, not listable, shared by the backends' roots."""
+    is kept at 0711: traversable, not listable, shared by the backends' roots. With ``keep_mode``, a ``path``
+    that exists keeps its mode (a directory of the user's is never changed)."""
     checks = [(path, mode)]
     if path.parent.name.startswith("execspace-"):
         checks.insert(0, (path.parent, 0o711))
@@ -50,7 +51,7 @@ def private_dir(path: Path, mode: int = 0o700) -> None:
             raise SetupFailed("workspace root", f"{p} is a symlink or not a directory", "remove it and retry")
         if st.st_uid != os.getuid():
             raise SetupFailed("workspace root", f"{p} is owned by uid {st.st_uid}", "remove it or pick another root")
-        if st.st_mode & 0o777 != want:
+        if st.st_mode & 0o777 != want and not (keep_mode and p == path):
             os.chmod(p, want)
 
 
@@ -72,6 +73,7 @@ class HostWorkspaceManager:
         copy_on_write: bool = False,
         freeze: Callable[[Workspace], contextlib.AbstractAsyncContextManager[None]] | None = None,
         disk_bytes: int | None = None,
+        keep_root_mode: bool = False,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
@@ -83,7 +85,9 @@ class HostWorkspaceManager:
         workspace's programs for a block (:meth:`~execspace.process.hostrunner.HostRunner.frozen`): a snapshot,
         or a fork of the live workspace, copies a state none of them changes meanwhile. ``disk_bytes`` puts each
         new workspace under ``root`` on a filesystem of that size (:mod:`.diskimages`, root only; the caller checks
-        :func:`.diskimages.disk_tools_missing`); such workspaces have no snapshots or forks."""
+        :func:`.diskimages.disk_tools_missing`); such workspaces have no snapshots or forks. ``keep_root_mode``
+        leaves the mode of a root that exists as it is (``execspace ws`` over a root it did not make, such as the
+        user's directory holding a ``--workspace DIR``); the root is made private only when it is created."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
@@ -91,6 +95,7 @@ class HostWorkspaceManager:
         self._program_path = program_path
         self._program_binds = program_binds
         self._private_root = private_root
+        self._keep_root_mode = keep_root_mode
         self.root = Path(root) if root is not None else default_workspace_root()
         self._prepare = prepare
         self._known: dict[str, Workspace] = {}
@@ -348,7 +353,7 @@ class HostWorkspaceManager:
 
     def _ensure_root(self) -> None:
         if not self._root_ready:
-            private_dir(self.root, 0o700 if self._private_root else 0o711)
+            private_dir(self.root, 0o700 if self._private_root else 0o711, keep_mode=self._keep_root_mode)
             self._root_ready = True
 
     async def cleanup(self, ws: Workspace) -> None:

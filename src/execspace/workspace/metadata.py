@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import PathDenied
 from .layout import METADATA_FILE
 
-__all__ = ["InputRecord", "OutputRecord", "WorkspaceMetadata", "load_metadata", "save_metadata"]
+__all__ = ["InputRecord", "OutputRecord", "WorkspaceMetadata", "load_metadata", "refuse_record", "save_metadata"]
 
 SCHEMA_VERSION = 1
 
@@ -138,3 +139,12 @@ def save_metadata(root: Path, meta: WorkspaceMetadata) -> None:
 
 def is_metadata_temp(name: str) -> bool:
     return name.startswith(f".{METADATA_FILE}.") and name.endswith(".tmp")
+
+
+def refuse_record(path: str) -> None:
+    """Raise ``PathDenied`` if the workspace-relative ``path`` is the workspace's record or one of its own files
+    (a temporary write, a corrupt record kept aside): only execspace's bookkeeping writes or removes them, never a
+    tool or a stage destination."""
+    parts = [p for p in path.split("/") if p not in ("", ".")] if isinstance(path, str) else []
+    if len(parts) == 1 and (parts[0].startswith(METADATA_FILE) or is_metadata_temp(parts[0])):
+        raise PathDenied(path, f"it is the workspace's own record ({METADATA_FILE}), which only execspace writes")

@@ -74,7 +74,7 @@ from .confine import split_relpath
 from .confinecore import MAX_WALK_DEPTH
 from .hostroots import HostRoots, HostSource, walk_tree
 from .layout import METADATA_FILE
-from .metadata import InputRecord, OutputRecord, WorkspaceMetadata, is_metadata_temp
+from .metadata import InputRecord, OutputRecord, WorkspaceMetadata, refuse_record
 
 __all__ = [
     "DEFAULT_INPUT_FILES",
@@ -226,8 +226,7 @@ def _dest(dest: str | None, basename: str) -> str:
     elif dest.endswith("/"):
         dest += basename
     parts = split_relpath(dest)
-    if len(parts) == 1 and (parts[0].startswith(METADATA_FILE) or is_metadata_temp(parts[0])):
-        raise PathDenied(dest, "reserved for the workspace record (metadata.json)")
+    refuse_record(dest)
     return "/".join(parts)
 
 

@@ -61,11 +61,17 @@ def copy_tree(src: int, dst: int, *, keep_owner: bool, layer: bool = False) -> C
 
 def _copy_dir(src: int, dst: int, keep_owner: bool, stats: CopyStats, depth: int) -> None:
     if depth > _MAX_DEPTH:
-        raise LimitExceeded(f"the workspace is deeper than {_MAX_DEPTH} directories; it cannot be copied")
+        raise LimitExceeded(
+            f"the workspace is more than {_MAX_DEPTH} directories deep, deeper than a snapshot or fork copies: "
+            "remove or flatten the deep part (e.g. move it into an archive), then try again"
+        )
     for name in os.listdir(src):
         stats.entries += 1
         if stats.entries > _MAX_ENTRIES:
-            raise LimitExceeded(f"the workspace has more than {_MAX_ENTRIES:,} entries; it cannot be copied")
+            raise LimitExceeded(
+                f"the workspace has more than {_MAX_ENTRIES:,} entries, more than a snapshot or fork copies: "
+                "remove what is not needed (e.g. caches, or pack them into an archive), then try again"
+            )
         try:
             st = os.stat(name, dir_fd=src, follow_symlinks=False)
         except FileNotFoundError:

@@ -23,6 +23,7 @@ from typing import IO, Any, Protocol
 from ...envpolicy import EnvPolicy
 from ...errors import SetupFailed
 from ...models import Workspace
+from ...process.freezing import Hold, StoppedTree
 from ...workspace.layout import workspace_env
 from .kernels import bind, new_run_dir
 from .pool import KernelPool, PooledKernel
@@ -44,8 +45,9 @@ _LOG_HINT = "see kernel.log in the workspace's runs/kernel-* directory; check th
 class KernelProcess(Protocol):
     """The process side of a kernel, wherever it runs."""
 
-    @property
-    def pid(self) -> int | None: ...
+    def hold(self) -> Hold | None:
+        """What holds its processes still (see ``KernelConnection.hold``)."""
+        ...
 
     async def is_alive(self) -> bool: ...
 
@@ -82,9 +84,8 @@ class ZmqConnection:
         while await _next(self.kc.get_shell_msg, 0) is not None:
             pass
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid
+    def hold(self) -> Hold | None:
+        return self.proc.hold()
 
     async def interrupt(self) -> None:
         await self.proc.interrupt()
@@ -119,6 +120,10 @@ class HostKernel:
     @property
     def pid(self) -> int | None:
         return getattr(self.km.provisioner, "pid", None)
+
+    def hold(self) -> Hold | None:
+        pid = self.pid
+        return None if pid is None else StoppedTree([pid])
 
     async def is_alive(self) -> bool:
         return bool(await self.km.is_alive())

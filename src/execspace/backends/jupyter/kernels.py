@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from ...errors import UnsupportedLanguage, UsageError
 from ...languages import resolve_language
 from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBlock, PutFile, ResourceLimits, Workspace
-from ...process.freezing import stopped_trees
+from ...process.freezing import Hold, held
 from ...protocols import WorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
 from .outputs import CellOutputs, RichOutputLimits
@@ -101,9 +101,9 @@ class KernelConnection(Protocol):
 
     async def is_alive(self) -> bool: ...
 
-    @property
-    def pid(self) -> int | None:
-        """The host pid of the kernel's process (of its sandbox, for a sandboxed kernel); None elsewhere."""
+    def hold(self) -> Hold | None:
+        """What holds the kernel's processes still for a snapshot or a pause (its sandbox's, for a sandboxed
+        kernel: see :mod:`execspace.process.freezing`); None where no process of this host runs it."""
         ...
 
     async def exit_status(self) -> tuple[int | None, str]:
@@ -372,10 +372,14 @@ class KernelSessions:
             await kernel.stop(wait=wait)
 
     def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
-        """The workspace's kernel (its process tree) stopped for the block, as a snapshot stops its programs."""
+        """The workspace's kernel (its process tree) held still for the block, as a snapshot holds its programs.
+
+        Raises:
+            FreezeFailed: (on entering) it could not be held.
+        """
         session = self._sessions.get(_key(ws))
-        pid = session.kernel.pid if session is not None and session.kernel is not None else None
-        return stopped_trees([pid] if pid is not None else [])
+        hold = session.kernel.hold() if session is not None and session.kernel is not None else None
+        return held([hold] if hold is not None else [])
 
     async def shutdown(self, ws: Workspace) -> None:
         """Stop the workspace's kernel (its state is lost). Idempotent."""

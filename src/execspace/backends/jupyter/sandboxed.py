@@ -59,6 +59,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from ...environments import Environment
 from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
+from ...process.freezing import Hold
 from ...process.supervisor import SupervisedProcess
 from ...workspace.hostroots import closed_ancestor
 from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, which_in_sandbox
@@ -286,6 +287,11 @@ class SandboxedKernel:
     def pid(self) -> int | None:
         """The host pid of the sandbox (bwrap, whose death takes the kernel along); not the kernel's own."""
         return self.proc.pid
+
+    def hold(self) -> Hold | None:
+        """Its sandbox's processes held the way the sandbox was started with (its cgroup freezer as root)."""
+        pid = self.proc.pid
+        return None if pid is None else self.proc.freezer([pid], ())
 
     async def is_alive(self) -> bool:
         return not self.done.done() and not self._cut()

@@ -35,6 +35,7 @@ from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 from ...envpolicy import EnvPolicy
 from ...errors import SetupFailed
 from ...models import Workspace
+from ...process.freezing import Hold
 from ...protocols import WorkspaceFS
 from ...workspace.layout import workspace_env
 from .kernels import KernelSessions, await_reply, bind, new_run_dir
@@ -83,8 +84,7 @@ class RemoteConnection:
             self._lost(_CLOSED)
         return str(msg["header"]["msg_id"])
 
-    @property
-    def pid(self) -> int | None:
+    def hold(self) -> Hold | None:
         return None  # the kernel runs on the Jupyter server's side: no process of this host to stop
 
     def execute(self, code: str, *, silent: bool = False) -> str:

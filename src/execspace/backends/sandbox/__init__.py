@@ -31,6 +31,7 @@ from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
 from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...process.freezing import SETTLE_SECONDS
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
 from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
 from ...process.rlimits import RLIMIT_ENFORCED, rlimit_preexec
@@ -395,7 +396,8 @@ class SandboxRunner(HostRunner):
         return self._bridge
 
     def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> None:
-        """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits need one."""
+        """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits or the freezer
+        need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`)."""
         uid = sandbox_uid(prep.root)
         limits = prep.spec.limits
         group = self.cgroups.create(limits)
@@ -416,6 +418,7 @@ class SandboxRunner(HostRunner):
         )
         # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
         launch.preexec_fn = _join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid)
+        launch.freezer = group.freezer
         hit: list[str | None] = [None]
 
         def finish() -> None:
@@ -572,6 +575,16 @@ def _cpus_detail(groups: CgroupSupport) -> str:
     return "not enforced (a cgroup CPU controller needs root)"
 
 
+def _freeze_detail(groups: CgroupSupport) -> str:
+    """How a snapshot or a pause holds the sandbox's processes still."""
+    if groups.freezes:
+        return "cgroup freezer of each run's and session's group (" + groups.describe()["freezer"] + ")"
+    return (
+        "SIGSTOP to every process, sent again to any woken or new one while held; a tree not all stopped within "
+        f"{SETTLE_SECONDS:g} s fails the pause or snapshot (FreezeFailed)"
+    )
+
+
 def _memory_detail(groups: CgroupSupport) -> str:
     if "memory_bytes" in groups.enforced:
         return (
@@ -677,6 +690,7 @@ class SandboxBackend:
                 "pids": _pids_detail(groups),
                 "memory_bytes": _memory_detail(groups),
                 "cpus": _cpus_detail(groups),
+                "freeze": _freeze_detail(groups),
                 "disk_bytes": DISK_BYTES_DETAIL,
                 "tmpfs": TMPFS_DETAIL,
                 "seccomp": describe(),

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...errors import PathDenied
 from ...models import NetworkPolicy, RunProgramSpec, RunResult, Workspace
-from ...process.freezing import stopped_trees
+from ...process.freezing import held
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
 from ...process.supervisor import Launch, SupervisedProcess
@@ -102,20 +102,26 @@ class SessionRunner(SandboxRunner):
         return self._owner(ws) if self._owner is not None else None
 
     def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
-        """The workspace's session's programs stopped for the block (not its supervisor: it keeps answering).
-        A run that needed a sandbox of its own (see :meth:`fits_session`) is not stopped: its pid here is the
-        session's view, not the host's."""
-        supervisors = []
+        """The workspace's session's programs held still for the block, not its supervisor (it keeps answering:
+        a program it starts meanwhile is held by the next pass), and the runs that needed a sandbox of their own
+        (see :meth:`fits_session`), each the way its bwrap was started with (the session's cgroup freezer as
+        root, else signals).
+
+        Raises:
+            FreezeFailed: (on entering) they could not all be held; none is.
+        """
+        sessions: list[Session] = []
         if ws.host_path is not None:
             fut = self._sessions.get(ws.host_path)
             if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
-                supervisors.append(fut.result().supervisor_pid)
+                sessions.append(fut.result())
             with self._lock:
                 adopted = self._adopted.get(ws.host_path)
             if adopted is not None:
-                supervisors.append(adopted[0].supervisor_pid)
-        roots = [pid for pid in supervisors if pid is not None]
-        return stopped_trees(roots, keep=roots)
+                sessions.append(adopted[0])
+        holds = [s.bwrap.freezer([pid], [pid]) for s in sessions if s.bwrap is not None and (pid := s.supervisor_pid)]
+        own = [p for p in self.live_processes(ws) if not isinstance(p, SessionProgram) and p.pid is not None]
+        return held([*holds, *(p.freezer([p.pid], ()) for p in own if p.pid is not None)])
 
     # -- which runs go through the session ---------------------------------------------------------
 
