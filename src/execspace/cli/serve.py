@@ -132,6 +132,13 @@ def add_parser(sub: Any) -> None:
         "its turn (default 500)",
     )
     p.add_argument(
+        "--sandbox-output-rate",
+        type=int,
+        metavar="MB",
+        help="MiB a second read of the output of each sandbox's programs, all together; one that prints faster is "
+        "held back by its full pipe (default 32)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE",
         help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, disk_mb, pids "
@@ -214,6 +221,7 @@ async def command(args: argparse.Namespace) -> int:
             streams=args.sandbox_max_streams or defaults.streams,
             watchers=args.sandbox_max_watchers or defaults.watchers,
             requests_per_second=args.sandbox_request_rate or defaults.requests_per_second,
+            output_rate=args.sandbox_output_rate * 1024 * 1024 if args.sandbox_output_rate else defaults.output_rate,
         ),
         head_timeout=args.head_timeout,
         domain=args.domain,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from ..envpolicy import EnvPolicy
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ..workspace.branches import overlay_supported
 from .freezing import held
+from .pacing import OutputPace
 from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
@@ -50,6 +52,7 @@ class HostRunner:
         program_root: Callable[[Workspace], str] | None = None,
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
+        output_rate: int | None = None,
     ) -> None:
         self.preparation = RunPreparation(
             capabilities,
@@ -61,6 +64,11 @@ class HostRunner:
             path_view=path_view,
         )
         self.kill_grace = kill_grace
+        self.output_rate = output_rate
+        """Bytes a second the host reads of one workspace's programs' output, all of them together (None: as fast
+        as they write): one that writes faster is held back by its full pipe."""
+        # one pace per workspace, for as long as a program of it holds it
+        self._paces: weakref.WeakValueDictionary[str, OutputPace] = weakref.WeakValueDictionary()
         self._sweeper = MarkerSweeper()
         # programs still running, by workspace directory: cleanup kills them before removing the tree
         self._live: dict[Path, set[asyncio.Future[SupervisedProcess]]] = {}
@@ -98,7 +106,16 @@ class HostRunner:
             sweeper=self._sweeper,
             info=program_info(spec, 0) if interactive else None,
             pty=spec.pty,
+            output_pace=self._pace(str(prep.root)),
         )
+
+    def _pace(self, workspace: str) -> OutputPace | None:
+        if self.output_rate is None:
+            return None
+        pace = self._paces.get(workspace)
+        if pace is None:
+            pace = self._paces[workspace] = OutputPace(self.output_rate)
+        return pace
 
     # -- ProgramRunner -----------------------------------------------------------------
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["OutputPace"]
+from ..errors import InvalidSpec
+
+__all__ = ["OutputPace", "check_output_rate"]
+
+
+def check_output_rate(rate: int | None) -> None:
+    """Refuse an output rate a pace cannot take (``InvalidSpec``)."""
+    if rate is not None and rate < 1:
+        raise InvalidSpec(f"output_rate must be a positive number of bytes a second (or None), got {rate}")
 
 
 class OutputPace:

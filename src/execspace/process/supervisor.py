@@ -36,6 +36,7 @@ from ..errors import UsageError
 from ..models import OutputChunk, ProgramInfo, PtySize, RunResult
 from .capture import HeadTailBuffer
 from .freezing import Freezer, stop_signals
+from .pacing import OutputPace
 from .programs import OutputLog
 
 __all__ = ["RUN_MARKER_VAR", "Launch", "MarkerSweeper", "SupervisedProcess", "kill_marked_processes", "spawn"]
@@ -94,6 +95,9 @@ class Launch:
     freezer: Freezer = stop_signals
     """How the process's tree is held still for a snapshot or a pause (:mod:`.freezing`): a wrapper's own (the
     sandbox's cgroup freezer), else signals."""
+    output_pace: OutputPace | None = None
+    """How fast its output is read (:mod:`.pacing`), shared with the other programs of its workspace; None: as fast
+    as it comes."""
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -196,6 +200,8 @@ class SupervisedProcess:
         self._streaming = False
         self._log = OutputLog() if launch.interactive else None
         self._readers: dict[int, asyncio.ReadTransport] = {}
+        self._held_back = False
+        """The output pace holds the pipes back for a while (the stream's backpressure must not resume them)."""
         self._pty_writer: asyncio.WriteTransport | None = None
         self._pty_master: int | None = None
         self._stdin_closed = False
@@ -354,6 +360,7 @@ class SupervisedProcess:
     # -- protocol callbacks ----------------------------------------------------------
 
     def _on_data(self, fd: int, data: bytes) -> None:
+        self._paced(len(data))
         (self._out if fd == 1 else self._err).write(data)
         chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
         if self._log is not None:
@@ -368,6 +375,20 @@ class SupervisedProcess:
         self._queue.put_nowait(chunk)
         if self._queue.qsize() >= _STREAM_QUEUE_HIGH:
             self._pause_pipes(True)
+
+    def _paced(self, nbytes: int) -> None:
+        """Hold the pipes back as long as the output pace says after ``nbytes`` read."""
+        pace = self._launch.output_pace
+        delay = pace.delay(nbytes) if pace is not None else 0.0
+        if delay > 0 and not self._held_back:
+            self._held_back = True
+            self._pause_pipes(True)
+            asyncio.get_running_loop().call_later(delay, self._pace_over)
+
+    def _pace_over(self) -> None:
+        self._held_back = False
+        if self._queue is None or self._queue.qsize() < _STREAM_QUEUE_HIGH:
+            self._pause_pipes(False)
 
     def _on_pipe_closed(self, fd: int) -> None:
         self._open_pipes.discard(fd)
@@ -553,7 +574,7 @@ class SupervisedProcess:
             chunk = await queue.get()
             if chunk is None:
                 return
-            if queue.qsize() < _STREAM_QUEUE_HIGH // 2:
+            if queue.qsize() < _STREAM_QUEUE_HIGH // 2 and not self._held_back:
                 self._pause_pipes(False)
             yield chunk
 
@@ -620,7 +641,8 @@ class SupervisedProcess:
         if self._queue is not None and not self._streaming:
             # nobody streams: the capture buffers keep the output, unblock the program
             self._queue = None
-            self._pause_pipes(False)
+            if not self._held_back:
+                self._pause_pipes(False)
         if not self._done.done():
             # a waiter of its own: the caller's cancellation never reaches the supervision
             waiter = asyncio.get_running_loop().create_future()

@@ -70,6 +70,8 @@ if [ -d /etc/profile.d ]; then
 fi
 """
 
+#: The backends whose engines read a workspace's output at a pace (``output_rate``): each sandbox's share of it.
+_PACED_BACKENDS = ("sandbox", "local")
 #: Seconds an idle client connection is kept open.
 _KEEP_ALIVE = 30
 
@@ -95,6 +97,8 @@ async def serve(
     descriptors = raise_descriptor_limit()
     python = kernel_python(options.kernel_environment) if backend == "sandbox" else None
     opts = dict(backend_options or {})
+    if backend in _PACED_BACKENDS:
+        opts.setdefault("output_rate", options.share.output_rate)
     if python is not None and not isinstance(python, str) and python.read_paths:  # only with the sandbox backend
         # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
         opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)

@@ -52,6 +52,9 @@ class ShareLimits:
     uploads."""
     request_queue: int = 256
     """Requests waiting for their turn at once."""
+    output_rate: int = 32 * 1024 * 1024
+    """Bytes a second the server reads of the output of its programs, all of them together: one that prints faster
+    is held back by its full pipe (the engine's ``output_rate``, on the backends that have it)."""
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -60,6 +63,7 @@ class ShareLimits:
             ("streams", self.streams),
             ("watchers", self.watchers),
             ("requests_per_second", self.requests_per_second),
+            ("output_rate", self.output_rate),
         ):
             if value < 1:
                 raise InvalidSpec(f"ShareLimits.{name} must be at least 1, got {value}")

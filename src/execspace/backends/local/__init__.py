@@ -18,6 +18,7 @@ from ...capabilities import Capabilities
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...process.hostrunner import HostRunner, unisolated_capabilities
+from ...process.pacing import check_output_rate
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
 
@@ -33,7 +34,20 @@ DOES_NOT_PROTECT = (
 
 @dataclass(frozen=True, kw_only=True)
 class LocalOptions(HostOptions):
-    """The local backend's options: the shared host options (:class:`~execspace.backend.HostOptions`) only."""
+    """The local backend's options: the shared host options (:class:`~execspace.backend.HostOptions`), and:
+
+    Args:
+        output_rate: bytes a second the host reads of one workspace's programs' output, all of them together (None:
+            as fast as they write); a program that writes faster is held back by its full pipe, and nothing it wrote
+            is lost. A server of many tenants sets it (``execspace serve``: 32 MiB/s) so that one program printing
+            without end does not take the host's CPU from the others.
+    """
+
+    output_rate: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_output_rate(self.output_rate)
 
 
 class LocalBackend:
@@ -52,7 +66,9 @@ class LocalBackend:
     async def open(cls, options: LocalOptions, /) -> BaseEngine:
         """Open a local engine with ``options`` (see :class:`LocalOptions`)."""
         caps = cls.capabilities(options.env_policy)
-        runner = HostRunner(lambda: caps, options.env_policy, kill_grace=options.kill_grace)
+        runner = HostRunner(
+            lambda: caps, options.env_policy, kill_grace=options.kill_grace, output_rate=options.output_rate
+        )
         root = Path(options.workspace_root) if options.workspace_root else None
         manager = HostWorkspaceManager(
             "local", root, stop_programs=runner.stop_programs, copy_on_write=True, freeze=runner.frozen

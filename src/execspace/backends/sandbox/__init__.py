@@ -162,12 +162,14 @@ class SandboxRunner(HostRunner):
         system_files: tuple[tuple[str, str], ...] = (),
         disk_bound: int | None = None,
         environment_store: EnvironmentStore | None = None,
+        output_rate: int | None = None,
     ) -> None:
         lookup, path_view = _environment_view(environment)
         super().__init__(
             capabilities,
             env_policy,
             kill_grace=kill_grace,
+            output_rate=output_rate,
             owner=owner,
             program_root=lambda _ws: SANDBOX_WORKSPACE,
             lookup=lookup,
@@ -759,6 +761,7 @@ class SandboxBackend:
             "capabilities": lambda: caps,
             "env_policy": env_policy,
             "kill_grace": kill_grace,
+            "output_rate": options.output_rate,
             "network_allow": allow,
             "on_network_attempt": options.on_network_attempt,
             "environment": environment,

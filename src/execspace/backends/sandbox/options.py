@@ -9,6 +9,7 @@ from typing import Literal
 from ...backend import HostOptions
 from ...errors import InvalidSpec, PathDenied
 from ...models import NetworkApprover, NetworkPolicy
+from ...process.pacing import check_output_rate
 from ...workspace.confine import split_relpath
 from .bwrap import SYSTEM_TOP
 from .policy import SandboxPolicy
@@ -85,6 +86,10 @@ class SandboxOptions(HostOptions):
         system_files: ``(path, text)`` pairs: inside every sandbox, the system file ``path`` (an existing regular
             file under ``/etc``, ``/usr``…) reads as ``text`` instead of the host's, read-only (``execspace serve``
             gives its sandboxes a login ``/etc/profile`` this way); the host's file is not changed.
+        output_rate: bytes a second the host reads of one workspace's programs' output, all of them together (None:
+            as fast as they write); a program that writes faster is held back by its full pipe, and nothing it wrote
+            is lost. A server of many tenants sets it (``execspace serve``: 32 MiB/s) so that one program printing
+            without end does not take the host's CPU from the others.
     """
 
     policy: SandboxPolicy | None = None
@@ -96,9 +101,11 @@ class SandboxOptions(HostOptions):
     environment: str | None = None
     program_binds: tuple[tuple[str, str], ...] = ()
     system_files: tuple[tuple[str, str], ...] = ()
+    output_rate: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_output_rate(self.output_rate)
         check_program_binds(self.program_binds)
         check_system_files(self.system_files)
         if self.session is not None and self.mode != "session":
