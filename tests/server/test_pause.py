@@ -269,11 +269,11 @@ WOKEN_COUNTER = (
 
 def test_a_pause_that_cannot_hold_fails_and_leaves_the_sandbox_running(tmp_path: Path) -> None:
     tag = new_tag("serve-pause-fails")
-    with running_server(
-        tmp_path / "ws", "--backend", "local", "--kernel-environment", "none", "--allow-internet-access"
-    ) as server:
+    # the local backend has no network off, nor an egress proxy: its sandboxes get the host's network
+    flags = ("--backend", "local", "--kernel-environment", "none", "--allow-internet-access", "--allow-host-network")
+    with running_server(tmp_path / "ws", *flags) as server:
         api = {"api_key": server.key, "api_url": server.url, "sandbox_url": server.url}
-        sbx = Sandbox.create(timeout=120, allow_internet_access=True, **api)  # the local backend has no network off
+        sbx = Sandbox.create(timeout=120, allow_internet_access=True, **api)
         try:
             sbx.commands.run(WOKEN_COUNTER, background=True, envs=tagged(tag))
             counter = _host_file(server.root, f"{tag}.count")
