@@ -8,6 +8,7 @@ attacker would, and with the official SDK where the victim's code must go on wor
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -407,3 +408,53 @@ def test_a_bottomless_list_depth_is_clamped(sdk: Server) -> None:
         entries = sbx.files.list("/home/user/d", depth=2**32 - 1)
         deepest = max(e.path.count("/") for e in entries)
         assert deepest == "/home/user/d".count("/") + 64  # MAX_LIST_DEPTH levels, not 80, not an error
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with slow paces per sandbox, so that a test outruns them in a few seconds."""
+    flags = ("--pool-size", "0", "--sandbox-request-rate", "20", "--sandbox-output-rate", "4")
+    with running_server(tmp_path_factory.mktemp("round3-paced"), *flags) as server:
+        yield server
+
+
+def test_a_program_printing_without_end_is_held_back_and_loses_nothing(
+    paced: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in paced.sdk_env().items():
+        monkeypatch.setenv(name, value)
+    with Sandbox.create(timeout=120) as loud:
+        started = time.monotonic()
+        result = loud.commands.run(
+            "yes 0123456789abcdef | head -c 16777216 | wc -c; yes x | head -c 12582912", timeout=60
+        )
+        took = time.monotonic() - started
+        assert result.stdout.startswith("16777216\n") and len(result.stdout) == len("16777216\n") + 12 * 2**20
+        # 12 MiB read at 4 MiB/s after a burst of 4: the host cannot have read it in under 2 s
+        assert took >= 2.0, f"12 MiB of output came through in {took:.2f}s: the output pace did not hold"
+
+
+async def test_a_sandboxs_requests_wait_their_turn_and_a_flood_past_its_queue_is_refused(paced: Server) -> None:
+    async with httpx.AsyncClient(base_url=paced.url, timeout=60, limits=httpx.Limits(max_connections=400)) as client:
+        made = [
+            (await client.post("/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": API_KEY})).json()
+            for _ in range(2)
+        ]
+        hog, other = (_to(s, ENVD, **{"X-Access-Token": s["envdAccessToken"]}) for s in made)
+        stat = {"path": "/home/user"}
+        rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+        try:
+            started = time.monotonic()
+            answers = await asyncio.gather(
+                *(client.post("/filesystem.Filesystem/Stat", json=stat, headers={**hog, **rpc}) for _ in range(300))
+            )
+            codes = [a.status_code for a in answers]
+            assert codes.count(429) >= 300 - 20 - 256  # its burst, then its queue: the rest is refused at once
+            assert codes.count(200) == 300 - codes.count(429)
+            assert time.monotonic() - started >= 1.0  # the queued ones waited their turn (at 20 a second)
+            # the other sandbox's pace is its own
+            again = await client.post("/filesystem.Filesystem/Stat", json=stat, headers={**other, **rpc})
+            assert again.status_code == 200
+        finally:
+            for s in made:
+                await client.delete(f"/sandboxes/{s['sandboxID']}", headers={"X-API-KEY": API_KEY})
