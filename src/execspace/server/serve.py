@@ -141,7 +141,7 @@ async def serve(
                 )
                 await _Server(config, on_ready, sandboxes.close).serve()
             else:
-                await _serve_tls(app, host, port, tls, on_ready, sandboxes.close)
+                await _serve_tls(app, host, port, tls, on_ready, sandboxes.close, options.head_timeout)
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -330,6 +330,7 @@ async def _serve_tls(
     tls: TLS,
     on_ready: Callable[[str, int], None] | None,
     before_shutdown: Callable[[], Awaitable[None]],
+    head_timeout: float,
 ) -> None:
     try:
         from hypercorn.asyncio import serve as serve_asgi
@@ -341,6 +342,9 @@ async def _serve_tls(
     config.accesslog = None
     config.errorlog = _log
     config.graceful_timeout = 5.0
+    # hypercorn closes a connection that sends no complete request head within keep_alive_timeout (5 s) of its start
+    # or its last response; a TLS handshake gets the head's time too (hypercorn has no connection cap of its own)
+    config.ssl_handshake_timeout = head_timeout
     # bound here, so that port 0 is known before serving starts (hypercorn takes the listening socket by fd)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.create_server((host, port), family=family) as sock:
