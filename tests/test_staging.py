@@ -91,6 +91,9 @@ class RemoteLikeFS(WorkspaceFSBase):
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         return await self.inner.read_file(self._real(ws), path, max_bytes=max_bytes)
 
+    async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
+        return await self.inner.list(self._real(ws), patterns)
+
     async def collect(
         self,
         ws: Workspace,

@@ -409,11 +409,16 @@ async def _mmdebstrap(
     try:
         await _run_step("apt", argv, emit)
     except EnvironmentBuildFailed as exc:
-        if "/etc/subuid" in exc.cause and os.geteuid() != 0:
+        no_helpers = "newuidmap" in exc.cause or "newgidmap" in exc.cause
+        if ("/etc/subuid" in exc.cause or no_helpers) and os.geteuid() != 0:
+            found = "found no newuidmap/newgidmap" if no_helpers else "found none"
             raise EnvironmentBuildFailed(
                 f"environment {spec.name!r}: as a normal user mmdebstrap builds in a user namespace, which needs "
-                f"subordinate uids and gids (/etc/subuid, /etc/subgid) for {getpass.getuser()}, and it found none",
-                "build it as root (sudo execspace env build SPEC), or give the user a range: "
+                "the setuid helpers newuidmap and newgidmap (Debian's uidmap package) and subordinate uids and gids "
+                f"(/etc/subuid, /etc/subgid) for {getpass.getuser()}, and it {found}",
+                "build it as root (sudo execspace env build SPEC), or "
+                + ("install them (apt-get install uidmap) and " if no_helpers else "")
+                + "give the user a range: "
                 f"usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {getpass.getuser()}",
             ) from None
         missing = missing_packages(exc.cause)
