@@ -176,6 +176,8 @@ class StoppedTree:
         self._keep = frozenset(keep)
         self._halted: dict[int, bytes] = {}
         """pid → its start time: what was stopped here (a pid reused meanwhile is not continued)."""
+        self._groups: set[int] = set()
+        """Process groups stopped whole here (of sessions a process of the trees began)."""
         self._started = time.monotonic()
         self._quiet_since: float | None = None
         """When the passes began to find every process stopped (None: the last one did not)."""
@@ -183,12 +185,19 @@ class StoppedTree:
     def sweep(self, stop: threading.Event) -> str | None:
         running: list[int] = []
         waiting: list[int] = []
-        for pid in _trees(self._roots, self._keep):
+        seen = [(pid, *_task_states(pid)) for pid in _trees(self._roots, self._keep)]
+        moving = [(pid, states, started) for pid, states, started in seen if started is not None and states - _STOPPED]
+        if moving:
+            # processes that wake each other (SIGCONT to their group) outrun stops sent one by one: a group of a
+            # session the trees began is stopped in one call first, so that none of it is left to wake another
+            for group in _groups_of([pid for pid, _, _ in seen]):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGSTOP)
+                    self._groups.add(group)
+        for pid, states, started in moving:
             if stop.is_set():
                 return "interrupted"
-            states, started = _task_states(pid)
-            if started is None or not (states - _STOPPED):
-                continue  # gone, or every thread of it stopped (or a zombie)
+            assert started is not None
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGSTOP)
                 self._halted.setdefault(pid, started)
@@ -206,10 +215,14 @@ class StoppedTree:
         return None
 
     def release(self) -> None:
-        for pid, started in self._halted.items():
-            if _task_states(pid)[1] == started:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGCONT)
+        alive = [pid for pid, started in self._halted.items() if _task_states(pid)[1] == started]
+        # a group stopped whole is continued whole while a process stopped here is in it (its id is then still it)
+        for group in self._groups & {_ids(pid)[0] for pid in alive}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGCONT)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def _not_held(pids: list[int]) -> str:
@@ -233,6 +246,28 @@ def _trees(roots: list[int], keep: frozenset[int]) -> list[int]:
         pids.append(pid)
         pending += [(child, (*path, pid)) for child in _children(pid)]
     return [pid for pid in pids if pid not in keep and pid not in spared]
+
+
+def _groups_of(pids: list[int]) -> set[int]:
+    """The process groups of ``pids`` that belong to a session one of them began: every member descends from the
+    trees (a session is inherited, and nobody outside joins it)."""
+    tree = set(pids)
+    groups: set[int] = set()
+    for pid in pids:
+        group, session = _ids(pid)
+        if session in tree and group > 0:
+            groups.add(group)
+    return groups
+
+
+def _ids(pid: int) -> tuple[int, int]:
+    """The process group and session of ``pid`` (0, 0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[2]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
 
 
 def _children(pid: int) -> list[int]:
