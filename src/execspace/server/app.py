@@ -17,8 +17,6 @@ import hmac
 from typing import Any
 
 from connectrpc.code import Code
-from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
-from e2b.envd.process.process_connect import ProcessASGIApplication
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,6 +24,8 @@ from starlette.routing import Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .control import ControlPlane, error_response
+from .envd.filesystem.filesystem_connect import FilesystemASGIApplication
+from .envd.process.process_connect import ProcessASGIApplication
 from .envd_fs import FilesystemService
 from .envd_process import ProcessService
 from .files import FilesAPI, SignatureError, signed_sandbox

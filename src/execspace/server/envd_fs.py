@@ -12,12 +12,12 @@ from typing import Any, Literal
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
-from e2b.envd.filesystem import filesystem_pb as pb
-from e2b.envd.filesystem.filesystem_connect import Filesystem
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from ..models import FileEntry, FileKind
+from .envd.filesystem import filesystem_pb as pb
+from .envd.filesystem.filesystem_connect import Filesystem
 from .paths import USER, to_sdk, to_workspace
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox

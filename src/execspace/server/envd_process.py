@@ -19,13 +19,13 @@ from typing import Any, Literal
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
-from e2b.envd.process import process_pb as pb
-from e2b.envd.process.process_connect import Process
 from protobuf import Oneof
 
 from ..errors import BackendError, CapabilityError, InvalidSpec, ProgramNotFound
 from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ..protocols import ProgramHandle
+from .envd.process import process_pb as pb
+from .envd.process.process_connect import Process
 from .paths import HOME, PathOutsideHome, program_dir, to_sdk
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox

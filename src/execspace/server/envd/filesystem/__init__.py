@@ -1,0 +1,1 @@
+"""envd's ``filesystem.Filesystem`` service: ``filesystem.proto`` and the modules generated from it."""
