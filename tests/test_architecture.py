@@ -52,15 +52,15 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str) -> Iterator[str]:
+def _imports(name: str, *, type_only: bool = False) -> Iterator[str]:
     """execspace modules ``name`` imports anywhere (functions included: a lazy import is a dependency too), except
-    under ``if TYPE_CHECKING``."""
+    under ``if TYPE_CHECKING`` unless ``type_only``."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     def walk(body: list[ast.stmt]) -> Iterator[str]:
         for node in body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not type_only:
                 continue
             if isinstance(node, ast.ImportFrom):
                 base = package
@@ -114,6 +114,20 @@ def test_backends_use_each_other_only_through_the_public_package() -> None:
         for target in targets:
             sibling = _floor(name) == _floor(target) == FLOORS["backends"] and _unit(name) != _unit(target)
             if sibling and target != _unit(target):  # a module inside another backend's package
+                reaching.add(f"{name} -> {target}")
+    assert reaching == set()
+
+
+def test_components_use_backends_only_through_their_public_package() -> None:
+    """The server, CLI, MCP server, tools… see a backend through its package's face (``execspace.backends.X``),
+    never one of its modules, not even for a type (the test kit, below them, may reach in)."""
+    reaching = set()
+    for name in MODULES:
+        floor = _floor(name)
+        if floor is None or floor <= FLOORS["testing"]:
+            continue
+        for target in _imports(name, type_only=True):
+            if _floor(target) == FLOORS["backends"] and target.count(".") > 2:
                 reaching.add(f"{name} -> {target}")
     assert reaching == set()
 

@@ -133,7 +133,7 @@ def _descendants(root: int) -> dict[int, str]:
 def _is_kernel(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"IPKernelApp" in f.read()  # the kernels' launcher (server/pykernel.py)
+            return b"IPKernelApp" in f.read()  # the kernels' launcher (backends/jupyter/programkernel.py)
     except OSError:
         return False
 

@@ -32,6 +32,7 @@ from .files import FilesAPI, SignatureError, signed_sandbox
 from .interpreter import CodeInterpreter
 from .interpreter_api import InterpreterAPI
 from .routing import CODE_INTERPRETER_PORT, ENVD_PORT, Target, target_of
+from .rpc import calls_on
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
 from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 
@@ -77,7 +78,8 @@ class E2BApp:
             request = Request(scope, receive)
             await (await self._interpreter.respond(request, sandbox))(scope, receive, send)
             return
-        await self._envd(scope, receive, send, sandbox)
+        with calls_on(sandbox):
+            await self._envd(scope, receive, send, sandbox)
 
     def _sandbox(self, scope: Scope, headers: Headers, target: Target | None, signed: bool) -> tuple[Sandbox, bool]:
         """The sandbox of a data-plane request, once it is known to exist and the port served, and whether the

@@ -1,11 +1,12 @@
 """The code interpreter of each sandbox (E2B's port 49999): contexts whose kernels run in the OS sandbox.
 
 A context is one kernel with its own variables, a program started like a command in the sandbox itself, so code
-sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel
-(:mod:`.pykernel`), a JavaScript or TypeScript context's a Node process (:mod:`.jscontext`), a bash context's a bash
-(:mod:`.bashcontext`). The default context of a language starts with its first cell, except a pooled sandbox's
-default Python context, whose kernel the pool started ahead (a warm kernel, see :meth:`CodeInterpreter.adopt`).
-Killing the sandbox stops its kernels before its workspace is removed.
+sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel (the
+jupyter backend's :class:`~execspace.backends.jupyter.ProgramKernel`), a JavaScript or TypeScript context's a Node
+process (:mod:`.jscontext`), a bash context's a bash (:mod:`.bashcontext`). The default context of a language
+starts with its first cell, except a pooled sandbox's default Python context, whose kernel the pool started ahead
+(a warm kernel, see :meth:`CodeInterpreter.adopt`). Killing the sandbox stops its kernels before its workspace is
+removed.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import logging
 import posixpath
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecspaceError, SetupFailed
-from ..models import Workspace
+from ..models import RunProgramSpec, Workspace
 from ..protocols import Engine
 from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
@@ -35,8 +36,7 @@ from .sandboxes import Sandbox, SandboxGone
 _log = logging.getLogger("execspace.server")
 
 if TYPE_CHECKING:
-    from ..backends.jupyter.kernels import KernelConnection
-    from ..backends.jupyter.sandboxed import Interpreter
+    from ..backends.jupyter import Interpreter, KernelConnection
 
 __all__ = ["CodeInterpreter", "Context", "ContextNotFound", "LanguageUnavailable", "TooManyContexts"]
 
@@ -143,7 +143,7 @@ class CodeInterpreter:
         python: Interpreter | str | None,
         find_typescript: Callable[[], str | None] | None = None,
     ) -> None:
-        """``python``: what runs the Python kernels (see :func:`.pykernel.kernel_interpreter`), or why nothing can;
+        """``python``: what runs the Python kernels (see :func:`.serve.kernel_python`), or why nothing can;
         ``find_typescript``: finds the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`;
         blocking, asked once, at the first TypeScript context: each candidate is a Node started to ask it), None for
         no TypeScript. Each sandbox's engine runs its contexts, in its own session."""
@@ -352,11 +352,15 @@ class CodeInterpreter:
 
     async def _start_kernel(self, sandbox: Sandbox, cwd: str) -> KernelConnection:
         """A Python kernel in the sandbox's session, working in ``cwd`` (an SDK path)."""
-        from .pykernel import SessionKernel
+        from ..backends.jupyter import ProgramKernel
 
         home = posixpath.join(sandbox.workspace.path, HOME_DIR)
         runner, python = sandbox.engine.runner, self._kernel_python()
-        kernel = await SessionKernel.start(runner, sandbox, home, python, timeout=_START_TIMEOUT)
+
+        def spec_of(cmd: str, args: Sequence[str]) -> RunProgramSpec:
+            return sandbox.context_process(cmd, args, home, "execspace-py-context")
+
+        kernel = await ProgramKernel.start(runner, sandbox.workspace, spec_of, python, timeout=_START_TIMEOUT)
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)

@@ -36,7 +36,7 @@ from ..protocols import Engine
 from .ledger import Ledger
 
 if TYPE_CHECKING:
-    from ..backends.jupyter.kernels import KernelConnection
+    from ..backends.jupyter import KernelConnection
 
 __all__ = ["KernelStarter", "ReadySandbox", "SandboxPool", "workspace_policy"]
 

@@ -1,9 +1,16 @@
-"""What every envd Connect service shares: finding the sandbox of a call, and errors in Connect's terms."""
+"""What every envd Connect service shares: the sandbox of a call, and errors in Connect's terms.
+
+The app looks a request's sandbox up once (and checks the caller's credential for it) before it hands the request
+to a Connect service; connectrpc then calls the service's method with a :class:`RequestContext`, which carries the
+headers but nothing of the app's. So the app sets the sandbox for the request in a context variable
+(:func:`calls_on`): the method, and every task it starts, sees that sandbox object, never a second lookup.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from connectrpc.code import Code
@@ -12,11 +19,24 @@ from connectrpc.request import RequestContext
 
 from ..errors import LimitExceeded, PathDenied, UsageError
 from .paths import check_user
-from .routing import target_of, user_of
+from .routing import user_of
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
 from .shares import ShareExhausted
 
-__all__ = ["ServiceBase", "rpc_errors"]
+__all__ = ["ServiceBase", "calls_on", "rpc_errors"]
+
+#: The sandbox of the request being served (set by the app around the Connect service, see :func:`calls_on`).
+_CALL_SANDBOX: ContextVar[Sandbox | None] = ContextVar("execspace_call_sandbox", default=None)
+
+
+@contextlib.contextmanager
+def calls_on(sandbox: Sandbox) -> Iterator[None]:
+    """Serve the calls of the block (and of the tasks it starts) on ``sandbox``, found by the app."""
+    token = _CALL_SANDBOX.set(sandbox)
+    try:
+        yield
+    finally:
+        _CALL_SANDBOX.reset(token)
 
 
 class ServiceBase:
@@ -24,17 +44,15 @@ class ServiceBase:
         self.sandboxes = sandboxes
 
     def sandbox(self, ctx: RequestContext[Any, Any]) -> Sandbox:
-        """The call's sandbox (the router checked it exists and the token; it may have ended since)."""
-        headers = ctx.request_headers
-        target = target_of(headers, self.sandboxes.options.domain)
-        if target is None:
+        """The call's sandbox, as the app found it and checked the caller's token for it; one that ended since (a
+        request may wait its turn in the sandbox's pace) is gone for the call too."""
+        sandbox = _CALL_SANDBOX.get()
+        if sandbox is None:
             raise ConnectError(Code.INVALID_ARGUMENT, "no E2b-Sandbox-Id header names the sandbox")
-        try:
-            sandbox = self.sandboxes.get(target.sandbox_id)
-        except SandboxGone as exc:
-            raise ConnectError(Code.UNAVAILABLE, str(exc)) from None
+        if sandbox.closed.is_set() or sandbox.expired():
+            raise ConnectError(Code.UNAVAILABLE, str(SandboxGone(sandbox.id)))
         with rpc_errors():
-            check_user(user_of(headers))
+            check_user(user_of(ctx.request_headers))
         return sandbox
 
 

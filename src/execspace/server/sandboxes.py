@@ -116,6 +116,10 @@ class Sandbox:
         now = _now()
         return cls(sandbox_id, template, engine, workspace, {}, {}, now, now, None)
 
+    def expired(self) -> bool:
+        """Whether its lifetime is over (an auto-pause sandbox's is the reaper's to pause: it is not over)."""
+        return not self.auto_pause and self.end_at <= _now()
+
     @property
     def allow_internet_access(self) -> bool:
         """Whether its commands reach the whole network (its info's ``allowInternetAccess``)."""
@@ -184,8 +188,7 @@ class Sandboxes:
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._live.get(sandbox_id)
-        # an expired auto-pause sandbox is the reaper's to pause at its next turn: until then it is there
-        if sandbox is None or (not sandbox.auto_pause and sandbox.end_at <= _now()):
+        if sandbox is None or sandbox.expired():
             raise SandboxGone(sandbox_id)
         return sandbox
 

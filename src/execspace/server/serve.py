@@ -37,7 +37,8 @@ from .sandboxes import Sandboxes
 from .templates import Profile
 
 if TYPE_CHECKING:
-    from ..backends.jupyter.sandboxed import Interpreter
+    from ..backends.jupyter import Interpreter
+    from ..environments import Environment
 
 __all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_sandbox_files"]
 
@@ -163,12 +164,39 @@ def _http_protocol() -> type[asyncio.Protocol]:
 
 
 def kernel_python(environment: str | None) -> Interpreter | str | None:
-    """What runs the code interpreter's Python kernels, why nothing can (str), or None without jupyter_client."""
+    """What runs the code interpreter's Python kernels, why nothing can (str), or None without jupyter_client.
+
+    The runtime environment's Python when it is built here, else this process's own packages (from a Python the
+    sandbox can run), as the ``jupyter`` backend's sandboxed kernels have it. Its tree must be readable in the
+    sandbox (``Interpreter.read_paths``)."""
     try:
-        from .pykernel import kernel_interpreter
+        import jupyter_client  # noqa: F401 - the host side of every kernel
+
+        from ..backends.jupyter import Interpreter, environment_interpreter, find_interpreter
     except ImportError:
         return None
-    return kernel_interpreter(environment)
+    if environment is not None and (built := _built(environment)) is not None:
+        found = environment_interpreter(built)
+        if isinstance(found, Interpreter):
+            # the sandbox's programs run outside that environment: its tree is granted to them, read-only
+            return Interpreter(found.path, found.site_dirs, (str(built.path),))
+        return found
+    return find_interpreter()
+
+
+def _built(name: str) -> Environment | None:
+    from ..environments import get
+
+    try:
+        return get(name)
+    except EnvironmentNotFound:
+        _log.warning(
+            "the code interpreter's kernels run on the sandbox's system python: the environment %s is not built "
+            "here (execspace env build %s gives run_code its data stack)",
+            name,
+            name,
+        )
+        return None
 
 
 def _typescript_node(python: Interpreter | str | None) -> str | None:

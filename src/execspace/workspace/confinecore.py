@@ -1,7 +1,7 @@
 """The confinement core: the rules of confined file access, standard library only.
 
-:mod:`execspace.workspace.confine` builds on it in-process, and remote file kernels run its *text* (sent by
-:mod:`execspace.backends.jupyter.remotefs` before their agent), so the rules exist once. Hence: no execspace
+:mod:`execspace.workspace.confine` builds on it in-process, and the file agent runs its *text* where the files
+are (:mod:`execspace.workspace.fileagent`, before the agent's own), so the rules exist once. Hence: no execspace
 import but the error type (a stand-in of the same shape when shipped), no third-party module.
 
 Every component is opened from a directory fd with ``O_NOFOLLOW`` (a planted symlink is refused, never

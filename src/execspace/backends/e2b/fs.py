@@ -1,11 +1,12 @@
 """Workspaces in E2B sandboxes: a directory with the standard layout in the sandbox, files over the SDK.
 
 Content moves through the SDK's files API (``/files``: binary-safe, never base64 through a cell or a command).
-Every path is checked where it is, in the sandbox, by the agent (:mod:`.agent`): components opened from directory
-fds with ``O_NOFOLLOW``, so a symlink a program planted is refused, never followed. Writes are uploaded to a
-private staging directory and then moved into place by the agent (a planted link is replaced, not written
-through). Reads are checked by the agent, then fetched: a program racing that check can only make us read a
-file of its own sandbox, which it could read anyway (the sandbox, not the workspace, is the boundary here).
+Every path is checked where it is, in the sandbox, by the file agent (:mod:`execspace.workspace.fileagent`):
+components opened from directory fds with ``O_NOFOLLOW``, so a symlink a program planted is refused, never
+followed. Writes are uploaded to a private staging directory and then moved into place by the agent (a planted
+link is replaced, not written through). Reads are checked by the agent, then fetched: a program racing that check
+can only make us read a file of its own sandbox, which it could read anyway (the sandbox, not the workspace, is
+the boundary here).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class E2BWorkspaceManager:
         key = workspace_key(exec_id)
         box = await self._boxes.for_workspace(key)
         root = box.root_of(key)
-        await box.agent("root", ws=root, layout=list(LAYOUT_DIRS))
+        await box.agent("layout", ws=root, dirs=list(LAYOUT_DIRS))
         return Workspace(id=exec_id, path=root, backend="e2b", policy=policy or WorkspacePolicy())
 
     async def get_workspace(self, exec_id: str) -> Workspace:
@@ -204,7 +205,7 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         if not globs:
             return []
         starts = [list(s) for s in walk_starts(globs)]
-        listed = await self._box(ws).agent("scan", ws=ws.path, starts=starts)
+        listed = await self._box(ws).agent("walk", ws=ws.path, starts=starts)
         out: builtins.list[tuple[FileEntry, int]] = []
         seen: set[str] = set()
         for rel, size, mtime, kind, nlink, mode in listed:
@@ -246,10 +247,10 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         return FileEntry(got, size, mtime, _KINDS[kind], mode, target)
 
     async def remove(self, ws: Workspace, path: str) -> None:
-        await self._box(ws).agent("remove", ws=ws.path, path=checked_relative(ws, path))
+        await self._box(ws).agent("remove_path", ws=ws.path, path=checked_relative(ws, path))
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
-        await self._box(ws).agent("mkdir", ws=ws.path, path=checked_relative(ws, path))
+        await self._box(ws).agent("make_dir", ws=ws.path, path=checked_relative(ws, path))
 
     async def rename(self, ws: Workspace, src: str, dst: str) -> None:
         s, d = checked_relative(ws, src), checked_relative(ws, dst)

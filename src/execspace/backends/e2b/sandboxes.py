@@ -13,7 +13,6 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import (
@@ -26,6 +25,7 @@ from ...errors import (
     WorkspaceNotFound,
 )
 from ...process.warmpool import WarmPool
+from ...workspace.fileagent import agent_text
 from ...workspace.layout import LAYOUT_DIRS, sanitize_id
 from .network import sandbox_rules
 from .options import E2BOptions
@@ -46,14 +46,8 @@ _WS_DIR = "execspace.directory"
 _POOL_KEY = "execspace.pool"
 
 
-def _agent_text() -> str:
-    core = resources.files("execspace.workspace").joinpath("confinecore.py").read_text(encoding="utf-8")
-    agent = resources.files(__package__).joinpath("agent.py").read_text(encoding="utf-8")
-    # one file: the agent's own __future__ import may not follow the core's code
-    return core + "\n" + agent.replace("from __future__ import annotations\n", "", 1)
-
-
-_AGENT = _agent_text()
+#: The file agent's program (:mod:`execspace.workspace.fileagent`), uploaded once to each sandbox.
+_AGENT = agent_text()
 _AGENT_NAME = f".execspace/agent-{hashlib.sha256(_AGENT.encode()).hexdigest()[:12]}.py"
 
 
@@ -222,7 +216,7 @@ class Box:
 
     async def agent(self, op: str, **args: object) -> Any:
         """Run one op of the in-sandbox agent; its refusals as execspace/OS errors."""
-        request = json.dumps({"op": op, **args}) + "\n"
+        request = json.dumps({"op": op, "args": args}) + "\n"
         async with self._agent_lock:  # one request at a time: answers come back in order on one stdout
             agent = await self._running_agent()
             try:
@@ -484,7 +478,7 @@ class Sandboxes:
             return "create_workspace makes a fresh sandbox for it; raise sandbox_timeout to keep sandboxes longer."
         try:
             fresh = await self._create(box.workspace)
-            await fresh.agent("root", ws=fresh.root_of(box.workspace), layout=list(LAYOUT_DIRS))
+            await fresh.agent("layout", ws=fresh.root_of(box.workspace), dirs=list(LAYOUT_DIRS))
         except BackendError as exc:
             return f"Recreating it failed too: {exc}"
         box.renew(fresh)

@@ -18,6 +18,11 @@ Where kernels run is the ``mode=`` of :meth:`JupyterBackend.open` (:mod:`.modes`
 * :class:`AutoKernels`: sandboxed when the sandbox works here, else on the host with a ``RuntimeWarning`` and
   Capabilities saying isolation ``none`` and why: a fallback the caller asks for by naming this mode.
 * :class:`ServerKernels`: kernels on a Jupyter Server or Kernel Gateway (:mod:`.server`).
+
+For a component that runs kernels of its own in an existing sandbox session (``execspace serve``'s code
+interpreter), the package also offers its kernel machinery: :class:`ProgramKernel` starts a kernel as a program of
+any :class:`~execspace.protocols.ProgramRunner`'s workspace and is a :class:`KernelConnection` (what cells drive);
+:class:`Interpreter`, :func:`find_interpreter` and :func:`environment_interpreter` find the Python that runs it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
@@ -42,25 +47,29 @@ from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.slots import sweep_stale_slots
 from .hostkernels import HostLauncher
-from .kernels import CellResult, KernelSessions, KernelWorkspaceManager, with_kernel_frozen
+from .interpreters import Interpreter, environment_interpreter, find_interpreter
+from .kernels import CellResult, KernelConnection, KernelSessions, KernelWorkspaceManager, with_kernel_frozen
 from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
 from .options import JupyterOptions
 from .outputs import RichOutputLimits
-
-if TYPE_CHECKING:
-    from .sandboxed import Interpreter
+from .programkernel import ProgramKernel
 
 __all__ = [
     "AutoKernels",
     "CellResult",
     "HostKernels",
+    "Interpreter",
     "JupyterBackend",
     "JupyterOptions",
+    "KernelConnection",
     "KernelMode",
     "KernelSessions",
+    "ProgramKernel",
     "RichOutputLimits",
     "SandboxedKernels",
     "ServerKernels",
+    "environment_interpreter",
+    "find_interpreter",
 ]
 
 #: Staging directories of pooled kernels, under the workspace root; workspace ids never sanitise to a leading dot.
@@ -206,8 +215,6 @@ _INTERPRETER_FIX = (
 
 def _interpreter(environment: str | None) -> Interpreter | str:
     """The kernels' interpreter (``Interpreter``): the runtime environment's, else the caller's; or why not (str)."""
-    from .sandboxed import environment_interpreter, find_interpreter
-
     if environment is None:
         return find_interpreter()
     return environment_interpreter(EnvironmentStore().get(environment))

@@ -18,7 +18,7 @@ from ...errors import InvalidSpec
 from ...models import PutFile
 from ...process.capture import HeadTailBuffer
 
-__all__ = ["MIME_FILES", "CellOutputs", "RichOutputLimits", "strip_ansi"]
+__all__ = ["MIME_FILES", "OUTPUT_BOUNDS", "CellOutputs", "RichOutputLimits", "strip_ansi"]
 
 #: mime type → (file extension, payload is base64)
 MIME_FILES: dict[str, tuple[str, bool]] = {
@@ -179,3 +179,41 @@ def _decode(payload: Any, *, is_b64: bool, is_json: bool) -> bytes:
         except (binascii.Error, ValueError):
             pass  # keep what the kernel sent rather than lose the output
     return text.encode("utf-8", "replace")
+
+
+#: Text of the kernel launchers (:mod:`.sandboxed`'s and :mod:`.programkernel`'s): ``bound_outputs(app, limit)`` makes a
+#: kernel send no message over ``limit`` bytes (a bigger output becomes a note, a long print goes in pieces).
+OUTPUT_BOUNDS = r"""
+def bound_outputs(app, limit):
+    serialize = app.session.serialize
+
+    def bounded(msg, ident=None):
+        # a frame over the host's limit would end this kernel's connection: its outputs become a note instead
+        frames = serialize(msg, ident)
+        size = max(map(len, frames))
+        if size <= limit:
+            return frames
+        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
+        small = {
+            "stream": {"text": note + "\n"},
+            "error": {"evalue": note, "traceback": [note]},
+        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
+        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
+
+    def split(stream, chars):
+        # long prints go out in pieces rather than as one message over the host's limit
+        def hook(msg):
+            text = msg["content"]["text"]
+            if len(text) <= chars:
+                return msg
+            for i in range(0, len(text), chars):
+                content = {**msg["content"], "text": text[i : i + chars]}
+                part = stream.session.msg("stream", content, parent=msg["parent_header"])
+                stream.session.send(stream.pub_thread, part, ident=stream.topic)
+            return None
+        return hook
+
+    app.session.serialize = bounded
+    for stream in (sys.stdout, sys.stderr):
+        stream.register_hook(split(stream, limit // 8))  # UTF-8 and JSON escapes: 6 bytes at most
+"""

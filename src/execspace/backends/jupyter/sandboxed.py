@@ -45,9 +45,7 @@ import contextlib
 import json
 import os
 import secrets
-import site
 import stat
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -56,24 +54,19 @@ import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from ...environments import Environment
 from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
 from ...process.freezing import Hold
 from ...process.supervisor import SupervisedProcess
-from ...workspace.hostroots import closed_ancestor
-from ..sandbox import KernelSeccompFilters, SandboxRunner, hidden_by_default, which_in_sandbox
+from ..sandbox import KernelSeccompFilters, SandboxRunner
 from .hostkernels import PYTHON_KERNEL_ARGS, ZmqConnection
-from .outputs import RichOutputLimits
+from .interpreters import Interpreter
+from .outputs import OUTPUT_BOUNDS, RichOutputLimits
 
 __all__ = [
     "LAUNCHER",
-    "OUTPUT_BOUNDS",
-    "Interpreter",
     "SandboxKernelConfig",
     "SandboxedKernel",
-    "environment_interpreter",
-    "find_interpreter",
     "start_sandboxed",
 ]
 
@@ -84,44 +77,6 @@ READY = b"execspace-kernel-ready\n"
 _PIPE_BYTES = 64 * 1024
 #: Messages each of our sockets holds from a kernel before libzmq stops reading (the kernel then waits).
 RECEIVE_QUEUE = 2
-
-#: Text of the kernel launchers (this module's and ``execspace serve``'s): ``bound_outputs(app, limit)`` makes a
-#: kernel send no message over ``limit`` bytes (a bigger output becomes a note, a long print goes in pieces).
-OUTPUT_BOUNDS = r"""
-def bound_outputs(app, limit):
-    serialize = app.session.serialize
-
-    def bounded(msg, ident=None):
-        # a frame over the host's limit would end this kernel's connection: its outputs become a note instead
-        frames = serialize(msg, ident)
-        size = max(map(len, frames))
-        if size <= limit:
-            return frames
-        note = f"[an output of {size} bytes was not sent: over max_message_bytes ({limit})]"
-        small = {
-            "stream": {"text": note + "\n"},
-            "error": {"evalue": note, "traceback": [note]},
-        }.get(msg["msg_type"], {"data": {"text/plain": note}, "metadata": {}})
-        return serialize({**msg, "content": {**msg["content"], **small}}, ident)
-
-    def split(stream, chars):
-        # long prints go out in pieces rather than as one message over the host's limit
-        def hook(msg):
-            text = msg["content"]["text"]
-            if len(text) <= chars:
-                return msg
-            for i in range(0, len(text), chars):
-                content = {**msg["content"], "text": text[i : i + chars]}
-                part = stream.session.msg("stream", content, parent=msg["parent_header"])
-                stream.session.send(stream.pub_thread, part, ident=stream.topic)
-            return None
-        return hook
-
-    app.session.serialize = bounded
-    for stream in (sys.stdout, sys.stderr):
-        stream.register_hook(split(stream, limit // 8))  # UTF-8 and JSON escapes: 6 bytes at most
-"""
-
 
 #: Runs in the sandbox as ``python -I -c``: reads its configuration from stdin, sends its own output to the
 #: kernel log, binds the kernel's channels, locks unix sockets out, says it is ready, serves.
@@ -206,66 +161,6 @@ os.close(ready)
 app.start()
 """
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Interpreter:
-    """The Python that runs sandboxed kernels: this process's own packages (ipykernel) from a
-    Python the sandbox uid can execute."""
-
-    path: str
-    site_dirs: tuple[str, ...]
-    """This environment's site-packages, added by the launcher (when ``path`` is not this venv's python)."""
-    read_paths: tuple[str, ...]
-    """Host directories the sandbox policy must let the kernel read (they are hidden by default)."""
-
-
-def find_interpreter() -> Interpreter | str:
-    """The interpreter for sandboxed kernels, or why there is none.
-
-    This venv's python may be a link to an interpreter the sandbox uid cannot reach (a pyenv build in
-    ``/root``): then the same ``X.Y`` from the sandbox's PATH runs this venv's site-packages.
-    """
-    own = os.path.realpath(sys.executable)
-    python = own if _reachable(own) else None
-    if python is None:
-        name = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        found = which_in_sandbox(name)
-        python = found if found is not None and _reachable(found) else None
-    if python is None:
-        return (
-            f"no Python {sys.version_info.major}.{sys.version_info.minor} the sandbox can run ({own} is not reachable)"
-        )
-    dirs = tuple(d for d in site.getsitepackages() if os.path.isdir(d))
-    for d in dirs:
-        if not _reachable(d):
-            return f"this environment's packages ({d}) are not readable by the sandbox uid"
-    prefix = os.path.realpath(sys.prefix)
-    return Interpreter(python, dirs, (prefix,) if hidden_by_default(prefix) else ())
-
-
-def environment_interpreter(environment: Environment) -> Interpreter | str:
-    """The interpreter of a runtime environment (its own python, site-packages and ipykernel: the sandbox binds
-    its tree), or why it cannot run kernels."""
-    if not any(name.lower() == "ipykernel" for name in environment.packages):
-        return (
-            f"the environment {environment.name!r} has no ipykernel: add it to the spec's requirements and build "
-            "again (the built-in code-interpreter has it)"
-        )
-    return Interpreter(str(environment.python), (), ())
-
-
-def _reachable(path: str) -> bool:
-    """Whether the sandbox uid can reach ``path``: as root that is a foreign uid, so only "other" bits count;
-    otherwise the sandbox runs as us. Hidden top-level dirs (``/root``, ``/home``…) only through a grant."""
-    real = os.path.realpath(path)
-    if os.geteuid() != 0:
-        return os.access(real, os.R_OK | os.X_OK)
-    if closed_ancestor(real) is not None:
-        return False
-    with contextlib.suppress(OSError):
-        return os.stat(real).st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
-    return False
 
 
 @dataclass(slots=True)

@@ -2,11 +2,11 @@
 
 Workspaces are directories under a root on the server's side (``remote_root``, relative to the kernels'
 start directory unless absolute), with the standard layout. A **file kernel**, one per engine, runs the
-fixed program :mod:`.remotefs_agent` (its text after that of :mod:`execspace.workspace.confinecore`, with
-the request as a JSON string literal) for every file operation: creating and removing workspaces, writing,
-reading and walking files with the rules of the core (fd-relative walks with ``O_NOFOLLOW``, regular singly
-linked files only, temp file then rename). Bytes cross base64-encoded in chunks of :data:`CHUNK` bytes, so no
-message is large.
+fixed program :mod:`execspace.workspace.fileagent` (its text after that of
+:mod:`execspace.workspace.confinecore`, with the request as a JSON string literal) for every file operation:
+creating and removing workspaces, writing, reading and walking files with the rules of the core (fd-relative
+walks with ``O_NOFOLLOW``, regular singly linked files only, temp file then rename). Bytes cross base64-encoded
+in chunks of :data:`CHUNK` bytes, so no message is large.
 
 Why a file kernel of its own rather than each workspace's kernel: a workspace's kernel is busy while a cell
 runs (up to its timeout), and file calls (collecting outputs, saving a cell's plots) must not wait for it,
@@ -28,7 +28,6 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +55,7 @@ from ...models import (
     WorkspacePolicy,
 )
 from ...workspace.confine import split_relpath
+from ...workspace.fileagent import MIME, agent_text
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS, METADATA_FILE, sanitize_id, workspace_env
 from ...workspace.metadata import WorkspaceMetadata, is_metadata_temp
@@ -82,23 +82,16 @@ __all__ = [
 CHUNK = 1 << 20
 #: Most entries one walk lists (like ConfinedRoot.walk's budget).
 MAX_WALK_ENTRIES = 200_000
-_MIME = "application/vnd.execspace.remotefs+json"
-_ERRORS: dict[str, type[Exception]] = {"FileNotFoundError": FileNotFoundError}
+#: What a missing workspace or file is on our side (``WorkspaceGone``: the workspace's directory is missing).
+_NOT_FOUND = ("FileNotFoundError", "WorkspaceGone")
 
 
-def agent_source() -> tuple[str, str]:
-    """The texts every file call runs in the file kernel: the confinement core, then :mod:`.remotefs_agent`."""
-    core = resources.files("execspace.workspace").joinpath("confinecore.py").read_text(encoding="utf-8")
-    return core, resources.files(__package__).joinpath("remotefs_agent.py").read_text(encoding="utf-8")
-
-
-def agent_code(source: tuple[str, str], op: str, args: dict[str, Any]) -> str:
-    """The cell for one call: the fixed texts, run one after the other in the same fresh globals (no package, so
-    their execspace imports fall back to the shipped text) with the request as a string literal."""
-    core, agent = source
+def agent_code(source: str, op: str, args: dict[str, Any]) -> str:
+    """The cell for one call: the fixed text, run in fresh globals (no package, so its execspace imports fall
+    back to the shipped text) with the request as a string literal."""
     request = json.dumps({"op": op, "args": args})
     globs = f"{{'__name__': '__execspace_remotefs__', '__package__': '', '_ARGS': {request!r}}}"
-    return f"(lambda g: (exec({core!r}, g), exec({agent!r}, g)))({globs})"
+    return f"exec({source!r}, {globs})"
 
 
 class FileKernel:
@@ -107,7 +100,7 @@ class FileKernel:
     def __init__(self, launcher: RemoteLauncher, *, timeout: float) -> None:
         self._launcher = launcher
         self._timeout = timeout
-        self._source = agent_source()
+        self._source = agent_text()
         self._lock = asyncio.Lock()
         self._kernel: RemoteConnection | None = None
 
@@ -128,7 +121,9 @@ class FileKernel:
                 raise PathDenied(path, why)
             if kind == "IsADirectoryError":
                 raise PathIsDirectory(path, f"{why} (on the server)")
-            raise _ERRORS.get(kind, OSError)(f"{why}: {path!r} (on the server)")
+            if kind in _NOT_FOUND:
+                raise FileNotFoundError(f"{why}: {path!r} (on the server)")
+            raise OSError(f"{kind}: {why}: {path!r} (on the server)")
         return result["ok"]
 
     async def _run(self, kernel: RemoteConnection, code: str) -> dict[str, Any]:
@@ -144,8 +139,8 @@ class FileKernel:
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind, body = msg["header"]["msg_type"], msg.get("content", {})
-            if kind == "display_data" and isinstance(body.get("data", {}).get(_MIME), dict):
-                result = body["data"][_MIME]
+            if kind == "display_data" and isinstance(body.get("data", {}).get(MIME), dict):
+                result = body["data"][MIME]
             elif kind == "error":
                 raise BackendError(f"the server's file kernel failed: {body.get('ename')}: {body.get('evalue')}")
             elif kind == "status" and body.get("execution_state") == "idle":
@@ -236,7 +231,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
             return await self._read(ws, path, cap)
 
         return await read_within_caps(
-            ((path, kind, nlink) for path, _size, nlink, kind, _ in found),
+            ((path, kind, nlink) for path, _size, _mtime, kind, nlink in found),
             read,
             max_files=max_files,
             max_file_bytes=max_file_bytes,
@@ -253,11 +248,11 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
     async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
         """Every entry matching the globs, of any kind (see HostWorkspaceFS.list); no content read."""
         found = await self._matching(ws, collect_globs(workspace_relatives(ws, patterns)))
-        return [FileEntry(path, size, mtime, kind) for path, size, _, kind, mtime in found]
+        return [FileEntry(path, size, mtime, kind) for path, size, mtime, kind, _ in found]
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
         rel = checked_relative(ws, path)
-        (path, size, _, kind, mtime) = _checked(await self.files.call("stat", {"ws": ws.path, "path": rel}))
+        (path, size, mtime, kind, _) = _checked(await self.files.call("stat", {"ws": ws.path, "path": rel}))
         return FileEntry(path, size, mtime, kind)
 
     async def remove(self, ws: Workspace, path: str) -> None:
@@ -280,15 +275,15 @@ def _piece(path: str, data: bytes, mode: int, tmp: str | None, *, final: bool) -
     return {"path": path, "b64": base64.b64encode(data).decode(), "mode": mode, "tmp": tmp, "final": final}
 
 
-#: One walk entry from the server, checked: path, size, hard links, kind, mtime.
-_Found = tuple[str, int, int, FileKind, float]
+#: One walk entry from the server, checked: path, size, mtime, kind, hard links.
+_Found = tuple[str, int, float, FileKind, int]
 
 
 def _checked(raw: Any) -> _Found:
     """A walk or stat entry from the server, its path re-validated (whoever sent it) and its fields typed."""
-    path, size, nlink, kind, mtime = raw
+    path, size, mtime, kind, nlink = raw[:5]
     split_relpath(str(path))  # a path that could leave the workspace is refused
-    return str(path), int(size), int(nlink), FileKind(kind), float(mtime)
+    return str(path), int(size), float(mtime), FileKind(kind), int(nlink)
 
 
 def _selected(found: Any, globs: list[str]) -> Iterator[_Found]:

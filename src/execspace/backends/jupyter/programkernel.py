@@ -1,18 +1,18 @@
-"""Python contexts of the code interpreter: one ipykernel per context, a program of the sandbox's own session.
+"""A kernel that is a program of a workspace's runner, its channels relayed over the program's stdin and stdout.
 
-The kernel is started like a command (``ProgramRunner.start_program`` on the sandbox's workspace), so a cell and a
-command share ``/tmp``, processes and the network namespace, and the kernel ends with the session. The host cannot
-reach into the session's network namespace (it has only its own loopback), and a session without the network refuses
+For a caller that starts the kernel like any command of an existing sandbox session (``ProgramRunner.start_program``
+on the session's workspace: ``execspace serve``'s code interpreter), so that cells and commands share ``/tmp``,
+processes and the network namespace, and the kernel ends with the session. The host cannot reach into the
+session's network namespace (it has only its own loopback), and a session without the network refuses
 ``socket(AF_UNIX)`` to every program, so the kernel cannot bind ZMQ ``ipc`` sockets either: it binds ``tcp`` on the
 sandbox's loopback, and a relay thread in the same process carries the ZMQ messages of the shell, control and iopub
 channels over its stdin and stdout, as length-prefixed frames (see :data:`LAUNCHER`). The host signs, checks and
 parses them with ``jupyter_client``'s :class:`~jupyter_client.session.Session`, the message handling every Jupyter
 client uses.
 
-Everything in the sandbox, the kernel's sockets and its key included, belongs to the sandbox's code (E2B's commands
-and cells share a VM the same way), so the frames are untrusted input: a frame longer than the cap ends the
-connection, one that fails its signature or its parse is dropped. Interrupts are SIGINT to the kernel's process group
-(the handle's ``signal``).
+Everything in the sandbox, the kernel's sockets and its key included, belongs to the sandbox's code, so the frames
+are untrusted input: a frame longer than the cap ends the connection, one that fails its signature or its parse is
+dropped. Interrupts are SIGINT to the kernel's process group (the handle's ``signal``).
 """
 
 from __future__ import annotations
@@ -20,29 +20,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import secrets
 import signal
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jupyter_client.session import Session
+from ...errors import SetupFailed
+from ...models import OutputChunk, RunProgramSpec, RunResult, Workspace
+from ...process.freezing import Hold
+from ...protocols import ProgramHandle, ProgramRunner
+from .hostkernels import PYTHON_KERNEL_ARGS
+from .interpreters import Interpreter
+from .outputs import OUTPUT_BOUNDS, RichOutputLimits
 
-from ..backends.jupyter.hostkernels import PYTHON_KERNEL_ARGS
-from ..backends.jupyter.outputs import RichOutputLimits
-from ..backends.jupyter.sandboxed import OUTPUT_BOUNDS, Interpreter, environment_interpreter, find_interpreter
-from ..environments import Environment
-from ..errors import EnvironmentNotFound, SetupFailed
-from ..models import OutputChunk, RunResult
-from ..process.freezing import Hold
-from ..protocols import ProgramHandle, ProgramRunner
-from .sandboxes import Sandbox
+if TYPE_CHECKING:
+    from jupyter_client.session import Session
 
-__all__ = ["LAUNCHER", "SessionKernel", "kernel_interpreter"]
-
-_log = logging.getLogger("execspace.server")
+__all__ = ["LAUNCHER", "ProgramKernel"]
 
 _HEAD = struct.Struct("=I")
 #: Channel numbers of a frame (its first byte).
@@ -160,35 +156,6 @@ app.start()
 )
 
 
-def kernel_interpreter(environment: str | None) -> Interpreter | str:
-    """The Python of the kernels: the runtime environment's when it is built here, else this process's own packages
-    (from a Python the sandbox can run), as the ``jupyter`` backend's sandboxed kernels have it. Its tree must be
-    readable in the sandbox (``Interpreter.read_paths``). A str says why there is none."""
-    found: Interpreter | str
-    if environment is not None and (built := _built(environment)) is not None:
-        found = environment_interpreter(built)
-        if isinstance(found, Interpreter):
-            # the sandbox's programs run outside that environment: its tree is granted to them, read-only
-            return Interpreter(found.path, found.site_dirs, (str(built.path),))
-        return found
-    return find_interpreter()
-
-
-def _built(name: str) -> Environment | None:
-    from ..environments import get
-
-    try:
-        return get(name)
-    except EnvironmentNotFound:
-        _log.warning(
-            "the code interpreter's kernels run on the sandbox's system python: the environment %s is not built "
-            "here (execspace env build %s gives run_code its data stack)",
-            name,
-            name,
-        )
-        return None
-
-
 _FIX = "see the kernel's error above; its Python needs ipykernel (execspace env build code-interpreter has it)"
 
 
@@ -230,13 +197,16 @@ def _frame(channel: int, parts: list[bytes]) -> bytes:
     return _HEAD.pack(len(body)) + body
 
 
-class SessionKernel:
-    """A started kernel in the sandbox's session: the :class:`~execspace.backends.jupyter.kernels.KernelConnection`
-    ``interpreter``'s cells drive."""
+class ProgramKernel:
+    """A started kernel that is a program of a workspace: a :class:`~.kernels.KernelConnection`."""
 
     def __init__(self, handle: ProgramHandle, key: str) -> None:
+        from jupyter_client.session import Session
+
         self.handle = handle
-        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", packer="json", unpacker="json")
+        self.session: Session = Session(
+            key=key.encode(), signature_scheme="hmac-sha256", packer="json", unpacker="json"
+        )
         self._iopub: asyncio.Queue[tuple[dict[str, Any], int]] = asyncio.Queue()
         self._shell: asyncio.Queue[tuple[dict[str, Any], int]] = asyncio.Queue()
         self._held = 0
@@ -256,15 +226,17 @@ class SessionKernel:
     async def start(
         cls,
         runner: ProgramRunner,
-        sandbox: Sandbox,
-        cwd: str,
+        ws: Workspace,
+        spec_of: Callable[[str, Sequence[str]], RunProgramSpec],
         interpreter: Interpreter,
         *,
         timeout: float,  # noqa: ASYNC109 - the start-up's deadline
-    ) -> SessionKernel:
-        spec = sandbox.context_process(interpreter.path, ("-I", "-c", LAUNCHER), cwd, "execspace-py-context")
+    ) -> ProgramKernel:
+        """Start a kernel as the program ``spec_of(command, args)`` of ``ws`` (the caller says where and how it
+        runs: cwd, environment, tag; this module says what), and wait until its channels answer."""
+        spec = spec_of(interpreter.path, ("-I", "-c", LAUNCHER))
         key = secrets.token_hex(32)
-        kernel = cls(await runner.start_program(sandbox.workspace, spec), key)
+        kernel = cls(await runner.start_program(ws, spec), key)
         connection = {"transport": "tcp", "ip": "127.0.0.1", "key": key, "signature_scheme": "hmac-sha256"}
         ports = {f"{name}_port": 0 for name in ("shell", "iopub", "stdin", "control", "hb")}
         config = {
@@ -291,9 +263,9 @@ class SessionKernel:
                     if await self.next_iopub(_PROBE_EVERY) is not None:
                         break
                     if self._ended.is_set():
-                        raise SetupFailed("serve", f"the Python context's kernel did not start: {self._why()}", _FIX)
+                        raise SetupFailed("jupyter", f"the Python kernel did not start: {self._why()}", _FIX)
         except TimeoutError:
-            raise SetupFailed("serve", f"the Python context's kernel did not start in {timeout:g}s", _FIX) from None
+            raise SetupFailed("jupyter", f"the Python kernel did not start in {timeout:g}s", _FIX) from None
         while not self._iopub.empty():
             self._taken(self._iopub.get_nowait())
         await self.drain()

@@ -1,0 +1,413 @@
+"""The file agent: file operations run where the files are, when they are not on this host.
+
+Not imported to run here: its *text*, after that of :mod:`.confinecore` (:func:`agent_text`), is shipped to the
+other side, so it uses only the standard library (and IPython in a kernel). Two backends ship it:
+
+* the e2b backend uploads it once to each sandbox and runs it as ``python3 <file> <idle seconds>``: one
+  long-lived process per sandbox, one JSON request per stdin line, one JSON answer per stdout line (:func:`serve`);
+* the jupyter backend's server mode (``ServerKernels(shared_filesystem=False)``) runs it as a cell of its file
+  kernel, in fresh globals named ``__execspace_remotefs__`` with ``_ARGS`` the request as a JSON string (a
+  ``repr()`` literal, never code built from data); the answer is published as display data of type :data:`MIME`.
+
+A request is ``{"op": name, "args": {...}}``, an answer ``{"ok": value}`` or ``{"error": [kind, path, why]}``
+(``kind`` an ``OSError`` subclass's name, ``PathDenied``, ``WorkspaceGone`` or ``PermissionError`` for a file the
+agent's user may not write). The rules are the core's: paths are relative with no ``..``; every component is
+opened from a directory fd with ``O_NOFOLLOW``; reads take only regular files with one hard link, opened
+non-blocking; writes go to a fresh temp file renamed into place; removal works by directory fds.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from typing import Any
+
+with contextlib.suppress(ImportError):  # shipped as text: the core's text ran first, in these globals
+    from .confinecore import (
+        DIR_FLAGS,
+        PathDenied,
+        open_regular,
+        refuse_dir,
+        remove_tree,
+        rename_path,
+        scan_tree,
+        split_relpath,
+        step_dir,
+        write_temp,
+    )
+
+MIME = "application/vnd.execspace.remotefs+json"
+_CELL_FILE = re.compile(r"^cell-(\d+)-")
+
+
+def agent_text() -> str:
+    """The text to ship: the core's, then this module's, as one program."""
+    from importlib import resources
+
+    here = resources.files("execspace.workspace")
+    core = here.joinpath("confinecore.py").read_text(encoding="utf-8")
+    agent = here.joinpath("fileagent.py").read_text(encoding="utf-8")
+    # one text: the agent's own __future__ import may not follow the core's code
+    return core + "\n" + agent.replace("from __future__ import annotations\n", "", 1)
+
+
+class Refused(Exception):
+    """A path rule said no: an execspace error (or the error ``kind`` names) on the caller's side."""
+
+    def __init__(self, kind: str, path: str, why: str) -> None:
+        super().__init__(why)
+        self.kind, self.path, self.why = kind, path, why
+
+
+def open_root(ws: str) -> int:
+    try:
+        return os.open(ws, DIR_FLAGS)
+    except FileNotFoundError:
+        raise Refused("WorkspaceGone", ws, "the workspace directory does not exist") from None
+    except OSError as exc:
+        raise Refused("PathDenied", ws, f"workspace root cannot be opened safely ({exc.strerror})") from None
+
+
+def open_dir(ws: str, parts: list[str], display: str, create: bool = False) -> int:
+    fd = open_root(ws)
+    try:
+        for name in parts:
+            try:
+                fd = step_dir(fd, name, create, display)
+            except FileNotFoundError:
+                raise Refused("FileNotFoundError", display, "no such file or directory") from None
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def entry(path: str, st: os.stat_result) -> list[Any]:
+    """``[path, size, mtime, kind, nlinks, mode]`` of an lstat result (the kinds of execspace's FileKind)."""
+    if stat.S_ISREG(st.st_mode):
+        kind = "file"
+    elif stat.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    else:
+        kind = "dir" if stat.S_ISDIR(st.st_mode) else "other"
+    size = st.st_size if kind in ("file", "symlink") else 0
+    return [path, size, st.st_mtime, kind, st.st_nlink, stat.S_IMODE(st.st_mode)]
+
+
+def op_root(args: dict[str, Any]) -> str:
+    """Create a root of workspaces (private to the agent's user) and say where it is."""
+    root = os.path.abspath(os.path.expanduser(str(args["root"])))
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise Refused("PathDenied", root, "the workspace root is a symlink, not a directory, or not ours")
+    return root
+
+
+def op_layout(args: dict[str, Any]) -> str:
+    """Create a workspace (0700) with its layout directories and, if given, its first record, unless they
+    exist."""
+    ws = str(args["ws"])
+    os.makedirs(ws, mode=0o700, exist_ok=True)
+    for d in args["dirs"]:
+        os.close(open_dir(ws, split_relpath(d), d, create=True))
+    if args.get("record") is None:
+        return ws
+    fd = open_root(ws)
+    try:
+        tmp = write_temp(fd, args["record"], base64.b64decode(args["data"]), 0o600)
+        try:
+            os.link(tmp, args["record"], src_dir_fd=fd, dst_dir_fd=fd)  # fails if a record exists: keep it
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp, dir_fd=fd)
+    finally:
+        os.close(fd)
+    return ws
+
+
+def op_exists(args: dict[str, Any]) -> bool:
+    try:
+        fd = open_root(args["ws"])
+    except Refused as exc:
+        if exc.kind == "WorkspaceGone":
+            return False
+        raise
+    try:
+        os.stat(args["record"], dir_fd=fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def op_remove(args: dict[str, Any]) -> None:
+    """Remove a whole workspace."""
+    if os.path.lexists(args["ws"]):
+        shutil.rmtree(args["ws"], onerror=_writable_retry)
+
+
+def _writable_retry(func: Any, path: str, exc: object) -> None:
+    # read-only staged trees: give the owner write access back, then retry once
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(path), 0o700)
+        func(path)
+
+
+def op_stat(args: dict[str, Any]) -> list[Any]:
+    """``[path, size, mtime, kind, nlinks, mode, link target or None]``."""
+    path = args["path"]
+    parts = split_relpath(path)
+    fd = open_dir(args["ws"], parts[:-1], path)
+    try:
+        try:
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            target = os.readlink(parts[-1], dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
+        except FileNotFoundError:
+            raise Refused("FileNotFoundError", path, "no such file or directory") from None
+        return [*entry("/".join(parts), st), target]
+    finally:
+        os.close(fd)
+
+
+def op_walk(args: dict[str, Any]) -> list[list[Any]]:
+    """Every entry below each start (never through a link), sorted, as :func:`entry`; at most ``max_entries``
+    if given. A start that is missing or a link has nothing below it; a missing workspace is an error."""
+    budget = args.get("max_entries")
+    found: list[list[Any]] = []
+    for start in args["starts"]:
+        prefix = "/".join(start)
+        try:
+            fd = open_dir(args["ws"], list(start), prefix or ".")
+        except (Refused, PathDenied) as exc:
+            if isinstance(exc, Refused) and exc.kind == "WorkspaceGone":
+                raise
+            continue
+        dirs = {prefix}
+        for rel, st, unreadable in scan_tree(fd, prefix):
+            if unreadable and rel in dirs:
+                continue  # a directory listed already, whose entries we may not see
+            if budget is not None:
+                budget -= 1
+                if budget < 0:
+                    return found
+            if stat.S_ISDIR(st.st_mode):
+                dirs.add(rel)
+            found.append(entry(rel, st))
+    return found
+
+
+def op_readable(args: dict[str, Any]) -> list[int]:
+    """The size of each path when it is a regular file with one link reached through no link."""
+    sizes = []
+    for path in args["paths"]:
+        fd, st = _open_readable(args["ws"], path)
+        os.close(fd)
+        sizes.append(st.st_size)
+    return sizes
+
+
+def op_read(args: dict[str, Any]) -> dict[str, Any]:
+    """Up to ``n`` bytes at ``offset`` of a regular, singly linked file; with its size and identity."""
+    fd, st = _open_readable(args["ws"], args["path"])
+    try:
+        data = os.pread(fd, args["n"], args["offset"])
+    finally:
+        os.close(fd)
+    return {"b64": base64.b64encode(data).decode(), "size": st.st_size, "id": [st.st_dev, st.st_ino]}
+
+
+def _open_readable(ws: str, path: str) -> tuple[int, os.stat_result]:
+    parts = split_relpath(path)
+    dfd = open_dir(ws, parts[:-1], path)
+    try:
+        return open_regular(dfd, parts[-1], path)
+    except FileNotFoundError:
+        raise Refused("FileNotFoundError", path, "no such file or directory") from None
+    except OSError as exc:
+        if exc.errno == errno.EISDIR:
+            raise Refused("IsADirectoryError", path, "is a directory") from None
+        raise
+    finally:
+        os.close(dfd)
+
+
+def op_write(args: dict[str, Any]) -> list[str | None]:
+    """Write pieces of files: a piece with no ``tmp`` starts a temp file, ``final`` renames it into place."""
+    tmps = []
+    for item in args["items"]:
+        parts = split_relpath(item["path"])
+        dfd = open_dir(args["ws"], parts[:-1], item["path"], create=True)
+        try:
+            tmps.append(_write_piece(dfd, parts[-1], item))
+        finally:
+            os.close(dfd)
+    return tmps
+
+
+def _write_piece(dfd: int, name: str, item: dict[str, Any]) -> str | None:
+    data = base64.b64decode(item["b64"])
+    tmp: str | None = item["tmp"]
+    if tmp is None:
+        refuse_dir(dfd, name, item["path"])
+        tmp = write_temp(dfd, name, data, item["mode"])
+    else:
+        if not re.fullmatch(r"\.[^/]{1,40}\.[0-9a-f]{12}\.tmp", tmp):
+            raise Refused("PathDenied", item["path"], "not one of our temp files")
+        fd = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        with os.fdopen(fd, "ab") as f:
+            f.write(data)
+    if item["final"]:
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        return None
+    return tmp
+
+
+def op_install(args: dict[str, Any]) -> None:
+    """Move uploaded files from the private staging directory into place (a planted link is replaced, never
+    written through), then remove the staging directory."""
+    stage = str(args["stage"])
+    try:
+        for _, dest, _ in args["files"]:  # every refusal before anything moves
+            parts = split_relpath(dest)
+            try:
+                fd = open_dir(args["ws"], parts[:-1], dest)
+            except Refused as exc:
+                if exc.kind != "FileNotFoundError":
+                    raise
+                continue  # a parent missing: nothing there to refuse
+            try:
+                refuse_dir(fd, parts[-1], dest)
+                _refuse_unwritable(fd, parts[-1], dest)
+            finally:
+                os.close(fd)
+        for name, dest, mode in args["files"]:
+            parts = split_relpath(dest)
+            os.chmod(os.path.join(stage, name), mode & 0o777)
+            fd = open_dir(args["ws"], parts[:-1], dest, create=True)
+            try:
+                refuse_dir(fd, parts[-1], dest)
+                os.rename(os.path.join(stage, name), parts[-1], dst_dir_fd=fd)
+            finally:
+                os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            for leftover in os.listdir(stage):
+                os.unlink(os.path.join(stage, leftover))
+            os.rmdir(stage)
+
+
+def _refuse_unwritable(dfd: int, name: str, display: str) -> None:
+    """A file the program may not write (we run as it) is not replaced either, as opening it to write would fail:
+    renaming over it would not."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and not os.access(name, os.W_OK, dir_fd=dfd, follow_symlinks=False):
+            raise Refused("PermissionError", display, "permission denied: the program may not write it")
+
+
+def op_make_dir(args: dict[str, Any]) -> None:
+    path = args["path"]
+    os.close(open_dir(args["ws"], split_relpath(path), path, create=True))
+
+
+def op_rename(args: dict[str, Any]) -> None:
+    ws, src = args["ws"], args["src"]
+    try:
+        rename_path(lambda parts, create, display: open_dir(ws, parts, display, create), src, args["dst"])
+    except FileNotFoundError:
+        raise Refused("FileNotFoundError", src, "no such file or directory") from None
+
+
+def op_remove_path(args: dict[str, Any]) -> None:
+    """Remove a file, link or tree inside the workspace by directory fds (a link is removed, never followed)."""
+    path = args["path"]
+    parts = split_relpath(path)
+    dfd = open_dir(args["ws"], parts[:-1], path)
+    try:
+        try:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise Refused("FileNotFoundError", path, "no such file or directory") from None
+        remove_tree(dfd, parts[-1], path)
+    finally:
+        os.close(dfd)
+
+
+def op_next_cell(args: dict[str, Any]) -> int:
+    """One past the highest ``cell-N-*`` in ``out/``, so a new kernel never overwrites older outputs."""
+    try:
+        fd = open_dir(args["ws"], ["out"], "out")
+    except (Refused, PathDenied):
+        return 1
+    try:
+        numbers = [int(m.group(1)) for name in os.listdir(fd) if (m := _CELL_FILE.match(name))]
+    finally:
+        os.close(fd)
+    return max(numbers, default=0) + 1
+
+
+OPS: dict[str, Any] = {
+    "root": op_root,
+    "layout": op_layout,
+    "exists": op_exists,
+    "remove": op_remove,
+    "stat": op_stat,
+    "walk": op_walk,
+    "readable": op_readable,
+    "read": op_read,
+    "write": op_write,
+    "install": op_install,
+    "make_dir": op_make_dir,
+    "rename": op_rename,
+    "remove_path": op_remove_path,
+    "next_cell": op_next_cell,
+}
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"ok": OPS[request["op"]](request["args"])}
+    except Refused as exc:
+        return {"error": [exc.kind, exc.path, exc.why]}
+    except IsADirectoryError as exc:  # before PathDenied: PathIsDirectory is both
+        return {"error": ["IsADirectoryError", str(exc.filename or ""), "is a directory"]}
+    except PathDenied as exc:  # before OSError: it is a PermissionError
+        return {"error": ["PathDenied", exc.path, exc.reason]}
+    except OSError as exc:
+        return {"error": [type(exc).__name__, str(exc.filename or ""), exc.strerror or str(exc)]}
+
+
+def serve(idle: float) -> None:
+    """One request per stdin line, one answer per stdout line, until stdin ends or stays quiet for ``idle`` s
+    (a client that went away leaves no agent behind for long)."""
+    import select
+
+    while select.select([sys.stdin], [], [], idle)[0]:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        sys.stdout.write(json.dumps(answer(json.loads(line))) + "\n")
+        sys.stdout.flush()
+
+
+def publish(request: dict[str, Any]) -> None:
+    """Answer ``request`` as the display data of the kernel cell that runs this text."""
+    from IPython.display import publish_display_data
+
+    publish_display_data({MIME: answer(request)})  # type: ignore[no-untyped-call]
+
+
+if __name__ == "__main__":
+    serve(float(sys.argv[1]))
+elif __name__ == "__execspace_remotefs__":
+    publish(json.loads(_ARGS))  # type: ignore[name-defined]  # noqa: F821 - set by the caller
