@@ -22,6 +22,7 @@ GROUND = (
     "owner",
     "rundirs",
     "userconfig",
+    "tomlconfig",
 )
 FLOORS = {
     **dict.fromkeys(GROUND, 0),
