@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..engine import open_engine_from
 from ..errors import UsageError
-from ..executor import code_executor, extract_code_blocks
+from ..executor import CodeExecutor, extract_code_blocks
 from ..languages import LANGUAGES
 from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
 from .outputs import inline, save_files
 from .run import (
+    KERNELS_REFUSAL,
+    EngineRequest,
+    InputArg,
     add_environment_option,
     add_image_option,
     add_input_option,
     add_workspace_options,
-    container_options,
-    environment_options,
     host_path,
-    input_roots,
     open_workspace,
     parse_input,
     parse_timeout,
+    with_environment,
+    with_image,
+    with_input_roots,
 )
 
 __all__ = ["add_parser", "code_blocks", "command"]
@@ -67,16 +72,22 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=command)
 
 
-def kernel_options(args: argparse.Namespace) -> dict[str, Any]:
+def with_kernels(request: EngineRequest, kernels: str | None) -> EngineRequest:
     """``--kernels``: the jupyter backend's mode, named by the user (host kernels are never a fallback)."""
-    if args.kernels is None:
-        return {}
-    if args.backend not in (None, "jupyter"):
-        raise UsageError(f"--kernels is for the jupyter backend, not {args.backend!r}: drop one of them")
-    args.backend = "jupyter"
+    if kernels is None:
+        return request
     from ..backends.jupyter import HostKernels, SandboxedKernels
 
-    return {"mode": HostKernels() if args.kernels == "host" else SandboxedKernels()}
+    mode = HostKernels() if kernels == "host" else SandboxedKernels()
+    return request.implying("jupyter", KERNELS_REFUSAL, mode=mode)
+
+
+def engine_request(args: argparse.Namespace, inputs: list[InputArg]) -> EngineRequest:
+    """The engine ``execspace exec-code``'s flags ask for."""
+    request = with_image(with_environment(EngineRequest(args.backend), args, args.kernels), args)
+    if args.environment is None:  # with one, the kernels are sandboxed kernels of it
+        request = with_kernels(request, args.kernels)
+    return with_input_roots(request, inputs)
 
 
 def _language_of(suffix: str) -> str | None:
@@ -112,11 +123,11 @@ async def command(args: argparse.Namespace) -> int:
     text, suffix = read_source(args.file)
     blocks = code_blocks(text, suffix, args.language)
     inputs = [parse_input(v) for v in args.input]
-    environment = environment_options(args, args.kernels)
-    options = {**container_options(args), **(environment or kernel_options(args)), **input_roots(inputs)}
-    if args.backend is None and sys.stderr.isatty():
+    request = engine_request(args, inputs)
+    if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    async with code_executor(args.backend, timeout=args.timeout, **options) as ex:
+    opener = functools.partial(open_engine_from, request.backend, request.options)
+    async with CodeExecutor(opener=opener, timeout=args.timeout) as ex:
         engine = ex.engine
         assert engine is not None  # entering the executor opened it
         caps = engine.describe()
