@@ -6,15 +6,15 @@ import argparse
 import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ..engine import open_engine_from
 from ..errors import UsageError
 from ..executor import CodeExecutor, extract_code_blocks
 from ..languages import LANGUAGES
-from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult
+from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult, File
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
-from .outputs import inline, save_files
+from .outputs import InlineContent, inline, save_files
 from .run import (
     KERNELS_REFUSAL,
     EngineRequest,
@@ -153,7 +153,39 @@ async def command(args: argparse.Namespace) -> int:
     return 0 if result.ok else EXIT_BLOCK_FAILED
 
 
-def as_json(result: CodeExecutionResult) -> dict[str, Any]:
+class FileRow(InlineContent):
+    """One output file in ``--json`` (``files``)."""
+
+    name: str
+    mime: str
+    size: int
+    truncated: bool
+    saved_path: NotRequired[str | None]
+
+
+class BlockRow(TypedDict):
+    """One block's run in ``--json`` (``blocks``)."""
+
+    index: int
+    language: str
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    error: str | None
+    stdout: str
+    stderr: str
+
+
+class Report(TypedDict):
+    """What ``--json`` prints of the blocks' run (with the backend, isolation and workspace)."""
+
+    ok: bool
+    output: str
+    blocks: list[BlockRow]
+    files: list[FileRow]
+
+
+def as_json(result: CodeExecutionResult) -> Report:
     return {
         "ok": result.ok,
         "output": result.output,
@@ -170,10 +202,19 @@ def as_json(result: CodeExecutionResult) -> dict[str, Any]:
             }
             for b in result.blocks
         ],
-        "files": [
-            {"name": f.name, "mime": f.mime_type, "size": f.size_bytes, "truncated": f.truncated, **inline(f)}
-            for f in result.output_files
-        ],
+        "files": [_file_row(f) for f in result.output_files],
+    }
+
+
+def _file_row(f: File) -> FileRow:
+    content = inline(f)
+    return {
+        "name": f.name,
+        "mime": f.mime_type,
+        "size": f.size_bytes,
+        "truncated": f.truncated,
+        "content_base64": content["content_base64"],
+        "content_truncated": content["content_truncated"],
     }
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
@@ -510,11 +510,24 @@ async def bring_outputs(
 # -- reporting ----------------------------------------------------------------------------
 
 
-def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[dict[str, Any]]:
+class OutputRow(TypedDict):
+    """One output file in ``--json`` (``outputs``), with its content when it is inlined."""
+
+    path: str
+    size: int
+    mime: str
+    host_path: str | None
+    saved_path: str | None
+    skipped: str | None
+    content_base64: NotRequired[str]
+    content_truncated: NotRequired[bool]
+
+
+def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[OutputRow]:
     rows = []
     for f in manifest.files:
         saved = brought.saved.get(f.name)
-        row: dict[str, Any] = {
+        row: OutputRow = {
             "path": f.name,
             "size": f.size_bytes,
             "mime": f.mime_type,
@@ -523,7 +536,8 @@ def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[dic
             "skipped": f.skipped,
         }
         if brought.files is not None and f.name in brought.files:
-            row.update(inline(brought.files[f.name]))
+            content = inline(brought.files[f.name])
+            row["content_base64"], row["content_truncated"] = content["content_base64"], content["content_truncated"]
         rows.append(row)
     return rows
 
@@ -573,7 +587,7 @@ def report(
 def _report_text(
     args: argparse.Namespace,
     result: RunResult,
-    outputs: list[dict[str, Any]],
+    outputs: list[OutputRow],
     limits_hit: bool,
     workspace: str | None,
     brought: Brought,
@@ -604,13 +618,13 @@ def _report_text(
         progress(f"workspace kept at {workspace}")
 
 
-def _row(output: dict[str, Any]) -> tuple[str, str, str, str]:
+def _row(output: OutputRow) -> tuple[str, str, str, str]:
     """One output's table cells; the program chose its name, so it is printed escaped."""
     kind = f"skipped: {output['skipped']}" if output["skipped"] else output["mime"]
     return printable(output["path"]), human_size(output["size"]), kind, printable(output["host_path"] or "")
 
 
-def _print_table(outputs: list[dict[str, Any]]) -> None:
+def _print_table(outputs: list[OutputRow]) -> None:
     rows = [_row(o) for o in outputs]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
