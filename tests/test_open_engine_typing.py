@@ -12,30 +12,27 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import backend, keywords
-from execspace.backends.container import options as container_options
-from execspace.backends.jupyter import options as jupyter_options
-from execspace.backends.local import LocalOptions
-from execspace.backends.sandbox import options as sandbox_options
+from execspace import artifacts, backend, envpolicy, keywords, models
+from execspace.backends import container, jupyter, local, sandbox
 from execspace.engine import open_engine_from
 from execspace.errors import InvalidSpec
 
-e2b_options = pytest.importorskip("execspace.backends.e2b.options", reason="the e2b extra is not installed")
+e2b = pytest.importorskip("execspace.backends.e2b", reason="the e2b extra is not installed")
 
 PAIRS = [
     (keywords.HostKeywords, backend.HostOptions),
-    (keywords.LocalKeywords, LocalOptions),
-    (keywords.SandboxKeywords, sandbox_options.SandboxOptions),
-    (keywords.ContainerKeywords, container_options.ContainerOptions),
-    (keywords.JupyterKeywords, jupyter_options.JupyterOptions),
-    (keywords.E2BKeywords, e2b_options.E2BOptions),
+    (keywords.LocalKeywords, local.LocalOptions),
+    (keywords.SandboxKeywords, sandbox.SandboxOptions),
+    (keywords.ContainerKeywords, container.ContainerOptions),
+    (keywords.JupyterKeywords, jupyter.JupyterOptions),
+    (keywords.E2BKeywords, e2b.E2BOptions),
 ]
 
 
 def _keyword_hints(typed: type) -> dict[str, object]:
     # keywords.py imports the backends' types for the type checker only: resolve its names where they are defined
     names: dict[str, object] = {}
-    for module in (keywords, backend, sandbox_options, container_options, jupyter_options, e2b_options):
+    for module in (artifacts, envpolicy, models, sandbox, jupyter):
         names.update(vars(module))
     return typing.get_type_hints(typed, localns=names)
 

@@ -2,7 +2,8 @@
 ``TypedDict`` (PEP 692), so that ``open_engine("sandbox", netwrok=False)`` is a type error naming ``netwrok`` before
 it is an ``InvalidSpec`` at run time. tests/test_open_engine_typing.py keeps each in step with its options class.
 
-The backends' types are imported for the type checker only: this floor does not import a backend at run time.
+The backends' types are imported for the type checker only (from each backend's face): this floor does not import a
+backend at run time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     from .artifacts import ArtifactService
     from .backends.jupyter import KernelMode, RichOutputLimits
     from .backends.sandbox import SandboxPolicy, SessionConfig
-    from .backends.sandbox.options import SandboxMode
     from .envpolicy import EnvPolicy
     from .models import NetworkApprover, NetworkPolicy
 
@@ -52,7 +52,7 @@ class SandboxKeywords(HostKeywords, total=False):
     network: bool | NetworkPolicy | None
     on_network_attempt: NetworkApprover | None
     bwrap: str | None
-    mode: SandboxMode
+    mode: Literal["per-run", "session"]
     session: SessionConfig | None
     environment: str | None
     program_binds: tuple[tuple[str, str], ...]
