@@ -66,6 +66,8 @@ async def f() -> None:
         pass
     async with execspace.open_engine("jupyter", kernel_name="python3") as k:
         reveal_type(k)
+    async with execspace.open_engine("container", image="img") as c:
+        reveal_type(c.pool)
     async with execspace.open_engine("some-plugin", options=SandboxOptions()) as e:
         pass
 
@@ -91,12 +93,13 @@ def test_a_misspelled_option_or_a_wrong_type_is_a_mypy_error(tmp_path: Path) -> 
     assert 'Unexpected keyword argument "netwrok"' in said[7]
     assert 'matches argument types "str", "str"' in said[9]  # pids="many"
     assert "No overload variant" in said[11]  # the default backend takes only the shared host options
-    assert 'Unexpected keyword argument "mdoe"' in said[22]
+    assert 'Unexpected keyword argument "mdoe"' in said[24]
+    assert "WarmPool[execspace.backends.container.pool.PoolSlot]" in said[18]  # a ContainerEngine's pool
     assert (
         'Revealed type is "execspace.engine.KernelEngine[execspace.backends.jupyter.kernels.KernelSessions]"'
         in said[16]
     )
-    assert sorted(said) == [7, 9, 11, 16, 22], done.stdout  # the correct calls type-check
+    assert sorted(said) == [7, 9, 11, 16, 18, 24], done.stdout  # the correct calls type-check
 
 
 async def test_the_run_time_refuses_what_the_type_checker_does(tmp_path: Path) -> None:

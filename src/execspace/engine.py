@@ -15,7 +15,7 @@ from .protocols import Kernels, ProgramRunner, WorkspaceFS, WorkspaceManager
 
 if TYPE_CHECKING:
     from .backend import BackendOptions, HostOptions
-    from .backends.container import ContainerOptions
+    from .backends.container import ContainerEngine, ContainerOptions
     from .backends.e2b import E2BOptions
     from .backends.jupyter import JupyterOptions, KernelSessions
     from .backends.local import LocalOptions
@@ -155,7 +155,7 @@ def open_engine(
     *,
     options: ContainerOptions | HostOptions | None = None,
     **keywords: Unpack[ContainerKeywords],
-) -> AbstractAsyncContextManager[BaseEngine]: ...
+) -> AbstractAsyncContextManager[ContainerEngine]: ...
 @overload
 def open_engine(
     backend: Literal["jupyter"],
