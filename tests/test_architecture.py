@@ -22,13 +22,14 @@ GROUND = (
     "owner",
     "rundirs",
     "userconfig",
+    "tomlconfig",
 )
 FLOORS = {
     **dict.fromkeys(GROUND, 0),
     "workspace": 1,
     "environments": 2,
     "process": 2,
-    **dict.fromkeys(("protocols", "backend", "engine", "registry"), 3),
+    **dict.fromkeys(("protocols", "backend", "engine", "keywords", "registry"), 3),
     "backends": 4,
     **dict.fromkeys(("executor", "sync", "testing"), 5),
     "tools": 6,

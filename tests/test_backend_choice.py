@@ -75,9 +75,10 @@ def test_the_image_comes_from_the_argument_then_the_environment_then_the_config_
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("[container]\nimage = from-file\n", "is not valid TOML: Invalid value (at line 2, column 9)"),
-        ("[container]\nimage = 3\n", "has [container] image = 3, not a string"),
-        ('container = "img"\n', "has container = 'img', not a table"),
+        ("[container]\nimage = from-file\n", " is not valid TOML: Invalid value (at line 2, column 9)"),
+        ("[container]\nimage = 3\n", ": container.image must be a string, not an integer"),
+        ('container = "img"\n', ": container must be a table, not a string"),
+        ("[container]\nimgae = 'x'\n", ": unknown key container.imgae; [container] takes image"),
     ],
 )
 async def test_a_malformed_config_file_fails_the_probe_naming_it(
@@ -87,7 +88,7 @@ async def test_a_malformed_config_file_fails_the_probe_naming_it(
     config_file.write_text(text)
     probe = await probe_backend("container", docker_host=docker_daemon.host)
     assert not probe.ok
-    assert f"the config file {config_file} {says}" in probe.reason
+    assert f"the config file {config_file}{says}" in probe.reason
     assert str(config_file) in probe.fix
     with pytest.raises(SetupFailed, match="the config file"):
         container_image(None)

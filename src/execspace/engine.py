@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, Unpack, overload
 
 from .capabilities import Capabilities
 from .errors import UsageError
 from .protocols import Kernels, ProgramRunner, WorkspaceFS, WorkspaceManager
 
 if TYPE_CHECKING:
-    from .backend import BackendOptions
+    from .backend import BackendOptions, HostOptions
+    from .backends.container import ContainerEngine, ContainerOptions
+    from .backends.e2b import E2BOptions
+    from .backends.jupyter import JupyterOptions, KernelSessions
+    from .backends.local import LocalOptions
+    from .backends.sandbox import SandboxOptions
+    from .keywords import (
+        ContainerKeywords,
+        E2BKeywords,
+        HostKeywords,
+        JupyterKeywords,
+        LocalKeywords,
+        SandboxKeywords,
+    )
 
-__all__ = ["BaseEngine", "KernelEngine", "open_engine"]
+__all__ = ["BaseEngine", "KernelEngine", "open_engine", "open_engine_from"]
 
 K = TypeVar("K", bound=Kernels)
 
@@ -120,10 +134,48 @@ class KernelEngine(BaseEngine, Generic[K]):
         return self._kernels
 
 
-@contextlib.asynccontextmanager
-async def open_engine(
+# One overload per built-in backend: its options as typed keywords (keywords.py), so that a misspelled option or
+# a value of the wrong type is a type error naming it. ``options=`` may also be a base of the backend's own class
+# (``HostOptions``). A backend registered by entry point takes its options as ``options=``: a ``str`` overload that
+# took any keyword would also match a built-in's name and hide every mistake the ones above catch.
+@overload
+def open_engine(
+    backend: Literal["sandbox"],
+    *,
+    options: SandboxOptions | HostOptions | None = None,
+    **keywords: Unpack[SandboxKeywords],
+) -> AbstractAsyncContextManager[BaseEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["local"], *, options: LocalOptions | HostOptions | None = None, **keywords: Unpack[LocalKeywords]
+) -> AbstractAsyncContextManager[BaseEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["container"],
+    *,
+    options: ContainerOptions | HostOptions | None = None,
+    **keywords: Unpack[ContainerKeywords],
+) -> AbstractAsyncContextManager[ContainerEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["jupyter"],
+    *,
+    options: JupyterOptions | HostOptions | None = None,
+    **keywords: Unpack[JupyterKeywords],
+) -> AbstractAsyncContextManager[KernelEngine[KernelSessions]]: ...
+@overload
+def open_engine(
+    backend: Literal["e2b"], *, options: E2BOptions | None = None, **keywords: Unpack[E2BKeywords]
+) -> AbstractAsyncContextManager[KernelEngine[Kernels]]: ...
+@overload
+def open_engine(
+    backend: Literal["auto"] | None = None, *, options: HostOptions | None = None, **keywords: Unpack[HostKeywords]
+) -> AbstractAsyncContextManager[BaseEngine]: ...
+@overload
+def open_engine(backend: str, *, options: BackendOptions | None = None) -> AbstractAsyncContextManager[BaseEngine]: ...
+def open_engine(
     backend: str | None = None, *, options: BackendOptions | None = None, **keywords: object
-) -> AsyncIterator[BaseEngine]:
+) -> AbstractAsyncContextManager[BaseEngine]:
     """Open a backend's Engine for the duration of the ``async with`` block.
 
     ``backend=None`` picks the safest backend that works on this host; it never
@@ -131,13 +183,24 @@ async def open_engine(
     the backend's own typed options (``LocalOptions``, ``SandboxOptions``,
     ``ContainerOptions``, ``JupyterOptions``…), given as ``options=`` or as
     keywords (over ``options=`` when both are), e.g. ``workspace_root``,
-    ``env_policy``, ``host_roots``, ``artifacts``.
+    ``env_policy``, ``host_roots``, ``artifacts``. A type checker checks the
+    keywords of a built-in backend against its options (``SandboxKeywords``…
+    in :mod:`execspace.keywords`).
 
     Raises:
         UnsupportedBackend: unknown name.
         InvalidSpec: an option the backend does not take, of the wrong type, or one it needs is missing.
         SetupFailed: the backend cannot work here (the message says how to fix it).
     """
+    return open_engine_from(backend, keywords, options)
+
+
+@contextlib.asynccontextmanager
+async def open_engine_from(
+    backend: str | None, keywords: Mapping[str, object], options: BackendOptions | None = None
+) -> AsyncIterator[BaseEngine]:
+    """:func:`open_engine` for options known only at run time (a config file's table, a test kit's parameters):
+    ``keywords`` are checked when the backend opens (``InvalidSpec`` naming a wrong one), not by a type checker."""
     from .registry import open_backend
 
     engine = await open_backend(backend, options, keywords)

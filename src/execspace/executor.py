@@ -23,11 +23,10 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
 
 from wcmatch import glob as wglob
 
-from .engine import open_engine
+from .engine import open_engine_from
 from .errors import InvalidSpec, UnsupportedLanguage, UsageError
 from .languages import LANGUAGES, Language, pick_runtime, resolve_language
 from .models import (
@@ -327,13 +326,13 @@ def code_executor(
     limits: ResourceLimits | None = None,
     workspace_policy: WorkspacePolicy | None = None,
     collect_globs: Sequence[str] = ("out/**",),
-    **engine_options: Any,
+    **engine_options: object,
 ) -> CodeExecutor:
     """A :class:`CodeExecutor` with its own engine, opened on first use (or on ``async with``)
     by :func:`~execspace.open_engine` with ``backend`` and ``engine_options``, and closed by
     :meth:`CodeExecutor.close`."""
     return CodeExecutor(
-        opener=lambda: open_engine(backend, **engine_options),
+        opener=lambda: open_engine_from(backend, engine_options),
         timeout=timeout,
         limits=limits,
         workspace_policy=workspace_policy,

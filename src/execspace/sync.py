@@ -27,13 +27,14 @@ import collections
 import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, overload
 
 from .capabilities import Capabilities
-from .engine import open_engine as _open_async_engine
+from .engine import open_engine_from as _open_async_engine_from
 from .errors import UsageError
 from .executor import CodeExecutor
 from .executor import code_executor as _async_code_executor
@@ -57,7 +58,20 @@ from .models import (
 from .protocols import Engine, ProgramHandle
 
 if TYPE_CHECKING:
-    from .backend import BackendOptions
+    from .backend import BackendOptions, HostOptions
+    from .backends.container import ContainerOptions
+    from .backends.e2b import E2BOptions
+    from .backends.jupyter import JupyterOptions
+    from .backends.local import LocalOptions
+    from .backends.sandbox import SandboxOptions
+    from .keywords import (
+        ContainerKeywords,
+        E2BKeywords,
+        HostKeywords,
+        JupyterKeywords,
+        LocalKeywords,
+        SandboxKeywords,
+    )
 
 __all__ = [
     "STREAM_BUFFER_BYTES",
@@ -69,6 +83,7 @@ __all__ = [
     "SyncWorkspaceManager",
     "code_executor",
     "open_engine",
+    "open_engine_from",
 ]
 
 #: Unread output a started program may pile up for ``iter_output`` before chunks are dropped.
@@ -462,19 +477,62 @@ class SyncEngine:
         return f"<SyncEngine {self._engine!r}{' closed' if self.closed else ''}>"
 
 
-@contextlib.contextmanager
+# The overloads of execspace.open_engine (engine.py says why there is no keyword-taking str overload).
+@overload
+def open_engine(
+    backend: Literal["sandbox"],
+    *,
+    options: SandboxOptions | HostOptions | None = None,
+    **keywords: Unpack[SandboxKeywords],
+) -> AbstractContextManager[SyncEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["local"], *, options: LocalOptions | HostOptions | None = None, **keywords: Unpack[LocalKeywords]
+) -> AbstractContextManager[SyncEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["container"],
+    *,
+    options: ContainerOptions | HostOptions | None = None,
+    **keywords: Unpack[ContainerKeywords],
+) -> AbstractContextManager[SyncEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["jupyter"],
+    *,
+    options: JupyterOptions | HostOptions | None = None,
+    **keywords: Unpack[JupyterKeywords],
+) -> AbstractContextManager[SyncEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["e2b"], *, options: E2BOptions | None = None, **keywords: Unpack[E2BKeywords]
+) -> AbstractContextManager[SyncEngine]: ...
+@overload
+def open_engine(
+    backend: Literal["auto"] | None = None, *, options: HostOptions | None = None, **keywords: Unpack[HostKeywords]
+) -> AbstractContextManager[SyncEngine]: ...
+@overload
+def open_engine(backend: str, *, options: BackendOptions | None = None) -> AbstractContextManager[SyncEngine]: ...
 def open_engine(
     backend: str | None = None, *, options: BackendOptions | None = None, **keywords: object
-) -> Iterator[SyncEngine]:
+) -> AbstractContextManager[SyncEngine]:
     """Blocking :func:`execspace.open_engine`: same arguments, yields a :class:`SyncEngine`.
 
     The loop thread starts on entering the ``with`` block and stops on leaving it,
     after the engine is closed.
     """
+    return open_engine_from(backend, keywords, options)
+
+
+@contextlib.contextmanager
+def open_engine_from(
+    backend: str | None, keywords: Mapping[str, object], options: BackendOptions | None = None
+) -> Iterator[SyncEngine]:
+    """Blocking :func:`execspace.engine.open_engine_from`: keywords known only at run time."""
     portal = _LoopThread(f"execspace-sync-{backend or 'default'}")
     stack = contextlib.AsyncExitStack()
     try:
-        engine = portal.call(stack.enter_async_context, _open_async_engine(backend, options=options, **keywords))
+        engine = portal.call(stack.enter_async_context, _open_async_engine_from(backend, keywords, options))
     except BaseException:
         portal.close()
         raise

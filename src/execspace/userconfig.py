@@ -8,11 +8,27 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import SetupFailed
+from .errors import InvalidSpec, SetupFailed
 
-__all__ = ["config_path", "config_string"]
+__all__ = ["ContainerSettings", "UserConfig", "config_path", "user_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSettings:
+    """``[container]``: the container backend's settings."""
+
+    image: str | None = None
+    """The image workspaces run when neither ``image=`` (``--image``) nor ``$EXECSPACE_CONTAINER_IMAGE`` names one."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    """What the file holds (every key it may have; another is refused naming these)."""
+
+    container: ContainerSettings = field(default_factory=ContainerSettings)
 
 
 def config_path() -> Path:
@@ -20,28 +36,13 @@ def config_path() -> Path:
     return Path(base, "execspace", "config.toml")
 
 
-def config_string(backend: str, section: str, key: str) -> str | None:
-    """``key`` of ``[section]`` in the config file, or None (no file, no such setting); ``SetupFailed`` for
-    ``backend`` naming the file (and the line, for a malformed one)."""
-    import tomllib  # only the callers that fall back to the file pay for it
+def user_config(backend: str) -> UserConfig:
+    """The config file's settings (all defaults without one); ``SetupFailed`` for ``backend`` naming the file, and
+    the line of a malformed one or the key of a wrong setting."""
+    from . import tomlconfig  # only the callers that fall back to the file pay for reading TOML
 
     path = config_path()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SetupFailed(backend, f"cannot read the config file {path} ({exc})", f"fix or remove {path}") from exc
-    except tomllib.TOMLDecodeError as exc:  # its message ends "(at line N, column M)"
-        raise SetupFailed(backend, f"the config file {path} is not valid TOML: {exc}", f"fix {path}") from exc
-    table = data.get(section, {})
-    if not isinstance(table, dict):
-        raise SetupFailed(backend, f"the config file {path} has {section} = {table!r}, not a table", f"fix {path}")
-    value = table.get(key)
-    if value is not None and not isinstance(value, str):
-        raise SetupFailed(
-            backend,
-            f"the config file {path} has [{section}] {key} = {value!r}, not a string",
-            f'write {key} = "NAME" under [{section}] in {path}',
-        )
-    return value
+        return tomlconfig.load(UserConfig, path, f"the config file {path}", missing_ok=True)
+    except InvalidSpec as exc:
+        raise SetupFailed(backend, str(exc), f"fix or remove {path}") from None

@@ -32,9 +32,13 @@ def _listening(port: int) -> bool:
     ("extra", "flags", "message"),
     [
         ("", ["--backend", "no-such-backend"], "unknown backend 'no-such-backend'"),
-        ("idle_timout = 5", [], "unknown key(s) ['idle_timout']"),
+        ("idle_timout = 5", [], "unknown key idle_timout; the top level takes backend, backend_options, policy, "),
         ("idle_timeout = -1", [], "idle_timeout must be a positive number"),
-        ('backend = "sandbox"\n[policy]\nmemory_bytes = "lots"', [], "memory_bytes must be of type int"),
+        (
+            'backend = "sandbox"\n[policy]\nmemory_bytes = "lots"',
+            [],
+            "policy.memory_bytes must be an integer, not a string",
+        ),
         ("not toml [", [], "is not valid TOML"),
     ],
 )

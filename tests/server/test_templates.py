@@ -134,10 +134,11 @@ def test_limits_a_backend_cannot_hold_are_refused_at_create(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("[templates.x]\ncpu = 1\n", r"templates\.x\.cpu is not a template key \(use environment, cpu_count"),
-        ("[templates.x]\nmemory_mb = '1G'\n", r"templates\.x\.memory_mb must be int"),
+        ("[templates.x]\ncpu = 1\n", r"unknown key templates\.x\.cpu; \[templates\.x\] takes environment, cpu_count"),
+        ("[templates.x]\nmemory_mb = '1G'\n", r"templates\.x\.memory_mb must be an integer, not a string"),
+        ("[templates]\nx = 1\n", r"serve\.toml: templates\.x must be a table, not an integer"),
         ("[templates.x]\npids = 0\n", r"template x: pids must be positive"),
-        ("[server]\nport = 1\n", r"unknown table or key server"),
+        ("[server]\nport = 1\n", r"unknown key server; the top level takes templates"),
         ("[templates.x\n", r"serve config .*serve\.toml"),
     ],
 )

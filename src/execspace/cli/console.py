@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..capabilities import Capabilities, Isolation
 from ..errors import (
@@ -137,6 +136,6 @@ def human_size(size: int) -> str:
     return f"{value:.1f} GiB"
 
 
-def print_json(obj: Any) -> None:
+def print_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()

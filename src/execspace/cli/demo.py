@@ -13,7 +13,7 @@ import json
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capabilities import Capabilities
 from ..engine import BaseEngine, open_engine
@@ -21,6 +21,9 @@ from ..errors import SetupFailed
 from ..models import InputSpec, OutputManifest, OutputSpec, PutFile, ResourceLimits, RunProgramSpec, Workspace
 from ..registry import DEFAULT_ORDER, choose_default_backend
 from .console import human_size, progress, warn_if_unisolated, workspace_dir
+
+if TYPE_CHECKING:
+    from .demo_analysis import Summary
 
 __all__ = ["DEMO_DAYS", "REGIONS", "add_parser", "command", "sales_csv"]
 
@@ -120,13 +123,14 @@ async def command(args: argparse.Namespace) -> int:
         manifest = await _analyse(engine, ws)
         if manifest is None:
             return 1
-        summary = json.loads((await engine.fs.read_file(ws, "out/summary.json")).content)
+        summary: Summary = json.loads((await engine.fs.read_file(ws, "out/summary.json")).content)
     sys.stdout.write(render(caps, ws, manifest, summary))
     sys.stdout.flush()
     return 0
 
 
-def render(caps: Capabilities, ws: Workspace, manifest: OutputManifest, summary: dict[str, Any]) -> str:
+def render(caps: Capabilities, ws: Workspace, manifest: OutputManifest, summary: Summary) -> str:
+    """The report of a demo run; ``summary``: what our analysis program wrote (demo_analysis.py)."""
     totals = ", ".join(f"{region} {total}" for region, total in summary["by_region"].items())
     lines = [
         f"execspace demo: backend {caps.backend!r}, isolation: {caps.isolation}",

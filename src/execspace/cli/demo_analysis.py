@@ -11,8 +11,9 @@ import csv
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 from xml.sax.saxutils import escape
 
 WIDTH, HEIGHT = 820, 400
@@ -21,7 +22,37 @@ LINE_LEFT, LINE_RIGHT = 70, 480
 BAR_LEFT, BAR_STEP, BAR_WIDTH = 540, 66, 44
 
 
-def read_rows(path: str) -> list[dict[str, Any]]:
+class Row(TypedDict):
+    """One day of the CSV."""
+
+    date: str
+    region: str
+    temperature_c: float
+    sales: int
+
+
+class Stats(TypedDict):
+    mean: float
+    min: float
+    max: float
+
+
+class Summary(TypedDict):
+    """What ``summary.json`` holds."""
+
+    metric: str
+    count: int
+    mean: float
+    min: float
+    max: float
+    total: int
+    by_region: dict[str, int]
+    temperature_c: Stats
+    first_date: str
+    last_date: str
+
+
+def read_rows(path: str) -> list[Row]:
     with Path(path).open(newline="") as f:
         return [
             {
@@ -34,19 +65,22 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         ]
 
 
-def _stats(values: list[float]) -> dict[str, float]:
+def _stats(values: Sequence[float]) -> Stats:
     return {"mean": round(sum(values) / len(values), 3), "min": min(values), "max": max(values)}
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[Row]) -> Summary:
     sales = [r["sales"] for r in rows]
     totals: dict[str, int] = {}
     for r in rows:
         totals[r["region"]] = totals.get(r["region"], 0) + r["sales"]
+    stats = _stats(sales)
     return {
         "metric": "sales",
         "count": len(rows),
-        **_stats(sales),
+        "mean": stats["mean"],
+        "min": stats["min"],
+        "max": stats["max"],
         "total": sum(sales),
         "by_region": dict(sorted(totals.items())),
         "temperature_c": _stats([r["temperature_c"] for r in rows]),
@@ -62,7 +96,7 @@ def _text(x: float, y: float, label: object, anchor: str = "middle", size: int =
     )
 
 
-def _line_panel(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+def _line_panel(rows: list[Row], summary: Summary) -> list[str]:
     lo, hi = summary["min"], summary["max"]
     span = (hi - lo) or 1
     step = (LINE_RIGHT - LINE_LEFT) / max(len(rows) - 1, 1)
@@ -97,7 +131,7 @@ def _bar_panel(totals: dict[str, int]) -> list[str]:
     return parts
 
 
-def render_svg(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+def render_svg(rows: list[Row], summary: Summary) -> str:
     body = _line_panel(rows, summary) + _bar_panel(summary["by_region"])
     return "\n".join(
         [

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import inspect
 import sys
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..backend import option_choices
@@ -45,7 +46,74 @@ async def backend_capabilities(name: str) -> Capabilities:
         return engine.describe()
 
 
-async def _modes(name: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class ModeReport:
+    """One choice of a backend's ``mode`` option: its probe and the guarantee its capabilities state."""
+
+    mode: object
+    ok: bool
+    reason: str
+    fix: str
+    guarantee: str
+
+    def as_json(self) -> dict[str, object]:
+        return {"mode": self.mode, "ok": self.ok, "reason": self.reason, "fix": self.fix, "guarantee": self.guarantee}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendReport:
+    """What doctor found of one backend."""
+
+    name: str
+    summary: str
+    ok: bool
+    reason: str
+    fix: str
+    capabilities: Capabilities | None
+    modes: list[ModeReport]
+    capabilities_error: str | None = None
+    """Why a backend whose probe passed could not state its capabilities."""
+
+    def as_json(self) -> dict[str, object]:
+        found: dict[str, object] = {
+            "name": self.name,
+            "summary": self.summary,
+            "ok": self.ok,
+            "reason": self.reason,
+            "fix": self.fix,
+            "capabilities": self.capabilities.as_dict() if self.capabilities is not None else None,
+            "modes": [m.as_json() for m in self.modes],
+        }
+        if self.capabilities_error is not None:
+            found["capabilities_error"] = self.capabilities_error
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultReport:
+    """The backend ``--backend`` not given picks, or why none can be picked."""
+
+    backend: str | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonReport:
+    running: bool
+    socket: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentsReport:
+    """The runtime environment store and the environments built in it."""
+
+    store: str
+    built: list[dict[str, object]]
+    """``name``, ``path``, ``python`` and ``packages`` (their count) of each."""
+
+
+async def _modes(name: str) -> list[ModeReport]:
     """A backend with a ``mode`` option of fixed choices (the sandbox's per-run and session): each one's probe
     and the guarantee its capabilities state (``details["mode"]``)."""
     factory = load_backend(name)
@@ -58,49 +126,49 @@ async def _modes(name: str) -> list[dict[str, Any]]:
         if inspect.isawaitable(caps):
             caps = await caps
         guarantee = caps.details.get("mode", "") if isinstance(caps, Capabilities) else ""
-        found.append({"mode": mode, "ok": probe.ok, "reason": probe.reason, "fix": probe.fix, "guarantee": guarantee})
+        found.append(ModeReport(mode, probe.ok, probe.reason, probe.fix, guarantee))
     return found
 
 
-async def _inspect(name: str) -> dict[str, Any]:
+async def _inspect(name: str) -> BackendReport:
     info = BACKENDS[name]
     probe = await probe_backend(name)
-    entry: dict[str, Any] = {
-        "name": name,
-        "summary": info.summary,
-        "ok": probe.ok,
-        "reason": probe.reason,
-        "fix": probe.fix or ("" if probe.ok else info.install_hint),
-        "capabilities": None,
-        "modes": await _modes(name),
-    }
+    fix = probe.fix or ("" if probe.ok else info.install_hint)
+    caps, error = None, None
     if probe.ok:
         try:
-            entry["capabilities"] = (await backend_capabilities(name)).as_dict()
+            caps = await backend_capabilities(name)
         except Exception as exc:  # one broken backend must not hide the others' report
-            entry["capabilities_error"] = f"{type(exc).__name__}: {exc}"
-    return entry
+            error = f"{type(exc).__name__}: {exc}"
+    return BackendReport(name, info.summary, probe.ok, probe.reason, fix, caps, await _modes(name), error)
 
 
-async def _default() -> dict[str, Any]:
+async def _default() -> DefaultReport:
     try:
-        return {"backend": await choose_default_backend(), "reason": ""}
+        return DefaultReport(await choose_default_backend())
     except SetupFailed as exc:
-        return {"backend": None, "reason": str(exc)}
+        return DefaultReport(None, str(exc))
 
 
 async def command(args: argparse.Namespace) -> int:
     progress(f"probing backends ({', '.join(BACKENDS)})...")
-    *entries, default = await asyncio.gather(*(_inspect(n) for n in BACKENDS), _default())
+    entries, default = await asyncio.gather(asyncio.gather(*(_inspect(n) for n in BACKENDS)), _default())
     daemon = _daemon()
     store = EnvironmentStore()
-    built = [
+    built: list[dict[str, object]] = [
         {"name": e.name, "path": str(e.path), "python": e.python_version, "packages": len(e.packages)}
         for e in store.environments()
     ]
-    environments = {"store": str(store.root), "built": built}
+    environments = EnvironmentsReport(str(store.root), built)
     if args.json:
-        print_json({"backends": entries, "default": default, "daemon": daemon, "environments": environments})
+        print_json(
+            {
+                "backends": [e.as_json() for e in entries],
+                "default": asdict(default),
+                "daemon": asdict(daemon),
+                "environments": asdict(environments),
+            }
+        )
     else:
         sys.stdout.write(render(entries, default, daemon) + _environment_lines(environments))
         sys.stdout.flush()
@@ -114,84 +182,85 @@ def _yes(flag: object) -> str:
     return "yes" if flag else "no"
 
 
-def _caps_lines(caps: dict[str, Any]) -> list[str]:
-    network = "on by default" if caps["network_default"] else "off by default"
-    network += "; can be turned off per run" if caps["network_control"] else "; cannot be turned off"
-    if caps.get("network_domains"):
+def _caps_lines(caps: Capabilities) -> list[str]:
+    network = "on by default" if caps.network_default else "off by default"
+    network += "; can be turned off per run" if caps.network_control else "; cannot be turned off"
+    if caps.network_domains:
         network += "; allow-lists by domain (--allow-domain)"
     lines = [
-        f"isolation: {caps['isolation']}",
+        f"isolation: {caps.isolation}",
         f"network:   {network}",
-        f"limits:    {', '.join(caps['enforced_limits']) or 'none'}",
-        f"languages: {', '.join(caps['languages']) or 'none found'}",
-        f"streaming: {_yes(caps['streaming'])}   clean env: {_yes(caps['clean_env'])}   "
-        f"read-only mounts: {_yes(caps['read_only_mounts'])}   host paths: {_yes(caps['host_paths'])}   "
-        f"binary output: {_yes(caps['binary_output'])}",
+        f"limits:    {', '.join(sorted(caps.enforced_limits)) or 'none'}",
+        f"languages: {', '.join(caps.languages) or 'none found'}",
+        f"streaming: {_yes(caps.streaming)}   clean env: {_yes(caps.clean_env)}   "
+        f"read-only mounts: {_yes(caps.read_only_mounts)}   host paths: {_yes(caps.host_paths)}   "
+        f"binary output: {_yes(caps.binary_output)}",
     ]
-    kernels = caps.get("kernels")
+    kernels = caps.kernels
     if kernels:
         lines.append(
-            f"kernels:   {', '.join(kernels['languages'])}, isolation {kernels['isolation']}; cells get "
-            f"{', '.join(kernels['cell_limits']) or 'no limits'}; whole kernel: "
-            f"{', '.join(kernels['kernel_limits']) or 'no limits'}; warm pool {kernels['warm_pool']}"
+            f"kernels:   {', '.join(kernels.languages)}, isolation {kernels.isolation}; cells get "
+            f"{', '.join(sorted(kernels.cell_limits)) or 'no limits'}; whole kernel: "
+            f"{', '.join(sorted(kernels.kernel_limits)) or 'no limits'}; warm pool {kernels.warm_pool}"
         )
-    if caps["does_not_protect"]:
+    if caps.does_not_protect:
         lines.append("does not protect against:")
-        lines.extend(f"  - {item}" for item in caps["does_not_protect"])
+        lines.extend(f"  - {item}" for item in caps.does_not_protect)
     return lines
 
 
-def _entry_lines(entry: dict[str, Any]) -> list[str]:
-    lines = [f"{entry['name']}: {'OK' if entry['ok'] else 'NOT AVAILABLE'}"]
-    body = [f"about:     {entry['summary']}"] if entry["summary"] else []
-    if not entry["ok"]:
-        body.append(f"why:       {entry['reason']}")
-        if entry["fix"]:
-            body.append(f"fix:       {entry['fix']}")
-    elif entry["capabilities"] is not None:
-        body.extend(_caps_lines(entry["capabilities"]))
+def _entry_lines(entry: BackendReport) -> list[str]:
+    lines = [f"{entry.name}: {'OK' if entry.ok else 'NOT AVAILABLE'}"]
+    body = [f"about:     {entry.summary}"] if entry.summary else []
+    if not entry.ok:
+        body.append(f"why:       {entry.reason}")
+        if entry.fix:
+            body.append(f"fix:       {entry.fix}")
+    elif entry.capabilities is not None:
+        body.extend(_caps_lines(entry.capabilities))
     else:
-        body.append(f"capabilities unavailable: {entry.get('capabilities_error', '?')}")
-    if entry.get("modes"):
+        body.append(f"capabilities unavailable: {entry.capabilities_error or '?'}")
+    if entry.modes:
         body.append("modes:")
-        body.extend(f"  - {_mode_line(mode)}" for mode in entry["modes"])
+        body.extend(f"  - {_mode_line(mode)}" for mode in entry.modes)
     return lines + [f"  {line}" for line in body]
 
 
-def _mode_line(mode: dict[str, Any]) -> str:
-    if not mode["ok"]:
-        fix = f" (fix: {mode['fix']})" if mode["fix"] else ""
-        return f"{mode['mode']}: NOT AVAILABLE: {mode['reason']}{fix}"
-    guarantee = mode["guarantee"].removeprefix(f"{mode['mode']}: ")
-    return f"{mode['mode']}: OK; {guarantee or 'no statement'}"
+def _mode_line(mode: ModeReport) -> str:
+    if not mode.ok:
+        fix = f" (fix: {mode.fix})" if mode.fix else ""
+        return f"{mode.mode}: NOT AVAILABLE: {mode.reason}{fix}"
+    guarantee = mode.guarantee.removeprefix(f"{mode.mode}: ")
+    return f"{mode.mode}: OK; {guarantee or 'no statement'}"
 
 
-def _environment_lines(environments: dict[str, Any]) -> str:
-    built = environments["built"]
-    if not built:
-        return f"environments ({environments['store']}): none built; `execspace env build code-interpreter`\n"
-    lines = [f"  {e['name']}: python {e['python']}, {e['packages']} packages, {e['path']}\n" for e in built]
-    return "".join([f"environments ({environments['store']}):\n", *lines])
+def _environment_lines(environments: EnvironmentsReport) -> str:
+    if not environments.built:
+        return f"environments ({environments.store}): none built; `execspace env build code-interpreter`\n"
+    lines = [
+        f"  {e['name']}: python {e['python']}, {e['packages']} packages, {e['path']}\n" for e in environments.built
+    ]
+    return "".join([f"environments ({environments.store}):\n", *lines])
 
 
-def _daemon() -> dict[str, Any]:
+def _daemon() -> DaemonReport:
     path = daemon_socket_path()
     answer = ping(path)
-    return {"running": answer is not None, "socket": path, "status": (answer or "").removeprefix("pong ")}
+    return DaemonReport(answer is not None, path, (answer or "").removeprefix("pong "))
 
 
-def render(entries: list[dict[str, Any]], default: dict[str, Any], daemon: dict[str, Any] | None = None) -> str:
-    working = [e["name"] for e in entries if e["ok"]]
+def render(entries: list[BackendReport], default: DefaultReport, daemon: DaemonReport | None = None) -> str:
+    working = [e.name for e in entries if e.ok]
     out = [f"execspace doctor: {len(entries)} backends, working here: {', '.join(working) or 'none'}", ""]
     for entry in entries:
         out.extend([*_entry_lines(entry), ""])
-    if default["backend"]:
-        out.append(f"default backend (when --backend is not given): {default['backend']}")
+    if default.backend:
+        out.append(f"default backend (when --backend is not given): {default.backend}")
     else:
-        out.append(f"default backend (when --backend is not given): none: {default['reason']}")
+        out.append(f"default backend (when --backend is not given): none: {default.reason}")
     if daemon is not None:
-        if daemon["running"]:
-            out.append(f"CLI daemon: running ({daemon['status']}), socket {daemon['socket']}")
+        if daemon.running:
+            out.append(f"CLI daemon: running ({daemon.status}), socket {daemon.socket}")
         else:
             out.append("CLI daemon: not running; `execspace daemon start` makes each command start in milliseconds")
     return "\n".join(out) + "\n"

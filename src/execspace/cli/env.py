@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def _spec(target: str) -> EnvironmentSpec:
     )
 
 
-def _printer(verbose: bool, started: float) -> Any:
+def _printer(verbose: bool, started: float) -> Callable[[BuildEvent], None]:
     def show(event: BuildEvent) -> None:
         if not event.output:
             progress(f"[{time.monotonic() - started:6.1f}s] {event.step}: {event.text}")
@@ -87,7 +88,7 @@ def _printer(verbose: bool, started: float) -> Any:
     return show
 
 
-def _row(env: Environment) -> dict[str, Any]:
+def _row(env: Environment) -> dict[str, object]:
     return {
         "name": env.name,
         "digest": env.digest,

@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from ..engine import open_engine_from
 from ..errors import UsageError
-from ..executor import code_executor, extract_code_blocks
+from ..executor import CodeExecutor, extract_code_blocks
 from ..languages import LANGUAGES
-from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult
+from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult, File
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
-from .outputs import inline, save_files
+from .outputs import InlineContent, inline, save_files
 from .run import (
+    KERNELS_REFUSAL,
+    EngineRequest,
+    InputArg,
     add_environment_option,
     add_image_option,
     add_input_option,
     add_workspace_options,
-    container_options,
-    environment_options,
     host_path,
-    input_roots,
     open_workspace,
     parse_input,
     parse_timeout,
+    with_environment,
+    with_image,
+    with_input_roots,
 )
 
 __all__ = ["add_parser", "code_blocks", "command"]
@@ -67,16 +72,22 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=command)
 
 
-def kernel_options(args: argparse.Namespace) -> dict[str, Any]:
+def with_kernels(request: EngineRequest, kernels: str | None) -> EngineRequest:
     """``--kernels``: the jupyter backend's mode, named by the user (host kernels are never a fallback)."""
-    if args.kernels is None:
-        return {}
-    if args.backend not in (None, "jupyter"):
-        raise UsageError(f"--kernels is for the jupyter backend, not {args.backend!r}: drop one of them")
-    args.backend = "jupyter"
+    if kernels is None:
+        return request
     from ..backends.jupyter import HostKernels, SandboxedKernels
 
-    return {"mode": HostKernels() if args.kernels == "host" else SandboxedKernels()}
+    mode = HostKernels() if kernels == "host" else SandboxedKernels()
+    return request.implying("jupyter", KERNELS_REFUSAL, mode=mode)
+
+
+def engine_request(args: argparse.Namespace, inputs: list[InputArg]) -> EngineRequest:
+    """The engine ``execspace exec-code``'s flags ask for."""
+    request = with_image(with_environment(EngineRequest(args.backend), args, args.kernels), args)
+    if args.environment is None:  # with one, the kernels are sandboxed kernels of it
+        request = with_kernels(request, args.kernels)
+    return with_input_roots(request, inputs)
 
 
 def _language_of(suffix: str) -> str | None:
@@ -112,11 +123,11 @@ async def command(args: argparse.Namespace) -> int:
     text, suffix = read_source(args.file)
     blocks = code_blocks(text, suffix, args.language)
     inputs = [parse_input(v) for v in args.input]
-    environment = environment_options(args, args.kernels)
-    options = {**container_options(args), **(environment or kernel_options(args)), **input_roots(inputs)}
-    if args.backend is None and sys.stderr.isatty():
+    request = engine_request(args, inputs)
+    if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    async with code_executor(args.backend, timeout=args.timeout, **options) as ex:
+    opener = functools.partial(open_engine_from, request.backend, request.options)
+    async with CodeExecutor(opener=opener, timeout=args.timeout) as ex:
         engine = ex.engine
         assert engine is not None  # entering the executor opened it
         caps = engine.describe()
@@ -142,7 +153,39 @@ async def command(args: argparse.Namespace) -> int:
     return 0 if result.ok else EXIT_BLOCK_FAILED
 
 
-def as_json(result: CodeExecutionResult) -> dict[str, Any]:
+class FileRow(InlineContent):
+    """One output file in ``--json`` (``files``)."""
+
+    name: str
+    mime: str
+    size: int
+    truncated: bool
+    saved_path: NotRequired[str | None]
+
+
+class BlockRow(TypedDict):
+    """One block's run in ``--json`` (``blocks``)."""
+
+    index: int
+    language: str
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    error: str | None
+    stdout: str
+    stderr: str
+
+
+class Report(TypedDict):
+    """What ``--json`` prints of the blocks' run (with the backend, isolation and workspace)."""
+
+    ok: bool
+    output: str
+    blocks: list[BlockRow]
+    files: list[FileRow]
+
+
+def as_json(result: CodeExecutionResult) -> Report:
     return {
         "ok": result.ok,
         "output": result.output,
@@ -159,10 +202,19 @@ def as_json(result: CodeExecutionResult) -> dict[str, Any]:
             }
             for b in result.blocks
         ],
-        "files": [
-            {"name": f.name, "mime": f.mime_type, "size": f.size_bytes, "truncated": f.truncated, **inline(f)}
-            for f in result.output_files
-        ],
+        "files": [_file_row(f) for f in result.output_files],
+    }
+
+
+def _file_row(f: File) -> FileRow:
+    content = inline(f)
+    return {
+        "name": f.name,
+        "mime": f.mime_type,
+        "size": f.size_bytes,
+        "truncated": f.truncated,
+        "content_base64": content["content_base64"],
+        "content_truncated": content["content_truncated"],
     }
 
 

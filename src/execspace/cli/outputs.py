@@ -7,11 +7,12 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 
 from ..models import File
 from ..workspace.confine import ConfinedRoot
 
-__all__ = ["INLINE_BYTES", "default_out_dir", "inline", "save_files"]
+__all__ = ["INLINE_BYTES", "InlineContent", "default_out_dir", "inline", "save_files"]
 
 #: Bytes of one file inlined in ``--json`` (base64); the rest is cut and marked ``content_truncated``.
 INLINE_BYTES = 1024 * 1024
@@ -41,7 +42,14 @@ def save_files(files: Sequence[File], dest: Path) -> dict[str, Path]:
     return saved
 
 
-def inline(f: File) -> dict[str, object]:
+class InlineContent(TypedDict):
+    """A file's content in ``--json``."""
+
+    content_base64: str
+    content_truncated: bool
+
+
+def inline(f: File) -> InlineContent:
     """The file's content for ``--json``: base64 of at most :data:`INLINE_BYTES`."""
     data = f.content[:INLINE_BYTES]
     return {

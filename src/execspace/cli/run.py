@@ -6,14 +6,14 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
-from ..engine import BaseEngine, open_engine
+from ..engine import BaseEngine, open_engine_from
 from ..errors import ExecspaceError, InputError, PathDenied, UsageError
 from ..models import (
     DEFAULT_TIMEOUT,
@@ -33,6 +33,9 @@ from ..protocols import Engine
 from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
 from .outputs import default_out_dir, inline, save_files
 from .streaming import run_program, stdin_source
+
+if TYPE_CHECKING:
+    from ..backends.sandbox import SandboxPolicy
 
 __all__ = [
     "EXIT_NOT_EXECUTABLE",
@@ -294,14 +297,33 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
     )
 
 
-def sandbox_policy(args: argparse.Namespace) -> Any:
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """The engine the command line asks for: the backend ``--backend`` names or another flag implies (None: the
+    default choice), and the options the flags set, as keywords of that backend's options (checked when it opens:
+    flags are values of run time)."""
+
+    backend: str | None = None
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    def implying(self, backend: str, refusal: str, **options: object) -> EngineRequest:
+        """This request with options that belong to ``backend``, which it now names; ``refusal`` (formatted with
+        the backend named instead) when another is named."""
+        if self.backend not in (None, backend):
+            raise UsageError(refusal.format(self.backend))
+        return EngineRequest(backend, {**self.options, **options})
+
+    def adding(self, **options: object) -> EngineRequest:
+        """This request with options any backend takes."""
+        return EngineRequest(self.backend, {**self.options, **options})
+
+
+def sandbox_policy(args: argparse.Namespace) -> SandboxPolicy | None:
     """The sandbox policy the profile flags ask for, or None when none was given."""
     if args.unprotect and not args.write:
         raise UsageError("--unprotect makes a protected path writable under a --write grant: give --write too")
     if not (args.profile or args.read or args.write or args.deny):
         return None
-    if args.backend not in (None, "sandbox"):
-        raise UsageError(f"--profile/--read/--write/--deny belong to the sandbox backend, not {args.backend!r}")
     from ..backends.sandbox import Profile, SandboxPolicy
 
     policy = SandboxPolicy(profile=Profile[(args.profile or "workspace-write").upper().replace("-", "_")])
@@ -333,10 +355,10 @@ def add_input_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def input_roots(inputs: Sequence[InputArg]) -> dict[str, Any]:
-    """The host roots the engine must allow for the host files of ``inputs``."""
+def with_input_roots(request: EngineRequest, inputs: Sequence[InputArg]) -> EngineRequest:
+    """``request`` allowing the host roots of the host files of ``inputs``."""
     roots = sorted({i.host_root for i in inputs if i.host_root is not None})
-    return {"host_roots": roots} if roots else {}
+    return request.adding(host_roots=roots) if roots else request
 
 
 def add_image_option(p: argparse.ArgumentParser) -> None:
@@ -358,45 +380,46 @@ def add_environment_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def environment_options(args: argparse.Namespace, kernels: str | None = None) -> dict[str, Any]:
-    """``--environment``: the sandbox's runtime environment, or the sandboxed kernels' (``--backend jupyter``)."""
+#: The refusal of ``--kernels`` (or ``--environment`` with it) when another backend than jupyter is named.
+KERNELS_REFUSAL = "--kernels is for the jupyter backend, not {!r}: drop one of them"
+
+
+def with_environment(request: EngineRequest, args: argparse.Namespace, kernels: str | None = None) -> EngineRequest:
+    """``--environment``: the sandbox's runtime environment, the container's (with ``--image`` or ``--backend
+    container``), or the sandboxed kernels' (``--backend jupyter``, or ``kernels``: ``--kernels``)."""
     if args.environment is None:
-        return {}
-    if args.backend == "jupyter" or kernels is not None:
+        return request
+    if request.backend == "jupyter" or kernels is not None:
         if kernels == "host":
             raise UsageError("--environment runs kernels in the sandbox: drop --kernels host")
         from ..backends.jupyter import SandboxedKernels
 
-        args.backend = "jupyter"
-        return {"mode": SandboxedKernels(environment=args.environment)}
-    if args.backend == "container" or getattr(args, "image", None) is not None:
-        return {"environment": args.environment}
-    if args.backend not in (None, "sandbox"):
-        raise UsageError(f"--environment belongs to the sandbox, container and jupyter backends, not {args.backend!r}")
-    args.backend = "sandbox"
-    return {"environment": args.environment}
+        return request.implying("jupyter", KERNELS_REFUSAL, mode=SandboxedKernels(environment=args.environment))
+    if request.backend == "container" or args.image is not None:
+        return request.adding(environment=args.environment)
+    return request.implying(
+        "sandbox",
+        "--environment belongs to the sandbox, container and jupyter backends, not {!r}",
+        environment=args.environment,
+    )
 
 
-def container_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The container options the flags ask for (``--image`` picks the container backend)."""
+def with_image(request: EngineRequest, args: argparse.Namespace) -> EngineRequest:
+    """``--image``: the container backend's image (it picks that backend)."""
     if args.image is None:
-        return {}
-    if args.backend not in (None, "container"):
-        raise UsageError(f"--image belongs to the container backend, not {args.backend!r}")
-    args.backend = "container"
-    return {"image": args.image}
+        return request
+    return request.implying("container", "--image belongs to the container backend, not {!r}", image=args.image)
 
 
-def engine_options(args: argparse.Namespace, inputs: Sequence[InputArg]) -> dict[str, Any]:
-    options: dict[str, Any] = {**container_options(args), **environment_options(args)}
+def engine_request(args: argparse.Namespace, inputs: Sequence[InputArg]) -> EngineRequest:
+    """The engine ``execspace run``'s flags ask for."""
+    request = with_environment(with_image(EngineRequest(args.backend), args), args)
     policy = sandbox_policy(args)
     if policy is not None:
-        args.backend = "sandbox"
-        options["policy"] = policy
-    options.update(input_roots(inputs))
-    if args.artifacts is not None:
-        options["artifacts"] = FileArtifactService(args.artifacts)
-    return options
+        refusal = "--profile/--read/--write/--deny belong to the sandbox backend, not {!r}"
+        request = request.implying("sandbox", refusal, policy=policy)
+    request = with_input_roots(request, inputs)
+    return request.adding(artifacts=FileArtifactService(args.artifacts)) if args.artifacts is not None else request
 
 
 async def open_workspace(engine: Engine, args: argparse.Namespace) -> tuple[Workspace, bool]:
@@ -439,10 +462,10 @@ async def command(args: argparse.Namespace) -> int:
     globs = collect_globs(args.collect)
     inputs = [parse_input(v) for v in args.input]
     stdin = stdin_source(args.no_stdin)
-    options = engine_options(args, inputs)  # may pick the sandbox backend for the profile flags
-    if args.backend is None and sys.stderr.isatty():
+    request = engine_request(args, inputs)
+    if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    async with open_engine(args.backend, **options) as engine:
+    async with open_engine_from(request.backend, request.options) as engine:
         caps = engine.describe()
         warn_if_unisolated(caps)
         caps.require(spec)  # refuse before creating or staging anything
@@ -487,11 +510,24 @@ async def bring_outputs(
 # -- reporting ----------------------------------------------------------------------------
 
 
-def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[dict[str, Any]]:
+class OutputRow(TypedDict):
+    """One output file in ``--json`` (``outputs``), with its content when it is inlined."""
+
+    path: str
+    size: int
+    mime: str
+    host_path: str | None
+    saved_path: str | None
+    skipped: str | None
+    content_base64: NotRequired[str]
+    content_truncated: NotRequired[bool]
+
+
+def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[OutputRow]:
     rows = []
     for f in manifest.files:
         saved = brought.saved.get(f.name)
-        row: dict[str, Any] = {
+        row: OutputRow = {
             "path": f.name,
             "size": f.size_bytes,
             "mime": f.mime_type,
@@ -500,7 +536,8 @@ def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[dic
             "skipped": f.skipped,
         }
         if brought.files is not None and f.name in brought.files:
-            row.update(inline(brought.files[f.name]))
+            content = inline(brought.files[f.name])
+            row["content_base64"], row["content_truncated"] = content["content_base64"], content["content_truncated"]
         rows.append(row)
     return rows
 
@@ -550,7 +587,7 @@ def report(
 def _report_text(
     args: argparse.Namespace,
     result: RunResult,
-    outputs: list[dict[str, Any]],
+    outputs: list[OutputRow],
     limits_hit: bool,
     workspace: str | None,
     brought: Brought,
@@ -581,13 +618,13 @@ def _report_text(
         progress(f"workspace kept at {workspace}")
 
 
-def _row(output: dict[str, Any]) -> tuple[str, str, str, str]:
+def _row(output: OutputRow) -> tuple[str, str, str, str]:
     """One output's table cells; the program chose its name, so it is printed escaped."""
     kind = f"skipped: {output['skipped']}" if output["skipped"] else output["mime"]
     return printable(output["path"]), human_size(output["size"]), kind, printable(output["host_path"] or "")
 
 
-def _print_table(outputs: list[dict[str, Any]]) -> None:
+def _print_table(outputs: list[OutputRow]) -> None:
     rows = [_row(o) for o in outputs]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:

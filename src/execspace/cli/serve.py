@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SetupFailed, UsageError
 from .run import resolve_pair
+
+if TYPE_CHECKING:
+    from ..backend import BackendOptions
 
 __all__ = ["add_parser", "command"]
 
@@ -250,16 +253,24 @@ async def command(args: argparse.Namespace) -> int:
             lines.append(f"  export E2B_API_KEY={keys[0]}")
         print("\n".join(lines), flush=True)
 
-    backend_options: dict[str, object] = {"workspace_root": args.workspace_root} if args.workspace_root else {}
-    if args.backend == "sandbox":
-        backend_options["mode"] = args.sandbox_mode
     await serve(
         options,
         host=args.host,
         port=args.port,
         backend=args.backend,
-        backend_options=backend_options,
+        backend_options=_backend_options(args),
         on_ready=ready,
         tls=tls,
     )
     return 0
+
+
+def _backend_options(args: argparse.Namespace) -> BackendOptions | None:
+    """The options of the backend the flags set: the sandbox's mode, and where any backend keeps its workspaces."""
+    from ..backend import HostOptions
+    from ..backends.sandbox import SandboxOptions
+
+    root = args.workspace_root
+    if args.backend == "sandbox":
+        return SandboxOptions(workspace_root=root or None, mode=args.sandbox_mode)
+    return HostOptions(workspace_root=root) if root else None

@@ -58,7 +58,7 @@ def _duration(text: str) -> float:
     return float(match[1]) * _UNITS[match[2] or "s"]
 
 
-def _row(ws: StoredWorkspace, now: float) -> dict[str, Any]:
+def _row(ws: StoredWorkspace, now: float) -> dict[str, object]:
     return {
         "path": str(ws.path),
         "id": ws.id,

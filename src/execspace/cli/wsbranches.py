@@ -5,6 +5,7 @@ still running in a workspace are not stopped from here: stop them first for an e
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ async def _snapshot(roots: list[Path], key: str) -> tuple[HostWorkspaceManager, 
     raise SnapshotNotFound(f"no snapshot {key!r} under {', '.join(map(str, roots))}: `execspace ws snapshots`")
 
 
-def _row(snap: Snapshot) -> dict[str, Any]:
+def _row(snap: Snapshot) -> dict[str, object]:
     return {
         "id": snap.id,
         "name": snap.name,
@@ -88,13 +89,15 @@ async def branch_command(args: argparse.Namespace, roots: list[Path]) -> int:
     return _show(args, {"forks": [{"id": f.id, "path": str(f.host_path)} for f in forks], "mode": manager.fork_mode})
 
 
-def _show(args: argparse.Namespace, result: dict[str, Any]) -> int:
+def _show(args: argparse.Namespace, result: Mapping[str, object]) -> int:
     if args.json:
         print_json(result)
         return 0
     for key, value in result.items():
-        rows = value if isinstance(value, list) else [value]
-        progress(f"{key}: {len(rows) if isinstance(value, list) else printable(str(value))}")
-        for row in rows if isinstance(value, list) else []:
+        if not isinstance(value, list):
+            progress(f"{key}: {printable(str(value))}")
+            continue
+        progress(f"{key}: {len(value)}")
+        for row in value:
             print("  " + "  ".join(f"{k}={printable(str(v))}" for k, v in row.items()))
     return 0

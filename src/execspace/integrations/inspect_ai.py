@@ -25,7 +25,7 @@ import errno
 import uuid
 from typing import Any, Literal, overload
 
-from ..engine import open_engine
+from ..engine import open_engine_from
 from ..models import ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ..protocols import Engine
 from . import MissingExtra
@@ -83,7 +83,7 @@ class ExecspaceSandboxEnvironment(SandboxEnvironment):
         settings = _settings(config)
         stack = contextlib.AsyncExitStack()
         try:
-            engine = await stack.enter_async_context(open_engine(settings.backend, **settings.options))
+            engine = await stack.enter_async_context(open_engine_from(settings.backend, settings.options))
             ws = await engine.manager.create_workspace(f"inspect/{task_name}/{uuid.uuid4()}")
             stack.push_async_callback(engine.manager.cleanup, ws)
         except BaseException:

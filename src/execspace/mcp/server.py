@@ -24,7 +24,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
-from ..engine import open_engine
+from ..engine import open_engine_from
 from ..errors import InvalidSpec, SetupFailed
 from .config import McpConfig
 from .toolset import McpTools
@@ -111,7 +111,7 @@ async def serve(
         raise InvalidSpec("the http transport needs a bearer token (generate_token() makes one)")
     sock = _bind(host, port) if transport == "http" else None
     try:
-        async with open_engine(config.backend, **_backend_keywords(config)) as engine:
+        async with open_engine_from(config.backend, _backend_keywords(config)) as engine:
             workspaces = Workspaces(engine, idle_timeout=config.idle_timeout, max_workspaces=config.max_workspaces)
             tools = McpTools(engine, config, workspaces, _artifacts(config))
             reaper = asyncio.create_task(workspaces.reap_forever(config.reap_interval))
@@ -133,7 +133,7 @@ async def serve(
             sock.close()
 
 
-def _backend_keywords(config: McpConfig) -> dict[str, Any]:
+def _backend_keywords(config: McpConfig) -> dict[str, object]:
     keywords = dict(config.backend_options)
     roots = [str(r) for r in (*config.upload_roots, *config.skill_roots)]
     if roots:  # skills are copied in, uploads read, only from these

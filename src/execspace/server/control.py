@@ -12,7 +12,7 @@ import binascii
 import hmac
 import secrets
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,17 @@ from ..errors import (
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
 from .bodies import CONTROL_BODY_BYTES, BadBody, BodyTooLarge, json_object
+from .controlbodies import (
+    BadRequest,
+    ConnectBody,
+    CreateBody,
+    ForkBody,
+    NetworkBody,
+    PauseBody,
+    SnapshotBody,
+    TimeoutBody,
+    Timeouts,
+)
 from .network import SandboxEgress, sandbox_egress
 from .options import ENVD_VERSION, ServerOptions, key_id
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
@@ -43,8 +54,6 @@ __all__ = ["FORK_HEADER", "ControlPlane", "error_response"]
 CLIENT_ID = "execspace"
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _MAX_LIST_LIMIT = 1000
-#: Forks one request may ask for (the SDK sends 1..20; the manager makes up to 100).
-_MAX_FORKS = 100
 #: The header of ``GET /snapshots`` answers saying how this server forks (``cow`` or ``copy``).
 FORK_HEADER = "x-execspace-fork"
 
@@ -57,10 +66,6 @@ _FILES_ONLY_RESUME = (
     "resuming without memory (on_resume='reboot') is not implemented by execspace serve: connect with the default "
     "on_resume, or kill the sandbox and create one from a snapshot of its files"
 )
-
-
-class BadRequest(Exception):
-    """A request body or query the control plane cannot take (answered 400)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,7 @@ class ControlPlane:
     def __init__(self, sandboxes: Sandboxes) -> None:
         self.sandboxes = sandboxes
         self.options: ServerOptions = sandboxes.options
+        self._timeouts = Timeouts(self.options.default_timeout, self.options.max_timeout)
 
     def routes(self) -> list[BaseRoute]:
         guard = self._authenticated
@@ -206,40 +212,36 @@ class ControlPlane:
         return await self._create(request, caller, v1=False)
 
     async def _create(self, request: Request, caller: Caller, *, v1: bool) -> Response:
-        body = await _json_object(request)
-        template = body.get("templateID")
         templates = self.options.templates
+        body = CreateBody.parse(await _json_object(request), v1=v1, templates=templates, timeouts=self._timeouts)
+        template = body.template
         snapshot = await self._snapshot_named(template, caller) if template not in templates else None
         if template not in templates and snapshot is None:
             raise BadRequest(f"templateID must be one of {', '.join(templates)} or a snapshot id, got {template!r}")
-        auto_pause, auto_resume = _auto_pause(body)
-        if auto_pause and body.get("autoPauseMemory") is False:
+        if body.auto_pause and body.files_only_pause:
             return error_response(501, _FILES_ONLY_PAUSE)
-        if auto_pause and not isinstance(self.sandboxes.engine.runner, SupportsFreezing):
+        if body.auto_pause and not isinstance(self.sandboxes.engine.runner, SupportsFreezing):
             return error_response(501, f"autoPause: the {self.sandboxes.engine.name} backend cannot pause sandboxes")
-        secure = body.get("secure", True) if v1 else True  # v2 sandboxes are always secured
-        egress = self._egress(body.get("allow_internet_access"), body.get("network"))
+        egress = self._egress(body.allow_internet_access, body.network)
         if isinstance(egress, Response):
             return egress
         create = CreateRequest(
-            template=str(template),
-            timeout=self._timeout(body.get("timeout", self.options.default_timeout)),
-            metadata=_strings(body.get("metadata"), "metadata"),
-            env_vars=_strings(body.get("envVars"), "envVars"),
-            secure=bool(secure),
+            template=template,
+            timeout=body.timeout,
+            metadata=dict(body.metadata),
+            env_vars=dict(body.env_vars),
+            secure=body.secure,
             egress=egress,
             snapshot=snapshot,
-            auto_pause=auto_pause,
-            auto_resume=auto_resume,
+            auto_pause=body.auto_pause,
+            auto_resume=body.auto_resume,
             owner=caller.team,
         )
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
 
-    def _egress(self, internet: Any, network: Any) -> SandboxEgress | Response:
+    def _egress(self, internet: bool | None, network: Mapping[str, object] | None) -> SandboxEgress | Response:
         """The sandbox network the request asks for, or the error response saying why it cannot have it."""
-        if internet is not None and not isinstance(internet, bool):
-            raise BadRequest("allow_internet_access must be a boolean")
         try:
             return sandbox_egress(internet, network, self.options, self.sandboxes.engine.describe())
         except InvalidSpec as exc:
@@ -251,9 +253,8 @@ class ControlPlane:
         """E2B's network update: the egress rules of the sandbox's next commands, replaced as a whole (what the
         body leaves out is cleared); commands already running keep the network they started with."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        internet = body.pop("allow_internet_access", None)
-        egress = self._egress(internet, body)
+        body = NetworkBody.parse(await _json_object(request))
+        egress = self._egress(body.allow_internet_access, body.network)
         if isinstance(egress, Response):
             return egress
         sandbox.egress = egress
@@ -268,23 +269,21 @@ class ControlPlane:
     async def _connect(self, request: Request, caller: Caller) -> Response:
         """Connect resumes a paused sandbox (201, as E2B), else extends a running one's lifetime (200)."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        timeout = self._timeout(body["timeout"]) if "timeout" in body else None
+        body = ConnectBody.parse(await _json_object(request), self._timeouts)
         if sandbox.paused is not None:
-            if body.get("memory") is False:
+            if body.files_only:
                 return error_response(501, _FILES_ONLY_RESUME)
-            if await self.sandboxes.resume(sandbox, timeout):
+            if await self.sandboxes.resume(sandbox, body.timeout):
                 return JSONResponse(self._sandbox(sandbox), status_code=201)
-        if timeout is not None:
-            self.sandboxes.extend(sandbox, timeout)
+        if body.timeout is not None:
+            self.sandboxes.extend(sandbox, body.timeout)
         return JSONResponse(self._sandbox(sandbox), status_code=200)
 
     async def pause(self, request: Request, caller: Caller) -> Response:
         """E2B's pause: the sandbox's programs and kernels stopped where they are, in memory (not persisted: see
         docs/server.md), its lifetime clock stopped; 409 when it is paused already."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        if body.get("memory") is False:
+        if PauseBody.parse(await _json_object(request)).files_only:
             return error_response(501, _FILES_ONLY_PAUSE)
         try:
             paused = await self.sandboxes.pause(sandbox)
@@ -299,9 +298,8 @@ class ControlPlane:
     async def resume(self, request: Request, caller: Caller) -> Response:
         """E2B's older resume (SDKs before connect resumed): 201, or 409 when it is running."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        timeout = self._timeout(body["timeout"]) if "timeout" in body else None
-        if not await self.sandboxes.resume(sandbox, timeout):
+        body = ConnectBody.parse(await _json_object(request), self._timeouts)
+        if not await self.sandboxes.resume(sandbox, body.timeout):
             return error_response(409, f"sandbox {sandbox.id!r} is running, not paused")
         return JSONResponse(self._sandbox(sandbox), status_code=201)
 
@@ -310,13 +308,9 @@ class ControlPlane:
         result each. Files only: the source's processes keep running (stopped while its files are copied), its
         forks start with none (execspace does not snapshot memory)."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        count = body.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_FORKS:
-            raise BadRequest(f"count must be an integer from 1 to {_MAX_FORKS}, got {count!r}")
-        timeout = self._timeout(body.get("timeout", self.options.default_timeout))
+        body = ForkBody.parse(await _json_object(request), self._timeouts)
         try:
-            forks = await self.sandboxes.fork(sandbox, count, timeout, caller.team)
+            forks = await self.sandboxes.fork(sandbox, body.count, body.timeout, caller.team)
         except CapabilityError as exc:
             return error_response(501, str(exc))
         except SandboxesFull:
@@ -331,12 +325,10 @@ class ControlPlane:
         """E2B's snapshot of a sandbox: its files (``memory`` is refused: processes are not snapshotted), kept
         on the server until it is removed; ``Sandbox.create(snapshotID)`` starts a sandbox from it."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        if body.get("memory"):
+        body = SnapshotBody.parse(await _json_object(request))
+        if body.memory:
             return error_response(501, "memory snapshots are not implemented by execspace serve: only files")
-        name = body.get("name")
-        if name is not None and not isinstance(name, str):
-            raise BadRequest(f"name must be a string, got {name!r}")
+        name = body.name
         try:
             manager = self.sandboxes.snapshots(sandbox.engine)
             if name is not None and len(_stored_name(caller.team, name)) > _MAX_STORED_NAME:
@@ -403,16 +395,9 @@ class ControlPlane:
 
     async def set_timeout(self, request: Request, caller: Caller) -> Response:
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
-        body = await _json_object(request)
-        self.sandboxes.set_timeout(sandbox, self._timeout(body.get("timeout")))
+        body = TimeoutBody.parse(await _json_object(request), self._timeouts)
+        self.sandboxes.set_timeout(sandbox, body.timeout)
         return Response(status_code=204)
-
-    def _timeout(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise BadRequest(f"timeout must be a positive number of seconds, got {value!r}")
-        if value > self.options.max_timeout:
-            raise BadRequest(f"timeout {value}s is above this server's maximum of {self.options.max_timeout}s")
-        return value
 
     # information
 
@@ -489,32 +474,13 @@ def _state(sandbox: Sandbox) -> str:
     return "paused" if sandbox.paused is not None else "running"
 
 
-def _auto_pause(body: dict[str, Any]) -> tuple[bool, bool]:
-    """``autoPause`` (a boolean) and ``autoResume`` (``{"enabled": bool}``) of a create body."""
-    auto_pause, auto_resume = body.get("autoPause", False), body.get("autoResume") or {}
-    if not isinstance(auto_pause, bool):
-        raise BadRequest(f"autoPause must be a boolean, got {auto_pause!r}")
-    enabled = auto_resume.get("enabled", False) if isinstance(auto_resume, dict) else None
-    if not isinstance(enabled, bool):
-        raise BadRequest(f'autoResume must be {{"enabled": <boolean>}}, got {body.get("autoResume")!r}')
-    return auto_pause, enabled
-
-
-async def _json_object(request: Request) -> dict[str, Any]:
+async def _json_object(request: Request) -> dict[str, object]:
     try:
         return await json_object(request, CONTROL_BODY_BYTES)
     except BodyTooLarge:
         raise  # 413
     except BadBody as exc:
         raise BadRequest(str(exc)) from None
-
-
-def _strings(value: Any, name: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise BadRequest(f"{name} must be an object of strings")
-    return dict(value)
 
 
 def _metadata_query(raw: str | None) -> dict[str, str]:

@@ -17,15 +17,18 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from ..backends.sandbox import SandboxPolicy, SessionConfig
+from ..backend import BackendOptions
+from ..backends.local import LocalOptions
+from ..backends.sandbox import SandboxOptions, SandboxPolicy, SessionConfig
 from ..engine import open_engine
 from ..environments import EnvironmentStore
 from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..protocols import Engine
+from ..registry import build_options, choose_default_backend, load_backend
 from .app import E2BApp
 from .connections import ConnectionGuard, raise_descriptor_limit
 from .interpreter import CodeInterpreter
@@ -71,8 +74,6 @@ if [ -d /etc/profile.d ]; then
 fi
 """
 
-#: The backends whose engines read a workspace's output at a pace (``output_rate``): each sandbox's share of it.
-_PACED_BACKENDS = ("sandbox", "local")
 #: Seconds an idle client connection is kept open.
 _KEEP_ALIVE = 30
 
@@ -83,27 +84,29 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 3000,
     backend: str | None = "sandbox",
-    backend_options: dict[str, Any] | None = None,
+    backend_options: BackendOptions | None = None,
     on_ready: Callable[[str, int], None] | None = None,
     tls: TLS | None = None,
 ) -> None:
     """Serve until cancelled or signalled (SIGINT/SIGTERM); on the way out every sandbox is killed and removed.
 
-    ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this is how to learn it).
-    With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN).
+    ``backend_options`` are the backend's (or a base of them, as ``HostOptions``); ``backend=None`` is the default
+    choice, probed with them. ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this
+    is how to learn it). With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN).
     """
     if tls is not None:
         _check_tls(tls)
     # the sandboxes' programs, files and streams, and the connections, each hold descriptors: take what may be had
     descriptors = raise_descriptor_limit()
-    python = kernel_python(options.kernel_environment) if backend == "sandbox" else None
-    opts = dict(backend_options or {})
-    if backend in _PACED_BACKENDS:
-        opts.setdefault("output_rate", options.share.output_rate)
-    if python is not None and not isinstance(python, str) and python.read_paths:  # only with the sandbox backend
+    name = backend if backend not in (None, "auto") else await choose_default_backend(options=backend_options)
+    opts = build_options(name, load_backend(name), backend_options)
+    python = kernel_python(options.kernel_environment) if isinstance(opts, SandboxOptions) else None
+    if isinstance(opts, SandboxOptions | LocalOptions) and opts.output_rate is None:
+        opts = replace(opts, output_rate=options.share.output_rate)  # each sandbox's share of the host's reading
+    if isinstance(opts, SandboxOptions) and python is not None and not isinstance(python, str) and python.read_paths:
         # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
-        opts["policy"] = (opts.get("policy") or SandboxPolicy()).with_read_paths(*python.read_paths)
-    async with TemplateEngines(options, backend, opts) as engines:
+        opts = replace(opts, policy=(opts.policy or SandboxPolicy()).with_read_paths(*python.read_paths))
+    async with TemplateEngines(options, name, opts) as engines:
         engines.warn_unbuilt()
         engine = await engines.get("base")
         found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
@@ -111,7 +114,7 @@ async def serve(
         sandboxes = Sandboxes(engine, options, Ledger(root), engines.get)
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
-        find_typescript = functools.partial(_typescript_node, python) if backend == "sandbox" else None
+        find_typescript = functools.partial(_typescript_node, python) if isinstance(opts, SandboxOptions) else None
         interpreter = CodeInterpreter(engine.name, python, find_typescript)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
@@ -217,12 +220,21 @@ def serve_sandbox_files(bin_dir: Path | None = None) -> tuple[tuple[str, str], .
     return (("/etc/profile", profile),)
 
 
-def _sandbox_template(opts: dict[str, Any], bin_dir: Path | None) -> None:
-    """What the sandbox backend's sandboxes show of E2B's template: its home, and its login profile (with
-    ``bin_dir``, its runtime environment's, first on the ``PATH``)."""
-    # E2B's programs name their files by its home: there it is the directory SDK paths map to
-    opts.setdefault("program_binds", ((HOME, HOME_DIR),))
-    opts.setdefault("system_files", serve_sandbox_files(bin_dir))
+def _sandbox_template(opts: SandboxOptions, profile: Profile) -> SandboxOptions:
+    """The sandbox backend's options for a profile's sandboxes: what they show of E2B's template (its home, and its
+    login profile with the runtime environment's ``bin`` first on the ``PATH``), where the caller's options name
+    none, the profile's environment, and in session mode its limits."""
+    bin_dir = None
+    if profile.environment is not None:  # EnvironmentNotFound names the command that builds it
+        bin_dir = EnvironmentStore().get(profile.environment).bin_dir
+    return replace(
+        opts,
+        # E2B's programs name their files by its home: there it is the directory SDK paths map to
+        program_binds=opts.program_binds or ((HOME, HOME_DIR),),
+        system_files=opts.system_files or serve_sandbox_files(bin_dir),
+        environment=profile.environment if profile.environment is not None else opts.environment,
+        session=_session_config(opts.session, profile) if opts.mode == "session" else opts.session,
+    )
 
 
 class TemplateEngines:
@@ -233,7 +245,7 @@ class TemplateEngines:
     here (``EnvironmentNotFound`` naming ``execspace env build``; a later create opens it once it is built), a
     limit this backend cannot enforce (``CapabilityError``)."""
 
-    def __init__(self, options: ServerOptions, backend: str | None, opts: dict[str, Any]) -> None:
+    def __init__(self, options: ServerOptions, backend: str, opts: BackendOptions) -> None:
         self._options = options
         self._backend = backend
         self._opts = opts
@@ -265,29 +277,22 @@ class TemplateEngines:
         return await asyncio.shield(found)
 
     async def _open(self, profile: Profile) -> Engine:
-        opts = dict(self._opts)
-        if profile.limited and (self._backend != "sandbox" or opts.get("mode") != "session"):
+        opts = self._opts
+        if profile.limited and not (isinstance(opts, SandboxOptions) and opts.mode == "session"):
             raise CapabilityError(
                 "limits per sandbox (cpus, memory, pids, disk)",
-                self._backend or "default",
+                self._backend,
                 "they are the limits of each sandbox's session: use the sandbox backend in session mode",
             )
-        bin_dir = None
-        if profile.environment is not None:
-            if self._backend != "sandbox":
-                raise CapabilityError(
-                    f"a template's runtime environment {profile.environment!r}",
-                    self._backend or "default",
-                    "serve the sandbox backend, or run code-interpreter-v1 on the host dirs: --kernel-environment none",
-                )
-            # EnvironmentNotFound names the command that builds it
-            bin_dir = EnvironmentStore().get(profile.environment).bin_dir
-            opts["environment"] = profile.environment
-        if self._backend == "sandbox":
-            _sandbox_template(opts, bin_dir)
-            if opts.get("mode") == "session":
-                opts["session"] = _session_config(opts.get("session"), profile)
-        return await self._stack.enter_async_context(open_engine(self._backend, **opts))
+        if profile.environment is not None and not isinstance(opts, SandboxOptions):
+            raise CapabilityError(
+                f"a template's runtime environment {profile.environment!r}",
+                self._backend,
+                "serve the sandbox backend, or run code-interpreter-v1 on the host dirs: --kernel-environment none",
+            )
+        if isinstance(opts, SandboxOptions):
+            opts = _sandbox_template(opts, profile)
+        return await self._stack.enter_async_context(open_engine(self._backend, options=opts))
 
 
 def _session_config(given: SessionConfig | None, profile: Profile) -> SessionConfig:

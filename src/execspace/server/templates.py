@@ -21,11 +21,11 @@ Templates with the same environment and limits share one engine (:class:`Profile
 from __future__ import annotations
 
 import re
-import tomllib
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from .. import tomlconfig
 from ..errors import InvalidSpec
 
 __all__ = ["BUILTIN_TEMPLATES", "Profile", "Template", "load_config"]
@@ -92,13 +92,12 @@ BUILTIN_TEMPLATES = {
     "code-interpreter-v1": Template("code-interpreter-v1", environment="code-interpreter"),
 }
 
-_KEYS: dict[str, tuple[type, ...]] = {
-    "environment": (str,),
-    "cpu_count": (int, float),
-    "memory_mb": (int,),
-    "disk_mb": (int,),
-    "pids": (int,),
-}
+
+@dataclass(frozen=True, slots=True)
+class _ConfigFile:
+    """What serve's config file holds: ``[templates.NAME]`` tables, each a :class:`Template` but its name."""
+
+    templates: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 def load_config(path: Path) -> dict[str, Template]:
@@ -108,32 +107,9 @@ def load_config(path: Path) -> dict[str, Template]:
     Raises:
         InvalidSpec: the file cannot be read, is not TOML, or has a key or value this server does not know.
     """
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InvalidSpec(f"serve config {path}: {exc}") from None
-    unknown = sorted(set(data) - {"templates"})
-    if unknown:
-        raise InvalidSpec(f"serve config {path}: unknown table or key {', '.join(unknown)} (it takes [templates.NAME])")
-    tables = data.get("templates", {})
-    if not isinstance(tables, dict):
-        raise InvalidSpec(f"serve config {path}: templates must be tables, [templates.NAME]")
+    source = f"the serve config {path}"
+    config = tomlconfig.load(_ConfigFile, path, source)
     templates = dict(BUILTIN_TEMPLATES)
-    for name, table in tables.items():
-        templates[name] = _template(path, name, table)
+    for name, table in config.templates.items():
+        templates[name] = tomlconfig.from_table(Template, table, source, at=f"templates.{name}", fixed={"name": name})
     return templates
-
-
-def _template(path: Path, name: str, table: Any) -> Template:
-    if not isinstance(table, dict):
-        raise InvalidSpec(f"serve config {path}: templates.{name} must be a table")
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        kinds = _KEYS.get(key)
-        if kinds is None:
-            known = ", ".join(f.name for f in fields(Template) if f.name != "name")
-            raise InvalidSpec(f"serve config {path}: templates.{name}.{key} is not a template key (use {known})")
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise InvalidSpec(f"serve config {path}: templates.{name}.{key} must be {kinds[-1].__name__}")
-        values[key] = value
-    return replace(Template(name), **values)

@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 import execspace
+from execspace.engine import open_engine_from
 from execspace.registry import probe_backend
 
 __all__ = [
@@ -100,9 +101,8 @@ def backend_binding(
             pytest.skip(f"backend {backend} unavailable here: {probe.reason} (fix: {probe.fix})")
         if traversable:
             make_traversable(ctx.tmp_path)
-        async with execspace.open_engine(
-            backend, workspace_root=ctx.workspace_root, host_roots=list(ctx.host_roots), **opts
-        ) as engine:
+        keywords = {"workspace_root": ctx.workspace_root, "host_roots": list(ctx.host_roots), **opts}
+        async with open_engine_from(backend, keywords) as engine:
             yield engine
 
     return EngineBinding(name or backend, open_engine, MappingProxyType(dict(lacks or {})))

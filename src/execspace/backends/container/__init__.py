@@ -31,7 +31,7 @@ from ...errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
 from ...models import NetworkPolicy, Workspace
 from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
-from ...userconfig import config_path, config_string
+from ...userconfig import config_path, user_config
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.layout import ensure_layout
@@ -78,7 +78,7 @@ DOES_NOT_PROTECT = (
 def container_image(image: str | None) -> str:
     """The image to use: ``image``, else ``$EXECSPACE_CONTAINER_IMAGE``, else ``[container] image`` of the user
     config file; ``SetupFailed`` when none names one (or the file is malformed)."""
-    name = image or os.environ.get(IMAGE_ENV, "").strip() or config_string("container", "container", "image")
+    name = image or os.environ.get(IMAGE_ENV, "").strip() or user_config("container").container.image
     if not name:
         raise SetupFailed(
             "container",
