@@ -4,6 +4,8 @@ only through a package's public API, and no two packages import each other (type
 from __future__ import annotations
 
 import ast
+import inspect
+import typing
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,3 +136,45 @@ def test_no_two_packages_import_each_other() -> None:
                     seen.add(nxt)
                     stack.append((nxt, [*path, nxt]))
     assert cycles == []
+
+
+#: Where the types the seam's protocols name may come from: the ground's vocabulary, the protocols themselves, the
+#: standard library's; never the machinery (workspace/, process/) or a backend.
+_SEAM_TYPE_MODULES = {f"execspace.{m}" for m in (*GROUND, "protocols")}
+
+
+def _named_types(hint: object) -> Iterator[type]:
+    """The classes a resolved annotation names, through unions, generics and ``Literal`` (whose values are no type)."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        yield hint
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return
+    if isinstance(origin, type):
+        yield origin
+    for arg in typing.get_args(hint):
+        yield from _named_types(arg)
+
+
+def _member_hints(cls: type) -> Iterator[tuple[str, object]]:
+    yield from ((f"{cls.__name__}.{n}", h) for n, h in typing.get_type_hints(cls).items())
+    for name, member in vars(cls).items():
+        func = member.fget if isinstance(member, property) else member
+        if inspect.isfunction(func) and (not name.startswith("_") or name in ("__aenter__", "__aexit__")):
+            yield from ((f"{cls.__name__}.{name}:{n}", h) for n, h in typing.get_type_hints(func).items())
+
+
+def test_the_seams_protocols_name_no_internal_type() -> None:
+    """Every annotation of the seam (attributes, parameters, results) resolves, at run time, to a ground type, a
+    protocol of the seam or a standard one: a backend author implements them without importing the machinery."""
+    import execspace.protocols as seam
+
+    internal = []
+    for name in seam.__all__:
+        for where, hint in _member_hints(getattr(seam, name)):
+            internal += [
+                f"{where}: {t.__module__}.{t.__qualname__}"
+                for t in _named_types(hint)
+                if t.__module__.startswith("execspace") and t.__module__ not in _SEAM_TYPE_MODULES
+            ]
+    assert internal == []
