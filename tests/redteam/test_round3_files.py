@@ -338,3 +338,64 @@ class _Reader:
 
     def read(self, size: int = -1) -> bytes:
         return next(self._blocks, b"")
+
+
+#: Swaps ``d`` for a symlink to a host directory and back until ``stop`` appears (60 s at most); an upload may make
+#: ``d`` anew in between (uploads make their parents), which the swapper then throws away.
+SWAPPER = """
+import os, shutil, time
+end = time.monotonic() + 60
+while time.monotonic() < end and not os.path.exists("stop"):
+    for step in (lambda: os.rename("d", "d.real"), lambda: os.symlink("{outside}", "d"), lambda: os.unlink("d")):
+        try:
+            step()
+        except OSError:
+            pass
+    if os.path.isdir("d") and not os.path.islink("d"):
+        shutil.rmtree("d", ignore_errors=True)
+    try:
+        os.rename("d.real", "d")
+    except OSError:
+        pass
+"""
+
+
+def test_uploads_racing_a_directory_swapped_for_a_link_never_write_outside(
+    server: Server, sbx: Sandbox, work: Path, tmp_path: Path
+) -> None:
+    """A program swaps the upload's directory for a symlink to a host directory and back, as fast as it can, while
+    300 uploads go there: every one lands inside the workspace or is refused; the host directory is untouched, and
+    no temporary file is left anywhere."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(outside, 0o777)  # writable by anyone: only the server's confinement stands between it and the uploads
+    sbx.files.make_dir("/home/user/d")
+    sbx.files.write("/home/user/swap.py", SWAPPER.format(outside=str(outside)))
+    handle = sbx.commands.run("cd /home/user && python3 swap.py", background=True)
+    landed = refused = 0
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for i in range(300):
+                answer = client.post(
+                    "/files", params={"path": f"/home/user/d/up-{i}.txt"}, content=b"x" * 1000, headers=_headers(sbx)
+                )
+                if answer.status_code == 200:
+                    landed += 1
+                else:
+                    assert answer.status_code in (400, 404), answer.text
+                    refused += 1
+    finally:
+        sbx.files.write("/home/user/stop", "")
+        handle.wait()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"] and (outside / "keep.txt").read_text() == "keep"
+    assert not [p for p in work.rglob("*.tmp") if p.name.startswith(".")], "a temporary upload was left behind"
+    assert landed + refused == 300 and refused < 300
+    # the refusals are the race's: the same uploads without the swapper all land
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for i in range(20):
+            answer = client.post(
+                "/files", params={"path": f"/home/user/d/calm-{i}.txt"}, content=b"x", headers=_headers(sbx)
+            )
+            assert answer.status_code == 200, answer.text

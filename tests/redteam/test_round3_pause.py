@@ -181,3 +181,33 @@ async def test_the_freeze_is_the_cgroup_freezer_as_root(engine: execspace.BaseEn
         assert cgroup_freezer(engine), detail
     elif os.geteuid() != 0:
         assert "SIGSTOP" in detail and "FreezeFailed" in detail, detail
+
+
+async def test_a_hundred_freezes_of_a_tree_that_fights_each_hold_or_fail(engine: execspace.BaseEngine) -> None:
+    """The race, many times over: a hold begun while the children wake each other (each round at another moment
+    of their loop) either holds every one of them, or fails and leaves them all running; never a hold with one
+    left running, never a child left stopped after."""
+    ws = await engine.manager.create_workspace("red/pause-rounds")
+    assert ws.host_path is not None
+    work, tag = ws.host_path / "work", new_tag("pause-rounds")
+    handle = await start_attack(engine, ws, "wake", tag)
+    held = failed = 0
+    try:
+        all_ticking(work)
+        for _ in range(100):
+            try:
+                async with engine.runner.frozen(ws):
+                    before = cpu_ticks(tag)
+                    await asyncio.sleep(0.03)  # a window for one left running to show itself
+                    assert cpu_ticks(tag) == before, "a child ran while the hold stood"
+                held += 1
+            except FreezeFailed:
+                assert not cgroup_freezer(engine), "the cgroup freezer did not hold the tree"
+                failed += 1
+            assert stopped_states(tag) == [], "a child was left stopped after the hold"
+        assert held + failed == 100 and held > 0
+        all_ticking(work)  # every child runs on after the last round
+    finally:
+        await handle.kill()
+        await asyncio.wait_for(handle.wait(), 15)
+    assert wait_no_process(tag, within=15) == []

@@ -281,6 +281,10 @@ def test_slowloris_is_capped_and_timed_out(tmp_path: Path) -> None:
     with running_server(tmp_path / "ws", *flags) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         pid = server.process.pid
         assert client.get("/health").status_code == 200
+        # the server took every descriptor it may have: its soft limit is its hard one
+        limits = next(line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if "open files" in line)
+        soft, hard = limits.split()[3:5]
+        assert soft == hard, limits
         client.close()  # its connection is gone before the flood: the cap counts only the attacker's
         baseline = _open_fds(pid)
         slow: list[socket.socket] = []
