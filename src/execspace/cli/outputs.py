@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..models import File
-from ..workspace.confine import ConfinedRoot
+from ..workspace import ConfinedRoot
 
 __all__ = ["INLINE_BYTES", "default_out_dir", "inline", "save_files"]
 
