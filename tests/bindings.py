@@ -19,7 +19,7 @@ import pytest
 import execspace
 from execspace.backends.sandbox import SessionConfig
 from execspace.registry import probe_backend
-from execspace.testing.binding import BindContext, EngineBinding, Feature, backend_binding, bind, open_bound
+from execspace.testing.binding import BindContext, EngineBinding, backend_binding, open_bound
 from execspace.workspace.diskimages import DISKS_DIR, disk_tools_missing
 from execspace.workspace.hostmanager import remove_workspace_tree
 from tests.backends.container_support import container_engine
@@ -159,7 +159,7 @@ async def _sandbox_session_disk(ctx: BindContext) -> AsyncIterator[execspace.Bas
             remove_workspace_tree(ctx.workspace_root / image.stem)
 
 
-#: Every mode, by name: the conformance kit runs on each (its kernels have their own tests in tests/backends).
+#: Every mode, by name: the conformance kit runs on each (tests/conformance), its kernels' basics included.
 MODES: dict[str, EngineBinding] = {
     b.name: b
     for b in (
@@ -171,18 +171,11 @@ MODES: dict[str, EngineBinding] = {
         JUPYTER_HOST,
         JUPYTER_SANDBOXED,
         EngineBinding("jupyter-remote", _jupyter_shared),
-        EngineBinding(
-            "jupyter-remote-noshare",
-            _jupyter_server_workspaces,
-            {Feature.PROGRAMS: "shared_filesystem=False refuses programs: code runs only in the server's kernels"},
-        ),
+        EngineBinding("jupyter-remote-noshare", _jupyter_server_workspaces),
     )
 }
 #: The e2b backend against ``execspace serve`` (in its default sandbox-session mode).
 MODES["e2b-serve"] = EngineBinding("e2b-serve", _e2b_serve)
-
-#: What the kit's cases get in tests/conformance.
-engine_binding = bind(*MODES.values())
 
 #: The backends other suites run their own tests on (with options of their own), and with jupyter in its
 #: default mode, what tests/tools runs on (the sandbox in both its modes: the tools meet session mode too).

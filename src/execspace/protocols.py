@@ -334,9 +334,15 @@ class Engine(Protocol):
     @property
     def runner(self) -> ProgramRunner: ...
 
-    def describe(self) -> Capabilities: ...
+    def describe(self) -> Capabilities:
+        """What the engine enforces and has (programs, kernels, forks…): the conformance kit runs its sections on
+        what this says."""
+        ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release everything the engine holds; idempotent. Afterwards ``manager``, ``fs`` and ``runner`` raise
+        ``UsageError``."""
+        ...
 
 
 @runtime_checkable
