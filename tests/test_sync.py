@@ -397,3 +397,17 @@ def test_get_program_attach_and_frozen_through_the_facade(tmp_path: Path) -> Non
             other.close()
         with pytest.raises(execspace.CapabilityError):
             _ = engine.kernels
+
+
+def test_kernels_through_the_facade(tmp_path: Path) -> None:
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    from execspace import ResourceLimits
+    from execspace.backends.jupyter import HostKernels
+
+    with execspace.sync.open_engine("jupyter", mode=HostKernels(pool_size=0), workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/kernel")
+        assert engine.kernels.handles("python")
+        limits = ResourceLimits()
+        first, _ = engine.kernels.run_block(ws, CodeBlock("python", "x = 20"), 0, timeout=60, limits=limits)
+        second, _ = engine.kernels.run_block(ws, CodeBlock("python", "print(x * 2 + 2)"), 1, timeout=60, limits=limits)
+        assert (first.exit_code, second.exit_code, second.stdout) == (0, 0, "42\n"), (first, second)
