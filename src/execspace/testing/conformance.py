@@ -20,7 +20,8 @@ The cases come in sections, and each section runs only where the engine's :meth:
 says the engine has what it needs: programs (``Capabilities.programs``), snapshots and forks
 (``Capabilities.fork``, with a :class:`~execspace.protocols.SupportsSnapshots` manager), kernels
 (``Capabilities.kernels``, with :class:`~execspace.protocols.SupportsKernels`), file streams
-(:class:`~execspace.protocols.SupportsFileStreams`); the file API and the manager's semantics run everywhere. A case
+(:class:`~execspace.protocols.SupportsFileStreams`), holding programs still (a
+:class:`~execspace.protocols.SupportsFreezing` runner); the file API and the manager's semantics run everywhere. A case
 that needs a section says so with ``@needs(Feature.…)``. No list of what a backend lacks is kept by hand.
 
 Every program a case starts carries a tag of its test in its environment (:mod:`execspace.testing.processes`); a test
@@ -54,9 +55,9 @@ from execspace import (
     ResourceLimits,
     RunProgramSpec,
 )
-from execspace.protocols import SupportsFileStreams, SupportsKernels, SupportsSnapshots
+from execspace.protocols import SupportsFileStreams, SupportsFreezing, SupportsKernels, SupportsSnapshots
 from execspace.testing.binding import EngineBinding, Feature, needs, open_bound
-from execspace.testing.processes import TAG_VARIABLE, new_tag, wait_no_process
+from execspace.testing.processes import TAG_VARIABLE, new_tag, pids_with, wait_no_process
 
 __all__ = ["EngineConformance", "Feature", "needs"]
 
@@ -181,6 +182,36 @@ _EVERY_BYTE = bytes(range(256))
 _PRINTF_EVERY_BYTE = "".join(f"\\{b:03o}" for b in _EVERY_BYTE)
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _held(pid: int) -> bool:
+    """Whether the host sees ``pid`` held still: stopped by a signal, or in a frozen cgroup (v2, or v1's freezer)."""
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt":
+            return True
+        groups = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+    except (OSError, IndexError):
+        return False
+    for _, controllers, group in groups:
+        if controllers == "" and "frozen 1" in _lines(f"/sys/fs/cgroup{group}/cgroup.events"):
+            return True
+        if "freezer" in controllers.split(",") and "FROZEN" in _lines(f"/sys/fs/cgroup/freezer{group}/freezer.state"):
+            return True
+    return False
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
 async def stream_of(*chunks: bytes) -> AsyncIterator[bytes]:
     """Chunks as an upload's body brings them, for ``write_stream``."""
     for chunk in chunks:
@@ -300,6 +331,27 @@ class EngineConformance:
             with pytest.raises(execspace.UsageError):
                 getattr(any_engine, part)
         await any_engine.aclose()  # idempotent
+
+    # -- holding programs still: where the runner is SupportsFreezing -------------------------------------------
+
+    @needs(Feature.PROGRAMS)
+    async def test_frozen_holds_the_programs_still_and_lets_them_go(
+        self, any_engine: Engine, any_ws: Ws, run_tag: str
+    ) -> None:
+        runner = any_engine.runner
+        if not isinstance(runner, SupportsFreezing):
+            pytest.skip(f"{any_engine.name}'s runner cannot hold programs still (no SupportsFreezing)")
+        script = 'echo up; while read line; do echo "got:$line"; done'
+        async with await runner.start_program(any_ws, RunProgramSpec("sh", ["-c", script])) as handle:
+            reader = handle.attach()
+            await read_until(reader, b"up\n")
+            shells = [pid for pid in pids_with(run_tag) if _comm(pid) == "sh"]  # none where the host cannot see them
+            async with runner.frozen(any_ws):
+                assert [pid for pid in shells if not _held(pid)] == []
+            await handle.write_stdin("after\n")  # it goes on where it was
+            assert b"got:after\n" in await read_until(reader, b"got:after\n")
+            await handle.close_stdin()
+            assert (await handle.wait()).exit_code == 0
 
     # -- snapshots and forks: where describe().fork says so ---------------------------------------------------
 
