@@ -17,22 +17,28 @@ from typing import TYPE_CHECKING
 import pytest
 
 import execspace
-from execspace.backends.jupyter import HostKernels, SandboxedKernels, ServerKernels
 from execspace.backends.sandbox import SessionConfig
 from execspace.registry import probe_backend
-from execspace.testing.binding import BindContext, EngineBinding, Feature, backend_binding, bind, open_bound
+from execspace.testing.binding import BindContext, EngineBinding, backend_binding, open_bound
 from execspace.workspace.diskimages import DISKS_DIR, disk_tools_missing
 from execspace.workspace.hostmanager import remove_workspace_tree
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
 
 if TYPE_CHECKING:
+    from execspace.backends.jupyter import KernelMode
     from execspace.backends.jupyter.remote_server import LocalServer
 
 #: no warm pools: they have their own tests; here they would only start containers and kernels nobody uses
 _NO_POOL = {"pool_size": 0}
-_HOST_KERNELS = HostKernels(pool_size=0)
-_SANDBOXED_KERNELS = SandboxedKernels(pool_size=0)
+
+
+def _kernels(kind: str) -> KernelMode:
+    """A jupyter mode without a pool, or a skip where the jupyter extra is not installed."""
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    from execspace.backends.jupyter import HostKernels, SandboxedKernels
+
+    return HostKernels(pool_size=0) if kind == "host" else SandboxedKernels(pool_size=0)
 
 
 @contextlib.asynccontextmanager
@@ -49,6 +55,9 @@ _remote_roots = count()
 
 @contextlib.asynccontextmanager
 async def _jupyter_remote(ctx: BindContext, *, shared_filesystem: bool) -> AsyncIterator[execspace.BaseEngine]:
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    from execspace.backends.jupyter import ServerKernels
+
     server: LocalServer = ctx.request.getfixturevalue("jupyter_server")
     mode = ServerKernels(
         server.url, server.token, shared_filesystem=shared_filesystem, remote_root=f"conf{next(_remote_roots)}"
@@ -74,9 +83,26 @@ async def _jupyter_server_workspaces(ctx: BindContext) -> AsyncIterator[execspac
 @contextlib.asynccontextmanager
 async def _jupyter_default(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
     # its default mode where the sandbox works (the test fails instead of falling back), host mode elsewhere
-    sandboxed = (await probe_backend("jupyter", mode=_SANDBOXED_KERNELS)).ok
+    sandboxed = (await probe_backend("jupyter", mode=_kernels("sandboxed"))).ok
     async with (JUPYTER_SANDBOXED if sandboxed else JUPYTER_HOST).open(ctx) as engine:
         yield engine
+
+
+def _jupyter(kind: str, *, traversable: bool = False) -> EngineBinding:
+    """A jupyter mode whose kernels' classes load when a test opens it, so that a missing extra skips it."""
+    name = f"jupyter-{kind}"
+
+    @contextlib.asynccontextmanager
+    async def open_jupyter(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
+        mode = _kernels(kind)
+        probing = {"mode": mode} if kind == "sandboxed" else None
+        bound = backend_binding(
+            "jupyter", name=name, options={"mode": mode}, probe_options=probing, traversable=traversable
+        )
+        async with bound.open(ctx) as engine:
+            yield engine
+
+    return EngineBinding(name, open_jupyter)
 
 
 @contextlib.asynccontextmanager
@@ -98,14 +124,8 @@ async def _e2b_serve(ctx: BindContext) -> AsyncIterator[execspace.BaseEngine]:
         yield engine
 
 
-JUPYTER_HOST = backend_binding("jupyter", name="jupyter-host", options={"mode": _HOST_KERNELS})
-JUPYTER_SANDBOXED = backend_binding(
-    "jupyter",
-    name="jupyter-sandboxed",
-    options={"mode": _SANDBOXED_KERNELS},
-    probe_options={"mode": _SANDBOXED_KERNELS},
-    traversable=True,  # the per-workspace sandbox uid must reach the workspace
-)
+JUPYTER_HOST = _jupyter("host")
+JUPYTER_SANDBOXED = _jupyter("sandboxed", traversable=True)  # the per-workspace sandbox uid must reach the workspace
 
 #: Session mode: a pool of one, so that the kit's workspaces also come from pooled sessions.
 SANDBOX_SESSION = backend_binding(
@@ -139,7 +159,7 @@ async def _sandbox_session_disk(ctx: BindContext) -> AsyncIterator[execspace.Bas
             remove_workspace_tree(ctx.workspace_root / image.stem)
 
 
-#: Every mode, by name: the conformance kit runs on each (its kernels have their own tests in tests/backends).
+#: Every mode, by name: the conformance kit runs on each (tests/conformance), its kernels' basics included.
 MODES: dict[str, EngineBinding] = {
     b.name: b
     for b in (
@@ -151,18 +171,11 @@ MODES: dict[str, EngineBinding] = {
         JUPYTER_HOST,
         JUPYTER_SANDBOXED,
         EngineBinding("jupyter-remote", _jupyter_shared),
-        EngineBinding(
-            "jupyter-remote-noshare",
-            _jupyter_server_workspaces,
-            {Feature.PROGRAMS: "shared_filesystem=False refuses programs: code runs only in the server's kernels"},
-        ),
+        EngineBinding("jupyter-remote-noshare", _jupyter_server_workspaces),
     )
 }
 #: The e2b backend against ``execspace serve`` (in its default sandbox-session mode).
 MODES["e2b-serve"] = EngineBinding("e2b-serve", _e2b_serve)
-
-#: What the kit's cases get in tests/conformance.
-engine_binding = bind(*MODES.values())
 
 #: The backends other suites run their own tests on (with options of their own), and with jupyter in its
 #: default mode, what tests/tools runs on (the sandbox in both its modes: the tools meet session mode too).

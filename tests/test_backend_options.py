@@ -6,15 +6,23 @@ from __future__ import annotations
 
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 import execspace
 from execspace import BaseEngine, HostOptions, InvalidSpec, LocalOptions, Probe, RunProgramSpec, SandboxOptions
 from execspace.backends.container import ContainerOptions
-from execspace.backends.jupyter import HostKernels, JupyterOptions
 from execspace.backends.local import LocalBackend
 from execspace.registry import build_options, load_backend, probe_backend
+
+
+def jupyter() -> ModuleType:
+    """The jupyter backend's face (which imports jupyter_client), or a skip where its extra is not installed."""
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    import execspace.backends.jupyter
+
+    return execspace.backends.jupyter
 
 
 async def _runs_true(engine: BaseEngine) -> int:
@@ -83,8 +91,8 @@ async def test_a_wrong_type_is_invalid_spec_naming_the_option(
         (lambda: ContainerOptions(pids=1.5), "option pids takes int, not float"),
         (lambda: ContainerOptions(read_only_binds={"/a": 1}), "option read_only_binds takes Mapping[str, str] | None"),
         (lambda: ContainerOptions(languages="python"), "option languages takes Sequence[str] | None"),
-        (lambda: JupyterOptions(mode="host"), "jupyter: a str is not a kernel mode; pass one of"),
-        (lambda: JupyterOptions(kernel_name=3), "option kernel_name takes str, not int"),
+        (lambda: jupyter().JupyterOptions(mode="host"), "jupyter: a str is not a kernel mode; pass one of"),
+        (lambda: jupyter().JupyterOptions(kernel_name=3), "option kernel_name takes str, not int"),
     ],
 )
 def test_each_backends_options_check_their_types_when_built(build: object, says: str) -> None:
@@ -99,15 +107,17 @@ def test_a_refused_value_is_not_echoed() -> None:
         ContainerOptions(docker_host=b"tcp://user:s3cret@host")
     assert "s3cret" not in str(info.value)
     assert "option docker_host takes str | None, not bytes" in str(info.value)
+
+
+def test_a_refused_kernel_mode_is_not_echoed() -> None:
     with pytest.raises(InvalidSpec) as info:  # a jupyter server's settings given as a mapping, token and all
-        JupyterOptions(mode={"url": "http://h:8888", "token": "s3cret"})
+        jupyter().JupyterOptions(mode={"url": "http://h:8888", "token": "s3cret"})
     assert "s3cret" not in str(info.value) and "a dict is not a kernel mode" in str(info.value)
 
 
 def test_well_typed_options_build_and_are_frozen() -> None:
     options = ContainerOptions(image="img:1", user=(1000, 1000), cpus=2, read_only_binds={"/a": "/b"})
     assert options.cpus == 2 and options.languages is None
-    assert JupyterOptions(mode=HostKernels(pool_size=0), kernel_name="python3").interrupt_grace == 2.0
     with pytest.raises(FrozenInstanceError):
         options.image = "other"  # type: ignore[misc]
 
@@ -143,7 +153,12 @@ def test_factories_declare_their_options_class() -> None:
     assert load_backend("local") is LocalBackend and LocalBackend.options is LocalOptions
     assert load_backend("sandbox").options is SandboxOptions
     assert load_backend("container").options is ContainerOptions
-    assert load_backend("jupyter").options is JupyterOptions
+
+
+def test_the_jupyter_factory_declares_its_options_class() -> None:
+    face = jupyter()
+    assert load_backend("jupyter").options is face.JupyterOptions
+    assert face.JupyterOptions(mode=face.HostKernels(pool_size=0), kernel_name="python3").interrupt_grace == 2.0
 
 
 async def test_a_probe_with_options_the_backend_lacks_says_so() -> None:

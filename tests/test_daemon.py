@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from execspace.cli.forkserver import _HANDSHAKE_TIMEOUT, SourceStamp, decode_request
-from execspace.cli.launcher import (
+from execspace.cli.daemonwire import (
     KEY_BYTES,
     PROTOCOL,
     daemon_key_path,
     daemon_socket_path,
     encode_request,
-    forward,
     private_dir_ok,
     read_key,
 )
+from execspace.cli.forkserver import _HANDSHAKE_TIMEOUT, SourceStamp, decode_request
+from execspace.cli.launcher import forward
 from tests.support import CLI, daemon_served, running_daemon
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon's tests use /proc and SO_PEERCRED")

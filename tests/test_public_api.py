@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
+import pkgutil
+from pathlib import Path
 
 import pytest
 
 import execspace
-from execspace import errors
+import execspace.sync
+from execspace import errors, protocols
 
 #: Names callers rely on. Others may be added; none of these may disappear.
 REQUIRED = {
@@ -82,6 +87,60 @@ def test_star_import_gives_exactly_all() -> None:
     namespace: dict[str, object] = {}
     exec("from execspace import *", namespace)
     assert set(namespace) - {"__builtins__"} == set(execspace.__all__)
+
+
+def _type_checking_imports(path: Path) -> dict[str, str]:
+    """Name -> relative module of each ``from .module import name`` under ``if TYPE_CHECKING:`` in ``path``."""
+    found: dict[str, str] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imp in node.body:
+                if isinstance(imp, ast.ImportFrom) and imp.level:
+                    found.update({alias.name: "." * imp.level + (imp.module or "") for alias in imp.names})
+    return found
+
+
+def test_the_lazy_names_are_typed_as_what_they_resolve_to() -> None:
+    """``execspace`` resolves its names on first use (``_LAZY``); a type checker sees only the imports under
+    ``TYPE_CHECKING``, and a name missing there types as ``Any`` (``__getattr__``): the two lists and ``__all__``
+    must agree, module by module."""
+    typed = _type_checking_imports(Path(execspace.__file__))
+    lazy: dict[str, str] = execspace._LAZY  # type: ignore[attr-defined]
+    assert typed == lazy
+    assert set(lazy) == set(execspace.__all__) - {"__version__"}
+
+
+def test_every_seam_protocol_is_exported_at_top_level() -> None:
+    missing = {n for n in (*protocols.__all__, *errors.__all__) if getattr(execspace, n, None) is None}
+    assert missing == set()
+    assert set(protocols.__all__) <= set(execspace.__all__)
+
+
+def _faces() -> list[str]:
+    found = ["execspace.sync", "execspace.protocols"]
+    for info in pkgutil.walk_packages(execspace.__path__, "execspace."):
+        if info.ispkg:
+            found.append(info.name)
+    return found
+
+
+@pytest.mark.parametrize("name", _faces())
+def test_a_package_face_exports_exactly_what_it_names(name: str) -> None:
+    """Each package's face (and the sync facade's): every name of ``__all__`` resolves, once, and a star import
+    gives exactly them."""
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:  # a package over an optional extra that is not installed here
+        if exc.name is not None and exc.name.split(".")[0] != "execspace":
+            pytest.skip(f"{name} needs {exc.name}, not installed here")
+        raise
+    names = list(getattr(module, "__all__", []))
+    assert len(names) == len(set(names)), f"duplicates in {name}.__all__"
+    assert [n for n in names if not hasattr(module, n)] == []
+    namespace: dict[str, object] = {}
+    exec(f"from {name} import *", namespace)
+    if names:
+        assert set(namespace) - {"__builtins__"} == set(names)
 
 
 def test_version() -> None:

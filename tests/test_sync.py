@@ -290,3 +290,124 @@ def test_sandbox_session_mode_through_the_facade(tmp_path: Path) -> None:
         assert int(seen.stdout) < 100  # a pid of the session's namespace, not of the host
         assert pids_with(tag)
     assert not wait_no_process(tag), "a program of the session outlived the engine"
+
+
+# every public member of the seam's protocols, and what its blocking twin is called where the name differs
+_SYNC_TWINS: list[tuple[type, type]] = [
+    (execspace.protocols.Engine, execspace.sync.SyncEngine),
+    (execspace.protocols.SupportsKernels, execspace.sync.SyncEngine),
+    (execspace.protocols.WorkspaceManager, execspace.sync.SyncWorkspaceManager),
+    (execspace.protocols.SupportsSnapshots, execspace.sync.SyncWorkspaceManager),
+    (execspace.protocols.WorkspaceFS, execspace.sync.SyncWorkspaceFS),
+    (execspace.protocols.SupportsFileStreams, execspace.sync.SyncWorkspaceFS),
+    (execspace.protocols.FileReader, execspace.sync.SyncFileReader),
+    (execspace.protocols.ProgramRunner, execspace.sync.SyncProgramRunner),
+    (execspace.protocols.SupportsFreezing, execspace.sync.SyncProgramRunner),
+    (execspace.protocols.ProgramHandle, execspace.sync.SyncProgramHandle),
+    (execspace.protocols.Kernels, execspace.sync.SyncKernels),
+]
+_RENAMED = {"stream": "iter_output", "aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__"}
+# the fs's plain attributes and its synchronous path check belong to the async object (engine.async_engine.fs)
+_NOT_TWINNED = {"WorkspaceFS": {"artifacts", "host_roots", "locks", "check"}}
+
+
+def _public_members(protocol: type) -> set[str]:
+    names = {n for n in vars(protocol) if not n.startswith("_") or n in _RENAMED}
+    names |= set(getattr(protocol, "__annotations__", {}))
+    return names - {"__annotations__"} - _NOT_TWINNED.get(protocol.__name__, set())
+
+
+def _has(cls: type, name: str) -> bool:
+    return hasattr(cls, name) or name in cls.__annotations__
+
+
+@pytest.mark.parametrize(("protocol", "twin"), _SYNC_TWINS, ids=lambda c: c.__name__)
+def test_every_member_of_the_seam_has_a_blocking_twin_with_its_parameters(protocol: type, twin: type) -> None:
+    import inspect
+
+    members = _public_members(protocol)
+    assert members, protocol
+    missing = sorted(n for n in members if not _has(twin, _RENAMED.get(n, n)))
+    assert not missing, f"{twin.__name__} lacks twins of {protocol.__name__}.{missing}"
+    for name in members - set(_RENAMED):
+        async_member, sync_member = getattr(protocol, name, None), getattr(twin, name, None)
+        if not callable(async_member) or not callable(sync_member):  # attributes and properties
+            continue
+        async_params = list(inspect.signature(async_member).parameters)
+        # a twin may add keywords of its own (start_program's buffer_bytes), never drop or reorder one
+        sync_params = list(inspect.signature(sync_member).parameters)[: len(async_params)]
+        assert sync_params == async_params, f"{twin.__name__}.{name}"
+
+
+def test_every_sync_class_is_exported() -> None:
+    classes = {twin.__name__ for _, twin in _SYNC_TWINS}
+    assert classes <= set(execspace.sync.__all__)
+
+
+def test_snapshots_fork_and_restore_through_the_facade(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/snap")
+        engine.fs.put_files(ws, [PutFile("work/a.txt", "one")])
+        snap = engine.manager.snapshot(ws, "first")
+        engine.fs.put_files(ws, [PutFile("work/a.txt", "two")])
+        [fork] = engine.manager.fork(snap, ids=["sync/fork"])
+        assert engine.fs.read_file(fork, "work/a.txt").content == b"one"
+        engine.manager.restore(ws, "first")
+        assert engine.fs.read_file(ws, "work/a.txt").content == b"one"
+        assert [s.name for s in engine.manager.list_snapshots()] == ["first"]
+        engine.manager.remove_snapshot(snap)
+        assert engine.manager.list_snapshots() == []
+
+
+def test_files_stream_in_and_out_through_the_facade(tmp_path: Path) -> None:
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/streams")
+        parts = [b"x" * 100_000, b"y" * 7]
+        assert engine.fs.write_stream(ws, "work/big.bin", iter(parts), max_bytes=1 << 20) == 100_007
+        with engine.fs.open_reader(ws, "work/big.bin") as reader:
+            assert reader.size == 100_007
+            assert b"".join(reader.chunks()) == b"".join(parts)
+        with pytest.raises(execspace.LimitExceeded):
+            engine.fs.write_stream(ws, "work/big.bin", iter(parts), max_bytes=1000)
+        assert engine.fs.read_file(ws, "work/big.bin").content == b"".join(parts)  # left as it was
+
+
+def test_get_program_attach_and_frozen_through_the_facade(tmp_path: Path) -> None:
+    script = "import sys, time\nprint('up', flush=True)\nfor line in sys.stdin:\n    print(line.strip(), flush=True)"
+    with execspace.sync.open_engine("local", workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/get")
+        with engine.runner.start_program(ws, RunProgramSpec("python3", ["-c", script], tag="echo")) as started:
+            assert next(started.iter_output()).data == b"up\n"
+            other = engine.runner.get_program(ws, "echo")
+            assert other.pid == started.pid
+            attached = started.attach(from_start=False)  # registered now: sees only what comes next
+            with engine.runner.frozen(ws):
+                state = Path(f"/proc/{started.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                assert state in "Tt", state
+            started.write_stdin("again\n")
+            assert next(attached).data == b"again\n"
+            history = b""
+            for chunk in other.iter_output():  # the other handle reads from the program's start
+                history += chunk.data
+                if history == b"up\nagain\n":
+                    break
+            assert history == b"up\nagain\n"
+            started.close_stdin()
+            assert started.wait().exit_code == 0
+            other.close()
+        with pytest.raises(execspace.CapabilityError):
+            _ = engine.kernels
+
+
+def test_kernels_through_the_facade(tmp_path: Path) -> None:
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    from execspace import ResourceLimits
+    from execspace.backends.jupyter import HostKernels
+
+    with execspace.sync.open_engine("jupyter", mode=HostKernels(pool_size=0), workspace_root=tmp_path) as engine:
+        ws = engine.manager.create_workspace("sync/kernel")
+        assert engine.kernels.handles("python")
+        limits = ResourceLimits()
+        first, _ = engine.kernels.run_block(ws, CodeBlock("python", "x = 20"), 0, timeout=60, limits=limits)
+        second, _ = engine.kernels.run_block(ws, CodeBlock("python", "print(x * 2 + 2)"), 1, timeout=60, limits=limits)
+        assert (first.exit_code, second.exit_code, second.stdout) == (0, 0, "42\n"), (first, second)

@@ -84,11 +84,16 @@ if TYPE_CHECKING:
     )
     from .protocols import (
         Engine,
+        FileReader,
         Kernels,
         ProgramHandle,
         ProgramRunner,
+        SupportsFileStreams,
+        SupportsFreezing,
         SupportsKernels,
+        SupportsSnapshots,
         WorkspaceFS,
+        WorkspaceLocks,
         WorkspaceManager,
     )
 
@@ -161,13 +166,16 @@ _LAZY = {
     "Workspace": ".models",
     "WorkspacePolicy": ".models",
     "Engine": ".protocols",
+    "FileReader": ".protocols",
     "Kernels": ".protocols",
+    "SupportsFileStreams": ".protocols",
     "SupportsFreezing": ".protocols",
     "SupportsKernels": ".protocols",
     "SupportsSnapshots": ".protocols",
     "ProgramHandle": ".protocols",
     "ProgramRunner": ".protocols",
     "WorkspaceFS": ".protocols",
+    "WorkspaceLocks": ".protocols",
     "WorkspaceManager": ".protocols",
 }
 
@@ -210,6 +218,7 @@ __all__ = [
     "File",
     "FileEntry",
     "FileKind",
+    "FileReader",
     "FileRef",
     "FreezeFailed",
     "HostOptions",
@@ -248,6 +257,7 @@ __all__ = [
     "SetupFailed",
     "Snapshot",
     "SnapshotNotFound",
+    "SupportsFileStreams",
     "SupportsFreezing",
     "SupportsKernels",
     "SupportsSnapshots",
@@ -256,6 +266,7 @@ __all__ = [
     "UsageError",
     "Workspace",
     "WorkspaceFS",
+    "WorkspaceLocks",
     "WorkspaceManager",
     "WorkspaceNotFound",
     "WorkspacePolicy",

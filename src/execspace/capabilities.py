@@ -86,6 +86,9 @@ class Capabilities:
     """Staged directories can be made read-only to the program."""
     streaming: bool
     """``start_program`` streams output as it comes and accepts stdin."""
+    programs: bool = True
+    """The runner runs programs. False: ``run_program`` and ``start_program`` raise ``CapabilityError`` and code runs
+    only in the engine's kernels (a remote Jupyter server's workspaces)."""
     binary_output: bool = True
     """A program's stdout and stderr arrive byte for byte (``raw_stdout``, ``raw_stderr``, streamed chunks). False:
     they arrive as text, and bytes that are not UTF-8 come as U+FFFD (a remote service whose SDK decodes them):

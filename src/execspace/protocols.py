@@ -7,13 +7,15 @@ what it must return and what it must raise; the conformance suite in
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
+from .artifacts import ArtifactService
 from .capabilities import Capabilities
 from .models import (
     BlockResult,
@@ -35,10 +37,6 @@ from .models import (
     WorkspacePolicy,
 )
 
-if TYPE_CHECKING:
-    from .artifacts import ArtifactService
-    from .workspace.staging import MetadataLocks
-
 __all__ = [
     "Engine",
     "FileReader",
@@ -50,6 +48,7 @@ __all__ = [
     "SupportsKernels",
     "SupportsSnapshots",
     "WorkspaceFS",
+    "WorkspaceLocks",
     "WorkspaceManager",
 ]
 
@@ -80,6 +79,18 @@ class WorkspaceManager(Protocol):
 
 
 @runtime_checkable
+class WorkspaceLocks(Protocol):
+    """One lock per workspace for the read-modify-write of its record (``metadata.json``) through one
+    :class:`WorkspaceFS`: whatever edits the record through that fs (staging, output collection, the skills' digests)
+    holds ``lock(ws)`` meanwhile. The locks are this process's: two processes editing one record race, and the last
+    whole write wins."""
+
+    def lock(self, ws: Workspace) -> asyncio.Lock:
+        """The lock of ``ws``: the same object for every handle of the same workspace id."""
+        ...
+
+
+@runtime_checkable
 class WorkspaceFS(Protocol):
     """Moves files into and out of workspaces, confined to the workspace root.
 
@@ -95,8 +106,11 @@ class WorkspaceFS(Protocol):
     """The service ``artifact://`` inputs come from and saved outputs go to (None: none configured)."""
     host_roots: tuple[Path, ...]
     """The host directories ``host://`` inputs and ``stage_directory`` may read from, resolved."""
-    locks: MetadataLocks
-    """Per-workspace locks for the read-modify-write of ``metadata.json`` through this fs."""
+
+    @property
+    def locks(self) -> WorkspaceLocks:
+        """Per-workspace locks for the read-modify-write of ``metadata.json`` through this fs."""
+        ...
 
     def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:
         """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path`` (workspace-relative,
@@ -320,9 +334,15 @@ class Engine(Protocol):
     @property
     def runner(self) -> ProgramRunner: ...
 
-    def describe(self) -> Capabilities: ...
+    def describe(self) -> Capabilities:
+        """What the engine enforces and has (programs, kernels, forks…): the conformance kit runs its sections on
+        what this says."""
+        ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release everything the engine holds; idempotent. Afterwards ``manager``, ``fs`` and ``runner`` raise
+        ``UsageError``."""
+        ...
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ import collections
 import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
@@ -35,10 +35,15 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, over
 
 from .capabilities import Capabilities
 from .engine import open_engine_from as _open_async_engine_from
-from .errors import UsageError
+from .errors import CapabilityError, UsageError
 from .executor import CodeExecutor
 from .executor import code_executor as _async_code_executor
 from .models import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    BlockResult,
+    CodeBlock,
     CodeExecutionInput,
     CodeExecutionResult,
     File,
@@ -50,12 +55,23 @@ from .models import (
     ProgramInfo,
     PtySize,
     PutFile,
+    ResourceLimits,
     RunProgramSpec,
     RunResult,
+    Snapshot,
     Workspace,
     WorkspacePolicy,
 )
-from .protocols import Engine, ProgramHandle
+from .protocols import (
+    Engine,
+    FileReader,
+    Kernels,
+    ProgramHandle,
+    SupportsFileStreams,
+    SupportsFreezing,
+    SupportsKernels,
+    SupportsSnapshots,
+)
 
 if TYPE_CHECKING:
     from .backend import BackendOptions, HostOptions
@@ -77,6 +93,8 @@ __all__ = [
     "STREAM_BUFFER_BYTES",
     "SyncCodeExecutor",
     "SyncEngine",
+    "SyncFileReader",
+    "SyncKernels",
     "SyncProgramHandle",
     "SyncProgramRunner",
     "SyncWorkspaceFS",
@@ -205,6 +223,48 @@ class SyncWorkspaceManager(_Proxy):
     def cleanup(self, ws: Workspace) -> None:
         self._owner.call(lambda e: e.manager.cleanup(ws))
 
+    # SupportsSnapshots: CapabilityError where the manager has none
+
+    def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
+        return self._owner.call(lambda e: _snapshots(e).snapshot(ws, name))
+
+    def fork(
+        self,
+        source: Workspace | Snapshot | str,
+        count: int = 1,
+        ids: Sequence[str] | None = None,
+        *,
+        policy: WorkspacePolicy | None = None,
+    ) -> list[Workspace]:
+        return self._owner.call(lambda e: _snapshots(e).fork(source, count, ids, policy=policy))
+
+    def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
+        self._owner.call(lambda e: _snapshots(e).restore(ws, snapshot))
+
+    def list_snapshots(self) -> list[Snapshot]:
+        return self._owner.call(lambda e: _snapshots(e).list_snapshots())
+
+    def remove_snapshot(self, snapshot: Snapshot | str) -> None:
+        self._owner.call(lambda e: _snapshots(e).remove_snapshot(snapshot))
+
+
+def _snapshots(engine: Engine) -> SupportsSnapshots:
+    if not isinstance(engine.manager, SupportsSnapshots):
+        raise CapabilityError("snapshots and forks", engine.name, "Use the sandbox or local backend.")
+    return engine.manager
+
+
+def _file_streams(engine: Engine) -> SupportsFileStreams:
+    if not isinstance(engine.fs, SupportsFileStreams):
+        raise CapabilityError("file streams", engine.name, "Use read_file and put_files.")
+    return engine.fs
+
+
+def _freezing(engine: Engine) -> SupportsFreezing:
+    if not isinstance(engine.runner, SupportsFreezing):
+        raise CapabilityError("holding programs still", engine.name, "Use the sandbox or local backend.")
+    return engine.runner
+
 
 class SyncWorkspaceFS(_Proxy):
     """Blocking :class:`~execspace.protocols.WorkspaceFS`."""
@@ -221,10 +281,20 @@ class SyncWorkspaceFS(_Proxy):
     def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         return self._owner.call(lambda e: e.fs.read_file(ws, path, max_bytes=max_bytes))
 
-    def collect(self, ws: Workspace, patterns: Sequence[str], **caps: int) -> list[File]:
-        """Like the async ``collect``; ``caps`` are its ``max_files``, ``max_file_bytes``
-        and ``max_total_bytes``."""
-        return self._owner.call(lambda e: e.fs.collect(ws, patterns, **caps))
+    def collect(
+        self,
+        ws: Workspace,
+        patterns: Sequence[str],
+        *,
+        max_files: int = DEFAULT_MAX_FILES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> list[File]:
+        return self._owner.call(
+            lambda e: e.fs.collect(
+                ws, patterns, max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_total_bytes
+            )
+        )
 
     def list(self, ws: Workspace, patterns: Sequence[str]) -> builtins.list[FileEntry]:
         return self._owner.call(lambda e: e.fs.list(ws, patterns))
@@ -253,6 +323,60 @@ class SyncWorkspaceFS(_Proxy):
     def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
         return self._owner.call(lambda e: e.fs.collect_outputs(ws, spec))
 
+    # SupportsFileStreams: CapabilityError where the fs has none
+
+    def open_reader(self, ws: Workspace, path: str) -> SyncFileReader:
+        """Open the file at ``path`` for reading in chunks; a context manager that closes it."""
+        return SyncFileReader(self._owner.call(lambda e: _file_streams(e).open_reader(ws, path)), self._owner)
+
+    def write_stream(
+        self, ws: Workspace, path: str, chunks: Iterable[bytes], *, max_bytes: int, mode: int = 0o644
+    ) -> int:
+        """Like the async ``write_stream``; ``chunks`` is iterated in a worker thread, so an iterable that blocks
+        (a socket, a large file) does not hold up the facade's loop."""
+        return self._owner.call(
+            lambda e: _file_streams(e).write_stream(ws, path, _in_thread(chunks), max_bytes=max_bytes, mode=mode)
+        )
+
+
+async def _in_thread(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    iterator = iter(chunks)
+    while (chunk := await asyncio.to_thread(next, iterator, None)) is not None:
+        yield chunk
+
+
+class SyncFileReader:
+    """Blocking :class:`~execspace.protocols.FileReader`; a context manager that closes the file."""
+
+    def __init__(self, reader: FileReader, owner: SyncEngine) -> None:
+        self._reader = reader
+        self._owner = owner
+
+    @property
+    def size(self) -> int:
+        return self._reader.size
+
+    def chunks(self) -> Iterator[bytes]:
+        """The content in bounded chunks, read as they are asked for; call it once."""
+        stream = self._reader.chunks()
+        while (chunk := self._owner._portal.call(_next_or_none, stream)) is not None:
+            yield chunk
+
+    def close(self) -> None:
+        """Close the file, read or not. Idempotent."""
+        if not self._owner.closed:
+            self._owner._portal.call(self._reader.aclose)
+
+    def __enter__(self) -> SyncFileReader:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+async def _next_or_none(stream: AsyncIterator[T]) -> T | None:
+    return await anext(stream, None)
+
 
 class SyncProgramRunner(_Proxy):
     """Blocking :class:`~execspace.protocols.ProgramRunner`."""
@@ -271,9 +395,23 @@ class SyncProgramRunner(_Proxy):
 
         async def start(e: Engine) -> tuple[ProgramHandle, _OutputPump]:
             handle = await e.runner.start_program(ws, spec)
-            return handle, _OutputPump(handle, buffer_bytes)
+            return handle, _OutputPump(handle.stream(), buffer_bytes)
 
-        handle, pump = self._owner.call(start)
+        return self._adopt(*self._owner.call(start))
+
+    def get_program(
+        self, ws: Workspace, key: int | str, *, buffer_bytes: int | None = STREAM_BUFFER_BYTES
+    ) -> SyncProgramHandle:
+        """Another handle to a running program of ``ws``, by pid or tag (``ProgramNotFound`` if none); its
+        :meth:`SyncProgramHandle.iter_output` reads an attached reader from the program's start."""
+
+        async def find(e: Engine) -> tuple[ProgramHandle, _OutputPump]:
+            handle = await e.runner.get_program(ws, key)
+            return handle, _OutputPump(handle.attach(from_start=True), buffer_bytes)
+
+        return self._adopt(*self._owner.call(find))
+
+    def _adopt(self, handle: ProgramHandle, pump: _OutputPump) -> SyncProgramHandle:
         sync_handle = SyncProgramHandle(handle, pump, self._owner)
         self._owner._handles.add(sync_handle)
         return sync_handle
@@ -289,6 +427,25 @@ class SyncProgramRunner(_Proxy):
 
         self._owner.call(send)
 
+    @contextlib.contextmanager
+    def frozen(self, ws: Workspace) -> Iterator[None]:
+        """The workspace's programs held still for the block (:class:`~execspace.protocols.SupportsFreezing`;
+        ``CapabilityError`` where the runner cannot)."""
+
+        async def enter(e: Engine) -> contextlib.AbstractAsyncContextManager[None]:
+            hold = _freezing(e).frozen(ws)
+            await hold.__aenter__()
+            return hold
+
+        hold = self._owner.call(enter)
+        try:
+            yield
+        except BaseException as error:
+            if not self._owner._portal.call(hold.__aexit__, type(error), error, error.__traceback__):
+                raise
+        else:
+            self._owner._portal.call(hold.__aexit__, None, None, None)
+
 
 class _OutputPump:
     """Reads a handle's output stream from the moment it starts, without ever blocking the program.
@@ -298,19 +455,20 @@ class _OutputPump:
     output, capped as usual.
     """
 
-    def __init__(self, handle: ProgramHandle, budget: int | None) -> None:
+    def __init__(self, output: AsyncIterator[OutputChunk], budget: int | None) -> None:
         self._chunks: collections.deque[OutputChunk] = collections.deque()
         self._budget = budget
         self._buffered = 0
         self.dropped_bytes = 0
         self._changed = asyncio.Event()
         self._done = False
+        self._error: BaseException | None = None
         # created in the same step as the start, so it subscribes before the next pipe read
-        self._task = asyncio.create_task(self._drain(handle))
+        self._task = asyncio.create_task(self._drain(output))
 
-    async def _drain(self, handle: ProgramHandle) -> None:
+    async def _drain(self, output: AsyncIterator[OutputChunk]) -> None:
         try:
-            async for chunk in handle.stream():
+            async for chunk in output:
                 size = len(chunk.data)
                 if self._budget is not None and self._buffered + size > self._budget:
                     self.dropped_bytes += size
@@ -318,6 +476,8 @@ class _OutputPump:
                 self._chunks.append(chunk)
                 self._buffered += size
                 self._changed.set()
+        except Exception as error:  # e.g. an attached reader cut off: the blocking reader gets it after the rest
+            self._error = error
         finally:
             self._done = True
             self._changed.set()
@@ -326,6 +486,9 @@ class _OutputPump:
         """The next chunk, or None when the program's output has ended."""
         while not self._chunks:
             if self._done:
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    raise error
                 return None
             self._changed.clear()
             await self._changed.wait()
@@ -366,6 +529,19 @@ class SyncProgramHandle:
     def iter_output(self) -> Iterator[OutputChunk]:
         """Yield output chunks as they come, until the program's output ends."""
         while (chunk := self._owner._portal.call(self._pump.next)) is not None:
+            yield chunk
+
+    def attach(self, *, from_start: bool = True) -> Iterator[OutputChunk]:
+        """Another reader of the output (:meth:`~execspace.protocols.ProgramHandle.attach`), registered by this
+        call; it never slows the program, and raises ``BackendError`` once it fell too far behind."""
+
+        async def register() -> AsyncIterator[OutputChunk]:
+            return self._handle.attach(from_start=from_start)
+
+        return self._iterate(self._owner._portal.call(register))
+
+    def _iterate(self, stream: AsyncIterator[OutputChunk]) -> Iterator[OutputChunk]:
+        while (chunk := self._owner._portal.call(_next_or_none, stream)) is not None:
             yield chunk
 
     def write_stdin(self, data: bytes | str) -> None:
@@ -416,6 +592,10 @@ class SyncEngine:
     engine and stops the loop thread.
     """
 
+    manager: SyncWorkspaceManager
+    fs: SyncWorkspaceFS
+    runner: SyncProgramRunner
+
     def __init__(self, engine: Engine, portal: _LoopThread, stack: contextlib.AsyncExitStack) -> None:
         self._engine = engine
         self._portal = portal
@@ -440,6 +620,13 @@ class SyncEngine:
 
     def describe(self) -> Capabilities:
         return self._engine.describe()
+
+    @property
+    def kernels(self) -> SyncKernels:
+        """Blocking :class:`~execspace.protocols.Kernels` (``CapabilityError`` where the engine has none)."""
+        if not isinstance(self._engine, SupportsKernels):
+            raise CapabilityError("stateful kernels", self.name, "Use the jupyter backend.")
+        return SyncKernels(self._engine.kernels, self._portal)
 
     def call(self, func: Callable[[Engine], Awaitable[T]]) -> T:
         """Run ``await func(engine)`` on this facade's loop and return its result."""
@@ -538,6 +725,22 @@ def open_engine_from(
         raise
     with SyncEngine(engine, portal, stack) as sync_engine:
         yield sync_engine
+
+
+class SyncKernels:
+    """Blocking :class:`~execspace.protocols.Kernels` (``SyncEngine.kernels``)."""
+
+    def __init__(self, kernels: Kernels, portal: _LoopThread) -> None:
+        self._kernels = kernels
+        self._portal = portal
+
+    def handles(self, tag: str) -> bool:
+        return self._kernels.handles(tag)
+
+    def run_block(
+        self, ws: Workspace, block: CodeBlock, index: int, *, timeout: float | None, limits: ResourceLimits
+    ) -> tuple[BlockResult, str]:
+        return self._portal.call(self._kernels.run_block, ws, block, index, timeout=timeout, limits=limits)
 
 
 class SyncCodeExecutor:

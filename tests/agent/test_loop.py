@@ -11,13 +11,14 @@ import pytest
 
 import execspace
 from execspace import BaseEngine
+
+pytest.importorskip("httpx", reason="needs the agent extra (pip install 'execspace[agent]')")
+
 from execspace.agent import Agent, AgentEvent, ChatCompletions, ModelError, workspace_tools
 from execspace.executor import CodeExecutor
 from execspace.testing.binding import make_traversable
 from execspace.testing.chatmodel import ScriptedChatServer, last_tool_result, text, tool_call, tool_calls
 from execspace.tools import FencedCodeProcessor
-
-pytest.importorskip("httpx")
 
 WS = "agent/test/s1"
 

@@ -24,6 +24,9 @@ from execspace import (
     SetupFailed,
     Workspace,
 )
+
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 from execspace.backends.jupyter import (
     HostKernels,
     JupyterBackend,

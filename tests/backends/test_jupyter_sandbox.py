@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 import execspace
 from execspace import BaseEngine, ResourceLimits, RunProgramSpec, Workspace
 from execspace.backends.jupyter import (

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 import execspace
 from execspace import NetworkPolicy
 from execspace.backends.jupyter import SandboxedKernels

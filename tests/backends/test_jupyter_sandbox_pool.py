@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 import execspace
 from execspace import BaseEngine, Persistence, RunProgramSpec, WorkspacePolicy
 from execspace.backends.jupyter import (

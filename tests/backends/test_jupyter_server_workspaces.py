@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 from execspace import (
     BaseEngine,
     FileKind,

@@ -1,6 +1,8 @@
-"""The conformance kit (execspace.testing.conformance) on every mode of every backend (tests/bindings.py)."""
+"""The conformance kit (execspace.testing.conformance) bound to every mode of every backend (tests/bindings.py)."""
 
-from execspace.testing.conformance import *  # noqa: F403 - the kit's cases and their fixtures
-from tests.bindings import engine_binding
+from execspace.testing.conformance import EngineConformance
+from tests.bindings import MODES
 
-__all__ = ["engine_binding"]
+
+class TestEveryMode(EngineConformance):
+    bindings = tuple(MODES.values())

@@ -9,6 +9,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("autogen_core", reason="needs the autogen extra (pip install 'execspace[autogen]')")
+
 from autogen_core import CancellationToken
 from autogen_core.code_executor import CodeBlock, CodeExecutor
 

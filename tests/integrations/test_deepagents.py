@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("deepagents", reason="needs the deepagents extra (pip install 'execspace[deepagents]')")
+
 from deepagents import create_deep_agent
 from deepagents.backends.protocol import SandboxBackendProtocol
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel

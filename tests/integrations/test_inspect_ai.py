@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("inspect_ai", reason="needs the inspect-ai extra (pip install 'execspace[inspect-ai]')")
+
 from inspect_ai.util import SandboxEnvironment
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - the checks are collected from here
 

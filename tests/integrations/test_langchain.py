@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytest.importorskip("langchain_core", reason="needs the langchain extra (pip install 'execspace[langchain]')")
+
 from execspace import BaseEngine
 from execspace.integrations.langchain import langchain_tools
 from execspace.tools import CommandPolicy, WorkspaceExecTool

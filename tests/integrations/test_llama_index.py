@@ -9,6 +9,9 @@ import sys
 from collections.abc import AsyncIterator
 
 import pytest
+
+pytest.importorskip("llama_index.core", reason="needs the llama-index extra (pip install 'execspace[llama-index]')")
+
 from llama_index.core.tools import FunctionTool
 
 from execspace import BaseEngine, WorkspaceNotFound

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("agents.sandbox", reason="needs the openai-agents extra (pip install 'execspace[openai-agents]')")
+
 from agents import Agent, ModelResponse, ModelSettings, RunConfig, Runner, Usage
 from agents.models.interface import Model
 from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxPathGrant, SandboxRunConfig

@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+
+pytest.importorskip("smolagents", reason="needs the smolagents extra (pip install 'execspace[smolagents]')")
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 from smolagents import CodeAgent, Tool
 from smolagents.default_tools import FinalAnswerTool
 from smolagents.models import ChatMessage, MessageRole, Model

@@ -20,7 +20,7 @@ import pytest
 
 import execspace
 from execspace import OutputSpec, PutFile, RunProgramSpec
-from execspace.cli.launcher import daemon_socket_path, encode_request
+from execspace.cli.daemonwire import daemon_socket_path, encode_request
 from execspace.registry import probe_backend
 from tests.support import CLI, daemon_served, make_traversable, running_daemon
 

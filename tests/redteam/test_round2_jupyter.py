@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+
 import execspace
 from execspace import BaseEngine, RunProgramSpec, Workspace
 from execspace.backends.jupyter import SandboxedKernels

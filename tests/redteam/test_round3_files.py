@@ -24,11 +24,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
+pytest.importorskip("httpx", reason="needs the agent extra (pip install 'execspace[agent]')")
 pytest.importorskip("e2b", reason="the server is attacked through the official e2b SDK (pip install 'execspace[dev]')")
 
+import httpx
 from e2b import Sandbox
 
 from tests.server.conftest import Server, running_server, until

@@ -17,13 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+pytest.importorskip("httpx", reason="needs the agent extra (pip install 'execspace[agent]')")
 pytest.importorskip(
     "e2b", reason="the server is attacked with the official e2b SDK beside (pip install 'execspace[dev]')"
 )
 
+import httpx
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException, RateLimitException
 

@@ -14,14 +14,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import e2b_code_interpreter as ci
 import pytest
+
+# the server's own extra, and the official SDK it is tested with
+pytest.importorskip("starlette", reason="needs the serve extra (pip install 'execspace[serve]')")
+pytest.importorskip("e2b", reason="the server is tested with the official e2b SDK (pip install 'execspace[dev]')")
+pytest.importorskip(
+    "e2b_code_interpreter", reason="the server is tested with the official SDKs (pip install 'execspace[dev]')"
+)
+
+import e2b_code_interpreter as ci
 
 from execspace.environments import Environment, build, builtin_spec
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import read_until, terminate
-
-pytest.importorskip("e2b", reason="the server is tested with the official e2b SDK (pip install 'execspace[dev]')")
 
 API_KEY = "e2b_" + "0123456789abcdef" * 2
 

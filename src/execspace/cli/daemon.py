@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import SetupFailed
 from .console import progress
-from .launcher import daemon_socket_path, encode_request, private_dir_ok, read_key
+from .daemonwire import daemon_socket_path, encode_request, private_dir_ok, read_key
 
 __all__ = ["add_parser", "command", "ping"]
 

@@ -17,7 +17,7 @@ from ..errors import SetupFailed
 from ..registry import BACKENDS, choose_default_backend, load_backend, probe_backend
 from .console import print_json, progress
 from .daemon import ping
-from .launcher import daemon_socket_path
+from .daemonwire import daemon_socket_path
 
 __all__ = ["add_parser", "backend_capabilities", "command"]
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .launcher import EXIT_EXECSPACE_ERROR, KEY_BYTES, PROTOCOL, daemon_key_path, private_dir_ok
+from .daemonwire import EXIT_EXECSPACE_ERROR, KEY_BYTES, PROTOCOL, daemon_key_path, private_dir_ok
 
 __all__ = ["ForkServer", "Request", "SourceStamp", "decode_request", "main"]
 
@@ -53,7 +53,6 @@ PRELOAD = (
     "execspace.backends.local",
     "execspace.backends.sandbox",
     "execspace.backends.sandbox.seccomp",
-    "execspace.workspace.staging",
     "concurrent.futures.thread",
 )
 
@@ -85,7 +84,7 @@ class _Pending:
 
 
 def decode_request(payload: bytes) -> Request:
-    """Parse what :func:`execspace.cli.launcher.encode_request` built (raises ValueError)."""
+    """Parse what :func:`execspace.cli.daemonwire.encode_request` built (raises ValueError)."""
     fields = payload.split(b"\0")
     if len(fields) < 5 or fields[0] != PROTOCOL:
         raise ValueError("not an execspace-cli/1 request")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..models import File
-from ..workspace.confine import ConfinedRoot
+from ..workspace import ConfinedRoot
 
 __all__ = ["INLINE_BYTES", "InlineContent", "default_out_dir", "inline", "save_files"]
 

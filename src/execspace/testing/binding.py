@@ -1,5 +1,6 @@
-"""How a backend binds the conformance kit: an :class:`EngineBinding` (how to open an engine, what it cannot do),
-offered to the kit's cases as the ``engine_binding`` fixture, and the fixtures the cases use on top of it.
+"""How the conformance kit opens an engine: an :class:`EngineBinding` (one mode of one backend: how to open it for a
+test), given to :class:`~execspace.testing.conformance.EngineConformance` as ``bindings``, and what suites that open
+engines themselves use (:func:`open_bound`).
 
 Needs pytest and pytest-asyncio (the rest of execspace never imports this module).
 """
@@ -11,13 +12,11 @@ import enum
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 import execspace
 from execspace.engine import open_engine_from
@@ -27,22 +26,23 @@ __all__ = [
     "BindContext",
     "EngineBinding",
     "Feature",
-    "any_engine",
-    "any_ws",
     "backend_binding",
-    "bind",
     "make_traversable",
     "needs",
-    "needs_programs",
     "open_bound",
 ]
 
 
 class Feature(enum.StrEnum):
-    """What a case may need beyond the file API; a binding lists the ones its engine lacks."""
+    """A section of the kit beyond the file API and the manager; it runs where the engine's ``describe()`` says the
+    engine has it, and is skipped elsewhere."""
 
     PROGRAMS = "programs"
-    """``runner.run_program`` / ``start_program`` run programs in the workspace."""
+    """``runner.run_program`` / ``start_program`` run programs in the workspace (``Capabilities.programs``)."""
+    SNAPSHOTS = "snapshots"
+    """The manager snapshots, forks and restores (``Capabilities.fork``, ``SupportsSnapshots``)."""
+    KERNELS = "kernels"
+    """The engine has stateful kernels (``Capabilities.kernels``, ``SupportsKernels``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +63,11 @@ Opener = Callable[[BindContext], AbstractAsyncContextManager[execspace.BaseEngin
 
 @dataclass(frozen=True, slots=True)
 class EngineBinding:
-    """One mode of one backend, as the kit sees it.
-
-    ``open`` opens an engine for one test (and may ``pytest.skip`` with the reason when it cannot run here);
-    ``lacks`` names the features this mode does not have, each with the reason its cases are skipped.
-    """
+    """One mode of one backend, as the kit sees it: ``open`` opens an engine for one test (and may ``pytest.skip``
+    with the reason when it cannot run here). What the engine has is its ``describe()``'s to say."""
 
     name: str
     open: Opener
-    lacks: Mapping[Feature, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def backend_binding(
@@ -80,7 +76,6 @@ def backend_binding(
     name: str | None = None,
     options: Mapping[str, object] | None = None,
     probe_options: Mapping[str, object] | None = None,
-    lacks: Mapping[Feature, str] | None = None,
     traversable: bool = False,
 ) -> EngineBinding:
     """The binding of a registered backend (built in or from the ``execspace.backends`` entry-point group):
@@ -105,19 +100,7 @@ def backend_binding(
         async with open_engine_from(backend, keywords) as engine:
             yield engine
 
-    return EngineBinding(name or backend, open_engine, MappingProxyType(dict(lacks or {})))
-
-
-def bind(*bindings: EngineBinding) -> Any:
-    """The ``engine_binding`` fixture over ``bindings`` (test ids are their names): assign it in the module
-    that star-imports the kit, or in a conftest.py above it."""
-
-    @pytest.fixture(name="engine_binding", params=bindings, ids=[b.name for b in bindings])
-    def engine_binding(request: pytest.FixtureRequest) -> EngineBinding:
-        binding: EngineBinding = request.param
-        return binding
-
-    return engine_binding
+    return EngineBinding(name or backend, open_engine)
 
 
 @contextlib.asynccontextmanager
@@ -131,36 +114,10 @@ async def open_bound(
         yield engine
 
 
-@pytest_asyncio.fixture
-async def any_engine(
-    engine_binding: EngineBinding, request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[execspace.BaseEngine]:
-    """The engine each case runs on, opened by the ``engine_binding`` fixture the binder provides."""
-    async with open_bound(engine_binding, request, tmp_path) as engine:
-        yield engine
-
-
-@pytest_asyncio.fixture
-async def any_ws(any_engine: execspace.BaseEngine) -> execspace.Workspace:
-    return await any_engine.manager.create_workspace("conf/user/session")
-
-
-@pytest.fixture
-def needs_programs(engine_binding: EngineBinding) -> None:
-    """Skips (before the engine opens) when the binding lacks programs; cases use it through :func:`needs`."""
-    _require(engine_binding, Feature.PROGRAMS)
-
-
-def _require(binding: EngineBinding, feature: Feature) -> None:
-    if feature in binding.lacks:
-        pytest.skip(f"{binding.name} has no {feature}: {binding.lacks[feature]}")
-
-
 def needs(*features: Feature) -> pytest.MarkDecorator:
-    """Marks a case that needs ``features``: on a binding that lacks one it is skipped with the binding's reason.
-
-    A plain ``usefixtures`` mark, so binders register no marker of ours.
-    """
+    """Marks a case of the kit that needs ``features``: where the engine's ``describe()`` says it lacks one, the case
+    is skipped, saying so (the kit's ``needs_<feature>`` fixtures). A plain ``usefixtures`` mark, so binders register
+    no marker of ours."""
     return pytest.mark.usefixtures(*(f"needs_{f}" for f in features))
 
 

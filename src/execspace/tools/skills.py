@@ -43,9 +43,7 @@ from ..languages import LANGUAGES, Language, pick_runtime
 from ..models import ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ..process.capture import clip_text
 from ..protocols import Engine, WorkspaceFS
-from ..workspace.confine import split_relpath
-from ..workspace.hostroots import HostRoots
-from ..workspace.staging import load_ws_metadata, save_ws_metadata
+from ..workspace import HostRoots, load_ws_metadata, save_ws_metadata, split_relpath
 from .execute_code import MAX_FILES_LISTED
 from .schema import ToolArguments, ToolSpec, check_arguments, error_result
 from .workspace_io import FileChange, WorkspaceIO

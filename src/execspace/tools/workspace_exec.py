@@ -32,8 +32,7 @@ from ..errors import CapabilityError, ExecspaceError, InvalidSpec, PathDenied, U
 from ..models import NetworkAttempt, NetworkPolicy, PtySize, ResourceLimits, RunProgramSpec, RunResult, Workspace
 from ..process.capture import HeadTailBuffer
 from ..protocols import Engine
-from ..workspace.confine import split_relpath
-from ..workspace.hostfs import normalize_globs
+from ..workspace import normalize_globs, split_relpath
 from .envscrub import DEFAULT_ENV_ALLOW, EnvAllowList, dropped_names, scrub
 from .schema import InvalidArguments, Tool, ToolArguments, ToolSpec, check_arguments, error_result
 from .sessions import ProgramSession, SessionStore

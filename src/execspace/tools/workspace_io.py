@@ -38,10 +38,7 @@ from ..models import (
     WorkspacePolicy,
 )
 from ..protocols import Engine
-from ..workspace.confine import ConfinedRoot, split_relpath
-from ..workspace.hostfs import normalize_globs
-from ..workspace.metadata import refuse_record
-from ..workspace.staging import Stager
+from ..workspace import ConfinedRoot, Stager, normalize_globs, refuse_record, split_relpath
 
 __all__ = [
     "ARTIFACT_ROOTS",

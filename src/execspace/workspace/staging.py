@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from wcmatch import glob as wglob
 
@@ -76,6 +76,9 @@ from .hostroots import HostRoots, HostSource, walk_tree
 from .layout import METADATA_FILE
 from .metadata import InputRecord, OutputRecord, WorkspaceMetadata, refuse_record
 
+if TYPE_CHECKING:
+    from ..protocols import WorkspaceLocks
+
 __all__ = [
     "DEFAULT_INPUT_FILES",
     "MetadataLocks",
@@ -101,7 +104,7 @@ class StagingFS(Protocol):
     """The primitives staging needs; every :class:`~execspace.protocols.WorkspaceFS` has them."""
 
     @property
-    def locks(self) -> MetadataLocks:
+    def locks(self) -> WorkspaceLocks:
         """The per-workspace locks of ``metadata.json``, shared by everything that edits it through this fs."""
         ...
 
@@ -257,7 +260,7 @@ class Stager:
         *,
         artifacts: ArtifactService | None = None,
         host_roots: Sequence[Path | str] = (),
-        locks: MetadataLocks | None = None,
+        locks: WorkspaceLocks | None = None,
         max_input_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
         max_input_files: int = DEFAULT_INPUT_FILES,
     ) -> None:
@@ -711,7 +714,7 @@ async def stage_inputs(
     artifacts: ArtifactService | None = None,
     scope: ArtifactScope | None = None,
     host_roots: Sequence[Path | str] = (),
-    locks: MetadataLocks | None = None,
+    locks: WorkspaceLocks | None = None,
 ) -> list[str]:
     """Stage ``inputs`` into ``ws``; see :meth:`Stager.stage_inputs`."""
     stager = Stager(fs, artifacts=artifacts, host_roots=host_roots, locks=locks)
@@ -725,7 +728,7 @@ async def collect_outputs(
     *,
     artifacts: ArtifactService | None = None,
     scope: ArtifactScope | None = None,
-    locks: MetadataLocks | None = None,
+    locks: WorkspaceLocks | None = None,
 ) -> OutputManifest:
     """Collect outputs of ``ws``; see :meth:`Stager.collect_outputs`."""
     return await Stager(fs, artifacts=artifacts, locks=locks).collect_outputs(ws, spec, scope=scope)

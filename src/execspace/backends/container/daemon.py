@@ -19,42 +19,12 @@ from ...models import Workspace
 from ...workspace.layout import sanitize_id
 from ...workspace.protected import PlaceholderRun, Placeholders
 from ...workspace.slots import is_slot_dir, laid_out_slot
-from .config import ContainerConfig, check_binds, daemon_socket_path
+from .config import ContainerConfig, check_binds
+from .connection import connect
 from .pool import PoolSlot
 from .reaper import LABEL, current_owner, owner_labels, remove_engine_containers
 
 __all__ = ["LABEL", "DaemonInfo", "WorkspaceContainers", "connect", "daemon_info"]
-
-
-def connect(docker_host: str | None, timeout: float = 10.0) -> Any:
-    """A Docker SDK client for ``docker_host`` (or ``$DOCKER_HOST`` / the default socket); raises ``SetupFailed``."""
-    try:
-        import docker  # type: ignore[import-untyped]  # the SDK ships no type information
-    except ImportError as exc:
-        raise SetupFailed(
-            "container", f"the docker SDK is not installed ({exc})", "pip install 'execspace[docker]'"
-        ) from exc
-    sock = daemon_socket_path(docker_host)
-    if sock is not None and not os.path.exists(sock):
-        # checked here: the SDK leaks the socket of a failed unix connect
-        raise SetupFailed("container", f"no container daemon socket at {sock}", _DAEMON_FIX)
-    client = None
-    try:
-        if docker_host:
-            client = docker.DockerClient(base_url=docker_host, timeout=timeout)
-        else:
-            client = docker.from_env(timeout=timeout)
-        client.ping()
-    except Exception as exc:  # the SDK raises DockerException, requests and OS errors alike
-        if client is not None:
-            client.close()
-        where = docker_host or os.environ.get("DOCKER_HOST") or "the default socket"
-        raise SetupFailed(
-            "container",
-            f"no container daemon answers at {where} ({exc})",
-            _DAEMON_FIX,
-        ) from exc
-    return client
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,5 +225,4 @@ def _remove(container: Any) -> None:
         container.remove(force=True)
 
 
-_DAEMON_FIX = "start dockerd (or `podman system service`) or point DOCKER_HOST / docker_host= at its socket"
 _IMAGE_FIX = "check the image exists locally (no registry is needed; see docs/backends.md for an offline recipe)"

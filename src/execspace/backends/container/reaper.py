@@ -26,6 +26,7 @@ from typing import Any
 
 from ...owner import Owner, current_owner, owner_alive
 from ...workspace.slots import is_slot_dir
+from .connection import connect
 
 __all__ = [
     "LABEL",
@@ -97,8 +98,6 @@ def start_watchdog(docker_host: str | None, engine_id: str, workspace_root: Path
 
 
 def _watch(docker_host: str | None, engine_id: str, workspace_root: Path | None) -> None:
-    from .daemon import connect
-
     with contextlib.suppress(OSError):
         sys.stdin.buffer.read()  # returns at EOF: the engine closed, or its process is gone
     client = connect(docker_host)
@@ -109,8 +108,6 @@ def _watch(docker_host: str | None, engine_id: str, workspace_root: Path | None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .daemon import connect
-
     parser = argparse.ArgumentParser(description="Remove execspace containers left by dead processes.")
     parser.add_argument("--docker-host", default=None, help="daemon URL (default $DOCKER_HOST or the default socket)")
     parser.add_argument("--workspace-root", type=Path, default=None, help="also remove unused pool dirs under it")

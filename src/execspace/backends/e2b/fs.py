@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -25,6 +26,7 @@ from ...models import (
     File,
     FileEntry,
     FileKind,
+    Persistence,
     PutFile,
     Snapshot,
     Workspace,
@@ -74,7 +76,10 @@ class E2BWorkspaceManager:
         box = await self._boxes.for_workspace(key)
         root = box.root_of(key)
         await box.agent("layout", ws=root, dirs=list(LAYOUT_DIRS))
-        return Workspace(id=exec_id, path=root, backend="e2b", policy=policy or WorkspacePolicy())
+        policy = policy or WorkspacePolicy()
+        if self._boxes.options.persistence == "turn":  # a fresh sandbox for each creation, whatever was asked
+            policy = replace(policy, persistence=Persistence.TURN)
+        return Workspace(id=exec_id, path=root, backend="e2b", policy=policy)
 
     async def get_workspace(self, exec_id: str) -> Workspace:
         key = workspace_key(exec_id)

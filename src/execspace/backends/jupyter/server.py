@@ -126,6 +126,8 @@ def server_capabilities(
     return dataclasses.replace(
         base,
         isolation=Isolation.REMOTE,  # nothing runs on this host
+        programs=False,
+        fork=base.fork if mode.shared_filesystem else None,  # server-side workspaces are neither forked nor snapshot
         persistent_state=True,
         languages=(language,),
         streaming=False,
@@ -176,12 +178,13 @@ async def open_server_engine(
     server_root = Path(mode.server_root) if mode.server_root is not None else None
     kernels = RemoteKernelSessions(api, fs, common.env_policy, server_root=server_root, **opts)
     root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
-    manager = KernelWorkspaceManager(root, kernels)
-    runner: ProgramRunner = (
-        HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace)
-        if mode.programs == "host"
-        else NoPrograms()
-    )
+    if mode.programs == "host":
+        host = HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace)
+        runner: ProgramRunner = host
+        manager = KernelWorkspaceManager(root, kernels, host.stop_programs)  # cleanup stops its programs too
+    else:
+        runner = NoPrograms()
+        manager = KernelWorkspaceManager(root, kernels)
     return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)
 
 
