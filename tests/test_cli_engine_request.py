@@ -7,11 +7,13 @@ import argparse
 
 import pytest
 
-from execspace.backends.jupyter import HostKernels, SandboxedKernels
 from execspace.backends.sandbox import Profile
 from execspace.cli import execcode, run
 from execspace.cli.main import build_parser
 from execspace.errors import UsageError
+
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+from execspace.backends.jupyter import HostKernels, SandboxedKernels
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -13,9 +13,12 @@ import pytest
 
 import execspace
 from execspace import artifacts, backend, envpolicy, keywords, models
-from execspace.backends import container, jupyter, local, sandbox
+from execspace.backends import container, local, sandbox
 from execspace.engine import open_engine_from
 from execspace.errors import InvalidSpec
+
+pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+from execspace.backends import jupyter
 
 e2b = pytest.importorskip("execspace.backends.e2b", reason="the e2b extra is not installed")
 
