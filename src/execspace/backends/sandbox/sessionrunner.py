@@ -32,11 +32,13 @@ from ...process.supervisor import Launch, SupervisedProcess
 from ...process.warmpool import WarmPool
 from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
-from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
 from .policy import Access
-from .session import Session, SessionConfig, SessionProgram, start_session
+from .runner import SandboxRunner
+from .session import Session, start_session
+from .sessionconfig import SessionConfig
+from .sessionprogram import SessionProgram
 
 __all__ = ["SessionRunner"]
 
