@@ -17,11 +17,20 @@ from typing import TYPE_CHECKING
 
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
+from ..errors import CannotExecute
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ..workspace.branches import overlay_supported
 from .freezing import held
 from .pacing import OutputPace
-from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
+from .preparation import (
+    PreparedRun,
+    ProgramLookup,
+    RunPreparation,
+    exec_error,
+    finish_run,
+    lookup_on_path,
+    not_started,
+)
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
 from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
@@ -76,9 +85,13 @@ class HostRunner:
 
     # -- the preparation and wrapper steps ---------------------------------------------------
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
         """The run's preparation (:meth:`.RunPreparation.prepare`), for :meth:`run_program` and
-        :meth:`start_program`."""
+        :meth:`start_program`.
+
+        Raises:
+            CommandNotFound: the command does not exist.
+        """
         return self.preparation.prepare(ws, spec)
 
     def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
@@ -120,26 +133,31 @@ class HostRunner:
     # -- ProgramRunner -----------------------------------------------------------------
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        prep = self.prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            return prep
+        try:
+            prep = self.prepare(ws, spec)
+        except CannotExecute as exc:
+            return not_started(exc)
         try:
             proc = await self.spawn_prepared(prep, self.wrap(prep))
         except OSError as exc:
-            failed = exec_failure(prep, exc)
+            failed = exec_error(prep, exc)
             if failed is None:
                 raise
-            return failed
+            return not_started(failed)
         async with proc:
             result = await proc.wait()
         return await finish_run(prep, result)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
         prep = self.prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            raise FileNotFoundError(prep.stderr.strip())
         launch = self.wrap(prep, interactive=True)
-        proc = await self.spawn_prepared(prep, launch)
+        try:
+            proc = await self.spawn_prepared(prep, launch)
+        except OSError as exc:
+            failed = exec_error(prep, exc)
+            if failed is None:
+                raise
+            raise failed from exc
         forget = self.programs.add(ws, proc)
         if proc.finished:  # supervision ended before it was listed: its on_exit hooks have run
             forget()
@@ -184,7 +202,7 @@ class HostRunner:
         ``process`` makes its handle (see :func:`~.supervisor.spawn`).
 
         Raises:
-            OSError: it could not be started (``exec_failure`` says whether that is a 127/126).
+            OSError: it could not be started (``exec_error`` says whether that is a 127/126).
         """
         root = prep.root
         # known before it exists: a program already running may not have been handed back to us yet. Spawned in

@@ -187,14 +187,12 @@ class SandboxRunner(HostRunner):
             seccomp: the filters bwrap loads (default: the runner's), e.g. :class:`KernelSeccompFilters`.
 
         Raises:
-            FileNotFoundError: ``argv[0]`` is a bare name not found in the sandbox.
+            CommandNotFound: ``argv[0]`` is a bare name not found in the sandbox.
             OSError: the sandbox could not be started.
         """
         runner = self if seccomp is None else self.with_seccomp(seccomp)
         spec = RunProgramSpec(argv[0], list(argv[1:]), timeout=None, limits=limits)
         prep = runner.preparation.prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            raise FileNotFoundError(prep.stderr.strip())
         launch = runner.wrap(prep, interactive=True)
         # pinned now, to the directory made for this run, whatever a program renames around it later
         with ConfinedRoot(str(prep.root)) as cr:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PathDenied
-from ...models import NetworkPolicy, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkPolicy, RunProgramSpec, Workspace
 from ...process.freezing import held
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
@@ -159,7 +159,7 @@ class SessionRunner(SandboxRunner):
             found = self._decisions[key] = super().access_of(root, rel)
         return found
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
         # the supervisor makes the run directory of a session run (off the host's share of the run, whose
         # largest single cost it was), where its sandbox may write runs/
         # (not with an allow-list: the run's proxy audits into its directory before the program starts)
@@ -294,8 +294,7 @@ class SessionRunner(SandboxRunner):
                 timeout=None,
                 limits=self.config.limits(_BWRAP_OUTPUT),
             )
-            prep = self.preparation.prepare(ws, spec)
-            assert isinstance(prep, PreparedRun)  # a path is never looked up
+            prep = self.preparation.prepare(ws, spec)  # a path: never looked up, never CommandNotFound
             launch = super().wrap(prep, init_fd=binary)
         except BaseException:
             for sock in (ours, theirs):
