@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from ...artifacts import ArtifactService
 from ...backend import Probe
@@ -48,7 +48,7 @@ from .cgroups import CgroupSupport
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
-from .runner import SandboxRunner, is_root, private_execspace_dir, visible, with_environment
+from .runner import SandboxRunner, SandboxRunnerConfig, is_root, private_execspace_dir, visible, with_environment
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
 from .supervisorbin import EGRESS_FIX, SESSION_FIX, supervisor_binary
@@ -300,24 +300,25 @@ class SandboxBackend:
             return uid, uid
 
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
-        runner_options: dict[str, Any] = {
-            "network_default": policy.network_enabled,
-            "seccomp": seccomp,
-            "policy": policy,
-            "hidden": (root, private, *_daemon_dirs(as_root), *_store_dirs(store)),
-            "environment_store": store,
-            "cgroups": cgroups,
-            "owner": owner,
-            "capabilities": lambda: caps,
-            "env_policy": env_policy,
-            "kill_grace": kill_grace,
-            "output_rate": options.output_rate,
-            "network_allow": allow,
-            "on_network_attempt": options.on_network_attempt,
-            "environment": environment,
-            "program_binds": options.program_binds,
-            "system_files": options.system_files,
-        }
+        runner_config = SandboxRunnerConfig(
+            bwrap_path,
+            network_default=policy.network_enabled,
+            seccomp=seccomp,
+            capabilities=lambda: caps,
+            env_policy=env_policy,
+            policy=policy,
+            hidden=(root, private, *_daemon_dirs(as_root), *_store_dirs(store)),
+            cgroups=cgroups,
+            owner=owner,
+            kill_grace=kill_grace,
+            network_allow=allow,
+            on_network_attempt=options.on_network_attempt,
+            environment=environment,
+            program_binds=options.program_binds,
+            system_files=options.system_files,
+            environment_store=store,
+            output_rate=options.output_rate,
+        )
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
         prepare = sandbox_layout_owner() if as_root else None
@@ -334,12 +335,12 @@ class SandboxBackend:
             if config.disk_bytes is not None:
                 if why := disk_tools_missing():
                     raise CapabilityError("SessionConfig.disk_bytes", "sandbox", why)
-                runner_options["disk_bound"] = config.disk_bytes
+                runner_config = replace(runner_config, disk_bound=config.disk_bytes)
                 caps = replace(caps, fork=None)  # its manager refuses them: a copy would not be bounded
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
-            return await _open_session(bwrap_path, runner_options, config, root, prepare, fs, caps)
-        runner = SandboxRunner(bwrap_path, **runner_options)
+            return await _open_session(runner_config, config, root, prepare, fs, caps)
+        runner = SandboxRunner(runner_config)
         manager = HostWorkspaceManager(
             "sandbox",
             root,
@@ -355,8 +356,7 @@ class SandboxBackend:
 
 
 async def _open_session(
-    bwrap: str,
-    runner_options: dict[str, Any],
+    runner_config: SandboxRunnerConfig,
     config: SessionConfig,
     root: Path,
     prepare: Callable[[Path], None] | None,
@@ -366,9 +366,9 @@ async def _open_session(
     from .sessionrunner import SessionRunner  # session mode's modules load when a session engine opens
 
     supervisor = await asyncio.to_thread(supervisor_binary, private_execspace_dir())
-    policy: SandboxPolicy = runner_options["policy"]
+    policy = runner_config.policy or SandboxPolicy()
     runner = SessionRunner(
-        bwrap,
+        runner_config,
         supervisor=supervisor,
         config=config,
         workspace_root=root,
@@ -377,14 +377,13 @@ async def _open_session(
         # no-access globs are judged against a workspace's files when its sandbox starts; a slot has none; a slot
         # becomes a workspace by a rename, which a disk-bounded one's mount point refuses (EBUSY)
         pool=not policy.no_access_globs and config.disk_bytes is None,
-        **runner_options,
     )
     manager = HostWorkspaceManager(
         "sandbox",
         root,
         prepare=prepare,
         program_path=lambda _p: SANDBOX_WORKSPACE,
-        program_binds=runner_options["program_binds"],
+        program_binds=runner_config.program_binds,
         private_root=not is_root(),
         adopt=runner.adopt if runner.pool is not None else None,
         refill=runner.refill if runner.pool is not None else None,
@@ -518,7 +517,7 @@ def _open_unmanaged(
     return BaseEngine("sandbox", manager, fs, runner, caps)
 
 
-def sandbox_layout_owner() -> Any:
+def sandbox_layout_owner() -> Callable[[Path], None]:
     """A workspace ``prepare`` hook (root only): the layout belongs to the workspace's sandbox uid, so that the
     sandbox can write where it may; shared with the jupyter backend's pre-made kernel slots."""
 
@@ -557,11 +556,10 @@ def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
         (ws / "skills").mkdir()
         (ws / "metadata.json").write_text("{}")
         uid = sandbox_uid(ws)
-        kwargs: dict[str, Any] = {}
-        if is_root():
+        as_root = is_root()
+        if as_root:
             os.chmod(tmp, 0o711)  # noqa: S103 - the sandbox uid must traverse to the workspace
             os.chown(ws, uid, uid)
-            kwargs = {"user": uid, "group": uid, "extra_groups": []}
         cfg = BwrapConfig(bwrap, network=False)
         python = shutil.which("python3", path=visible_path_entries(MINIMAL_PATH))
         check = f"id -u; grep CapEff /proc/self/status; {probe_script(python)}"
@@ -578,7 +576,9 @@ def _probe_boundary(bwrap: str, seccomp: SeccompFilters) -> Probe:
                 timeout=10,
                 env={"PATH": MINIMAL_PATH},
                 pass_fds=(seccomp_fd,),
-                **kwargs,
+                user=uid if as_root else None,
+                group=uid if as_root else None,
+                extra_groups=[] if as_root else None,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Probe(False, f"bwrap could not start: {exc}", "check that bwrap is executable")

@@ -13,7 +13,6 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ...capabilities import Capabilities
 from ...environments import DEBIAN_PATH, Environment, EnvironmentStore, lookup_in_root
@@ -50,6 +49,7 @@ from .supervisorbin import egress_bridge_binary
 __all__ = [
     "SandboxProcess",
     "SandboxRunner",
+    "SandboxRunnerConfig",
     "exec_hint",
     "is_root",
     "private_execspace_dir",
@@ -63,6 +63,39 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+@dataclass(frozen=True, slots=True)
+class SandboxRunnerConfig:
+    """What a :class:`SandboxRunner` runs every program of its engine with: what the factory decided."""
+
+    bwrap: str
+    """The bubblewrap binary."""
+    network_default: bool
+    """The network of a run that asks for none (and of an engine without an allow-list)."""
+    seccomp: SeccompFilters
+    """The filters bwrap loads (built once per engine)."""
+    capabilities: Callable[[], Capabilities]
+    env_policy: EnvPolicy | None = None
+    policy: SandboxPolicy | None = None
+    """What programs may touch (default: ``workspace-write`` with this user's HOME's credential stores denied)."""
+    hidden: Sequence[Path] = ()
+    """Host directories never visible through a grant (the engine's workspaces, the daemon's, the store)."""
+    cgroups: CgroupSupport | None = None
+    owner: Callable[[Workspace], tuple[int, int] | None] | None = None
+    """The uid/gid a workspace's files belong to (as root: its sandbox uid)."""
+    kill_grace: float = 2.0
+    network_allow: NetworkPolicy | None = None
+    """The engine's allow-list: the network of every run that does not choose its own."""
+    on_network_attempt: NetworkApprover | None = None
+    environment: Environment | None = None
+    """The engine's runtime environment (a run may name another)."""
+    program_binds: tuple[tuple[str, str], ...] = ()
+    system_files: tuple[tuple[str, str], ...] = ()
+    disk_bound: int | None = None
+    """A bound on what the sandbox can write (a session's ``disk_bytes``): its tmpfs stay within it too."""
+    environment_store: EnvironmentStore | None = None
+    output_rate: int | None = None
+
+
 class SandboxRunner(HostRunner):
     """A HostRunner whose wrapper step puts each program in bubblewrap.
 
@@ -70,64 +103,42 @@ class SandboxRunner(HostRunner):
     Jupyter kernel), under the same boundary, uid, limits and bookkeeping as a program.
     """
 
-    def __init__(
-        self,
-        bwrap: str,
-        *,
-        network_default: bool,
-        seccomp: SeccompFilters,
-        capabilities: Callable[[], Capabilities],
-        env_policy: EnvPolicy | None = None,
-        policy: SandboxPolicy | None = None,
-        hidden: Sequence[Path] = (),
-        cgroups: CgroupSupport | None = None,
-        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
-        kill_grace: float = 2.0,
-        network_allow: NetworkPolicy | None = None,
-        on_network_attempt: NetworkApprover | None = None,
-        environment: Environment | None = None,
-        program_binds: tuple[tuple[str, str], ...] = (),
-        system_files: tuple[tuple[str, str], ...] = (),
-        disk_bound: int | None = None,
-        environment_store: EnvironmentStore | None = None,
-        output_rate: int | None = None,
-    ) -> None:
+    def __init__(self, config: SandboxRunnerConfig) -> None:
+        environment = config.environment
         lookup, path_view = _environment_view(environment)
         super().__init__(
-            capabilities,
-            env_policy,
-            kill_grace=kill_grace,
-            output_rate=output_rate,
-            owner=owner,
+            config.capabilities,
+            config.env_policy,
+            kill_grace=config.kill_grace,
+            output_rate=config.output_rate,
+            owner=config.owner,
             program_root=lambda _ws: SANDBOX_WORKSPACE,
             lookup=lookup,
             path_view=path_view,
         )
         self.path_view = path_view
         self.environment = environment
-        self.program_binds = program_binds
-        self.system_files = tuple((path, text.encode()) for path, text in system_files)
-        # a bound on what the sandbox can write (a session's disk_bytes): its tmpfs stay within it too
-        self.disk_bound = disk_bound
-        self.cgroups = cgroups or CgroupSupport({})
+        self.program_binds = config.program_binds
+        self.system_files = tuple((path, text.encode()) for path, text in config.system_files)
+        self.disk_bound = config.disk_bound
+        self.cgroups = config.cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
         self.setpriv = shutil.which("setpriv")
         # in the sandbox's own session (bwrap --new-session), util-linux's setsid --ctty makes a pty run's terminal
         # the program's controlling tty: ^C, job control and SIGWINCH reach it and not bwrap
         self.setsid = visible(shutil.which("setsid"))
-        self.bwrap = bwrap
-        self.network_default = network_default
-        # the engine's allow-list: the network of every run that does not choose its own
-        self.network_allow = network_allow
-        self.on_network_attempt = on_network_attempt
-        self.seccomp = seccomp
-        self.policy = policy or SandboxPolicy().with_home(os.environ.get("HOME"))
+        self.bwrap = config.bwrap
+        self.network_default = config.network_default
+        self.network_allow = config.network_allow
+        self.on_network_attempt = config.on_network_attempt
+        self.seccomp = config.seccomp
+        self.policy = config.policy or SandboxPolicy().with_home(os.environ.get("HOME"))
         self.resolvers = Resolvers(self.policy)
         # host directories never visible through a grant (the engine's workspaces, the daemon's, the environment
         # store), but for the environment trees a run is in (environment_store), read-only
-        self.hidden = tuple(hidden)
-        self.environment_store = environment_store
+        self.hidden = tuple(config.hidden)
+        self.environment_store = config.environment_store
         # shared with clones (with_seccomp): their runs mount the same placeholders
         self.placeholders = Placeholders()
         self._bridge: Path | None = None
@@ -457,7 +468,7 @@ def exec_hint(program: str) -> str:
     )
 
 
-def _with_nproc(inner: Any, pids: int | None) -> Any:
+def _with_nproc(inner: Callable[[], None] | None, pids: int | None) -> Callable[[], None] | None:
     if pids is None:
         return inner
 
@@ -472,7 +483,7 @@ def _with_nproc(inner: Any, pids: int | None) -> Any:
     return apply
 
 
-def _join_then_drop(join: Any, limits: Any, uid: int) -> Any:
+def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None, uid: int) -> Callable[[], None]:
     def apply() -> None:
         join()
         if limits is not None:

@@ -26,8 +26,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
+from ...artifacts import ArtifactService
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
@@ -473,8 +473,8 @@ def seatbelt_engine(
     root: Path,
     caps: Capabilities,
     env_policy: EnvPolicy | None,
-    host_roots: Any,
-    artifacts: Any,
+    host_roots: Sequence[Path | str],
+    artifacts: ArtifactService | None,
     kill_grace: float,
 ) -> BaseEngine:
     """The sandbox engine on macOS (see :class:`SeatbeltRunner`: not exercised by our CI)."""

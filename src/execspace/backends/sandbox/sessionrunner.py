@@ -19,9 +19,8 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ...errors import PathDenied
 from ...models import NetworkPolicy, RunProgramSpec, Workspace
@@ -35,7 +34,7 @@ from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
 from .policy import Access
-from .runner import SandboxRunner
+from .runner import SandboxRunner, SandboxRunnerConfig
 from .session import Session, start_session
 from .sessionconfig import SessionConfig
 from .sessionprogram import SessionProgram
@@ -63,18 +62,17 @@ class SessionRunner(SandboxRunner):
 
     def __init__(
         self,
-        *args: Any,
+        runner: SandboxRunnerConfig,
+        *,
         supervisor: Path,
         config: SessionConfig,
         workspace_root: Path,
         root_mode: int,
         prepare_slot: Callable[[Path], None] | None,
         pool: bool,
-        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, owner=self._run_owner, **kwargs)
-        self._owner = owner
+        super().__init__(replace(runner, owner=self._run_owner))
+        self._owner = runner.owner
         self.supervisor = supervisor
         self.config = config
         self._session_seccomp = self.seccomp
