@@ -64,3 +64,15 @@ def test_no_module_of_the_sandbox_package_imports_one_that_imports_it_back() -> 
     for module in sorted(imports):
         walk(module, [module])
     assert cycles == []
+
+
+def test_a_launch_plan_is_never_changed_after_it_is_built() -> None:
+    """A wrapper makes a new plan (``dataclasses.replace``); assigning to one is refused."""
+    import dataclasses
+
+    from execspace.process.supervisor import Launch
+
+    plan = Launch(argv=["/bin/true"], env={}, cwd="/", marker="m")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.argv = ["/bin/false"]  # type: ignore[misc]
+    assert dataclasses.replace(plan, argv=["/bin/false"]).argv == ["/bin/false"] and plan.argv == ["/bin/true"]

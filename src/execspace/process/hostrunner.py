@@ -99,9 +99,17 @@ class HostRunner:
         return self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
 
     def launch(
-        self, prep: PreparedRun, argv: list[str], env: dict[str, str], cwd: str, *, interactive: bool = False
+        self,
+        prep: PreparedRun,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        *,
+        interactive: bool = False,
+        rlimits: bool = True,
     ) -> Launch:
-        """The launch of ``argv`` for ``prep``: its stdin, deadline, output cap, rlimits and supervision."""
+        """The launch of ``argv`` for ``prep``: its stdin, deadline, output cap, rlimits and supervision.
+        ``rlimits=False``: what starts the program sets its rlimits (a sandbox session's supervisor)."""
         spec = prep.spec
         return Launch(
             argv=argv,
@@ -113,7 +121,7 @@ class HostRunner:
             timeout=spec.timeout,
             output_limit=spec.limits.output_bytes,
             kill_grace=self.kill_grace,
-            preexec_fn=rlimit_preexec(spec.limits),
+            preexec_fn=rlimit_preexec(spec.limits) if rlimits else None,
             run_dir=prep.run_dir,
             classify_exit=classify_rlimit_exit,
             sweeper=self._sweeper,

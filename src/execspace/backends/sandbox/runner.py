@@ -293,20 +293,23 @@ class SandboxRunner(HostRunner):
             if egress is not None:
                 egress.close()
             raise
+        egress_fds: tuple[int, ...] = ()
         if egress is not None:
-            launch.pass_fds = (*launch.pass_fds, *egress.pass_fds)
+            egress_fds = tuple(egress.pass_fds)
             launch.after_spawn.append(egress.started)
             launch.on_exit.append(egress.close)
             launch.annotate.append(egress.annotate)
-        launch.pty_controlling = False
-        launch.signal_target = _program_group
-        launch.exit_status = functools.partial(_bwrap_exit_status, prep.argv[0])
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
-        launch.pass_fds = (*launch.pass_fds, *data_fds, *(() if init_fd is None else (init_fd,)))
-        launch.after_spawn += [functools.partial(os.close, fd) for fd in data_fds]
-        if is_root():
-            self._drop_to_sandbox_uid(prep, launch)
-        return launch
+        launch.after_spawn.extend(functools.partial(os.close, fd) for fd in data_fds)
+        launch = replace(
+            launch,
+            # bwrap starts the program in a session of its own: setsid --ctty there gives it the terminal
+            pty_controlling=False,
+            signal_target=_program_group,
+            exit_status=functools.partial(_bwrap_exit_status, prep.argv[0]),
+            pass_fds=(*launch.pass_fds, *egress_fds, *data_fds, *(() if init_fd is None else (init_fd,))),
+        )
+        return self._drop_to_sandbox_uid(prep, launch) if is_root() else launch
 
     def _shown_environments(self, res: Resolver) -> tuple[str, ...]:
         """The policy's host grants that are built trees of the (hidden) environment store: the run's environment,
@@ -334,20 +337,18 @@ class SandboxRunner(HostRunner):
             self._bridge = egress_bridge_binary(private_execspace_dir())
         return self._bridge
 
-    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> None:
-        """Start bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits or the freezer
-        need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`)."""
+    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> Launch:
+        """``launch`` starting bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits or the
+        freezer need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`)."""
         uid = sandbox_uid(prep.root)
         limits = prep.spec.limits
         group = self.cgroups.create(limits)
         if group is None:
-            launch.preexec_fn = _with_nproc(launch.preexec_fn, limits.pids)
+            preexec = _with_nproc(launch.preexec_fn, limits.pids)
             if self.setpriv is None:
-                launch.user, launch.group = uid, uid
-            else:
-                drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-                launch.argv = [*drop, *launch.argv]
-            return
+                return replace(launch, preexec_fn=preexec, user=uid, group=uid)
+            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+            return replace(launch, preexec_fn=preexec, argv=[*drop, *launch.argv])
         # the group does these for the whole sandbox; per-process rlimits would only get in the way
         in_group = group.enforces()
         rest = replace(
@@ -355,9 +356,6 @@ class SandboxRunner(HostRunner):
             memory_bytes=None if "memory_bytes" in in_group else limits.memory_bytes,
             pids=None if "pids" in in_group else limits.pids,
         )
-        # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
-        launch.preexec_fn = _join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid)
-        launch.freezer = group.freezer
         hit: list[str | None] = [None]
 
         def finish() -> None:
@@ -366,7 +364,13 @@ class SandboxRunner(HostRunner):
 
         launch.on_exit.append(finish)
         rlimit_classify = launch.classify_exit
-        launch.classify_exit = lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None)
+        return replace(
+            launch,
+            # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
+            preexec_fn=_join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid),
+            freezer=group.freezer,
+            classify_exit=lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None),
+        )
 
 
 @dataclass(frozen=True, slots=True)

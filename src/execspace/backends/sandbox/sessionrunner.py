@@ -175,9 +175,8 @@ class SessionRunner(SandboxRunner):
         if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.program_env(prep)
-        launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)
-        launch.preexec_fn = None  # the supervisor sets the rlimits
-        return launch
+        cwd = prep.program_cwd(SANDBOX_WORKSPACE)
+        return self.launch(prep, prep.argv, env, cwd, interactive=interactive, rlimits=False)  # the supervisor's
 
     async def spawn_prepared(
         self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
@@ -188,7 +187,7 @@ class SessionRunner(SandboxRunner):
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
         if self.network_allow is not None:
-            await self._run_proxy(session, prep, launch)
+            launch = await self._run_proxy(session, prep, launch)
         session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
         make = functools.partial(
@@ -200,10 +199,10 @@ class SessionRunner(SandboxRunner):
         )
         return await super().spawn_prepared(prep, launch, make)
 
-    async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> None:
-        """The run's own proxy, on a listener the session's supervisor makes on its loopback: the run's attempts
-        are audited in its own directory and result, as in per-run mode. (The session's own proxy, on
-        ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
+    async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> Launch:
+        """``launch`` with the run's own proxy, on a listener the session's supervisor makes on its loopback: the
+        run's attempts are audited in its own directory and result, as in per-run mode. (The session's own proxy,
+        on ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
         assert self.network_allow is not None
         listener = await session.listener()
         port = listener.getsockname()[1]
@@ -213,9 +212,9 @@ class SessionRunner(SandboxRunner):
             listener.close()
             raise
         await audit.proxy.serve(listener)
-        launch.env = {**launch.env, **proxy_env(port)}
         launch.on_exit.append(audit.close)
         launch.annotate.append(audit.annotate)
+        return replace(launch, env={**launch.env, **proxy_env(port)})
 
     def _program_over(self, root: Path, session: Session) -> None:
         session.active -= 1
@@ -299,9 +298,9 @@ class SessionRunner(SandboxRunner):
                 sock.close()
             os.close(binary)
             raise
-        launch.pass_fds = (*launch.pass_fds, theirs.fileno())
         # bwrap has its own copies once started (or failed to start): ours go then
-        launch.after_spawn += [functools.partial(os.close, binary), theirs.close]
+        launch.after_spawn.extend([functools.partial(os.close, binary), theirs.close])
+        launch = replace(launch, pass_fds=(*launch.pass_fds, theirs.fileno()))
         owner = self._owner(ws) if self._owner is not None else None
         return await start_session(launch, ours, ws.id, self.config, owner=owner)
 
