@@ -20,13 +20,13 @@ from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...environments import Environment, EnvironmentStore
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
-from ...errors import CapabilityError, InvalidSpec, SetupFailed, UnsupportedBackend
+from ...errors import CapabilityError, InvalidSpec, ProgramNotFound, SetupFailed, UnsupportedBackend
 from ...languages import available_languages
-from ...models import NetworkPolicy, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkPolicy, ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ...process.freezing import SETTLE_SECONDS
 from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capabilities
 from ...process.rlimits import RLIMIT_ENFORCED
-from ...process.supervisor import SupervisedProcess
+from ...protocols import ProgramHandle
 from ...rundirs import daemon_dirs
 from ...workspace.branches import overlay_supported
 from ...workspace.confine import ConfinedRoot
@@ -459,14 +459,28 @@ def _resolve_policy(policy: SandboxPolicy | None, network: bool | None) -> Sandb
     return policy.with_home(os.environ.get("HOME"))
 
 
-class ExternalRunner(HostRunner):
-    """``Profile.EXTERNAL``: isolation is someone else's job, so this engine runs nothing."""
+class ExternalRunner:
+    """``Profile.EXTERNAL``: isolation is someone else's job, so this engine runs nothing, and has nothing to
+    list, stop or hold still."""
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         raise UnsupportedBackend(_EXTERNAL_REFUSAL)
 
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ProgramHandle:
         raise UnsupportedBackend(_EXTERNAL_REFUSAL)
+
+    async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
+        return []
+
+    async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
+        what = f"pid {key}" if isinstance(key, int) else f"tag {key!r}"
+        raise ProgramNotFound(f"no running program with {what} in workspace {ws.id!r}: {_EXTERNAL_REFUSAL}")
+
+    async def stop_programs(self, ws: Workspace) -> None:
+        return None
+
+    def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def _unmanaged_capabilities(policy: SandboxPolicy, env_policy: EnvPolicy | None) -> Capabilities:
@@ -504,8 +518,11 @@ def _open_unmanaged(
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
     caps = _unmanaged_capabilities(policy, env_policy)
     fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
-    runner_cls = ExternalRunner if policy.profile is Profile.EXTERNAL else HostRunner
-    runner = runner_cls(lambda: caps, env_policy, kill_grace=kill_grace)
+    runner = (
+        ExternalRunner()
+        if policy.profile is Profile.EXTERNAL
+        else HostRunner(lambda: caps, env_policy, kill_grace=kill_grace)
+    )
     manager = HostWorkspaceManager(
         "sandbox",
         root,
