@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,11 @@ from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
 
-__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "unisolated_capabilities"]
+__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Wrapper", "unisolated_capabilities"]
+
+#: A wrapper step of a runner: a prepared run's launch plan made into a new one to start (another argv around the
+#: program, another environment…); what it opens for the run it registers on the plan's hooks (``on_exit``…).
+Wrapper = Callable[[PreparedRun, Launch], Launch]
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
@@ -62,7 +66,9 @@ class HostRunner:
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
         output_rate: int | None = None,
+        wrappers: Sequence[Wrapper] = (),
     ) -> None:
+        self._wrappers = tuple(wrappers)
         self.preparation = RunPreparation(
             capabilities,
             env_policy,
@@ -95,8 +101,12 @@ class HostRunner:
         return self.preparation.prepare(ws, spec)
 
     def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
-        """Turn a prepared run into the finished launch. The local backend spawns the program as is."""
-        return self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
+        """Turn a prepared run into the finished launch: the program as is (the local backend), then each of the
+        runner's wrappers in turn (Seatbelt's ``sandbox-exec``)."""
+        launch = self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
+        for wrapper in self._wrappers:
+            launch = wrapper(prep, launch)
+        return launch
 
     def launch(
         self,
