@@ -136,23 +136,23 @@ def _raw_round_trips(session: Any, runs: int) -> tuple[list[float], list[float]]
     """``/bin/true`` through the session's supervisor by a blocking client speaking its protocol directly (what
     the library's run path costs above this is its own: preparation, checks, supervision, the event loop),
     interleaved with bare ``subprocess.run``. The channel is taken off the event loop meanwhile."""
-    from execspace.backends.sandbox import session as proto
+    from execspace.backends.sandbox import protocol as proto
 
     sock = session._sock
     loop = asyncio.get_running_loop()
     loop.remove_reader(sock.fileno())
     sock.setblocking(True)
-    body = proto._SPAWN.pack(proto._FLAG_CAPTURE, 0, 1, 0) + b"/workspace\0/bin/true\0"
+    body = proto.SPAWN_BODY.pack(proto.FLAG_CAPTURE, 0, 1, 0) + b"/workspace\0/bin/true\0"
     raw: list[float] = []
     bare: list[float] = []
     try:
         for i in range(runs):
             t = time.perf_counter()
-            sock.sendmsg([proto._HEAD.pack(proto._OP_SPAWN, 0x7000_0000 + i) + body])
+            sock.sendmsg([proto.REQUEST_HEAD.pack(proto.OP_SPAWN, 0x7000_0000 + i) + body])
             while True:
-                kind, _, _, err = proto._MSG.unpack_from(sock.recv(proto._MSG.size + proto._OUT_CHUNK))
-                assert not (kind == proto._SPAWNED and err), f"spawn failed: errno {err}"
-                if kind == proto._EXITED:
+                kind, _, _, err = proto.MESSAGE_HEAD.unpack_from(sock.recv(proto.MESSAGE_HEAD.size + proto.OUT_CHUNK))
+                assert not (kind == proto.MSG_SPAWNED and err), f"spawn failed: errno {err}"
+                if kind == proto.MSG_EXITED:
                     break
             raw.append(time.perf_counter() - t)
             t = time.perf_counter()

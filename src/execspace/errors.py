@@ -23,6 +23,9 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
     ├── InputError                  an input reference that cannot be resolved (bad scheme, missing source)
+    ├── CannotExecute               a run's program could not be started (also OSError); carries its exit code
+    │   ├── CommandNotFound         it does not exist where it would run: 127 (also FileNotFoundError)
+    │   └── NotExecutable           it cannot be executed there: 126 (also PermissionError)
     ├── ExecutionTimeout            a run exceeded its deadline (also TimeoutError); carries the partial result
     ├── ProgramFailed               raised only on request (check=True); carries the result
     └── BackendError                the backend failed while running (daemon died, kernel crashed…)
@@ -44,7 +47,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ArtifactNotFound",
     "BackendError",
+    "CannotExecute",
     "CapabilityError",
+    "CommandNotFound",
     "EnvironmentBuildFailed",
     "EnvironmentNotFound",
     "ExecspaceError",
@@ -53,6 +58,7 @@ __all__ = [
     "InputError",
     "InvalidSpec",
     "LimitExceeded",
+    "NotExecutable",
     "PartialOutputCommit",
     "PathDenied",
     "PathIsDirectory",
@@ -181,6 +187,38 @@ class ArtifactNotFound(ExecspaceError, LookupError):
 
 class InputError(ExecspaceError):
     """An input reference cannot be resolved (unknown scheme, missing source, root not allowed)."""
+
+
+class CannotExecute(ExecspaceError, OSError):
+    """A run's program could not be started where it would run, as a shell reports it with an exit code:
+    ``start_program`` raises it, ``run_program`` returns a :class:`~execspace.models.RunResult` with its
+    ``exit_code`` and its message as stderr, and the CLI exits with its ``exit_code``."""
+
+    exit_code = 126
+
+    def __init__(self, command: str, message: str, err: int, run_dir: str = "") -> None:
+        super().__init__(message)
+        self.command = command
+        self.errno = err
+        self.run_dir = run_dir
+        """The run's directory (workspace-relative), made before the program was looked for; "" for none."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CommandNotFound(CannotExecute, FileNotFoundError):
+    """The command does not exist where the program would run (a bare name not on the run's ``PATH``, a path
+    that is not there): exit code 127."""
+
+    exit_code = 127
+
+
+class NotExecutable(CannotExecute, PermissionError):
+    """The program exists but cannot be executed (no ``x`` bit, a directory, not a format the kernel runs, a
+    file on the way): exit code 126."""
+
+    exit_code = 126
 
 
 class ExecutionTimeout(ExecspaceError, TimeoutError):

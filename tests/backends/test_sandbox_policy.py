@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -15,7 +16,8 @@ import execspace
 from execspace import CapabilityError, InputSpec, Isolation, PathDenied, PolicyViolation, PutFile, RunProgramSpec
 from execspace.backends.sandbox import Profile, SandboxPolicy
 from execspace.backends.sandbox.policy import CREDENTIAL_PATHS, Access
-from execspace.errors import InvalidSpec, UnsupportedBackend
+from execspace.errors import InvalidSpec, ProgramNotFound, UnsupportedBackend
+from execspace.protocols import SupportsSnapshots
 from execspace.registry import probe_backend
 from tests.support import make_traversable
 
@@ -300,6 +302,22 @@ async def test_external_profile_refuses_to_run(tmp_path: Path) -> None:
         with pytest.raises(PathDenied, match="protected"):
             await engine.fs.put_files(ws, [PutFile(".git/config", b"x")])
         assert engine.describe().details["runs"].startswith("refused")
+
+
+async def test_external_profile_has_no_programs_to_list_stop_or_hold(tmp_path: Path) -> None:
+    """Its runner is no host runner: nothing is listed, a program asked for is not found, and the manager's
+    snapshot (which holds programs still) and clean-up (which stops them) work on a workspace that has none."""
+    async with sandbox(tmp_path, SandboxPolicy(profile=Profile.EXTERNAL).with_write_paths(".")) as engine:
+        ws = await engine.manager.create_workspace("p/ext-programs")
+        assert await engine.runner.list_programs(ws) == []
+        with pytest.raises(ProgramNotFound, match="isolation is provided elsewhere"):
+            await engine.runner.get_program(ws, 1)
+        await engine.fs.put_files(ws, [PutFile("notes.txt", b"x")])
+        snapshots = cast(SupportsSnapshots, engine.manager)
+        snap = await snapshots.snapshot(ws)
+        assert snap.id in {s.id for s in await snapshots.list_snapshots()}
+        await engine.manager.cleanup(ws)
+        assert ws.host_path is not None and not ws.host_path.exists()
 
 
 async def test_network_option_and_policy_must_agree(tmp_path: Path) -> None:

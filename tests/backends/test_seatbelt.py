@@ -344,3 +344,41 @@ def test_unsupported_glob_classes_are_refused() -> None:
     for glob in ("[[:alpha:]]x", "[\\]]"):
         with pytest.raises(PolicyViolation):
             build_profile(SandboxPolicy().with_no_access_globs(glob), WS)
+
+
+@pytest.mark.parametrize("profile", [Profile.WORKSPACE_WRITE, Profile.READ_ONLY])
+async def test_the_seatbelt_wrapper_puts_the_run_under_sandbox_exec(tmp_path: Path, profile: Profile) -> None:
+    """On any OS: the seatbelt runner's plan is the host runner's, under ``sandbox-exec -p`` with the profile
+    build_profile makes for the run's network; a read-only workspace's temporary files go to a private directory
+    that the run's end removes."""
+    import execspace
+    from execspace import RunProgramSpec
+    from execspace.backends.sandbox.seatbelt import SANDBOX_EXEC, seatbelt_runner
+
+    policy = SandboxPolicy(profile=profile)
+    async with execspace.open_engine("local", workspace_root=tmp_path / "ws") as engine:
+        caps = engine.describe()
+        ws = await engine.manager.create_workspace("seatbelt")
+        runner = seatbelt_runner(
+            policy, network_default=False, capabilities=lambda: caps, env_policy=None, kill_grace=1
+        )
+        prep = runner.prepare(ws, RunProgramSpec("/bin/echo", ["hi"]))
+        launch = runner.wrap(prep)
+    root = os.path.realpath(prep.root)
+    tmpdir = launch.env.get("TMPDIR") if profile is Profile.READ_ONLY else None
+    assert list(launch.argv) == [
+        SANDBOX_EXEC,
+        "-p",
+        build_profile(policy.with_network(False), root, tmpdir=tmpdir),
+        "--",
+        "/bin/echo",
+        "hi",
+    ]
+    assert launch.cwd == prep.host_cwd and launch.marker == prep.marker
+    if profile is Profile.WORKSPACE_WRITE:  # its tmp/ is writable: the environment is the run's own
+        assert launch.env == prep.env and launch.on_exit == []
+        return
+    assert tmpdir is not None and os.path.isdir(tmpdir) and launch.env["TMP"] == launch.env["TEMP"] == tmpdir
+    for hook in launch.on_exit:  # the run is over
+        hook()
+    assert not os.path.exists(tmpdir)

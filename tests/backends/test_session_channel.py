@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from execspace.backends.sandbox.session import Session, SessionConfig
+from execspace.backends.sandbox import SessionConfig
+from execspace.backends.sandbox.session import Session
 
 _MSG = struct.Struct("=IIii")
 

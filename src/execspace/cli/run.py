@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
 from ..engine import BaseEngine, open_engine_from
-from ..errors import ExecspaceError, InputError, PathDenied, UsageError
+from ..errors import CannotExecute, InputError, PathDenied, UsageError
 from ..models import (
     DEFAULT_TIMEOUT,
     File,
@@ -29,6 +29,7 @@ from ..models import (
     Workspace,
     WorkspacePolicy,
 )
+from ..process.preparation import not_started
 from ..protocols import Engine
 from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
 from .outputs import default_out_dir, inline, save_files
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from ..backends.sandbox import SandboxPolicy
 
 __all__ = [
-    "EXIT_NOT_EXECUTABLE",
-    "EXIT_NOT_FOUND",
     "EXIT_TIMEOUT",
     "add_parser",
     "exit_status",
@@ -47,8 +46,6 @@ __all__ = [
 ]
 
 EXIT_TIMEOUT = 124
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
 DEFAULT_ID = "execspace/cli/run"
 DEFAULT_COLLECT = ("out/**",)
 _URI_SCHEMES = ("artifact://", "host://", "workspace://", "skill://")
@@ -443,18 +440,15 @@ async def execute(
     engine: BaseEngine, ws: Workspace, spec: RunProgramSpec, stdin: int | None, args: argparse.Namespace
 ) -> tuple[RunResult, str | None]:
     """Run the program with our stdin streamed to it and our signals routed to it; a command that cannot be
-    started is a 127/126 result, as in a shell. Also returns the line saying what a routed signal did."""
+    started (:class:`~execspace.errors.CannotExecute`) is a result with its 127/126, as in a shell. Also returns
+    the line saying what a routed signal did."""
     live = not args.json
     try:
         return await run_program(engine.runner, ws, spec, stdin, live=live, grace=args.grace, signals=args.signals)
-    except ExecspaceError:
-        raise
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
-        text = str(exc) if str(exc).startswith("execspace:") else f"execspace: cannot run {spec.cmd!r}: {exc}"
+    except CannotExecute as exc:
         if live:
-            print(text, file=sys.stderr, flush=True)
-        return RunResult(code, "", text + "\n", 0.0, raw_stderr=(text + "\n").encode()), None
+            print(exc, file=sys.stderr, flush=True)
+        return not_started(exc), None
 
 
 async def command(args: argparse.Namespace) -> int:

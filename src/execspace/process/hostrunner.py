@@ -11,17 +11,26 @@ import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
+from ..errors import CannotExecute
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ..workspace.branches import overlay_supported
 from .freezing import held
 from .pacing import OutputPace
-from .preparation import PreparedRun, ProgramLookup, RunPreparation, exec_failure, finish_run, lookup_on_path
+from .preparation import (
+    PreparedRun,
+    ProgramLookup,
+    RunPreparation,
+    exec_error,
+    finish_run,
+    lookup_on_path,
+    not_started,
+)
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
 from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
@@ -29,7 +38,11 @@ from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
 
-__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "unisolated_capabilities"]
+__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Wrapper", "unisolated_capabilities"]
+
+#: A wrapper step of a runner: a prepared run's launch plan made into a new one to start (another argv around the
+#: program, another environment…); what it opens for the run it registers on the plan's hooks (``on_exit``…).
+Wrapper = Callable[[PreparedRun, Launch], Launch]
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
@@ -53,7 +66,9 @@ class HostRunner:
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
         output_rate: int | None = None,
+        wrappers: Sequence[Wrapper] = (),
     ) -> None:
+        self._wrappers = tuple(wrappers)
         self.preparation = RunPreparation(
             capabilities,
             env_policy,
@@ -76,19 +91,35 @@ class HostRunner:
 
     # -- the preparation and wrapper steps ---------------------------------------------------
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
         """The run's preparation (:meth:`.RunPreparation.prepare`), for :meth:`run_program` and
-        :meth:`start_program`."""
+        :meth:`start_program`.
+
+        Raises:
+            CommandNotFound: the command does not exist.
+        """
         return self.preparation.prepare(ws, spec)
 
     def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
-        """Turn a prepared run into the finished launch. The local backend spawns the program as is."""
-        return self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
+        """Turn a prepared run into the finished launch: the program as is (the local backend), then each of the
+        runner's wrappers in turn (Seatbelt's ``sandbox-exec``)."""
+        launch = self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
+        for wrapper in self._wrappers:
+            launch = wrapper(prep, launch)
+        return launch
 
     def launch(
-        self, prep: PreparedRun, argv: list[str], env: dict[str, str], cwd: str, *, interactive: bool = False
+        self,
+        prep: PreparedRun,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        *,
+        interactive: bool = False,
+        rlimits: bool = True,
     ) -> Launch:
-        """The launch of ``argv`` for ``prep``: its stdin, deadline, output cap, rlimits and supervision."""
+        """The launch of ``argv`` for ``prep``: its stdin, deadline, output cap, rlimits and supervision.
+        ``rlimits=False``: what starts the program sets its rlimits (a sandbox session's supervisor)."""
         spec = prep.spec
         return Launch(
             argv=argv,
@@ -100,7 +131,7 @@ class HostRunner:
             timeout=spec.timeout,
             output_limit=spec.limits.output_bytes,
             kill_grace=self.kill_grace,
-            preexec_fn=rlimit_preexec(spec.limits),
+            preexec_fn=rlimit_preexec(spec.limits) if rlimits else None,
             run_dir=prep.run_dir,
             classify_exit=classify_rlimit_exit,
             sweeper=self._sweeper,
@@ -120,26 +151,31 @@ class HostRunner:
     # -- ProgramRunner -----------------------------------------------------------------
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        prep = self.prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            return prep
+        try:
+            prep = self.prepare(ws, spec)
+        except CannotExecute as exc:
+            return not_started(exc)
         try:
             proc = await self.spawn_prepared(prep, self.wrap(prep))
         except OSError as exc:
-            failed = exec_failure(prep, exc)
+            failed = exec_error(prep, exc)
             if failed is None:
                 raise
-            return failed
+            return not_started(failed)
         async with proc:
             result = await proc.wait()
         return await finish_run(prep, result)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
         prep = self.prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            raise FileNotFoundError(prep.stderr.strip())
         launch = self.wrap(prep, interactive=True)
-        proc = await self.spawn_prepared(prep, launch)
+        try:
+            proc = await self.spawn_prepared(prep, launch)
+        except OSError as exc:
+            failed = exec_error(prep, exc)
+            if failed is None:
+                raise
+            raise failed from exc
         forget = self.programs.add(ws, proc)
         if proc.finished:  # supervision ended before it was listed: its on_exit hooks have run
             forget()
@@ -184,7 +220,7 @@ class HostRunner:
         ``process`` makes its handle (see :func:`~.supervisor.spawn`).
 
         Raises:
-            OSError: it could not be started (``exec_failure`` says whether that is a 127/126).
+            OSError: it could not be started (``exec_error`` says whether that is a 127/126).
         """
         root = prep.root
         # known before it exists: a program already running may not have been handed back to us yet. Spawned in

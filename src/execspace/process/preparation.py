@@ -4,12 +4,13 @@ Whatever finally starts the program (a host process, bubblewrap or Seatbelt arou
 process on another machine), what it gets is decided here, once: the spec is checked against the backend's
 capabilities, the cwd and the run directory are made (fd-relative: the workspace is the program's to change), the
 environment is built by the policy, and a bare name is looked up on the run's ``PATH`` as the program will see it:
-a :class:`RunResult` with 127 when it is not there, as a shell says. A runner then turns the
+:class:`~execspace.errors.CommandNotFound` (127) when it is not there, as a shell says. A runner then turns the
 :class:`PreparedRun` into what it starts (for host processes, :meth:`~.hostrunner.HostRunner.wrap`).
 
-Exit codes, on every backend: 127 a program that does not exist, 126 one that cannot be executed, ``-N`` a program
-killed by signal N (a wrapper that can only say ``128 + N`` is mapped back by :func:`signal_status`); the CLI turns
-``-N`` into ``128 + N`` and a timeout into 124.
+Exit codes, on every backend: 127 a program that does not exist, 126 one that cannot be executed (both one typed
+error, :class:`~execspace.errors.CannotExecute`, which ``start_program`` raises and :func:`not_started` makes the
+result of ``run_program``), ``-N`` a program killed by signal N (a wrapper that can only say ``128 + N`` is mapped
+back by :func:`signal_status`); the CLI turns ``-N`` into ``128 + N`` and a timeout into 124.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from pathlib import Path
 
 from ..capabilities import Capabilities
 from ..envpolicy import EnvPolicy
-from ..errors import BackendError, PathDenied, UsageError, WorkspaceNotFound
+from ..errors import (
+    BackendError,
+    CannotExecute,
+    CommandNotFound,
+    NotExecutable,
+    PathDenied,
+    UsageError,
+    WorkspaceNotFound,
+)
 from ..models import RunProgramSpec, RunResult, Workspace
 from ..workspace.confine import ConfinedRoot, split_relpath
 from ..workspace.layers import own_changes
@@ -41,10 +50,11 @@ __all__ = [
     "PreparedRun",
     "ProgramLookup",
     "RunPreparation",
-    "exec_failure",
+    "exec_error",
     "finish_run",
     "lookup_on_path",
     "lookup_where_it_runs",
+    "not_started",
     "signal_status",
 ]
 
@@ -159,15 +169,14 @@ class RunPreparation:
     def owner(self, ws: Workspace) -> tuple[int, int] | None:
         return self._owner_of(ws) if self._owner_of is not None else None
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec, *, make_run_dir: bool = True) -> PreparedRun | RunResult:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec, *, make_run_dir: bool = True) -> PreparedRun:
         """Check ``spec``, make its cwd and run directory, build its environment and find its program.
-
-        Returns a 127 :class:`RunResult` when the command does not exist, as a shell would.
 
         ``make_run_dir=False``: only the run directory's name is drawn; what starts the program makes it (a
         sandbox session's supervisor, while the host goes on), or :meth:`make_run_dir` when it cannot.
 
         Raises:
+            CommandNotFound: the command does not exist (its run directory is made all the same).
             CapabilityError: the spec asks for what the backend cannot enforce.
             PathDenied: the cwd leaves the workspace.
             UsageError: ``ws`` is not a host-directory workspace.
@@ -204,10 +213,10 @@ class RunPreparation:
         program = self._lookup(spec.cmd, env["PATH"])
         if program is None:
             searched = f"searched the run's PATH={env['PATH']}"
-            msg = f"execspace: command not found: {spec.cmd!r} ({searched}){_split_hint(spec)}\n"
+            msg = f"execspace: command not found: {spec.cmd!r} ({searched}){_split_hint(spec)}"
             if not make_run_dir:
                 self._make_named_run_dir(ws, run_dir)
-            return RunResult(127, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=run_dir)
+            raise CommandNotFound(spec.cmd, msg, errno.ENOENT, run_dir)
         argv = [program, *spec.args]
         cwd_rel, cwd_view = "/".join(cwd_parts), bound_path(ws, spec.cwd)
         return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view)
@@ -273,16 +282,24 @@ def _disk_usage(root: str) -> int:
         return cr.disk_usage()
 
 
-def exec_failure(prep: PreparedRun, exc: OSError) -> RunResult | None:
-    """A program that cannot be executed is a 127/126 result, as a shell reports it; None for other errors."""
+def exec_error(prep: PreparedRun, exc: OSError) -> CannotExecute | None:
+    """What an exec's failure (``exc``) means for ``prep``'s program: it does not exist (127) or cannot be executed
+    (126), as a shell reports it; None for other errors."""
     if exc.errno == errno.ENOENT:
-        code, hint = 127, " (if the file exists, the interpreter on its #! line is missing)"
+        error: type[CannotExecute] = CommandNotFound
+        hint = " (if the file exists, the interpreter on its #! line is missing)"
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
-        code, hint = 126, " (is it executable, with a valid #! line?)"
+        error, hint = NotExecutable, " (is it executable, with a valid #! line?)"
     else:
         return None
-    msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}\n"
-    return RunResult(code, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=prep.run_dir)
+    msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}"
+    return error(prep.spec.cmd, msg, exc.errno, prep.run_dir)
+
+
+def not_started(error: CannotExecute) -> RunResult:
+    """The result of a run whose program could not be started: its exit code, its message as stderr."""
+    msg = f"{error}\n"
+    return RunResult(error.exit_code, "", msg, 0.0, raw_stderr=msg.encode(), run_dir=error.run_dir)
 
 
 #: The highest signal number: ``128 + N`` above it is an ordinary exit code.

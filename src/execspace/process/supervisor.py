@@ -50,9 +50,16 @@ _SIGNAL_SETUP_WAIT = 2.0  # seconds signal() waits for a wrapper to start the pr
 _SIGNAL_SETUP_POLL = 0.002
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Launch:
-    """Everything needed to start one supervised process."""
+    """Everything needed to start one supervised process: the run's launch plan, immutable.
+
+    The preparation's runner makes it (:meth:`~.hostrunner.HostRunner.launch`); a wrapper (bubblewrap, the uid
+    drop, a session's supervisor) makes a new one from it (``dataclasses.replace``), never changes a plan another
+    step built. What a wrapper opened for the run it registers on the run's hooks (``after_spawn``, ``on_exit``,
+    ``annotate``), which the run owns: they run once its process started, once it is over (exited, killed, or
+    failed to start), and on its result.
+    """
 
     argv: Sequence[str]
     env: Mapping[str, str]

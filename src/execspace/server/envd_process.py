@@ -21,7 +21,7 @@ from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from protobuf import Oneof
 
-from ..errors import BackendError, CapabilityError, InvalidSpec, ProgramNotFound
+from ..errors import BackendError, CannotExecute, CapabilityError, InvalidSpec, ProgramNotFound
 from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ..protocols import ProgramHandle
 from .envd.process import process_pb as pb
@@ -125,7 +125,7 @@ class ProcessService(ServiceBase, Process):
                 sandbox.share.programs.give_back()
                 if isinstance(exc, CapabilityError):
                     raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
-                if isinstance(exc, FileNotFoundError | NotADirectoryError):
+                if isinstance(exc, CannotExecute | FileNotFoundError | NotADirectoryError):
                     raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd!r}: {exc}") from None
                 raise
         reader = handle.attach(from_start=True)

@@ -76,18 +76,16 @@ class ContainerRunner:
         self._egress: dict[str, RunAudit] = {}
         """The open proxies of running allow-list runs, by run directory (closed by :meth:`finish`)."""
 
-    def _prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+    def _prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
         self._check_spec(spec)
         prep = self.preparation.prepare(ws, spec)
-        if self._environment is not None and not isinstance(prep, RunResult):
+        if self._environment is not None:
             # the environment's variables where the run sets none of its own (its bin is first on PATH already)
             prep.env.update({k: v for k, v in self._environment.program_env().items() if k not in spec.env})
         return prep
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        prep = self._prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            return prep
+        prep = self._prepare(ws, spec)  # never CommandNotFound: the runtime looks the program up (a 127 of its own)
         cid = await self._containers.ensure(ws)
         await self._open_egress(prep, cid)
         try:
@@ -105,8 +103,6 @@ class ContainerRunner:
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         prep = self._prepare(ws, spec)
-        if isinstance(prep, RunResult):
-            raise FileNotFoundError(prep.stderr.strip())
         cid = await self._containers.ensure(ws)
         await self._open_egress(prep, cid)
         handle = ContainerHandle(self, prep)

@@ -13,7 +13,7 @@ from ...process.pacing import check_output_rate
 from ...workspace.confine import split_relpath
 from .bwrap import SYSTEM_TOP
 from .policy import SandboxPolicy
-from .session import SessionConfig
+from .sessionconfig import SessionConfig
 
 __all__ = ["SandboxMode", "SandboxOptions"]
 

@@ -11,7 +11,7 @@ protected path are refused, because Seatbelt judges paths, not files: moving a p
 carry the file out from under its rule.
 
 :func:`build_profile` is a pure function (no file system access) so that its output is
-deterministic and covered by golden tests on any OS. :class:`SeatbeltRunner` and
+deterministic and covered by golden tests on any OS. :func:`seatbelt_runner` and
 :func:`probe_seatbelt` run ``/usr/bin/sandbox-exec`` and work on macOS only; they cannot be
 exercised on the Linux machines our CI uses.
 """
@@ -19,6 +19,7 @@ exercised on the Linux machines our CI uses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import posixpath
 import shutil
@@ -26,8 +27,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
+from ...artifacts import ArtifactService
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
@@ -44,12 +45,13 @@ from .policy import Access, SandboxPolicy, Target, file_access_hook, is_under
 
 __all__ = [
     "SANDBOX_EXEC",
-    "SeatbeltRunner",
     "build_profile",
     "glob_to_regex",
+    "in_seatbelt",
     "probe_seatbelt",
     "seatbelt_capabilities",
     "seatbelt_engine",
+    "seatbelt_runner",
 ]
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
@@ -373,48 +375,44 @@ def build_profile(policy: SandboxPolicy, ws_root: str, *, home: str | None = Non
 # -- running (macOS only) -------------------------------------------------------------------------
 
 
-class SeatbeltRunner(HostRunner):
-    """Runs each program under ``sandbox-exec -p <profile>``.
+def seatbelt_runner(
+    policy: SandboxPolicy,
+    *,
+    network_default: bool,
+    capabilities: Callable[[], Capabilities],
+    env_policy: EnvPolicy | None,
+    kill_grace: float,
+) -> HostRunner:
+    """A host runner that runs each program under ``sandbox-exec -p <profile>`` (:func:`in_seatbelt`).
 
     macOS only, and not exercised by our test suite (CI runs Linux): the profile it passes is
     the one :func:`build_profile` makes, which the golden tests cover. The program sees the
     workspace at its real host path (Seatbelt confines in place; nothing is remounted).
     """
+    return HostRunner(
+        capabilities,
+        env_policy,
+        kill_grace=kill_grace,
+        program_root=lambda ws: os.path.realpath(str(ws.host_path)),
+        wrappers=[functools.partial(in_seatbelt, policy, network_default)],
+    )
 
-    def __init__(
-        self,
-        policy: SandboxPolicy,
-        *,
-        network_default: bool,
-        capabilities: Callable[[], Capabilities],
-        env_policy: EnvPolicy | None,
-        kill_grace: float,
-    ) -> None:
-        super().__init__(
-            capabilities,
-            env_policy,
-            kill_grace=kill_grace,
-            program_root=lambda ws: os.path.realpath(str(ws.host_path)),
-        )
-        self.policy = policy
-        self.network_default = network_default
 
-    def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
-        network = self.network_default if prep.spec.network is None else prep.spec.network == "on"
-        root = os.path.realpath(prep.root)
-        policy = self.policy.with_network(network)
-        env = dict(prep.env)
-        tmpdir = None
-        if not policy.access(root, "tmp").can_write:
-            # read-only workspace: temporary files go to a private directory removed after the run
-            tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="execspace-sb-"))
-            env.update(TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
-        profile = build_profile(policy, root, tmpdir=tmpdir)
-        argv = [SANDBOX_EXEC, "-p", profile, "--", *prep.argv]
-        launch = self.launch(prep, argv, env, prep.host_cwd, interactive=interactive)
-        if tmpdir is not None:
-            launch.on_exit.append(lambda: shutil.rmtree(tmpdir, ignore_errors=True))
-        return launch
+def in_seatbelt(policy: SandboxPolicy, network_default: bool, prep: PreparedRun, launch: Launch) -> Launch:
+    """The wrapper of :func:`seatbelt_runner`: ``launch`` under ``sandbox-exec`` with ``policy``'s profile, for the
+    run's network; a read-only workspace's temporary files in a private directory removed after the run."""
+    network = network_default if prep.spec.network is None else prep.spec.network == "on"
+    root = os.path.realpath(prep.root)
+    policy = policy.with_network(network)
+    env = dict(launch.env)
+    tmpdir = None
+    if not policy.access(root, "tmp").can_write:
+        tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="execspace-sb-"))
+        env.update(TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
+    profile = build_profile(policy, root, tmpdir=tmpdir)
+    if tmpdir is not None:
+        launch.on_exit.append(functools.partial(shutil.rmtree, tmpdir, ignore_errors=True))
+    return dataclasses.replace(launch, argv=[SANDBOX_EXEC, "-p", profile, "--", *launch.argv], env=env)
 
 
 def probe_seatbelt() -> Probe:
@@ -473,13 +471,13 @@ def seatbelt_engine(
     root: Path,
     caps: Capabilities,
     env_policy: EnvPolicy | None,
-    host_roots: Any,
-    artifacts: Any,
+    host_roots: Sequence[Path | str],
+    artifacts: ArtifactService | None,
     kill_grace: float,
 ) -> BaseEngine:
-    """The sandbox engine on macOS (see :class:`SeatbeltRunner`: not exercised by our CI)."""
+    """The sandbox engine on macOS (see :func:`seatbelt_runner`: not exercised by our CI)."""
     fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
-    runner = SeatbeltRunner(
+    runner = seatbelt_runner(
         policy,
         network_default=policy.network_enabled,
         capabilities=lambda: caps,

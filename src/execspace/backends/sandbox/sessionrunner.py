@@ -19,12 +19,11 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ...errors import PathDenied
-from ...models import NetworkPolicy, RunProgramSpec, RunResult, Workspace
+from ...models import NetworkPolicy, RunProgramSpec, Workspace
 from ...process.freezing import held
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
@@ -32,11 +31,13 @@ from ...process.supervisor import Launch, SupervisedProcess
 from ...process.warmpool import WarmPool
 from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
-from . import SandboxRunner
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
 from .policy import Access
-from .session import Session, SessionConfig, SessionProgram, start_session
+from .runner import SandboxRunner, SandboxRunnerConfig
+from .session import Session, start_session
+from .sessionconfig import SessionConfig
+from .sessionprogram import SessionProgram
 
 __all__ = ["SessionRunner"]
 
@@ -61,18 +62,17 @@ class SessionRunner(SandboxRunner):
 
     def __init__(
         self,
-        *args: Any,
+        runner: SandboxRunnerConfig,
+        *,
         supervisor: Path,
         config: SessionConfig,
         workspace_root: Path,
         root_mode: int,
         prepare_slot: Callable[[Path], None] | None,
         pool: bool,
-        owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, owner=self._run_owner, **kwargs)
-        self._owner = owner
+        super().__init__(replace(runner, owner=self._run_owner))
+        self._owner = runner.owner
         self.supervisor = supervisor
         self.config = config
         self._session_seccomp = self.seccomp
@@ -157,7 +157,7 @@ class SessionRunner(SandboxRunner):
             found = self._decisions[key] = super().access_of(root, rel)
         return found
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun | RunResult:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
         # the supervisor makes the run directory of a session run (off the host's share of the run, whose
         # largest single cost it was), where its sandbox may write runs/
         # (not with an allow-list: the run's proxy audits into its directory before the program starts)
@@ -175,9 +175,8 @@ class SessionRunner(SandboxRunner):
         if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.program_env(prep)
-        launch = self.launch(prep, prep.argv, env, prep.program_cwd(SANDBOX_WORKSPACE), interactive=interactive)
-        launch.preexec_fn = None  # the supervisor sets the rlimits
-        return launch
+        cwd = prep.program_cwd(SANDBOX_WORKSPACE)
+        return self.launch(prep, prep.argv, env, cwd, interactive=interactive, rlimits=False)  # the supervisor's
 
     async def spawn_prepared(
         self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
@@ -188,7 +187,7 @@ class SessionRunner(SandboxRunner):
             return await super().spawn_prepared(prep, launch, process)
         session = await self._session(prep.ws)
         if self.network_allow is not None:
-            await self._run_proxy(session, prep, launch)
+            launch = await self._run_proxy(session, prep, launch)
         session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
         make = functools.partial(
@@ -200,10 +199,10 @@ class SessionRunner(SandboxRunner):
         )
         return await super().spawn_prepared(prep, launch, make)
 
-    async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> None:
-        """The run's own proxy, on a listener the session's supervisor makes on its loopback: the run's attempts
-        are audited in its own directory and result, as in per-run mode. (The session's own proxy, on
-        ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
+    async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> Launch:
+        """``launch`` with the run's own proxy, on a listener the session's supervisor makes on its loopback: the
+        run's attempts are audited in its own directory and result, as in per-run mode. (The session's own proxy,
+        on ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
         assert self.network_allow is not None
         listener = await session.listener()
         port = listener.getsockname()[1]
@@ -213,9 +212,9 @@ class SessionRunner(SandboxRunner):
             listener.close()
             raise
         await audit.proxy.serve(listener)
-        launch.env = {**launch.env, **proxy_env(port)}
         launch.on_exit.append(audit.close)
         launch.annotate.append(audit.annotate)
+        return replace(launch, env={**launch.env, **proxy_env(port)})
 
     def _program_over(self, root: Path, session: Session) -> None:
         session.active -= 1
@@ -292,17 +291,16 @@ class SessionRunner(SandboxRunner):
                 timeout=None,
                 limits=self.config.limits(_BWRAP_OUTPUT),
             )
-            prep = self.preparation.prepare(ws, spec)
-            assert isinstance(prep, PreparedRun)  # a path is never looked up
+            prep = self.preparation.prepare(ws, spec)  # a path: never looked up, never CommandNotFound
             launch = super().wrap(prep, init_fd=binary)
         except BaseException:
             for sock in (ours, theirs):
                 sock.close()
             os.close(binary)
             raise
-        launch.pass_fds = (*launch.pass_fds, theirs.fileno())
         # bwrap has its own copies once started (or failed to start): ours go then
-        launch.after_spawn += [functools.partial(os.close, binary), theirs.close]
+        launch.after_spawn.extend([functools.partial(os.close, binary), theirs.close])
+        launch = replace(launch, pass_fds=(*launch.pass_fds, theirs.fileno()))
         owner = self._owner(ws) if self._owner is not None else None
         return await start_session(launch, ours, ws.id, self.config, owner=owner)
 

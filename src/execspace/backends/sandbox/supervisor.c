@@ -9,22 +9,7 @@
  * SIGKILL/SIGSTOP from inside it and reaps every orphan; when the host's end of the socket closes it exits, and
  * the kernel kills everything left in the namespace.
  *
- * Host -> supervisor, one request per packet: u32 op, u32 id, then
- *   op 1 SPAWN:  u32 flags (1 CTTY, 2 CAPTURE, 4 RUN_DIR), u32 nlimits, u32 argc, u32 envc,
- *                nlimits x {u32 resource, u32 0, u64 cur, u64 max}, then NUL-terminated strings: cwd, with
- *                RUN_DIR the run's directory to make first (an absolute path, its parent not a symlink),
- *                argv[argc], env[envc]; SCM_RIGHTS: stdin, stdout, stderr (none with CAPTURE).
- *   op 2 SIGNAL: i32 pid, i32 signal, u32 group (kill the process group pid).
- *   op 3 LISTEN: nothing (a TCP listener on 127.0.0.1 of the session's network namespace, any free port: one
- *                run's way to its egress proxy, which the host serves on it).
- * Supervisor -> host, packets of a 16-byte head: u32 kind, u32 id, i32 a, i32 b
- *   1 READY (0, 0, 0), 2 SPAWNED (id, pid, errno: 0 = exec'd; pid -1: the run directory's errno),
- *   3 EXITED (flags, pid, wait status),
- *   4 SIGNALED (id, errno, 0), 5 LISTENING (id, port, errno; SCM_RIGHTS: the listener when errno is 0),
- *   6 OUTPUT (id of its SPAWN, fd 1/2, 0) + 1..OUT_CHUNK bytes of that output,
- *   7 CLOSED (id of its SPAWN, fd 1/2, 0): that output ended after the program's exit.
- * EXITED's flags: 1 its process group lives on (its background children); with CAPTURE, 2 and 4: its stdout and
- * stderr ended with it, every OUTPUT of them sent before (the usual run: one packet says it is over).
+ * The protocol (its messages, their fields and its limits) is supervisorprotocol.h, which the host reads too.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,17 +32,11 @@
 #include <unistd.h>
 
 #include "fdpass.h"
+#include "supervisorprotocol.h"
 
-#define MAX_PACKET (2 * 1024 * 1024 + 64 * 1024) /* the host sends at most 2 MiB */
 #define MAX_TRACKED 4096
-#define FLAG_CTTY 1u
-#define FLAG_CAPTURE 2u
-#define FLAG_RUN_DIR 4u
-#define OUT_CHUNK (64 * 1024) /* the host takes OUTPUT packets of at most this much output */
-#define DRAIN_READS 8         /* at an exit: what its output sockets hold, not a writer that goes on */
-
-enum { OP_SPAWN = 1, OP_SIGNAL = 2, OP_LISTEN = 3 };
-enum { MSG_READY = 1, MSG_SPAWNED = 2, MSG_EXITED = 3, MSG_SIGNALED = 4, MSG_LISTENING = 5, MSG_OUTPUT = 6, MSG_CLOSED = 7 };
+#define DRAIN_READS 8 /* at an exit: what its output sockets hold, not a writer that goes on */
+#define HEAD_SIZE sizeof(struct message_head)
 
 /* a program we started: until it is reaped and, with CAPTURE, until both its outputs ended */
 struct prog {
@@ -72,7 +51,7 @@ static int devnull = -1;
 static struct prog progs[MAX_TRACKED];
 static size_t nprogs;
 static unsigned char packet[MAX_PACKET + 1];
-static unsigned char outbuf[16 + OUT_CHUNK];
+static unsigned char outbuf[HEAD_SIZE + OUT_CHUNK];
 static struct pollfd polls[2 + 2 * MAX_TRACKED];
 static struct prog *polled[2 * MAX_TRACKED]; /* whose output polls[2 + i] is */
 /* written by a vfork child (which shares our memory until it execs or exits): why its exec failed */
@@ -87,15 +66,15 @@ static void send_packet(const void *data, size_t len) {
 }
 
 static void reply(uint32_t kind, uint32_t id, int32_t a, int32_t b) {
-    uint32_t msg[4] = {kind, id, (uint32_t)a, (uint32_t)b};
-    send_packet(msg, sizeof msg);
+    struct message_head msg = {kind, id, a, b};
+    send_packet(&msg, sizeof msg);
 }
 
 /* one message with fd attached */
 static void reply_fd(uint32_t kind, uint32_t id, int32_t a, int32_t b, int fd) {
-    uint32_t body[4] = {kind, id, (uint32_t)a, (uint32_t)b};
+    struct message_head body = {kind, id, a, b};
     for (;;) {
-        if (send_with_fd(chan, body, sizeof body, fd) == (ssize_t)sizeof body) return;
+        if (send_with_fd(chan, &body, sizeof body, fd) == (ssize_t)sizeof body) return;
         if (errno != EINTR) _exit(0); /* the host is gone: so is the session */
     }
 }
@@ -120,13 +99,13 @@ static void compact(void) {
 static int forward(struct prog *p, int i) {
     ssize_t n;
     do {
-        n = read(p->out[i], outbuf + 16, OUT_CHUNK);
+        n = read(p->out[i], outbuf + HEAD_SIZE, OUT_CHUNK);
     } while (n < 0 && errno == EINTR);
     if (n < 0 && errno == EAGAIN) return 0;
     if (n > 0) {
-        uint32_t head[4] = {MSG_OUTPUT, p->id, (uint32_t)i + 1, 0};
-        memcpy(outbuf, head, sizeof head);
-        send_packet(outbuf, 16 + (size_t)n);
+        struct message_head head = {MSG_OUTPUT, p->id, i + 1, 0};
+        memcpy(outbuf, &head, sizeof head);
+        send_packet(outbuf, HEAD_SIZE + (size_t)n);
         return 1;
     }
     close(p->out[i]); /* its end (or a read error: nothing more will come) */
@@ -142,10 +121,10 @@ static void reap(void) {
         struct prog *p = find(pid);
         if (p == NULL) continue; /* an orphan, or a child whose exec failed */
         /* whether its process group lives on (its background children): else the host need not kill it */
-        uint32_t flags = kill(-pid, 0) == 0;
+        uint32_t flags = kill(-pid, 0) == 0 ? EXITED_GROUP_LEFT : 0;
         for (int i = 0; i < 2 && p->capture; i++) {
             for (int reads = 0; p->out[i] >= 0 && reads < DRAIN_READS && forward(p, i);) reads++;
-            if (p->out[i] < 0) flags |= 2u << i;
+            if (p->out[i] < 0) flags |= (uint32_t)EXITED_STDOUT_ENDED << i;
         }
         p->pid = 0;
         reply(MSG_EXITED, flags, pid, status);
@@ -249,13 +228,13 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     uint32_t flags = 0, nlim = 0, argc = 0, envc = 0;
     int bad = read_u32(r, &flags) || read_u32(r, &nlim) || read_u32(r, &argc) || read_u32(r, &envc) ||
               nfds != ((flags & FLAG_CAPTURE) ? 0 : 3) || (flags & ~(FLAG_CTTY | FLAG_CAPTURE | FLAG_RUN_DIR)) ||
-              nlim > 16 || argc == 0 || argc > MAX_PACKET / 2 || envc > MAX_PACKET / 2;
-    struct rlimit lims[16];
-    int res[16];
+              nlim > MAX_RLIMITS || argc == 0 || argc > MAX_PACKET / 2 || envc > MAX_PACKET / 2;
+    struct rlimit lims[MAX_RLIMITS];
+    int res[MAX_RLIMITS];
     for (uint32_t i = 0; !bad && i < nlim; i++) {
         uint32_t which, pad;
         uint64_t cur, max;
-        bad = read_u32(r, &which) || read_u32(r, &pad) || r->end - r->at < 16;
+        bad = read_u32(r, &which) || read_u32(r, &pad) || r->end - r->at < 16; /* cur and max */
         if (bad) break;
         memcpy(&cur, r->at, 8);
         memcpy(&max, r->at + 8, 8);
@@ -295,7 +274,7 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     /* the program's ends: those the host sent, or those made here (not the /dev/null every CAPTURE run shares) */
     if (made) close_fds(fds + 1, 2);
     else close_fds(fds, nfds);
-    reply(MSG_SPAWNED, id, err ? -no_dir : pid, err);
+    reply(MSG_SPAWNED, id, err ? (no_dir ? SPAWNED_NO_RUN_DIR : 0) : pid, err);
 }
 
 static void signal_request(uint32_t id, struct reader *r) {
@@ -359,18 +338,18 @@ static void serve(void) {
             else close(fd);
         }
     }
-    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < 8) _exit(2); /* the host broke the protocol */
-    struct reader r = {packet + 8, packet + n};
-    uint32_t op, id;
-    memcpy(&op, packet, 4);
-    memcpy(&id, packet + 4, 4);
-    if (op == OP_SPAWN) {
-        spawn(id, &r, fds, nfds);
+    struct request_head head;
+    /* the host broke the protocol */
+    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < (ssize_t)sizeof head) _exit(2);
+    struct reader r = {packet + sizeof head, packet + n};
+    memcpy(&head, packet, sizeof head);
+    if (head.op == OP_SPAWN) {
+        spawn(head.id, &r, fds, nfds);
         return;
     }
     close_fds(fds, nfds);
-    if (op == OP_SIGNAL) signal_request(id, &r);
-    else if (op == OP_LISTEN) listen_request(id, &r);
+    if (head.op == OP_SIGNAL) signal_request(head.id, &r);
+    else if (head.op == OP_LISTEN) listen_request(head.id, &r);
     else _exit(2);
 }
 

@@ -23,8 +23,8 @@ __all__ = ["EGRESS_FIX", "SESSION_FIX", "SOURCE", "egress_bridge_binary", "super
 
 SOURCE = Path(__file__).with_name("supervisor.c")
 BRIDGE_SOURCE = Path(__file__).with_name("egressbridge.c")
-#: The header both include (``#include "fdpass.h"``, found beside them): part of what a build's key covers.
-HEADERS = (Path(__file__).with_name("fdpass.h"),)
+#: The headers they include (found beside them): part of what a build's key covers.
+HEADERS = (Path(__file__).with_name("fdpass.h"), Path(__file__).with_name("supervisorprotocol.h"))
 #: How to get session mode working where it cannot build its supervisor.
 SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"'
 #: How to get allow-list runs working where the bridge cannot be built.

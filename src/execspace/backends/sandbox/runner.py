@@ -1,0 +1,548 @@
+"""The sandbox's runner: each program of a workspace in bubblewrap (:class:`SandboxRunner`), under the
+policy's mounts, the seccomp filter, the workspace's uid and cgroup, and, with an allow-list, the egress channel.
+The factory (:mod:`.factory`) configures it; session mode builds on it (:mod:`.sessionrunner`)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import errno
+import functools
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ...capabilities import Capabilities
+from ...environments import DEBIAN_PATH, Environment, EnvironmentStore, lookup_in_root
+from ...envpolicy import MINIMAL_PATH, EnvPolicy
+from ...errors import CapabilityError
+from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...process.hostrunner import HostRunner
+from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
+from ...process.rlimits import rlimit_preexec
+from ...process.supervisor import Launch, SupervisedProcess
+from ...workspace.confine import ConfinedRoot, split_relpath
+from ...workspace.hostmanager import private_dir
+from ...workspace.hostroots import closed_ancestor
+from ...workspace.protected import PlaceholderRun, Placeholders
+from .bwrap import (
+    SANDBOX_WORKSPACE,
+    BwrapConfig,
+    ProgramBind,
+    build_argv,
+    hidden_by_default,
+    open_program_bind,
+    policy_mounts,
+    sandbox_uid,
+    tmpfs_sizes,
+    visible_path_entries,
+)
+from .cgroups import CgroupSupport
+from .egress import PROXY_PORT, EgressChannel, proxy_env
+from .policy import Access, Resolver, Resolvers, SandboxPolicy
+from .probecache import ProbeCache
+from .seccomp import SeccompFilters
+from .supervisorbin import egress_bridge_binary
+
+__all__ = [
+    "SandboxProcess",
+    "SandboxRunner",
+    "SandboxRunnerConfig",
+    "exec_hint",
+    "is_root",
+    "private_execspace_dir",
+    "visible",
+    "which_in_sandbox",
+    "with_environment",
+]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRunnerConfig:
+    """What a :class:`SandboxRunner` runs every program of its engine with: what the factory decided."""
+
+    bwrap: str
+    """The bubblewrap binary."""
+    network_default: bool
+    """The network of a run that asks for none (and of an engine without an allow-list)."""
+    seccomp: SeccompFilters
+    """The filters bwrap loads (built once per engine)."""
+    capabilities: Callable[[], Capabilities]
+    env_policy: EnvPolicy | None = None
+    policy: SandboxPolicy | None = None
+    """What programs may touch (default: ``workspace-write`` with this user's HOME's credential stores denied)."""
+    hidden: Sequence[Path] = ()
+    """Host directories never visible through a grant (the engine's workspaces, the daemon's, the store)."""
+    cgroups: CgroupSupport | None = None
+    owner: Callable[[Workspace], tuple[int, int] | None] | None = None
+    """The uid/gid a workspace's files belong to (as root: its sandbox uid)."""
+    kill_grace: float = 2.0
+    network_allow: NetworkPolicy | None = None
+    """The engine's allow-list: the network of every run that does not choose its own."""
+    on_network_attempt: NetworkApprover | None = None
+    environment: Environment | None = None
+    """The engine's runtime environment (a run may name another)."""
+    program_binds: tuple[tuple[str, str], ...] = ()
+    system_files: tuple[tuple[str, str], ...] = ()
+    disk_bound: int | None = None
+    """A bound on what the sandbox can write (a session's ``disk_bytes``): its tmpfs stay within it too."""
+    environment_store: EnvironmentStore | None = None
+    output_rate: int | None = None
+
+
+class SandboxRunner(HostRunner):
+    """A HostRunner whose wrapper step puts each program in bubblewrap.
+
+    Also starts long-lived processes of other components in a workspace's sandbox (:meth:`start_process`: a
+    Jupyter kernel), under the same boundary, uid, limits and bookkeeping as a program.
+    """
+
+    def __init__(self, config: SandboxRunnerConfig) -> None:
+        environment = config.environment
+        lookup, path_view = _environment_view(environment)
+        super().__init__(
+            config.capabilities,
+            config.env_policy,
+            kill_grace=config.kill_grace,
+            output_rate=config.output_rate,
+            owner=config.owner,
+            program_root=lambda _ws: SANDBOX_WORKSPACE,
+            lookup=lookup,
+            path_view=path_view,
+        )
+        self.path_view = path_view
+        self.environment = environment
+        self.program_binds = config.program_binds
+        self.system_files = tuple((path, text.encode()) for path, text in config.system_files)
+        self.disk_bound = config.disk_bound
+        self.cgroups = config.cgroups or CgroupSupport({})
+        # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
+        # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
+        self.setpriv = shutil.which("setpriv")
+        # in the sandbox's own session (bwrap --new-session), util-linux's setsid --ctty makes a pty run's terminal
+        # the program's controlling tty: ^C, job control and SIGWINCH reach it and not bwrap
+        self.setsid = visible(shutil.which("setsid"))
+        self.bwrap = config.bwrap
+        self.network_default = config.network_default
+        self.network_allow = config.network_allow
+        self.on_network_attempt = config.on_network_attempt
+        self.seccomp = config.seccomp
+        self.policy = config.policy or SandboxPolicy().with_home(os.environ.get("HOME"))
+        self.resolvers = Resolvers(self.policy)
+        # host directories never visible through a grant (the engine's workspaces, the daemon's, the environment
+        # store), but for the environment trees a run is in (environment_store), read-only
+        self.hidden = tuple(config.hidden)
+        self.environment_store = config.environment_store
+        # shared with clones (with_seccomp): their runs mount the same placeholders
+        self.placeholders = Placeholders()
+        self._bridge: Path | None = None
+
+    def in_environment(self, spec: RunProgramSpec) -> SandboxRunner:
+        """The runner for ``spec``: this one, or for a run naming another runtime environment, the same runner
+        (shared bookkeeping, as :meth:`with_seccomp`) with that tree bound and its bin first. The name is looked
+        up for every such run, so a rebuilt environment is the one it gets."""
+        if spec.environment is None:
+            return self
+        environment = EnvironmentStore().get(spec.environment)
+        if self.environment is not None and environment.path == self.environment.path:
+            return self
+        clone = copy.copy(self)
+        clone.environment = environment
+        clone.policy = with_environment(self.policy, environment)
+        clone.resolvers = Resolvers(clone.policy)
+        lookup, clone.path_view = _environment_view(environment)
+        clone.preparation = self.preparation.with_lookup(lookup, clone.path_view)
+        return clone
+
+    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        runner = self.in_environment(spec)
+        if runner is not self:
+            return await runner.run_program(ws, spec)
+        return await super().run_program(ws, spec)
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        runner = self.in_environment(spec)
+        if runner is not self:
+            return await runner.start_program(ws, spec)
+        return await super().start_program(ws, spec)
+
+    def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
+        """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
+        seccomp filters: for processes such as a sandboxed Jupyter kernel (:class:`~.seccomp.KernelSeccompFilters`)."""
+        clone = copy.copy(self)
+        clone.seccomp = seccomp
+        return clone
+
+    async def start_process(
+        self,
+        ws: Workspace,
+        argv: Sequence[str],
+        *,
+        limits: ResourceLimits,
+        seccomp: SeccompFilters | None = None,
+    ) -> SandboxProcess:
+        """Start a long-lived process in ``ws``'s sandbox, as a program would run there.
+
+        The same boundary, policy mounts, uid and environment as :meth:`run_program`; ``limits`` hold for the whole
+        sandbox for the process's life (a cgroup where it can, else rlimits); no deadline; stdin stays open
+        (``process.write_stdin``); it dies with this process (``--die-with-parent``); the run's placeholders go
+        when it exits; :meth:`stop_programs` kills it with the workspace's programs.
+
+        Args:
+            seccomp: the filters bwrap loads (default: the runner's), e.g. :class:`KernelSeccompFilters`.
+
+        Raises:
+            CommandNotFound: ``argv[0]`` is a bare name not found in the sandbox.
+            OSError: the sandbox could not be started.
+        """
+        runner = self if seccomp is None else self.with_seccomp(seccomp)
+        spec = RunProgramSpec(argv[0], list(argv[1:]), timeout=None, limits=limits)
+        prep = runner.preparation.prepare(ws, spec)
+        launch = runner.wrap(prep, interactive=True)
+        # pinned now, to the directory made for this run, whatever a program renames around it later
+        with ConfinedRoot(str(prep.root)) as cr:
+            dir_fd = cr.open_dir(split_relpath(prep.run_dir))
+        try:
+            proc = await runner.spawn_prepared(prep, launch)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        return SandboxProcess(proc, prep.run_dir, f"{SANDBOX_WORKSPACE}/{prep.run_dir}", dir_fd)
+
+    def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
+        """The bwrap launch of ``prep``; ``init_fd``: the program is a session's supervisor, read from that fd
+        (see :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
+        # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
+        held = self.placeholders.run()
+        try:
+            launch = self._wrap(prep, held, interactive, init_fd)
+        except BaseException:
+            held.release()
+            raise
+        launch.on_exit.append(held.release)
+        return launch
+
+    def program_env(self, prep: PreparedRun) -> dict[str, str]:
+        """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides (the
+        runtime environment's bin first), the runtime environment's variables where the run sets none of its own,
+        and temporary files in the sandbox's own /tmp where the workspace's ``tmp`` is not writable."""
+        env = dict(prep.env)
+        env["PATH"] = self.path_view(env["PATH"])
+        if self.environment is not None:
+            env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
+        if not self.access_of(prep.root, "tmp").can_write:
+            env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
+        return env
+
+    def access_of(self, root: Path, rel: str) -> Access:
+        """What the policy gives a program at ``rel`` of the workspace at ``root``."""
+        return self.resolvers(os.path.realpath(root)).access(rel)
+
+    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
+        wanted = self.network_allow if prep.spec.network is None else prep.spec.network
+        network = self.network_default if wanted is None else wanted == "on"
+        env = self.program_env(prep)
+        res = self.resolvers(os.path.realpath(prep.root))
+        binds = self._open_binds(res.root, prep.ws)
+        # every fd bwrap reads from; closed right after the spawn, or here if anything fails before it
+        data_fds = [b.fd for b in binds]
+        egress = None
+        try:
+            system_root = (
+                None if self.environment is None or self.environment.root is None else str(self.environment.root)
+            )
+            mounts = policy_mounts(
+                res,
+                prep.cwd_rel,
+                held=held,
+                hidden=self.hidden,
+                shown=self._shown_environments(res),
+                binds=binds,
+                system_root=system_root,
+            )
+            inner = list(prep.argv)
+            if prep.spec.pty is not None:
+                if self.setsid is None:
+                    raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
+                inner = [self.setsid, "--ctty", *inner]
+            if isinstance(wanted, NetworkPolicy):
+                # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
+                egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+                mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
+                env.update(proxy_env(PROXY_PORT))
+            seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
+            data_fds.append(seccomp_fd)
+            files = []
+            for path, data in self.system_files:
+                files.append((_data_fd(data), path))
+                data_fds.append(files[-1][0])
+            tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
+            cfg = BwrapConfig(self.bwrap, network, tmp_size, shm_size, mounts, files, init_fd, system_root=system_root)
+            chdir = prep.cwd_view or None
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
+            launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
+        except BaseException:
+            for fd in data_fds:
+                os.close(fd)
+            if egress is not None:
+                egress.close()
+            raise
+        egress_fds: tuple[int, ...] = ()
+        if egress is not None:
+            egress_fds = tuple(egress.pass_fds)
+            launch.after_spawn.append(egress.started)
+            launch.on_exit.append(egress.close)
+            launch.annotate.append(egress.annotate)
+        # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
+        launch.after_spawn.extend(functools.partial(os.close, fd) for fd in data_fds)
+        launch = replace(
+            launch,
+            # bwrap starts the program in a session of its own: setsid --ctty there gives it the terminal
+            pty_controlling=False,
+            signal_target=_program_group,
+            exit_status=functools.partial(_bwrap_exit_status, prep.argv[0]),
+            pass_fds=(*launch.pass_fds, *egress_fds, *data_fds, *(() if init_fd is None else (init_fd,))),
+        )
+        return self._drop_to_sandbox_uid(prep, launch) if is_root() else launch
+
+    def _shown_environments(self, res: Resolver) -> tuple[str, ...]:
+        """The policy's host grants that are built trees of the (hidden) environment store: the run's environment,
+        serve's kernels'. Each is bound alone, read-only; any other grant there is refused."""
+        store = self.environment_store
+        if store is None:
+            return ()
+        return tuple(t.path for t in res.targets if t.rel is None and t.access.can_read and store.holds(t.path))
+
+    def _open_binds(self, root: str, ws: Workspace) -> list[ProgramBind]:
+        """The program binds of a run, each directory opened (see :func:`.bwrap.open_program_bind`)."""
+        binds: list[ProgramBind] = []
+        try:
+            for path, rel in self.program_binds:
+                binds.append(ProgramBind(open_program_bind(root, rel, self.preparation.owner(ws)), path, rel))
+        except BaseException:
+            for b in binds:
+                os.close(b.fd)
+            raise
+        return binds
+
+    def _bridge_binary(self) -> Path:
+        if self._bridge is None:
+            # built once per host and user, then found in the cache: the first allow-list run waits for the build
+            self._bridge = egress_bridge_binary(private_execspace_dir())
+        return self._bridge
+
+    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> Launch:
+        """``launch`` starting bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits or the
+        freezer need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`)."""
+        uid = sandbox_uid(prep.root)
+        limits = prep.spec.limits
+        group = self.cgroups.create(limits)
+        if group is None:
+            preexec = _with_nproc(launch.preexec_fn, limits.pids)
+            if self.setpriv is None:
+                return replace(launch, preexec_fn=preexec, user=uid, group=uid)
+            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+            return replace(launch, preexec_fn=preexec, argv=[*drop, *launch.argv])
+        # the group does these for the whole sandbox; per-process rlimits would only get in the way
+        in_group = group.enforces()
+        rest = replace(
+            limits,
+            memory_bytes=None if "memory_bytes" in in_group else limits.memory_bytes,
+            pids=None if "pids" in in_group else limits.pids,
+        )
+        hit: list[str | None] = [None]
+
+        def finish() -> None:
+            hit[0] = group.limit_hit()
+            group.remove()
+
+        launch.on_exit.append(finish)
+        rlimit_classify = launch.classify_exit
+        return replace(
+            launch,
+            # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
+            preexec_fn=_join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid),
+            freezer=group.freezer,
+            classify_exit=lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxProcess:
+    """A long-lived process in a workspace's sandbox (:meth:`SandboxRunner.start_process`)."""
+
+    process: SupervisedProcess
+    """Its supervision: ``stream``, ``write_stdin``, ``kill``, ``wait`` (its pid is bwrap's, not its own)."""
+    run_dir: str
+    """Its run directory, workspace-relative (``runs/…``), writable by it."""
+    run_path: str
+    """The same directory as the process sees it (``/workspace/runs/…``)."""
+    run_dir_fd: int
+    """An fd of that directory, opened before the process started (so it is the one made for it): the caller's
+    to close."""
+
+
+def _environment_view(environment: Environment | None) -> tuple[ProgramLookup, Callable[[str], str]]:
+    """How a program is found and the PATH it gets: in the host's system directories (with a venv's ``bin``,
+    bound by the policy, first), or in a rootfs environment's own, on Debian's PATH."""
+    if environment is not None and environment.root is not None:
+        return functools.partial(lookup_in_root, environment.root), lambda _path: DEBIAN_PATH
+    if environment is None:
+        return which_in_sandbox, functools.partial(_path_view, None)
+    # the environment's bin is bound by the policy, wherever it lies: the view keeps it, the lookup too
+    return lookup_on_path, functools.partial(_path_view, str(environment.bin_dir))
+
+
+def with_environment(policy: SandboxPolicy, environment: Environment) -> SandboxPolicy:
+    """``policy`` reading a venv environment's tree at its own path; a rootfs is the sandbox's ``/`` instead, its
+    host path never shown."""
+    return policy if environment.root is not None else policy.with_read_paths(environment.path)
+
+
+def _path_view(bin_dir: str | None, path: str) -> str:
+    """``path`` as a sandbox sees it, with ``bin_dir`` (a runtime environment's, bound by the policy) first."""
+    view = visible_path_entries(path) or MINIMAL_PATH
+    return view if bin_dir is None else ":".join(dict.fromkeys([bin_dir, *view.split(":")]))
+
+
+def which_in_sandbox(cmd: str, path: str = MINIMAL_PATH) -> str | None:
+    """The program a sandbox starts for ``cmd``: a bare name is looked up on the entries of ``path`` the sandbox
+    sees (no ``/root``, ``/home``… ones); a path is started as given."""
+    if "/" in cmd:
+        return cmd
+    return lookup_on_path(cmd, visible_path_entries(path) or MINIMAL_PATH)
+
+
+#: bwrap's own error when the program cannot be executed, by strerror: what a shell exits with then
+_EXEC_ERRORS = {
+    os.strerror(errno.ENOENT): 127,
+    os.strerror(errno.EACCES): 126,
+    os.strerror(errno.ENOEXEC): 126,
+    os.strerror(errno.EISDIR): 126,
+    os.strerror(errno.ENOTDIR): 126,
+}
+
+
+def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, bytes]:
+    """The program's exit code as every backend reports it, from bwrap's, and the stderr to report: 127/126 with
+    our explanation when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
+    ``-N`` when the program was killed by signal N (bwrap exits ``128 + N``), else the program's own code."""
+    if code != 1:
+        return signal_status(code), stderr
+    prefix = f"bwrap: execvp {program}: ".encode()
+    if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
+        return code, stderr
+    error = stderr[len(prefix) : -1].decode(errors="replace")
+    status = _EXEC_ERRORS.get(error)
+    if status is None:
+        return code, stderr
+    return status, f"execspace: cannot execute {program!r} in the sandbox: {error}{exec_hint(program)}\n".encode()
+
+
+def exec_hint(program: str) -> str:
+    """Why a program path the host has is missing in the sandbox, and the fix ('' when we cannot tell)."""
+    if not os.path.isabs(program):
+        return ""
+    if not os.path.lexists(program):
+        return " (nor is it on this host)"
+    real = os.path.realpath(program)
+    if real != program and os.path.islink(program):
+        home = os.path.dirname(os.path.dirname(real))
+        closed = closed_ancestor(home)
+        grant = (
+            f"make the venv from a Python others can read (its install is under {closed}, which the sandbox's uid "
+            "cannot pass)"
+            if closed is not None
+            else f"grant that install read-only, e.g. --read {home} (read_paths=)"
+        )
+        return (
+            f" ({program} is a link to {real}, which the sandbox does not show: a venv's python links to the "
+            f"Python it was made from; {grant}, or run the sandbox's python3 with the venv's site-packages on "
+            "PYTHONPATH)"
+        )
+    return (
+        f" ({program} is on this host but not in the sandbox: grant its directory, e.g. --read "
+        f"{os.path.dirname(program)}; if it is a script, the interpreter on its #! line must be in the sandbox too)"
+    )
+
+
+def _with_nproc(inner: Callable[[], None] | None, pids: int | None) -> Callable[[], None] | None:
+    if pids is None:
+        return inner
+
+    def apply() -> None:
+        import resource
+
+        if inner is not None:
+            inner()
+        # the uid is unique to this workspace, so NPROC counts only its processes
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+
+    return apply
+
+
+def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None, uid: int) -> Callable[[], None]:
+    def apply() -> None:
+        join()
+        if limits is not None:
+            limits()
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    return apply
+
+
+def _data_fd(data: bytes) -> int:
+    """An fd bwrap reads ``data`` from (``--ro-bind-data``), positioned at its start."""
+    fd = os.memfd_create("execspace-system-file", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def visible(path: str | None) -> str | None:
+    """``path`` if a sandbox sees it (under a top-level directory it binds), else None."""
+    return path if path is not None and not hidden_by_default(os.path.realpath(path)) else None
+
+
+def _program_group(bwrap_pid: int) -> int | None:
+    """The process group of the program bwrap runs: bwrap's child is the sandbox's init (in a session of its
+    own), whose child is the program; a signal for the program goes to that group, never to bwrap itself.
+    None until the program exists (the sandbox is being set up)."""
+    pid = bwrap_pid
+    for _ in range(2):
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            return None
+        if not children:
+            return None
+        pid = int(children[0])
+    try:
+        group, own = os.getpgid(pid), os.getpgid(bwrap_pid)
+    except OSError:
+        return None
+    # the program is forked before it leaves bwrap's group: until then a signal would reach bwrap too
+    return None if group == own else group
+
+
+def private_execspace_dir() -> Path:
+    """This user's execspace directory (the probe's verdict, every backend's default workspaces), made now:
+    hidden from every sandbox, even through a grant that covers it, so it must exist before a program with a
+    write grant over its parent could create it and make it its own."""
+    directory = ProbeCache().directory
+    with contextlib.suppress(OSError):  # not creatable here: then no sandbox can create it either
+        private_dir(directory, 0o711)
+    return directory

@@ -1,0 +1,78 @@
+"""The run path's shape, read from its source: typed configuration (no ``Any``) in the factories and runners that
+put a sandbox or local engine together, and no import cycle inside the sandbox package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import execspace
+
+SRC = Path(execspace.__file__).parent
+SANDBOX = SRC / "backends" / "sandbox"
+TYPED = [
+    SANDBOX / "factory.py",
+    SANDBOX / "runner.py",
+    SANDBOX / "sessionrunner.py",
+    SRC / "backends" / "local" / "__init__.py",
+]
+
+
+def _annotations(tree: ast.AST) -> list[ast.expr]:
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.arg) and node.annotation is not None) or isinstance(node, ast.AnnAssign):
+            assert node.annotation is not None
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            found.append(node.returns)
+    return found
+
+
+@pytest.mark.parametrize("path", TYPED, ids=lambda p: str(p.relative_to(SRC)))
+def test_the_factories_and_runners_take_typed_configuration(path: Path) -> None:
+    untyped = [
+        f"{path.name}:{a.lineno}: {ast.unparse(a)}"
+        for a in _annotations(ast.parse(path.read_text()))
+        if any(isinstance(n, ast.Name) and n.id == "Any" for n in ast.walk(a))
+    ]
+    assert untyped == []
+
+
+def test_no_module_of_the_sandbox_package_imports_one_that_imports_it_back() -> None:
+    imports: dict[str, set[str]] = {}
+    for path in SANDBOX.glob("*.py"):
+        found = imports.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):  # at any level: a deferred import is a cycle too
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module is None:
+                    # a module of the package, or a name of its face (__init__)
+                    found.update(a.name if (SANDBOX / f"{a.name}.py").exists() else "__init__" for a in node.names)
+                else:
+                    found.add(node.module.split(".")[0])
+    cycles = []
+
+    def walk(module: str, path: list[str]) -> None:
+        for nxt in sorted(imports.get(module, ())):
+            if nxt in path:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            else:
+                walk(nxt, [*path, nxt])
+
+    for module in sorted(imports):
+        walk(module, [module])
+    assert cycles == []
+
+
+def test_a_launch_plan_is_never_changed_after_it_is_built() -> None:
+    """A wrapper makes a new plan (``dataclasses.replace``); assigning to one is refused."""
+    import dataclasses
+
+    from execspace.process.supervisor import Launch
+
+    plan = Launch(argv=["/bin/true"], env={}, cwd="/", marker="m")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.argv = ["/bin/false"]  # type: ignore[misc]
+    assert dataclasses.replace(plan, argv=["/bin/false"]).argv == ["/bin/false"] and plan.argv == ["/bin/true"]
