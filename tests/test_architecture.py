@@ -199,12 +199,6 @@ def test_the_seams_protocols_name_no_internal_type() -> None:
 
 
 #: Module cycles that other work removes; each entry names it. Nothing may join this list.
-_KNOWN_CYCLES = {
-    # issue 29, item 2: the package's face stops being its implementation, and the session runner leaves its face
-    ("execspace.backends.sandbox", "execspace.backends.sandbox.sessionrunner"),
-}
-
-
 def _module_cycles(edges: dict[str, set[str]]) -> set[tuple[str, ...]]:
     """The strongly connected components of more than one module (Tarjan's algorithm), each as a sorted tuple."""
     index: dict[str, int] = {}
@@ -238,7 +232,7 @@ def test_no_module_imports_itself_through_others() -> None:
     """No import cycle between modules, a lazy import (in a function) counting as much as one at the top; only
     imports under ``if TYPE_CHECKING`` are left out. A package's ``__init__`` counts as a module."""
     edges = {name: {t for t in targets if t in MODULES and t != name} for name, targets in EDGES.items()}
-    assert _module_cycles(edges) - _KNOWN_CYCLES == set()
+    assert _module_cycles(edges) == set()
 
 
 def test_the_cycle_check_finds_a_lazy_cycle() -> None:

@@ -73,15 +73,16 @@ def _grows_past(path: Path, value: int) -> None:
 
 
 def _loops(tag: str) -> set[int]:
-    """The counter's shell (not the ``sleep`` it forks each turn)."""
-    found = set()
+    """The counter's shell (not the ``sleep`` it forks each turn: between its fork and its exec that child still
+    shows the shell's command line, so a process whose parent is a loop is not one)."""
+    found: dict[int, int] = {}
     for pid in pids_with(tag):
         try:
             if b"while" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.add(pid)
-        except OSError:
+                found[pid] = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
             pass
-    return found
+    return {pid for pid, parent in found.items() if parent not in found}
 
 
 def _state(sandbox_id: str) -> SandboxState:
