@@ -76,3 +76,45 @@ def test_a_launch_plan_is_never_changed_after_it_is_built() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.argv = ["/bin/false"]  # type: ignore[misc]
     assert dataclasses.replace(plan, argv=["/bin/false"]).argv == ["/bin/false"] and plan.argv == ["/bin/true"]
+
+
+#: What a backend composes instead of subclassing: each is given its collaborators (a transport, wrappers…).
+_MACHINERY = {"SupervisedProcess"}
+
+
+def test_no_backend_class_subclasses_the_process_machinery() -> None:
+    inherits = []
+    for path in (SRC / "backends").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
+                if bases & _MACHINERY:
+                    inherits.append(f"{path.relative_to(SRC)}:{node.name}")
+    assert inherits == []
+
+
+async def test_the_spawner_is_chosen_per_run_and_the_handle_is_always_a_supervised_process(tmp_path: Path) -> None:
+    """A session run's handle is the one SupervisedProcess over the session's channel (its transport); a run the
+    session cannot give what it asks (another network setting) is a direct spawn of a sandbox of its own."""
+    from execspace.backends.sandbox.sessionprogram import SessionTransport
+    from execspace.models import RunProgramSpec
+    from execspace.process.supervisor import DirectTransport, SupervisedProcess
+    from execspace.registry import probe_backend
+    from execspace.testing.binding import make_traversable
+
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", mode="session") as engine:
+        ws = await engine.manager.create_workspace("t")
+        runs = [
+            await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "read x; echo $x"], network=network))
+            for network in (None, "on")
+        ]
+        for run in runs:
+            await run.write_stdin("hi\n")
+            await run.close_stdin()
+            assert (await run.wait()).stdout == "hi\n"
+    transports = [type(run.transport) for run in runs if isinstance(run, SupervisedProcess)]
+    assert transports == [SessionTransport, DirectTransport]

@@ -33,7 +33,7 @@ from .preparation import (
 )
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
+from .supervisor import Launch, MarkerSweeper, Spawner, SupervisedProcess, spawn
 
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
@@ -214,10 +214,10 @@ class HostRunner:
         return [f.result() for f in live if f.done() and not f.cancelled() and f.exception() is None]
 
     async def spawn_prepared(
-        self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
+        self, prep: PreparedRun, launch: Launch, spawner: Spawner | None = None
     ) -> SupervisedProcess:
         """Start ``launch`` (made by :meth:`wrap` for ``prep``), known to :meth:`stop_programs` before it exists.
-        ``process`` makes its handle (see :func:`~.supervisor.spawn`).
+        ``spawner`` makes its transport (see :func:`~.supervisor.spawn`).
 
         Raises:
             OSError: it could not be started (``exec_error`` says whether that is a 127/126).
@@ -236,7 +236,7 @@ class HostRunner:
 
         launch.on_exit.append(forget)
         try:
-            proc = await spawn(launch, process)
+            proc = await spawn(launch, spawner)
         except BaseException:
             forget()
             started.cancel()  # nothing was started: nothing for stop_programs to kill

@@ -27,7 +27,7 @@ from ...models import NetworkPolicy, RunProgramSpec, Workspace
 from ...process.freezing import held
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
-from ...process.supervisor import Launch, SupervisedProcess
+from ...process.supervisor import Launch, Spawner, SupervisedProcess
 from ...process.warmpool import WarmPool
 from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
@@ -37,7 +37,7 @@ from .policy import Access
 from .runner import SandboxRunner, SandboxRunnerConfig
 from .session import Session, start_session
 from .sessionconfig import SessionConfig
-from .sessionprogram import SessionProgram
+from .sessionprogram import SessionTransport
 
 __all__ = ["SessionRunner"]
 
@@ -120,7 +120,8 @@ class SessionRunner(SandboxRunner):
             if adopted is not None:
                 sessions.append(adopted[0])
         holds = [s.bwrap.freezer([pid], [pid]) for s in sessions if s.bwrap is not None and (pid := s.supervisor_pid)]
-        own = [p for p in self.live_processes(ws) if not isinstance(p, SessionProgram) and p.pid is not None]
+        live = self.live_processes(ws)
+        own = [p for p in live if not isinstance(p.transport, SessionTransport) and p.pid is not None]
         return held([*holds, *(p.freezer([p.pid], ()) for p in own if p.pid is not None)])
 
     # -- which runs go through the session ---------------------------------------------------------
@@ -179,19 +180,19 @@ class SessionRunner(SandboxRunner):
         return self.launch(prep, prep.argv, env, cwd, interactive=interactive, rlimits=False)  # the supervisor's
 
     async def spawn_prepared(
-        self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
+        self, prep: PreparedRun, launch: Launch, spawner: Spawner | None = None
     ) -> SupervisedProcess:
-        if process is not None or not self.fits_session(prep.spec):
+        if spawner is not None or not self.fits_session(prep.spec):
             if not prep.run_dir_made:
                 self.preparation.make_run_dir(prep)
-            return await super().spawn_prepared(prep, launch, process)
+            return await super().spawn_prepared(prep, launch, spawner)
         session = await self._session(prep.ws)
         if self.network_allow is not None:
             launch = await self._run_proxy(session, prep, launch)
         session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
         launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
-        make = functools.partial(
-            SessionProgram,
+        make: Spawner = functools.partial(
+            SessionTransport,
             session=session,
             rlimits=rlimit_values(prep.spec.limits),
             run_dir=None if prep.run_dir_made else f"{SANDBOX_WORKSPACE}/{prep.run_dir}",
