@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import execspace
+from execspace.process.supervisor import Launch
 
 SRC = Path(execspace.__file__).parent
 SANDBOX = SRC / "backends" / "sandbox"
@@ -118,3 +119,32 @@ async def test_the_spawner_is_chosen_per_run_and_the_handle_is_always_a_supervis
             assert (await run.wait()).stdout == "hi\n"
     transports = [type(run.transport) for run in runs if isinstance(run, SupervisedProcess)]
     assert transports == [SessionTransport, DirectTransport]
+
+
+async def test_a_wrapper_that_fails_releases_what_the_wrappers_before_it_opened(tmp_path: Path) -> None:
+    """Each wrapper registers what it opened on the run; one that fails ends the run before it began, and what the
+    earlier ones registered is released all the same (once), as for a start that failed."""
+    from execspace.backends.local import LocalBackend, LocalOptions
+    from execspace.models import RunProgramSpec
+    from execspace.process.hostrunner import HostRunner
+
+    released: list[str] = []
+
+    def opens(prep: object, launch: Launch) -> Launch:
+        launch.on_exit.append(lambda: released.append("on_exit"))
+        launch.after_spawn.append(lambda: released.append("after_spawn"))
+        return launch
+
+    def fails(prep: object, launch: Launch) -> Launch:
+        raise OSError(5, "the wrapper could not open what it needs")
+
+    engine = await LocalBackend.open(LocalOptions(workspace_root=tmp_path / "ws"))
+    try:
+        ws = await engine.manager.create_workspace("w")
+        assert isinstance(engine.runner, HostRunner)
+        runner = engine.runner.sharing(wrappers=[opens, fails])
+        with pytest.raises(OSError, match="could not open"):
+            await runner.start_program(ws, RunProgramSpec("true"))
+        assert released == ["on_exit", "after_spawn"]
+    finally:
+        await engine.aclose()

@@ -36,7 +36,7 @@ from .preparation import (
 )
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import Launch, MarkerSweeper, Spawner, SupervisedProcess, spawn
+from .supervisor import Launch, MarkerSweeper, Spawner, SupervisedProcess, abandon, spawn
 
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
@@ -159,8 +159,12 @@ class HostRunner:
         """Turn a prepared run into the finished launch: the program as is (the local backend), then each of the
         runner's wrappers in turn (Seatbelt's ``sandbox-exec``)."""
         launch = self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
-        for wrapper in self.wrappers:
-            launch = wrapper(prep, launch)
+        try:
+            for wrapper in self.wrappers:
+                launch = wrapper(prep, launch)
+        except BaseException:
+            abandon(launch)  # what the wrappers before the failed one opened
+            raise
         return launch
 
     def launch(

@@ -48,6 +48,7 @@ __all__ = [
     "SupervisedProcess",
     "Terminal",
     "Transport",
+    "abandon",
     "kill_marked_processes",
     "spawn",
 ]
@@ -254,6 +255,17 @@ class Transport(Protocol):
 Spawner = Callable[[Launch], Transport]
 """Chosen once per run: makes the transport that starts a launch (:class:`DirectTransport`, a host process; a
 sandbox session's supervisor channel)."""
+
+
+def abandon(launch: Launch) -> None:
+    """The run is over before its process was started (a wrapper failed): what its steps registered is released
+    as for a start that failed (``on_exit``, then ``after_spawn``), once."""
+    hooks = [*launch.on_exit, *launch.after_spawn]
+    launch.on_exit.clear()
+    launch.after_spawn.clear()
+    launch.annotate.clear()
+    for hook in hooks:
+        hook()
 
 
 async def spawn(launch: Launch, spawner: Spawner | None = None) -> SupervisedProcess:

@@ -23,7 +23,7 @@ from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgram
 from ...process.hostrunner import HostRunner
 from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
 from ...process.rlimits import rlimit_preexec
-from ...process.supervisor import Launch, SupervisedProcess
+from ...process.supervisor import Launch, SupervisedProcess, abandon
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostmanager import private_dir
 from ...workspace.hostroots import closed_ancestor
@@ -49,6 +49,7 @@ from .supervisorbin import egress_bridge_binary
 
 __all__ = [
     "Sandbox",
+    "SandboxPlan",
     "SandboxProcess",
     "SandboxRunnerConfig",
     "exec_hint",
@@ -232,17 +233,58 @@ class Sandbox:
         return self.wrap(prep, launch)
 
     def wrap(self, prep: PreparedRun, launch: Launch, *, init_fd: int | None = None) -> Launch:
-        """The bwrap launch of ``prep`` (from ``launch``, the program as is); ``init_fd``: the program is a session's
-        supervisor, read from that fd (see :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
+        """The bwrap launch of ``prep`` (from ``launch``, the program as is): its steps in turn, each a new plan —
+        the environment view, the pty, the egress channel, bubblewrap with the seccomp filter, then (as root) the
+        uid and cgroup drop. ``init_fd``: the program is a session's supervisor, read from that fd (see
+        :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
         try:
-            launch = self._wrap(prep, launch, held, init_fd)
+            plan = SandboxPlan(launch)
+            for step in (self.environment_view, self.with_pty, self.with_egress):
+                plan = step(prep, plan)
+            launch = self.in_bubblewrap(prep, plan, held, init_fd)
+            if is_root():
+                launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
+            abandon(launch)  # what the steps before the failed one registered
             held.release()
             raise
         launch.on_exit.append(held.release)
         return launch
+
+    def environment_view(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """The program's environment as the sandbox has it (:meth:`program_env`)."""
+        return SandboxPlan(replace(plan.launch, env=self.program_env(prep)), plan.mounts)
+
+    def with_pty(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """A pty run's program under ``setsid --ctty``: bwrap starts it in a session of its own, where that makes
+        the terminal its controlling tty."""
+        if prep.spec.pty is None:
+            return plan
+        if self.setsid is None:
+            raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
+        launch = plan.launch
+        return SandboxPlan(replace(launch, argv=[self.setsid, "--ctty", *launch.argv]), plan.mounts)
+
+    def with_egress(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """With an allow-list, the program behind the egress bridge: the network stays off (own namespace, off
+        filter), the channel to the run's proxy is the only way out. The channel goes when the run is over."""
+        wanted = self.network_allow if prep.spec.network is None else prep.spec.network
+        if not isinstance(wanted, NetworkPolicy):
+            return plan
+        egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+        launch = plan.launch
+        launch.after_spawn.append(egress.started)
+        launch.on_exit.append(egress.close)
+        launch.annotate.append(egress.annotate)
+        launch = replace(
+            launch,
+            argv=egress.argv(list(launch.argv)),
+            env={**launch.env, **proxy_env(PROXY_PORT)},
+            pass_fds=(*launch.pass_fds, *egress.pass_fds),
+        )
+        return SandboxPlan(launch, (*plan.mounts, *egress.bwrap_args()))
 
     def program_env(self, prep: PreparedRun) -> dict[str, str]:
         """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides (the
@@ -270,15 +312,17 @@ class Sandbox:
             found = decisions[key] = self.resolvers(os.path.realpath(root)).access(rel)
         return found
 
-    def _wrap(self, prep: PreparedRun, launch: Launch, held: PlaceholderRun, init_fd: int | None) -> Launch:
+    def in_bubblewrap(self, prep: PreparedRun, plan: SandboxPlan, held: PlaceholderRun, init_fd: int | None) -> Launch:
+        """``plan``'s program in bwrap: the policy's mounts, program binds and system files, then the plan's own
+        mounts; the seccomp filter; the network as the run asks. The fds bwrap reads from close right after the
+        spawn."""
         wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         network = self.network_default if wanted is None else wanted == "on"
-        env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
         binds = self._open_binds(res.root, prep.ws)
         # every fd bwrap reads from; closed right after the spawn, or here if anything fails before it
         data_fds = [b.fd for b in binds]
-        egress = None
+        launch = plan.launch
         try:
             system_root = (
                 None if self.environment is None or self.environment.root is None else str(self.environment.root)
@@ -292,16 +336,6 @@ class Sandbox:
                 binds=binds,
                 system_root=system_root,
             )
-            inner = list(prep.argv)
-            if prep.spec.pty is not None:
-                if self.setsid is None:
-                    raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
-                inner = [self.setsid, "--ctty", *inner]
-            if isinstance(wanted, NetworkPolicy):
-                # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
-                egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
-                mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
-                env.update(proxy_env(PROXY_PORT))
             seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
             data_fds.append(seccomp_fd)
             files = []
@@ -309,33 +343,34 @@ class Sandbox:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
             tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
-            cfg = BwrapConfig(self.bwrap, network, tmp_size, shm_size, mounts, files, init_fd, system_root=system_root)
+            cfg = BwrapConfig(
+                self.bwrap,
+                network,
+                tmp_size,
+                shm_size,
+                [*mounts, *plan.mounts],
+                files,
+                init_fd,
+                system_root=system_root,
+            )
             chdir = prep.cwd_view or None
-            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
-            launch = replace(launch, argv=argv, env=env, cwd=str(prep.root))
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, list(launch.argv), seccomp_fd=seccomp_fd, chdir=chdir)
         except BaseException:
             for fd in data_fds:
                 os.close(fd)
-            if egress is not None:
-                egress.close()
             raise
-        egress_fds: tuple[int, ...] = ()
-        if egress is not None:
-            egress_fds = tuple(egress.pass_fds)
-            launch.after_spawn.append(egress.started)
-            launch.on_exit.append(egress.close)
-            launch.annotate.append(egress.annotate)
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
         launch.after_spawn.extend(functools.partial(os.close, fd) for fd in data_fds)
-        launch = replace(
+        return replace(
             launch,
+            argv=argv,
+            cwd=str(prep.root),
             # bwrap starts the program in a session of its own: setsid --ctty there gives it the terminal
             pty_controlling=False,
             signal_target=_program_group,
             exit_status=functools.partial(_bwrap_exit_status, prep.argv[0]),
-            pass_fds=(*launch.pass_fds, *egress_fds, *data_fds, *(() if init_fd is None else (init_fd,))),
+            pass_fds=(*launch.pass_fds, *data_fds, *(() if init_fd is None else (init_fd,))),
         )
-        return self._drop_to_sandbox_uid(prep, launch) if is_root() else launch
 
     def _shown_environments(self, res: Resolver) -> tuple[str, ...]:
         """The policy's host grants that are built trees of the (hidden) environment store: the run's environment,
@@ -398,6 +433,15 @@ class Sandbox:
             freezer=group.freezer,
             classify_exit=lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPlan:
+    """A run's plan inside the sandbox, before bwrap is put around it: ``launch`` starts the program itself (its
+    argv, environment, fds), ``mounts`` are what the steps add to the bwrap command line after the policy's."""
+
+    launch: Launch
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
