@@ -148,6 +148,8 @@ class SessionMode:
     def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
         """The runner of ``spec``: ``runner``, or for another runtime environment one sharing its bookkeeping
         whose runs (which the session's mounts do not fit) are sandboxes of their own."""
+        if spec.environment is None:  # most runs: no lookup
+            return runner
         sandbox = self.sandbox.in_environment(spec)
         if sandbox is self.sandbox:
             return runner
@@ -224,7 +226,11 @@ class SessionMode:
         if prep.cwd_rel and not self.sandbox.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.sandbox.program_env(prep)
-        return replace(launch, env=env, cwd=prep.program_cwd(SANDBOX_WORKSPACE), preexec_fn=None)
+        cwd = prep.program_cwd(SANDBOX_WORKSPACE)
+        # the plan made anew from the preparation, not a copy of the runner's (dataclasses.replace of its ~25 fields
+        # was a tenth of a session run's calls): the session's wrapper is its runner's only one, nothing is on the
+        # runner's plan yet but what the preparation gave it
+        return self.runner.launch(prep, prep.argv, env, cwd, interactive=launch.interactive, rlimits=False)
 
     async def spawner(self, runner: HostRunner, prep: PreparedRun, launch: Launch) -> tuple[Launch, Spawner | None]:
         """The session's supervisor, for a run the session fits; else a direct spawn of its own sandbox."""
