@@ -131,8 +131,8 @@ async def test_a_wrapper_that_fails_releases_what_the_wrappers_before_it_opened(
     released: list[str] = []
 
     def opens(prep: object, launch: Launch) -> Launch:
-        launch.on_exit.append(lambda: released.append("on_exit"))
-        launch.after_spawn.append(lambda: released.append("after_spawn"))
+        launch.stack.callback(lambda: released.append("on_exit"))
+        launch.stack.after_spawn(lambda: released.append("after_spawn"))
         return launch
 
     def fails(prep: object, launch: Launch) -> Launch:
@@ -148,3 +148,24 @@ async def test_a_wrapper_that_fails_releases_what_the_wrappers_before_it_opened(
         assert released == ["on_exit", "after_spawn"]
     finally:
         await engine.aclose()
+
+
+def test_a_runs_exit_stack_releases_newest_first_and_every_one_once() -> None:
+    """What the steps opened is released in reverse order, each even when one before it raised, and only once."""
+    from execspace.process.runstack import RunStack
+
+    stack, released = RunStack(), []
+    stack.callback(lambda: released.append("first"))
+
+    def broken() -> None:
+        released.append("broken")
+        raise OSError(9, "already closed")
+
+    stack.callback(broken)
+    stack.callback(lambda: released.append("last"))
+    stack.after_spawn(lambda: released.append("fd"))
+    with pytest.raises(OSError, match="already closed"):
+        stack.abandon()
+    assert released == ["last", "broken", "first", "fd"]
+    stack.abandon()
+    assert released == ["last", "broken", "first", "fd"]

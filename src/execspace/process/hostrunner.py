@@ -36,7 +36,7 @@ from .preparation import (
 )
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import Launch, MarkerSweeper, Spawner, SupervisedProcess, abandon, spawn
+from .supervisor import Launch, MarkerSweeper, Spawner, SupervisedProcess, spawn
 
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Spawning", "Wrapper", "unisolated_capabilities"]
 
 #: A wrapper step of a runner: a prepared run's launch plan made into a new one to start (another argv around the
-#: program, another environment…); what it opens for the run it registers on the plan's hooks (``on_exit``…).
+#: program, another environment…); what it opens for the run it registers on the run's exit stack (:class:`.RunStack`).
 Wrapper = Callable[[PreparedRun, Launch], Launch]
 
 #: Which configuration of a runner a run takes (e.g. the sandbox's for the runtime environment the run names): the
@@ -163,7 +163,7 @@ class HostRunner:
             for wrapper in self.wrappers:
                 launch = wrapper(prep, launch)
         except BaseException:
-            abandon(launch)  # what the wrappers before the failed one opened
+            launch.stack.abandon()  # what the wrappers before the failed one opened
             raise
         return launch
 
@@ -240,10 +240,10 @@ class HostRunner:
                 raise
             raise failed from exc
         forget = self.programs.add(ws, proc)
-        if proc.finished:  # supervision ended before it was listed: its on_exit hooks have run
+        if proc.finished:  # supervision ended before it was listed: its exit stack is closed
             forget()
         else:
-            launch.on_exit.append(forget)
+            launch.stack.callback(forget)
         return proc
 
     async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
@@ -303,7 +303,7 @@ class HostRunner:
             if not live and self._live.get(root) is live:
                 del self._live[root]
 
-        launch.on_exit.append(forget)
+        launch.stack.callback(forget)
         try:
             proc = await spawn(launch, spawner)
         except BaseException:

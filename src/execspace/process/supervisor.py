@@ -38,6 +38,7 @@ from .capture import HeadTailBuffer
 from .freezing import Freezer, stop_signals
 from .pacing import OutputPace
 from .programs import OutputLog
+from .runstack import RunStack
 
 __all__ = [
     "RUN_MARKER_VAR",
@@ -48,7 +49,6 @@ __all__ = [
     "SupervisedProcess",
     "Terminal",
     "Transport",
-    "abandon",
     "kill_marked_processes",
     "spawn",
 ]
@@ -68,9 +68,8 @@ class Launch:
 
     The preparation's runner makes it (:meth:`~.hostrunner.HostRunner.launch`); a wrapper (bubblewrap, the uid
     drop, a session's supervisor) makes a new one from it (``dataclasses.replace``), never changes a plan another
-    step built. What a wrapper opened for the run it registers on the run's hooks (``after_spawn``, ``on_exit``,
-    ``annotate``), which the run owns: they run once its process started, once it is over (exited, killed, or
-    failed to start), and on its result.
+    step built. What a step opens for the run it registers on the run's exit stack (:attr:`stack`), which every
+    plan made from the first one shares.
     """
 
     argv: Sequence[str]
@@ -93,12 +92,8 @@ class Launch:
     exit_status: Callable[[int, bytes], tuple[int, bytes]] | None = None
     """Maps (exit code, stderr) to the exit code and stderr to report: a wrapper that could not start the program
     reports it its own way (bwrap: exit 1 and its own message), a shell says 127 or 126."""
-    on_exit: list[Callable[[], None]] = field(default_factory=list)
-    """Run once the run is over: the process exited (or was killed) and was reaped, or it failed to start."""
-    after_spawn: list[Callable[[], None]] = field(default_factory=list)
-    """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
-    annotate: list[Callable[[RunResult], RunResult]] = field(default_factory=list)
-    """Add what the wrapper knows to the run's result (after ``on_exit``): e.g. the egress proxy's audit."""
+    stack: RunStack = field(default_factory=RunStack)
+    """What the run's steps opened for it, released once it is started and once it is over (:class:`.RunStack`)."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
     info: ProgramInfo | None = None
@@ -257,17 +252,6 @@ Spawner = Callable[[Launch], Transport]
 sandbox session's supervisor channel)."""
 
 
-def abandon(launch: Launch) -> None:
-    """The run is over before its process was started (a wrapper failed): what its steps registered is released
-    as for a start that failed (``on_exit``, then ``after_spawn``), once."""
-    hooks = [*launch.on_exit, *launch.after_spawn]
-    launch.on_exit.clear()
-    launch.after_spawn.clear()
-    launch.annotate.clear()
-    for hook in hooks:
-        hook()
-
-
 async def spawn(launch: Launch, spawner: Spawner | None = None) -> SupervisedProcess:
     """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot.
 
@@ -277,12 +261,10 @@ async def spawn(launch: Launch, spawner: Spawner | None = None) -> SupervisedPro
     try:
         await proc._start()
     except BaseException:
-        for hook in launch.on_exit:  # the run is over before it began: its cleanups are due all the same
-            hook()
+        launch.stack.close()  # the run is over before it began: its releases are due all the same
         raise
     finally:
-        for hook in launch.after_spawn:
-            hook()
+        launch.stack.spawned()
     return proc
 
 
@@ -600,7 +582,7 @@ class SupervisedProcess:
 
     @property
     def finished(self) -> bool:
-        """Supervision is over: the program was reaped and the run's ``on_exit`` hooks have run."""
+        """Supervision is over: the program was reaped and the run's exit stack closed."""
         return self._done is not None and self._done.done()
 
     @property
@@ -722,8 +704,7 @@ class SupervisedProcess:
             self._stdin_task.cancel()
         code = self._transport.returncode()
         self._transport.close()
-        for hook in self._launch.on_exit:
-            hook()
+        self._launch.stack.close()
         return self._result(-signal.SIGKILL if code is None else code, timed_out)
 
     def _result(self, code: int, timed_out: bool) -> RunResult:
@@ -748,9 +729,7 @@ class SupervisedProcess:
             raw_stderr=err,
             run_dir=self._launch.run_dir,
         )
-        for hook in self._launch.annotate:
-            result = hook(result)
-        return result
+        return self._launch.stack.annotated(result)
 
     async def signal(self, sig: int) -> None:
         await self._transport.signal(sig)

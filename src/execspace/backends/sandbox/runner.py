@@ -23,7 +23,7 @@ from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgram
 from ...process.hostrunner import HostRunner
 from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
 from ...process.rlimits import rlimit_preexec
-from ...process.supervisor import Launch, SupervisedProcess, abandon
+from ...process.supervisor import Launch, SupervisedProcess
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostmanager import private_dir
 from ...workspace.hostroots import closed_ancestor
@@ -247,10 +247,10 @@ class Sandbox:
             if is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
-            abandon(launch)  # what the steps before the failed one registered
+            launch.stack.abandon()  # what the steps before the failed one registered
             held.release()
             raise
-        launch.on_exit.append(held.release)
+        launch.stack.callback(held.release)
         return launch
 
     def environment_view(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
@@ -275,9 +275,9 @@ class Sandbox:
             return plan
         egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
         launch = plan.launch
-        launch.after_spawn.append(egress.started)
-        launch.on_exit.append(egress.close)
-        launch.annotate.append(egress.annotate)
+        launch.stack.after_spawn(egress.started)
+        launch.stack.callback(egress.close)
+        launch.stack.annotate(egress.annotate)
         launch = replace(
             launch,
             argv=egress.argv(list(launch.argv)),
@@ -360,7 +360,8 @@ class Sandbox:
                 os.close(fd)
             raise
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
-        launch.after_spawn.extend(functools.partial(os.close, fd) for fd in data_fds)
+        for fd in data_fds:
+            launch.stack.after_spawn(functools.partial(os.close, fd))
         return replace(
             launch,
             argv=argv,
@@ -424,7 +425,7 @@ class Sandbox:
             hit[0] = group.limit_hit()
             group.remove()
 
-        launch.on_exit.append(finish)
+        launch.stack.callback(finish)
         rlimit_classify = launch.classify_exit
         return replace(
             launch,

@@ -242,7 +242,7 @@ class SessionMode:
         if self.sandbox.network_allow is not None:
             launch = await self._run_proxy(session, prep, launch)
         session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
-        launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
+        launch.stack.callback(functools.partial(self._program_over, prep.root, session))
         make: Spawner = functools.partial(
             SessionTransport,
             session=session,
@@ -266,8 +266,8 @@ class SessionMode:
             listener.close()
             raise
         await audit.proxy.serve(listener)
-        launch.on_exit.append(audit.close)
-        launch.annotate.append(audit.annotate)
+        launch.stack.callback(audit.close)
+        launch.stack.annotate(audit.annotate)
         return replace(launch, env={**launch.env, **proxy_env(port)})
 
     def _program_over(self, root: Path, session: Session) -> None:
@@ -354,7 +354,8 @@ class SessionMode:
             os.close(binary)
             raise
         # bwrap has its own copies once started (or failed to start): ours go then
-        launch.after_spawn.extend([functools.partial(os.close, binary), theirs.close])
+        launch.stack.after_spawn(functools.partial(os.close, binary))
+        launch.stack.after_spawn(theirs.close)
         launch = replace(launch, pass_fds=(*launch.pass_fds, theirs.fileno()))
         owner = self._owner(ws) if self._owner is not None else None
         return await start_session(launch, ours, ws.id, self.config, owner=owner)
