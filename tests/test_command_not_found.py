@@ -13,7 +13,7 @@ import pytest
 import execspace
 from execspace import RunProgramSpec
 from execspace.backends.local import LocalBackend, LocalOptions
-from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SandboxRunner, SessionConfig
+from execspace.backends.sandbox import SandboxBackend, SandboxOptions, SessionConfig, sandbox_of
 from execspace.errors import CannotExecute, CommandNotFound, ExecspaceError, NotExecutable
 from execspace.models import ResourceLimits
 from execspace.registry import probe_backend
@@ -91,8 +91,6 @@ async def test_start_process_of_a_missing_bare_name_raises_command_not_found(tmp
     make_traversable(tmp_path)
     async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as engine:
         ws = await engine.manager.create_workspace("process")
-        runner = engine.runner
-        assert isinstance(runner, SandboxRunner)
         with pytest.raises(CommandNotFound) as caught:
-            await runner.start_process(ws, ["no-such-program-xyz"], limits=ResourceLimits())
+            await sandbox_of(engine.runner).start_process(ws, ["no-such-program-xyz"], limits=ResourceLimits())
         assert caught.value.exit_code == 127 and "no-such-program-xyz" in str(caught.value)

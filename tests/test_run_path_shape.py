@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import execspace
+from execspace.process.supervisor import Launch
 
 SRC = Path(execspace.__file__).parent
 SANDBOX = SRC / "backends" / "sandbox"
@@ -76,3 +77,95 @@ def test_a_launch_plan_is_never_changed_after_it_is_built() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.argv = ["/bin/false"]  # type: ignore[misc]
     assert dataclasses.replace(plan, argv=["/bin/false"]).argv == ["/bin/false"] and plan.argv == ["/bin/true"]
+
+
+#: What a backend composes instead of subclassing: each is given its collaborators (a transport, wrappers…).
+_MACHINERY = {"HostRunner", "SupervisedProcess"}
+
+
+def test_no_backend_class_subclasses_the_run_machinery() -> None:
+    inherits = []
+    for path in (SRC / "backends").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
+                if bases & _MACHINERY:
+                    inherits.append(f"{path.relative_to(SRC)}:{node.name}")
+    assert inherits == []
+
+
+async def test_the_spawner_is_chosen_per_run_and_the_handle_is_always_a_supervised_process(tmp_path: Path) -> None:
+    """A session run's handle is the one SupervisedProcess over the session's channel (its transport); a run the
+    session cannot give what it asks (another network setting) is a direct spawn of a sandbox of its own."""
+    from execspace.backends.sandbox.sessionprogram import SessionTransport
+    from execspace.models import RunProgramSpec
+    from execspace.process.supervisor import DirectTransport, SupervisedProcess
+    from execspace.registry import probe_backend
+    from execspace.testing.binding import make_traversable
+
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", mode="session") as engine:
+        ws = await engine.manager.create_workspace("t")
+        runs = [
+            await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "read x; echo $x"], network=network))
+            for network in (None, "on")
+        ]
+        for run in runs:
+            await run.write_stdin("hi\n")
+            await run.close_stdin()
+            assert (await run.wait()).stdout == "hi\n"
+    transports = [type(run.transport) for run in runs if isinstance(run, SupervisedProcess)]
+    assert transports == [SessionTransport, DirectTransport]
+
+
+async def test_a_wrapper_that_fails_releases_what_the_wrappers_before_it_opened(tmp_path: Path) -> None:
+    """Each wrapper registers what it opened on the run; one that fails ends the run before it began, and what the
+    earlier ones registered is released all the same (once), as for a start that failed."""
+    from execspace.backends.local import LocalBackend, LocalOptions
+    from execspace.models import RunProgramSpec
+    from execspace.process.hostrunner import HostRunner
+
+    released: list[str] = []
+
+    def opens(prep: object, launch: Launch) -> Launch:
+        launch.stack.callback(lambda: released.append("on_exit"))
+        launch.stack.after_spawn(lambda: released.append("after_spawn"))
+        return launch
+
+    def fails(prep: object, launch: Launch) -> Launch:
+        raise OSError(5, "the wrapper could not open what it needs")
+
+    engine = await LocalBackend.open(LocalOptions(workspace_root=tmp_path / "ws"))
+    try:
+        ws = await engine.manager.create_workspace("w")
+        assert isinstance(engine.runner, HostRunner)
+        runner = engine.runner.sharing(wrappers=[opens, fails])
+        with pytest.raises(OSError, match="could not open"):
+            await runner.start_program(ws, RunProgramSpec("true"))
+        assert released == ["on_exit", "after_spawn"]
+    finally:
+        await engine.aclose()
+
+
+def test_a_runs_exit_stack_releases_newest_first_and_every_one_once() -> None:
+    """What the steps opened is released in reverse order, each even when one before it raised, and only once."""
+    from execspace.process.runstack import RunStack
+
+    stack, released = RunStack(), []
+    stack.callback(lambda: released.append("first"))
+
+    def broken() -> None:
+        released.append("broken")
+        raise OSError(9, "already closed")
+
+    stack.callback(broken)
+    stack.callback(lambda: released.append("last"))
+    stack.after_spawn(lambda: released.append("fd"))
+    with pytest.raises(OSError, match="already closed"):
+        stack.abandon()
+    assert released == ["last", "broken", "first", "fd"]
+    stack.abandon()
+    assert released == ["last", "broken", "first", "fd"]

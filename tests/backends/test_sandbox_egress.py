@@ -21,6 +21,7 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
+from execspace.backends.sandbox import sandbox_of
 from execspace.errors import CapabilityError
 from execspace.models import NetworkAttempt, NetworkPolicy, RunResult
 from execspace.registry import probe_backend
@@ -403,3 +404,18 @@ async def test_runs_leave_no_fd_or_task_behind_even_when_killed_mid_tunnel(box: 
         await asyncio.sleep(0.01)
     assert len(asyncio.all_tasks()) <= tasks_before
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+async def test_an_allow_list_run_whose_sandbox_cannot_start_fails_as_any_run_and_leaves_no_fd(
+    box: Box, upstream: Upstream
+) -> None:
+    """The start fails (no bwrap there): the run is over before it began, its channel closed once — bwrap's ends
+    are taken back by the channel's close, not closed again after the failed spawn (whose fd numbers another
+    open may have reused by then)."""
+    engine, ws = box
+    assert (await run(box, upstream, "true")).exit_code == 0  # the bridge is built before counting
+    before = sorted(os.listdir("/proc/self/fd"))
+    sandbox_of(engine.runner).bwrap = "/nonexistent/bwrap"
+    r = await run(box, upstream, "true")
+    assert r.exit_code == 127 and not r.network_audit, r
+    assert sorted(os.listdir("/proc/self/fd")) == before

@@ -376,9 +376,8 @@ async def test_the_seatbelt_wrapper_puts_the_run_under_sandbox_exec(tmp_path: Pa
     ]
     assert launch.cwd == prep.host_cwd and launch.marker == prep.marker
     if profile is Profile.WORKSPACE_WRITE:  # its tmp/ is writable: the environment is the run's own
-        assert launch.env == prep.env and launch.on_exit == []
+        assert launch.env == prep.env
         return
     assert tmpdir is not None and os.path.isdir(tmpdir) and launch.env["TMP"] == launch.env["TEMP"] == tmpdir
-    for hook in launch.on_exit:  # the run is over
-        hook()
+    launch.stack.close()  # the run is over
     assert not os.path.exists(tmpdir)

@@ -167,5 +167,4 @@ async def test_the_home_is_bound_from_the_checked_directory_fd_never_by_path(roo
             assert fd in launch.pass_fds
             assert argv[argv.index("--chdir") + 1] == f"{HOME}/sub"
         finally:
-            for hook in (*launch.after_spawn, *launch.on_exit):
-                hook()
+            launch.stack.abandon()

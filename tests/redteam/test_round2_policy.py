@@ -23,7 +23,7 @@ import pytest
 import execspace
 from execspace import PathDenied, PutFile, RunProgramSpec
 from execspace.artifacts import ArtifactScope, FileArtifactService
-from execspace.backends.sandbox import SandboxPolicy
+from execspace.backends.sandbox import SandboxPolicy, sandbox_of
 from execspace.registry import probe_backend
 from execspace.tools import WorkspaceExecTool
 from execspace.tools.shellpolicy import CommandPolicy
@@ -526,8 +526,8 @@ async def test_timed_out_killed_and_unstarted_runs_leave_nothing(tmp_path: Path)
         assert listing(project) == before, "a killed run left the user's project changed"
 
         # a sandbox that cannot even start: its placeholders were made, and go all the same
-        runner: Any = engine.runner
-        runner.bwrap, runner.setpriv = str(tmp_path / "no-bwrap"), None
+        sandbox = sandbox_of(engine.runner)
+        sandbox.bwrap, sandbox.setpriv = str(tmp_path / "no-bwrap"), None
         r = await engine.runner.run_program(ws, RunProgramSpec("true"))
         assert r.exit_code == 127, r
         assert listing(project) == before, "a run that failed to start left the user's project changed"

@@ -23,8 +23,9 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
-from execspace.backends.sandbox import SandboxPolicy, SandboxRunner
+from execspace.backends.sandbox import SandboxPolicy, sandbox_of
 from execspace.backends.sandbox.seccomp import KernelSeccompFilters, build_unix_lock_bpf
+from execspace.process.hostrunner import HostRunner
 from execspace.registry import probe_backend
 from execspace.workspace.hostmanager import default_workspace_root
 from tests.support import make_traversable
@@ -132,20 +133,18 @@ async def sandbox(tmp_path: Path) -> AsyncIterator[Box]:
         yield engine, await engine.manager.create_workspace("red/team/round2-seccomp")
 
 
-async def py(box: Box, code: str, runner: SandboxRunner | None = None) -> tuple[execspace.RunResult, dict[str, str]]:
+async def py(box: Box, code: str, runner: HostRunner | None = None) -> tuple[execspace.RunResult, dict[str, str]]:
     engine, ws = box
     r = await (runner or engine.runner).run_program(ws, RunProgramSpec("python3", ["-c", PRELUDE + code], timeout=30))  # type: ignore[attr-defined]
     lines = (line.split(" ", 1) for line in r.stdout.splitlines())
     return r, {parts[0]: parts[1] for parts in lines if len(parts) == 2}
 
 
-def kernel_runner(box: Box) -> tuple[SandboxRunner, str]:
+def kernel_runner(box: Box) -> tuple[HostRunner, str]:
     """The engine's runner with a sandboxed kernel's filters, and the lock the kernel stacks on itself."""
     engine, _ = box
     filters = KernelSeccompFilters()
-    runner = engine.runner
-    assert isinstance(runner, SandboxRunner)
-    return runner.with_seccomp(filters), base64.b64encode(filters.unix_lock_bpf()).decode()
+    return sandbox_of(engine.runner).with_seccomp(filters), base64.b64encode(filters.unix_lock_bpf()).decode()
 
 
 # -- F3: no process of the sandbox is left with less than the full filter ------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 import execspace
 from execspace import RunProgramSpec
+from execspace.backends.sandbox import sandbox_of
 from execspace.errors import BackendError
 from execspace.registry import probe_backend
 from tests.support import make_traversable
@@ -357,7 +358,7 @@ for check in (pool, pairs, loopback, threads, pipes, event_loop, fork):
 async def _settled_filter_fds(engine: execspace.BaseEngine) -> list[str]:
     """The filter fds left open once the engine's session pool has no start in flight: a session it starts
     ahead (the fixture's ``create_workspace`` refills it) holds its filter's fd until its bwrap has it, rightly."""
-    pool = getattr(engine.runner, "pool", None)
+    pool = getattr(getattr(engine.runner, "spawning", None), "pool", None)
     if pool is not None:
         await pool.ready(30)
     return _open_filter_fds()
@@ -389,7 +390,7 @@ async def test_filter_fd_is_closed_on_the_host_and_absent_inside(sandbox: Box) -
 async def test_filter_fd_is_closed_when_the_spawn_fails(sandbox: Box) -> None:
     engine, ws = sandbox
     # a fake: point the runner at a bwrap that does not exist, so that the spawn itself fails
-    engine.runner.bwrap = "/nonexistent/bwrap"  # type: ignore[attr-defined]
+    sandbox_of(engine.runner).bwrap = "/nonexistent/bwrap"
     if engine.describe().details["mode"].startswith("session"):
         # the workspace's session cannot start: a run in it says so, naming the missing bwrap
         with pytest.raises(BackendError, match="nonexistent/bwrap"):

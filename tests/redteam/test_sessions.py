@@ -48,7 +48,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[execspace.BaseEngine]:
 
 
 def session_of(engine: Engine, ws: Ws) -> Session:
-    fut = engine.runner._sessions[ws.host_path]  # type: ignore[attr-defined]
+    fut = engine.runner.spawning._sessions[ws.host_path]  # type: ignore[attr-defined]
     session: Session = fut.result()
     return session
 
@@ -227,15 +227,15 @@ async def test_a_lying_supervisor_ends_only_its_session(engine: Engine, tmp_path
     good = await engine.manager.create_workspace("sessions/good")
     assert (await sh(engine, good, "echo before")).stdout == "before\n"
     bad = await engine.manager.create_workspace("sessions/bad")
-    real = engine.runner.supervisor  # type: ignore[attr-defined]
-    engine.runner.supervisor = _hostile_supervisor(tmp_path / "hostile", behaviour)  # type: ignore[attr-defined]
+    real = engine.runner.spawning.supervisor  # type: ignore[attr-defined]
+    engine.runner.spawning.supervisor = _hostile_supervisor(tmp_path / "hostile", behaviour)  # type: ignore[attr-defined]
     try:
         with pytest.raises(BackendError, match="supervisor") as caught:
             await sh(engine, bad, "echo never")
     finally:
-        engine.runner.supervisor = real  # type: ignore[attr-defined]
+        engine.runner.spawning.supervisor = real  # type: ignore[attr-defined]
     assert "session was ended" in str(caught.value)
-    bad_session = session_of(engine, bad) if bad.host_path in engine.runner._sessions else None  # type: ignore[attr-defined]
+    bad_session = session_of(engine, bad) if bad.host_path in engine.runner.spawning._sessions else None  # type: ignore[attr-defined]
     assert bad_session is None or not bad_session.usable
     # the other session goes on; the broken workspace gets a new, working one
     assert (await sh(engine, good, "echo after")).stdout == "after\n"
@@ -258,18 +258,18 @@ async def test_a_supervisor_that_never_reports_an_exit_cannot_hold_a_kill(engine
     """A kill waits for the supervisor's word that the program ended; one that never comes ends the session (the
     request timeout, 2 s here) instead of holding the caller forever (a tools suite once hung on it)."""
     ws = await engine.manager.create_workspace("sessions/mute")
-    real = engine.runner.supervisor  # type: ignore[attr-defined]
+    real = engine.runner.spawning.supervisor  # type: ignore[attr-defined]
     liar = tmp_path / "mute"
     liar.write_text(_NEVER_REPORTS_EXITS)
     liar.chmod(0o755)
-    engine.runner.supervisor = liar  # type: ignore[attr-defined]
+    engine.runner.spawning.supervisor = liar  # type: ignore[attr-defined]
     try:
         handle = await engine.runner.start_program(ws, RunProgramSpec("sleep", ["300"]))
         await asyncio.wait_for(handle.kill(), 15)  # TERM, the 2 s grace, KILL, then 2 s for the word
         with pytest.raises(BackendError, match="after SIGKILL"):
             await asyncio.wait_for(handle.wait(), 5)
     finally:
-        engine.runner.supervisor = real  # type: ignore[attr-defined]
+        engine.runner.spawning.supervisor = real  # type: ignore[attr-defined]
     assert (await sh(engine, ws, "echo again")).stdout == "again\n"  # a new session, a real supervisor
 
 
@@ -293,15 +293,15 @@ async def test_a_run_directory_the_supervisor_cannot_make_is_made_by_the_host(en
     by its own confined walk and asks for the start again, without one: the run gets its directory either way."""
     ws = await engine.manager.create_workspace("sessions/rundir")
     assert ws.host_path is not None
-    real = engine.runner.supervisor  # type: ignore[attr-defined]
+    real = engine.runner.spawning.supervisor  # type: ignore[attr-defined]
     refuses = tmp_path / "refuses"
     refuses.write_text(_REFUSES_RUN_DIRS)
     refuses.chmod(0o755)
-    engine.runner.supervisor = refuses  # type: ignore[attr-defined]
+    engine.runner.spawning.supervisor = refuses  # type: ignore[attr-defined]
     try:
         r = await sh(engine, ws, "true")
     finally:
-        engine.runner.supervisor = real  # type: ignore[attr-defined]
+        engine.runner.spawning.supervisor = real  # type: ignore[attr-defined]
     assert r.exit_code == 0, r
     assert (ws.host_path / r.run_dir).is_dir()
     assert session_of(engine, ws).usable
@@ -414,7 +414,7 @@ async def test_a_pooled_session_becomes_the_new_workspaces_and_only_its(tmp_path
     make_traversable(tmp_path)
     config = SessionConfig(pool_size=1)
     async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", mode="session", session=config) as e:
-        pool = e.runner.pool  # type: ignore[attr-defined]
+        pool = e.runner.spawning.pool  # type: ignore[attr-defined]
         pool.refill()
         assert await pool.ready(10)
         pooled = pool.idle()[0].session

@@ -1,19 +1,22 @@
 """ProgramRunner for programs started as host processes (local, and wrapped by the sandbox).
 
-Composed of the shared steps: :class:`~.preparation.RunPreparation` decides what the program gets, :meth:`wrap`
-turns that into the finished :class:`~.supervisor.Launch` (a wrapping backend overrides only this step), and the
-spawn, supervision, per-workspace bookkeeping and post-run checks are the same for every host process.
+Composed of the shared steps: :class:`~.preparation.RunPreparation` decides what the program gets, the runner's
+wrappers turn that into the finished :class:`~.supervisor.Launch` (the bubblewrap sandbox, Seatbelt), a spawner
+starts it (a direct spawn, or what the runner's :class:`Spawning` chooses: a sandbox session's supervisor), and the
+supervision, per-workspace bookkeeping and post-run checks are the same for every host process. A backend
+configures one; it never subclasses it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
@@ -33,16 +36,42 @@ from .preparation import (
 )
 from .programs import ProgramTable, program_info
 from .rlimits import classify_rlimit_exit, rlimit_preexec
-from .supervisor import Launch, MarkerSweeper, SupervisedProcess, spawn
+from .supervisor import Launch, MarkerSweeper, Spawner, SupervisedProcess, spawn
 
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
 
-__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Wrapper", "unisolated_capabilities"]
+__all__ = ["DISK_BYTES_DETAIL", "HostRunner", "Spawning", "Wrapper", "unisolated_capabilities"]
 
 #: A wrapper step of a runner: a prepared run's launch plan made into a new one to start (another argv around the
-#: program, another environment…); what it opens for the run it registers on the plan's hooks (``on_exit``…).
+#: program, another environment…); what it opens for the run it registers on the run's exit stack (:class:`.RunStack`).
 Wrapper = Callable[[PreparedRun, Launch], Launch]
+
+#: Which configuration of a runner a run takes (e.g. the sandbox's for the runtime environment the run names): the
+#: runner itself, or one sharing its bookkeeping (:meth:`HostRunner.sharing`).
+Chooser = Callable[["HostRunner", RunProgramSpec], "HostRunner"]
+
+
+class Spawning(Protocol):
+    """A runner's choice of spawner per run, and what comes with it: whether the run's directory is made while it
+    is prepared, what else stops and holds a workspace's programs (a sandbox session's supervisor and its runs)."""
+
+    def defers_run_dir(self, ws: Workspace, spec: RunProgramSpec) -> bool:
+        """Whether what starts ``spec``'s program makes its run directory (the preparation only names it)."""
+        ...
+
+    async def spawner(self, runner: HostRunner, prep: PreparedRun, launch: Launch) -> tuple[Launch, Spawner | None]:
+        """The spawner of this run (None: a direct spawn), and its plan with what that spawner adds."""
+        ...
+
+    async def stop(self, ws: Workspace) -> None:
+        """End what the workspace's programs run in (before the runner kills those it started)."""
+        ...
+
+    def frozen(self, runner: HostRunner, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+        """The workspace's programs held still (:meth:`HostRunner.frozen`)."""
+        ...
+
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
@@ -67,8 +96,13 @@ class HostRunner:
         path_view: Callable[[str], str] | None = None,
         output_rate: int | None = None,
         wrappers: Sequence[Wrapper] = (),
+        choose: Chooser | None = None,
+        spawning: Spawning | None = None,
     ) -> None:
-        self._wrappers = tuple(wrappers)
+        self.wrappers = tuple(wrappers)
+        """What each prepared run is wrapped in, in turn (:data:`Wrapper`)."""
+        self.choose = choose
+        self.spawning = spawning
         self.preparation = RunPreparation(
             capabilities,
             env_policy,
@@ -89,6 +123,25 @@ class HostRunner:
         self._live: dict[Path, set[asyncio.Future[SupervisedProcess]]] = {}
         self.programs = ProgramTable()
 
+    def sharing(
+        self,
+        *,
+        preparation: RunPreparation | None = None,
+        wrappers: Sequence[Wrapper] | None = None,
+        choose: Chooser | None = None,
+        spawning: Spawning | None = None,
+    ) -> HostRunner:
+        """This runner with other parts (None: the same; ``spawning`` None: direct spawns), sharing its bookkeeping:
+        the programs it runs, their sweeps and output paces, which :meth:`stop_programs` and :meth:`frozen` see."""
+        other = copy.copy(self)
+        if preparation is not None:
+            other.preparation = preparation
+        if wrappers is not None:
+            other.wrappers = tuple(wrappers)
+        other.choose = choose if choose is not None else self.choose
+        other.spawning = spawning
+        return other
+
     # -- the preparation and wrapper steps ---------------------------------------------------
 
     def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
@@ -98,14 +151,20 @@ class HostRunner:
         Raises:
             CommandNotFound: the command does not exist.
         """
+        if self.spawning is not None and self.spawning.defers_run_dir(ws, spec):
+            return self.preparation.prepare(ws, spec, make_run_dir=False)
         return self.preparation.prepare(ws, spec)
 
     def wrap(self, prep: PreparedRun, *, interactive: bool = False) -> Launch:
         """Turn a prepared run into the finished launch: the program as is (the local backend), then each of the
         runner's wrappers in turn (Seatbelt's ``sandbox-exec``)."""
         launch = self.launch(prep, prep.argv, prep.env, prep.host_cwd, interactive=interactive)
-        for wrapper in self._wrappers:
-            launch = wrapper(prep, launch)
+        try:
+            for wrapper in self.wrappers:
+                launch = wrapper(prep, launch)
+        except BaseException:
+            launch.stack.abandon()  # what the wrappers before the failed one opened
+            raise
         return launch
 
     def launch(
@@ -151,6 +210,8 @@ class HostRunner:
     # -- ProgramRunner -----------------------------------------------------------------
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        if self.choose is not None and (runner := self.choose(self, spec)) is not self:
+            return await runner.run_program(ws, spec)
         try:
             prep = self.prepare(ws, spec)
         except CannotExecute as exc:
@@ -167,6 +228,8 @@ class HostRunner:
         return await finish_run(prep, result)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
+        if self.choose is not None and (runner := self.choose(self, spec)) is not self:
+            return await runner.start_program(ws, spec)
         prep = self.prepare(ws, spec)
         launch = self.wrap(prep, interactive=True)
         try:
@@ -177,10 +240,10 @@ class HostRunner:
                 raise
             raise failed from exc
         forget = self.programs.add(ws, proc)
-        if proc.finished:  # supervision ended before it was listed: its on_exit hooks have run
+        if proc.finished:  # supervision ended before it was listed: its exit stack is closed
             forget()
         else:
-            launch.on_exit.append(forget)
+            launch.stack.callback(forget)
         return proc
 
     async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
@@ -193,6 +256,8 @@ class HostRunner:
         """Kill every program this runner started in ``ws`` that still runs (or is being started), and wait
         for them to end: for ``HostWorkspaceManager(stop_programs=...)``, as nothing may change a tree while
         it is removed."""
+        if self.spawning is not None:
+            await self.spawning.stop(ws)
         if ws.host_path is None:
             return
         live = self._live.pop(ws.host_path, set())
@@ -206,6 +271,8 @@ class HostRunner:
         Raises:
             FreezeFailed: (on entering) they could not all be held; none is.
         """
+        if self.spawning is not None:
+            return self.spawning.frozen(self, ws)
         return held(proc.freezer([pid], ()) for proc in self.live_processes(ws) if (pid := proc.pid) is not None)
 
     def live_processes(self, ws: Workspace) -> list[SupervisedProcess]:
@@ -214,14 +281,16 @@ class HostRunner:
         return [f.result() for f in live if f.done() and not f.cancelled() and f.exception() is None]
 
     async def spawn_prepared(
-        self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
+        self, prep: PreparedRun, launch: Launch, spawner: Spawner | None = None
     ) -> SupervisedProcess:
         """Start ``launch`` (made by :meth:`wrap` for ``prep``), known to :meth:`stop_programs` before it exists.
-        ``process`` makes its handle (see :func:`~.supervisor.spawn`).
+        ``spawner`` makes its transport (see :func:`~.supervisor.spawn`).
 
         Raises:
             OSError: it could not be started (``exec_error`` says whether that is a 127/126).
         """
+        if spawner is None and self.spawning is not None:
+            launch, spawner = await self.spawning.spawner(self, prep, launch)
         root = prep.root
         # known before it exists: a program already running may not have been handed back to us yet. Spawned in
         # this task, not one of its own: a run that exits at once is not a loop turn later for it
@@ -234,9 +303,9 @@ class HostRunner:
             if not live and self._live.get(root) is live:
                 del self._live[root]
 
-        launch.on_exit.append(forget)
+        launch.stack.callback(forget)
         try:
-            proc = await spawn(launch, process)
+            proc = await spawn(launch, spawner)
         except BaseException:
             forget()
             started.cancel()  # nothing was started: nothing for stop_programs to kill

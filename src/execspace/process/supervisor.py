@@ -27,10 +27,10 @@ import signal
 import struct
 import termios
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import UsageError
 from ..models import OutputChunk, ProgramInfo, PtySize, RunResult
@@ -38,8 +38,20 @@ from .capture import HeadTailBuffer
 from .freezing import Freezer, stop_signals
 from .pacing import OutputPace
 from .programs import OutputLog
+from .runstack import RunStack
 
-__all__ = ["RUN_MARKER_VAR", "Launch", "MarkerSweeper", "SupervisedProcess", "kill_marked_processes", "spawn"]
+__all__ = [
+    "RUN_MARKER_VAR",
+    "DirectTransport",
+    "Launch",
+    "MarkerSweeper",
+    "Spawner",
+    "SupervisedProcess",
+    "Terminal",
+    "Transport",
+    "kill_marked_processes",
+    "spawn",
+]
 
 #: Environment variable carrying the per-run marker used to find escaped descendants.
 RUN_MARKER_VAR = "EXECSPACE_RUN"
@@ -56,9 +68,8 @@ class Launch:
 
     The preparation's runner makes it (:meth:`~.hostrunner.HostRunner.launch`); a wrapper (bubblewrap, the uid
     drop, a session's supervisor) makes a new one from it (``dataclasses.replace``), never changes a plan another
-    step built. What a wrapper opened for the run it registers on the run's hooks (``after_spawn``, ``on_exit``,
-    ``annotate``), which the run owns: they run once its process started, once it is over (exited, killed, or
-    failed to start), and on its result.
+    step built. What a step opens for the run it registers on the run's exit stack (:attr:`stack`), which every
+    plan made from the first one shares.
     """
 
     argv: Sequence[str]
@@ -81,12 +92,8 @@ class Launch:
     exit_status: Callable[[int, bytes], tuple[int, bytes]] | None = None
     """Maps (exit code, stderr) to the exit code and stderr to report: a wrapper that could not start the program
     reports it its own way (bwrap: exit 1 and its own message), a shell says 127 or 126."""
-    on_exit: list[Callable[[], None]] = field(default_factory=list)
-    """Run once the run is over: the process exited (or was killed) and was reaped, or it failed to start."""
-    after_spawn: list[Callable[[], None]] = field(default_factory=list)
-    """Run once the process is started, or failed to start: e.g. close fds that only the child needed."""
-    annotate: list[Callable[[RunResult], RunResult]] = field(default_factory=list)
-    """Add what the wrapper knows to the run's result (after ``on_exit``): e.g. the egress proxy's audit."""
+    stack: RunStack = field(default_factory=RunStack)
+    """What the run's steps opened for it, released once it is started and once it is over (:class:`.RunStack`)."""
     sweeper: MarkerSweeper | None = None
     """Shared batcher for the escaped-descendant sweep (one per runner)."""
     info: ProgramInfo | None = None
@@ -112,13 +119,13 @@ class _Protocol(asyncio.SubprocessProtocol):
         self.owner = owner
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        self.owner._on_data(fd, data if isinstance(data, bytes) else data.encode())
+        self.owner.received(fd, data if isinstance(data, bytes) else data.encode())
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self.owner._on_pipe_closed(fd)
+        self.owner.output_ended(fd)
 
     def process_exited(self) -> None:
-        self.owner._on_exit()
+        self.owner.program_exited()
 
 
 class _PtyReader(asyncio.Protocol):
@@ -128,11 +135,11 @@ class _PtyReader(asyncio.Protocol):
         self.owner = owner
 
     def data_received(self, data: bytes) -> None:
-        self.owner._on_data(1, data)
+        self.owner.received(1, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # EIO once the last holder of the terminal's other side is gone: the end of the output
-        self.owner._on_pipe_closed(1)
+        self.owner.output_ended(1)
 
 
 def _set_size(fd: int, size: PtySize) -> None:
@@ -154,21 +161,110 @@ def _pty_preexec(then: Callable[[], None] | None) -> Callable[[], None]:
     return preexec
 
 
-async def spawn(launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None) -> SupervisedProcess:
+class Terminal:
+    """The host's side of a program's pseudo-terminal: the program's output comes from it as stdout, its input
+    goes to it. ``slave`` is the side the program gets (the opener closes it once the program holds it)."""
+
+    def __init__(self, size: PtySize) -> None:
+        master, self.slave = os.openpty()
+        os.set_blocking(master, False)
+        _set_size(master, size)
+        self._master: int | None = master
+        self._connected = False
+        self.writer: asyncio.WriteTransport | None = None
+
+    async def connect(self, proc: SupervisedProcess) -> asyncio.ReadTransport:
+        """Wire the terminal's output to ``proc``; the reader (which owns the master side from now on)."""
+        assert self._master is not None
+        loop = asyncio.get_running_loop()
+        reader, _ = await loop.connect_read_pipe(lambda: _PtyReader(proc), os.fdopen(self._master, "rb", 0))
+        self._connected = True
+        writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(os.dup(self._master), "wb", 0))
+        self.writer = writer
+        return reader
+
+    def close(self) -> None:
+        """Let go of the master side if no reader took it (the start failed)."""
+        if self._master is not None and not self._connected:
+            with contextlib.suppress(OSError):
+                os.close(self._master)
+        self._master = None
+
+    def resize(self, size: PtySize) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            with contextlib.suppress(OSError):  # the terminal is gone: the program ended
+                _set_size(self.writer.get_extra_info("pipe").fileno(), size)
+
+
+class Transport(Protocol):
+    """What a spawner gives a :class:`SupervisedProcess`: how its program is started and reached — its output
+    readers, its stdin, its pid and exit, signals and kills, the sweep of its escaped descendants. The process
+    does the supervision (deadline, output caps, streams, the kill sequence, the result) the same for all."""
+
+    readers: dict[int, asyncio.ReadTransport]
+    """The output readers (fd 1, 2), paused and resumed by the stream's backpressure and the output pace."""
+    terminal: Terminal | None
+    error: BaseException | None
+    """Why the program's end is not its own (its session broke): ``wait`` raises it after the result."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def watched(self) -> bool:
+        """Its events (exit, end of output) say all that supervision needs: no task supervises it."""
+        ...
+
+    async def open(self, proc: SupervisedProcess) -> None:
+        """Start the program, its output wired to ``proc`` (``received``, ``output_ended``, ``program_exited``).
+
+        Raises:
+            OSError: it could not be started."""
+        ...
+
+    def returncode(self) -> int | None: ...
+    def stdin(self) -> asyncio.WriteTransport | None: ...
+    def signal_group(self, sig: int) -> None:
+        """``sig`` to the program's group and what is left of it (SIGKILL of the whole tree)."""
+        ...
+
+    def terminate(self) -> bool:
+        """SIGTERM to the program if it has started (not to a wrapper still setting up); whether it was sent."""
+        ...
+
+    async def signal(self, sig: int) -> None: ...
+    async def killed(self) -> None:
+        """Wait for the end of a program sent SIGKILL."""
+        ...
+
+    def swept_at_once(self) -> bool:
+        """For a program over by the end of its start: kill what is left of its group and sweep its escaped
+        descendants now, where that needs no wait; whether it did."""
+        ...
+
+    async def sweep(self) -> None: ...
+    def close(self) -> None:
+        """Let go of its pipes, readers and terminal: supervision is over."""
+        ...
+
+
+Spawner = Callable[[Launch], Transport]
+"""Chosen once per run: makes the transport that starts a launch (:class:`DirectTransport`, a host process; a
+sandbox session's supervisor channel)."""
+
+
+async def spawn(launch: Launch, spawner: Spawner | None = None) -> SupervisedProcess:
     """Start the process described by ``launch``; raise ``FileNotFoundError``/``PermissionError`` if it cannot.
 
-    ``process`` makes the handle (default :class:`SupervisedProcess`, a host process; a subclass may start it
-    elsewhere, e.g. through a sandbox session's supervisor)."""
-    proc = (process or SupervisedProcess)(launch)
+    ``spawner`` makes its transport (default :class:`DirectTransport`, a host process; e.g. a sandbox session's
+    supervisor starts it elsewhere)."""
+    proc = SupervisedProcess(launch, (spawner or DirectTransport)(launch))
     try:
         await proc._start()
     except BaseException:
-        for hook in launch.on_exit:  # the run is over before it began: its cleanups are due all the same
-            hook()
+        launch.stack.close()  # the run is over before it began: its releases are due all the same
         raise
     finally:
-        for hook in launch.after_spawn:
-            hook()
+        launch.stack.spawned()
     return proc
 
 
@@ -185,11 +281,163 @@ def _kill_unsupervised(creating: asyncio.Future[tuple[asyncio.SubprocessTranspor
         _kill_group(creating.result()[0])
 
 
-class SupervisedProcess:
-    """A running program under supervision; implements the ``ProgramHandle`` protocol."""
+class DirectTransport:
+    """A host process started directly: an asyncio subprocess with pipes, or on a pty; in a session and process
+    group of its own, so that its group is what signals and kills reach."""
+
+    watched = False
+    error: BaseException | None = None
 
     def __init__(self, launch: Launch) -> None:
         self._launch = launch
+        self._sub: asyncio.SubprocessTransport | None = None
+        self._proc: SupervisedProcess | None = None
+        self.readers: dict[int, asyncio.ReadTransport] = {}
+        self.terminal: Terminal | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._sub.get_pid() if self._sub is not None else None
+
+    async def open(self, proc: SupervisedProcess) -> None:
+        self._proc = proc
+        loop = asyncio.get_running_loop()
+        la = self._launch
+        kwargs: dict[str, Any] = {}
+        if la.user is not None:
+            kwargs.update(user=la.user, group=la.group, extra_groups=[])
+        if la.pty is not None:
+            self.terminal = terminal = Terminal(la.pty)
+            slave: int | None = terminal.slave
+            kwargs.update(stdin=slave, stdout=slave, stderr=slave)
+            preexec = _pty_preexec(la.preexec_fn) if la.pty_controlling else la.preexec_fn
+            if preexec is not None:
+                kwargs["preexec_fn"] = preexec
+            proc.expect_output({1})
+        else:
+            slave = None
+            wants_stdin = la.stdin is not None or la.interactive
+            kwargs.update(
+                stdin=asyncio.subprocess.PIPE if wants_stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            if la.preexec_fn is not None:
+                kwargs["preexec_fn"] = la.preexec_fn
+        creating = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _Protocol(proc),
+                *la.argv,
+                env=dict(la.env),
+                cwd=la.cwd,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=tuple(la.pass_fds),
+                **kwargs,
+            )
+        )
+        try:
+            # shielded: asyncio's own clean-up of a start cancelled while it wires the pipes kills the leader
+            # alone, then waits for pipes that a child of it (`sleep 300 &`) holds for as long as it lives
+            sub, _ = await asyncio.shield(creating)
+        except BaseException:
+            if self.terminal is not None:
+                self.terminal.close()
+            if not creating.done():
+                creating.add_done_callback(_kill_unsupervised)
+            raise
+        finally:
+            if slave is not None:
+                os.close(slave)  # the program holds it now; ours would keep the output from ever ending
+        if self.terminal is not None:
+            try:
+                self.readers[1] = await self.terminal.connect(proc)
+            except BaseException:
+                _kill_group(sub)
+                raise
+        else:
+            for fd in (1, 2):
+                pipe = sub.get_pipe_transport(fd)
+                if pipe is not None:
+                    self.readers[fd] = pipe  # type: ignore[assignment]
+        self._sub = sub
+
+    def returncode(self) -> int | None:
+        return self._sub.get_returncode() if self._sub is not None else None
+
+    def stdin(self) -> asyncio.WriteTransport | None:
+        if self.terminal is not None:
+            return self.terminal.writer
+        return self._sub.get_pipe_transport(0) if self._sub is not None else None  # type: ignore[return-value]
+
+    def signal_group(self, sig: int) -> None:
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    def _program_group(self) -> int | None:
+        pid = self.pid
+        target = self._launch.signal_target
+        return pid if pid is None or target is None else target(pid)
+
+    def terminate(self) -> bool:
+        group = self._program_group()
+        if group is None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGTERM)
+        return True
+
+    async def signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is None or self._proc is None:
+            return
+        # a wrapper still setting up has no program to take the signal yet: wait for it (a few ms), as the signal
+        # is the program's, not the wrapper's to die of
+        for _ in range(int(_SIGNAL_SETUP_WAIT / _SIGNAL_SETUP_POLL)):  # its start shows in /proc only: poll
+            if (group := self._program_group()) is not None or self._proc.exited:
+                break
+            await asyncio.sleep(_SIGNAL_SETUP_POLL)
+        if self._proc.exited:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid if group is None else group, sig)
+
+    async def killed(self) -> None:
+        # a host process: the kernel sees to it
+        assert self._proc is not None
+        await self._proc.wait_exited()
+
+    def swept_at_once(self) -> bool:
+        return False  # a host process's sweep is batched
+
+    async def sweep(self) -> None:
+        # also for sandboxes: bwrap's PID namespace normally takes every process along, but a kill that
+        # lands while bwrap is still setting up its child can beat --die-with-parent (seen under load)
+        sweeper = self._launch.sweeper
+        if sweeper is not None:
+            await sweeper.sweep(self._launch.marker, self.pid)
+        else:
+            await asyncio.to_thread(kill_marked_processes, self._launch.marker, self.pid)
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.close()
+        for pipe in (*self.readers.values(), self.terminal.writer if self.terminal is not None else None):
+            if pipe is not None:
+                pipe.close()
+
+
+class SupervisedProcess:
+    """A running program under supervision; implements the ``ProgramHandle`` protocol.
+
+    What started it and reaches it is its :class:`Transport` (a spawner's); what it does is the same whatever
+    the transport: the deadline, the bounded capture, streams and attach, the kill sequence, the result."""
+
+    def __init__(self, launch: Launch, transport: Transport) -> None:
+        self._launch = launch
+        self._transport = transport
         self._out = HeadTailBuffer(launch.output_limit)
         self._err = HeadTailBuffer(launch.output_limit)
         self._open_pipes = {1, 2}
@@ -200,39 +448,37 @@ class SupervisedProcess:
         # interactive handles only: run_program never streams
         self._backlog: list[OutputChunk] | None = [] if launch.interactive else None
         self._backlog_room = _STREAM_BACKLOG
-        self._transport: asyncio.SubprocessTransport | None = None
         self._done: asyncio.Future[RunResult] | None = None
         self._t0 = 0.0
         self._stdin_task: asyncio.Task[None] | None = None
         self._streaming = False
         self._log = OutputLog() if launch.interactive else None
-        self._readers: dict[int, asyncio.ReadTransport] = {}
         self._held_back = False
         """The output pace holds the pipes back for a while (the stream's backpressure must not resume them)."""
-        self._pty_writer: asyncio.WriteTransport | None = None
-        self._pty_master: int | None = None
         self._stdin_closed = False
         self._waiters: list[asyncio.Future[None]] = []
+        self._watched: asyncio.Future[RunResult] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._winding: asyncio.Task[RunResult] | None = None
 
     # -- start ---------------------------------------------------------------------
 
     async def _start(self) -> None:
         la = self._launch
         self._t0 = time.monotonic()
-        transport = await self._open_transport()
-        self._transport = transport
+        await self._transport.open(self)
         if la.interactive:
             # queue from the start so that a stream() opened right after spawn misses nothing,
             # including what arrived while the pipes were being connected (kept in the backlog)
             self._open_queue()
-        if transport.get_returncode() is not None:  # exited before the protocol was wired
+        if self._transport.returncode() is not None:  # exited before the protocol was wired
             self._exited.set()
         if la.stdin is not None:
             self._stdin_task = asyncio.create_task(self._feed_stdin(la.stdin, close=not la.interactive))
         elif (watched := self._watch()) is not None:
             self._done = watched
             return
-        elif self._exited.is_set() and self._pipes_closed.is_set() and self._swept_at_once():
+        elif self._exited.is_set() and self._pipes_closed.is_set() and self._transport.swept_at_once():
             # over before its start returned (a short session run with stdio of its own, whose exit and end of
             # output came with its start), its leftovers swept: nothing to wait for, so no task and no loop turn
             self._done = asyncio.get_running_loop().create_future()
@@ -245,8 +491,59 @@ class SupervisedProcess:
 
     def _watch(self) -> asyncio.Future[RunResult] | None:
         """The result as a future that the program's own events complete, with no task and no loop turn of
-        its own, for a handle whose events say all that supervision needs (``None``: a task supervises it)."""
-        return None
+        its own, for a transport whose events say all that supervision needs (``None``: a task supervises it):
+        a session run that captures ends in one message of the supervisor, saying its output ended too, and its
+        deadline is a timer."""
+        if not self._transport.watched:
+            return None
+        loop = asyncio.get_running_loop()
+        self._watched = loop.create_future()
+        if self._launch.timeout is not None:
+            self._deadline = loop.call_later(self._launch.timeout, self._ran_out)
+        self.settle()
+        return self._watched
+
+    def settle(self) -> None:
+        """After an event of a watched run: if it ended, finish it now (its leftovers swept at once), or in a task
+        when its output outlives it (held by a descendant that left its group)."""
+        done = self._watched
+        if done is None or done.done() or self._winding is not None or not self._exited.is_set():
+            return
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        try:
+            now = self._pipes_closed.is_set() and self._transport.swept_at_once()
+            if now:
+                done.set_result(self._finish(timed_out=False))
+        except Exception as exc:  # its caller's, not the transport's whose event this is
+            now = True
+            done.set_exception(exc)
+        if now:
+            self._wake_waiters()
+        else:
+            self._wind_up_in_task(self._wind_up(timed_out=False))
+
+    def _ran_out(self) -> None:
+        self._deadline = None
+        if self._watched is not None and not self._watched.done() and self._winding is None:
+            self._wind_up_in_task(self._run_out())
+
+    def _wind_up_in_task(self, supervision: Coroutine[Any, Any, RunResult]) -> None:
+        self._winding = task = asyncio.ensure_future(self._then_wake(supervision))
+        task.add_done_callback(self._wound_up)
+
+    def _wound_up(self, task: asyncio.Task[RunResult]) -> None:
+        done = self._watched
+        assert done is not None
+        if done.done():
+            return
+        if task.cancelled():
+            done.cancel()
+        elif (exc := task.exception()) is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(task.result())
 
     def _open_queue(self) -> asyncio.Queue[OutputChunk | None]:
         """The stream's queue, holding the backlog, and its end if the output ended already: it can end before
@@ -261,91 +558,22 @@ class SupervisedProcess:
         self._queue = queue
         return queue
 
-    async def _open_transport(self) -> asyncio.SubprocessTransport:
-        """Start the process with its output wired to :meth:`_on_data` (``_readers``, or the pty's); return its
-        transport (pid, exit code, stdin pipe)."""
-        loop = asyncio.get_running_loop()
-        la = self._launch
-        kwargs: dict[str, Any] = {}
-        if la.user is not None:
-            kwargs.update(user=la.user, group=la.group, extra_groups=[])
-        if la.pty is not None:
-            slave = self._open_pty(la.pty)
-            kwargs.update(stdin=slave, stdout=slave, stderr=slave)
-            preexec = _pty_preexec(la.preexec_fn) if la.pty_controlling else la.preexec_fn
-            if preexec is not None:
-                kwargs["preexec_fn"] = preexec
-            self._open_pipes = {1}
-        else:
-            slave = None
-            wants_stdin = la.stdin is not None or la.interactive
-            kwargs.update(
-                stdin=asyncio.subprocess.PIPE if wants_stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            if la.preexec_fn is not None:
-                kwargs["preexec_fn"] = la.preexec_fn
-        creating = asyncio.ensure_future(
-            loop.subprocess_exec(
-                lambda: _Protocol(self),
-                *la.argv,
-                env=dict(la.env),
-                cwd=la.cwd,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=tuple(la.pass_fds),
-                **kwargs,
-            )
-        )
-        try:
-            # shielded: asyncio's own clean-up of a start cancelled while it wires the pipes kills the leader
-            # alone, then waits for pipes that a child of it (`sleep 300 &`) holds for as long as it lives
-            transport, _ = await asyncio.shield(creating)
-        except BaseException:
-            self._close_pty()
-            if not creating.done():
-                creating.add_done_callback(_kill_unsupervised)
-            raise
-        finally:
-            if slave is not None:
-                os.close(slave)  # the program holds it now; ours would keep the output from ever ending
-        if la.pty is not None:
-            try:
-                await self._connect_pty(loop)
-            except BaseException:
-                _kill_group(transport)
-                raise
-        else:
-            for fd in (1, 2):
-                pipe = transport.get_pipe_transport(fd)
-                if pipe is not None:
-                    self._readers[fd] = pipe  # type: ignore[assignment]
-        return transport
-
-    def _open_pty(self, size: PtySize) -> int:
-        master, slave = os.openpty()
-        os.set_blocking(master, False)
-        self._pty_master = master
-        _set_size(master, size)
-        return slave
-
-    async def _connect_pty(self, loop: asyncio.AbstractEventLoop) -> None:
-        assert self._pty_master is not None
-        reader, _ = await loop.connect_read_pipe(lambda: _PtyReader(self), os.fdopen(self._pty_master, "rb", 0))
-        self._readers[1] = reader
-        writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(os.dup(self._pty_master), "wb", 0))
-        self._pty_writer = writer
-
-    def _close_pty(self) -> None:
-        if self._pty_master is not None and not self._readers:
-            with contextlib.suppress(OSError):
-                os.close(self._pty_master)
-        self._pty_master = None
-
     @property
     def pid(self) -> int | None:
-        return self._transport.get_pid() if self._transport else None
+        return self._transport.pid
+
+    @property
+    def transport(self) -> Transport:
+        """What started the program and reaches it (its spawner's)."""
+        return self._transport
+
+    @property
+    def exited(self) -> bool:
+        """The program exited (or was reported over)."""
+        return self._exited.is_set()
+
+    async def wait_exited(self) -> None:
+        await self._exited.wait()
 
     @property
     def freezer(self) -> Freezer:
@@ -354,7 +582,7 @@ class SupervisedProcess:
 
     @property
     def finished(self) -> bool:
-        """Supervision is over: the program was reaped and the run's ``on_exit`` hooks have run."""
+        """Supervision is over: the program was reaped and the run's exit stack closed."""
         return self._done is not None and self._done.done()
 
     @property
@@ -364,9 +592,17 @@ class SupervisedProcess:
             raise UsageError("only programs started with start_program have a ProgramInfo")
         return dataclasses.replace(template, pid=self.pid or 0)
 
-    # -- protocol callbacks ----------------------------------------------------------
+    # -- what the transport reports ------------------------------------------------------
 
-    def _on_data(self, fd: int, data: bytes) -> None:
+    def expect_output(self, fds: set[int]) -> None:
+        """The outputs the program has (a terminal's program has only fd 1); set by the transport's open."""
+        self._open_pipes = set(fds)
+
+    def output_open(self, fd: int) -> bool:
+        """Whether output ``fd`` has not ended yet."""
+        return fd in self._open_pipes
+
+    def received(self, fd: int, data: bytes) -> None:
         self._paced(len(data))
         (self._out if fd == 1 else self._err).write(data)
         chunk = OutputChunk("stdout" if fd == 1 else "stderr", data)
@@ -397,7 +633,7 @@ class SupervisedProcess:
         if self._queue is None or self._queue.qsize() < _STREAM_QUEUE_HIGH:
             self._pause_pipes(False)
 
-    def _on_pipe_closed(self, fd: int) -> None:
+    def output_ended(self, fd: int) -> None:
         self._open_pipes.discard(fd)
         if not self._open_pipes & {1, 2}:
             self._pipes_closed.set()
@@ -406,11 +642,11 @@ class SupervisedProcess:
             if self._queue is not None:
                 self._queue.put_nowait(None)
 
-    def _on_exit(self) -> None:
+    def program_exited(self) -> None:
         self._exited.set()
 
     def _pause_pipes(self, pause: bool) -> None:
-        for pipe in self._readers.values():
+        for pipe in self._transport.readers.values():
             if not pipe.is_closing():
                 if pause:
                     pipe.pause_reading()
@@ -447,7 +683,7 @@ class SupervisedProcess:
     async def _wind_up(self, timed_out: bool) -> RunResult:
         """After the program's end: its leftovers killed, its output drained, the result."""
         # leftovers of the group (background children) do not outlive the run
-        self._signal_group(signal.SIGKILL)
+        self._transport.signal_group(signal.SIGKILL)
         try:
             if not self._pipes_closed.is_set():  # most runs: their output ended with them, no timer needed
                 async with asyncio.timeout(_DRAIN_AFTER_EXIT):
@@ -466,14 +702,9 @@ class SupervisedProcess:
         """The end of supervision, once the program and its leftovers are gone: close, run the hooks, the result."""
         if self._stdin_task is not None:
             self._stdin_task.cancel()
-        assert self._transport is not None
-        code = self._transport.get_returncode()
+        code = self._transport.returncode()
         self._transport.close()
-        for pipe in (*self._readers.values(), self._pty_writer):
-            if pipe is not None:
-                pipe.close()
-        for hook in self._launch.on_exit:
-            hook()
+        self._launch.stack.close()
         return self._result(-signal.SIGKILL if code is None else code, timed_out)
 
     def _result(self, code: int, timed_out: bool) -> RunResult:
@@ -498,77 +729,32 @@ class SupervisedProcess:
             raw_stderr=err,
             run_dir=self._launch.run_dir,
         )
-        for hook in self._launch.annotate:
-            result = hook(result)
-        return result
-
-    def _swept_at_once(self) -> bool:
-        """For a program over by the end of its start: kill what is left of its group and sweep its escaped
-        descendants now, where that needs no wait (never for a host process: its sweep is batched); whether it
-        did."""
-        return False
-
-    def _signal_group(self, sig: int) -> None:
-        pid = self.pid
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-
-    def _program_group(self) -> int | None:
-        pid = self.pid
-        target = self._launch.signal_target
-        return pid if pid is None or target is None else target(pid)
+        return self._launch.stack.annotated(result)
 
     async def signal(self, sig: int) -> None:
-        pid = self.pid
-        if pid is None:
-            return
-        # a wrapper still setting up has no program to take the signal yet: wait for it (a few ms), as the signal
-        # is the program's, not the wrapper's to die of
-        for _ in range(int(_SIGNAL_SETUP_WAIT / _SIGNAL_SETUP_POLL)):  # its start shows in /proc only: poll
-            if (group := self._program_group()) is not None or self._exited.is_set():
-                break
-            await asyncio.sleep(_SIGNAL_SETUP_POLL)
-        if self._exited.is_set():
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid if group is None else group, sig)
+        await self._transport.signal(sig)
 
     async def resize(self, size: PtySize) -> None:
         if self._launch.pty is None:
             raise UsageError("this program has no terminal to resize: start it with pty=PtySize(...)")
-        if self._pty_writer is not None and not self._pty_writer.is_closing():
-            with contextlib.suppress(OSError):  # the terminal is gone: the program ended
-                _set_size(self._pty_writer.get_extra_info("pipe").fileno(), size)
+        if self._transport.terminal is not None:
+            self._transport.terminal.resize(size)
 
     def attach(self, *, from_start: bool = True) -> AsyncIterator[OutputChunk]:
         if self._log is None:
             raise UsageError("only programs started with start_program can be attached to")
         return self._log.attach(from_start=from_start)
 
-    def _terminate(self) -> bool:
-        """Send SIGTERM to the program if it has started (not to a wrapper still setting up); whether it was sent."""
-        group = self._program_group()
-        if group is None:
-            return False
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGTERM)
-        return True
-
     async def _kill_tree(self) -> None:
         # TERM goes to the program itself (inside a wrapper such as bwrap, which would die of it and take the
         # program down with SIGKILL): its handlers get the grace period to clean up. A program not started yet
         # (the wrapper still sets up) has no handler to run: it must never start, so SIGKILL at once
-        if self._terminate():
+        if self._transport.terminate():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._launch.kill_grace):
                     await self._exited.wait()
-        self._signal_group(signal.SIGKILL)
-        await self._killed()
-
-    async def _killed(self) -> None:
-        """Wait for the end of a program sent SIGKILL (a host process: the kernel sees to it)."""
-        await self._exited.wait()
+        self._transport.signal_group(signal.SIGKILL)
+        await self._transport.killed()
 
     # -- ProgramHandle -------------------------------------------------------------------
 
@@ -614,21 +800,15 @@ class SupervisedProcess:
                 pipe.close()
 
     def _stdin_pipe(self) -> asyncio.WriteTransport | None:
-        if self._transport is None or self._stdin_closed:
+        if self._stdin_closed:
             return None
-        pipe = self._pty_writer if self._launch.pty is not None else self._transport.get_pipe_transport(0)
+        pipe = self._transport.stdin()
         if pipe is None or pipe.is_closing():
             return None
-        return pipe  # type: ignore[return-value]
+        return pipe
 
     async def _sweep(self) -> None:
-        # also for sandboxes: bwrap's PID namespace normally takes every process along, but a kill that
-        # lands while bwrap is still setting up its child can beat --die-with-parent (seen under load)
-        sweeper = self._launch.sweeper
-        if sweeper is not None:
-            await sweeper.sweep(self._launch.marker, self.pid)
-        else:
-            await asyncio.to_thread(kill_marked_processes, self._launch.marker, self.pid)
+        await self._transport.sweep()
 
     async def kill(self) -> None:
         await self._kill_tree()
@@ -637,7 +817,7 @@ class SupervisedProcess:
     async def kill_now(self) -> None:
         """SIGKILL the whole tree without a grace period and wait until supervision is over: for the removal of
         its workspace, which a program given time to react could keep changing."""
-        self._signal_group(signal.SIGKILL)
+        self._transport.signal_group(signal.SIGKILL)
         await self._sweep()
         assert self._done is not None
         with contextlib.suppress(Exception):
@@ -660,7 +840,10 @@ class SupervisedProcess:
                 self._waiters.remove(waiter)
             if not self._done.done():  # its last step is the one that woke us
                 await asyncio.shield(self._done)
-        return self._done.result()
+        result = self._done.result()
+        if self._transport.error is not None:
+            raise self._transport.error
+        return result
 
     async def __aenter__(self) -> SupervisedProcess:
         return self

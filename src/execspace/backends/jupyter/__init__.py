@@ -245,7 +245,7 @@ async def _open_sandboxed(
     mode: SandboxedKernels,
     start_pool: bool,
 ) -> KernelEngine[KernelSessions]:
-    from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxOptions, SandboxPolicy, SandboxRunner
+    from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxOptions, SandboxPolicy, sandbox_of
     from .sandboxed import SandboxKernelConfig
 
     if not _ipykernel_spec(kernel_opts["kernel_name"], language):
@@ -266,13 +266,12 @@ async def _open_sandboxed(
         "program_binds": mode.program_binds,
     }
     sb = await SandboxBackend.open(SandboxOptions.from_keywords("sandbox", {**common.shared(), **own}))
-    runner = sb.runner
-    assert isinstance(runner, SandboxRunner)
+    sandbox = sandbox_of(sb.runner)
     sb_caps = sb.describe()
     limits = _kernel_limits(mode.kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
     rich: RichOutputLimits = kernel_opts["rich_outputs"]
-    cfg = SandboxKernelConfig(runner, seccomp, interpreter, limits, runner.network_default, rich.message_bytes)
+    cfg = SandboxKernelConfig(sandbox, seccomp, interpreter, limits, sandbox.network_default, rich.message_bytes)
     # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
     pool_size = 0 if policy.no_access_globs else mode.pool_size
     manager, kernels = _slot_workspaces(sb, cfg, language, kernel_opts, pool_size, mode.pool_idle_timeout)
@@ -280,14 +279,14 @@ async def _open_sandboxed(
     caps = _sandboxed_capabilities(sb_caps, language, cfg, (mode.pool_size, pool_size), rich)
     if start_pool:
         kernels.start_pool()
-    return KernelEngine("jupyter", manager, sb.fs, runner, caps, kernels, on_close=kernels.aclose)
+    return KernelEngine("jupyter", manager, sb.fs, sb.runner, caps, kernels, on_close=kernels.aclose)
 
 
 def _slot_workspaces(
     sb: BaseEngine, cfg: Any, language: str, kernel_opts: dict[str, Any], pool_size: int, pool_idle_timeout: float
 ) -> tuple[HostWorkspaceManager, KernelSessions]:
     """The sandbox backend's workspaces (same root, layout owner and modes), made of pool slots when ready."""
-    from ..sandbox import SandboxRunner, sandbox_layout_owner
+    from ..sandbox import sandbox_layout_owner
     from .sandboxpool import SandboxLauncher, SlotWorkspaceManager, make_slot
 
     root = Path(getattr(sb.manager, "root"))  # noqa: B009 - HostWorkspaceManager's, not in the protocol
@@ -297,7 +296,7 @@ def _slot_workspaces(
     launcher = SandboxLauncher(cfg, new_slot, pool_size=pool_size, pool_idle_timeout=pool_idle_timeout)
     kernels = KernelSessions(sb.fs, launcher, language=language, **kernel_opts)
     runner = sb.runner
-    assert isinstance(runner, SandboxRunner)
+    assert isinstance(runner, HostRunner)
     manager = SlotWorkspaceManager(
         root,
         launcher,
@@ -349,7 +348,7 @@ def _sandboxed_capabilities(
         "mode": "kernel in the OS sandbox (bubblewrap), reached over IPC sockets in its workspace's runs/",
         "kernel_isolation": "sandbox",
         "kernel_language": language,
-        "kernel_network": _kernel_network(cfg.network, cfg.runner.network_allow),
+        "kernel_network": _kernel_network(cfg.network, cfg.sandbox.network_allow),
         "kernel_limits": f"{applied} for the kernel's whole sandbox ({sb.details.get('memory_bytes', '')}); "
         "cells: timeout (interrupt message, then restart) and output_bytes",
         "kernel_interpreter": cfg.interpreter.path,

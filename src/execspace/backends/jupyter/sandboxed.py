@@ -1,7 +1,7 @@
 """Jupyter kernels inside the OS sandbox, reached over IPC sockets in the workspace.
 
 The kernel is a long-lived process of the sandbox backend (its public
-:meth:`~execspace.backends.sandbox.SandboxRunner.start_process`): the same bubblewrap command line, policy,
+:meth:`~execspace.backends.sandbox.Sandbox.start_process`): the same bubblewrap command line, policy,
 per-workspace uid, cgroup and rlimits, environment policy and supervision as ``run_program``. What differs:
 
 * **Transport.** The sandbox has its own (empty) network namespace, so the kernel's TCP ports would be
@@ -58,7 +58,7 @@ from ...errors import SetupFailed
 from ...models import ResourceLimits, RunResult, Workspace
 from ...process.freezing import Hold
 from ...process.supervisor import SupervisedProcess
-from ..sandbox import KernelSeccompFilters, SandboxRunner
+from ..sandbox import KernelSeccompFilters, Sandbox
 from .hostkernels import PYTHON_KERNEL_ARGS, ZmqConnection
 from .interpreters import Interpreter
 from .outputs import OUTPUT_BOUNDS, RichOutputLimits
@@ -235,8 +235,8 @@ class SandboxedKernel:
 class SandboxKernelConfig:
     """How an engine starts its sandboxed kernels."""
 
-    runner: SandboxRunner
-    """The engine's sandbox runner."""
+    sandbox: Sandbox
+    """The engine's sandbox (its runs' wrapper, which starts a kernel as a program of its runner)."""
     seccomp: KernelSeccompFilters
     """What bwrap loads for the kernel (the unix socket lock comes from the launcher)."""
     interpreter: Interpreter
@@ -269,7 +269,7 @@ async def start_sandboxed(
     context.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
     context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
     try:
-        started = await cfg.runner.start_process(ws, argv, limits=limits, seccomp=cfg.seccomp)
+        started = await cfg.sandbox.start_process(ws, argv, limits=limits, seccomp=cfg.seccomp)
     except BaseException as exc:
         context.destroy(linger=0)
         if isinstance(exc, FileNotFoundError):  # the interpreter (or bwrap itself) is not there

@@ -44,6 +44,7 @@ class EgressChannel:
         self._host, self._sandbox = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._bridge_fd = os.open(bridge, os.O_RDONLY | os.O_CLOEXEC)
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
@@ -58,6 +59,8 @@ class EgressChannel:
 
     def started(self) -> None:
         """bwrap is started (or failed to): close what only it needed and wait for the bridge's listener."""
+        if self._closed:  # the run was over first (its start failed): close took bwrap's fds back already
+            return
         os.close(self._bridge_fd)
         self._sandbox.close()
         self._task = asyncio.get_running_loop().create_task(self._serve())
@@ -75,6 +78,9 @@ class EgressChannel:
 
     def close(self) -> None:
         """The run is over: stop the proxy (its open connections are cut and audited) and close the audit."""
+        if self._closed:
+            return
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
         else:  # never started: bwrap's fds are still ours

@@ -48,7 +48,7 @@ from .cgroups import CgroupSupport
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
-from .runner import SandboxRunner, SandboxRunnerConfig, is_root, private_execspace_dir, visible, with_environment
+from .runner import SandboxRunnerConfig, is_root, private_execspace_dir, sandbox_runner, visible, with_environment
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
 from .supervisorbin import EGRESS_FIX, SESSION_FIX, supervisor_binary
@@ -340,7 +340,7 @@ class SandboxBackend:
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
             return await _open_session(runner_config, config, root, prepare, fs, caps)
-        runner = SandboxRunner(runner_config)
+        runner = sandbox_runner(runner_config)
         manager = HostWorkspaceManager(
             "sandbox",
             root,
@@ -363,11 +363,11 @@ async def _open_session(
     fs: HostWorkspaceFS,
     caps: Capabilities,
 ) -> BaseEngine:
-    from .sessionrunner import SessionRunner  # session mode's modules load when a session engine opens
+    from .sessionrunner import session_runner  # session mode's modules load when a session engine opens
 
     supervisor = await asyncio.to_thread(supervisor_binary, private_execspace_dir())
     policy = runner_config.policy or SandboxPolicy()
-    runner = SessionRunner(
+    runner, mode = session_runner(
         runner_config,
         supervisor=supervisor,
         config=config,
@@ -385,14 +385,14 @@ async def _open_session(
         program_path=lambda _p: SANDBOX_WORKSPACE,
         program_binds=runner_config.program_binds,
         private_root=not is_root(),
-        adopt=runner.adopt if runner.pool is not None else None,
-        refill=runner.refill if runner.pool is not None else None,
+        adopt=mode.adopt if mode.pool is not None else None,
+        refill=mode.refill if mode.pool is not None else None,
         stop_programs=runner.stop_programs,
         copy_on_write=True,
         freeze=runner.frozen,
         disk_bytes=config.disk_bytes,
     )
-    return BaseEngine("sandbox", manager, fs, runner, caps, on_close=runner.aclose)
+    return BaseEngine("sandbox", manager, fs, runner, caps, on_close=mode.aclose)
 
 
 _UNSUPPORTED_PLATFORM = (

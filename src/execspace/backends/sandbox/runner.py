@@ -1,6 +1,7 @@
-"""The sandbox's runner: each program of a workspace in bubblewrap (:class:`SandboxRunner`), under the
-policy's mounts, the seccomp filter, the workspace's uid and cgroup, and, with an allow-list, the egress channel.
-The factory (:mod:`.factory`) configures it; session mode builds on it (:mod:`.sessionrunner`)."""
+"""The sandbox's part of the run path (:class:`Sandbox`): the wrapper that puts each program of a workspace in
+bubblewrap, under the policy's mounts, the seccomp filter, the workspace's uid and cgroup, and, with an allow-list,
+the egress channel; and the per-run runner, a :class:`~execspace.process.hostrunner.HostRunner` configured with it
+(:func:`sandbox_runner`). The factory (:mod:`.factory`) builds it; session mode composes it (:mod:`.sessionrunner`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 from ...capabilities import Capabilities
 from ...environments import DEBIAN_PATH, Environment, EnvironmentStore, lookup_in_root
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
-from ...errors import CapabilityError
-from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, RunResult, Workspace
+from ...errors import CapabilityError, UsageError
+from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
 from ...process.hostrunner import HostRunner
 from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
 from ...process.rlimits import rlimit_preexec
@@ -47,16 +48,22 @@ from .seccomp import SeccompFilters
 from .supervisorbin import egress_bridge_binary
 
 __all__ = [
+    "Sandbox",
+    "SandboxPlan",
     "SandboxProcess",
-    "SandboxRunner",
     "SandboxRunnerConfig",
     "exec_hint",
     "is_root",
     "private_execspace_dir",
+    "sandbox_of",
+    "sandbox_runner",
     "visible",
     "which_in_sandbox",
     "with_environment",
 ]
+
+
+_MAX_DECISIONS = 4096
 
 
 def is_root() -> bool:
@@ -65,7 +72,7 @@ def is_root() -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SandboxRunnerConfig:
-    """What a :class:`SandboxRunner` runs every program of its engine with: what the factory decided."""
+    """What a sandbox runs every program of its engine with (:class:`Sandbox`): what the factory decided."""
 
     bwrap: str
     """The bubblewrap binary."""
@@ -96,28 +103,21 @@ class SandboxRunnerConfig:
     output_rate: int | None = None
 
 
-class SandboxRunner(HostRunner):
-    """A HostRunner whose wrapper step puts each program in bubblewrap.
+class Sandbox:
+    """The wrapper that puts each prepared run's program in bubblewrap (a :data:`~execspace.process.hostrunner.Wrapper`
+    of a :class:`~execspace.process.hostrunner.HostRunner`), and what a sandboxed run needs besides: the runtime
+    environment a run names (:meth:`choose`), other seccomp filters (:meth:`with_seccomp`), long-lived processes
+    of other components in a workspace's sandbox (:meth:`start_process`: a Jupyter kernel), under the same
+    boundary, uid, limits and bookkeeping as a program.
 
-    Also starts long-lived processes of other components in a workspace's sandbox (:meth:`start_process`: a
-    Jupyter kernel), under the same boundary, uid, limits and bookkeeping as a program.
+    :attr:`runner` is the HostRunner it wraps the runs of (set by :func:`sandbox_runner`, or session mode's).
     """
 
     def __init__(self, config: SandboxRunnerConfig) -> None:
         environment = config.environment
-        lookup, path_view = _environment_view(environment)
-        super().__init__(
-            config.capabilities,
-            config.env_policy,
-            kill_grace=config.kill_grace,
-            output_rate=config.output_rate,
-            owner=config.owner,
-            program_root=lambda _ws: SANDBOX_WORKSPACE,
-            lookup=lookup,
-            path_view=path_view,
-        )
-        self.path_view = path_view
+        self.lookup, self.path_view = _environment_view(environment)
         self.environment = environment
+        self.owner = config.owner
         self.program_binds = config.program_binds
         self.system_files = tuple((path, text.encode()) for path, text in config.system_files)
         self.disk_bound = config.disk_bound
@@ -142,11 +142,25 @@ class SandboxRunner(HostRunner):
         # shared with clones (with_seccomp): their runs mount the same placeholders
         self.placeholders = Placeholders()
         self._bridge: Path | None = None
+        self.decisions: dict[tuple[Path, str], Access] | None = None
+        """What the policy gives at a path of a workspace, kept (a session's runs ask the same for every run)."""
+        self._runner: HostRunner | None = None
 
-    def in_environment(self, spec: RunProgramSpec) -> SandboxRunner:
-        """The runner for ``spec``: this one, or for a run naming another runtime environment, the same runner
-        (shared bookkeeping, as :meth:`with_seccomp`) with that tree bound and its bin first. The name is looked
-        up for every such run, so a rebuilt environment is the one it gets."""
+    @property
+    def runner(self) -> HostRunner:
+        """The runner whose runs it wraps (the one :meth:`start_process` starts with)."""
+        if self._runner is None:
+            raise UsageError("this sandbox wraps no runner's runs yet: build it with sandbox_runner()")
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner: HostRunner) -> None:
+        self._runner = runner
+
+    def in_environment(self, spec: RunProgramSpec) -> Sandbox:
+        """The sandbox for ``spec``: this one, or for a run naming another runtime environment, a copy (sharing the
+        placeholders, as :meth:`with_seccomp`) with that tree bound and its bin first. The name is looked up for
+        every such run, so a rebuilt environment is the one it gets."""
         if spec.environment is None:
             return self
         environment = EnvironmentStore().get(spec.environment)
@@ -156,28 +170,27 @@ class SandboxRunner(HostRunner):
         clone.environment = environment
         clone.policy = with_environment(self.policy, environment)
         clone.resolvers = Resolvers(clone.policy)
-        lookup, clone.path_view = _environment_view(environment)
-        clone.preparation = self.preparation.with_lookup(lookup, clone.path_view)
+        clone.lookup, clone.path_view = _environment_view(environment)
         return clone
 
-    async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        runner = self.in_environment(spec)
-        if runner is not self:
-            return await runner.run_program(ws, spec)
-        return await super().run_program(ws, spec)
+    def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
+        """The runner of ``spec`` (a :data:`~execspace.process.hostrunner.Chooser`): ``runner``, or for another
+        runtime environment one sharing its bookkeeping, wrapping in that environment's sandbox."""
+        sandbox = self.in_environment(spec)
+        if sandbox is self:
+            return runner
+        preparation = runner.preparation.with_lookup(sandbox.lookup, sandbox.path_view)
+        sandbox.runner = runner.sharing(preparation=preparation, wrappers=[sandbox], choose=sandbox.choose)
+        return sandbox.runner
 
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
-        runner = self.in_environment(spec)
-        if runner is not self:
-            return await runner.start_program(ws, spec)
-        return await super().start_program(ws, spec)
-
-    def with_seccomp(self, seccomp: SeccompFilters) -> SandboxRunner:
-        """The same runner (policy, uid, cgroups, environment, programs known to :meth:`stop_programs`) with other
-        seccomp filters: for processes such as a sandboxed Jupyter kernel (:class:`~.seccomp.KernelSeccompFilters`)."""
+    def with_seccomp(self, seccomp: SeccompFilters) -> HostRunner:
+        """A runner sharing this one's bookkeeping (policy, uid, cgroups, environment, programs known to
+        ``stop_programs``) whose sandboxes load other seccomp filters: for processes such as a sandboxed Jupyter
+        kernel (:class:`~.seccomp.KernelSeccompFilters`). Its runs are sandboxes of their own (per-run)."""
         clone = copy.copy(self)
         clone.seccomp = seccomp
-        return clone
+        clone.runner = self.runner.sharing(wrappers=[clone], choose=clone.choose)
+        return clone.runner
 
     async def start_process(
         self,
@@ -189,10 +202,10 @@ class SandboxRunner(HostRunner):
     ) -> SandboxProcess:
         """Start a long-lived process in ``ws``'s sandbox, as a program would run there.
 
-        The same boundary, policy mounts, uid and environment as :meth:`run_program`; ``limits`` hold for the whole
+        The same boundary, policy mounts, uid and environment as ``run_program``; ``limits`` hold for the whole
         sandbox for the process's life (a cgroup where it can, else rlimits); no deadline; stdin stays open
         (``process.write_stdin``); it dies with this process (``--die-with-parent``); the run's placeholders go
-        when it exits; :meth:`stop_programs` kills it with the workspace's programs.
+        when it exits; ``stop_programs`` kills it with the workspace's programs.
 
         Args:
             seccomp: the filters bwrap loads (default: the runner's), e.g. :class:`KernelSeccompFilters`.
@@ -201,7 +214,7 @@ class SandboxRunner(HostRunner):
             CommandNotFound: ``argv[0]`` is a bare name not found in the sandbox.
             OSError: the sandbox could not be started.
         """
-        runner = self if seccomp is None else self.with_seccomp(seccomp)
+        runner = self.runner if seccomp is None else self.with_seccomp(seccomp)
         spec = RunProgramSpec(argv[0], list(argv[1:]), timeout=None, limits=limits)
         prep = runner.preparation.prepare(ws, spec)
         launch = runner.wrap(prep, interactive=True)
@@ -215,18 +228,63 @@ class SandboxRunner(HostRunner):
             raise
         return SandboxProcess(proc, prep.run_dir, f"{SANDBOX_WORKSPACE}/{prep.run_dir}", dir_fd)
 
-    def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
-        """The bwrap launch of ``prep``; ``init_fd``: the program is a session's supervisor, read from that fd
-        (see :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
+    def __call__(self, prep: PreparedRun, launch: Launch) -> Launch:
+        """``launch`` (the program as is) in bwrap: the wrapper step of its runner."""
+        return self.wrap(prep, launch)
+
+    def wrap(self, prep: PreparedRun, launch: Launch, *, init_fd: int | None = None) -> Launch:
+        """The bwrap launch of ``prep`` (from ``launch``, the program as is): its steps in turn, each a new plan —
+        the environment view, the pty, the egress channel, bubblewrap with the seccomp filter, then (as root) the
+        uid and cgroup drop. ``init_fd``: the program is a session's supervisor, read from that fd (see
+        :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
         try:
-            launch = self._wrap(prep, held, interactive, init_fd)
+            plan = SandboxPlan(launch)
+            for step in (self.environment_view, self.with_pty, self.with_egress):
+                plan = step(prep, plan)
+            launch = self.in_bubblewrap(prep, plan, held, init_fd)
+            if is_root():
+                launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
+            launch.stack.abandon()  # what the steps before the failed one registered
             held.release()
             raise
-        launch.on_exit.append(held.release)
+        launch.stack.callback(held.release)
         return launch
+
+    def environment_view(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """The program's environment as the sandbox has it (:meth:`program_env`)."""
+        return SandboxPlan(replace(plan.launch, env=self.program_env(prep)), plan.mounts)
+
+    def with_pty(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """A pty run's program under ``setsid --ctty``: bwrap starts it in a session of its own, where that makes
+        the terminal its controlling tty."""
+        if prep.spec.pty is None:
+            return plan
+        if self.setsid is None:
+            raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
+        launch = plan.launch
+        return SandboxPlan(replace(launch, argv=[self.setsid, "--ctty", *launch.argv]), plan.mounts)
+
+    def with_egress(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """With an allow-list, the program behind the egress bridge: the network stays off (own namespace, off
+        filter), the channel to the run's proxy is the only way out. The channel goes when the run is over."""
+        wanted = self.network_allow if prep.spec.network is None else prep.spec.network
+        if not isinstance(wanted, NetworkPolicy):
+            return plan
+        egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+        launch = plan.launch
+        launch.stack.after_spawn(egress.started)
+        launch.stack.callback(egress.close)
+        launch.stack.annotate(egress.annotate)
+        launch = replace(
+            launch,
+            argv=egress.argv(list(launch.argv)),
+            env={**launch.env, **proxy_env(PROXY_PORT)},
+            pass_fds=(*launch.pass_fds, *egress.pass_fds),
+        )
+        return SandboxPlan(launch, (*plan.mounts, *egress.bwrap_args()))
 
     def program_env(self, prep: PreparedRun) -> dict[str, str]:
         """The environment of ``prep``'s program in the sandbox: its PATH without what the sandbox hides (the
@@ -242,17 +300,29 @@ class SandboxRunner(HostRunner):
 
     def access_of(self, root: Path, rel: str) -> Access:
         """What the policy gives a program at ``rel`` of the workspace at ``root``."""
-        return self.resolvers(os.path.realpath(root)).access(rel)
+        decisions = self.decisions
+        if decisions is None:
+            return self.resolvers(os.path.realpath(root)).access(rel)
+        # every session run asks for its cwd and tmp; the answer depends on the policy and the path only
+        key = (root, rel)
+        found = decisions.get(key)
+        if found is None:
+            if len(decisions) > _MAX_DECISIONS:
+                decisions.clear()
+            found = decisions[key] = self.resolvers(os.path.realpath(root)).access(rel)
+        return found
 
-    def _wrap(self, prep: PreparedRun, held: PlaceholderRun, interactive: bool, init_fd: int | None) -> Launch:
+    def in_bubblewrap(self, prep: PreparedRun, plan: SandboxPlan, held: PlaceholderRun, init_fd: int | None) -> Launch:
+        """``plan``'s program in bwrap: the policy's mounts, program binds and system files, then the plan's own
+        mounts; the seccomp filter; the network as the run asks. The fds bwrap reads from close right after the
+        spawn."""
         wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         network = self.network_default if wanted is None else wanted == "on"
-        env = self.program_env(prep)
         res = self.resolvers(os.path.realpath(prep.root))
         binds = self._open_binds(res.root, prep.ws)
         # every fd bwrap reads from; closed right after the spawn, or here if anything fails before it
         data_fds = [b.fd for b in binds]
-        egress = None
+        launch = plan.launch
         try:
             system_root = (
                 None if self.environment is None or self.environment.root is None else str(self.environment.root)
@@ -266,16 +336,6 @@ class SandboxRunner(HostRunner):
                 binds=binds,
                 system_root=system_root,
             )
-            inner = list(prep.argv)
-            if prep.spec.pty is not None:
-                if self.setsid is None:
-                    raise CapabilityError("a pseudo-terminal (pty)", "sandbox", "install util-linux (setsid)")
-                inner = [self.setsid, "--ctty", *inner]
-            if isinstance(wanted, NetworkPolicy):
-                # the network stays off (own namespace, off filter): the channel to the proxy is the only way out
-                egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
-                mounts, inner = [*mounts, *egress.bwrap_args()], egress.argv(inner)
-                env.update(proxy_env(PROXY_PORT))
             seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
             data_fds.append(seccomp_fd)
             files = []
@@ -283,33 +343,35 @@ class SandboxRunner(HostRunner):
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
             tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
-            cfg = BwrapConfig(self.bwrap, network, tmp_size, shm_size, mounts, files, init_fd, system_root=system_root)
+            cfg = BwrapConfig(
+                self.bwrap,
+                network,
+                tmp_size,
+                shm_size,
+                [*mounts, *plan.mounts],
+                files,
+                init_fd,
+                system_root=system_root,
+            )
             chdir = prep.cwd_view or None
-            argv = build_argv(cfg, prep.root, prep.cwd_rel, inner, seccomp_fd=seccomp_fd, chdir=chdir)
-            launch = self.launch(prep, argv, env, str(prep.root), interactive=interactive)
+            argv = build_argv(cfg, prep.root, prep.cwd_rel, list(launch.argv), seccomp_fd=seccomp_fd, chdir=chdir)
         except BaseException:
             for fd in data_fds:
                 os.close(fd)
-            if egress is not None:
-                egress.close()
             raise
-        egress_fds: tuple[int, ...] = ()
-        if egress is not None:
-            egress_fds = tuple(egress.pass_fds)
-            launch.after_spawn.append(egress.started)
-            launch.on_exit.append(egress.close)
-            launch.annotate.append(egress.annotate)
         # bwrap has its own copy once started: ours closes right after the spawn, even a failed one
-        launch.after_spawn.extend(functools.partial(os.close, fd) for fd in data_fds)
-        launch = replace(
+        for fd in data_fds:
+            launch.stack.after_spawn(functools.partial(os.close, fd))
+        return replace(
             launch,
+            argv=argv,
+            cwd=str(prep.root),
             # bwrap starts the program in a session of its own: setsid --ctty there gives it the terminal
             pty_controlling=False,
             signal_target=_program_group,
             exit_status=functools.partial(_bwrap_exit_status, prep.argv[0]),
-            pass_fds=(*launch.pass_fds, *egress_fds, *data_fds, *(() if init_fd is None else (init_fd,))),
+            pass_fds=(*launch.pass_fds, *data_fds, *(() if init_fd is None else (init_fd,))),
         )
-        return self._drop_to_sandbox_uid(prep, launch) if is_root() else launch
 
     def _shown_environments(self, res: Resolver) -> tuple[str, ...]:
         """The policy's host grants that are built trees of the (hidden) environment store: the run's environment,
@@ -324,7 +386,8 @@ class SandboxRunner(HostRunner):
         binds: list[ProgramBind] = []
         try:
             for path, rel in self.program_binds:
-                binds.append(ProgramBind(open_program_bind(root, rel, self.preparation.owner(ws)), path, rel))
+                owner = self.owner(ws) if self.owner is not None else None
+                binds.append(ProgramBind(open_program_bind(root, rel, owner), path, rel))
         except BaseException:
             for b in binds:
                 os.close(b.fd)
@@ -362,7 +425,7 @@ class SandboxRunner(HostRunner):
             hit[0] = group.limit_hit()
             group.remove()
 
-        launch.on_exit.append(finish)
+        launch.stack.callback(finish)
         rlimit_classify = launch.classify_exit
         return replace(
             launch,
@@ -374,8 +437,17 @@ class SandboxRunner(HostRunner):
 
 
 @dataclass(frozen=True, slots=True)
+class SandboxPlan:
+    """A run's plan inside the sandbox, before bwrap is put around it: ``launch`` starts the program itself (its
+    argv, environment, fds), ``mounts`` are what the steps add to the bwrap command line after the policy's."""
+
+    launch: Launch
+    mounts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxProcess:
-    """A long-lived process in a workspace's sandbox (:meth:`SandboxRunner.start_process`)."""
+    """A long-lived process in a workspace's sandbox (:meth:`Sandbox.start_process`)."""
 
     process: SupervisedProcess
     """Its supervision: ``stream``, ``write_stdin``, ``kill``, ``wait`` (its pid is bwrap's, not its own)."""
@@ -386,6 +458,36 @@ class SandboxProcess:
     run_dir_fd: int
     """An fd of that directory, opened before the process started (so it is the one made for it): the caller's
     to close."""
+
+
+def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
+    """The per-run sandbox's runner: a HostRunner whose one wrapper is the :class:`Sandbox` of ``config``."""
+    sandbox = Sandbox(config)
+    sandbox.runner = HostRunner(
+        config.capabilities,
+        config.env_policy,
+        kill_grace=config.kill_grace,
+        output_rate=config.output_rate,
+        owner=config.owner,
+        program_root=lambda _ws: SANDBOX_WORKSPACE,
+        lookup=sandbox.lookup,
+        path_view=sandbox.path_view,
+        wrappers=[sandbox],
+        choose=sandbox.choose,
+    )
+    return sandbox.runner
+
+
+def sandbox_of(runner: object) -> Sandbox:
+    """The :class:`Sandbox` a sandbox engine's runner (``engine.runner``) wraps its runs in.
+
+    Raises:
+        UsageError: ``runner`` is not a sandbox engine's."""
+    for wrapper in getattr(runner, "wrappers", ()):
+        found = wrapper if isinstance(wrapper, Sandbox) else getattr(wrapper, "sandbox", None)
+        if isinstance(found, Sandbox):
+            return found
+    raise UsageError(f"{runner!r} is not a sandbox engine's runner: open the engine with open_engine('sandbox')")
 
 
 def _environment_view(environment: Environment | None) -> tuple[ProgramLookup, Callable[[str], str]]:

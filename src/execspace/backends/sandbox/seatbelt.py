@@ -411,7 +411,7 @@ def in_seatbelt(policy: SandboxPolicy, network_default: bool, prep: PreparedRun,
         env.update(TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
     profile = build_profile(policy, root, tmpdir=tmpdir)
     if tmpdir is not None:
-        launch.on_exit.append(functools.partial(shutil.rmtree, tmpdir, ignore_errors=True))
+        launch.stack.callback(functools.partial(shutil.rmtree, tmpdir, ignore_errors=True))
     return dataclasses.replace(launch, argv=[SANDBOX_EXEC, "-p", profile, "--", *launch.argv], env=env)
 
 

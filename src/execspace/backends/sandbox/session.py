@@ -85,7 +85,7 @@ _LAST_WORDS = 2.0  # seconds to wait for bwrap's exit (and its error) after a se
 
 
 class SessionClient(Protocol):
-    """What a session needs of a program it started (:class:`~.sessionprogram.SessionProgram`)."""
+    """What a session needs of a program it started (:class:`~.sessionprogram.SessionTransport`)."""
 
     captures: bool
     """The supervisor makes its stdio and forwards its output on the channel."""

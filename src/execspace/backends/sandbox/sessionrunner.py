@@ -1,11 +1,12 @@
-"""Session mode of the sandbox backend: a :class:`SandboxRunner` whose runs go through the workspace's session.
+"""Session mode of the sandbox backend: a HostRunner whose runs go through the workspace's session
+(:func:`session_runner`, configured with a :class:`SessionMode`: its wrapper and its choice of spawner).
 
 One session (:mod:`.session`) per workspace, started on its first run or taken from a warm pool of sessions
 started on laid-out slots (:mod:`execspace.workspace.slots`), kept while the workspace lives or until
 ``idle_timeout`` passes without programs, ended on cleanup and engine close. A run the session cannot give what
 it asks runs in a sandbox of its own, exactly as in per-run mode: another network setting than the session's,
 ``pids``, ``cpus`` or a cgroup-enforced ``memory_bytes`` (a session's processes share one uid and one cgroup), other
-seccomp filters (:meth:`with_seccomp`, e.g. a kernel's), or a policy with no-access globs (judged against the
+seccomp filters (:meth:`.Sandbox.with_seccomp`, e.g. a kernel's), or a policy with no-access globs (judged against the
 workspace's files when a sandbox starts).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import os
 import shutil
@@ -25,23 +27,21 @@ from pathlib import Path
 from ...errors import PathDenied
 from ...models import NetworkPolicy, RunProgramSpec, Workspace
 from ...process.freezing import held
+from ...process.hostrunner import HostRunner
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
-from ...process.supervisor import Launch, SupervisedProcess
+from ...process.supervisor import Launch, Spawner
 from ...process.warmpool import WarmPool
 from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
-from .policy import Access
-from .runner import SandboxRunner, SandboxRunnerConfig
+from .runner import Sandbox, SandboxRunnerConfig
 from .session import Session, start_session
 from .sessionconfig import SessionConfig
-from .sessionprogram import SessionProgram
+from .sessionprogram import SessionTransport
 
-__all__ = ["SessionRunner"]
-
-_MAX_DECISIONS = 4096
+__all__ = ["SessionMode", "session_runner"]
 #: Output of the session's bwrap kept for its error message (bwrap says why it could not start).
 _BWRAP_OUTPUT = 64 * 1024
 
@@ -57,8 +57,48 @@ def _inode(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-class SessionRunner(SandboxRunner):
-    """Runs programs through a long-lived sandbox session per workspace (see the module)."""
+def session_runner(
+    runner: SandboxRunnerConfig,
+    *,
+    supervisor: Path,
+    config: SessionConfig,
+    workspace_root: Path,
+    root_mode: int,
+    prepare_slot: Callable[[Path], None] | None,
+    pool: bool,
+) -> tuple[HostRunner, SessionMode]:
+    """A HostRunner whose runs go through their workspace's session (see the module), and its :class:`SessionMode`
+    (the warm pool, ``adopt``, ``refill``, ``aclose`` for the engine)."""
+    mode = SessionMode(
+        runner,
+        supervisor=supervisor,
+        config=config,
+        workspace_root=workspace_root,
+        root_mode=root_mode,
+        prepare_slot=prepare_slot,
+        pool=pool,
+    )
+    sandbox = mode.sandbox
+    sandbox.runner = HostRunner(
+        runner.capabilities,
+        runner.env_policy,
+        kill_grace=runner.kill_grace,
+        output_rate=runner.output_rate,
+        owner=mode.run_owner,
+        program_root=lambda _ws: SANDBOX_WORKSPACE,
+        lookup=sandbox.lookup,
+        path_view=sandbox.path_view,
+        wrappers=[mode],
+        choose=mode.choose,
+        spawning=mode,
+    )
+    return sandbox.runner, mode
+
+
+class SessionMode:
+    """The session's part of its runner's run path: the wrapper of a run (the program as is, the session's sandbox
+    being around it already; or a sandbox of its own for a run the session cannot give what it asks), and the
+    spawner (the session's supervisor), with the sessions, their pool and idle ends (see the module)."""
 
     def __init__(
         self,
@@ -71,13 +111,13 @@ class SessionRunner(SandboxRunner):
         prepare_slot: Callable[[Path], None] | None,
         pool: bool,
     ) -> None:
-        super().__init__(replace(runner, owner=self._run_owner))
+        self.sandbox = Sandbox(replace(runner, owner=self.run_owner))
+        self.sandbox.decisions = {}
         self._owner = runner.owner
         self.supervisor = supervisor
         self.config = config
-        self._session_seccomp = self.seccomp
-        self._session_environment = self.environment
-        self._decisions: dict[tuple[Path, str], Access] = {}
+        self._session_seccomp = self.sandbox.seccomp
+        self._session_environment = self.sandbox.environment
         self._ending: set[asyncio.Task[None]] = set()
         self._sessions: dict[Path, asyncio.Future[Session]] = {}
         self._lock = threading.Lock()
@@ -92,7 +132,7 @@ class SessionRunner(SandboxRunner):
             else None
         )
 
-    def _run_owner(self, ws: Workspace) -> tuple[int, int] | None:
+    def run_owner(self, ws: Workspace) -> tuple[int, int] | None:
         # the uid of a running session is that of every run in it: no lookup (open, xattr, hash) per run
         fut = self._sessions.get(ws.host_path) if ws.host_path is not None else None
         if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
@@ -101,7 +141,25 @@ class SessionRunner(SandboxRunner):
                 return session.owner
         return self._owner(ws) if self._owner is not None else None
 
-    def frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
+    @property
+    def runner(self) -> HostRunner:
+        return self.sandbox.runner
+
+    def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
+        """The runner of ``spec``: ``runner``, or for another runtime environment one sharing its bookkeeping
+        whose runs (which the session's mounts do not fit) are sandboxes of their own."""
+        if spec.environment is None:  # most runs: no lookup
+            return runner
+        sandbox = self.sandbox.in_environment(spec)
+        if sandbox is self.sandbox:
+            return runner
+        mode = copy.copy(self)
+        mode.sandbox = sandbox
+        preparation = runner.preparation.with_lookup(sandbox.lookup, sandbox.path_view)
+        sandbox.runner = runner.sharing(preparation=preparation, wrappers=[mode], choose=mode.choose, spawning=mode)
+        return sandbox.runner
+
+    def frozen(self, runner: HostRunner, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
         """The workspace's session's programs held still for the block, not its supervisor (it keeps answering:
         a program it starts meanwhile is held by the next pass), and the runs that needed a sandbox of their own
         (see :meth:`fits_session`), each the way its bwrap was started with (the session's cgroup freezer as
@@ -120,100 +178,96 @@ class SessionRunner(SandboxRunner):
             if adopted is not None:
                 sessions.append(adopted[0])
         holds = [s.bwrap.freezer([pid], [pid]) for s in sessions if s.bwrap is not None and (pid := s.supervisor_pid)]
-        own = [p for p in self.live_processes(ws) if not isinstance(p, SessionProgram) and p.pid is not None]
+        live = runner.live_processes(ws)
+        own = [p for p in live if not isinstance(p.transport, SessionTransport) and p.pid is not None]
         return held([*holds, *(p.freezer([p.pid], ()) for p in own if p.pid is not None)])
 
     # -- which runs go through the session ---------------------------------------------------------
 
     def fits_session(self, spec: RunProgramSpec) -> bool:
         """Whether the session gives ``spec`` what it asks (else it runs in a sandbox of its own)."""
-        if self.seccomp is not self._session_seccomp or self.policy.no_access_globs:
+        sandbox = self.sandbox
+        if sandbox.seccomp is not self._session_seccomp or sandbox.policy.no_access_globs:
             # globs are judged against the workspace's files when a sandbox starts: each run gets its own
             return False
-        if self.environment is not self._session_environment:
+        if sandbox.environment is not self._session_environment:
             return False  # another runtime environment (in_environment): the session's mounts have not its tree
-        if self.network_allow is not None:
+        if sandbox.network_allow is not None:
             # the session's sandbox has the engine's allow-list: only runs that keep it share it
-            if spec.network is not None and spec.network != self.network_allow:
+            if spec.network is not None and spec.network != sandbox.network_allow:
                 return False
         elif isinstance(spec.network, NetworkPolicy):
             return False  # its channel and proxy are made for a sandbox of its own
-        elif spec.network is not None and (spec.network == "on") != self.network_default:
+        elif spec.network is not None and (spec.network == "on") != sandbox.network_default:
             return False
         limits = spec.limits
         if limits.pids is not None and os.geteuid() == 0:
             return False  # RLIMIT_NPROC would count the whole session's processes
         if limits.cpus is not None:
             return False  # a quota of its own: the session's cgroup holds the session's
-        return not (limits.memory_bytes is not None and "memory_bytes" in self.cgroups.enforced)
+        return not (limits.memory_bytes is not None and "memory_bytes" in sandbox.cgroups.enforced)
 
-    def access_of(self, root: Path, rel: str) -> Access:
-        # every run asks for its cwd and tmp; the answer depends on the policy and the path only
-        key = (root, rel)
-        found = self._decisions.get(key)
-        if found is None:
-            if len(self._decisions) > _MAX_DECISIONS:
-                self._decisions.clear()
-            found = self._decisions[key] = super().access_of(root, rel)
-        return found
-
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
+    def defers_run_dir(self, ws: Workspace, spec: RunProgramSpec) -> bool:
         # the supervisor makes the run directory of a session run (off the host's share of the run, whose
         # largest single cost it was), where its sandbox may write runs/
         # (not with an allow-list: the run's proxy audits into its directory before the program starts)
-        defer = (
+        return (
             ws.host_path is not None
-            and self.network_allow is None
+            and self.sandbox.network_allow is None
             and self.fits_session(spec)
-            and self.access_of(ws.host_path, "runs").can_write
+            and self.sandbox.access_of(ws.host_path, "runs").can_write
         )
-        return self.preparation.prepare(ws, spec, make_run_dir=not defer)
 
-    def wrap(self, prep: PreparedRun, *, interactive: bool = False, init_fd: int | None = None) -> Launch:
-        if init_fd is not None or not self.fits_session(prep.spec):
-            return super().wrap(prep, interactive=interactive, init_fd=init_fd)
-        if prep.cwd_rel and not self.access_of(prep.root, prep.cwd_rel).can_read:
+    def __call__(self, prep: PreparedRun, launch: Launch) -> Launch:
+        """The wrapper of a run: the program as is in the session's sandbox, its rlimits the supervisor's; or, for
+        a run the session does not fit, a sandbox of its own."""
+        if not self.fits_session(prep.spec):
+            return self.sandbox.wrap(prep, launch)
+        if prep.cwd_rel and not self.sandbox.access_of(prep.root, prep.cwd_rel).can_read:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
-        env = self.program_env(prep)
+        env = self.sandbox.program_env(prep)
         cwd = prep.program_cwd(SANDBOX_WORKSPACE)
-        return self.launch(prep, prep.argv, env, cwd, interactive=interactive, rlimits=False)  # the supervisor's
+        # the plan made anew from the preparation, not a copy of the runner's (dataclasses.replace of its ~25 fields
+        # was a tenth of a session run's calls): the session's wrapper is its runner's only one, nothing is on the
+        # runner's plan yet but what the preparation gave it
+        return self.runner.launch(prep, prep.argv, env, cwd, interactive=launch.interactive, rlimits=False)
 
-    async def spawn_prepared(
-        self, prep: PreparedRun, launch: Launch, process: Callable[[Launch], SupervisedProcess] | None = None
-    ) -> SupervisedProcess:
-        if process is not None or not self.fits_session(prep.spec):
+    async def spawner(self, runner: HostRunner, prep: PreparedRun, launch: Launch) -> tuple[Launch, Spawner | None]:
+        """The session's supervisor, for a run the session fits; else a direct spawn of its own sandbox."""
+        if not self.fits_session(prep.spec):
             if not prep.run_dir_made:
-                self.preparation.make_run_dir(prep)
-            return await super().spawn_prepared(prep, launch, process)
+                runner.preparation.make_run_dir(prep)
+            return launch, None
         session = await self._session(prep.ws)
-        if self.network_allow is not None:
+        if self.sandbox.network_allow is not None:
             launch = await self._run_proxy(session, prep, launch)
         session.active += 1  # the idle timer, if one is set, finds it busy and lets it be
-        launch.on_exit.append(functools.partial(self._program_over, prep.root, session))
-        make = functools.partial(
-            SessionProgram,
+        launch.stack.callback(functools.partial(self._program_over, prep.root, session))
+        make: Spawner = functools.partial(
+            SessionTransport,
             session=session,
             rlimits=rlimit_values(prep.spec.limits),
             run_dir=None if prep.run_dir_made else f"{SANDBOX_WORKSPACE}/{prep.run_dir}",
-            make_run_dir=functools.partial(self.preparation.make_run_dir, prep),
+            make_run_dir=functools.partial(runner.preparation.make_run_dir, prep),
         )
-        return await super().spawn_prepared(prep, launch, make)
+        return launch, make
 
     async def _run_proxy(self, session: Session, prep: PreparedRun, launch: Launch) -> Launch:
         """``launch`` with the run's own proxy, on a listener the session's supervisor makes on its loopback: the
         run's attempts are audited in its own directory and result, as in per-run mode. (The session's own proxy,
         on ``PROXY_PORT``, audits into the session's run directory what other programs of the sandbox send it.)"""
-        assert self.network_allow is not None
+        allow = self.sandbox.network_allow
+        assert allow is not None
         listener = await session.listener()
         port = listener.getsockname()[1]
         try:
-            audit = RunAudit(self.network_allow, prep.root, prep.run_dir, self.on_network_attempt)
+            audit = RunAudit(allow, prep.root, prep.run_dir, self.sandbox.on_network_attempt)
         except BaseException:
             listener.close()
             raise
         await audit.proxy.serve(listener)
-        launch.on_exit.append(audit.close)
-        launch.annotate.append(audit.annotate)
+        launch.stack.callback(audit.close)
+        launch.stack.annotate(audit.annotate)
         return replace(launch, env={**launch.env, **proxy_env(port)})
 
     def _program_over(self, root: Path, session: Session) -> None:
@@ -291,21 +345,24 @@ class SessionRunner(SandboxRunner):
                 timeout=None,
                 limits=self.config.limits(_BWRAP_OUTPUT),
             )
-            prep = self.preparation.prepare(ws, spec)  # a path: never looked up, never CommandNotFound
-            launch = super().wrap(prep, init_fd=binary)
+            runner = self.runner
+            prep = runner.preparation.prepare(ws, spec)  # a path: never looked up, never CommandNotFound
+            launch = self.sandbox.wrap(prep, runner.launch(prep, prep.argv, prep.env, prep.host_cwd), init_fd=binary)
         except BaseException:
             for sock in (ours, theirs):
                 sock.close()
             os.close(binary)
             raise
         # bwrap has its own copies once started (or failed to start): ours go then
-        launch.after_spawn.extend([functools.partial(os.close, binary), theirs.close])
+        launch.stack.after_spawn(functools.partial(os.close, binary))
+        launch.stack.after_spawn(theirs.close)
         launch = replace(launch, pass_fds=(*launch.pass_fds, theirs.fileno()))
         owner = self._owner(ws) if self._owner is not None else None
         return await start_session(launch, ours, ws.id, self.config, owner=owner)
 
-    async def stop_programs(self, ws: Workspace) -> None:
-        """End the workspace's session (everything in it dies with its supervisor), then reap its programs."""
+    async def stop(self, ws: Workspace) -> None:
+        """End the workspace's session (everything in it dies with its supervisor), before its runner reaps its
+        programs."""
         if ws.host_path is not None:
             fut = self._sessions.pop(ws.host_path, None)
             with self._lock:
@@ -315,7 +372,6 @@ class SessionRunner(SandboxRunner):
                 with contextlib.suppress(Exception):
                     sessions.append(await asyncio.shield(fut))
             await asyncio.gather(*(s.close() for s in sessions))
-        await super().stop_programs(ws)
 
     async def aclose(self) -> None:
         """End every session of this engine, the pooled ones too. Idempotent."""
