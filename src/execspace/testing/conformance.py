@@ -362,12 +362,28 @@ class EngineConformance:
         snap = await manager.snapshot(any_ws, "conf-first")
         await fs.put_files(any_ws, [PutFile("work/a.txt", b"two"), PutFile("work/b.txt", b"new")])
         forks = await manager.fork(snap, 2, ids=["conf/fork/1", "conf/fork/2"])
+        made = [*forks]
+        try:
+            await self._check_forks(any_engine, any_ws, manager, snap, made)
+        finally:
+            # a copy-on-write fork (and a workspace restored from a snapshot) is a mount on the host: cleaned up
+            # here, not left to whoever runs the suite next
+            for ws in [*made, any_ws]:
+                await any_engine.manager.cleanup(ws)
+
+    async def _check_forks(
+        self, any_engine: Engine, any_ws: Ws, manager: SupportsSnapshots, snap: Any, made: list[Ws]
+    ) -> None:
+        """The snapshot/fork case's checks; the forks it makes are added to ``made``."""
+        fs = any_engine.fs
+        forks = made[:2]
         assert [ws.id for ws in forks] == ["conf/fork/1", "conf/fork/2"]
         for fork in forks:
             assert (await fs.read_file(fork, "work/a.txt")).content == b"one"
             assert not await fs.exists(fork, "work/b.txt")
         await fs.put_files(forks[0], [PutFile("work/a.txt", b"forked")])  # a fork is its own
         [live] = await manager.fork(any_ws, ids=["conf/fork/live"])  # from a workspace: its files now
+        made.append(live)
         assert (await fs.read_file(live, "work/a.txt")).content == b"two"
         await manager.restore(any_ws, "conf-first")
         assert (await fs.read_file(any_ws, "work/a.txt")).content == b"one"
