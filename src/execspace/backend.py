@@ -94,10 +94,6 @@ class HostOptions(BackendOptions):
     artifacts: ArtifactService | None = None
     kill_grace: float = 2.0
 
-    def shared(self) -> dict[str, object]:
-        """Only the shared host options of these, as keywords: for the options of a backend this one composes."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(HostOptions)}
-
 
 class BackendFactory(Protocol[OptionsT]):
     """What ``registry.load_backend`` returns: the class a backend name stands for."""

@@ -16,7 +16,7 @@ import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, final
 
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
@@ -80,6 +80,7 @@ DISK_BYTES_DETAIL = (
 )
 
 
+@final
 class HostRunner:
     """Runs programs as supervised host processes in host-directory workspaces."""
 

@@ -33,7 +33,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
@@ -48,11 +48,22 @@ from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_roo
 from ...workspace.slots import sweep_stale_slots
 from .hostkernels import HostLauncher
 from .interpreters import Interpreter, environment_interpreter, find_interpreter
-from .kernels import CellResult, KernelConnection, KernelSessions, KernelWorkspaceManager, with_kernel_frozen
+from .kernels import (
+    CellResult,
+    KernelConnection,
+    KernelLauncher,
+    KernelSessions,
+    KernelWorkspaceManager,
+    with_kernel_frozen,
+)
 from .modes import AutoKernels, HostKernels, KernelMode, SandboxedKernels, ServerKernels, check_mode
 from .options import JupyterOptions
 from .outputs import RichOutputLimits
 from .programkernel import ProgramKernel
+
+if TYPE_CHECKING:
+    from ...protocols import WorkspaceFS
+    from .sandboxed import SandboxKernelConfig
 
 __all__ = [
     "AutoKernels",
@@ -159,6 +170,25 @@ class JupyterBackend:
         return await _open_local(mode, options, kernel_name, interrupt_grace, rich, True)
 
 
+@dataclasses.dataclass(frozen=True)
+class _KernelSettings:
+    """What every kernel of an engine is started with, whatever runs it."""
+
+    kernel_name: str
+    interrupt_grace: float
+    rich_outputs: RichOutputLimits
+
+    def sessions(self, fs: WorkspaceFS, launcher: KernelLauncher, language: str) -> KernelSessions:
+        return KernelSessions(
+            fs,
+            launcher,
+            language=language,
+            kernel_name=self.kernel_name,
+            interrupt_grace=self.interrupt_grace,
+            rich_outputs=self.rich_outputs,
+        )
+
+
 async def _open_local(
     mode: HostKernels | SandboxedKernels | AutoKernels,
     common: HostOptions,
@@ -171,11 +201,7 @@ async def _open_local(
     language = _kernel_language(kernel_name)
     if isinstance(language, Probe):
         raise SetupFailed("jupyter", language.reason, language.fix)
-    kernel_opts: dict[str, Any] = {
-        "kernel_name": kernel_name,
-        "interrupt_grace": interrupt_grace,
-        "rich_outputs": rich,
-    }
+    kernel_opts = _KernelSettings(kernel_name, interrupt_grace, rich)
     if isinstance(mode, HostKernels):
         return _open_host(common, kernel_opts, language, mode, None, start_pool)
     sandboxed = (
@@ -240,7 +266,7 @@ async def _sandbox_unavailable(
 
 async def _open_sandboxed(
     common: HostOptions,
-    kernel_opts: dict[str, Any],
+    kernel_opts: _KernelSettings,
     language: str,
     mode: SandboxedKernels,
     start_pool: bool,
@@ -248,8 +274,8 @@ async def _open_sandboxed(
     from ..sandbox import KernelSeccompFilters, SandboxBackend, SandboxOptions, SandboxPolicy, sandbox_of
     from .sandboxed import SandboxKernelConfig
 
-    if not _ipykernel_spec(kernel_opts["kernel_name"], language):
-        raise SetupFailed("jupyter", f"kernel {kernel_opts['kernel_name']!r} is not an ipykernel kernel", "")
+    if not _ipykernel_spec(kernel_opts.kernel_name, language):
+        raise SetupFailed("jupyter", f"kernel {kernel_opts.kernel_name!r} is not an ipykernel kernel", "")
     interpreter = _interpreter(mode.environment)
     if isinstance(interpreter, str):
         raise SetupFailed("jupyter", interpreter, _INTERPRETER_FIX)
@@ -258,19 +284,24 @@ async def _open_sandboxed(
         raise SetupFailed("jupyter", f"the sandbox policy {policy.profile} runs no sandbox", "use a managed profile")
     if interpreter.read_paths:
         policy = policy.with_read_paths(*interpreter.read_paths)
-    own = {
-        "policy": policy,
-        "network": mode.network,
-        "bwrap": mode.bwrap,
-        "environment": mode.environment,
-        "program_binds": mode.program_binds,
-    }
-    sb = await SandboxBackend.open(SandboxOptions.from_keywords("sandbox", {**common.shared(), **own}))
+    own = SandboxOptions(
+        workspace_root=common.workspace_root,
+        env_policy=common.env_policy,
+        host_roots=common.host_roots,
+        artifacts=common.artifacts,
+        kill_grace=common.kill_grace,
+        policy=policy,
+        network=mode.network,
+        bwrap=mode.bwrap,
+        environment=mode.environment,
+        program_binds=mode.program_binds,
+    )
+    sb = await SandboxBackend.open(own)
     sandbox = sandbox_of(sb.runner)
     sb_caps = sb.describe()
     limits = _kernel_limits(mode.kernel_limits, sb_caps.enforced_limits)
     seccomp = KernelSeccompFilters()
-    rich: RichOutputLimits = kernel_opts["rich_outputs"]
+    rich = kernel_opts.rich_outputs
     cfg = SandboxKernelConfig(sandbox, seccomp, interpreter, limits, sandbox.network_default, rich.message_bytes)
     # no-access globs are judged against a workspace's files when its sandbox starts: a slot has none yet
     pool_size = 0 if policy.no_access_globs else mode.pool_size
@@ -283,7 +314,12 @@ async def _open_sandboxed(
 
 
 def _slot_workspaces(
-    sb: BaseEngine, cfg: Any, language: str, kernel_opts: dict[str, Any], pool_size: int, pool_idle_timeout: float
+    sb: BaseEngine,
+    cfg: SandboxKernelConfig,
+    language: str,
+    kernel_opts: _KernelSettings,
+    pool_size: int,
+    pool_idle_timeout: float,
 ) -> tuple[HostWorkspaceManager, KernelSessions]:
     """The sandbox backend's workspaces (same root, layout owner and modes), made of pool slots when ready."""
     from ..sandbox import sandbox_layout_owner
@@ -294,7 +330,7 @@ def _slot_workspaces(
     prepare = sandbox_layout_owner() if as_root else None
     new_slot = functools.partial(make_slot, root, 0o711 if as_root else 0o700, prepare)
     launcher = SandboxLauncher(cfg, new_slot, pool_size=pool_size, pool_idle_timeout=pool_idle_timeout)
-    kernels = KernelSessions(sb.fs, launcher, language=language, **kernel_opts)
+    kernels = kernel_opts.sessions(sb.fs, launcher, language)
     runner = sb.runner
     assert isinstance(runner, HostRunner)
     manager = SlotWorkspaceManager(
@@ -339,7 +375,7 @@ def _kernel_network(on: bool, allow: Any) -> str:
 
 
 def _sandboxed_capabilities(
-    sb: Capabilities, language: str, cfg: Any, pool: tuple[int, int], rich: RichOutputLimits
+    sb: Capabilities, language: str, cfg: SandboxKernelConfig, pool: tuple[int, int], rich: RichOutputLimits
 ) -> Capabilities:
     limits = cfg.limits
     applied = ", ".join(f"{n}={getattr(limits, n)}" for n in sorted(limits.requested())) or "none"
@@ -408,14 +444,14 @@ def _host_capabilities(
 
 def _open_host(
     common: HostOptions,
-    kernel_opts: dict[str, Any],
+    kernel_opts: _KernelSettings,
     language: str,
     mode: HostKernels,
     fallback: str | None,
     start_pool: bool,
 ) -> KernelEngine[KernelSessions]:
     env_policy = common.env_policy
-    caps = _host_capabilities(env_policy, language, kernel_opts["rich_outputs"], mode.pool_size)
+    caps = _host_capabilities(env_policy, language, kernel_opts.rich_outputs, mode.pool_size)
     if fallback is not None:
         caps = dataclasses.replace(
             caps, details={**caps.details, "kernel_isolation": f"none (auto: the sandbox is unavailable: {fallback})"}
@@ -427,13 +463,13 @@ def _open_host(
         private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
     launcher = HostLauncher(
         env_policy,
-        kernel_name=kernel_opts["kernel_name"],
+        kernel_name=kernel_opts.kernel_name,
         language=language,
         pool_dir=root / POOL_DIR,
         pool_size=mode.pool_size,
         pool_idle_timeout=mode.pool_idle_timeout,
     )
-    kernels = KernelSessions(fs, launcher, language=language, **kernel_opts)
+    kernels = kernel_opts.sessions(fs, launcher, language)
     runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace)
     manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, with_kernel_frozen(kernels, runner.frozen))
     if start_pool:
