@@ -1,5 +1,6 @@
-"""The run path's shape, read from its source: typed configuration (no ``Any``) in the factories and runners that
-put a sandbox or local engine together, and no import cycle inside the sandbox package."""
+"""The run path's shape, read from its source and traced: typed configuration (no ``Any``) in the factories and
+runners that put an engine together, no import cycle inside the sandbox package, no subclass of the run machinery,
+and the path from the CLI to the bwrap argv as docs/architecture.md records it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ TYPED = [
     SANDBOX / "runner.py",
     SANDBOX / "sessionrunner.py",
     SRC / "backends" / "local" / "__init__.py",
+    SRC / "backends" / "jupyter" / "__init__.py",
 ]
 
 
@@ -169,3 +171,41 @@ def test_a_runs_exit_stack_releases_newest_first_and_every_one_once() -> None:
     assert released == ["last", "broken", "first", "fd"]
     stack.abandon()
     assert released == ["last", "broken", "first", "fd"]
+
+
+def test_the_cli_reaches_the_bwrap_argv_through_eight_files_in_one_direction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``execspace run --backend sandbox -- /bin/true``, traced: the execspace files on the call stack when the bwrap
+    argv is built are at most eight, and none comes back after another was entered (the recorded path)."""
+    import sys
+    from types import FrameType
+
+    from execspace.backends.sandbox import bwrap
+    from execspace.cli.main import main
+
+    if bwrap.find_bwrap() is None:
+        pytest.skip("bubblewrap is not installed")
+    stacks: list[list[str]] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is bwrap.build_argv.__code__:
+            chain, f = [], frame
+            while f is not None:
+                name = f.f_code.co_filename
+                if name.startswith(str(SRC)):
+                    chain.append(str(Path(name).relative_to(SRC)))
+                f = f.f_back
+            stacks.append(chain[::-1])
+
+    monkeypatch.chdir(tmp_path)
+    sys.setprofile(profile)
+    try:
+        code = main(["run", "--backend", "sandbox", "--", "/bin/true"])
+    finally:
+        sys.setprofile(None)
+    assert code == 0
+    assert stacks, "the run never built a bwrap argv"
+    files = [f for i, f in enumerate(stacks[0]) if i == 0 or stacks[0][i - 1] != f]  # each file entered
+    assert len(set(files)) <= 8, files
+    assert len(files) == len(set(files)), f"a file is entered again after another: {files}"

@@ -33,7 +33,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
@@ -62,6 +62,7 @@ from .outputs import RichOutputLimits
 from .programkernel import ProgramKernel
 
 if TYPE_CHECKING:
+    from ...models import NetworkPolicy
     from ...protocols import WorkspaceFS
     from .sandboxed import SandboxKernelConfig
 
@@ -366,7 +367,7 @@ def _kernel_limits(asked: ResourceLimits | None, enforced: frozenset[str]) -> Re
     return ResourceLimits(output_bytes=None, **keep)
 
 
-def _kernel_network(on: bool, allow: Any) -> str:
+def _kernel_network(on: bool, allow: NetworkPolicy | None) -> str:
     if allow is not None:
         return f"allow-list through an egress proxy per kernel ({', '.join(allow.allowed) or 'nothing listed'})"
     if on:
