@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 from ..models import RunResult
@@ -19,16 +18,17 @@ class RunStack:
     of registration, each callback even if one before it raised), and on its result (:meth:`annotated`).
     """
 
+    # plain lists, not contextlib.ExitStack: a session run is a few hundred Python calls, an ExitStack a tenth more
     __slots__ = ("_exit", "_notes", "_spawned")
 
     def __init__(self) -> None:
-        self._exit = contextlib.ExitStack()
+        self._exit: list[Callable[[], object]] = []
         self._spawned: list[Callable[[], object]] = []
         self._notes: list[Callable[[RunResult], RunResult]] = []
 
     def callback(self, release: Callable[[], object]) -> None:
         """Call ``release`` once the run is over."""
-        self._exit.callback(release)
+        self._exit.append(release)
 
     def after_spawn(self, release: Callable[[], object]) -> None:
         """Call ``release`` once the process is started, or failed to start."""
@@ -41,13 +41,13 @@ class RunStack:
     def spawned(self) -> None:
         """The process is started or failed to start: release what only the start needed, once."""
         releases, self._spawned = self._spawned, []
-        with contextlib.ExitStack() as stack:
-            for release in releases:
-                stack.callback(release)
+        _release_all(releases)
 
     def close(self) -> None:
         """The run is over: release what its steps opened, newest first, once."""
-        self._exit.close()
+        releases, self._exit = self._exit, []
+        releases.reverse()
+        _release_all(releases)
 
     def abandon(self) -> None:
         """The run is over before its process was started (a step failed): everything is released, once."""
@@ -62,3 +62,15 @@ class RunStack:
         for note in self._notes:
             result = note(result)
         return result
+
+
+def _release_all(releases: list[Callable[[], object]]) -> None:
+    """Call each of ``releases`` in turn, every one even when one before it raised; then raise the first error."""
+    error: BaseException | None = None
+    for release in releases:
+        try:
+            release()
+        except BaseException as exc:  # the others are released all the same
+            error = error or exc
+    if error is not None:
+        raise error
