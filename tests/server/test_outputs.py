@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -183,7 +186,7 @@ def test_a_figure_the_extractor_cannot_read_stays_an_image(charts: ci.Sandbox) -
     assert charts.run_code("1 + 1").text == "2"
 
 
-async def test_async_sdk_reads_charts_and_data() -> None:
+async def test_async_sdk_reads_charts_data_and_esm() -> None:
     sandbox = await ci.AsyncSandbox.create(timeout=120)
     try:
         for kind in ("superchart", "box-and-whiskers", "datetime"):
@@ -191,6 +194,8 @@ async def test_async_sdk_reads_charts_and_data() -> None:
             check(_shown(await sandbox.run_code(PLT + code + "plt.show()\n")).chart)
         frame = await sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})")
         assert frame.results[0].data == {"a": [1, 2, 3]} and frame.results[0].is_main_result
+        esm = await sandbox.run_code("import { join } from 'path'\njoin('a', 'b')", language="js")
+        assert esm.error is None and esm.text == "a/b"
     finally:
         await sandbox.kill()
 
@@ -243,3 +248,50 @@ def test_a_traceback_has_no_colour_codes(sbx: ci.Sandbox) -> None:
     assert error is not None and error.name == "ZeroDivisionError"
     assert "\x1b" not in error.traceback and "----> 1 1 / 0" in error.traceback
     assert sbx.run_code("list(range(2000))").text.endswith("1999]")  # printed whole, as E2B's kernel does
+
+
+def test_javascript_esm_imports_bind_names_for_later_cells(sbx: ci.Sandbox) -> None:
+    home = "/home/user"
+    sbx.files.write(f"{home}/node_modules/cjspkg/package.json", '{"name": "cjspkg", "main": "index.js"}')
+    sbx.files.write(f"{home}/node_modules/cjspkg/index.js", "module.exports = { hello: () => 'hi', n: 1 }")
+    esm_only = '{"name": "esmpkg", "type": "module", "exports": {".": {"import": "./index.js"}}}'
+    sbx.files.write(f"{home}/node_modules/esmpkg/package.json", esm_only)
+    sbx.files.write(f"{home}/node_modules/esmpkg/index.js", "export default 'esm'; export const two = 2")
+    sbx.files.write(f"{home}/local.mjs", "export const where = 'here'")
+
+    def js(code: str) -> Any:
+        execution = sbx.run_code(code, language="js")
+        assert execution.error is None, execution.error
+        return execution
+
+    assert js("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)").logs.stdout == ["function\n"]
+    assert js("typeof readFileSync").text == "function"  # a later cell sees the name
+    assert js("import { readFileSync } from 'fs'\n1").text == "1"  # and a cell run again declares it again
+    cell = "import fs, * as ns from 'node:fs'\nimport {\n  join,\n  basename as base\n} from 'path'\n"
+    assert js(cell + "[typeof fs.statSync, typeof ns.statSync, join('a', 'b'), base('/x/y')]").text == (
+        "[ 'function', 'function', 'a/b', 'y' ]"
+    )
+    assert js("import pkg, { hello } from 'cjspkg'\n[pkg.n, hello()]").text == "[ 1, 'hi' ]"
+    assert js("import e, { two } from 'esmpkg'\nimport { where } from './local.mjs'\n[e, two, where]").text == (
+        "[ 'esm', 2, 'here' ]"
+    )
+    assert js("const os = await import('os')\ntypeof os.cpus").text == "function"
+    assert js("const s = 'import x from \"y\"'\ns").text == 'import x from "y"'  # in a string: not an import
+    missing = sbx.run_code("import x from 'no-such-package'", language="js").error
+    assert missing is not None and "no-such-package" in missing.value
+    failed = sbx.run_code("import fs from 'fs'\n\n\nthrow new Error('on line 4')", language="js").error
+    assert failed is not None and ":4:" in failed.traceback  # the rewritten imports keep the cell's lines
+
+
+@pytest.mark.skipif(not JS_SDK, reason="set EXECSPACE_E2B_JS to a directory with `npm install @e2b/code-interpreter`")
+def test_js_sdk_reads_charts_data_and_esm(e2b_server: Server) -> None:
+    node = shutil.which("node")
+    assert node is not None, "node is not installed"
+    script = Path(JS_SDK or "") / f"outputs-{os.getpid()}.mjs"  # beside its node_modules, so the import resolves
+    shutil.copy(Path(__file__).with_name("js") / "outputs.mjs", script)
+    try:
+        env = {**os.environ, **e2b_server.sdk_env()}
+        run = subprocess.run([node, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        script.unlink()
+    assert run.returncode == 0 and run.stdout.strip() == "ok", f"{run.stdout}{run.stderr}"
