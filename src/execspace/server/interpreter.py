@@ -28,6 +28,7 @@ from ..models import RunProgramSpec, Workspace
 from ..protocols import Engine
 from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
+from .kernelstartup import E2B_DISPLAY, E2B_KERNEL_ARGS
 from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, program_dir, to_workspace
 from .pool import ReadySandbox
@@ -360,7 +361,16 @@ class CodeInterpreter:
         def spec_of(cmd: str, args: Sequence[str]) -> RunProgramSpec:
             return sandbox.context_process(cmd, args, home, "execspace-py-context")
 
-        kernel = await ProgramKernel.start(runner, sandbox.workspace, spec_of, python, timeout=_START_TIMEOUT)
+        # E2B's kernel: its charts, DataFrame data and saved images among the results
+        kernel = await ProgramKernel.start(
+            runner,
+            sandbox.workspace,
+            spec_of,
+            python,
+            timeout=_START_TIMEOUT,
+            startup=E2B_DISPLAY,
+            args=E2B_KERNEL_ARGS,
+        )
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)

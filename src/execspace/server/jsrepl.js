@@ -21,6 +21,14 @@
     rewriteAwait = require('internal/repl/await').processTopLevelAwait;
   } catch {}
 
+  // Node's own parser (the REPL's): finds a cell's ESM imports (see esm below)
+  let acorn = null;
+  let walk = null;
+  try {
+    acorn = require('internal/deps/acorn/acorn/dist/acorn');
+    walk = require('internal/deps/acorn/acorn-walk/dist/walk');
+  } catch {}
+
   const typescript = process.argv[1] === 'typescript';
   const { stripTypeScriptTypes } = require('module');
 
@@ -97,8 +105,71 @@
     });
   }
 
+  // A cell is a script, where neither `import … from` parses nor `import()` has a loader. As E2B's kernel turns a
+  // cell's imports into requires, each top-level import declaration becomes a `var` bound from the module's
+  // namespace (a later cell sees its names, a cell run again declares them again), and every import() is one made
+  // by this file, which resolves as a module in the context's directory would (its node_modules, then upwards).
+  const ESM = `globalThis[Symbol.for('execspace.esm')]`;
+  Object.defineProperty(globalThis, Symbol.for('execspace.esm'), {
+    value: Object.freeze({
+      load: (specifier, options) => import(specifier, options),
+      // a name a CommonJS module's namespace lacks (its exports Node could not see statically) is read from its
+      // module.exports, as require would give it
+      names: (namespace) =>
+        new Proxy(namespace, {
+          get: (target, name) => (name in target || target.default == null ? target[name] : target.default[name]),
+        }),
+    }),
+  });
+
+  function parse(code) {
+    const options = { ecmaVersion: 'latest', allowAwaitOutsideFunction: true, allowHashBang: true };
+    for (const sourceType of ['script', 'module']) {
+      try {
+        return acorn.parse(code, { ...options, sourceType });
+      } catch {}
+    }
+    return null; // the script's own compile says what is wrong
+  }
+
+  function binding(code, declaration) {
+    const text = (node) => code.slice(node.start, node.end);
+    const attributes = (declaration.attributes || []).map(text);
+    const options = attributes.length ? `, { with: { ${attributes.join(', ')} } }` : '';
+    const load = `await ${ESM}.load(${text(declaration.source)}${options})`;
+    let namespace = null;
+    const names = [];
+    for (const spec of declaration.specifiers) {
+      if (spec.type === 'ImportNamespaceSpecifier') namespace = spec.local.name;
+      else if (spec.type === 'ImportDefaultSpecifier') names.push(`default: ${spec.local.name}`);
+      else names.push(`${text(spec.imported)}: ${spec.local.name}`);
+    }
+    const named = `{ ${names.join(', ')} }`;
+    const from = (namespace) => `${ESM}.names(${namespace})`;
+    if (namespace === null) return names.length ? `var ${named} = ${from(load)};` : `${load};`;
+    return `var ${namespace} = ${load}` + (names.length ? `, ${named} = ${from(namespace)};` : ';');
+  }
+
+  function esm(code) {
+    if (acorn === null || !code.includes('import')) return code;
+    const program = parse(code);
+    if (program === null) return code;
+    const edits = [];
+    for (const node of program.body) {
+      if (node.type !== 'ImportDeclaration') continue;
+      const lines = code.slice(node.start, node.end).split('\n').length - 1;
+      edits.push([node.start, node.end, binding(code, node) + '\n'.repeat(lines)]); // errors keep their lines
+    }
+    walk.full(program, (node) => {
+      if (node.type === 'ImportExpression') edits.push([node.start, node.start + 'import'.length, `${ESM}.load`]);
+    });
+    edits.sort((a, b) => b[0] - a[0]);
+    for (const [start, end, text] of edits) code = code.slice(0, start) + text + code.slice(end);
+    return code;
+  }
+
   async function evaluate(source) {
-    const code = typescript ? stripTypeScriptTypes(source, { mode: 'transform' }) : source;
+    const code = esm(typescript ? stripTypeScriptTypes(source, { mode: 'transform' }) : source);
     const rewritten = rewriteAwait ? rewriteAwait(code) : null;
     const script = new vm.Script(rewritten ?? code, { filename: `cell[${count}]` });
     const value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });

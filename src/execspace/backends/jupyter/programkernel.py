@@ -150,6 +150,12 @@ profile = f"--ProfileDir.location={tempfile.mkdtemp(prefix='execspace-ipython-')
 app.initialize(["-f", f"/proc/self/fd/{conn}", profile, *packers, *cfg["args"]])
 os.close(conn)
 bound_outputs(app, cfg["message_bytes"])
+if cfg["startup"]:
+    try:
+        exec(compile(cfg["startup"], "<execspace-startup>", "exec"), {"__name__": "__execspace_startup__"})
+    except Exception:
+        import traceback
+        traceback.print_exc()  # the kernel still serves cells, without what the start-up would have added
 threading.Thread(target=relay, args=(app,), name="execspace-relay", daemon=True).start()
 app.start()
 """
@@ -231,9 +237,13 @@ class ProgramKernel:
         interpreter: Interpreter,
         *,
         timeout: float,  # noqa: ASYNC109 - the start-up's deadline
+        startup: str = "",
+        args: Sequence[str] = (),
     ) -> ProgramKernel:
         """Start a kernel as the program ``spec_of(command, args)`` of ``ws`` (the caller says where and how it
-        runs: cwd, environment, tag; this module says what), and wait until its channels answer."""
+        runs: cwd, environment, tag; this module says what), and wait until its channels answer. ``startup``:
+        Python source the kernel runs (with globals of its own) once IPython is set up, before any cell; ``args``:
+        more of IPython's options (``--Class.trait=value``)."""
         spec = spec_of(interpreter.path, ("-I", "-c", LAUNCHER))
         key = secrets.token_hex(32)
         kernel = cls(await runner.start_program(ws, spec), key)
@@ -242,7 +252,8 @@ class ProgramKernel:
         config = {
             "connection": {**connection, **ports},
             "site": list(interpreter.site_dirs),
-            "args": PYTHON_KERNEL_ARGS,
+            "args": [*PYTHON_KERNEL_ARGS, *args],
+            "startup": startup,
             "message_bytes": MESSAGE_BYTES,
         }
         try:
