@@ -99,5 +99,5 @@ class E2BBackend:
         manager = E2BWorkspaceManager(boxes)
         fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
         runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace)
-        kernels = E2BKernels(boxes, fs.put_files)
+        kernels = E2BKernels(boxes, fs)
         return KernelEngine("e2b", manager, fs, runner, caps, kernels, on_close=boxes.aclose)
