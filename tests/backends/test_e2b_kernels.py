@@ -19,7 +19,6 @@ pytest.importorskip("uvicorn", reason="the tests run against execspace serve (pi
 pytest.importorskip("jupyter_client", reason="the jupyter backend is the reference (pip install 'execspace[jupyter]')")
 
 from execspace.backends.jupyter import HostKernels
-
 from tests.server.conftest import Server
 
 PNG = b"\x89PNG\r\n\x1a\nnot really"
