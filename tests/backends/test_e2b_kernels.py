@@ -5,8 +5,7 @@ notebook, written once against the protocol, runs on a jupyter engine and on an 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,6 @@ from tests.server.conftest import Server
 
 PNG = b"\x89PNG\r\n\x1a\nnot really"
 SHOW_PNG = f"display({{'image/png': {base64.b64encode(PNG).decode()!r}}}, raw=True)"
-
-Opener = Callable[[], AbstractAsyncContextManager[BaseEngine]]
 
 
 @pytest.fixture(params=["jupyter", "e2b"])
