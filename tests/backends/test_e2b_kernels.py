@@ -82,3 +82,28 @@ async def test_a_new_engine_numbers_cells_after_those_in_out(engine: BaseEngine)
 
 def _plain(cell: CellResult) -> tuple[int, str, str, tuple[str, ...], tuple[str, str] | None]:
     return cell.exit_code, cell.stdout, cell.stderr, cell.files, cell.error
+
+
+async def test_cleanup_in_a_shared_sandbox_ends_the_workspaces_kernels_only(e2b_server: Server) -> None:
+    """A sandbox given by id outlives its workspaces: cleanup removes the workspace's kernels from its code
+    interpreter, and leaves the others' alone."""
+    from e2b_code_interpreter import AsyncSandbox
+
+    connection = {"api_url": e2b_server.url, "sandbox_url": e2b_server.url, "api_key": e2b_server.key}
+    theirs = await AsyncSandbox.create(template="code-interpreter-v1", **connection)
+    try:
+        before = {c.id for c in await theirs.list_code_contexts()}
+        async with execspace.open_engine("e2b", sandbox_id=theirs.sandbox_id, **connection) as engine:
+            assert isinstance(engine, execspace.SupportsKernels) and isinstance(engine.kernels, CellKernels)
+            gone, stays = [await engine.manager.create_workspace(name) for name in ("gone", "stays")]
+            for ws in (gone, stays):
+                assert (await engine.kernels.execute(ws, f"mine = {len(ws.id)}", timeout=60)).exit_code == 0
+            ours = {c.id for c in await theirs.list_code_contexts()} - before
+            assert len(ours) == 2
+            await engine.manager.cleanup(gone)
+            left = {c.id for c in await theirs.list_code_contexts()} - before
+            assert len(left) == 1 and left < ours
+            assert (await engine.kernels.execute(stays, "mine", timeout=60)).stdout == "5\n"
+        assert await theirs.is_running()
+    finally:
+        await theirs.kill()
