@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
     from .models import (
         BlockResult,
+        CellResult,
         CodeBlock,
         CodeExecutionInput,
         CodeExecutionResult,
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
         WorkspacePolicy,
     )
     from .protocols import (
+        CellKernels,
         Engine,
         FileReader,
         Kernels,
@@ -148,6 +150,7 @@ _LAZY = {
     "code_executor": ".executor",
     "extract_code_blocks": ".executor",
     "BlockResult": ".models",
+    "CellResult": ".models",
     "CodeBlock": ".models",
     "CodeExecutionInput": ".models",
     "CodeExecutionResult": ".models",
@@ -173,6 +176,7 @@ _LAZY = {
     "WorkspacePolicy": ".models",
     "Engine": ".protocols",
     "FileReader": ".protocols",
+    "CellKernels": ".protocols",
     "Kernels": ".protocols",
     "SupportsFileStreams": ".protocols",
     "SupportsFreezing": ".protocols",
@@ -210,6 +214,8 @@ __all__ = [
     "CannotExecute",
     "Capabilities",
     "CapabilityError",
+    "CellKernels",
+    "CellResult",
     "CodeBlock",
     "CodeBlockDelimiter",
     "CodeExecutionInput",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -70,6 +70,11 @@ class EnvPolicy:
             env["PATH"] = MINIMAL_PATH
         env.update(workspace_env)
         return env
+
+    def inherited_names(self, names: Iterable[str], *, clean: bool = False) -> list[str]:
+        """Which of ``names`` (those of an environment whose values are read elsewhere: a remote sandbox's) a run
+        inherits, in order: step 1 to 3 of the module docstring."""
+        return list(self._inherited(dict.fromkeys(names, ""), "none" if clean else self.inherit))
 
     def program_path(self, host_env: Mapping[str, str]) -> str:
         """The PATH a run gets from ``host_env`` (where its language runtimes are looked up)."""

@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_OUTPUT_BYTES",
     "DEFAULT_TIMEOUT",
     "BlockResult",
+    "CellResult",
     "CodeBlock",
     "CodeExecutionInput",
     "CodeExecutionResult",
@@ -590,6 +591,27 @@ class BlockResult:
     timed_out: bool = False
     error: str | None = None
     """Why the block did not run (unsupported language, setup error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CellResult:
+    """What one cell of a workspace's kernel produced (``engine.kernels.execute``)."""
+
+    exit_code: int
+    text: str
+    """stdout, stderr, ``text/plain`` results, tracebacks and execspace's notes, in the order they came."""
+    stdout: str
+    stderr: str
+    files: tuple[str, ...]
+    """Workspace paths of the rich outputs saved under ``out/``."""
+    duration: float
+    timed_out: bool = False
+    error: tuple[str, str] | None = None
+    """(exception name, value) when the cell raised."""
+    kernel_died: bool = False
+    state_lost: bool = False
+    """The kernel's variables and imports are gone (it died or was restarted)."""
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

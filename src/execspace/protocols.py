@@ -19,6 +19,7 @@ from .artifacts import ArtifactService
 from .capabilities import Capabilities
 from .models import (
     BlockResult,
+    CellResult,
     CodeBlock,
     File,
     FileEntry,
@@ -38,6 +39,7 @@ from .models import (
 )
 
 __all__ = [
+    "CellKernels",
     "Engine",
     "FileReader",
     "Kernels",
@@ -363,6 +365,28 @@ class Kernels(Protocol):
         limits: ResourceLimits,
     ) -> tuple[BlockResult, str]:
         """Run one block in ``ws``'s kernel: its result and the text the executor shows for it."""
+        ...
+
+
+@runtime_checkable
+class CellKernels(Kernels, Protocol):
+    """Kernels a caller drives cell by cell, as a notebook does: ``engine.kernels`` of the ``jupyter`` and ``e2b``
+    backends, so that code written for one runs on the other."""
+
+    async def execute(
+        self,
+        ws: Workspace,
+        code: str,
+        *,
+        timeout: float | None = ...,  # noqa: ASYNC109 - a deadline for the cell, not for our task
+        output_bytes: int | None = ...,
+    ) -> CellResult:
+        """Run ``code`` in the workspace's kernel (started on first use), keeping its state for the next cell; rich
+        outputs are saved under ``out/`` and named in the result."""
+        ...
+
+    async def shutdown(self, ws: Workspace) -> None:
+        """Stop the workspace's kernel: its state is lost, the next cell starts a fresh one. Idempotent."""
         ...
 
 

@@ -24,6 +24,7 @@ import pytest
 
 import execspace
 from execspace import BackendError, PutFile, RunProgramSpec, SandboxLost, SetupFailed
+from execspace.envpolicy import CORE_VARIABLES, EnvPolicy
 from execspace.testing.conformance import read_until
 from execspace.workspace.layout import workspace_env
 
@@ -342,17 +343,86 @@ async def test_many_files_go_up_in_batches_and_their_long_listing_comes_back_who
         assert sorted(listed) == names
 
 
-async def test_a_program_gets_exactly_the_environment_the_policy_built(e2b_server: Server) -> None:
-    """Nothing of envd's, the login shell's or the wrapper's own reaches the program (a name no shell could export
+def _env0(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split("\0") if item)
+
+
+async def _login_env(sandbox: AsyncSandbox) -> dict[str, str]:
+    """What ``commands.run`` sees: envd's login shell's environment, less what differs from one command to the next
+    (its shell's level and cwd, serve's marker of the command, the shell's ``_``)."""
+    got = _env0((await sandbox.commands.run("env -0")).stdout)
+    return {k: v for k, v in got.items() if k not in ("_", "SHLVL", "PWD", "EXECSPACE_RUN")}
+
+
+def _expected(
+    engine: execspace.BaseEngine, login: dict[str, str], ws: execspace.Workspace, got: dict[str, str], **run: object
+) -> dict[str, str]:
+    """The login shell's variables the policy inherits (the template's PATH and VIRTUAL_ENV always), then the
+    policy's own over them: what a program gets (its marker checked and left out)."""
+    policy: EnvPolicy = engine.runner.env_policy  # type: ignore[attr-defined]
+    clean = bool(run.get("clean_env"))
+    extra: dict[str, str] = run.get("env", {})  # type: ignore[assignment]
+    names = ["PATH", "VIRTUAL_ENV", *policy.inherited_names(login, clean=clean)]
+    inherited = {k: login[k] for k in names if k in login}
+    run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
+    own = policy.build({}, extra, workspace_env(ws.path, run_dir), clean=clean)
+    if "PATH" not in extra:
+        del own["PATH"]
+    return {**inherited, **own}
+
+
+async def test_a_program_inherits_the_login_shells_environment_as_the_policy_says(
+    e2b_server: Server, mark: str
+) -> None:
+    """The program's environment is the policy's over what it inherits of envd's login shell (what commands.run
+    sees): its core set by default, all of it with inherit="all" (secret-looking names left out), only the
+    template's PATH and VIRTUAL_ENV with clean_env. Nothing of the wrapper's own (a name no shell could export
     included)."""
-    async with _engine(e2b_server, persistence="turn") as engine:
-        ws = await engine.manager.create_workspace("env")
-        for extra in ({"MINE": "a b 'c'"}, {"MINE": "1", "A.B": "dotted"}):
-            r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], env=extra))
-            got = dict(item.split("=", 1) for item in r.stdout.split("\0") if item)
+    theirs = await AsyncSandbox.create(
+        template="base",
+        metadata={"execspace.test": mark},
+        envs={"FROM_TEMPLATE": "t", "SERVICE_TOKEN": "s", "VIRTUAL_ENV": "/opt/venv", "LANG": "C.UTF-8"},
+        **_connection(e2b_server),
+    )
+    login = await _login_env(theirs)
+    assert {"FROM_TEMPLATE", "SERVICE_TOKEN", "PATH", "VIRTUAL_ENV", "LANG"} <= login.keys()
+    cases: list[tuple[EnvPolicy, dict[str, object]]] = [
+        (EnvPolicy(), {"env": {"MINE": "a b 'c'"}}),
+        (EnvPolicy(), {"env": {"MINE": "1", "A.B": "dotted", "PATH": "/mine"}}),
+        (EnvPolicy(), {"clean_env": True}),
+        (EnvPolicy(inherit="all"), {}),
+        (EnvPolicy(inherit="all", exclude=["FROM_*"]), {"env": {"LANG": "C"}}),
+        (EnvPolicy(inherit="none"), {}),
+    ]
+    for policy, run in cases:
+        async with _engine(e2b_server, sandbox_id=theirs.sandbox_id, env_policy=policy) as engine:
+            ws = await engine.manager.create_workspace("env")
+            r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], **run))  # type: ignore[arg-type]
+            got = _env0(r.stdout)
             assert len(got.pop("EXECSPACE_RUN", "")) == 16, got  # the run's marker, and only it, is the wrapper's
-            run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
-            assert got == engine.runner.env_policy.build({}, extra, workspace_env(ws.path, run_dir)), got
+            if policy.inherit == "all" and not run.get("clean_env"):  # the login shell's own, as it runs the program
+                assert got.pop("PWD") == f"{ws.path}/work" and got.pop("SHLVL").isdigit()
+            assert got == _expected(engine, login, ws, got, **run), (policy, run)
+            if policy.inherit == "all" and not run.get("clean_env"):
+                assert "FROM_TEMPLATE" in got or policy.exclude
+                assert "SERVICE_TOKEN" not in got
+            await engine.manager.cleanup(ws)
+
+
+async def test_programs_run_in_the_templates_data_stack_as_its_commands_do(e2b_server: Server, mark: str) -> None:
+    """code-interpreter-v1: run_program's python3 is commands.run's (the environment's, first on the login PATH,
+    VIRTUAL_ENV set), so pandas imports."""
+    probe = "import os, sys, pandas; print(sys.executable, sys.prefix, os.environ.get('VIRTUAL_ENV'))"
+    options = {"template": "code-interpreter-v1", "metadata": {"execspace.test": mark}, "persistence": "turn"}
+    async with execspace.open_engine("e2b", **_connection(e2b_server), **options) as engine:  # type: ignore[arg-type]
+        ws = await engine.manager.create_workspace("stack")
+        ran = await engine.runner.run_program(ws, RunProgramSpec("python3", ["-c", probe]))
+        (sandbox_id,) = await _running(e2b_server, **{"execspace.test": mark})
+        sandbox = await AsyncSandbox.connect(sandbox_id, **_connection(e2b_server))
+        command = await sandbox.commands.run(f'python3 -c "{probe}"')
+    assert ran.exit_code == 0, ran.stderr
+    executable, prefix, venv = ran.stdout.split()
+    assert ran.stdout == command.stdout and prefix == venv != "None", (ran.stdout, command.stdout)
 
 
 async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_the_process_api(
@@ -398,18 +468,20 @@ async def test_a_pty_program_is_the_terminals_process_with_only_its_own_output_a
     e2b_server: Server,
 ) -> None:
     """The login bash that sandbox.pty starts becomes the program: it leads the terminal's session and is its
-    foreground group, its exit code is the run's, nothing of the shell's (prompt, echoed line, PROMPT_COMMAND,
-    the SDK's TERM) comes before its output or reaches its environment."""
+    foreground group, its exit code is the run's, nothing of the shell's (prompt, echoed line, PROMPT_COMMAND)
+    comes before its output or reaches its environment, which is inherited as without a terminal."""
     leader = 'set -- $(cat /proc/$$/stat); [ "$1" = "$5" ] && [ "$1" = "$6" ] && [ "$1" = "$8" ] && printf leader'
     async with _engine(e2b_server, persistence="turn") as engine:
         ws = await engine.manager.create_workspace("pty-leader")
         r = await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"{leader}; exit 7"], pty=TERMINAL))
         assert (r.exit_code, r.stdout, r.stderr) == (7, "leader", ""), r
         r = await engine.runner.run_program(ws, RunProgramSpec("/usr/bin/env", ["-0"], env={"MINE": "1"}, pty=TERMINAL))
-        got = dict(item.split("=", 1) for item in r.stdout.split("\0") if item)
+        got = _env0(r.stdout)
         got.pop("EXECSPACE_RUN")
-        run_dir = got["RUN_DIR"].removeprefix(ws.path + "/")
-        assert got == engine.runner.env_policy.build({}, {"MINE": "1"}, workspace_env(ws.path, run_dir)), got
+        # a terminal's login shell is commands.run's with the SDK's terminal variables, which the program inherits
+        login = {k: v for k, v in got.items() if k in CORE_VARIABLES}
+        assert got == _expected(engine, login, ws, got, env={"MINE": "1"}), got
+        assert got["TERM"] == "xterm-256color" and "PROMPT_COMMAND" not in got
 
 
 async def test_ctrl_c_on_the_terminal_is_sigint_to_the_program(e2b_server: Server) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from e2b import CommandExitException, Sandbox
+from e2b import CommandExitException, Sandbox, SandboxException
 
 
 def main() -> int:
@@ -28,6 +28,14 @@ def main() -> int:
         assert [e.name for e in sbx.files.list("a")] == ["b.bin"]
         assert sbx.files.exists("a/b.bin") and not sbx.files.exists("nope")
         assert sbx.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]
+        # before 2.51 the SDK sends allow_internet_access=True on every create: a server without
+        # --allow-internet-access creates that sandbox offline and says so, and refuses an allow-list
+        assert sbx.get_info().allow_internet_access is False
+        try:
+            Sandbox.create(network={"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]})
+            raise AssertionError("an allow-list on a server without the network was created")
+        except SandboxException as exc:
+            assert str(exc).startswith("403: ") and "--allow-internet-access" in str(exc), exc
     finally:
         assert sbx.kill()
     assert not sbx.is_running()

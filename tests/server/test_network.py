@@ -13,10 +13,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from e2b import ALL_TRAFFIC, Sandbox
+from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox
 from e2b.exceptions import SandboxException
 
 import execspace
@@ -165,15 +166,88 @@ def test_a_network_field_of_the_wrong_shape_gets_a_json_400(sdk: Server, network
     assert answer.json()["code"] == 400 and answer.json()["message"].startswith(field)
 
 
-def test_a_server_that_keeps_sandboxes_offline_refuses_an_allow_list(e2b_server: Server) -> None:
-    """The conftest's server runs without --allow-internet-access."""
-    with pytest.raises(SandboxException, match=r"501: .*--allow-internet-access"):
-        Sandbox.create(network={"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC]})
+@pytest.mark.parametrize(
+    "ask",
+    [
+        {"allow_internet_access": True},
+        {"network": {"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC]}},
+        {"allow_internet_access": True, "network": {"allow_out": ["allowed.test"]}},
+    ],
+    ids=["internet", "allow-list", "both"],
+)
+def test_a_server_that_keeps_sandboxes_offline_refuses_the_network_at_create(
+    e2b_server: Server, ask: dict[str, Any]
+) -> None:
+    """The conftest's server runs without --allow-internet-access: a sandbox asking for the network is refused
+    with a 403 naming the flag (the SDK's own SandboxException), never created offline; nothing is left behind."""
+    before = {s.sandbox_id for s in Sandbox.list().next_items()}
+    with pytest.raises(SandboxException, match=r"^403: .*--allow-internet-access") as refused:
+        Sandbox.create(**ask)
+    assert getattr(refused.value, "status_code", 403) == 403
+    assert {s.sandbox_id for s in Sandbox.list().next_items()} == before
     offline = Sandbox.create(network={"deny_out": [ALL_TRAFFIC]})
     try:
         assert offline.get_info().network == {"deny_out": [ALL_TRAFFIC]}
+        assert offline.get_info().allow_internet_access is False
     finally:
         offline.kill()
+
+
+async def test_the_async_sdk_is_refused_the_same(e2b_server: Server) -> None:
+    with pytest.raises(SandboxException, match=r"^403: .*--allow-internet-access"):
+        await AsyncSandbox.create(allow_internet_access=True)
+    sbx = await AsyncSandbox.create(allow_internet_access=False)
+    try:
+        assert (await sbx.get_info()).allow_internet_access is False
+    finally:
+        await sbx.kill()
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"lang": "python", "package_version": "2.45.1"}, 201),  # sends true on every create: its default
+        ({"lang": "js", "package_version": "2.29.0"}, 201),
+        ({"lang": "python", "package_version": "2.51.0"}, 403),  # sends it only when its caller does
+        ({"lang": "js", "package_version": "2.51.0"}, 403),
+        ({"lang": "python", "package_version": "garbage"}, 403),
+        ({}, 403),  # any other client is taken at its word
+    ],
+)
+def test_only_an_sdk_that_always_sends_the_network_gets_its_default(
+    e2b_server: Server, headers: dict[str, str], status: int
+) -> None:
+    body = {"templateID": "base", "allow_internet_access": True}
+    answer = httpx.post(f"{e2b_server.url}/v2/sandboxes", json=body, headers={"X-API-KEY": e2b_server.key, **headers})
+    assert answer.status_code == status, answer.text
+    if status == 201:
+        sandbox_id = answer.json()["sandboxID"]
+        assert Sandbox.get_info(sandbox_id).allow_internet_access is False  # offline, and it says so
+        Sandbox.kill(sandbox_id)
+    else:
+        assert answer.json() == {"code": 403, "message": answer.json()["message"]}
+        assert "--allow-internet-access" in answer.json()["message"]
+
+
+def test_a_network_update_the_server_forbids_is_refused(e2b_server: Server) -> None:
+    sbx = Sandbox.create()
+    try:
+        answer = httpx.put(
+            f"{e2b_server.url}/sandboxes/{sbx.sandbox_id}/network",
+            json={"allow_internet_access": True},
+            headers={"X-API-KEY": e2b_server.key},
+        )
+        assert answer.status_code == 403 and "--allow-internet-access" in answer.json()["message"]
+        assert sbx.get_info().allow_internet_access is False
+    finally:
+        sbx.kill()
+
+
+async def test_the_e2b_backend_asking_for_the_network_is_refused_naming_the_flag(e2b_server: Server) -> None:
+    options = {"api_url": e2b_server.url, "sandbox_url": e2b_server.url, "api_key": e2b_server.key}
+    async with execspace.open_engine("e2b", template="base", allow_internet_access=True, **options) as engine:
+        with pytest.raises(execspace.BackendError, match=r"403: .*--allow-internet-access"):
+            await engine.manager.create_workspace("net/refused")
 
 
 @pytest.mark.skipif(not os.environ.get("EXECSPACE_E2B_JS"), reason="set EXECSPACE_E2B_JS (./run test makes one)")

@@ -29,6 +29,7 @@ from ..errors import (
     InvalidSpec,
     LimitExceeded,
     PathDenied,
+    PolicyViolation,
 )
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
@@ -44,7 +45,7 @@ from .controlbodies import (
     TimeoutBody,
     Timeouts,
 )
-from .network import SandboxEgress, sandbox_egress
+from .network import SandboxEgress, sandbox_egress, sends_internet_by_default
 from .options import ENVD_VERSION, ServerOptions, key_id
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
 
@@ -222,7 +223,8 @@ class ControlPlane:
             return error_response(501, _FILES_ONLY_PAUSE)
         if body.auto_pause and not isinstance(self.sandboxes.engine.runner, SupportsFreezing):
             return error_response(501, f"autoPause: the {self.sandboxes.engine.name} backend cannot pause sandboxes")
-        egress = self._egress(body.allow_internet_access, body.network)
+        by_default = sends_internet_by_default(request.headers)
+        egress = self._egress(body.allow_internet_access, body.network, asked_by_default=by_default)
         if isinstance(egress, Response):
             return egress
         create = CreateRequest(
@@ -240,14 +242,20 @@ class ControlPlane:
         sandbox = await self.sandboxes.create(create)
         return JSONResponse(self._sandbox(sandbox), status_code=201)
 
-    def _egress(self, internet: bool | None, network: Mapping[str, object] | None) -> SandboxEgress | Response:
-        """The sandbox network the request asks for, or the error response saying why it cannot have it."""
+    def _egress(
+        self, internet: bool | None, network: Mapping[str, object] | None, *, asked_by_default: bool = False
+    ) -> SandboxEgress | Response:
+        """The sandbox network the request asks for, or the error response saying why it cannot have it: 400 for a
+        malformed rule, 403 for a network the server's flags forbid, 501 for rules it cannot enforce."""
+        engine = self.sandboxes.engine
         try:
-            return sandbox_egress(internet, network, self.options, self.sandboxes.engine.describe())
+            return sandbox_egress(internet, network, self.options, engine.describe(), asked_by_default=asked_by_default)
         except InvalidSpec as exc:
             raise BadRequest(str(exc)) from None
         except CapabilityError as exc:
             return error_response(501, str(exc))
+        except PolicyViolation as exc:
+            return error_response(403, str(exc))
 
     async def update_network(self, request: Request, caller: Caller) -> Response:
         """E2B's network update: the egress rules of the sandbox's next commands, replaced as a whole (what the

@@ -8,7 +8,8 @@ egress proxy (:class:`~execspace.models.NetworkPolicy`): with all other traffic 
 ``allowOut`` lists; with nothing denied, every public destination on every port (``*:*``) and what ``allowOut``
 lists. A deny list with holes in it ("everything but these blocks") has no allow-list and is refused rather than
 enforced loosely. Only a server started with ``--allow-host-network`` gives a sandbox with the network on the
-host's own network (``on``) instead.
+host's own network (``on``) instead. A server without ``--allow-internet-access`` refuses a sandbox that asks for the
+network (on, or an allow-list) rather than create it offline, except the ``true`` older SDKs send on every create.
 
 A sandbox never reaches the server's host through its proxy: loopback, ``0.0.0.0``/``::`` and every address of the
 host's interfaces are refused at create (an ``allowOut`` address or block that covers one, ``localhost`` or the
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..capabilities import Capabilities
-from ..errors import CapabilityError, InvalidSpec
+from ..errors import CapabilityError, InvalidSpec, PolicyViolation
 from ..models import NetworkPolicy
 from .options import ServerOptions
 
-__all__ = ["SandboxEgress", "sandbox_egress"]
+__all__ = ["SandboxEgress", "sandbox_egress", "sends_internet_by_default"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -69,19 +70,27 @@ class SandboxEgress:
 
 
 def sandbox_egress(
-    internet: bool | None, network: Any, options: ServerOptions, capabilities: Capabilities
+    internet: bool | None,
+    network: Any,
+    options: ServerOptions,
+    capabilities: Capabilities,
+    *,
+    asked_by_default: bool = False,
 ) -> SandboxEgress:
     """The network of a sandbox created with ``allow_internet_access=internet`` and ``network=network``.
 
     The network on is the egress proxy allowing every public destination, never the server's host (unless the
     server shares its own network: ``--allow-host-network``); an allow-list is the proxy allowing what it lists.
+    ``asked_by_default``: the client sends ``allow_internet_access: true`` on every create, asked or not
+    (:func:`sends_internet_by_default`), so without the flag its sandbox is offline, as one that asked for nothing.
 
     Raises:
         InvalidSpec: a malformed rule (the message names the field), or an ``allowOut`` entry that reaches the
             server's host.
-        CapabilityError: rules this server cannot enforce (a deny list that does not deny all traffic, an
-            allow-list on a server without ``--allow-internet-access``, the network on a backend without an egress
-            proxy).
+        PolicyViolation: the network (on, or an allow-list) on a server started without ``--allow-internet-access``
+            (never quietly dropped: the message names the flag).
+        CapabilityError: rules this server cannot enforce (a deny list that does not deny all traffic, the network
+            on a backend without an egress proxy).
     """
     if network is None:
         network = {}
@@ -109,12 +118,12 @@ def sandbox_egress(
         )
     wants = bool(allowed) or not deny_all
     if wants and not options.allow_internet_access:
-        if not allowed:  # e2b < 2.51 always asks for the network: such a sandbox is offline, its info says so
+        if not allowed and asked_by_default:  # the SDK's default, not the caller's ask: offline, its info says so
             return SandboxEgress("off", allow_out, deny_out)
-        raise CapabilityError(
-            "network.allowOut",
-            "execspace serve",
-            "This server keeps sandboxes offline: start it with --allow-internet-access.",
+        asked = "network.allowOut" if allowed else "allow_internet_access=true"
+        raise PolicyViolation(
+            f"{asked}: this server keeps every sandbox offline (it was started without --allow-internet-access); "
+            "start it with --allow-internet-access to give sandboxes the network, or create the sandbox without it"
         )
     if not deny_all:
         if options.host_network:
@@ -136,6 +145,25 @@ def sandbox_egress(
     # the host's own addresses are denied to the proxy whatever name reaches them (deny entries win)
     policy = NetworkPolicy.allow(reach, deny=keep_out, resolve=options.resolve)
     return SandboxEgress(policy, allow_out, deny_out, internet=not deny_all)
+
+
+#: The first release of each official SDK that sends ``allow_internet_access`` only when its caller gives it: the
+#: earlier ones send ``true`` on every create (``lang`` and ``package_version`` are headers of every SDK request).
+_ASKS_ONLY_WHEN_GIVEN = {"python": (2, 51), "js": (2, 51)}
+
+
+def sends_internet_by_default(headers: Mapping[str, str]) -> bool:
+    """Whether the request comes from an official SDK that sends ``allow_internet_access: true`` on every create,
+    so that its ``true`` says nothing of what its caller wants. Any other client (a newer SDK, one without these
+    headers) is taken at its word."""
+    first = _ASKS_ONLY_WHEN_GIVEN.get(headers.get("lang", ""))
+    if first is None:
+        return False
+    try:
+        version = tuple(int(part) for part in headers.get("package_version", "").split(".")[:2])
+    except ValueError:
+        return False
+    return len(version) == 2 and version < first
 
 
 def _entries(value: Any, field: str) -> tuple[str, ...] | None:

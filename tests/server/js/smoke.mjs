@@ -1,7 +1,7 @@
 // The JavaScript SDK's smoke run against `execspace serve` (tests/server/test_js_sdk.py copies it next to an
 // `npm install e2b` and runs it with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set). One line per failure;
 // prints "ok" when every check passed.
-import { CommandExitError, Sandbox } from 'e2b'
+import { CommandExitError, Sandbox, SandboxError } from 'e2b'
 
 function check(ok, what) {
   if (!ok) throw new Error(`check failed: ${what}`)
@@ -35,6 +35,16 @@ try {
   check(!(await sbx.files.exists('js/nope')), 'not exists')
   const listed = await Sandbox.list().nextItems()
   check(listed.some((s) => s.sandboxId === sbx.sandboxId), 'Sandbox.list')
+  // the server runs without --allow-internet-access: asking for the network is refused, naming the flag
+  let refused = null
+  try {
+    const online = await Sandbox.create({ allowInternetAccess: true })
+    await online.kill()
+  } catch (err) {
+    refused = err
+  }
+  check(refused instanceof SandboxError, `the network refused with a SandboxError, got ${refused}`)
+  check(/^403: .*--allow-internet-access/.test(refused.message), `the refusal names the flag: ${refused.message}`)
 } finally {
   await sbx.kill()
 }

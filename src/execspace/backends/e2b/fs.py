@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -56,9 +56,11 @@ class E2BWorkspaceManager:
     :mod:`.branches`) where the service keeps files-only snapshots (``execspace serve``); elsewhere they raise
     ``CapabilityError``."""
 
-    def __init__(self, boxes: Sandboxes) -> None:
+    def __init__(self, boxes: Sandboxes, stop_kernels: Callable[[Workspace], Awaitable[None]] | None = None) -> None:
         self._boxes = boxes
         self.branches = E2BBranches(boxes)
+        # a workspace's kernels run in its sandbox's code interpreter: where the sandbox stays, cleanup ends them
+        self._stop_kernels = stop_kernels
 
     @property
     def pool(self) -> WarmPool[Box] | None:
@@ -96,9 +98,15 @@ class E2BWorkspaceManager:
             return
         if box.owned:
             await self._boxes.forget(key)  # its own sandbox: killing it stops its programs and removes everything
+            await self._end_kernels(ws)  # (only forgotten here: nothing is left to ask)
             return
+        await self._end_kernels(ws)  # a shared sandbox stays: this workspace's kernels in it must not
         await box.call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
         await self._boxes.forget(key)
+
+    async def _end_kernels(self, ws: Workspace) -> None:
+        if self._stop_kernels is not None:
+            await self._stop_kernels(ws)
 
     # -- pause: the whole sandbox, its processes and kernels included -----------------------------------
 

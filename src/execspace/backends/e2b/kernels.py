@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendError, UnsupportedLanguage
-from ...models import BlockResult, CodeBlock, PutFile, ResourceLimits, Workspace
+from ...errors import BackendError, UnsupportedLanguage, WorkspaceNotFound
+from ...models import (
+    DEFAULT_OUTPUT_BYTES,
+    DEFAULT_TIMEOUT,
+    BlockResult,
+    CellResult,
+    CodeBlock,
+    PutFile,
+    ResourceLimits,
+    Workspace,
+)
 from ...process.capture import HeadTailBuffer
-from .sandboxes import Sandboxes, workspace_key
+from ...protocols import WorkspaceFS
+from .sandboxes import Box, Sandboxes, workspace_key
 
 if TYPE_CHECKING:
     from e2b_code_interpreter import Execution
@@ -50,6 +61,8 @@ _FILES = {
 }
 
 
+_CELL_FILE = re.compile(r"^out/cell-(\d+)-")
+
 #: IPython colours tracebacks; the reader of the result is a model or a log, not a terminal.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
@@ -66,12 +79,13 @@ def kernel_language(tag: str) -> str:
 
 
 class E2BKernels:
-    """The executor's kernels for the e2b engine (``engine.kernels``)."""
+    """The workspaces' kernels in the code interpreter (``engine.kernels``): a :class:`~execspace.CellKernels`, the
+    jupyter backend's surface, and the executor's :class:`~execspace.protocols.Kernels`."""
 
-    def __init__(self, boxes: Sandboxes, put_files: Any) -> None:
+    def __init__(self, boxes: Sandboxes, fs: WorkspaceFS) -> None:
         self._languages = {kernel_language(tag) for tag in boxes.options.code_languages}
         self._boxes = boxes
-        self._put_files = put_files
+        self._fs = fs
         self._contexts: dict[tuple[str, str, str], Any] = {}
         self._cells: dict[str, int] = {}
 
@@ -88,19 +102,47 @@ class E2BKernels:
         timeout: float | None,  # noqa: ASYNC109 - a deadline for the cell, not for our task
         limits: ResourceLimits,
     ) -> tuple[BlockResult, str]:
-        language = kernel_language(block.language)
         unenforced = sorted(limits.requested() - {"output_bytes"})
         if unenforced:
             why = f"the E2B code interpreter does not enforce {', '.join(unenforced)} per cell; drop these limits"
             return BlockResult(index, block.language, 127, "", "", 0.0, error=why), f"[error: {why}]\n"
-        cell = self._cells[ws.id] = self._cells.get(ws.id, 0) + 1
+        cell = await self.execute(
+            ws, block.code, timeout=timeout, output_bytes=limits.output_bytes, language=block.language
+        )
+        result = BlockResult(
+            index, block.language, cell.exit_code, cell.stdout, cell.stderr, cell.duration, cell.timed_out
+        )
+        return result, cell.text
+
+    async def execute(
+        self,
+        ws: Workspace,
+        code: str,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - a deadline for the cell, not for our task
+        output_bytes: int | None = DEFAULT_OUTPUT_BYTES,
+        language: str = "python",
+    ) -> CellResult:
+        """Run ``code`` in the workspace's kernel of ``language`` (a fence tag: ``python``, ``js``…; started on first
+        use, in the workspace's ``work/``), as the jupyter backend's ``kernels.execute`` does: rich results saved
+        under ``out/cell-<n>-<k>.<ext>``, an error with its name, value and traceback (exit 1), a cell past its
+        timeout ``timed_out`` (exit 124).
+
+        Raises:
+            UnsupportedLanguage: no kernel of ``language`` in the code interpreter.
+            BackendError: the service has no kernel of it (501), or cannot be reached.
+            SandboxLost: the workspace's sandbox is gone.
+        """
+        kernel = kernel_language(language)
+        cell = self._cells[ws.path] = self._cells.get(ws.path) or await self.next_cell_number(ws)
+        self._cells[ws.path] += 1
         started = time.monotonic()
-        execution, timed_out = await self._run(ws, language, block.code, timeout)
+        execution, timed_out = await self._run(ws, kernel, code, timeout)
         duration = time.monotonic() - started
         files = _files(execution, cell)
         if files:
-            await self._put_files(ws, files)
-        stdout, stderr, text = (HeadTailBuffer(limits.output_bytes) for _ in range(3))
+            await self._fs.put_files(ws, files)
+        stdout, stderr, text = (HeadTailBuffer(output_bytes) for _ in range(3))
         for chunk in execution.logs.stdout:
             _write(chunk, stdout, text)
         for result in execution.results:
@@ -110,17 +152,44 @@ class E2BKernels:
             _write(f"[saved {', '.join(f.path for f in files)}]\n", stdout, text)
         for chunk in execution.logs.stderr:
             _write(chunk, stderr, text)
-        code = 0
-        if execution.error is not None:
-            e = execution.error
-            _write(f"{_ANSI.sub('', e.traceback) or f'{e.name}: {e.value}'}\n", stderr, text)
-            code = 1
+        code_ = 0
+        error = execution.error
+        if error is not None:
+            _write(f"{_ANSI.sub('', error.traceback) or f'{error.name}: {error.value}'}\n", stderr, text)
+            code_ = 1
         if timed_out:
             _write(f"[timed out after {timeout:g}s]\n", stderr, text)
-            code = 124
-        out, err = stdout.getvalue().decode("utf-8", "replace"), stderr.getvalue().decode("utf-8", "replace")
-        result = BlockResult(index, block.language, code, out, err, duration, timed_out)
-        return result, text.getvalue().decode("utf-8", "replace")
+            code_ = 124
+        return CellResult(
+            exit_code=code_,
+            text=text.getvalue().decode("utf-8", "replace"),
+            stdout=stdout.getvalue().decode("utf-8", "replace"),
+            stderr=stderr.getvalue().decode("utf-8", "replace"),
+            files=tuple(f.path for f in files),
+            duration=duration,
+            timed_out=timed_out,
+            error=None if error is None else (error.name, error.value),
+            truncated=text.truncated,
+        )
+
+    async def next_cell_number(self, ws: Workspace) -> int:
+        """One past the highest ``out/cell-N-*`` already in ``ws``, so that a kernel of this engine never
+        overwrites the outputs of an earlier one (a workspace found again per session)."""
+        found = [_CELL_FILE.match(e.path) for e in await self._fs.list(ws, ["out/cell-*"])]
+        return max((int(m.group(1)) for m in found if m), default=0) + 1
+
+    async def shutdown(self, ws: Workspace) -> None:
+        """Remove the workspace's contexts from the code interpreter: their state is lost, the next cell starts a
+        fresh one. Idempotent; a sandbox that is gone has none left to remove."""
+        try:
+            box: Box | None = self._boxes.box(workspace_key(ws.id))
+        except WorkspaceNotFound:
+            box = None  # cleaned up already: its sandbox's kernels went with it, or with its directory
+        for key in [key for key in self._contexts if key[1] == ws.id]:
+            context = self._contexts.pop(key)
+            if box is not None and key[0] == box.id:  # an older sandbox of the workspace took its kernels along
+                with contextlib.suppress(BackendError):
+                    await box.call(f"stopping a {key[2]} kernel", box.sandbox.remove_code_context(context))
 
     async def _run(
         self,

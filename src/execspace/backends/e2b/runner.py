@@ -1,7 +1,8 @@
 """Programs in E2B sandboxes over the SDK's commands API.
 
 Each run is one background command and one exec chain: ``bash -l -c`` (what envd always starts) makes the cwd and
-run directory, then ``exec``s ``env -i`` with exactly the environment the policy built (the run's marker among it),
+run directory, then ``exec``s ``env -i`` with exactly the environment the policy built (the run's marker among it)
+over what it inherits of the login shell's own (the template's ``PATH`` and ``VIRTUAL_ENV``, see :mod:`.loginenv`),
 which ``exec``s the program: nothing is forked, the program is the process envd started and its end is the process
 API's: an exit code, or for a signal envd's -1 and ``signal: <name>`` (what Go's ``cmd.Wait()`` says), reported
 as ``-N`` like every backend does, once the sandbox is known to be still there (its end ends its commands so).
@@ -43,6 +44,7 @@ from ...protocols import ProgramHandle
 from ...workspace.confine import split_relpath
 from ...workspace.layout import new_run_name, workspace_env
 from ...workspace.programpaths import workspace_relative
+from .loginenv import LIST_NAMES, inherited_words, needs_login_names
 from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
 
 if TYPE_CHECKING:
@@ -106,7 +108,9 @@ class E2BRunner:
         # run directories made ahead, per workspace: a run that finds its own there starts no mkdir
         self._made_ahead: dict[str, list[str]] = {}
 
-    def prepare(self, ws: Workspace, spec: RunProgramSpec) -> _Prepared:
+    def prepare(self, ws: Workspace, spec: RunProgramSpec, login_names: tuple[str, ...] | None = None) -> _Prepared:
+        """The run of ``spec`` in ``ws``: its command line; ``login_names``: the names the sandbox's login shell
+        exports, where the policy inherits them all (:func:`.loginenv.needs_login_names`)."""
         self._caps().require(spec)
         options = self._boxes.options
         _check_network(spec.network, options.allow_internet_access, options.network)
@@ -115,18 +119,21 @@ class E2BRunner:
         cwd = "/".join(split_relpath(rel)) if rel not in ("", ".", "./") else ""
         run_dir, ahead = self._run_dirs(ws)
         marker_value = secrets.token_hex(8)
-        env = self.env_policy.build(
-            {}, {**options.env_vars, **spec.env}, workspace_env(ws.path, run_dir), clean=spec.clean_env
-        )
+        given = {**options.env_vars, **spec.env}
+        env = self.env_policy.build({}, given, workspace_env(ws.path, run_dir), clean=spec.clean_env)
+        if "PATH" not in given and "PATH" not in self.env_policy.set:
+            del env["PATH"]  # not the fallback: the login shell's (the template's) is the program's
         root = shlex.quote(ws.path)
         here = shlex.quote(f"{ws.path}/{cwd}" if cwd else ws.path)
         env[RUN_MARKER_VAR] = marker_value
+        ours = [*env, "PROMPT_COMMAND"] if spec.pty is not None else env  # a pty's is our exec chain, never inherited
+        inherited = inherited_words(self.env_policy, spec.clean_env, login_names, ours)
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         program = " ".join(shlex.quote(a) for a in (spec.cmd, *spec.args))
         # env, not a shell, execs the program: it says 126 for a path it cannot run (ENOTDIR, EACCES) where dash says
         # 127 for all of them, and adds no variable of its own (bash's exec would export SHLVL)
         kept = _SERVICE_PROXY if options.network is not None else ""
-        start = f"exec env -i {assignments}{kept} {program}"
+        start = f"exec env -i{inherited} {assignments}{kept} {program}"
         made = " ".join(f"{root}/{d}" for d in (run_dir, *ahead))
         # ``[`` is bash's own: only a missing directory (a run made ahead of time raced, or it was removed) costs
         # a process
@@ -149,13 +156,24 @@ class E2BRunner:
         return names[0], names[1:]
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        program = await self._start(self.prepare(ws, spec), interactive=False)
+        program = await self._start(self.prepare(ws, spec, await self._login_names(ws, spec)), interactive=False)
         return await program.wait()
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
-        program = await self._start(self.prepare(ws, spec), interactive=True)
+        program = await self._start(self.prepare(ws, spec, await self._login_names(ws, spec)), interactive=True)
         program.when_done(self.programs.add(ws, program))
         return program
+
+    async def _login_names(self, ws: Workspace, spec: RunProgramSpec) -> tuple[str, ...] | None:
+        """The names the workspace's sandbox's login shell exports, read once per sandbox, where the run inherits
+        them all; None where the core set is all it may inherit."""
+        if not needs_login_names(self.env_policy, spec.clean_env):
+            return None
+        box = self._boxes.box(workspace_key(ws.id))
+        if box.login_names is None:
+            listed = await box.call("reading the sandbox's login environment", box.sandbox.commands.run(LIST_NAMES))
+            box.login_names = tuple(listed.stdout.split())
+        return box.login_names
 
     async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
         return self.programs.list(ws)

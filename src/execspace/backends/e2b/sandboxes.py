@@ -168,6 +168,8 @@ class Box:
     source's (renaming a directory of an overlay's lower layer would copy it whole); its metadata says so."""
     resume_for: int | None = None
     """Set while paused: the lifetime (seconds) it gets when the next call resumes it."""
+    login_names: tuple[str, ...] | None = None
+    """The names its login shell exports, once read (only ``EnvPolicy(inherit="all")`` needs them)."""
     _agent: _AgentProcess | None = field(default=None, init=False, repr=False)
     _agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 

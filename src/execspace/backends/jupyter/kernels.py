@@ -26,7 +26,16 @@ from typing import Any, Protocol
 
 from ...errors import UnsupportedLanguage, UsageError
 from ...languages import resolve_language
-from ...models import DEFAULT_OUTPUT_BYTES, DEFAULT_TIMEOUT, BlockResult, CodeBlock, PutFile, ResourceLimits, Workspace
+from ...models import (
+    DEFAULT_OUTPUT_BYTES,
+    DEFAULT_TIMEOUT,
+    BlockResult,
+    CellResult,
+    CodeBlock,
+    PutFile,
+    ResourceLimits,
+    Workspace,
+)
 from ...process.freezing import Hold, held
 from ...protocols import WorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
@@ -50,27 +59,6 @@ EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_RESTARTED = 0, 1, -2, -9
 #: How often a silent cell checks that its kernel is still alive.
 _LIVENESS_POLL = 0.25
 _CELL_FILE = re.compile(r"^cell-(\d+)-")
-
-
-@dataclass(frozen=True, slots=True)
-class CellResult:
-    """What one cell produced."""
-
-    exit_code: int
-    text: str
-    """stdout, stderr, ``text/plain`` results, tracebacks and execspace's notes, in the order they came."""
-    stdout: str
-    stderr: str
-    files: tuple[str, ...]
-    """Workspace paths of the rich outputs saved under ``out/``."""
-    duration: float
-    timed_out: bool = False
-    error: tuple[str, str] | None = None
-    """(exception name, value) when the cell raised."""
-    kernel_died: bool = False
-    state_lost: bool = False
-    """The kernel's variables and imports are gone (it died or was restarted)."""
-    truncated: bool = False
 
 
 class KernelConnection(Protocol):
