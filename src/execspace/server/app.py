@@ -7,6 +7,10 @@ sandbox's access token (``X-Access-Token``) or a file-URL signature, the code in
 token or the sandbox's traffic token (``E2B-Traffic-Access-Token``: the SDK sends it with ``/contexts``, where it
 sends no access token). Only ``/health`` goes without one, and it never resumes a paused sandbox: an anonymous
 request changes no state and has no body read. Anything else is the control plane, which checks ``X-API-KEY``.
+
+A stream (a command's output, a watch, a cell's lines) whose sandbox is killed or expires while it is answered ends
+as it ends on E2B, where the sandbox's microVM dies under it: its connection drops, and the SDK, finding the sandbox
+gone (``/health`` answers 502 "... was not found"), raises its "sandbox was killed" exception at once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .connections import abort_connection
 from .control import ControlPlane, error_response
 from .envd.filesystem.filesystem_connect import FilesystemASGIApplication
 from .envd.process.process_connect import ProcessASGIApplication
@@ -41,6 +46,8 @@ __all__ = ["E2BApp"]
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 #: The RPCs that stream their answer for as long as the client listens.
 _SERVER_STREAMS = frozenset({"/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"})
+#: The code interpreter's streamed answer.
+_CELL_STREAM = "/execute"
 #: envd routes the SDK knows but that are not implemented here (answered 501, naming them).
 _ENVD_NOT_IMPLEMENTED = ("/envs", "/metrics", "/init", "/files/compose")
 
@@ -74,6 +81,8 @@ class E2BApp:
         except _Refused as refused:
             await refused.respond(scope, receive, send)
             return
+        if scope["path"] in _SERVER_STREAMS or scope["path"] == _CELL_STREAM:
+            send = _dropped_once_ended(scope, send, sandbox.closed)
         if target is not None and target.port == CODE_INTERPRETER_PORT:
             request = Request(scope, receive)
             await (await self._interpreter.respond(request, sandbox))(scope, receive, send)
@@ -184,6 +193,25 @@ async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send
                 await serving
     if not gone.is_set():
         serving.result()
+
+
+def _dropped_once_ended(scope: Scope, send: Send, ended: asyncio.Event) -> Send:
+    """``send``, until ``ended`` (the sandbox's end): from then on the connection is dropped instead of anything
+    sent (the end of a command killed with its sandbox, a watch's or a cell's last lines).
+
+    Over HTTP/1.1 each SDK line knows a vanished peer by another sign (over HTTP/2 both see a reset stream): the
+    connectrpc clients (e2b 2.3x on, their ``User-Agent`` is ``connectrpc/...``) by a reset connection, and take a
+    body that ended early for an answer of the sandbox; e2b 2.29's own Connect client (over httpcore) and the code
+    interpreter's httpx by a body that ended early (a FIN). Each is given its own."""
+    reset = Headers(scope=scope).get("user-agent", "").startswith("connectrpc/")
+
+    async def guarded(message: Message) -> None:
+        if ended.is_set():
+            await abort_connection(scope, reset=reset)
+            return
+        await send(message)
+
+    return guarded
 
 
 def _paced_body(receive: Receive, share: SandboxShare) -> Receive:

@@ -1,0 +1,161 @@
+"""The parts of the SDK's surface its own tests define and a user meets at the edges: a killed command or terminal,
+a sandbox killed under a running command or cell, and what the SDK observes of each (its exceptions, promptly)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import e2b_code_interpreter as ci
+import pytest
+from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox
+from e2b.exceptions import SandboxNotRunningException, TimeoutException
+from e2b.sandbox.commands.command_handle import PtySize
+
+#: What the SDK says once its health probe confirms the sandbox gone (e2b's ``format_terminated_exception``).
+_GONE = "sandbox was killed or reached its end of life"
+#: At most this long from the kill to the SDK's exception (a dropped connection is seen at once; a hang is not).
+_PROMPT = 5.0
+
+
+@pytest.fixture
+def sbx() -> Iterator[Sandbox]:
+    sandbox = Sandbox.create()
+    yield sandbox
+    sandbox.kill()
+
+
+@pytest.fixture
+async def asbx() -> AsyncIterator[AsyncSandbox]:
+    sandbox = await AsyncSandbox.create()
+    yield sandbox
+    await sandbox.kill()
+
+
+# -- kill: the handle's wait raises CommandExitException with the signal ---------------------------------------------
+
+
+def test_a_killed_command_or_terminal_makes_wait_raise_command_exit(sbx: Sandbox) -> None:
+    command = sbx.commands.run("sleep 60", background=True)
+    assert command.kill()
+    with pytest.raises(CommandExitException) as killed:
+        command.wait()
+    assert (killed.value.exit_code, killed.value.error) == (-1, "signal: killed")
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+    assert sbx.pty.kill(terminal.pid)
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait()
+    assert ended.value.exit_code == -1
+    assert not sbx.commands.kill(command.pid)  # gone: the SDK's False
+
+
+async def test_async_a_killed_command_or_terminal_makes_wait_raise_command_exit(asbx: AsyncSandbox) -> None:
+    command = await asbx.commands.run("sleep 60", background=True)
+    assert await asbx.commands.kill(command.pid)
+    with pytest.raises(CommandExitException) as killed:
+        await command.wait()
+    assert (killed.value.exit_code, killed.value.error) == (-1, "signal: killed")
+    terminal = await asbx.pty.create(PtySize(rows=24, cols=80), on_data=lambda _: None)
+    assert await terminal.kill()
+    with pytest.raises(CommandExitException):
+        await terminal.wait()
+
+
+# -- a sandbox killed under a running command, terminal or cell -----------------------------------------------------
+
+
+def test_a_command_and_a_terminal_of_a_killed_sandbox_raise_sandbox_gone_at_once() -> None:
+    sandbox = Sandbox.create()
+    command = sandbox.commands.run("sleep 60", background=True)
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    assert sandbox.kill()
+    began = time.monotonic()
+    for handle in (command, terminal):
+        with pytest.raises(SandboxNotRunningException, match=_GONE):
+            handle.wait()
+    assert time.monotonic() - began < _PROMPT
+
+
+async def test_async_a_command_of_a_killed_sandbox_raises_sandbox_gone_at_once() -> None:
+    sandbox = await AsyncSandbox.create()
+    command = await sandbox.commands.run("sleep 60", background=True)
+    assert await sandbox.kill()
+    began = time.monotonic()
+    with pytest.raises(SandboxNotRunningException, match=_GONE):
+        await command.wait()
+    assert time.monotonic() - began < _PROMPT
+
+
+def test_a_cell_of_a_killed_sandbox_raises_the_code_interpreters_killed_error_at_once() -> None:
+    sandbox = ci.Sandbox.create(timeout=120)
+    began: list[float] = []
+
+    def kill_once_running(_: object) -> None:  # the cell printed: it runs; kill from elsewhere, as a user would
+        if not began:
+            began.append(time.monotonic())
+            threading.Thread(target=sandbox.kill).start()
+
+    with pytest.raises(TimeoutException, match="sandbox was killed while the request was in progress"):
+        sandbox.run_code("import time; print('running', flush=True); time.sleep(300)", on_stdout=kill_once_running)
+    assert began and time.monotonic() - began[0] < _PROMPT
+
+
+async def test_async_a_cell_of_a_killed_sandbox_raises_the_code_interpreters_killed_error() -> None:
+    sandbox = await ci.AsyncSandbox.create(timeout=120)
+    killing: list[asyncio.Future[bool]] = []
+
+    def kill_once_running(_: object) -> None:
+        if not killing:
+            killing.append(asyncio.ensure_future(sandbox.kill()))
+
+    with pytest.raises(TimeoutException, match="sandbox was killed while the request was in progress"):
+        await sandbox.run_code(
+            "import time; print('running', flush=True); time.sleep(300)", on_stdout=kill_once_running
+        )
+    assert await killing[0]
+
+
+# -- files: what envd answers for a missing path, a directory, a link -----------------------------------------------
+
+
+def test_removing_a_path_where_nothing_is_succeeds_as_envds_does(sbx: Sandbox) -> None:
+    sbx.files.remove("never-there.txt")
+    sbx.files.remove("no/such/dir")
+    sbx.files.write("there.txt", "x")
+    sbx.files.remove("there.txt")
+    assert not sbx.files.exists("there.txt")
+
+
+def test_a_directorys_info_has_its_own_size_and_a_links_is_what_it_points_to(sbx: Sandbox) -> None:
+    sbx.files.make_dir("d")
+    size = int(sbx.commands.run("stat -c %s /home/user/d").stdout)
+    directory = sbx.files.get_info("d")
+    assert (directory.type, directory.size, directory.mode, directory.permissions) == (
+        FileType.DIR,
+        size,
+        0o755,
+        "drwxr-xr-x",
+    )
+    assert size > 0
+    sbx.files.write("d/f.txt", "four")
+    made = sbx.commands.run(
+        "ln -s f.txt link && ln -s link chain && ln -s gone dangling && ln -s d sub", cwd="/home/user/d"
+    )
+    assert made.exit_code == 0
+    sbx.commands.run("ln -s /home/user/d /home/user/d-link")
+    link = sbx.files.get_info("d/link")
+    assert (link.type, link.symlink_target, link.permissions) == (FileType.SYMLINK, "/home/user/d/f.txt", "Lrwxrwxrwx")
+    assert sbx.files.get_info("d/chain").symlink_target == "/home/user/d/f.txt"  # followed to its end
+    dangling = sbx.files.get_info("d/dangling")
+    assert (dangling.type, dangling.symlink_target) == (FileType.SYMLINK, "/home/user/d/gone")
+    listed = {e.name: (e.type, e.symlink_target) for e in sbx.files.list("/home/user")}
+    assert listed["d-link"] == (FileType.SYMLINK, "/home/user/d")
+    assert listed["d"] == (FileType.DIR, None)
+
+
+async def test_async_remove_of_nothing_and_a_directorys_size(asbx: AsyncSandbox) -> None:
+    await asbx.files.remove("never-there.txt")
+    await asbx.files.make_dir("d")
+    assert (await asbx.files.get_info("d")).size > 0
