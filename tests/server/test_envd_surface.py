@@ -4,15 +4,21 @@ a sandbox killed under a running command or cell, and what the SDK observes of e
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import e2b
 import e2b_code_interpreter as ci
+import httpx
 import pytest
 from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox
 from e2b.exceptions import SandboxNotRunningException, TimeoutException
 from e2b.sandbox.commands.command_handle import PtySize
+
+from .conftest import Server
 
 #: What the SDK says once its health probe confirms the sandbox gone (e2b's ``format_terminated_exception``).
 _GONE = "sandbox was killed or reached its end of life"
@@ -159,3 +165,48 @@ async def test_async_remove_of_nothing_and_a_directorys_size(asbx: AsyncSandbox)
     await asbx.files.remove("never-there.txt")
     await asbx.files.make_dir("d")
     assert (await asbx.files.get_info("d")).size > 0
+
+
+# -- every route the SDK can call is answered: served, or 501 naming it -----------------------------------------------
+
+
+def _sdk_routes() -> set[tuple[str, str]]:
+    """The control-plane routes the installed SDK's generated API client calls (its ``e2b/api/client/api``)."""
+    found: set[tuple[str, str]] = set()
+    for module in Path(e2b.__file__).parent.joinpath("api", "client", "api").glob("*/*.py"):
+        for m in re.finditer(r'"method": "(\w+)",\s*"url": f?"([^"]+)"', module.read_text()):
+            found.add((m.group(1).upper(), m.group(2)))
+    return found
+
+
+def test_every_route_the_sdk_can_call_is_served_or_answers_501_naming_it(sbx: Sandbox, e2b_server: Server) -> None:
+    routes = _sdk_routes()
+    assert ("POST", "/v2/sandboxes") in routes and len(routes) > 30  # the SDK's client was read
+    client = httpx.Client(base_url=e2b_server.url, headers={"X-API-KEY": e2b_server.key}, timeout=30)
+    with client:
+        _answers_each(client, sbx, routes)
+
+
+def _answers_each(client: httpx.Client, sbx: Sandbox, routes: set[tuple[str, str]]) -> None:
+    for method, route in sorted(routes - {("DELETE", "/sandboxes/{sandbox_id}")}):
+        url = re.sub(r"\{[a-z_]+\}", "x1", route.replace("{sandbox_id}", sbx.sandbox_id))
+        r = client.request(method, url, json={} if method in ("POST", "PUT", "PATCH") else None)
+        if r.status_code >= 400:
+            assert r.headers["content-type"] == "application/json", (method, route, r.text)
+        if r.status_code == 404:  # a thing that is not there, never a route that is not
+            assert "no snapshot" in r.json()["message"], (method, route, r.text)
+        else:
+            assert r.status_code != 405 and (r.status_code < 500 or r.status_code == 501), (method, route, r.text)
+        if r.status_code == 501:
+            assert r.json()["message"] == f"{method} {url} is not implemented by execspace serve"
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": sbx._envd_access_token}
+    for method, path in [("POST", "/filesystem.Filesystem/Chmod"), ("GET", "/process.Process/List")]:
+        r = client.request(method, path, headers=envd, json={})  # an RPC of a newer envd, a method not served
+        assert (r.status_code, r.json()["code"]) == (501, "unimplemented"), r.text
+        assert path in r.json()["message"]
+    for method, path in [("GET", "/envs"), ("POST", "/files/compose"), ("PUT", "/files")]:
+        r = client.request(method, path, headers=envd)
+        assert r.status_code == 501 and f"{method} {path}" in r.json()["message"], r.text
+    interpreter = {**envd, "E2b-Sandbox-Port": "49999"}
+    r = client.request("PATCH", "/contexts", headers=interpreter)
+    assert r.status_code == 501 and "PATCH /contexts" in r.json()["message"], r.text

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 from typing import Any
 
 from connectrpc.code import Code
@@ -29,8 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .connections import abort_connection
 from .control import ControlPlane, error_response
-from .envd.filesystem.filesystem_connect import FilesystemASGIApplication
-from .envd.process.process_connect import ProcessASGIApplication
+from .envd.filesystem.filesystem_connect import Filesystem, FilesystemASGIApplication
+from .envd.process.process_connect import Process, ProcessASGIApplication
 from .envd_fs import FilesystemService
 from .envd_process import ProcessService
 from .files import FilesAPI, SignatureError, signed_sandbox
@@ -48,8 +49,20 @@ _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 _SERVER_STREAMS = frozenset({"/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"})
 #: The code interpreter's streamed answer.
 _CELL_STREAM = "/execute"
-#: envd routes the SDK knows but that are not implemented here (answered 501, naming them).
-_ENVD_NOT_IMPLEMENTED = ("/envs", "/metrics", "/init", "/files/compose")
+#: envd's HTTP routes: those served (``/files``, ``/health``) answer another method with 501, as they answer the
+#: others (envd's own, which the SDK does not call), naming the route.
+_ENVD_ROUTES = frozenset({"/files", "/health", "/envs", "/metrics", "/init", "/files/compose"})
+#: A Connect RPC's path (``/package.Service/Method``): one not served here answers Connect's ``unimplemented`` (501).
+_RPC_PATH = re.compile(r"/[A-Za-z_][\w.]*\.[A-Za-z_]\w*/[A-Za-z_]\w*")
+
+
+def _rpc_paths(service: str, methods: type) -> frozenset[str]:
+    """The paths of a service's RPCs, from its generated protocol (``close_stdin`` is ``CloseStdin``)."""
+    names = (n for n, member in vars(methods).items() if callable(member) and not n.startswith("_"))
+    return frozenset(f"/{service}/{''.join(part.title() for part in name.split('_'))}" for name in names)
+
+
+_RPCS = _rpc_paths("process.Process", Process) | _rpc_paths("filesystem.Filesystem", Filesystem)
 
 
 class E2BApp:
@@ -150,23 +163,26 @@ class E2BApp:
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        if path in _SERVER_STREAMS:
+        served = method == "POST" and path in _RPCS
+        if served and path in _SERVER_STREAMS:
             service = self._process if path.startswith("/process.") else self._filesystem
             await _until_disconnected(service, scope, receive, send)
-        elif path.startswith("/process.Process/"):
-            await self._process(scope, receive, send)
-        elif path.startswith("/filesystem.Filesystem/"):
-            await self._filesystem(scope, receive, send)
+        elif served:
+            await (self._process if path.startswith("/process.") else self._filesystem)(scope, receive, send)
         elif path == "/health" and method == "GET":
             await Response(status_code=204)(scope, receive, send)
         elif path == "/files" and method == "GET":
             await (await self._files.download(Request(scope, receive), sandbox))(scope, receive, send)
         elif path == "/files" and method == "POST":
             await (await self._files.upload(Request(scope, receive), sandbox))(scope, receive, send)
+        elif _RPC_PATH.fullmatch(path):
+            message = f"{method} {path} is not implemented by execspace serve"
+            body = {"code": Code.UNIMPLEMENTED.value, "message": message}
+            await JSONResponse(body, status_code=501)(scope, receive, send)
+        elif path in _ENVD_ROUTES:
+            await error_response(501, f"{method} {path} is not implemented by execspace serve")(scope, receive, send)
         else:
-            status = 501 if path in _ENVD_NOT_IMPLEMENTED else 404
-            what = "is not implemented by execspace serve" if status == 501 else "is not an envd route"
-            await error_response(status, f"{method} {path} {what}")(scope, receive, send)
+            await error_response(404, f"{method} {path} is not an envd route")(scope, receive, send)
 
 
 async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
