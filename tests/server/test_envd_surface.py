@@ -210,3 +210,33 @@ def _answers_each(client: httpx.Client, sbx: Sandbox, routes: set[tuple[str, str
     interpreter = {**envd, "E2b-Sandbox-Port": "49999"}
     r = client.request("PATCH", "/contexts", headers=interpreter)
     assert r.status_code == 501 and "PATCH /contexts" in r.json()["message"], r.text
+
+
+# -- code contexts: the defaults listed, options kept ----------------------------------------------------------------
+
+
+def test_a_sandbox_lists_its_default_contexts_and_a_new_one_last_with_its_options() -> None:
+    sandbox = ci.Sandbox.create(timeout=120)
+    try:
+        defaults = sandbox.list_code_contexts()
+        assert [(c.language, c.cwd) for c in defaults] == [("python", "/home/user"), ("javascript", "/home/user")]
+        assert sandbox.run_code("1 + 1").text == "2"  # the default Python context is the one listed
+        assert [c.id for c in sandbox.list_code_contexts()] == [c.id for c in defaults]
+        made = sandbox.create_code_context(language="python", cwd="/home/user/project")
+        last = sandbox.list_code_contexts()[-1]
+        assert (last.id, last.language, last.cwd) == (made.id, "python", "/home/user/project")
+        assert sandbox.run_code("import os; print(os.getcwd())", context=made).logs.stdout == ["/home/user/project\n"]
+        sandbox.remove_code_context(made.id)
+        assert made.id not in [c.id for c in sandbox.list_code_contexts()]
+    finally:
+        sandbox.kill()
+
+
+async def test_async_a_sandbox_lists_its_default_contexts() -> None:
+    sandbox = await ci.AsyncSandbox.create(timeout=120)
+    try:
+        assert [c.language for c in await sandbox.list_code_contexts()] == ["python", "javascript"]
+        made = await sandbox.create_code_context(cwd="/home/user")
+        assert (await sandbox.list_code_contexts())[-1].id == made.id
+    finally:
+        await sandbox.kill()
