@@ -240,3 +240,16 @@ async def test_async_a_sandbox_lists_its_default_contexts() -> None:
         assert (await sandbox.list_code_contexts())[-1].id == made.id
     finally:
         await sandbox.kill()
+
+
+def test_a_killed_terminal_or_command_is_gone_when_kill_returns(sbx: Sandbox) -> None:
+    """The SDK's own test of kill: ``kill -0 <pid>`` run right after it fails (the process was reaped)."""
+    for _ in range(5):
+        terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+        assert sbx.pty.kill(terminal.pid)
+        with pytest.raises(CommandExitException):
+            sbx.commands.run(f"kill -0 {terminal.pid}")
+        command = sbx.commands.run("sleep 60", background=True)
+        assert sbx.commands.kill(command.pid)
+        with pytest.raises(CommandExitException):
+            sbx.commands.run(f"kill -0 {command.pid}")
