@@ -467,7 +467,8 @@ class FileEntry:
     path: str
     """Workspace-relative path."""
     size: int
-    """Bytes of a regular file, length of a symlink's target; 0 for directories and other kinds."""
+    """Bytes of a regular file, length of a symlink's target, a directory's own size as its file system reports it
+    (what ``stat`` says: 4096 for a small ext4 directory; 0 where the backend cannot tell); 0 for other kinds."""
     mtime: float
     """Last modification, in seconds since the epoch (of the link itself for a symlink)."""
     kind: FileKind

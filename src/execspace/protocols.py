@@ -146,7 +146,7 @@ class WorkspaceFS(Protocol):
     async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
         """The entries matching the globs, without reading any content, in walk order (sorted).
 
-        Every kind is listed: regular files, directories (size 0; walked into), symlinks (never followed:
+        Every kind is listed: regular files, directories (their own size; walked into), symlinks (never followed:
         their own size and mtime) and others. Patterns are those of :meth:`collect`; one that is absolute
         or climbs out raises ``PathDenied``. Entries the backend's rule hides are left out.
         """

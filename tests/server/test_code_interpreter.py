@@ -192,7 +192,7 @@ def test_the_host_name_routes_to_the_code_interpreter(tmp_path: Path) -> None:
         assert http.get("/contexts", headers=host).status_code == 401
         traffic = {"E2B-Traffic-Access-Token": made.json()["trafficAccessToken"]}  # what the SDK sends there
         listed = http.get("/contexts", headers={**host, **traffic})
-        assert listed.status_code == 200 and [c["language"] for c in listed.json()] == ["python"]
+        assert listed.status_code == 200 and [c["language"] for c in listed.json()] == ["python", "javascript"]
         gone = http.delete(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": server.key})
         assert gone.status_code == 204
         assert http.get("/contexts", headers=host).status_code == 502

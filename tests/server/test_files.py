@@ -86,8 +86,9 @@ def test_entry_info_gives_mode_permissions_and_a_links_target(sbx: Sandbox) -> N
     assert (f.mode, f.permissions, f.symlink_target) == (0o750, "-rwxr-x---", None)
     shared = sbx.files.get_info("shared")
     assert (shared.mode, shared.permissions) == (0o1777, "dtrwxrwxrwx")
-    link = sbx.files.get_info("link")
-    assert (link.type, link.symlink_target, link.permissions) == (FileType.SYMLINK, "f", "Lrwxrwxrwx")
+    link = sbx.files.get_info("link")  # as envd: the link's resolved target, and its target's mode
+    assert (link.type, link.symlink_target, link.permissions) == (FileType.SYMLINK, "/home/user/f", "Lrwxrwxrwx")
+    assert link.mode == 0o750
     assert {e.name: e.mode for e in sbx.files.list("/home/user")}["f"] == 0o750
 
 

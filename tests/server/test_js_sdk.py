@@ -1,5 +1,5 @@
-"""The official JavaScript SDK against the server, a smoke set (js/smoke.mjs): EXECSPACE_E2B_JS names a directory
-where `npm install e2b` was run (./run test makes one)."""
+"""The official JavaScript SDK against the server, a smoke set (js/smoke.mjs) and the edges of the surface
+(js/surface.mjs): EXECSPACE_E2B_JS names a directory where `npm install e2b` was run (./run test makes one)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ JS_SDK = os.environ.get("EXECSPACE_E2B_JS", "")
 
 
 @pytest.mark.skipif(not JS_SDK, reason="set EXECSPACE_E2B_JS to a directory with `npm install e2b` done")
-def test_js_sdk_smoke(e2b_server: Server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["smoke", "surface"])
+def test_js_sdk_smoke(name: str, e2b_server: Server, tmp_path: Path) -> None:
     node = shutil.which("node")
     assert node is not None, "node is not installed"
-    script = Path(JS_SDK) / f"smoke-{os.getpid()}.mjs"  # beside its node_modules, so that `import 'e2b'` resolves
-    shutil.copy(Path(__file__).with_name("js") / "smoke.mjs", script)
+    script = Path(JS_SDK) / f"{name}-{os.getpid()}.mjs"  # beside its node_modules, so that `import 'e2b'` resolves
+    shutil.copy(Path(__file__).with_name("js") / f"{name}.mjs", script)
     try:
         env = {**os.environ, **e2b_server.sdk_env()}
         run = subprocess.run([node, str(script)], env=env, capture_output=True, text=True, timeout=120)

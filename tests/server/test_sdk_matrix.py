@@ -1,6 +1,6 @@
 """Older e2b SDKs against the server: each interpreter in EXECSPACE_E2B_MATRIX (``:``-separated paths of Pythons
-that have one e2b version installed, e.g. 2.29.5 for the v1 routes and 2.45.1) runs sdk_smoke.py. The SDK this
-suite imports is the newest; the matrix covers the route generations before it."""
+that have one e2b version installed, e.g. 2.29.5 for the v1 routes and 2.45.1) runs sdk_smoke.py and
+sdk_surface.py. The SDK this suite imports is the newest; the matrix covers the route generations before it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ MATRIX = [p for p in os.environ.get("EXECSPACE_E2B_MATRIX", "").split(":") if p]
 
 
 @pytest.mark.skipif(not MATRIX, reason="set EXECSPACE_E2B_MATRIX to Pythons with other e2b versions installed")
+@pytest.mark.parametrize("script", ["sdk_smoke.py", "sdk_surface.py"])
 @pytest.mark.parametrize("python", MATRIX)
-def test_older_sdk(python: str, e2b_server: Server) -> None:
+def test_older_sdk(python: str, script: str, e2b_server: Server) -> None:
     version = subprocess.run(
         [python, "-c", "import importlib.metadata as m; print(m.version('e2b'))"], capture_output=True, text=True
     ).stdout.strip()
     env = {**os.environ, **e2b_server.sdk_env()}
     run = subprocess.run(
-        [python, str(Path(__file__).with_name("sdk_smoke.py"))], env=env, capture_output=True, text=True, timeout=120
+        [python, str(Path(__file__).with_name(script))], env=env, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, f"e2b {version}: {run.stdout}{run.stderr}"
     assert run.stdout.strip() == "ok"

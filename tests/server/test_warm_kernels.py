@@ -69,7 +69,7 @@ def test_a_pooled_sandbox_runs_its_first_cell_on_a_kernel_started_before_its_cre
             "hello\n"
         ]
         assert sbx.run_code("x = 41\nx + 1").text == "42"
-        assert [c.language for c in sbx.list_code_contexts()] == ["python"]
+        assert [c.language for c in sbx.list_code_contexts()] == ["python", "javascript"]  # its defaults, as E2B's
     finally:
         sbx.kill()
 

@@ -7,6 +7,10 @@ sandbox's access token (``X-Access-Token``) or a file-URL signature, the code in
 token or the sandbox's traffic token (``E2B-Traffic-Access-Token``: the SDK sends it with ``/contexts``, where it
 sends no access token). Only ``/health`` goes without one, and it never resumes a paused sandbox: an anonymous
 request changes no state and has no body read. Anything else is the control plane, which checks ``X-API-KEY``.
+
+A stream (a command's output, a watch, a cell's lines) whose sandbox is killed or expires while it is answered ends
+as it ends on E2B, where the sandbox's microVM dies under it: its connection drops, and the SDK, finding the sandbox
+gone (``/health`` answers 502 "... was not found"), raises its "sandbox was killed" exception at once.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 from typing import Any
 
 from connectrpc.code import Code
@@ -23,9 +28,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .connections import abort_connection
 from .control import ControlPlane, error_response
-from .envd.filesystem.filesystem_connect import FilesystemASGIApplication
-from .envd.process.process_connect import ProcessASGIApplication
+from .envd.filesystem.filesystem_connect import Filesystem, FilesystemASGIApplication
+from .envd.process.process_connect import Process, ProcessASGIApplication
 from .envd_fs import FilesystemService
 from .envd_process import ProcessService
 from .files import FilesAPI, SignatureError, signed_sandbox
@@ -41,8 +47,22 @@ __all__ = ["E2BApp"]
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 #: The RPCs that stream their answer for as long as the client listens.
 _SERVER_STREAMS = frozenset({"/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"})
-#: envd routes the SDK knows but that are not implemented here (answered 501, naming them).
-_ENVD_NOT_IMPLEMENTED = ("/envs", "/metrics", "/init", "/files/compose")
+#: The code interpreter's streamed answer.
+_CELL_STREAM = "/execute"
+#: envd's HTTP routes: those served (``/files``, ``/health``) answer another method with 501, as they answer the
+#: others (envd's own, which the SDK does not call), naming the route.
+_ENVD_ROUTES = frozenset({"/files", "/health", "/envs", "/metrics", "/init", "/files/compose"})
+#: A Connect RPC's path (``/package.Service/Method``): one not served here answers Connect's ``unimplemented`` (501).
+_RPC_PATH = re.compile(r"/[A-Za-z_][\w.]*\.[A-Za-z_]\w*/[A-Za-z_]\w*")
+
+
+def _rpc_paths(service: str, methods: type) -> frozenset[str]:
+    """The paths of a service's RPCs, from its generated protocol (``close_stdin`` is ``CloseStdin``)."""
+    names = (n for n, member in vars(methods).items() if callable(member) and not n.startswith("_"))
+    return frozenset(f"/{service}/{''.join(part.title() for part in name.split('_'))}" for name in names)
+
+
+_RPCS = _rpc_paths("process.Process", Process) | _rpc_paths("filesystem.Filesystem", Filesystem)
 
 
 class E2BApp:
@@ -74,6 +94,8 @@ class E2BApp:
         except _Refused as refused:
             await refused.respond(scope, receive, send)
             return
+        if scope["path"] in _SERVER_STREAMS or scope["path"] == _CELL_STREAM:
+            send = _dropped_once_ended(scope, send, sandbox.closed)
         if target is not None and target.port == CODE_INTERPRETER_PORT:
             request = Request(scope, receive)
             await (await self._interpreter.respond(request, sandbox))(scope, receive, send)
@@ -141,23 +163,26 @@ class E2BApp:
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        if path in _SERVER_STREAMS:
+        served = method == "POST" and path in _RPCS
+        if served and path in _SERVER_STREAMS:
             service = self._process if path.startswith("/process.") else self._filesystem
             await _until_disconnected(service, scope, receive, send)
-        elif path.startswith("/process.Process/"):
-            await self._process(scope, receive, send)
-        elif path.startswith("/filesystem.Filesystem/"):
-            await self._filesystem(scope, receive, send)
+        elif served:
+            await (self._process if path.startswith("/process.") else self._filesystem)(scope, receive, send)
         elif path == "/health" and method == "GET":
             await Response(status_code=204)(scope, receive, send)
         elif path == "/files" and method == "GET":
             await (await self._files.download(Request(scope, receive), sandbox))(scope, receive, send)
         elif path == "/files" and method == "POST":
             await (await self._files.upload(Request(scope, receive), sandbox))(scope, receive, send)
+        elif _RPC_PATH.fullmatch(path):
+            message = f"{method} {path} is not implemented by execspace serve"
+            body = {"code": Code.UNIMPLEMENTED.value, "message": message}
+            await JSONResponse(body, status_code=501)(scope, receive, send)
+        elif path in _ENVD_ROUTES:
+            await error_response(501, f"{method} {path} is not implemented by execspace serve")(scope, receive, send)
         else:
-            status = 501 if path in _ENVD_NOT_IMPLEMENTED else 404
-            what = "is not implemented by execspace serve" if status == 501 else "is not an envd route"
-            await error_response(status, f"{method} {path} {what}")(scope, receive, send)
+            await error_response(404, f"{method} {path} is not an envd route")(scope, receive, send)
 
 
 async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
@@ -184,6 +209,25 @@ async def _until_disconnected(app: ASGIApp, scope: Scope, receive: Receive, send
                 await serving
     if not gone.is_set():
         serving.result()
+
+
+def _dropped_once_ended(scope: Scope, send: Send, ended: asyncio.Event) -> Send:
+    """``send``, until ``ended`` (the sandbox's end): from then on the connection is dropped instead of anything
+    sent (the end of a command killed with its sandbox, a watch's or a cell's last lines).
+
+    Over HTTP/1.1 each SDK line knows a vanished peer by another sign (over HTTP/2 both see a reset stream): the
+    connectrpc clients (e2b 2.3x on, their ``User-Agent`` is ``connectrpc/...``) by a reset connection, and take a
+    body that ended early for an answer of the sandbox; e2b 2.29's own Connect client (over httpcore) and the code
+    interpreter's httpx by a body that ended early (a FIN). Each is given its own."""
+    reset = Headers(scope=scope).get("user-agent", "").startswith("connectrpc/")
+
+    async def guarded(message: Message) -> None:
+        if ended.is_set():
+            await abort_connection(scope, reset=reset)
+            return
+        await send(message)
+
+    return guarded
 
 
 def _paced_body(receive: Receive, share: SandboxShare) -> Receive:

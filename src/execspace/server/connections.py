@@ -12,24 +12,48 @@ its ASGI application:
   of its next head; an idle one is closed ``idle_timeout`` seconds after its previous response.
 
 A head is complete when uvicorn calls the application for it; the application call is matched to its connection by
-the peer address both see.
+the peer address both see. The application also finds in its scope's extensions, under :data:`ABORT`, a callable that
+drops the request's connection at once (:func:`abort_connection`): what a sandbox's streams do when the sandbox ends
+under them, as a microVM's connections do when it dies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["ConnectionGuard", "raise_descriptor_limit"]
+__all__ = ["ABORT", "ConnectionDropped", "ConnectionGuard", "abort_connection", "raise_descriptor_limit"]
 
 _log = logging.getLogger("execspace.server")
 
 Peer = tuple[str, int]
+
+#: The scope extension holding a callable that drops the request's connection (no answer, no end of its body).
+ABORT = "execspace.abort"
+
+
+class ConnectionDropped(Exception):
+    """Raised in a request whose server gives no way to drop its connection, so that the server drops it."""
+
+
+async def abort_connection(scope: Scope, *, reset: bool = False) -> None:
+    """Drop the connection of the request of ``scope`` now, mid-answer: its client reads a connection that ended
+    before the answer did (``reset``: a TCP RST, "connection reset by peer", rather than the FIN of a peer that
+    closed). Where the server is not guarded (hypercorn, behind TLS), raise :class:`ConnectionDropped` instead,
+    which that server answers by closing the connection (or resetting the HTTP/2 stream) itself."""
+    abort = scope.get("extensions", {}).get(ABORT)
+    if abort is None:
+        raise ConnectionDropped("the sandbox ended during the request")
+    abort(reset)
+    await asyncio.sleep(0)  # the transport reports the connection lost: uvicorn then sends nothing more
 
 
 def raise_descriptor_limit() -> int:
@@ -81,6 +105,7 @@ class ConnectionGuard:
         if conn is None:
             await self._app(scope, receive, send)
             return
+        scope = {**scope, "extensions": {**(scope.get("extensions") or {}), ABORT: conn.abort}}
         conn.busy += 1
         conn.stop_timer()
         try:
@@ -140,6 +165,16 @@ class _Guarded(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self._head_due = False
+
+    def abort(self, reset: bool) -> None:
+        """Close the connection at once, unsent data dropped; ``reset``: with a TCP RST instead of a FIN."""
+        if self._transport is None:
+            return
+        sock = self._transport.get_extra_info("socket")
+        if reset and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._transport.abort()
 
     def _expire(self) -> None:
         self._timer = None

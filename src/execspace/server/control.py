@@ -138,6 +138,10 @@ class ControlPlane:
             Route("/v2/sandboxes", guard(self.create_v2), methods=["POST"]),
             Route("/sandboxes", guard(self.list_v1), methods=["GET"]),
             Route("/v2/sandboxes", guard(self.list_v2), methods=["GET"]),
+            # the SDK's routes beside a sandbox's that are not built: matched before the sandbox's, which would
+            # take "metrics" or "tags" for an id (404) instead of naming them (501)
+            Route("/sandboxes/metrics", guard(self.not_implemented), methods=_ALL_METHODS),
+            Route("/templates/tags", guard(self.not_implemented), methods=_ALL_METHODS),
             Route("/sandboxes/{sandbox_id}", guard(self.info), methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", guard(self.kill), methods=["DELETE"]),
             Route("/sandboxes/{sandbox_id}/timeout", guard(self.set_timeout), methods=["POST"]),

@@ -1,4 +1,12 @@
-"""envd's ``filesystem.Filesystem`` Connect service over the Engine's file API."""
+"""envd's ``filesystem.Filesystem`` Connect service over the Engine's file API.
+
+An entry is described as envd describes it: a directory's size is its own (what ``stat`` says), and a symbolic link
+is reported by what it points to (its ``type`` and ``mode`` are the target's, ``symlink_target`` the target's
+resolved path) with ``is_symlink`` set, so the SDK says ``SYMLINK`` where it reads that flag (2.5x on) and the
+target's type where it does not (as envd's older SDKs expect). A link this file API cannot follow (to a path outside
+what it serves, or through another link in a directory of the path) keeps ``SYMLINK`` as its type and its target
+as written, made absolute. ``Remove`` of a path where nothing is succeeds, as envd's (``os.RemoveAll``) does.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ from connectrpc.request import RequestContext
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
+from ..errors import ExecspaceError
 from ..models import FileEntry, FileKind
 from .envd.filesystem import filesystem_pb as pb
 from .envd.filesystem.filesystem_connect import Filesystem
@@ -31,27 +40,54 @@ __all__ = ["FilesystemService", "entry_info", "permissions"]
 MAX_LIST_DEPTH = 64
 #: A watched directory is polled at most this share of the time: a walk that takes longer stretches the interval.
 _WATCH_DUTY = 0.1
+#: Links followed to find what a symbolic link points to (the kernel's own limit for a path is 40).
+_MAX_LINKS = 40
 
 _TYPES = {FileKind.FILE: pb.FileType.FILE, FileKind.DIR: pb.FileType.DIRECTORY, FileKind.SYMLINK: pb.FileType.SYMLINK}
 _EVENTS = {"create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE}
 
 
-def entry_info(entry: FileEntry) -> pb.EntryInfo:
-    """envd's view of an entry: everything in the home belongs to ``user``."""
+def entry_info(entry: FileEntry, target: tuple[str, FileEntry | None] | None = None) -> pb.EntryInfo:
+    """envd's view of an entry: everything in the home belongs to ``user``. A symbolic link's ``target`` is its
+    resolved path and what is there (None: it could not be followed), see :func:`link_target`."""
     path = to_sdk(entry.path)
-    return pb.EntryInfo(
+    kind, mode = entry.kind, entry.mode or 0
+    info = pb.EntryInfo(
         name=posixpath.basename(path),
-        type=_TYPES.get(entry.kind, pb.FileType.UNSPECIFIED),
         path=path,
         size=entry.size,
-        mode=entry.mode or 0,
-        permissions=permissions(entry.kind, entry.mode or 0),
+        permissions=permissions(kind, mode),
         owner=USER,
         group=USER,
         modified_time=Timestamp.from_nanos(int(entry.mtime * 1e9)),
-        symlink_target=entry.link_target,
-        is_symlink=entry.kind is FileKind.SYMLINK,
+        is_symlink=kind is FileKind.SYMLINK,
     )
+    if kind is FileKind.SYMLINK and target is not None:
+        info.symlink_target, pointed = target
+        if pointed is not None:
+            kind, mode = pointed.kind, pointed.mode or 0
+    info.type, info.mode = _TYPES.get(kind, pb.FileType.UNSPECIFIED), mode
+    return info
+
+
+async def link_target(sandbox: Sandbox, link: FileEntry) -> tuple[str, FileEntry | None]:
+    """Where the symbolic link ``link`` leads, as an SDK path, and the entry there; the entry is None where the
+    file API cannot follow it (then the path is the link's own target, made absolute)."""
+    fs, ws = sandbox.engine.fs, sandbox.workspace
+    here, written = to_sdk(link.path), link.link_target
+    if written is None:
+        written = (await fs.stat(ws, link.path)).link_target or ""
+    first = posixpath.normpath(posixpath.join(posixpath.dirname(here), written))
+    at = first
+    for _ in range(_MAX_LINKS):
+        try:
+            found = await fs.stat(ws, to_workspace(at))
+        except (OSError, ExecspaceError):
+            return first, None
+        if found.kind is not FileKind.SYMLINK:
+            return at, found
+        at = posixpath.normpath(posixpath.join(posixpath.dirname(at), found.link_target or ""))
+    return first, None
 
 
 def permissions(kind: FileKind, mode: int) -> str:
@@ -71,7 +107,8 @@ class FilesystemService(ServiceBase, Filesystem):
     async def _stat(self, sandbox: Sandbox, path: str) -> pb.EntryInfo:
         with rpc_errors(path):
             async with sandbox.share.file_op():
-                return entry_info(await sandbox.engine.fs.stat(sandbox.workspace, to_workspace(path)))
+                entry = await sandbox.engine.fs.stat(sandbox.workspace, to_workspace(path))
+                return await _described(sandbox, entry)
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
         sandbox = self.sandbox(ctx)
@@ -80,7 +117,8 @@ class FilesystemService(ServiceBase, Filesystem):
         with rpc_errors(request.path):
             async with sandbox.share.file_op():
                 entries = await sandbox.engine.fs.list_dir(sandbox.workspace, directory, depth=depth)
-        return pb.ListDirResponse(entries=[entry_info(e) for e in entries if e.path != directory])
+                described = [await _described(sandbox, e) for e in entries if e.path != directory]
+        return pb.ListDirResponse(entries=described)
 
     async def _directory(self, sandbox: Sandbox, path: str) -> str:
         """The workspace path of ``path``, which must be a directory."""
@@ -114,7 +152,7 @@ class FilesystemService(ServiceBase, Filesystem):
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any], /) -> pb.RemoveResponse:
         sandbox = self.sandbox(ctx)
-        with rpc_errors(request.path):
+        with rpc_errors(request.path), contextlib.suppress(FileNotFoundError):
             async with sandbox.share.file_op():
                 await sandbox.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
         return pb.RemoveResponse()
@@ -215,6 +253,13 @@ class FilesystemService(ServiceBase, Filesystem):
             if loop.time() - said >= options.keepalive_interval:
                 said = loop.time()
                 yield keepalive
+
+
+async def _described(sandbox: Sandbox, entry: FileEntry) -> pb.EntryInfo:
+    """:func:`entry_info` of an entry, a symbolic link followed."""
+    if entry.kind is not FileKind.SYMLINK:
+        return entry_info(entry)
+    return entry_info(entry, await link_target(sandbox, entry))
 
 
 async def _pause(sandbox: Sandbox, seconds: float) -> None:

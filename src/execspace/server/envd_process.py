@@ -37,6 +37,8 @@ __all__ = ["ProcessService"]
 #: a reader that falls too far behind is cut off by the Engine, and the stream ends with an error).
 _STREAM_QUEUE = 64
 _SIGNALS = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM}
+#: Seconds a SIGKILL's answer waits for the killed process to be reaped.
+_KILL_REAPED = 2.0
 
 
 def _event(event: Any) -> pb.ProcessEvent:
@@ -216,6 +218,12 @@ class ProcessService(ServiceBase, Process):
         if number is None:
             raise ConnectError(Code.INVALID_ARGUMENT, f"signal {request.signal!r} is not one envd sends")
         await handle.signal(number)
+        if number == signal.SIGKILL:
+            # envd's SIGKILL is followed at once by its reaping of the process, so a command run right after it
+            # finds no process of that pid (``kill -0`` fails: the SDK's own test of kill); here the reaper is the
+            # sandbox's supervisor, so wait for the end, briefly (a process in uninterruptible sleep can take long)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(handle.wait()), _KILL_REAPED)
         return pb.SendSignalResponse()
 
     async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any], /) -> pb.SendInputResponse:

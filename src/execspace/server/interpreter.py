@@ -30,7 +30,7 @@ from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
 from .kernelstartup import E2B_DISPLAY, E2B_KERNEL_ARGS
 from .lines import CellTimedOut, error_line, paced, result_line
-from .paths import HOME, HOME_DIR, program_dir, to_workspace
+from .paths import HOME, HOME_DIR, program_dir
 from .pool import ReadySandbox
 from .sandboxes import Sandbox, SandboxGone
 
@@ -161,10 +161,22 @@ class CodeInterpreter:
     # -- contexts --------------------------------------------------------------------------------
 
     def contexts(self, sandbox: Sandbox) -> list[Context]:
-        return list(self._contexts.get(sandbox.id, {}).values())
+        return list(self._of(sandbox).values())
+
+    def _of(self, sandbox: Sandbox) -> dict[str, Context]:
+        """The sandbox's contexts, in the order they were made; first its default ones, as E2B's server makes them
+        at its start (Python, and JavaScript where Node.js is), listed before their first cell starts a kernel."""
+        contexts = self._contexts.get(sandbox.id)
+        if contexts is None:
+            contexts = self._contexts[sandbox.id] = {}
+            for language in ("python", "javascript") if node_available() else ("python",):
+                context = Context(secrets.token_hex(8), language, HOME)
+                contexts[context.id] = context
+                self._defaults[(sandbox.id, language)] = context.id
+        return contexts
 
     def context(self, sandbox: Sandbox, context_id: str) -> Context:
-        found = self._contexts.get(sandbox.id, {}).get(context_id)
+        found = self._of(sandbox).get(context_id)
         if found is None:
             raise ContextNotFound(context_id)
         return found
@@ -201,16 +213,17 @@ class CodeInterpreter:
     async def default(self, sandbox: Sandbox, language: str | None) -> Context:
         """The language's default context of the sandbox, made on first use (its kernel starts with its first cell)."""
         name = await self._language(language)
+        contexts = self._of(sandbox)
         context_id = self._defaults.get((sandbox.id, name))
-        if context_id is not None and context_id in self._contexts.get(sandbox.id, {}):
-            return self._contexts[sandbox.id][context_id]
+        if context_id is not None and context_id in contexts:
+            return contexts[context_id]
         context = self._new(sandbox, name, HOME)
         self._defaults[(sandbox.id, name)] = context.id
         return context
 
     def _new(self, sandbox: Sandbox, language: str, cwd: str) -> Context:
-        to_workspace(cwd)  # refuses a path outside the home before a kernel starts
-        contexts = self._contexts.setdefault(sandbox.id, {})
+        program_dir(sandbox.workspace, cwd)  # refuses a directory the sandbox's programs cannot work in, at once
+        contexts = self._of(sandbox)
         if len(contexts) >= MAX_CONTEXTS:
             raise TooManyContexts(
                 f"sandbox {sandbox.id} already has {MAX_CONTEXTS} code contexts (one kernel each); "

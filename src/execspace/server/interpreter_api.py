@@ -72,6 +72,8 @@ class InterpreterAPI:
             return error_response(413, str(exc))
         except (UsageError, BadBody) as exc:
             return error_response(400, str(exc))
+        if path in ("/execute", "/contexts", "/health") or path.startswith("/contexts/"):
+            return error_response(501, f"{method} {path} is not implemented by execspace serve")
         return error_response(404, f"{method} {path} is not a code interpreter route")
 
     async def _execute(self, request: Request, sandbox: Sandbox) -> Response:

@@ -123,8 +123,9 @@ def entry_of(path: str, st: os.stat_result, link_target: str | None = None) -> F
         return FileEntry(path, st.st_size, st.st_mtime, FileKind.FILE, mode)
     if stat.S_ISLNK(st.st_mode):
         return FileEntry(path, st.st_size, st.st_mtime, FileKind.SYMLINK, mode, link_target)
-    kind = FileKind.DIR if stat.S_ISDIR(st.st_mode) else FileKind.OTHER
-    return FileEntry(path, 0, st.st_mtime, kind, mode)
+    if stat.S_ISDIR(st.st_mode):
+        return FileEntry(path, st.st_size, st.st_mtime, FileKind.DIR, mode)
+    return FileEntry(path, 0, st.st_mtime, FileKind.OTHER, mode)
 
 
 class HostWorkspaceFS(WorkspaceFSBase):
@@ -284,7 +285,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def list(self, ws: Workspace, patterns: Sequence[str]) -> list[FileEntry]:
         """Every entry matching the globs, of any kind, without reading content; symlinks are listed,
-        never followed, and directories (kind ``dir``, size 0) are listed and walked into."""
+        never followed, and directories (kind ``dir``, their own size) are listed and walked into."""
         root = self._root(ws)
         globs = collect_globs(workspace_relatives(ws, patterns))
         readable = self._readable(ws)
