@@ -42,6 +42,7 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
+from .machine import Layer, Machine, machine_env, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
 from .seccomp import SeccompFilters
@@ -101,6 +102,8 @@ class SandboxRunnerConfig:
     """A bound on what the sandbox can write (a session's ``disk_bytes``): its tmpfs stay within it too."""
     environment_store: EnvironmentStore | None = None
     output_rate: int | None = None
+    machine: Machine | None = None
+    """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
 
 
 class Sandbox:
@@ -121,6 +124,7 @@ class Sandbox:
         self.program_binds = config.program_binds
         self.system_files = tuple((path, text.encode()) for path, text in config.system_files)
         self.disk_bound = config.disk_bound
+        self.machine = config.machine
         self.cgroups = config.cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -241,10 +245,14 @@ class Sandbox:
         held = self.placeholders.run()
         try:
             plan = SandboxPlan(launch)
-            for step in (self.environment_view, self.with_pty, self.with_egress):
+            # a session's supervisor stays root of a machine sandbox: it starts each run as user itself
+            as_user = (self.as_machine_user,) if self.machine is not None and init_fd is None else ()
+            for step in (self.environment_view, *as_user, self.with_pty, self.with_egress):
                 plan = step(prep, plan)
             launch = self.in_bubblewrap(prep, plan, held, init_fd)
-            if is_root():
+            if self.machine is not None:
+                launch = self._drop_to_sandbox_uid(prep, self.in_machine(prep, launch), drop=False)
+            elif is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
             launch.stack.abandon()  # what the steps before the failed one registered
@@ -256,6 +264,26 @@ class Sandbox:
     def environment_view(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
         """The program's environment as the sandbox has it (:meth:`program_env`)."""
         return SandboxPlan(replace(plan.launch, env=self.program_env(prep)), plan.mounts)
+
+    def as_machine_user(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """Machine mode: the program started as ``user`` (:func:`.machine.user_argv`)."""
+        assert self.machine is not None
+        launch = plan.launch
+        return SandboxPlan(replace(launch, argv=user_argv(self.machine.setpriv, launch.argv)), plan.mounts)
+
+    def machine_layers(self) -> tuple[Layer, ...]:
+        """Machine mode: the overlays of this sandbox's view (its environment's)."""
+        assert self.machine is not None
+        environment = self.environment
+        if environment is not None and environment.root is not None:
+            return self.machine.layers(str(environment.root), None)
+        return self.machine.layers(None, None if environment is None else str(environment.path))
+
+    def in_machine(self, prep: PreparedRun, launch: Launch) -> Launch:
+        """Machine mode: ``launch`` (bwrap) started by the machine helper, in the sandbox's user namespace over
+        its overlays (:meth:`.machine.Machine.around`)."""
+        assert self.machine is not None
+        return self.machine.around(prep, launch, self.machine_layers())
 
     def with_pty(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
         """A pty run's program under ``setsid --ctty``: bwrap starts it in a session of its own, where that makes
@@ -296,7 +324,7 @@ class Sandbox:
             env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
         if not self.access_of(prep.root, "tmp").can_write:
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
-        return env
+        return env if self.machine is None else machine_env(env, tuple(prep.spec.env))
 
     def access_of(self, root: Path, rel: str) -> Access:
         """What the policy gives a program at ``rel`` of the workspace at ``root``."""
@@ -343,6 +371,11 @@ class Sandbox:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
             tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
+            machine: list[str] | None = None
+            if self.machine is not None:
+                layers = self.machine_layers()
+                machine = self.machine.bwrap_binds(layers, system_root)
+                mounts += self.machine.tree_binds(layers)
             cfg = BwrapConfig(
                 self.bwrap,
                 network,
@@ -352,6 +385,7 @@ class Sandbox:
                 files,
                 init_fd,
                 system_root=system_root,
+                machine=machine,
             )
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, list(launch.argv), seccomp_fd=seccomp_fd, chdir=chdir)
@@ -400,18 +434,21 @@ class Sandbox:
             self._bridge = egress_bridge_binary(private_execspace_dir())
         return self._bridge
 
-    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> Launch:
+    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch, *, drop: bool = True) -> Launch:
         """``launch`` starting bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits or the
-        freezer need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`)."""
+        freezer need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`).
+        ``drop=False``: the cgroup and limits only, the uid being the machine helper's to change."""
         uid = sandbox_uid(prep.root)
         limits = prep.spec.limits
         group = self.cgroups.create(limits)
         if group is None:
             preexec = _with_nproc(launch.preexec_fn, limits.pids)
+            if not drop:
+                return replace(launch, preexec_fn=preexec)
             if self.setpriv is None:
                 return replace(launch, preexec_fn=preexec, user=uid, group=uid)
-            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-            return replace(launch, preexec_fn=preexec, argv=[*drop, *launch.argv])
+            setpriv = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+            return replace(launch, preexec_fn=preexec, argv=[*setpriv, *launch.argv])
         # the group does these for the whole sandbox; per-process rlimits would only get in the way
         in_group = group.enforces()
         rest = replace(
@@ -430,7 +467,9 @@ class Sandbox:
         return replace(
             launch,
             # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
-            preexec_fn=_join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid),
+            preexec_fn=_join_then_drop(
+                group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid if drop else None
+            ),
             freezer=group.freezer,
             classify_exit=lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None),
         )
@@ -589,11 +628,13 @@ def _with_nproc(inner: Callable[[], None] | None, pids: int | None) -> Callable[
     return apply
 
 
-def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None, uid: int) -> Callable[[], None]:
+def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None, uid: int | None) -> Callable[[], None]:
     def apply() -> None:
         join()
         if limits is not None:
             limits()
+        if uid is None:
+            return
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
