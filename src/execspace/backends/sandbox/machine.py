@@ -111,6 +111,13 @@ def machine_env(env: dict[str, str], own: Sequence[str]) -> dict[str, str]:
     return {**env, **{k: v for k, v in mine.items() if k not in own}}
 
 
+#: What user (and root after sudo: no_new_privs keeps what it had) may do beyond a plain uid: change uid and gid
+#: (sudo), and read and search every file of the sandbox's own uids (root's way into the user's workspace, whose
+#: directories are the user's). A capability of the sandbox's user namespace: the host's files (owned by uids it
+#: does not map) are out of its reach, as without it.
+_USER_CAPS = "+setuid,+setgid,+dac_read_search"
+
+
 def user_argv(setpriv: str, argv: Sequence[str]) -> list[str]:
     """``argv`` started as ``user``, allowed to become root (``sudo``) by ``CAP_SETUID``/``CAP_SETGID``."""
     return [
@@ -118,8 +125,8 @@ def user_argv(setpriv: str, argv: Sequence[str]) -> list[str]:
         f"--reuid={USER_ID}",
         f"--regid={USER_ID}",
         "--init-groups",
-        "--inh-caps=-all,+setuid,+setgid",
-        "--ambient-caps=-all,+setuid,+setgid",
+        f"--inh-caps=-all,{_USER_CAPS}",
+        f"--ambient-caps=-all,{_USER_CAPS}",
         "--",
         *argv,
     ]
