@@ -16,7 +16,7 @@ import pytest_asyncio
 
 import execspace
 from execspace import PutFile, RunProgramSpec
-from execspace.backends.sandbox.bwrap import sandbox_uid
+from execspace.backends.sandbox.bwrap import machine_uid, sandbox_uid
 from execspace.engine import BaseEngine
 from execspace.environments import Environment, build, builtin_spec
 from execspace.errors import CapabilityError
@@ -157,7 +157,7 @@ async def test_sudo_pip_installs_for_the_next_run_and_only_this_workspace(
             ],
         )
         install = (
-            "sudo /usr/bin/python3 -m pip --python \"$(command -v python)\" install -q --no-index --no-cache-dir "
+            'sudo /usr/bin/python3 -m pip --python "$(command -v python)" install -q --no-index --no-cache-dir '
             "machpkg-0.1-py3-none-any.whl && sudo /usr/bin/python3 -m pip install -q --no-index --no-cache-dir "
             "--break-system-packages syspkg-0.1-py3-none-any.whl"
         )
@@ -203,3 +203,35 @@ async def test_machine_mode_fails_closed_without_root(tmp_path: Path) -> None:
     with pytest.raises(CapabilityError, match="root"):
         async with execspace.open_engine("sandbox", machine=True, workspace_root=tmp_path / "ws"):
             pass
+
+
+async def test_forks_and_snapshots_carry_the_system_with_its_deletions(machine: BaseEngine) -> None:
+    if not Path("/etc/debian_version").exists() or not Path("/etc/apt").is_dir():
+        pytest.skip("needs a Debian /etc (debian_version, apt/) to delete from")
+    ws = await machine.manager.create_workspace("forked")
+    script = (
+        "sudo sh -c 'echo kept > /etc/fork-marker && rm /etc/debian_version && rm -rf /etc/apt && mkdir /etc/apt "
+        "&& echo only > /etc/apt/only'"
+    )
+    code, _, err = await sh(machine, ws, script)
+    assert code == 0, err
+    check = (
+        "cat /etc/fork-marker; test -e /etc/debian_version && echo VERSION; ls /etc/apt; stat -c %U /etc/fork-marker"
+    )
+    want = "kept\nonly\nroot\n"
+    (fork,) = await machine.manager.fork(ws)
+    code, out, err = await sh(machine, fork, check)
+    assert (code, out) == (0, want), err
+    # the fork's layers are its own copy, root's inside it; its changes stay there
+    assert fork.host_path is not None
+    upper = fork.host_path / ".execspace" / "machine" / "host-etc" / "upper"
+    assert (upper / "fork-marker").stat().st_uid == machine_uid(sandbox_uid(fork.host_path))
+    code, _, err = await sh(machine, fork, "sudo rm /etc/fork-marker")
+    assert code == 0, err
+    code, out, _ = await sh(machine, ws, "cat /etc/fork-marker")
+    assert out == "kept\n"
+    snapshot = await machine.manager.snapshot(ws)
+    code, _, err = await sh(machine, ws, "sudo sh -c 'echo changed > /etc/fork-marker'")
+    await machine.manager.restore(ws, snapshot)
+    code, out, err = await sh(machine, ws, check)
+    assert (code, out) == (0, want), err

@@ -41,6 +41,7 @@ from .bwrap import (
     build_argv,
     find_bwrap,
     is_sandbox_uid,
+    machine_uid,
     sandbox_uid,
     visible_path_entries,
 )
@@ -595,6 +596,9 @@ def sandbox_layout_owner() -> Callable[[Path], None]:
                 # laid out for another uid (an older derivation, or copied from another directory): its files
                 # would be unwritable to its own programs; whatever lies outside is no sandbox uid's of ours
                 cr.take_over(previous)
+                # and a machine's upper layers, root's inside: of the old uid's machine root, now the new one's
+                with ConfinedRoot(str(ws_dir), (machine_uid(uid),) * 2) as layers:
+                    layers.take_over(machine_uid(previous))
         ensure_layout(ws_dir, (uid, uid))
 
     return prepare

@@ -37,6 +37,7 @@ from ...process.preparation import PreparedRun
 from ...process.supervisor import Launch
 from ...workspace.confine import ConfinedRoot
 from ...workspace.protected import INTERNAL_DIR
+from ...workspace.treecopy import LAYERS_XATTR
 from .bwrap import SYSTEM_TOP, machine_uid, sandbox_uid
 
 __all__ = [
@@ -253,6 +254,8 @@ def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
     machine = cr.open_dir(MACHINE_DIR.split("/"), create=True)
     try:
         os.fchmod(machine, 0o700)
+        # snapshots and forks copy what is in it as overlay layers: whiteouts and opaque directories kept
+        os.setxattr(machine, LAYERS_XATTR, b"1")
         base = step_or_make(machine, layer.name)
     finally:
         os.close(machine)
