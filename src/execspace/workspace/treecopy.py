@@ -90,9 +90,7 @@ def _copy_dir(src: int, dst: int, keep_owner: bool, stats: CopyStats, depth: int
             os.mknod(name, stat.S_IFCHR, 0, dir_fd=dst)  # an overlay whiteout: the name is deleted here
 
 
-def _copy_subdir(
-    src: int, dst: int, name: str, keep_owner: bool, stats: CopyStats, depth: int, layer: bool
-) -> None:
+def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopyStats, depth: int, layer: bool) -> None:
     try:
         sfd = os.open(name, DIR_FLAGS, dir_fd=src)
     except OSError as exc:
