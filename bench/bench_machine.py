@@ -57,7 +57,7 @@ async def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("machine mode needs root")
     with tempfile.TemporaryDirectory(prefix="bench-machine-") as tmp:
-        os.chmod(tmp, 0o711)  # noqa: S103 - the sandboxes' uids traverse it
+        os.chmod(tmp, 0o711)  # the sandboxes' uids traverse it
         print(f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         await _mode(Path(tmp), "per-run", args.runs)
         await _mode(Path(tmp), "session", args.runs * 5)

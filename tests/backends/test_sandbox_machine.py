@@ -235,3 +235,17 @@ async def test_forks_and_snapshots_carry_the_system_with_its_deletions(machine: 
     await machine.manager.restore(ws, snapshot)
     code, out, err = await sh(machine, ws, check)
     assert (code, out) == (0, want), err
+
+
+async def test_programs_are_found_where_they_run(machine: BaseEngine) -> None:
+    ws = await machine.manager.create_workspace("found")
+    code, _, err = await sh(
+        machine,
+        ws,
+        "sudo sh -c 'printf \"#!/bin/sh\\necho upper-only\\n\" > /usr/local/bin/mine && chmod 755 /usr/local/bin/mine'",
+    )
+    assert code == 0, err
+    r = await machine.runner.run_program(ws, RunProgramSpec("mine"))
+    assert (r.exit_code, r.stdout) == (0, "upper-only\n"), r.stderr
+    r = await machine.runner.run_program(ws, RunProgramSpec("no-such-program-anywhere"))
+    assert r.exit_code == 127

@@ -256,7 +256,7 @@ def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
         os.fchmod(machine, 0o700)
         # snapshots and forks copy what is in it as overlay layers: whiteouts and opaque directories kept
         os.setxattr(machine, LAYERS_XATTR, b"1")
-        base = step_or_make(machine, layer.name)
+        base = _step_or_make(machine, layer.name)
     finally:
         os.close(machine)
     try:
@@ -282,7 +282,7 @@ def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
         os.close(base)
 
 
-def step_or_make(dfd: int, name: str) -> int:
+def _step_or_make(dfd: int, name: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, 0o700, dir_fd=dfd)
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
@@ -302,7 +302,7 @@ def _seed(ufd: int, layer: Layer, root: int) -> None:
     if layer.top == "usr":
         fd = ufd
         for name in ("local", "bin"):
-            nfd = step_or_make(fd, name)
+            nfd = _step_or_make(fd, name)
             os.fchmod(nfd, 0o755)
             os.fchown(nfd, root, root)
             if fd != ufd:
@@ -351,7 +351,7 @@ def _writable_dirs(ufd: int, layer: Layer, root: int) -> None:
         fd = ufd
         try:
             for name in rel.split("/"):
-                nfd = step_or_make(fd, name)
+                nfd = _step_or_make(fd, name)
                 if fd != ufd:
                     os.close(fd)
                 fd = nfd
