@@ -58,6 +58,7 @@ class SandboxKeywords(HostKeywords, total=False):
     program_binds: tuple[tuple[str, str], ...]
     system_files: tuple[tuple[str, str], ...]
     output_rate: int | None
+    machine: bool
 
 
 class ContainerKeywords(HostKeywords, total=False):

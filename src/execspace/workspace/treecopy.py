@@ -10,7 +10,8 @@ sandbox could link it) is skipped, so a copy made as root never reads what the p
 FIFOs and device nodes are not copied; set-user/group-id bits are dropped.
 
 A copy of an overlay layer (``layer=True``, :mod:`.layers`) also keeps what makes it one: its whiteouts (0/0
-character devices) and opaque directories (``trusted.overlay.opaque``).
+character devices) and opaque directories (``trusted.overlay.opaque``); so does the copy of a directory marked as
+holding layers (:data:`LAYERS_XATTR`: a sandbox's machine-mode upper layers in its workspace), for everything in it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from dataclasses import dataclass
 from ..errors import LimitExceeded
 from .confinecore import DIR_FLAGS, READ_FLAGS
 
-__all__ = ["OVERLAY_XATTRS", "CopyStats", "copy_tree", "tree_size"]
+__all__ = ["LAYERS_XATTR", "OVERLAY_XATTRS", "CopyStats", "copy_tree", "tree_size"]
 
 #: Overlay attributes a copied layer keeps (the others describe one mount's upper only).
 OVERLAY_XATTRS = ("trusted.overlay.opaque",)
+#: Marks a directory whose subtree is overlay layers, copied as such (only root sets or reads ``trusted.*``: a
+#: program cannot mark its own files so).
+LAYERS_XATTR = "trusted.execspace.layers"
 
 #: Permission bits a copy keeps (set-id bits are dropped: a copy is never a way to mint one).
 _MODE_BITS = 0o1777
@@ -54,12 +58,12 @@ def copy_tree(src: int, dst: int, *, keep_owner: bool, layer: bool = False) -> C
         LimitExceeded: more than 1,000,000 entries, or deeper than 256 levels.
     """
     stats = CopyStats(os.fstat(src).st_uid, layer)
-    _copy_dir(src, dst, keep_owner, stats, 0)
+    _copy_dir(src, dst, keep_owner, stats, 0, layer)
     _finish_dir(src, dst, keep_owner, layer)
     return stats
 
 
-def _copy_dir(src: int, dst: int, keep_owner: bool, stats: CopyStats, depth: int) -> None:
+def _copy_dir(src: int, dst: int, keep_owner: bool, stats: CopyStats, depth: int, layer: bool) -> None:
     if depth > _MAX_DEPTH:
         raise LimitExceeded(
             f"the workspace is more than {_MAX_DEPTH} directories deep, deeper than a snapshot or fork copies: "
@@ -77,16 +81,16 @@ def _copy_dir(src: int, dst: int, keep_owner: bool, stats: CopyStats, depth: int
         except FileNotFoundError:
             continue  # removed while we copy
         if stat.S_ISDIR(st.st_mode):
-            _copy_subdir(src, dst, name, keep_owner, stats, depth)
+            _copy_subdir(src, dst, name, keep_owner, stats, depth, layer)
         elif stat.S_ISREG(st.st_mode):
             _copy_file(src, dst, name, st, keep_owner, stats)
         elif stat.S_ISLNK(st.st_mode):
             _copy_symlink(src, dst, name, st, keep_owner)
-        elif stats.layer and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+        elif layer and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
             os.mknod(name, stat.S_IFCHR, 0, dir_fd=dst)  # an overlay whiteout: the name is deleted here
 
 
-def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopyStats, depth: int) -> None:
+def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopyStats, depth: int, layer: bool) -> None:
     try:
         sfd = os.open(name, DIR_FLAGS, dir_fd=src)
     except OSError as exc:
@@ -97,13 +101,24 @@ def _copy_subdir(src: int, dst: int, name: str, keep_owner: bool, stats: CopySta
         os.mkdir(name, 0o700, dir_fd=dst)
         dfd = os.open(name, DIR_FLAGS, dir_fd=dst)
         try:
-            _copy_dir(sfd, dfd, keep_owner, stats, depth + 1)
-            _finish_dir(sfd, dfd, keep_owner, stats.layer)
+            if not layer and _holds_layers(sfd):
+                os.setxattr(dfd, LAYERS_XATTR, b"1")
+                layer = True
+            _copy_dir(sfd, dfd, keep_owner, stats, depth + 1, layer)
+            _finish_dir(sfd, dfd, keep_owner, layer)
             stats.allocated += os.fstat(dfd).st_blocks * 512
         finally:
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def _holds_layers(fd: int) -> bool:
+    try:
+        os.getxattr(fd, LAYERS_XATTR)
+    except OSError:
+        return False  # ENODATA: unmarked; EPERM: not root, who cannot have marked it either
+    return True
 
 
 def _finish_dir(sfd: int, dfd: int, keep_owner: bool, layer: bool) -> None:

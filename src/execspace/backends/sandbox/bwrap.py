@@ -55,7 +55,9 @@ __all__ = [
     "ProgramBind",
     "build_argv",
     "hidden_by_default",
+    "is_machine_uid",
     "is_sandbox_uid",
+    "machine_uid",
     "open_program_bind",
     "policy_mounts",
     "sandbox_uid",
@@ -141,6 +143,18 @@ def is_sandbox_uid(uid: int) -> bool:
     return _UID_BASE <= uid < _UID_BASE + _UID_SPAN
 
 
+def machine_uid(uid: int) -> int:
+    """The host uid that is root in the machine-mode sandbox of the workspace whose :func:`sandbox_uid` is ``uid``
+    (:mod:`.machine`): the next span up, so that it is unique per workspace as ``uid`` is and never any
+    workspace's sandbox uid (nor a real account's)."""
+    return uid + _UID_SPAN
+
+
+def is_machine_uid(uid: int) -> bool:
+    """Whether ``uid`` is in the range :func:`machine_uid` hands out."""
+    return is_sandbox_uid(uid - _UID_SPAN)
+
+
 #: Size of a sandbox's ``/tmp`` (a tmpfs), unless a bound makes it smaller (:func:`tmpfs_sizes`).
 TMP_SIZE = 256 * 1024 * 1024
 #: Size of a sandbox's ``/dev/shm`` (a tmpfs: POSIX shared memory and semaphores, Python's ``multiprocessing``
@@ -177,6 +191,10 @@ class BwrapConfig:
     PID 1 of the sandbox (``--as-pid-1``, no bwrap init), the program being ``[SUPERVISOR_PATH, ...]``."""
     system_root: str | None = None
     """A rootfs environment's root filesystem, whose system directories the sandbox shows in place of the host's."""
+    machine: Sequence[str] | None = None
+    """Machine mode (:mod:`.machine`): bwrap runs as root of the sandbox's user namespace, made by the machine
+    helper (no user namespace of its own), and these are its system directories (the overlays' binds) instead of
+    the read-only binds of :attr:`system_root`'s or the host's."""
 
 
 def _top_level_binds(system_root: str | None) -> list[str]:
@@ -215,6 +233,12 @@ def _network_files(network: bool) -> list[str]:
 #: empty read-only mode-000 tmpfs leaves nothing under ``/proc/1`` to open; the program cannot unmount it (no
 #: capabilities, the mount API is filtered) and no other path names that directory.
 _HIDE_INIT = ("--perms", "0000", "--tmpfs", "/proc/1", "--remount-ro", "/proc/1")
+#: A user namespace of bwrap's own, in which no further one can be made (machine mode has the helper's; its seccomp
+#: filter refuses new namespaces in either mode).
+_OWN_USER_NS = ("--unshare-user", "--disable-userns")
+_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+               "--new-session")  # fmt: skip
+_MACHINE_CAPS = ("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_DAC_READ_SEARCH")
 
 
 def build_argv(
@@ -235,28 +259,16 @@ def build_argv(
     What the program may see of the host (credential stores included) comes from the policy, in ``cfg.mounts``
     (:func:`policy_mounts`), whoever starts it.
     """
-    args = [
-        cfg.bwrap,
-        "--unshare-user",
-        "--unshare-ipc",
-        "--unshare-pid",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--hostname",
-        "execspace",
-    ]
+    args = [cfg.bwrap, *(_OWN_USER_NS if cfg.machine is None else ()), *_NAMESPACES]
+    # machine mode: setpriv starts the program as user, sudo makes it root again; nothing else is kept
+    args += ["--cap-drop", "ALL", *(() if cfg.machine is None else _MACHINE_CAPS), "--hostname", "execspace"]
     if not cfg.network:
         args.append("--unshare-net")
     if cfg.init_fd is not None:
         args.append("--as-pid-1")
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
-    args += _top_level_binds(cfg.system_root)
+    args += _top_level_binds(cfg.system_root) if cfg.machine is None else cfg.machine
     args += ["--dev", "/dev", "--size", str(cfg.shm_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args += ["--proc", "/proc", *_HIDE_INIT]
     args += ["--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]

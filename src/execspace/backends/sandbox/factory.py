@@ -41,17 +41,19 @@ from .bwrap import (
     build_argv,
     find_bwrap,
     is_sandbox_uid,
+    machine_uid,
     sandbox_uid,
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .machine import HOME, Machine
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
 from .runner import SandboxRunnerConfig, is_root, private_execspace_dir, sandbox_runner, visible, with_environment
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
-from .supervisorbin import EGRESS_FIX, SESSION_FIX, supervisor_binary
+from .supervisorbin import EGRESS_FIX, SESSION_FIX, machine_binary, supervisor_binary
 
 __all__ = ["DOES_NOT_PROTECT", "SandboxBackend", "sandbox_layout_owner"]
 
@@ -299,6 +301,12 @@ class SandboxBackend:
             uid = sandbox_uid(ws.host_path)
             return uid, uid
 
+        machine = await _machine(options, root) if options.machine else None
+        program_binds = options.program_binds
+        if machine is not None:
+            caps = replace(caps, fork="copy", details={**caps.details, "machine": MACHINE_DETAIL})
+            if not any(path == HOME for path, _ in program_binds):
+                program_binds = (*program_binds, (HOME, "work"))
         fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
         runner_config = SandboxRunnerConfig(
             bwrap_path,
@@ -314,10 +322,11 @@ class SandboxBackend:
             network_allow=allow,
             on_network_attempt=options.on_network_attempt,
             environment=environment,
-            program_binds=options.program_binds,
+            program_binds=program_binds,
             system_files=options.system_files,
             environment_store=store,
             output_rate=options.output_rate,
+            machine=machine,
         )
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
@@ -346,10 +355,11 @@ class SandboxBackend:
             root,
             prepare=prepare,
             program_path=lambda _p: SANDBOX_WORKSPACE,
-            program_binds=options.program_binds,
+            program_binds=program_binds,
             private_root=not as_root,
             stop_programs=runner.stop_programs,
-            copy_on_write=True,
+            # a machine's upper layers cannot live in a fork's overlay: its forks are copies
+            copy_on_write=machine is None,
             freeze=runner.frozen,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
@@ -388,11 +398,51 @@ async def _open_session(
         adopt=mode.adopt if mode.pool is not None else None,
         refill=mode.refill if mode.pool is not None else None,
         stop_programs=runner.stop_programs,
-        copy_on_write=True,
+        copy_on_write=runner_config.machine is None,
         freeze=runner.frozen,
         disk_bytes=config.disk_bytes,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=mode.aclose)
+
+
+#: ``Capabilities.details["machine"]``: what machine mode gives a program, and what it does not.
+MACHINE_DETAIL = (
+    "programs run as user (uid 1000, HOME=/home/user) with passwordless sudo to the root of the sandbox's own user "
+    "namespace (unprivileged host uids; inside, only CAP_SETUID and CAP_SETGID); the system directories are "
+    "overlays whose upper layers are the workspace's (.execspace/machine): the runtime environment's tree is "
+    "root's, the host's own files keep their host owners (root adds, replaces and removes entries of /etc, /opt, "
+    "/var, /usr/local, never reads more of the host than others may); forks and snapshots are copies"
+)
+
+
+async def _machine(options: SandboxOptions, root: Path) -> Machine:
+    """Machine mode's parts (:mod:`.machine`), or why this host cannot have it."""
+    if not sys.platform.startswith("linux"):
+        raise CapabilityError("machine=True", "sandbox", "machine mode runs on Linux (bubblewrap)")
+    if not is_root():
+        raise CapabilityError(
+            "machine=True",
+            "sandbox",
+            "machine mode maps two host uids into each sandbox's user namespace, which only root does here; run "
+            "execspace as root (an unprivileged machine would need newuidmap/newgidmap (uidmap) with subordinate "
+            "ids, which execspace does not use yet)",
+        )
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or not visible(setpriv):
+        raise CapabilityError("machine=True", "sandbox", "install util-linux (setpriv) in /usr/bin")
+    helper = await asyncio.to_thread(machine_binary, private_execspace_dir())
+    stage = root / ".machine-stage"
+    await asyncio.to_thread(_make_stage, stage)
+    return Machine(helper, stage, setpriv)
+
+
+def _make_stage(stage: Path) -> None:
+    stage.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        stage.mkdir(mode=0o711)
+    st = os.lstat(stage)
+    if not os.path.isdir(stage) or os.path.islink(stage) or st.st_uid != 0:
+        raise SetupFailed("sandbox", f"{stage} is not a directory of root's", f"remove {stage}; it is made again")
 
 
 _UNSUPPORTED_PLATFORM = (
@@ -546,6 +596,9 @@ def sandbox_layout_owner() -> Callable[[Path], None]:
                 # laid out for another uid (an older derivation, or copied from another directory): its files
                 # would be unwritable to its own programs; whatever lies outside is no sandbox uid's of ours
                 cr.take_over(previous)
+                # and a machine's upper layers, root's inside: of the old uid's machine root, now the new one's
+                with ConfinedRoot(str(ws_dir), (machine_uid(uid),) * 2) as layers:
+                    layers.take_over(machine_uid(previous))
         ensure_layout(ws_dir, (uid, uid))
 
     return prepare

@@ -86,6 +86,13 @@ class SandboxOptions(HostOptions):
         system_files: ``(path, text)`` pairs: inside every sandbox, the system file ``path`` (an existing regular
             file under ``/etc``, ``/usr``…) reads as ``text`` instead of the host's, read-only (``execspace serve``
             gives its sandboxes a login ``/etc/profile`` this way); the host's file is not changed.
+        machine: programs run on the machine E2B's code expects (docs/backends.md "Machine mode"; Linux, as root):
+            as ``user`` (uid 1000, ``HOME=/home/user``, the workspace's ``work/`` there unless ``program_binds``
+            binds that path), with a passwordless ``sudo`` to the sandbox's own root (a user namespace of
+            unprivileged host uids), over a system they can write (overlays whose upper layers are the workspace's:
+            what they change survives the workspace's runs and sessions, its snapshots and forks, and goes with
+            it; the host's files are never written, nor made more readable). Refused elsewhere
+            (``CapabilityError``).
         output_rate: bytes a second the host reads of one workspace's programs' output, all of them together (None:
             as fast as they write); a program that writes faster is held back by its full pipe, and nothing it wrote
             is lost. A server of many tenants sets it (``execspace serve``: 32 MiB/s) so that one program printing
@@ -102,6 +109,7 @@ class SandboxOptions(HostOptions):
     program_binds: tuple[tuple[str, str], ...] = ()
     system_files: tuple[tuple[str, str], ...] = ()
     output_rate: int | None = None
+    machine: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

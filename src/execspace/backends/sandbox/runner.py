@@ -21,7 +21,7 @@ from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, UsageError
 from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
 from ...process.hostrunner import HostRunner
-from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, signal_status
+from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, lookup_where_it_runs, signal_status
 from ...process.rlimits import rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...workspace.confine import ConfinedRoot, split_relpath
@@ -42,6 +42,7 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
+from .machine import Layer, Machine, machine_env, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
 from .seccomp import SeccompFilters
@@ -101,6 +102,8 @@ class SandboxRunnerConfig:
     """A bound on what the sandbox can write (a session's ``disk_bytes``): its tmpfs stay within it too."""
     environment_store: EnvironmentStore | None = None
     output_rate: int | None = None
+    machine: Machine | None = None
+    """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
 
 
 class Sandbox:
@@ -115,7 +118,8 @@ class Sandbox:
 
     def __init__(self, config: SandboxRunnerConfig) -> None:
         environment = config.environment
-        self.lookup, self.path_view = _environment_view(environment)
+        self.machine = config.machine
+        self.lookup, self.path_view = self._view(environment)
         self.environment = environment
         self.owner = config.owner
         self.program_binds = config.program_binds
@@ -170,8 +174,14 @@ class Sandbox:
         clone.environment = environment
         clone.policy = with_environment(self.policy, environment)
         clone.resolvers = Resolvers(clone.policy)
-        clone.lookup, clone.path_view = _environment_view(environment)
+        clone.lookup, clone.path_view = clone._view(environment)
         return clone
+
+    def _view(self, environment: Environment | None) -> tuple[ProgramLookup, Callable[[str], str]]:
+        lookup, path_view = _environment_view(environment)
+        # a machine's programs may be where only its upper layers have them (sudo, what pip installed): the
+        # sandbox finds them (setpriv's execvp), and says 127 for one it does not
+        return (lookup_where_it_runs if self.machine is not None else lookup), path_view
 
     def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
         """The runner of ``spec`` (a :data:`~execspace.process.hostrunner.Chooser`): ``runner``, or for another
@@ -241,10 +251,14 @@ class Sandbox:
         held = self.placeholders.run()
         try:
             plan = SandboxPlan(launch)
-            for step in (self.environment_view, self.with_pty, self.with_egress):
+            # a session's supervisor stays root of a machine sandbox: it starts each run as user itself
+            as_user = (self.as_machine_user,) if self.machine is not None and init_fd is None else ()
+            for step in (self.environment_view, *as_user, self.with_pty, self.with_egress):
                 plan = step(prep, plan)
             launch = self.in_bubblewrap(prep, plan, held, init_fd)
-            if is_root():
+            if self.machine is not None:
+                launch = self._drop_to_sandbox_uid(prep, self.in_machine(prep, launch), drop=False)
+            elif is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
             launch.stack.abandon()  # what the steps before the failed one registered
@@ -256,6 +270,26 @@ class Sandbox:
     def environment_view(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
         """The program's environment as the sandbox has it (:meth:`program_env`)."""
         return SandboxPlan(replace(plan.launch, env=self.program_env(prep)), plan.mounts)
+
+    def as_machine_user(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
+        """Machine mode: the program started as ``user`` (:func:`.machine.user_argv`)."""
+        assert self.machine is not None
+        launch = plan.launch
+        return SandboxPlan(replace(launch, argv=user_argv(self.machine.setpriv, launch.argv)), plan.mounts)
+
+    def machine_layers(self) -> tuple[Layer, ...]:
+        """Machine mode: the overlays of this sandbox's view (its environment's)."""
+        assert self.machine is not None
+        environment = self.environment
+        if environment is not None and environment.root is not None:
+            return self.machine.layers(str(environment.root), None)
+        return self.machine.layers(None, None if environment is None else str(environment.path))
+
+    def in_machine(self, prep: PreparedRun, launch: Launch) -> Launch:
+        """Machine mode: ``launch`` (bwrap) started by the machine helper, in the sandbox's user namespace over
+        its overlays (:meth:`.machine.Machine.around`)."""
+        assert self.machine is not None
+        return self.machine.around(prep, launch, self.machine_layers())
 
     def with_pty(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
         """A pty run's program under ``setsid --ctty``: bwrap starts it in a session of its own, where that makes
@@ -296,7 +330,7 @@ class Sandbox:
             env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
         if not self.access_of(prep.root, "tmp").can_write:
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
-        return env
+        return env if self.machine is None else machine_env(env, tuple(prep.spec.env))
 
     def access_of(self, root: Path, rel: str) -> Access:
         """What the policy gives a program at ``rel`` of the workspace at ``root``."""
@@ -343,6 +377,11 @@ class Sandbox:
                 files.append((_data_fd(data), path))
                 data_fds.append(files[-1][0])
             tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
+            machine: list[str] | None = None
+            if self.machine is not None:
+                layers = self.machine_layers()
+                machine = self.machine.bwrap_binds(layers, system_root)
+                mounts += self.machine.tree_binds(layers)
             cfg = BwrapConfig(
                 self.bwrap,
                 network,
@@ -352,6 +391,7 @@ class Sandbox:
                 files,
                 init_fd,
                 system_root=system_root,
+                machine=machine,
             )
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, list(launch.argv), seccomp_fd=seccomp_fd, chdir=chdir)
@@ -400,18 +440,21 @@ class Sandbox:
             self._bridge = egress_bridge_binary(private_execspace_dir())
         return self._bridge
 
-    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch) -> Launch:
+    def _drop_to_sandbox_uid(self, prep: PreparedRun, launch: Launch, *, drop: bool = True) -> Launch:
         """``launch`` starting bwrap as the workspace's unprivileged uid, inside a per-run cgroup when limits or the
-        freezer need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`)."""
+        freezer need one (its tree is then held still by the freezer, see :class:`.cgroups.GroupFreeze`).
+        ``drop=False``: the cgroup and limits only, the uid being the machine helper's to change."""
         uid = sandbox_uid(prep.root)
         limits = prep.spec.limits
         group = self.cgroups.create(limits)
         if group is None:
             preexec = _with_nproc(launch.preexec_fn, limits.pids)
+            if not drop:
+                return replace(launch, preexec_fn=preexec)
             if self.setpriv is None:
                 return replace(launch, preexec_fn=preexec, user=uid, group=uid)
-            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-            return replace(launch, preexec_fn=preexec, argv=[*drop, *launch.argv])
+            setpriv = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+            return replace(launch, preexec_fn=preexec, argv=[*setpriv, *launch.argv])
         # the group does these for the whole sandbox; per-process rlimits would only get in the way
         in_group = group.enforces()
         rest = replace(
@@ -430,7 +473,9 @@ class Sandbox:
         return replace(
             launch,
             # joining a cgroup needs root, so the uid is dropped here, after joining, not by Popen
-            preexec_fn=_join_then_drop(group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid),
+            preexec_fn=_join_then_drop(
+                group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid if drop else None
+            ),
             freezer=group.freezer,
             classify_exit=lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None),
         )
@@ -589,11 +634,13 @@ def _with_nproc(inner: Callable[[], None] | None, pids: int | None) -> Callable[
     return apply
 
 
-def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None, uid: int) -> Callable[[], None]:
+def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None, uid: int | None) -> Callable[[], None]:
     def apply() -> None:
         join()
         if limits is not None:
             limits()
+        if uid is None:
+            return
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)

@@ -36,6 +36,7 @@ from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
+from .machine import user_argv
 from .runner import Sandbox, SandboxRunnerConfig
 from .session import Session, start_session
 from .sessionconfig import SessionConfig
@@ -213,6 +214,8 @@ class SessionMode:
         # (not with an allow-list: the run's proxy audits into its directory before the program starts)
         return (
             ws.host_path is not None
+            # a machine's supervisor is the sandbox's root, not the workspace's uid: the host makes the directory
+            and self.sandbox.machine is None
             and self.sandbox.network_allow is None
             and self.fits_session(spec)
             and self.sandbox.access_of(ws.host_path, "runs").can_write
@@ -227,10 +230,13 @@ class SessionMode:
             raise PathDenied(prep.cwd_rel, "the sandbox policy gives no access to the working directory")
         env = self.sandbox.program_env(prep)
         cwd = prep.program_cwd(SANDBOX_WORKSPACE)
+        machine = self.sandbox.machine
+        # a machine's supervisor is its root: each run starts as user (sudo makes it root again)
+        argv = prep.argv if machine is None else user_argv(machine.setpriv, prep.argv)
         # the plan made anew from the preparation, not a copy of the runner's (dataclasses.replace of its ~25 fields
         # was a tenth of a session run's calls): the session's wrapper is its runner's only one, nothing is on the
         # runner's plan yet but what the preparation gave it
-        return self.runner.launch(prep, prep.argv, env, cwd, interactive=launch.interactive, rlimits=False)
+        return self.runner.launch(prep, argv, env, cwd, interactive=launch.interactive, rlimits=False)
 
     async def spawner(self, runner: HostRunner, prep: PreparedRun, launch: Launch) -> tuple[Launch, Spawner | None]:
         """The session's supervisor, for a run the session fits; else a direct spawn of its own sandbox."""

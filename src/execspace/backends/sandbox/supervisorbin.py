@@ -1,5 +1,6 @@
 """The sandbox's C helpers, built on first use with the system C compiler: the session supervisor
-(``supervisor.c``) and the egress bridge of allow-list runs (``egressbridge.c``).
+(``supervisor.c``), the egress bridge of allow-list runs (``egressbridge.c``) and machine mode's helper
+(``machine.c``, which the host's root runs: it is never copied into a sandbox).
 
 Cached per user in a private (0700) directory, named by the sha256 of the source and of the compiler's identity,
 written under a temporary name and renamed into place; a cached file is used only when it is a regular file of
@@ -19,16 +20,27 @@ from pathlib import Path
 
 from ...errors import SetupFailed
 
-__all__ = ["EGRESS_FIX", "SESSION_FIX", "SOURCE", "egress_bridge_binary", "supervisor_binary"]
+__all__ = [
+    "EGRESS_FIX",
+    "MACHINE_FIX",
+    "SESSION_FIX",
+    "SOURCE",
+    "egress_bridge_binary",
+    "machine_binary",
+    "supervisor_binary",
+]
 
 SOURCE = Path(__file__).with_name("supervisor.c")
 BRIDGE_SOURCE = Path(__file__).with_name("egressbridge.c")
+MACHINE_SOURCE = Path(__file__).with_name("machine.c")
 #: The headers they include (found beside them): part of what a build's key covers.
 HEADERS = (Path(__file__).with_name("fdpass.h"), Path(__file__).with_name("supervisorprotocol.h"))
 #: How to get session mode working where it cannot build its supervisor.
 SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"'
 #: How to get allow-list runs working where the bridge cannot be built.
 EGRESS_FIX = "install a C compiler (apt-get install gcc), or run with network='off' or 'on'"
+#: How to get machine mode working where its helper cannot be built.
+MACHINE_FIX = "install a C compiler (apt-get install gcc), or open the engine without machine=True"
 
 
 def supervisor_binary(cache_root: Path) -> Path:
@@ -43,6 +55,11 @@ def supervisor_binary(cache_root: Path) -> Path:
 def egress_bridge_binary(cache_root: Path) -> Path:
     """The built egress bridge in ``cache_root/bin``, as :func:`supervisor_binary` (blocking, same errors)."""
     return _helper(cache_root, BRIDGE_SOURCE, "egress-bridge", "a network allow-list builds its bridge", EGRESS_FIX)
+
+
+def machine_binary(cache_root: Path) -> Path:
+    """The built machine helper in ``cache_root/bin``, as :func:`supervisor_binary` (blocking, same errors)."""
+    return _helper(cache_root, MACHINE_SOURCE, "machine", "machine mode builds its helper", MACHINE_FIX)
 
 
 def _helper(cache_root: Path, source_path: Path, name: str, why: str, fix: str) -> Path:

@@ -1,0 +1,190 @@
+/* The machine helper: what starts bwrap for a sandbox in machine mode, run by the host's root.
+ *
+ * usage: machine ROOT_UID USER_UID STAGE [idmap|plain LOWER UPPER_FD WORK_FD]... -- BWRAP [ARGS...]
+ *
+ * It makes the sandbox's user namespace, in which uid 0 is the host's ROOT_UID and uid 1000 the host's USER_UID
+ * (both unprivileged), then, in a mount namespace of its own, an overlay per LAYER at STAGE/<n> (n from 0, in
+ * order): its lower is LOWER read-only (idmap: a clone of LOWER's mount idmapped into that namespace, so that the
+ * files the host's root owns there are root's inside; plain: LOWER as it is, whose files keep their host owners),
+ * its upper and work directories are the directories open at UPPER_FD and WORK_FD (opened by the host without
+ * following a link: the workspace is the program's). Then it enters the user namespace as its root and execs
+ * BWRAP, which binds STAGE/<n> where the sandbox shows them. Nothing it mounted is seen outside its own mount
+ * namespace, which dies with the sandbox.
+ *
+ * A holder process makes the user namespace (unshare) and stays in it until we have entered it: its maps are
+ * written from here, by the host's root, as only a privileged writer may map two host uids. Every failure says
+ * what failed and exits 126 (the program never ran). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FAILED 126
+
+static void fail(const char *what, const char *detail) {
+    fprintf(stderr, "execspace machine: %s%s%s: %s\n", what, detail ? " " : "", detail ? detail : "", strerror(errno));
+    _exit(FAILED);
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: machine ROOT_UID USER_UID STAGE [idmap|plain LOWER UPPER_FD WORK_FD]... -- BWRAP [ARGS...]\n");
+    _exit(FAILED);
+}
+
+static long number(const char *text) {
+    char *end;
+    errno = 0;
+    long n = strtol(text, &end, 10);
+    if (errno || *text == '\0' || *end != '\0' || n < 0) usage();
+    return n;
+}
+
+static void put(pid_t pid, const char *file, const char *text) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail("open", path);
+    if (write(fd, text, strlen(text)) != (ssize_t)strlen(text)) fail("write", path);
+    close(fd);
+}
+
+/* the holder: makes the namespace, says so, and stays in it until the other end of `hold` closes */
+static pid_t start_holder(int *hold_out) {
+    int ready[2], hold[2];
+    if (pipe2(ready, O_CLOEXEC) || pipe2(hold, O_CLOEXEC)) fail("pipe", NULL);
+    pid_t pid = fork();
+    if (pid < 0) fail("fork", NULL);
+    if (pid == 0) {
+        char byte = 'R';
+        close(ready[0]);
+        close(hold[1]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (unshare(CLONE_NEWUSER)) _exit(FAILED);
+        if (write(ready[1], &byte, 1) != 1) _exit(FAILED);
+        while (read(hold[0], &byte, 1) > 0) {
+        }
+        _exit(0);
+    }
+    close(ready[1]);
+    close(hold[0]);
+    char byte;
+    if (read(ready[0], &byte, 1) != 1) {
+        errno = ECHILD;
+        fail("making the user namespace", NULL);
+    }
+    close(ready[0]);
+    *hold_out = hold[1];
+    return pid;
+}
+
+/* LOWER's mount cloned read-only, idmapped into the namespace `userns`, attached at `at` */
+static void idmapped_clone(const char *lower, const char *at, int userns) {
+    int tree = (int)syscall(SYS_open_tree, AT_FDCWD, lower, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0) fail("open_tree", lower);
+    struct mount_attr attr = {0};
+    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    attr.userns_fd = (unsigned long long)userns;
+    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr))
+        fail("idmapping a clone of the mount of", lower);
+    if (syscall(SYS_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH)) fail("move_mount", at);
+    close(tree);
+}
+
+/* `fd`, a directory opened in the host's mount namespace, opened again in ours (a layer must be a mount of the
+ * namespace it is mounted in): by the path it has now, and only if that is still the same directory */
+static int reopen_here(int fd) {
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n < 0) fail("readlink", link);
+    path[n] = '\0';
+    int here = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (here < 0) fail("open", path);
+    struct stat was, now;
+    if (fstat(fd, &was) || fstat(here, &now)) fail("fstat", path);
+    if (was.st_dev != now.st_dev || was.st_ino != now.st_ino) {
+        errno = ESTALE;
+        fail("a layer directory moved while the sandbox started:", path);
+    }
+    close(fd);
+    return here;
+}
+
+static void overlay(const char *lower, int upper, int work, const char *at) {
+    char options[4096];
+    int n = snprintf(options, sizeof options,
+                     "lowerdir=%s,upperdir=/proc/self/fd/%d,workdir=/proc/self/fd/%d,"
+                     "index=off,metacopy=off,redirect_dir=off,xino=off",
+                     lower, upper, work);
+    if (n < 0 || (size_t)n >= sizeof options) {
+        errno = ENAMETOOLONG;
+        fail("overlay options for", lower);
+    }
+    if (mount("overlay", at, "overlay", MS_NOSUID | MS_NODEV, options)) fail("mounting the overlay of", lower);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 6) usage();
+    long root = number(argv[1]), user = number(argv[2]);
+    const char *stage = argv[3];
+    int end = 4;
+    while (end < argc && strcmp(argv[end], "--") != 0) end++;
+    if (end >= argc - 1 || (end - 4) % 4 != 0) usage();
+
+    int hold;
+    pid_t holder = start_holder(&hold);
+    char map[96];
+    snprintf(map, sizeof map, "0 %ld 1\n1000 %ld 1\n", root, user);
+    put(holder, "uid_map", map);
+    put(holder, "gid_map", map);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)holder);
+    int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) fail("open", path);
+
+    if (unshare(CLONE_NEWNS)) fail("unshare", "(mount namespace)");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) fail("making / private", NULL);
+    if (mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,size=64k")) fail("mount", stage);
+    for (int i = 4, n = 0; i < end; i += 4, n++) {
+        const char *kind = argv[i], *lower = argv[i + 1];
+        int upper = (int)number(argv[i + 2]), work = (int)number(argv[i + 3]);
+        char merged[4096], clone[4096];
+        snprintf(merged, sizeof merged, "%s/%d", stage, n);
+        if (mkdir(merged, 0755)) fail("mkdir", merged);
+        if (strcmp(kind, "idmap") == 0) {
+            snprintf(clone, sizeof clone, "%s/.lower%d", stage, n);
+            if (mkdir(clone, 0700)) fail("mkdir", clone);
+            idmapped_clone(lower, clone, userns);
+            lower = clone;
+        } else if (strcmp(kind, "plain") != 0) {
+            usage();
+        }
+        upper = reopen_here(upper);
+        work = reopen_here(work);
+        overlay(lower, upper, work, merged);
+        close(upper);
+        close(work);
+    }
+
+    if (setns(userns, CLONE_NEWUSER)) fail("setns", "(the sandbox's user namespace)");
+    close(userns);
+    close(hold); /* the holder leaves: the namespace lives on in us */
+    waitpid(holder, NULL, 0);
+    if (setgroups(0, NULL) || setresgid(0, 0, 0) || setresuid(0, 0, 0)) fail("becoming the namespace's root", NULL);
+    execvp(argv[end + 1], argv + end + 1);
+    fail("execvp", argv[end + 1]);
+    return FAILED;
+}

@@ -1,0 +1,394 @@
+"""Machine mode of the sandbox (``SandboxOptions(machine=True)``): the machine E2B's code expects.
+
+The program runs as ``user`` (uid 1000, a passwd entry, ``HOME=/home/user``, the workspace's ``work/`` there) and
+``sudo`` makes it the root of the sandbox's own user namespace, in which uid 0 is the host's :func:`machine_uid`
+and uid 1000 the workspace's :func:`~.bwrap.sandbox_uid` (both unprivileged on the host). The system is writable
+through overlays whose upper layers are the workspace's (:data:`MACHINE_DIR`):
+
+* **trees execspace built** (the runtime environment's tree, a rootfs environment's system directories): their
+  lower is an idmapped clone, so the files the host's root owns there are root's inside; ``sudo pip install``
+  changes them (in the upper layer);
+* **the host's own system directories** (``/usr``, ``/etc``, ``/var``, ``/opt``…): their lower keeps its host
+  owners, so a host file stays exactly as readable as without machine mode (``/etc/shadow`` stays unreadable:
+  owning the host's files would let root inside read every file the host keeps from others). The directories
+  of ``/etc``, ``/opt``, ``/var`` and ``/usr/local`` others may list are root's inside (their upper copies are
+  made, empty, when the layer is made): root adds, replaces and removes entries there; a host file itself is
+  never written in place (``sed -i`` replaces it, ``>>`` is refused).
+
+The host's root starts bwrap through the machine helper (``machine.c``), which makes the namespace and the
+overlays and enters it as its root; bwrap then runs privileged inside it (no user namespace of its own), keeping
+only ``CAP_SETUID`` and ``CAP_SETGID`` for ``setpriv``, which starts the program as ``user``; ``sudo`` is
+``setpriv --reuid=0`` (a shim in the upper layer of ``/usr``). ``no_new_privs`` holds from bwrap on, so root inside
+keeps only those two capabilities: it owns the system files, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ...errors import CapabilityError
+from ...process.preparation import PreparedRun
+from ...process.supervisor import Launch
+from ...workspace.confine import ConfinedRoot
+from ...workspace.protected import INTERNAL_DIR
+from ...workspace.treecopy import LAYERS_XATTR
+from .bwrap import SYSTEM_TOP, machine_uid, sandbox_uid
+
+__all__ = [
+    "HOME",
+    "MACHINE_DIR",
+    "USER_ID",
+    "USER_NAME",
+    "Layer",
+    "Machine",
+    "machine_env",
+    "user_argv",
+]
+
+#: Where a workspace keeps its machine's upper layers: ``<name>/upper`` and ``<name>/work`` per layer (host root's,
+#: 0700: neither a program nor another host user reaches them but through the overlay).
+MACHINE_DIR = f"{INTERNAL_DIR}/machine"
+USER_NAME = "user"
+USER_ID = 1000
+HOME = "/home/user"
+#: The directories of the host's own trees made root's inside (see the module): a layer's top for ``etc``,
+#: ``opt``, ``var``; only ``local`` of ``usr``.
+_WRITABLE_DIRS = {"etc": "", "opt": "", "var": "", "usr": "local"}
+#: At most this many directories of one layer are made root's (what a host has there is usually a few hundred).
+_MAX_WRITABLE_DIRS = 4096
+_MAX_DEPTH = 24
+
+_SUDO = """#!/bin/sh
+# sudo of an execspace machine: root is the sandbox's own (its user namespace), without a password
+user=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -u) shift; user="$1"; shift ;;
+    -u*) user="${1#-u}"; shift ;;
+    --user=*) user="${1#--user=}"; shift ;;
+    -n|-E|-H|-S|-k|-i|-s|-P|--non-interactive|--preserve-env|--preserve-env=*|--login|--shell|--set-home) shift ;;
+    --) shift; break ;;
+    -*) echo "sudo: option $1 is not supported in this sandbox" >&2; exit 1 ;;
+    *) break ;;
+  esac
+done
+case "$user" in
+  0|root|'#0') user=0 ;;
+  1000|user|'#1000') user=1000 ;;
+  *) echo "sudo: unknown user $user (this sandbox has root and user)" >&2; exit 1 ;;
+esac
+[ $# -gt 0 ] || set -- /bin/bash -l
+if [ "$user" = 0 ]; then export HOME=/root USER=root LOGNAME=root
+else export HOME=/home/user USER=user LOGNAME=user; fi
+exec setpriv --reuid="$user" --regid="$user" --init-groups -- "$@"
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One overlay of a machine sandbox."""
+
+    name: str
+    """Its directory under :data:`MACHINE_DIR` of the workspace."""
+    lower: str
+    """The host tree it shows (read-only: changes go to the upper layer)."""
+    dest: str
+    """Where the sandbox shows it."""
+    idmap: bool
+    """The host root's files there are root's inside (a tree execspace built); else they keep their host owners."""
+    top: str = ""
+    """The system directory it is (``etc``, ``usr``…), or "" for a runtime environment's tree."""
+
+
+def machine_env(env: dict[str, str], own: Sequence[str]) -> dict[str, str]:
+    """``env`` as ``user`` has it: its home, its name (unless the run sets them itself, ``own``)."""
+    mine = {"HOME": HOME, "USER": USER_NAME, "LOGNAME": USER_NAME}
+    return {**env, **{k: v for k, v in mine.items() if k not in own}}
+
+
+#: What user (and root after sudo: no_new_privs keeps what it had) may do beyond a plain uid: change uid and gid
+#: (sudo), and read and search every file of the sandbox's own uids (root's way into the user's workspace, whose
+#: directories are the user's). A capability of the sandbox's user namespace: the host's files (owned by uids it
+#: does not map) are out of its reach, as without it.
+_USER_CAPS = "+setuid,+setgid,+dac_read_search"
+
+
+def user_argv(setpriv: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` started as ``user``, allowed to become root (``sudo``) by ``CAP_SETUID``/``CAP_SETGID``."""
+    return [
+        setpriv,
+        f"--reuid={USER_ID}",
+        f"--regid={USER_ID}",
+        "--init-groups",
+        f"--inh-caps=-all,{_USER_CAPS}",
+        f"--ambient-caps=-all,{_USER_CAPS}",
+        "--",
+        *argv,
+    ]
+
+
+class Machine:
+    """What machine mode adds to a sandbox's run path: the layers of a view (:meth:`layers`), their binds in bwrap
+    (:meth:`bwrap_binds`), and the step around bwrap (:meth:`around`), which the host's root runs."""
+
+    def __init__(self, helper: Path, stage: Path, setpriv: str) -> None:
+        self.helper = helper
+        self.stage = stage
+        """A directory the helper mounts its own tmpfs over, in its own mount namespace (the overlays are there);
+        every directory on its way is searchable by others, as bwrap runs as the sandbox's root."""
+        self.setpriv = setpriv
+        self._layers: dict[tuple[str | None, str | None], tuple[Layer, ...]] = {}
+
+    def layers(self, system_root: str | None, tree: str | None) -> tuple[Layer, ...]:
+        """The layers of a view: the system directories (of ``system_root``, a rootfs environment, else of the
+        host), then a venv environment's ``tree``."""
+        key = (system_root, tree)
+        found = self._layers.get(key)
+        if found is None:
+            found = self._layers[key] = _layers(system_root, tree)
+        return found
+
+    def merged(self, index: int) -> str:
+        return f"{self.stage}/{index}"
+
+    def bwrap_binds(self, layers: Sequence[Layer], system_root: str | None) -> list[str]:
+        """The system directories as bwrap shows them: each layer's overlay where the host's would be bound,
+        symlinks as they are, and ``/home`` for user's home, ``/root`` for root's."""
+        root = system_root or "/"
+        args: list[str] = []
+        shown = {layer.top: i for i, layer in enumerate(layers) if layer.top}
+        for entry in sorted(os.listdir(root)):
+            if entry not in SYSTEM_TOP:
+                continue
+            if entry in shown:
+                args += ["--bind", self.merged(shown[entry]), f"/{entry}"]
+                continue
+            with contextlib.suppress(OSError):
+                path = os.path.join(root, entry)
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    args += ["--symlink", os.readlink(path), f"/{entry}"]
+        return [*args, "--perms", "0755", "--dir", "/home", "--perms", "0700", "--dir", "/root"]
+
+    def tree_binds(self, layers: Sequence[Layer]) -> tuple[str, ...]:
+        """A runtime environment's tree at its path (over the read-only bind the policy makes there)."""
+        return tuple(
+            a for i, layer in enumerate(layers) if not layer.top for a in ("--bind", self.merged(i), layer.dest)
+        )
+
+    def around(self, prep: PreparedRun, launch: Launch, layers: Sequence[Layer]) -> Launch:
+        """``launch`` (bwrap) started by the helper: the workspace's upper and work directories of each layer
+        made if missing (seeded the first time) and opened without following a link; the helper gets the fds,
+        which close once it is started."""
+        user = sandbox_uid(prep.root)
+        root = machine_uid(user)
+        fds: list[int] = []
+        args = [str(self.helper), str(root), str(user), str(self.stage)]
+        try:
+            with ConfinedRoot(str(prep.root)) as cr:
+                for layer in layers:
+                    upper, work = _layer_dirs(cr, layer, root)
+                    fds += [upper, work]
+                    args += ["idmap" if layer.idmap else "plain", layer.lower, str(upper), str(work)]
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        for fd in fds:
+            launch.stack.after_spawn(_closer(fd))
+        return replace(launch, argv=[*args, "--", *launch.argv], pass_fds=(*launch.pass_fds, *fds))
+
+
+def _closer(fd: int) -> Callable[[], None]:
+    return lambda: os.close(fd)
+
+
+def _layers(system_root: str | None, tree: str | None) -> tuple[Layer, ...]:
+    root = system_root or "/"
+    prefix = f"{os.path.basename(os.path.dirname(system_root))}-" if system_root else "host-"
+    layers = []
+    for entry in sorted(os.listdir(root)):
+        path = os.path.join(root, entry)
+        if entry in SYSTEM_TOP and stat.S_ISDIR(os.lstat(path).st_mode):
+            layers.append(Layer(prefix + entry, _checked(path), f"/{entry}", system_root is not None, entry))
+    if tree is not None:
+        layers.append(Layer(f"env-{os.path.basename(tree)}", _checked(tree), tree, True))
+    return tuple(layers)
+
+
+def _checked(path: str) -> str:
+    """``path``, if the overlay's options can name it."""
+    if any(c in path for c in ",:\\\n="):
+        raise CapabilityError(
+            f"machine mode over {path!r}",
+            "sandbox",
+            "an overlay cannot name a lower directory with ',', ':', '=' or '\\' in its path: move it",
+        )
+    return path
+
+
+def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int) -> tuple[int, int]:
+    """The layer's upper and work directories (made, and the upper seeded, the first time), opened."""
+    base = [*MACHINE_DIR.split("/"), layer.name]
+    try:
+        upper = cr.open_dir([*base, "upper"])
+    except FileNotFoundError:
+        _make_layer(cr, layer, root)
+        upper = cr.open_dir([*base, "upper"])
+    try:
+        work = cr.open_dir([*base, "work"], create=True)
+    except BaseException:
+        os.close(upper)
+        raise
+    return upper, work
+
+
+def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
+    """A new layer: its upper seeded under a temporary name, then renamed into place (a layer half made is
+    never used)."""
+    machine = cr.open_dir(MACHINE_DIR.split("/"), create=True)
+    try:
+        os.fchmod(machine, 0o700)
+        # snapshots and forks copy what is in it as overlay layers: whiteouts and opaque directories kept
+        os.setxattr(machine, LAYERS_XATTR, b"1")
+        base = _step_or_make(machine, layer.name)
+    finally:
+        os.close(machine)
+    try:
+        tmp = f".upper-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            _remove_tree(base, tmp)
+        os.mkdir(tmp, 0o755, dir_fd=base)
+        ufd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base)
+        try:
+            _seed(ufd, layer, root)
+            lower = os.stat(layer.lower)
+            os.fchown(ufd, root, root)
+            os.fchmod(ufd, stat.S_IMODE(lower.st_mode) & 0o1777)
+        finally:
+            os.close(ufd)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir("work", 0o700, dir_fd=base)
+        try:
+            os.rename(tmp, "upper", src_dir_fd=base, dst_dir_fd=base)
+        except OSError:  # made by a concurrent run meanwhile: theirs counts
+            _remove_tree(base, tmp)
+    finally:
+        os.close(base)
+
+
+def _step_or_make(dfd: int, name: str) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=dfd)
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+
+
+def _seed(ufd: int, layer: Layer, root: int) -> None:
+    """What a new upper layer starts with: for ``etc``, passwd and group with ``user``; for ``usr``, the sudo shim;
+    for the host's own trees, the directories made root's (see the module)."""
+    if not layer.idmap and layer.top in _WRITABLE_DIRS:
+        _writable_dirs(ufd, layer, root)
+    if layer.top == "etc":
+        for name, line in (
+            ("passwd", f"{USER_NAME}:x:{USER_ID}:{USER_ID}:{USER_NAME}:{HOME}:/bin/bash\n"),
+            ("group", f"{USER_NAME}:x:{USER_ID}:\n"),
+        ):
+            _write(ufd, name, _with_user(_read(os.path.join(layer.lower, name)), line), root, 0o644)
+    if layer.top == "usr":
+        fd = ufd
+        for name in ("local", "bin"):
+            nfd = _step_or_make(fd, name)
+            os.fchmod(nfd, 0o755)
+            os.fchown(nfd, root, root)
+            if fd != ufd:
+                os.close(fd)
+            fd = nfd
+        try:
+            _write(fd, "sudo", _SUDO.encode(), root, 0o755)
+        finally:
+            os.close(fd)
+
+
+def _with_user(text: bytes, line: str) -> bytes:
+    """passwd or group ``text`` with ``line`` for user instead of any entry of that name or id."""
+    keep = [
+        row
+        for row in text.decode(errors="replace").splitlines()
+        if row.split(":")[:1] != [USER_NAME] and row.split(":")[2:3] != [str(USER_ID)]
+    ]
+    return ("\n".join([*keep, ""]) + line).encode()
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return b""
+
+
+def _write(dfd: int, name: str, data: bytes, owner: int, mode: int) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+    try:
+        os.write(fd, data)
+        os.fchown(fd, owner, owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _writable_dirs(ufd: int, layer: Layer, root: int) -> None:
+    """Empty upper copies, root's, of the lower's directories below the layer's writable part that anyone may list
+    (and every directory on the way to them): the merged directory then is root's inside, its files the host's."""
+    start = _WRITABLE_DIRS[layer.top]
+    budget = [_MAX_WRITABLE_DIRS]
+    for rel, st in _listable_dirs(layer.lower, start, budget):
+        fd = ufd
+        try:
+            for name in rel.split("/"):
+                nfd = _step_or_make(fd, name)
+                if fd != ufd:
+                    os.close(fd)
+                fd = nfd
+            os.fchown(fd, root, root)
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o1777)
+        finally:
+            if fd != ufd:
+                os.close(fd)
+
+
+def _listable_dirs(lower: str, start: str, budget: list[int]) -> Iterator[tuple[str, os.stat_result]]:
+    """Directories below ``lower/start`` (``start`` itself included, when given) that others may list and search,
+    each after its parent, on the lower's filesystem."""
+    top = os.stat(lower)
+    pending = [start] if start else [entry.name for entry in _subdirs(lower)]
+    while pending and budget[0] > 0:
+        rel = pending.pop(0)
+        path = os.path.join(lower, rel)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_dev != top.st_dev or st.st_mode & 0o005 != 0o005:
+            continue
+        budget[0] -= 1
+        yield rel, st
+        if rel.count("/") < _MAX_DEPTH:
+            pending += [f"{rel}/{entry.name}" for entry in _subdirs(path)]
+
+
+def _subdirs(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return sorted((e for e in it if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _remove_tree(dfd: int, name: str) -> None:
+    shutil.rmtree(name, dir_fd=dfd)
