@@ -152,6 +152,28 @@ def _take_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+#: Signals a program must not inherit ignored: an ignored signal stays so across exec, and a host started under
+#: ``nohup`` or in a background job of a script ignores these, so a program's ``trap ... INT`` (and a kernel's
+#: interrupt) would never fire. (asyncio's subprocess restores SIGPIPE and SIGXFSZ already.)
+_RESET_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+
+
+def _with_default_signals(then: Callable[[], None] | None) -> Callable[[], None] | None:
+    """``then`` preceded by the reset of what this process ignores of :data:`_RESET_SIGNALS` (``then`` itself when
+    it ignores none: no preexec step for a host that needs none)."""
+    ignored = [sig for sig in _RESET_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
+    if not ignored:
+        return then
+
+    def preexec() -> None:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_DFL)
+        if then is not None:
+            then()
+
+    return preexec
+
+
 def _pty_preexec(then: Callable[[], None] | None) -> Callable[[], None]:
     def preexec() -> None:
         _take_terminal()
@@ -311,7 +333,7 @@ class DirectTransport:
             slave: int | None = terminal.slave
             kwargs.update(stdin=slave, stdout=slave, stderr=slave)
             preexec = _pty_preexec(la.preexec_fn) if la.pty_controlling else la.preexec_fn
-            if preexec is not None:
+            if (preexec := _with_default_signals(preexec)) is not None:
                 kwargs["preexec_fn"] = preexec
             proc.expect_output({1})
         else:
@@ -322,8 +344,8 @@ class DirectTransport:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
-            if la.preexec_fn is not None:
-                kwargs["preexec_fn"] = la.preexec_fn
+            if (preexec := _with_default_signals(la.preexec_fn)) is not None:
+                kwargs["preexec_fn"] = preexec
         creating = asyncio.ensure_future(
             loop.subprocess_exec(
                 lambda: _Protocol(proc),

@@ -163,6 +163,10 @@ __attribute__((noreturn)) static void child(int *fds, uint32_t flags, const stru
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    /* an ignored signal stays ignored across exec: a host started under nohup (SIGINT and SIGQUIT ignored) must
+       not hand that on, or a program's `trap ... INT` and a kernel's interrupt never work */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
     int err = 0;
     if (setsid() < 0) err = errno;
     for (int i = 0; i < 3 && !err; i++) {
