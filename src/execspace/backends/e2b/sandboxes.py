@@ -116,7 +116,12 @@ class _AgentProcess:
         self.handle = handle
         self.lines = lines
         self.ended: asyncio.Future[int] = asyncio.ensure_future(self._exit_code())
-        self.ended.add_done_callback(lambda _f: lines.queue.put_nowait(None))
+        self.ended.add_done_callback(self._end_of_answers)
+
+    def _end_of_answers(self, ended: asyncio.Future[int]) -> None:
+        if not ended.cancelled():
+            ended.exception()  # a broken stream is reported to whoever asks next (answer), not logged as lost
+        self.lines.queue.put_nowait(None)
 
     async def _exit_code(self) -> int:
         from e2b import CommandExitException
