@@ -50,6 +50,14 @@ def add_parser(sub: Any) -> None:
         "or a fresh sandbox per command (per-run)",
     )
     p.add_argument(
+        "--machine",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --backend sandbox: each sandbox is the machine E2B's code expects (user with a passwd entry, "
+        "passwordless sudo to the sandbox's own root, a system it can write; docs/server.md); default: when this "
+        "host can (as root on Linux), else without it, said at start-up",
+    )
+    p.add_argument(
         "--workspace-root", metavar="DIR", help="where the sandboxes' workspaces live (default: the backend's)"
     )
     p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
@@ -231,6 +239,7 @@ async def command(args: argparse.Namespace) -> int:
         allow_internet_access=args.allow_internet_access,
         host_network=args.allow_host_network,
         resolve=dict(args.resolve),
+        machine=args.machine,
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
         sandbox_memory_mb=args.sandbox_memory_mb,
         sandbox_pids=args.sandbox_pids,

@@ -121,6 +121,11 @@ class ServerOptions:
     """Start the default Python context's kernel of each pooled sandbox of ``code-interpreter-v1`` ahead of its
     create (in its own session), so that its first ``run_code`` does not wait for a kernel's start; it costs each
     such pooled sandbox the kernel's memory (docs/benchmarks.md)."""
+    machine: bool | None = None
+    """Run each sandbox on the machine E2B's code expects (the sandbox backend's machine mode: ``user`` with a
+    passwd entry and ``HOME=/home/user``, passwordless ``sudo`` to the sandbox's own root, a system it can write in
+    its own upper layers); None: when this host can (as root on Linux), else today's sandboxes, said at start-up;
+    True: refuse to start without it; False: never."""
     kernel_environment: str | None = "code-interpreter"
     """The runtime environment (``execspace env build NAME``) the code interpreter's kernels start from, so that
     ``run_code`` has E2B's data stack (pandas, matplotlib, …); when it is not built here, or None, kernels run on

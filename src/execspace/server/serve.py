@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -100,6 +101,8 @@ async def serve(
     descriptors = raise_descriptor_limit()
     name = backend if backend not in (None, "auto") else await choose_default_backend(options=backend_options)
     opts = build_options(name, load_backend(name), backend_options)
+    if isinstance(opts, SandboxOptions):
+        opts = _with_machine(opts, options.machine)
     python = kernel_python(options.kernel_environment) if isinstance(opts, SandboxOptions) else None
     if isinstance(opts, SandboxOptions | LocalOptions) and opts.output_rate is None:
         opts = replace(opts, output_rate=options.share.output_rate)  # each sandbox's share of the host's reading
@@ -152,6 +155,34 @@ async def serve(
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+def _with_machine(opts: SandboxOptions, wanted: bool | None) -> SandboxOptions:
+    """The sandbox backend's options with machine mode as the server wants it (see ``ServerOptions.machine``): when
+    this host can have it and nothing said no; where it cannot, the server says so once and runs today's sandboxes
+    (``user`` without a passwd entry or ``sudo``, a read-only system)."""
+    if opts.machine or wanted is False:
+        return opts
+    if wanted is None and (why := _no_machine()) is not None:
+        _log.warning(
+            "sandboxes run without machine mode (no passwd entry for user, no sudo, a read-only system; "
+            "pip installs need --target): %s",
+            why,
+        )
+        return opts
+    return replace(opts, machine=True)  # wanted: the engine refuses to open where it cannot (CapabilityError)
+
+
+def _no_machine() -> str | None:
+    """Why this host cannot give serve's sandboxes machine mode, or None."""
+    if not sys.platform.startswith("linux"):
+        return "machine mode runs on Linux"
+    if os.geteuid() != 0:
+        return (
+            "machine mode maps two host uids into each sandbox's user namespace, which takes root: run execspace "
+            "serve as root for E2B's machine"
+        )
+    return None
 
 
 def _http_protocol() -> type[asyncio.Protocol]:

@@ -62,6 +62,11 @@ HOME = "/home/user"
 _WRITABLE_DIRS = {"etc": "", "opt": "", "var": "", "usr": "local"}
 #: At most this many directories of one layer are made root's (what a host has there is usually a few hundred).
 _MAX_WRITABLE_DIRS = 4096
+#: The directories of a runtime environment's tree made ``user``'s (with each ``lib/python*/site-packages``).
+_USER_DIRS = ("bin", "share", "include")
+#: What a machine's ``/etc/hosts`` adds: the sandbox's host name (``execspace``, bwrap's ``--hostname``) with a
+#: domain, so that what asks for the host's full name gets one (git's identity from passwd: ``user@execspace.local``).
+_HOSTS_LINE = b"127.0.1.1\texecspace.local execspace\n"
 _MAX_DEPTH = 24
 
 _SUDO = """#!/bin/sh
@@ -192,7 +197,7 @@ class Machine:
         try:
             with ConfinedRoot(str(prep.root)) as cr:
                 for layer in layers:
-                    upper, work = _layer_dirs(cr, layer, root)
+                    upper, work = _layer_dirs(cr, layer, root, user)
                     fds += [upper, work]
                     args += ["idmap" if layer.idmap else "plain", layer.lower, str(upper), str(work)]
         except BaseException:
@@ -232,13 +237,13 @@ def _checked(path: str) -> str:
     return path
 
 
-def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int) -> tuple[int, int]:
+def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> tuple[int, int]:
     """The layer's upper and work directories (made, and the upper seeded, the first time), opened."""
     base = [*MACHINE_DIR.split("/"), layer.name]
     try:
         upper = cr.open_dir([*base, "upper"])
     except FileNotFoundError:
-        _make_layer(cr, layer, root)
+        _make_layer(cr, layer, root, user)
         upper = cr.open_dir([*base, "upper"])
     try:
         work = cr.open_dir([*base, "work"], create=True)
@@ -248,7 +253,7 @@ def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int) -> tuple[int, int]:
     return upper, work
 
 
-def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
+def _make_layer(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> None:
     """A new layer: its upper seeded under a temporary name, then renamed into place (a layer half made is
     never used)."""
     machine = cr.open_dir(MACHINE_DIR.split("/"), create=True)
@@ -266,7 +271,7 @@ def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
         os.mkdir(tmp, 0o755, dir_fd=base)
         ufd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base)
         try:
-            _seed(ufd, layer, root)
+            _seed(ufd, layer, root, user)
             lower = os.stat(layer.lower)
             os.fchown(ufd, root, root)
             os.fchmod(ufd, stat.S_IMODE(lower.st_mode) & 0o1777)
@@ -288,17 +293,22 @@ def _step_or_make(dfd: int, name: str) -> int:
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
 
 
-def _seed(ufd: int, layer: Layer, root: int) -> None:
-    """What a new upper layer starts with: for ``etc``, passwd and group with ``user``; for ``usr``, the sudo shim;
-    for the host's own trees, the directories made root's (see the module)."""
+def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
+    """What a new upper layer starts with: for ``etc``, passwd and group with ``user`` and hosts with the sandbox's
+    name; for ``usr``, the sudo shim; for the host's own trees, the directories made root's (see the module); for
+    a runtime environment's tree, the directories ``pip`` installs into made ``user``'s."""
     if not layer.idmap and layer.top in _WRITABLE_DIRS:
         _writable_dirs(ufd, layer, root)
+    if not layer.top:
+        _user_dirs(ufd, layer, root, user)
     if layer.top == "etc":
         for name, line in (
             ("passwd", f"{USER_NAME}:x:{USER_ID}:{USER_ID}:{USER_NAME}:{HOME}:/bin/bash\n"),
             ("group", f"{USER_NAME}:x:{USER_ID}:\n"),
         ):
             _write(ufd, name, _with_user(_read(os.path.join(layer.lower, name)), line), root, 0o644)
+        hosts = _read(os.path.join(layer.lower, "hosts"))
+        _write(ufd, "hosts", hosts + (b"\n" if hosts and not hosts.endswith(b"\n") else b"") + _HOSTS_LINE, root, 0o644)
     if layer.top == "usr":
         fd = ufd
         for name in ("local", "bin"):
@@ -322,6 +332,37 @@ def _with_user(text: bytes, line: str) -> bytes:
         if row.split(":")[:1] != [USER_NAME] and row.split(":")[2:3] != [str(USER_ID)]
     ]
     return ("\n".join([*keep, ""]) + line).encode()
+
+
+def _user_dirs(ufd: int, layer: Layer, root: int, user: int) -> None:
+    """Upper copies, ``user``'s (group root, 0775), of the directories of a runtime environment's tree that ``pip
+    install`` adds to (``bin``, ``share``, ``include``, each ``lib/python*/site-packages``): the user installs a
+    package there without ``sudo``, as E2B's user does, and the kernels import it; what the environment has stays
+    root's (upgrading or removing it takes ``sudo``), and every change is this workspace's upper layer's."""
+    wanted = [d for d in _USER_DIRS if os.path.isdir(os.path.join(layer.lower, d))]
+    with contextlib.suppress(OSError):
+        wanted += [
+            f"lib/{entry.name}/site-packages"
+            for entry in _subdirs(os.path.join(layer.lower, "lib"))
+            if entry.name.startswith("python") and os.path.isdir(os.path.join(entry.path, "site-packages"))
+        ]
+    for rel in wanted:
+        fd, parts = ufd, rel.split("/")
+        try:
+            for i, name in enumerate(parts):
+                lower = os.lstat(os.path.join(layer.lower, *parts[: i + 1]))
+                if not stat.S_ISDIR(lower.st_mode):
+                    break
+                nfd = _step_or_make(fd, name)
+                if fd != ufd:
+                    os.close(fd)
+                fd = nfd
+                last = i == len(parts) - 1
+                os.fchown(fd, user if last else root, root)
+                os.fchmod(fd, 0o775 if last else stat.S_IMODE(lower.st_mode) & 0o1777)
+        finally:
+            if fd != ufd:
+                os.close(fd)
 
 
 def _read(path: str) -> bytes:
