@@ -27,11 +27,12 @@ from ..errors import ExecspaceError
 from ..models import FileEntry, FileKind
 from .envd.filesystem import filesystem_pb as pb
 from .envd.filesystem.filesystem_connect import Filesystem
-from .paths import USER, to_sdk, to_workspace
+from .paths import USER, to_sdk
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
 from .streams import deadline_of, until_closed
 from .watch import Change, DirectoryWatch
+from .wholeview import SandboxView, outside_home
 
 __all__ = ["FilesystemService", "entry_info", "permissions"]
 
@@ -73,15 +74,15 @@ def entry_info(entry: FileEntry, target: tuple[str, FileEntry | None] | None = N
 async def link_target(sandbox: Sandbox, link: FileEntry) -> tuple[str, FileEntry | None]:
     """Where the symbolic link ``link`` leads, as an SDK path, and the entry there; the entry is None where the
     file API cannot follow it (then the path is the link's own target, made absolute)."""
-    fs, ws = sandbox.engine.fs, sandbox.workspace
+    view = SandboxView(sandbox)
     here, written = to_sdk(link.path), link.link_target
     if written is None:
-        written = (await fs.stat(ws, link.path)).link_target or ""
+        written = (await view.stat(link.path)).link_target or ""
     first = posixpath.normpath(posixpath.join(posixpath.dirname(here), written))
     at = first
     for _ in range(_MAX_LINKS):
         try:
-            found = await fs.stat(ws, to_workspace(at))
+            found = await view.stat(view.path(at))
         except (OSError, ExecspaceError):
             return first, None
         if found.kind is not FileKind.SYMLINK:
@@ -106,8 +107,9 @@ class FilesystemService(ServiceBase, Filesystem):
 
     async def _stat(self, sandbox: Sandbox, path: str) -> pb.EntryInfo:
         with rpc_errors(path):
+            view = SandboxView(sandbox)
             async with sandbox.share.file_op():
-                entry = await sandbox.engine.fs.stat(sandbox.workspace, to_workspace(path))
+                entry = await view.stat(view.path(path))
                 return await _described(sandbox, entry)
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
@@ -116,51 +118,57 @@ class FilesystemService(ServiceBase, Filesystem):
         depth = min(max(request.depth, 1), MAX_LIST_DEPTH)
         with rpc_errors(request.path):
             async with sandbox.share.file_op():
-                entries = await sandbox.engine.fs.list_dir(sandbox.workspace, directory, depth=depth)
+                entries = await SandboxView(sandbox).list_dir(directory, depth=depth)
                 described = [await _described(sandbox, e) for e in entries if e.path != directory]
         return pb.ListDirResponse(entries=described)
 
     async def _directory(self, sandbox: Sandbox, path: str) -> str:
         """The workspace path of ``path``, which must be a directory."""
         with rpc_errors(path):
-            directory = to_workspace(path)
+            view = SandboxView(sandbox)
+            directory = view.path(path)
             async with sandbox.share.file_op():
-                entry = await sandbox.engine.fs.stat(sandbox.workspace, directory)
+                entry = await view.stat(directory)
         if entry.kind is not FileKind.DIR:
             raise ConnectError(Code.INVALID_ARGUMENT, f"path {path!r} is not a directory")
         return directory
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any], /) -> pb.MakeDirResponse:
         sandbox = self.sandbox(ctx)
-        fs = sandbox.engine.fs
+        view = SandboxView(sandbox)
         with rpc_errors(request.path):
-            path = to_workspace(request.path)
+            path = view.path(request.path)
             async with sandbox.share.file_op():
-                if await fs.exists(sandbox.workspace, path):
+                if await view.exists(path):
                     raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
-                await fs.make_dir(sandbox.workspace, path)
+                await view.make_dir(path)
         return pb.MakeDirResponse(entry=await self._stat(sandbox, request.path))
 
     async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any], /) -> pb.MoveResponse:
         sandbox = self.sandbox(ctx)
+        view = SandboxView(sandbox)
         with rpc_errors(request.source):
             async with sandbox.share.file_op():
-                await sandbox.engine.fs.rename(
-                    sandbox.workspace, to_workspace(request.source), to_workspace(request.destination)
-                )
+                await view.rename(view.path(request.source), view.path(request.destination))
         return pb.MoveResponse(entry=await self._stat(sandbox, request.destination))
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any], /) -> pb.RemoveResponse:
         sandbox = self.sandbox(ctx)
         with rpc_errors(request.path), contextlib.suppress(FileNotFoundError):
+            view = SandboxView(sandbox)
             async with sandbox.share.file_op():
-                await sandbox.engine.fs.remove(sandbox.workspace, to_workspace(request.path))
+                await view.remove(view.path(request.path))
         return pb.RemoveResponse()
 
     # watching: the sync SDK polls a watcher, the async one streams
 
     async def _watch(self, sandbox: Sandbox, path: str, recursive: bool) -> DirectoryWatch:
         directory = await self._directory(sandbox, path)
+        if outside_home(directory):
+            raise ConnectError(
+                Code.INVALID_ARGUMENT,
+                f"watching {path!r}: this server watches directories under /home/user only; watch one there",
+            )
         watch = DirectoryWatch(sandbox.engine.fs, sandbox.workspace, directory, recursive=recursive)
         with rpc_errors(path):
             async with sandbox.share.file_op():

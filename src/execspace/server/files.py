@@ -32,11 +32,12 @@ from ..errors import LimitExceeded, PathDenied, UsageError
 from ..models import PutFile, Workspace
 from ..protocols import FileReader, SupportsFileStreams, WorkspaceFS
 from .control import error_response
-from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk, to_workspace
+from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk
 from .sandboxes import Sandbox, Sandboxes
 from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 from .streams import CountedStream
 from .uploads import MultipartBody, decoded_body
+from .wholeview import SandboxView
 
 __all__ = ["FilesAPI", "SignatureError", "signature_matches", "signed_sandbox"]
 
@@ -102,7 +103,8 @@ class FilesAPI:
             return error_response(400, str(exc))
         try:
             async with sandbox.share.file_op():
-                reader = await self._streams(sandbox).open_reader(sandbox.workspace, to_workspace(path))
+                view = SandboxView(sandbox, self._streams(sandbox))
+                reader = await view.open_reader(view.path(path))
         except BaseException as exc:
             sandbox.share.streams.give_back()
             return _refused_download(exc, path)
@@ -125,6 +127,8 @@ class FilesAPI:
             return error_response(403, str(exc), _CLOSE)
         except PathDenied as exc:
             return error_response(400, _denied(exc), _CLOSE)
+        except PermissionError as exc:  # the sandbox's user may not write there (outside the home)
+            return error_response(403, f"cannot write there: {exc.strerror or exc}", _CLOSE)
         except (UsageError, FormParserError, zlib.error) as exc:
             return error_response(400, str(exc), _CLOSE)
         except (IsADirectoryError, NotADirectoryError, FileExistsError, FileNotFoundError) as exc:
@@ -145,26 +149,24 @@ class FilesAPI:
         signed = "signature" in request.query_params
         if signed and not path:
             raise _Forbidden("a signed upload URL names the file it writes (its path parameter); this one names none")
-        streams, ws = self._streams(sandbox), sandbox.workspace
+        view = SandboxView(sandbox, self._streams(sandbox))
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("multipart/form-data"):
             form = MultipartBody(decoded_body(request), content_type)
             if path:
-                return [await _write_only_part(form, streams, ws, path, signed, limit)]
-            return await _write_parts(form, streams, ws, limit)
+                return [await _write_only_part(form, view, path, signed, limit)]
+            return await _write_parts(form, view, limit)
         if not path:
             raise UsageError("an octet-stream upload needs a path query parameter")
         length = request.headers.get("content-length", "")
         if "content-encoding" not in request.headers and length.isdigit() and int(length) > limit:
             raise LimitExceeded(f"the body is {length} bytes")  # refused before a byte of it is read
-        target = to_workspace(path)
-        await streams.write_stream(ws, target, decoded_body(request), max_bytes=limit)
+        target = view.path(path)
+        await view.write_stream(target, decoded_body(request), max_bytes=limit)
         return [target]
 
 
-async def _write_only_part(
-    form: MultipartBody, streams: SupportsFileStreams, ws: Workspace, path: str, signed: bool, limit: int
-) -> str:
+async def _write_only_part(form: MultipartBody, view: SandboxView, path: str, signed: bool, limit: int) -> str:
     """The upload whose query names its one file: the body's only part, named ``file``, is written there (its own
     file name is not used). Signed, the part must not name another path; any second part is refused, and with
     it the first, which is never written."""
@@ -173,8 +175,8 @@ async def _write_only_part(
         if signed:
             raise _Forbidden(f"a signed upload URL writes one file ({path!r}): its body must be one part, named 'file'")
         raise UsageError("the upload holds no file: its multipart part must be named 'file'")
-    target = to_workspace(path)
-    if signed and not _names_target(part.filename, target):
+    target = view.path(path)
+    if signed and not _names_target(view, part.filename, target):
         raise _Forbidden(
             f"the upload URL is signed for {path!r} only, and its part names {part.filename!r}: send the file as "
             "that path, or sign a URL for the other one"
@@ -189,11 +191,11 @@ async def _write_only_part(
                 raise _Forbidden(f"{message}: a signed URL writes its own path only; sign a URL per file")
             raise UsageError(f"{message}: send several files without the path parameter, each named by its part")
 
-    await streams.write_stream(ws, target, only(), max_bytes=limit)
+    await view.write_stream(target, only(), max_bytes=limit)
     return target
 
 
-async def _write_parts(form: MultipartBody, streams: SupportsFileStreams, ws: Workspace, limit: int) -> list[str]:
+async def _write_parts(form: MultipartBody, view: SandboxView, limit: int) -> list[str]:
     """Each part named ``file`` written to its file name (a path), as it ends; other parts are read past."""
     written: list[str] = []
     for _ in range(_MAX_PARTS):
@@ -207,19 +209,19 @@ async def _write_parts(form: MultipartBody, streams: SupportsFileStreams, ws: Wo
             continue
         if not part.filename:
             raise UsageError("a multipart file part has no filename to write it to")
-        target = to_workspace(part.filename)
-        await streams.write_stream(ws, target, form.data(), max_bytes=limit)
+        target = view.path(part.filename)
+        await view.write_stream(target, form.data(), max_bytes=limit)
         written.append(target)
     raise UsageError(f"the upload has more than {_MAX_PARTS} parts; send the files in several uploads")
 
 
-def _names_target(filename: str | None, target: str) -> bool:
+def _names_target(view: SandboxView, filename: str | None, target: str) -> bool:
     """Whether a signed upload's part names its signed path: none, that path, or only its file name (what a
     browser's form and ``curl -F file=@name`` send)."""
     if not filename or filename == posixpath.basename(target):
         return True
     try:
-        return to_workspace(filename) == target
+        return view.path(filename) == target
     except PathOutsideHome:
         return False
 
@@ -250,6 +252,8 @@ def _refused_download(exc: BaseException, path: str) -> Response:
         return error_response(413, str(exc))
     if isinstance(exc, PathDenied):
         return error_response(400, _denied(exc))
+    if isinstance(exc, PermissionError):
+        return error_response(403, f"cannot read {path!r}: {exc.strerror or exc}")
     if isinstance(exc, UsageError):
         return error_response(400, str(exc))
     raise exc

@@ -30,7 +30,7 @@ from .bashcontext import BashContext
 from .jscontext import NodeContext, node_available
 from .kernelstartup import E2B_DISPLAY, E2B_KERNEL_ARGS
 from .lines import CellTimedOut, error_line, paced, result_line
-from .paths import HOME, HOME_DIR, program_dir
+from .paths import HOME, HOME_DIR, PathOutsideHome, program_dir, sandbox_dir
 from .pool import ReadySandbox
 from .sandboxes import Sandbox, SandboxGone
 
@@ -222,7 +222,8 @@ class CodeInterpreter:
         return context
 
     def _new(self, sandbox: Sandbox, language: str, cwd: str) -> Context:
-        program_dir(sandbox.workspace, cwd)  # refuses a directory the sandbox's programs cannot work in, at once
+        # refuses a directory the sandbox's programs cannot work in, at once
+        sandbox_dir(sandbox.workspace, cwd, sandbox.whole_view)
         contexts = self._of(sandbox)
         if len(contexts) >= MAX_CONTEXTS:
             raise TooManyContexts(
@@ -346,7 +347,11 @@ class CodeInterpreter:
     async def _process(self, sandbox: Sandbox, context: Context) -> NodeContext | BashContext:
         if context.process is not None:
             return context.process
-        cwd = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, context.cwd))
+        try:
+            directory = program_dir(sandbox.workspace, context.cwd)
+        except PathOutsideHome:  # a Node or bash context asked for outside the home starts in the home
+            directory = program_dir(sandbox.workspace, HOME)
+        cwd = posixpath.join(sandbox.workspace.path, directory)
         process: NodeContext | BashContext
         if context.language == "bash":
             process = await BashContext.start(sandbox.engine.runner, sandbox, cwd)
@@ -387,7 +392,7 @@ class CodeInterpreter:
         try:
             if sandbox.closed.is_set():  # killed while the kernel started: end() has run already
                 raise SandboxGone(sandbox.id)
-            work = posixpath.join(sandbox.workspace.path, program_dir(sandbox.workspace, cwd))
+            work = posixpath.join(sandbox.workspace.path, sandbox_dir(sandbox.workspace, cwd, sandbox.whole_view))
             kernel.execute(_setup(work), silent=True)  # the context's directory may not exist yet: the kernel makes it
         except BaseException:
             await kernel.stop()

@@ -16,7 +16,18 @@ import posixpath
 from ..errors import UsageError
 from ..models import Workspace
 
-__all__ = ["HOME", "HOME_DIR", "USER", "PathOutsideHome", "check_user", "program_dir", "to_sdk", "to_workspace"]
+__all__ = [
+    "HOME",
+    "HOME_DIR",
+    "USER",
+    "PathOutsideHome",
+    "check_user",
+    "program_dir",
+    "sandbox_dir",
+    "to_sdk",
+    "to_view",
+    "to_workspace",
+]
 
 USER = "user"
 HOME = "/home/user"
@@ -46,8 +57,22 @@ def to_workspace(path: str) -> str:
     return HOME_DIR + absolute[len(HOME) :]
 
 
+def to_view(path: str, whole: bool) -> str:
+    """:func:`to_workspace` of an SDK path under the home; another one, where the sandbox serves its ``whole``
+    view (:mod:`.wholeview`), as its absolute path (``/tmp/a``), else :class:`PathOutsideHome`."""
+    try:
+        return to_workspace(path)
+    except PathOutsideHome:
+        if not whole:
+            raise
+    return "/" + posixpath.normpath(posixpath.join(HOME, path)).lstrip("/")
+
+
 def to_sdk(workspace_path: str) -> str:
-    """The SDK path of a workspace path under the home (``work/a`` → ``/home/user/a``)."""
+    """The SDK path of a workspace path under the home (``work/a`` → ``/home/user/a``); an absolute one (a path of
+    the sandbox's whole view, :func:`to_view`) is its own."""
+    if workspace_path.startswith("/"):
+        return workspace_path
     if workspace_path == HOME_DIR:
         return HOME
     return HOME + workspace_path[len(HOME_DIR) :]
@@ -59,6 +84,13 @@ def program_dir(ws: Workspace, path: str) -> str:
     :class:`PathOutsideHome` outside the home."""
     rel = to_workspace(path)
     return to_sdk(rel) if (HOME, HOME_DIR) in ws.program_binds else rel
+
+
+def sandbox_dir(ws: Workspace, path: str, whole: bool) -> str:
+    """:func:`program_dir` of a directory under the home; another one, where the sandbox serves its ``whole`` view,
+    as its absolute path (a kernel's directory: the kernel enters it itself), else :class:`PathOutsideHome`."""
+    found = to_view(path, whole)
+    return found if found.startswith("/") else program_dir(ws, path)
 
 
 def check_user(user: str | None) -> None:

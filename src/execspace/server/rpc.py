@@ -70,6 +70,8 @@ def rpc_errors(path: str | None = None) -> Iterator[None]:
         raise ConnectError(Code.INVALID_ARGUMENT, _text(exc, path)) from None
     except PathDenied as exc:
         raise ConnectError(Code.PERMISSION_DENIED, _text(exc, path)) from None
+    except PermissionError as exc:  # the sandbox's user may not (a path outside the home, through the sandbox)
+        raise ConnectError(Code.PERMISSION_DENIED, _text(exc, path)) from None
     except (LimitExceeded, ShareExhausted) as exc:
         raise ConnectError(Code.RESOURCE_EXHAUSTED, _text(exc, path)) from None
 

@@ -125,6 +125,13 @@ class Sandbox:
         """Whether its commands reach the whole network (its info's ``allowInternetAccess``)."""
         return self.egress.internet
 
+    @property
+    def whole_view(self) -> bool:
+        """Whether the file API serves paths outside the home too (:mod:`.wholeview`): where one sandbox holds
+        every program of it (the sandbox backend's session mode), whose ``/tmp`` and system the file agent sees."""
+        engine = self.engine
+        return engine.name == "sandbox" and str(engine.describe().details.get("mode", "")).startswith("session")
+
     def program_env(self) -> dict[str, str]:
         """What every program of the sandbox starts with, as E2B's envd gives it: the user, the sandbox's marks and
         its ``envVars`` (a command's or cell's own go on top)."""

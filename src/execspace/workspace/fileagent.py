@@ -206,6 +206,40 @@ def op_walk(args: dict[str, Any]) -> list[list[Any]]:
     return found
 
 
+def op_list(args: dict[str, Any]) -> list[list[Any]]:
+    """The entries below the directory ``start`` (its components; none: the root), ``descend`` levels down, as
+    :func:`entry`, never through a link but across mount points (a machine's ``/tmp``, ``/proc``); at most
+    ``max_entries``. A directory we may not list has nothing below it."""
+    budget, descend = args["max_entries"], args["descend"]
+    found: list[list[Any]] = []
+    pending: list[list[str]] = [list(args["start"])]
+    while pending:
+        parts = pending.pop()
+        prefix = "/".join(parts)
+        try:
+            fd = open_dir(args["ws"], parts, prefix or ".")
+        except (Refused, PathDenied, OSError):
+            if not found and parts == args["start"]:
+                raise
+            continue
+        try:
+            names = sorted(os.listdir(fd))
+        except OSError:
+            names = []
+        try:
+            for name in names:
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    found.append(entry(f"{prefix}/{name}" if prefix else name, st))
+                    if len(found) >= budget:
+                        return found
+                    if stat.S_ISDIR(st.st_mode) and len(parts) - len(args["start"]) + 1 < descend:
+                        pending.append([*parts, name])
+        finally:
+            os.close(fd)
+    return found
+
+
 def op_readable(args: dict[str, Any]) -> list[int]:
     """The size of each path when it is a regular file with one link reached through no link."""
     sizes = []
@@ -363,6 +397,7 @@ OPS: dict[str, Any] = {
     "remove": op_remove,
     "stat": op_stat,
     "walk": op_walk,
+    "list": op_list,
     "readable": op_readable,
     "read": op_read,
     "write": op_write,

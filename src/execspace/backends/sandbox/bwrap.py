@@ -269,9 +269,11 @@ def build_argv(
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     args += _top_level_binds(cfg.system_root) if cfg.machine is None else cfg.machine
-    args += ["--dev", "/dev", "--size", str(cfg.shm_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    # a machine's bwrap is its root, whose tmpfs would be root's: /tmp and /dev/shm are everyone's, as on a system
+    shared = () if cfg.machine is None else ("--perms", "1777")
+    args += ["--dev", "/dev", *shared, "--size", str(cfg.shm_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args += ["--proc", "/proc", *_HIDE_INIT]
-    args += ["--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
+    args += [*shared, "--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
     for fd, path in cfg.files:
         args += ["--perms", "0644", "--ro-bind-data", str(fd), path]
