@@ -137,6 +137,8 @@ class FilesAPI:
         except ClientDisconnect:
             return error_response(400, "the client went away before the upload ended: nothing was written", _CLOSE)
         except OSError as exc:
+            if exc.errno == errno.EROFS:  # outside the home: a read-only part of the sandbox's system
+                return error_response(403, f"cannot write there: {exc.strerror}", _CLOSE)
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             message = f"the sandbox's disk is full ({exc.strerror}): the file was not written; free some space"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import errno
 import json
+import os
 import posixpath
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
@@ -47,6 +48,9 @@ _OS_ERRORS: dict[str, tuple[type[OSError], int]] = {
     "NotADirectoryError": (NotADirectoryError, errno.ENOTDIR),
     "PermissionError": (PermissionError, errno.EACCES),
 }
+
+
+_ERRNOS = {os.strerror(number): number for number in errno.errorcode}
 
 
 def outside_home(path: str) -> bool:
@@ -219,5 +223,8 @@ def _error(kind: str, path: str, why: str) -> Exception:
     shown = "/" + path.lstrip("/") if path else path
     if kind == "PathDenied":
         return PathDenied(shown, why)
-    cls, number = _OS_ERRORS.get(kind, (OSError, errno.EIO))
-    return cls(number, why, shown)
+    if kind in _OS_ERRORS:
+        cls, number = _OS_ERRORS[kind]
+        return cls(number, why, shown)
+    # another OSError: its errno by its message (EROFS, EXDEV…), so that OSError makes its own subclass
+    return OSError(_ERRNOS.get(why, errno.EIO), why, shown)

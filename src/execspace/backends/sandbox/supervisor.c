@@ -281,6 +281,25 @@ static void spawn(uint32_t id, struct reader *r, int *fds, int nfds) {
     reply(MSG_SPAWNED, id, err ? (no_dir ? SPAWNED_NO_RUN_DIR : 0) : pid, err);
 }
 
+/* The uid of a machine sandbox's user (backends/sandbox/machine.py). */
+#define MACHINE_USER 1000
+
+static int send_signal(pid_t pid, int sig, uint32_t group) {
+    int rc = group ? kill(-pid, sig) : kill(pid, sig);
+    if (rc == 0 || errno != EPERM || geteuid() != 0) return rc;
+    /* a machine's supervisor is its root without CAP_KILL: it signals as the user (effective uid), its real uid
+       still root's, which reaches root's processes (sudo) of the group too; then it is root again */
+    if (seteuid(MACHINE_USER) != 0) {
+        errno = EPERM;
+        return -1;
+    }
+    rc = group ? kill(-pid, sig) : kill(pid, sig);
+    int saved = errno;
+    if (seteuid(0) != 0) _exit(70); /* a supervisor that cannot be root again ends the session, never runs on */
+    errno = saved;
+    return rc;
+}
+
 static void signal_request(uint32_t id, struct reader *r) {
     uint32_t pid, sig, group;
     if (read_u32(r, &pid) || read_u32(r, &sig) || read_u32(r, &group) || r->at != r->end) {
@@ -292,7 +311,7 @@ static void signal_request(uint32_t id, struct reader *r) {
         reply(MSG_SIGNALED, id, EINVAL, 0);
         return;
     }
-    int rc = group ? kill(-(pid_t)pid, (int)sig) : kill((pid_t)pid, (int)sig);
+    int rc = send_signal((pid_t)pid, (int)sig, group);
     reply(MSG_SIGNALED, id, rc < 0 ? errno : 0, 0);
 }
 
