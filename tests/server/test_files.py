@@ -110,9 +110,10 @@ def test_paths_outside_the_home_are_the_sandboxes_own(sbx: Sandbox) -> None:
     for path in ("/etc/passwd", "../../etc/passwd"):
         assert "root:" in sbx.files.read(path)
     assert not sbx.files.exists("/home/user/../other")
-    sbx.files.write("/tmp/x", "x")
-    assert sbx.commands.run("cat /tmp/x").stdout == "x"
-    assert not os.path.exists("/tmp/x") or Path("/tmp/x").read_text() != "x"
+    path = f"/tmp/{sbx.sandbox_id}.txt"
+    sbx.files.write(path, "x")
+    assert sbx.commands.run(f"cat {path}").stdout == "x"
+    assert not os.path.exists(path)  # the sandbox's /tmp, not the host's
 
 
 def test_a_sandbox_cannot_see_another_ones_files(sbx: Sandbox) -> None:
