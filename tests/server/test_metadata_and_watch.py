@@ -131,6 +131,8 @@ def test_an_iterated_watch_gets_every_event_of_an_upload_as_envd_reports_it(sbx:
         assert _kinds(handle.get_new_events(), "f.txt") == [CHMOD, WRITE]  # the chown, then the truncation
         sbx.files.write("w/f.txt", "third", metadata={"k": "v"})
         assert _kinds(handle.get_new_events(), "f.txt") == [CHMOD, WRITE, CHMOD]  # and its attributes
+        sbx.files.write("w/empty.txt", "")
+        assert _kinds(handle.get_new_events(), "empty.txt") == [CREATE, CHMOD]  # nothing written: no WRITE
         assert sbx.commands.run("echo program > w/p.txt && rm w/f.txt", cwd="/home/user").exit_code == 0
         found = handle.get_new_events()
         assert (_kinds(found, "p.txt"), _kinds(found, "f.txt")) == ([CREATE, WRITE], [REMOVE])

@@ -1068,20 +1068,25 @@ class EngineConformance:
     @needs(Feature.PROGRAMS)
     async def test_file_metadata_is_what_the_program_sees(self, any_engine: Engine, any_ws: Ws) -> None:
         """The metadata is the file's own: a program reads what was written and what it sets is read back; a link
-        it makes holds none, and its target's is not read through it."""
+        it makes holds none (its target's is not read through it), and a file it gave a second name (a hard link,
+        which could be a host file's) is neither read nor written."""
         fs = await file_metadata(any_engine, any_ws)
         await any_engine.fs.put_files(any_ws, [PutFile("work/x.txt", b"x")])
         assert await fs.write_metadata(any_ws, "work/x.txt", {"from": "api"})
+        await any_engine.fs.put_files(any_ws, [PutFile("work/h.txt", b"h")])
+        assert await fs.write_metadata(any_ws, "work/h.txt", {"k": "v"})
         script = (
             "import os; print(os.getxattr('x.txt', 'user.e2b.from').decode());"
-            " os.setxattr('x.txt', 'user.e2b.by', b'program'); os.symlink('x.txt', 'link')"
+            " os.setxattr('x.txt', 'user.e2b.by', b'program'); os.symlink('x.txt', 'link'); os.link('h.txt', 'hard')"
         )
         r = await run(any_engine, any_ws, f'cd "$WORKSPACE_DIR/work" && python3 -c "{script}"')
         if r.exit_code == 127:
             pytest.skip(f"{any_engine.name}'s programs have no python3 to set an attribute with")
         assert (r.exit_code, r.stdout.strip()) == (0, "api"), r.stderr
-        found = await fs.read_metadata(any_ws, ["work/x.txt", "work/link"])
-        assert found == [{"from": "api", "by": "program"}, {}]
+        found = await fs.read_metadata(any_ws, ["work/x.txt", "work/link", "work/hard", "work/h.txt"])
+        assert found == [{"from": "api", "by": "program"}, {}, {}, {}]  # a file with two names: either may be a host's
+        with pytest.raises(PathDenied):
+            await fs.write_metadata(any_ws, "work/hard", {"k": "w"})
 
     @needs(Feature.PROGRAMS)
     async def test_file_streams_honour_the_programs_permissions(self, any_engine: Engine, any_ws: Ws) -> None:

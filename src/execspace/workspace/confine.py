@@ -353,8 +353,11 @@ class ConfinedRoot:
         finally:
             os.close(dfd)
         try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise PathDenied(path, "it has more than one hard link (another may be a host file's): no metadata")
             if writer is not None:
-                writer.refuse(path, os.fstat(fd), stat.S_IWUSR)
+                writer.refuse(path, st, stat.S_IWUSR)
             return xattrs.write_at(fd, metadata)
         finally:
             os.close(fd)

@@ -4,8 +4,9 @@ as E2B's envd keeps them, so that a program in the workspace sees them (``getfat
 The rules are envd's: a key is non-empty printable US-ASCII of at most 246 bytes (the kernel's 255 for a whole
 attribute name, less the namespace), a value printable US-ASCII, and a file's whole set at most 4096 bytes (each
 name with its namespace plus its value: what one ext4 block holds). Only regular files and directories hold them
-(the kernel keeps no ``user.`` attribute on anything else). An attribute whose name or value is not UTF-8 (set by a
-program) is left out of what is read, as envd leaves it out.
+(the kernel keeps no ``user.`` attribute on anything else), and a file only while it has one link: another name of
+it may be a host file's (a planted hard link), so a file with more reads as holding none and is never written. An
+attribute whose name or value is not UTF-8 (set by a program) is left out of what is read, as envd leaves it out.
 
 Every access is through an ``O_PATH`` descriptor of the entry opened without following a link, and the attribute
 calls name that descriptor's ``/proc/self/fd`` entry, which is the inode opened and nothing a path could be swapped
@@ -119,7 +120,9 @@ def copy_between(src: int, dst: int) -> None:
 
 
 def _holds_metadata(st: os.stat_result) -> bool:
-    return stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
+    """A directory, or a regular file with one link: another may be a host file's name (planted by a hard link),
+    whose attributes are neither read nor written here."""
+    return (stat.S_ISREG(st.st_mode) and st.st_nlink == 1) or stat.S_ISDIR(st.st_mode)
 
 
 def _listed(proc: str) -> list[str]:
