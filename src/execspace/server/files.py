@@ -37,7 +37,7 @@ from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk, to_workspace
 from .sandboxes import Sandbox, Sandboxes
 from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 from .streams import CountedStream
-from .uploads import MultipartBody, decoded_body
+from .uploads import MultipartBody, decoded_body, drain_body
 
 __all__ = ["FilesAPI", "SignatureError", "signature_matches", "signed_sandbox"]
 
@@ -117,6 +117,14 @@ class FilesAPI:
         return CountedStream(content, sandbox.share.streams, media_type="application/octet-stream", headers=headers)
 
     async def upload(self, request: Request, sandbox: Sandbox) -> Response:
+        answer = await self._answer_upload(request, sandbox)
+        if answer.status_code == 507:
+            # a body within the cap the disk could not take: read to its end (bounded), or closing the connection
+            # with it unread could reset the answer away. One past the cap is never read further (413).
+            await drain_body(request)
+        return answer
+
+    async def _answer_upload(self, request: Request, sandbox: Sandbox) -> Response:
         limit = self.sandboxes.options.max_upload_bytes
         try:
             check_user(request.query_params.get("username"))
