@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol, runtime_checkable
@@ -45,6 +45,7 @@ __all__ = [
     "Kernels",
     "ProgramHandle",
     "ProgramRunner",
+    "SupportsFileMetadata",
     "SupportsFileStreams",
     "SupportsFreezing",
     "SupportsKernels",
@@ -227,6 +228,31 @@ class SupportsFileStreams(Protocol):
         """Write the chunks to a new file beside ``path`` (created ``O_EXCL``) as they come, then rename it over
         ``path``; return the size written. Past ``max_bytes`` raise ``LimitExceeded`` without asking for another
         chunk. On any error, the chunks' own included, the new file is removed and ``path`` is left as it was."""
+        ...
+
+
+@runtime_checkable
+class SupportsFileMetadata(Protocol):
+    """A :class:`WorkspaceFS` that keeps metadata with files: string pairs stored with a file or directory (on a
+    host, extended attributes in the ``user.e2b.`` namespace, as E2B's envd stores them: a program in the workspace
+    sees them and may set them too). They stay with the entry through a rename and go with it; a file written anew
+    (``put_files``, ``write_stream``) starts with none. Keys and values follow
+    :func:`execspace.workspace.xattrs.check_file_metadata` (envd's rules). Paths, confinement and the file rule
+    are those of ``stat`` (reading) and ``put_files`` (writing); a link is never followed and holds none.
+    Where the filesystem keeps no metadata, reads give none and writes say so."""
+
+    async def read_metadata(self, ws: Workspace, paths: Sequence[str]) -> builtins.list[dict[str, str]]:
+        """The metadata of the entry at each path, in order: ``{}`` where it has none, where nothing is there
+        (any more) or where the entry is a link or holds none. A pair whose key or value is not UTF-8 (a program
+        set it) is left out."""
+        ...
+
+    async def write_metadata(self, ws: Workspace, path: str, metadata: Mapping[str, str]) -> bool:
+        """Make ``metadata`` the whole metadata of the file or directory at ``path``: keys it lacks are removed
+        (``{}`` clears it). False, and nothing written, where the entry or its filesystem keeps none.
+        ``UsageError`` for a pair the rules refuse (before anything is written), ``PathDenied`` where the
+        program may not write the entry, ``FileNotFoundError`` if nothing is there; ``OSError`` ``ENOSPC`` when
+        the filesystem has no room for it."""
         ...
 
 

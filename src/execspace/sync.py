@@ -67,6 +67,7 @@ from .protocols import (
     FileReader,
     Kernels,
     ProgramHandle,
+    SupportsFileMetadata,
     SupportsFileStreams,
     SupportsFreezing,
     SupportsKernels,
@@ -260,6 +261,12 @@ def _file_streams(engine: Engine) -> SupportsFileStreams:
     return engine.fs
 
 
+def _file_metadata(engine: Engine) -> SupportsFileMetadata:
+    if not isinstance(engine.fs, SupportsFileMetadata):
+        raise CapabilityError("file metadata", engine.name, "Use the sandbox or local backend.")
+    return engine.fs
+
+
 def _freezing(engine: Engine) -> SupportsFreezing:
     if not isinstance(engine.runner, SupportsFreezing):
         raise CapabilityError("holding programs still", engine.name, "Use the sandbox or local backend.")
@@ -337,6 +344,14 @@ class SyncWorkspaceFS(_Proxy):
         return self._owner.call(
             lambda e: _file_streams(e).write_stream(ws, path, _in_thread(chunks), max_bytes=max_bytes, mode=mode)
         )
+
+    # SupportsFileMetadata: CapabilityError where the fs has none
+
+    def read_metadata(self, ws: Workspace, paths: Sequence[str]) -> builtins.list[dict[str, str]]:
+        return self._owner.call(lambda e: _file_metadata(e).read_metadata(ws, paths))
+
+    def write_metadata(self, ws: Workspace, path: str, metadata: Mapping[str, str]) -> bool:
+        return self._owner.call(lambda e: _file_metadata(e).write_metadata(ws, path, metadata))
 
 
 async def _in_thread(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:

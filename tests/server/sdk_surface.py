@@ -1,7 +1,8 @@
 """The SDK version matrix's run at the edges of the surface (a script for another interpreter with another e2b
 installed: no pytest, no execspace there): a killed command, a removed path that was not there, a directory's and
-a link's entry info, and a sandbox killed under a running command. The server and key come from E2B_API_URL,
-E2B_SANDBOX_URL and E2B_API_KEY; it prints "ok", or fails at the first check that does not hold."""
+a link's entry info, file metadata, a watch's events, and a sandbox killed under a running command. The server and
+key come from E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY; it prints "ok", or fails at the first check that does
+not hold."""
 
 from __future__ import annotations
 
@@ -30,6 +31,18 @@ def main() -> int:
         link = sbx.files.get_info("d/link")
         # these lines read no is_symlink: a link is what it points to, as envd describes it
         assert (link.type, link.symlink_target) == (FileType.FILE, "/home/user/d/f.txt"), link
+        assert sbx.files.write("d/m.txt", "m", metadata={"k": "v"}).metadata == {"k": "v"}
+        assert sbx.files.rename("d/m.txt", "d/n.txt").metadata == {"k": "v"}
+        assert [e.metadata for e in sbx.files.list("d") if e.name == "n.txt"] == [{"k": "v"}]
+        watch = sbx.files.watch_dir("d", recursive=True, include_entry=True, allow_network_mounts=True)
+        sbx.files.write("d/e/w.txt", "w")
+        events = watch.get_new_events()
+        watch.stop()
+        kinds = [(e.name, e.type.name) for e in events if e.name == "e/w.txt"]
+        assert kinds == [("e/w.txt", "CREATE"), ("e/w.txt", "CHMOD"), ("e/w.txt", "WRITE")], events
+        assert all(
+            e.entry is not None and e.entry.path == "/home/user/d/e/w.txt" for e in events if e.name == "e/w.txt"
+        )
     finally:
         sbx.kill()
     doomed = Sandbox.create()

@@ -31,7 +31,7 @@ def test_create_info_kill() -> None:
         assert info.metadata == {"owner": "me"}
         assert info.state is SandboxState.RUNNING
         assert 110 <= (info.end_at - info.started_at).total_seconds() <= 121
-        assert info.envd_version == "0.5.7"
+        assert info.envd_version == "0.6.4"
         assert sbx.is_running()
     finally:
         assert sbx.kill() is True
@@ -153,7 +153,7 @@ def test_v1_routes_and_unknown_routes(e2b_server: Server) -> None:
         made = http.post("/sandboxes", json={"templateID": "base", "secure": False, "timeout": 30})
         assert made.status_code == 201, made.text
         body = made.json()
-        assert body["envdAccessToken"] is None and body["envdVersion"] == "0.5.7"
+        assert body["envdAccessToken"] is None and body["envdVersion"] == "0.6.4"
         sandbox_id = body["sandboxID"]
         connected = http.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 30})
         assert connected.status_code == 200 and connected.json()["sandboxID"] == sandbox_id

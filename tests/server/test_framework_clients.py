@@ -43,9 +43,15 @@ def test_smolagents_e2b_executor_runs_unchanged() -> None:
 
 async def test_the_agents_sdk_e2b_client_runs_unchanged() -> None:
     """Its set-up commands run in cwd='/' and name /home/user (both are there in serve's sandboxes); it asks for
-    auto-pause unless on_timeout='kill', auto_resume=False (kill at timeout, as the other tests expect)."""
+    auto-pause unless on_timeout='kill', auto_resume=False (kill at timeout, as the other tests expect). It asks for
+    the network by default: a server that keeps sandboxes offline refuses that, naming its flag, never silently."""
     client = E2BSandboxClient()
-    options = E2BSandboxClientOptions(sandbox_type="e2b", on_timeout="kill", auto_resume=False)
+    asks_network = E2BSandboxClientOptions(sandbox_type="e2b", on_timeout="kill", auto_resume=False)
+    with pytest.raises(Exception, match="--allow-internet-access"):
+        await client.create(manifest=Manifest(root="/home/user/work"), options=asks_network)
+    options = E2BSandboxClientOptions(
+        sandbox_type="e2b", on_timeout="kill", auto_resume=False, allow_internet_access=False
+    )
     session = await client.create(manifest=Manifest(root="/home/user/work"), options=options)
     try:
         async with session:

@@ -19,6 +19,7 @@ import pytest
 
 import execspace
 from execspace import InputSpec, InvalidSpec, OutputSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
+from execspace.protocols import SupportsFileMetadata
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process, wait_processes
 from execspace.workspace.branches import MAX_DEPTH, overlay_supported
 from execspace.workspace.hostmanager import HostWorkspaceManager, remove_workspace_tree
@@ -208,7 +209,7 @@ async def test_a_snapshot_pauses_the_container_for_its_instant(request: pytest.F
             await handle.kill()
 
 
-async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEngine) -> None:
+async def test_restore_brings_back_every_byte_mode_and_metadata(engine: execspace.BaseEngine) -> None:
     ws = await engine.manager.create_workspace("fork/restore")
     root = host(ws)
     (root / "work/bin").mkdir()
@@ -226,6 +227,9 @@ async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEng
     owner = root.stat()
     for p in (root / "work").rglob("*"):  # as the sandbox's programs' own files (its uid, as root)
         os.chown(p, owner.st_uid, owner.st_gid, follow_symlinks=False)
+    fs = engine.fs
+    assert isinstance(fs, SupportsFileMetadata)
+    kept = [await fs.write_metadata(ws, p, {"from": p}) for p in ("work/secret", "work/bin")]
     before = tree(root)
     snap = await manager(engine).snapshot(ws, name="clean")
     assert snap.workspace == ws.id and snap.name == "clean"
@@ -233,8 +237,11 @@ async def test_restore_brings_back_every_byte_and_mode(engine: execspace.BaseEng
     await run(engine, ws, "echo changed > secret; rm -f ro; rm -rf bin; echo more > added")
     os.chmod(root / "work/sparse", 0o700)
     assert tree(root) != before
+    await fs.write_metadata(ws, "work/secret", {})
     await manager(engine).restore(ws, "clean")
     assert tree(root) == before
+    expected = [{"from": p} if k else {} for p, k in zip(("work/secret", "work/bin"), kept, strict=True)]
+    assert await fs.read_metadata(ws, ["work/secret", "work/bin"]) == expected  # file metadata comes back too
     assert (root / "work/sparse").stat().st_blocks * 512 < 16 * 1024 * 1024
     # the restored workspace still works as itself: its programs write where they may
     assert await run(engine, ws, "cat secret; echo x > after; cat after") == "\0\1\2 binaryx\n"

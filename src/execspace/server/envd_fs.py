@@ -25,6 +25,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from ..errors import ExecspaceError
 from ..models import FileEntry, FileKind
+from ..protocols import SupportsFileMetadata
 from .envd.filesystem import filesystem_pb as pb
 from .envd.filesystem.filesystem_connect import Filesystem
 from .paths import USER, to_sdk
@@ -34,7 +35,7 @@ from .streams import deadline_of, until_closed
 from .watch import Change, DirectoryWatch
 from .wholeview import SandboxView, outside_home
 
-__all__ = ["FilesystemService", "entry_info", "permissions"]
+__all__ = ["FilesystemService", "described", "entry_info", "permissions"]
 
 #: The deepest listing ``ListDir`` gives (the SDK's ``depth``, a uint32): deeper levels are left out, as below any
 #: depth asked for. A listing is one walk that descends no further than the depth.
@@ -45,12 +46,20 @@ _WATCH_DUTY = 0.1
 _MAX_LINKS = 40
 
 _TYPES = {FileKind.FILE: pb.FileType.FILE, FileKind.DIR: pb.FileType.DIRECTORY, FileKind.SYMLINK: pb.FileType.SYMLINK}
-_EVENTS = {"create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE}
+_EVENTS = {
+    "create": pb.EventType.CREATE,
+    "write": pb.EventType.WRITE,
+    "remove": pb.EventType.REMOVE,
+    "chmod": pb.EventType.CHMOD,
+}
 
 
-def entry_info(entry: FileEntry, target: tuple[str, FileEntry | None] | None = None) -> pb.EntryInfo:
+def entry_info(
+    entry: FileEntry, target: tuple[str, FileEntry | None] | None = None, metadata: dict[str, str] | None = None
+) -> pb.EntryInfo:
     """envd's view of an entry: everything in the home belongs to ``user``. A symbolic link's ``target`` is its
-    resolved path and what is there (None: it could not be followed), see :func:`link_target`."""
+    resolved path and what is there (None: it could not be followed), see :func:`link_target`; ``metadata`` is the
+    entry's (a link's: its target's, as envd reads it through the link)."""
     path = to_sdk(entry.path)
     kind, mode = entry.kind, entry.mode or 0
     info = pb.EntryInfo(
@@ -62,6 +71,7 @@ def entry_info(entry: FileEntry, target: tuple[str, FileEntry | None] | None = N
         group=USER,
         modified_time=Timestamp.from_nanos(int(entry.mtime * 1e9)),
         is_symlink=kind is FileKind.SYMLINK,
+        metadata=metadata or {},
     )
     if kind is FileKind.SYMLINK and target is not None:
         info.symlink_target, pointed = target
@@ -110,7 +120,7 @@ class FilesystemService(ServiceBase, Filesystem):
             view = SandboxView(sandbox)
             async with sandbox.share.file_op():
                 entry = await view.stat(view.path(path))
-                return await _described(sandbox, entry)
+                return (await described(sandbox, [entry]))[0]
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any], /) -> pb.ListDirResponse:
         sandbox = self.sandbox(ctx)
@@ -119,8 +129,8 @@ class FilesystemService(ServiceBase, Filesystem):
         with rpc_errors(request.path):
             async with sandbox.share.file_op():
                 entries = await SandboxView(sandbox).list_dir(directory, depth=depth)
-                described = [await _described(sandbox, e) for e in entries if e.path != directory]
-        return pb.ListDirResponse(entries=described)
+                infos = await described(sandbox, [e for e in entries if e.path != directory])
+        return pb.ListDirResponse(entries=infos)
 
     async def _directory(self, sandbox: Sandbox, path: str) -> str:
         """The workspace path of ``path``, which must be a directory."""
@@ -163,6 +173,7 @@ class FilesystemService(ServiceBase, Filesystem):
     # watching: the sync SDK polls a watcher, the async one streams
 
     async def _watch(self, sandbox: Sandbox, path: str, recursive: bool) -> DirectoryWatch:
+        """A watch of the directory ``path``, among the sandbox's live ones (the caller discards it)."""
         directory = await self._directory(sandbox, path)
         if outside_home(directory):
             raise ConnectError(
@@ -170,9 +181,14 @@ class FilesystemService(ServiceBase, Filesystem):
                 f"watching {path!r}: this server watches directories under /home/user only; watch one there",
             )
         watch = DirectoryWatch(sandbox.engine.fs, sandbox.workspace, directory, recursive=recursive)
-        with rpc_errors(path):
-            async with sandbox.share.file_op():
-                await watch.start()
+        sandbox.watches.add(watch)  # before its first look: an upload that ends meanwhile is told to it
+        try:
+            with rpc_errors(path):
+                async with sandbox.share.file_op():
+                    await watch.start()
+        except BaseException:
+            sandbox.watches.discard(watch)
+            raise
         return watch
 
     async def create_watcher(
@@ -201,14 +217,17 @@ class FilesystemService(ServiceBase, Filesystem):
         with rpc_errors():
             async with sandbox.share.file_op():
                 changes = await watch.changes()
-        return pb.GetWatcherEventsResponse(events=[_event(c, include_entry) for c in changes])
+                events = await _events(sandbox, changes, include_entry)
+        return pb.GetWatcherEventsResponse(events=events)
 
     async def remove_watcher(
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.RemoveWatcherResponse:
         sandbox = self.sandbox(ctx)
-        if sandbox.watchers.pop(request.watcher_id, None) is None:
+        found = sandbox.watchers.pop(request.watcher_id, None)
+        if found is None:
             raise ConnectError(Code.NOT_FOUND, f"no watcher {request.watcher_id!r} in this sandbox")
+        sandbox.watches.discard(found[0])
         sandbox.share.watchers.give_back()
         return pb.RemoveWatcherResponse()
 
@@ -234,6 +253,15 @@ class FilesystemService(ServiceBase, Filesystem):
         self, sandbox: Sandbox, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[pb.WatchDirResponse]:
         watch = await self._watch(sandbox, request.path, request.recursive)
+        try:
+            async for response in self._streamed(sandbox, watch, request, ctx):
+                yield response
+        finally:
+            sandbox.watches.discard(watch)
+
+    async def _streamed(
+        self, sandbox: Sandbox, watch: DirectoryWatch, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchDirResponse]:
         start: Oneof[Literal["start"], pb.WatchDirResponse.StartEvent] = Oneof(
             "start", pb.WatchDirResponse.StartEvent()
         )
@@ -250,10 +278,9 @@ class FilesystemService(ServiceBase, Filesystem):
             with rpc_errors():
                 async with sandbox.share.file_op():
                     changes = await watch.changes()
-            for change in changes:
-                event: Oneof[Literal["filesystem"], pb.FilesystemEvent] = Oneof(
-                    "filesystem", _event(change, request.include_entry)
-                )
+                    events = await _events(sandbox, changes, request.include_entry)
+            for one in events:
+                event: Oneof[Literal["filesystem"], pb.FilesystemEvent] = Oneof("filesystem", one)
                 yield pb.WatchDirResponse(event=event)
                 said = loop.time()
             # a directory that takes long to walk is walked less often: the watch's share of the time stays small
@@ -263,11 +290,20 @@ class FilesystemService(ServiceBase, Filesystem):
                 yield keepalive
 
 
-async def _described(sandbox: Sandbox, entry: FileEntry) -> pb.EntryInfo:
-    """:func:`entry_info` of an entry, a symbolic link followed."""
-    if entry.kind is not FileKind.SYMLINK:
-        return entry_info(entry)
-    return entry_info(entry, await link_target(sandbox, entry))
+async def described(sandbox: Sandbox, entries: list[FileEntry]) -> list[pb.EntryInfo]:
+    """:func:`entry_info` of each entry, a symbolic link followed, with its metadata where the file system keeps
+    it (a link's is its target's)."""
+    targets = [await link_target(sandbox, e) if e.kind is FileKind.SYMLINK else None for e in entries]
+    if not isinstance(sandbox.engine.fs, SupportsFileMetadata):
+        return [entry_info(e, t) for e, t in zip(entries, targets, strict=True)]
+    paths = [e.path if t is None else _metadata_path(e, t) for e, t in zip(entries, targets, strict=True)]
+    metadata = await SandboxView(sandbox).read_metadata(paths)
+    return [entry_info(e, t, m) for e, t, m in zip(entries, targets, metadata, strict=True)]
+
+
+def _metadata_path(link: FileEntry, target: tuple[str, FileEntry | None]) -> str:
+    """Where a link's metadata is read: its target's path, or its own (none) where it cannot be followed."""
+    return link.path if target[1] is None else target[1].path
 
 
 async def _pause(sandbox: Sandbox, seconds: float) -> None:
@@ -277,6 +313,15 @@ async def _pause(sandbox: Sandbox, seconds: float) -> None:
             await asyncio.wait_for(sandbox.closed.wait(), seconds)
 
 
-def _event(change: Change, include_entry: bool) -> pb.FilesystemEvent:
-    entry = entry_info(change.entry) if include_entry and change.entry is not None else None
-    return pb.FilesystemEvent(name=change.name, type=_EVENTS[change.kind], entry=entry)
+async def _events(sandbox: Sandbox, changes: list[Change], include_entry: bool) -> list[pb.FilesystemEvent]:
+    """envd's events of the changes; with ``include_entry``, each that has an entry carries it (a removal none)."""
+    entries = [c.entry for c in changes if c.entry is not None] if include_entry else []
+    infos = iter(await described(sandbox, entries) if entries else [])
+    return [
+        pb.FilesystemEvent(
+            name=c.name,
+            type=_EVENTS[c.kind],
+            entry=next(infos) if include_entry and c.entry is not None else None,
+        )
+        for c in changes
+    ]

@@ -30,19 +30,21 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import LimitExceeded, PathDenied, UsageError
 from ..models import PutFile, Workspace
-from ..protocols import FileReader, SupportsFileStreams, WorkspaceFS
+from ..protocols import FileReader, SupportsFileMetadata, SupportsFileStreams, WorkspaceFS
+from ..workspace import check_file_metadata
 from .control import error_response
 from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk
 from .sandboxes import Sandbox, Sandboxes
 from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 from .streams import CountedStream
-from .uploads import MultipartBody, decoded_body
+from .uploads import MultipartBody, decoded_body, drain_body
 from .wholeview import SandboxView
 
 __all__ = ["FilesAPI", "SignatureError", "signature_matches", "signed_sandbox"]
 
 Operation = Literal["read", "write"]
 _MAX_PARTS = 1000
+_METADATA_HEADER = "x-metadata-"
 #: A refused upload's body may not have been read to the end: over HTTP/1 its connection goes, rather than the rest
 #: being read (and thrown away) to keep it. HTTP/2 has no such header (h2 leaves it out): flow control stops there.
 _CLOSE = {"Connection": "close"}
@@ -50,6 +52,10 @@ _CLOSE = {"Connection": "close"}
 
 class SignatureError(Exception):
     """A signed file URL that no live sandbox signed, or one past its expiry."""
+
+
+class _NotBuilt(Exception):
+    """What this server's backend cannot do for an upload (501)."""
 
 
 class _Forbidden(Exception):
@@ -113,6 +119,14 @@ class FilesAPI:
         return CountedStream(content, sandbox.share.streams, media_type="application/octet-stream", headers=headers)
 
     async def upload(self, request: Request, sandbox: Sandbox) -> Response:
+        answer = await self._answer_upload(request, sandbox)
+        if answer.status_code == 507:
+            # a body within the cap the disk could not take: read to its end (bounded), or closing the connection
+            # with it unread could reset the answer away. One past the cap is never read further (413).
+            await drain_body(request)
+        return answer
+
+    async def _answer_upload(self, request: Request, sandbox: Sandbox) -> Response:
         limit = self.sandboxes.options.max_upload_bytes
         try:
             check_user(request.query_params.get("username"))
@@ -125,6 +139,8 @@ class FilesAPI:
             return error_response(413, message, _CLOSE)
         except _Forbidden as exc:
             return error_response(403, str(exc), _CLOSE)
+        except _NotBuilt as exc:
+            return error_response(501, str(exc), _CLOSE)
         except PathDenied as exc:
             return error_response(400, _denied(exc), _CLOSE)
         except PermissionError as exc:  # the sandbox's user may not write there (outside the home)
@@ -143,32 +159,83 @@ class FilesAPI:
                 raise
             message = f"the sandbox's disk is full ({exc.strerror}): the file was not written; free some space"
             return error_response(507, message, _CLOSE)
-        return JSONResponse([{"name": posixpath.basename(p), "type": "file", "path": p} for p in map(to_sdk, written)])
+        return JSONResponse([_written(p, m) for p, m in written])
 
-    async def _upload(self, request: Request, sandbox: Sandbox, limit: int) -> list[str]:
-        """Write the request's files; their workspace paths."""
+    async def _upload(self, request: Request, sandbox: Sandbox, limit: int) -> list[tuple[str, dict[str, str]]]:
+        """Write the request's files; their workspace paths, each with the metadata it was given."""
         path = request.query_params.get("path")
         signed = "signature" in request.query_params
         if signed and not path:
             raise _Forbidden("a signed upload URL names the file it writes (its path parameter); this one names none")
-        view = SandboxView(sandbox, self._streams(sandbox))
+        write = _Writer(sandbox, SandboxView(sandbox, self._streams(sandbox)), limit, metadata_headers(request))
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("multipart/form-data"):
             form = MultipartBody(decoded_body(request), content_type)
             if path:
-                return [await _write_only_part(form, view, path, signed, limit)]
-            return await _write_parts(form, view, limit)
+                await _write_only_part(form, write, path, signed)
+            else:
+                await _write_parts(form, write)
+            return await write.results()
         if not path:
             raise UsageError("an octet-stream upload needs a path query parameter")
         length = request.headers.get("content-length", "")
         if "content-encoding" not in request.headers and length.isdigit() and int(length) > limit:
             raise LimitExceeded(f"the body is {length} bytes")  # refused before a byte of it is read
-        target = view.path(path)
-        await view.write_stream(target, decoded_body(request), max_bytes=limit)
-        return [target]
+        await write(write.view.path(path), decoded_body(request))
+        return await write.results()
 
 
-async def _write_only_part(form: MultipartBody, view: SandboxView, path: str, signed: bool, limit: int) -> str:
+def metadata_headers(request: Request) -> dict[str, str]:
+    """The metadata an upload gives its files, as envd reads it: each ``X-Metadata-<key>`` header, its key
+    lower-cased, the first of a repeated one; ``UsageError`` for a pair envd's rules refuse."""
+    metadata: dict[str, str] = {}
+    for name, value in request.headers.raw:
+        key = name.decode("latin-1").lower()
+        if key.startswith(_METADATA_HEADER) and len(key) > len(_METADATA_HEADER):
+            metadata.setdefault(key[len(_METADATA_HEADER) :], value.decode("latin-1"))
+    check_file_metadata(metadata)
+    return metadata
+
+
+def _written(path: str, metadata: dict[str, str]) -> dict[str, object]:
+    """One file of an upload's answer, as envd's: its metadata left out where it has none."""
+    sdk = to_sdk(path)
+    found: dict[str, object] = {"name": posixpath.basename(sdk), "type": "file", "path": sdk}
+    if metadata:
+        found["metadata"] = metadata
+    return found
+
+
+class _Writer:
+    """Writes an upload's files one by one, wherever in the sandbox's view they are (:class:`SandboxView`): each
+    with the upload's metadata, told to the watches that see it."""
+
+    def __init__(self, sandbox: Sandbox, view: SandboxView, limit: int, metadata: dict[str, str]) -> None:
+        if metadata and not isinstance(sandbox.engine.fs, SupportsFileMetadata):
+            raise _NotBuilt(
+                f"file metadata: this server's {sandbox.engine.name} backend keeps none; upload without X-Metadata-* "
+                "headers (the SDK's metadata=)"
+            )
+        self._sandbox, self.view, self.limit, self._metadata = sandbox, view, limit, metadata
+        self.written: list[str] = []
+
+    async def __call__(self, target: str, chunks: AsyncIterable[bytes]) -> None:
+        with self._sandbox.watches.upload(target) as upload:  # a path outside the home is no watch's
+            await self.view.write_stream(target, chunks, max_bytes=self.limit)
+            self.written.append(target)
+            tagged = bool(self._metadata) and await self.view.write_metadata(target, self._metadata)
+            if upload.watches:
+                upload.wrote(await self.view.stat(target), tagged=tagged)
+
+    async def results(self) -> list[tuple[str, dict[str, str]]]:
+        """Each file written, with the metadata it holds now (read back: a filesystem may keep none)."""
+        if not self._metadata:
+            return [(p, {}) for p in self.written]
+        held = await self.view.read_metadata(self.written)
+        return list(zip(self.written, held, strict=True))
+
+
+async def _write_only_part(form: MultipartBody, write: _Writer, path: str, signed: bool) -> None:
     """The upload whose query names its one file: the body's only part, named ``file``, is written there (its own
     file name is not used). Signed, the part must not name another path; any second part is refused, and with
     it the first, which is never written."""
@@ -177,8 +244,8 @@ async def _write_only_part(form: MultipartBody, view: SandboxView, path: str, si
         if signed:
             raise _Forbidden(f"a signed upload URL writes one file ({path!r}): its body must be one part, named 'file'")
         raise UsageError("the upload holds no file: its multipart part must be named 'file'")
-    target = view.path(path)
-    if signed and not _names_target(view, part.filename, target):
+    target = write.view.path(path)
+    if signed and not _names_target(write.view, part.filename, target):
         raise _Forbidden(
             f"the upload URL is signed for {path!r} only, and its part names {part.filename!r}: send the file as "
             "that path, or sign a URL for the other one"
@@ -193,27 +260,23 @@ async def _write_only_part(form: MultipartBody, view: SandboxView, path: str, si
                 raise _Forbidden(f"{message}: a signed URL writes its own path only; sign a URL per file")
             raise UsageError(f"{message}: send several files without the path parameter, each named by its part")
 
-    await view.write_stream(target, only(), max_bytes=limit)
-    return target
+    await write(target, only())
 
 
-async def _write_parts(form: MultipartBody, view: SandboxView, limit: int) -> list[str]:
+async def _write_parts(form: MultipartBody, write: _Writer) -> None:
     """Each part named ``file`` written to its file name (a path), as it ends; other parts are read past."""
-    written: list[str] = []
     for _ in range(_MAX_PARTS):
         part = await form.next_part()
         if part is None:
-            if not written:
+            if not write.written:
                 raise UsageError("the upload holds no file (multipart parts must be named 'file')")
-            return written
+            return
         if part.name != "file":
-            await _read_past(form.data(), limit)
+            await _read_past(form.data(), write.limit)
             continue
         if not part.filename:
             raise UsageError("a multipart file part has no filename to write it to")
-        target = view.path(part.filename)
-        await view.write_stream(target, form.data(), max_bytes=limit)
-        written.append(target)
+        await write(write.view.path(part.filename), form.data())
     raise UsageError(f"the upload has more than {_MAX_PARTS} parts; send the files in several uploads")
 
 

@@ -20,8 +20,9 @@ __all__ = ["ENVD_VERSION", "KERNEL_TEMPLATES", "TLS", "ServerOptions", "generate
 
 #: The envd version reported to the SDK; it switches SDK features on by version (``e2b/envd/versions.py``), so it
 #: names the newest level whose features are all implemented: 0.4.0 the server picks the default user, 0.5.2
-#: ``close_stdin``, 0.5.7 octet-stream and gzip uploads. 0.6.2 (file metadata as xattrs) is not implemented.
-ENVD_VERSION = "0.5.7"
+#: ``close_stdin``, 0.5.7 octet-stream and gzip uploads, 0.6.2 file metadata (``user.e2b.`` xattrs), 0.6.3 entries
+#: in watch events, 0.6.4 watches of network mounts (``allow_network_mounts``).
+ENVD_VERSION = "0.6.4"
 #: The templates whose pooled sandboxes get a warm kernel (``ServerOptions.warm_kernels``).
 KERNEL_TEMPLATES = ("code-interpreter-v1",)
 

@@ -32,7 +32,7 @@ from .options import ServerOptions
 from .paths import USER
 from .pool import ReadySandbox, SandboxPool, workspace_policy
 from .shares import SandboxShare, ShareLimits
-from .watch import DirectoryWatch
+from .watch import DirectoryWatch, Watches
 
 __all__ = ["CreateRequest", "Sandbox", "SandboxGone", "Sandboxes", "SandboxesFull"]
 
@@ -96,6 +96,8 @@ class Sandbox:
     """What it holds of the server (file operations, commands, streams, watchers) against its caps."""
     watchers: dict[str, tuple[DirectoryWatch, bool]] = field(default_factory=dict)
     """Polling watchers by id, with whether their events carry the entry."""
+    watches: Watches = field(default_factory=Watches)
+    """Every live watch, polled or streamed: what the file API writes is told to those it concerns."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the sandbox is killed or expires: its streams end."""
     waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)

@@ -5,6 +5,8 @@ claims to be.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator
@@ -18,7 +20,7 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
-__all__ = ["MultipartBody", "Part", "decoded_body"]
+__all__ = ["MultipartBody", "Part", "decoded_body", "drain_body"]
 
 #: Decoded bytes one step of gzip inflation yields: a small body cannot become a large piece of memory.
 _PIECE = 256 * 1024
@@ -32,10 +34,12 @@ async def decoded_body(request: Request) -> AsyncIterator[bytes]:
     """The request's body as it arrives; with ``Content-Encoding: gzip`` decoded at most 256 KiB at a time.
     ``UsageError`` for another encoding, or a gzip stream cut short or followed by more bytes."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
+    request.state.body_started = True
     if encoding in ("", "identity"):
         async for chunk in request.stream():
             if chunk:
                 yield chunk
+        request.state.body_ended = True
         return
     if encoding != "gzip":
         raise UsageError(f"Content-Encoding {encoding!r} is not supported: send the body as it is, or gzip it")
@@ -52,10 +56,36 @@ async def decoded_body(request: Request) -> AsyncIterator[bytes]:
             # a full piece may leave output pending in zlib with no input left: then ask again, with none
             if not data and len(piece) < _PIECE:
                 break
+    request.state.body_ended = True
     if not inflate.eof:
         raise UsageError("the gzip body ended before its end of stream")
     if inflate.unused_data:
         raise UsageError("the body goes on after its gzip stream ended: send one gzip stream")
+
+
+#: What is read of a refused upload's body before its connection is closed (see :func:`drain_body`).
+_DRAIN_BYTES = 64 * 1024 * 1024
+_DRAIN_SECONDS = 2.0
+
+
+async def drain_body(request: Request) -> None:
+    """Read and drop what is left of a body whose upload was refused part-way (the disk filled), at most
+    :data:`_DRAIN_BYTES` for :data:`_DRAIN_SECONDS`: the answer goes with ``Connection: close``, and closing a socket
+    with unread bytes resets the connection, which can destroy the answer before the client reads it (a lingering
+    close). A body never started (refused by its headers) or read to its end is left alone."""
+    state = request.state
+    if not getattr(state, "body_started", False) or getattr(state, "body_ended", False):
+        return
+    left = _DRAIN_BYTES
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            while left > 0:
+                message = await request.receive()
+                if message["type"] != "http.request":
+                    return
+                left -= len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
 
 
 class Part:

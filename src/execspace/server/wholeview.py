@@ -20,12 +20,12 @@ import errno
 import json
 import os
 import posixpath
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import BackendError, LimitExceeded, PathDenied
 from ..models import FileEntry, FileKind, ResourceLimits, RunProgramSpec
-from ..protocols import FileReader, SupportsFileStreams
+from ..protocols import FileReader, SupportsFileMetadata, SupportsFileStreams
 from ..workspace.fileagent import agent_text
 from .paths import HOME, program_dir, to_sdk, to_view
 from .sandboxes import Sandbox
@@ -116,6 +116,28 @@ class SandboxView:
             return await self._fs.rename(self._sandbox.workspace, src, dst)
         # one of them is outside: the agent moves both, the home's by its path in the sandbox
         await self._agent("rename", src=_rel(_absolute(src)), dst=_rel(_absolute(dst)))
+
+    async def read_metadata(self, paths: Sequence[str]) -> list[dict[str, str]]:
+        """Each path's file metadata (:class:`SupportsFileMetadata`): the home's from the engine's file API
+        (none where it keeps none), the others' ``user.e2b.`` attributes read by the agent in one run."""
+        found: dict[str, dict[str, str]] = {}
+        home = [p for p in paths if not outside_home(p)]
+        if home and isinstance(self._fs, SupportsFileMetadata):
+            found.update(zip(home, await self._fs.read_metadata(self._sandbox.workspace, home), strict=True))
+        elsewhere = [p for p in paths if outside_home(p) and p != "/"]
+        if elsewhere:
+            held = await self._agent("metadata", paths=[_rel(p) for p in elsewhere])
+            found.update(zip(elsewhere, held, strict=True))
+        return [found.get(p, {}) for p in paths]
+
+    async def write_metadata(self, path: str, metadata: Mapping[str, str]) -> bool:
+        """Make ``metadata`` the file's whole metadata; False where it keeps none. Outside the home the agent sets
+        the attributes with the program's permissions, as ``setfattr`` in the sandbox would."""
+        if outside_home(path):
+            return bool(await self._agent("set_metadata", path=_rel(path), metadata=dict(metadata)))
+        if not isinstance(self._fs, SupportsFileMetadata):
+            return False
+        return await self._fs.write_metadata(self._sandbox.workspace, path, metadata)
 
     async def open_reader(self, path: str) -> FileReader:
         if not outside_home(path):

@@ -55,7 +55,13 @@ from execspace import (
     ResourceLimits,
     RunProgramSpec,
 )
-from execspace.protocols import SupportsFileStreams, SupportsFreezing, SupportsKernels, SupportsSnapshots
+from execspace.protocols import (
+    SupportsFileMetadata,
+    SupportsFileStreams,
+    SupportsFreezing,
+    SupportsKernels,
+    SupportsSnapshots,
+)
 from execspace.testing.binding import EngineBinding, Feature, needs, open_bound
 from execspace.testing.processes import TAG_VARIABLE, new_tag, pids_with, wait_no_process
 
@@ -223,6 +229,19 @@ def file_streams(engine: Engine) -> SupportsFileStreams:
     fs = engine.fs
     if not isinstance(fs, SupportsFileStreams):
         pytest.skip(f"{type(fs).__name__} has no file streams (SupportsFileStreams)")
+    return fs
+
+
+async def file_metadata(engine: Engine, ws: Ws) -> SupportsFileMetadata:
+    """The engine's file system as ``SupportsFileMetadata``; the case is skipped where it is not one, or where the
+    workspace's filesystem keeps no metadata (a write of it says so)."""
+    fs = engine.fs
+    if not isinstance(fs, SupportsFileMetadata):
+        pytest.skip(f"{type(fs).__name__} keeps no file metadata (SupportsFileMetadata)")
+    await fs.put_files(ws, [PutFile("work/probe.txt", b"")])
+    if not await fs.write_metadata(ws, "work/probe.txt", {"probe": "1"}):
+        pytest.skip(f"{engine.name}'s workspace filesystem keeps no extended attributes")
+    await fs.remove(ws, "work/probe.txt")
     return fs
 
 
@@ -1018,6 +1037,56 @@ class EngineConformance:
             await fs.write_stream(any_ws, "work/s/big.bin", stream_of(b"1234", b"5678"), max_bytes=6)
         assert (await any_engine.fs.read_file(any_ws, "work/s/big.bin")).content == data
         assert [e.path for e in await any_engine.fs.list(any_ws, ["work/s/*"])] == ["work/s/big.bin"]
+
+    async def test_file_metadata_stays_with_its_file(self, any_engine: Engine, any_ws: Ws) -> None:
+        """Where the file system keeps metadata (``SupportsFileMetadata``), it is the file's: read back as written,
+        replaced whole, kept through a rename, gone when the file is written anew; a link, a missing path and a
+        file without any have none; envd's rules and the workspace's confinement hold."""
+        fs = await file_metadata(any_engine, any_ws)
+        await any_engine.fs.put_files(any_ws, [PutFile("work/m/a.txt", b"a"), PutFile("work/m/b.txt", b"b")])
+        assert await fs.write_metadata(any_ws, "work/m/a.txt", {"author": "mish", "purpose": "upload"})
+        assert await fs.write_metadata(any_ws, "work/m", {"dir": "yes"})
+        found = await fs.read_metadata(any_ws, ["work/m/a.txt", "work/m/b.txt", "work/m", "work/absent"])
+        assert found == [{"author": "mish", "purpose": "upload"}, {}, {"dir": "yes"}, {}]
+        assert await fs.write_metadata(any_ws, "work/m/a.txt", {"author": "mish"})  # the whole set, replaced
+        await any_engine.fs.rename(any_ws, "work/m/a.txt", "work/m/renamed.txt")
+        assert await fs.read_metadata(any_ws, [f"{any_ws.path}/work/m/renamed.txt"]) == [{"author": "mish"}]
+        await any_engine.fs.put_files(any_ws, [PutFile("work/m/renamed.txt", b"anew")])
+        assert await fs.read_metadata(any_ws, ["work/m/renamed.txt"]) == [{}]
+        for bad in ({"": "v"}, {"tab\tkey": "v"}, {"k": "line\n"}, {"k": "é"}, {"k" * 247: "v"}, {"k": "v" * 4096}):
+            with pytest.raises(execspace.UsageError):
+                await fs.write_metadata(any_ws, "work/m/b.txt", bad)
+        assert await fs.read_metadata(any_ws, ["work/m/b.txt"]) == [{}]
+        with pytest.raises(FileNotFoundError):
+            await fs.write_metadata(any_ws, "work/absent", {"k": "v"})
+        for escape in ("../escape.txt", "/etc/passwd", "work/../../x"):
+            with pytest.raises(PathDenied):
+                await fs.write_metadata(any_ws, escape, {"k": "v"})
+            with pytest.raises(PathDenied):
+                await fs.read_metadata(any_ws, [escape])
+
+    @needs(Feature.PROGRAMS)
+    async def test_file_metadata_is_what_the_program_sees(self, any_engine: Engine, any_ws: Ws) -> None:
+        """The metadata is the file's own: a program reads what was written and what it sets is read back; a link
+        it makes holds none (its target's is not read through it), and a file it gave a second name (a hard link,
+        which could be a host file's) is neither read nor written."""
+        fs = await file_metadata(any_engine, any_ws)
+        await any_engine.fs.put_files(any_ws, [PutFile("work/x.txt", b"x")])
+        assert await fs.write_metadata(any_ws, "work/x.txt", {"from": "api"})
+        await any_engine.fs.put_files(any_ws, [PutFile("work/h.txt", b"h")])
+        assert await fs.write_metadata(any_ws, "work/h.txt", {"k": "v"})
+        script = (
+            "import os; print(os.getxattr('x.txt', 'user.e2b.from').decode());"
+            " os.setxattr('x.txt', 'user.e2b.by', b'program'); os.symlink('x.txt', 'link'); os.link('h.txt', 'hard')"
+        )
+        r = await run(any_engine, any_ws, f'cd "$WORKSPACE_DIR/work" && python3 -c "{script}"')
+        if r.exit_code == 127:
+            pytest.skip(f"{any_engine.name}'s programs have no python3 to set an attribute with")
+        assert (r.exit_code, r.stdout.strip()) == (0, "api"), r.stderr
+        found = await fs.read_metadata(any_ws, ["work/x.txt", "work/link", "work/hard", "work/h.txt"])
+        assert found == [{"from": "api", "by": "program"}, {}, {}, {}]  # a file with two names: either may be a host's
+        with pytest.raises(PathDenied):
+            await fs.write_metadata(any_ws, "work/hard", {"k": "w"})
 
     @needs(Feature.PROGRAMS)
     async def test_file_streams_honour_the_programs_permissions(self, any_engine: Engine, any_ws: Ws) -> None:

@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from .hostroots import HostRoots
     from .metadata import refuse_record
     from .staging import Stager, load_ws_metadata, save_ws_metadata
+    from .xattrs import check_file_metadata
 
 __all__ = [
     "ConfinedRoot",
     "HostRoots",
     "Stager",
+    "check_file_metadata",
     "load_ws_metadata",
     "normalize_globs",
     "refuse_record",
@@ -34,6 +36,7 @@ _LAZY = {
     "ConfinedRoot": ".confine",
     "HostRoots": ".hostroots",
     "Stager": ".staging",
+    "check_file_metadata": ".xattrs",
     "load_ws_metadata": ".staging",
     "normalize_globs": ".hostfs",
     "refuse_record": ".metadata",

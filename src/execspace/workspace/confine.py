@@ -21,10 +21,11 @@ import itertools
 import os
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import PathDenied
+from . import xattrs
 from .confinecore import (
     DIR_FLAGS,
     MAX_WALK_DEPTH,
@@ -318,6 +319,48 @@ class ConfinedRoot:
             return os.readlink(parts[-1], dir_fd=dfd)
         finally:
             os.close(dfd)
+
+    def metadata_of(self, paths: Sequence[str]) -> list[dict[str, str]]:
+        """The file metadata (:mod:`.xattrs`) of the entry at each path, in order: none where there is none or
+        nothing is there. Each directory is opened once."""
+        found: list[dict[str, str]] = [{} for _ in paths]
+        by_dir: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+        for i, path in enumerate(paths):
+            parts = split_relpath(path)
+            by_dir.setdefault(tuple(parts[:-1]), []).append((i, parts[-1]))
+        for dir_parts, entries in by_dir.items():
+            try:
+                dfd = self.open_dir(list(dir_parts), display="/".join(dir_parts))
+            except (FileNotFoundError, NotADirectoryError, PathDenied):
+                continue  # gone, or swapped for a link since it was listed
+            try:
+                for i, name in entries:
+                    with contextlib.suppress(FileNotFoundError):
+                        found[i] = xattrs.read_at(dfd, name)
+            finally:
+                os.close(dfd)
+        return found
+
+    def set_metadata(self, path: str, metadata: Mapping[str, str], writer: ProgramUser | None = None) -> bool:
+        """Make ``metadata`` the whole metadata of the file or directory at ``path`` (never through a link);
+        False where it keeps none. With ``writer``, ``PathDenied`` if that user may not write it."""
+        if not xattrs.SUPPORTED:
+            return False
+        parts = split_relpath(path)
+        dfd = self.open_dir(parts[:-1], display=path)
+        try:
+            fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise PathDenied(path, "it has more than one hard link (another may be a host file's): no metadata")
+            if writer is not None:
+                writer.refuse(path, st, stat.S_IWUSR)
+            return xattrs.write_at(fd, metadata)
+        finally:
+            os.close(fd)
 
     def make_dir(self, path: str) -> None:
         """Create the directory ``path`` and missing parents; an existing directory is fine."""

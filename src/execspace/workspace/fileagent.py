@@ -377,6 +377,81 @@ def op_remove_path(args: dict[str, Any]) -> None:
         os.close(dfd)
 
 
+_XATTR_PREFIX = "user.e2b."
+
+
+def _entry_path(ws: str, path: str) -> int:
+    """An ``O_PATH`` descriptor of the entry at ``path`` itself (a link is not followed); nothing there:
+    ``FileNotFoundError``."""
+    parts = split_relpath(path)
+    dfd = open_dir(ws, parts[:-1], path)
+    try:
+        return os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _keeps_xattrs(fd: int) -> bool:
+    """Only files and directories hold ``user.`` attributes."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+
+
+def op_metadata(args: dict[str, Any]) -> list[dict[str, str]]:
+    """The ``user.e2b.`` attributes of each path's entry, keys without the prefix: none where nothing is there, for
+    a link (never followed), where the filesystem keeps none or the program may not look. Called by its
+    ``/proc/self/fd`` name, the attributes are the opened inode's, whatever the path names meanwhile."""
+    found = []
+    for path in args["paths"]:
+        pairs: dict[str, str] = {}
+        with contextlib.suppress(OSError, Refused):
+            fd = _entry_path(args["ws"], path)
+            try:
+                if _keeps_xattrs(fd):
+                    proc = f"/proc/self/fd/{fd}"
+                    for name in os.listxattr(proc):
+                        if name.startswith(_XATTR_PREFIX):
+                            with contextlib.suppress(OSError, UnicodeError):
+                                pairs[name[len(_XATTR_PREFIX) :]] = os.getxattr(proc, name).decode()
+            finally:
+                os.close(fd)
+        found.append(pairs)
+    return found
+
+
+def op_set_metadata(args: dict[str, Any]) -> bool:
+    """Make ``metadata`` the whole ``user.e2b.`` set of the entry at ``path`` (keys it lacks removed), with the
+    program's own permissions; False where the entry or its filesystem keeps none."""
+    path, metadata = args["path"], args["metadata"]
+    try:
+        fd = _entry_path(args["ws"], path)
+    except FileNotFoundError:
+        raise Refused("FileNotFoundError", path, "no such file or directory") from None
+    try:
+        if not _keeps_xattrs(fd):
+            return False
+        proc = f"/proc/self/fd/{fd}"
+        try:
+            for name in os.listxattr(proc):
+                if name.startswith(_XATTR_PREFIX) and name[len(_XATTR_PREFIX) :] not in metadata:
+                    try:
+                        os.removexattr(proc, name)
+                    except OSError as exc:
+                        if exc.errno != errno.ENODATA:  # removed meanwhile
+                            raise
+            for key, value in metadata.items():
+                os.setxattr(proc, _XATTR_PREFIX + key, value.encode())
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                return False
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise Refused("PermissionError", path, "permission denied: the program may not write it") from None
+            raise
+        return True
+    finally:
+        os.close(fd)
+
+
 def op_next_cell(args: dict[str, Any]) -> int:
     """One past the highest ``cell-N-*`` in ``out/``, so a new kernel never overwrites older outputs."""
     try:
@@ -406,6 +481,8 @@ OPS: dict[str, Any] = {
     "rename": op_rename,
     "remove_path": op_remove_path,
     "next_cell": op_next_cell,
+    "metadata": op_metadata,
+    "set_metadata": op_set_metadata,
 }
 
 

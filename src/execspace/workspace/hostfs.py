@@ -7,7 +7,7 @@ import builtins
 import os
 import stat
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -33,6 +33,7 @@ from .layout import METADATA_FILE
 from .metadata import is_metadata_temp
 from .programpaths import checked_relative, workspace_relative, workspace_relatives
 from .staging import WorkspaceFSBase, checked_depth
+from .xattrs import check_file_metadata
 
 if TYPE_CHECKING:
     from ..artifacts import ArtifactService
@@ -321,6 +322,34 @@ class HostWorkspaceFS(WorkspaceFSBase):
                 return entry_of(rel, st, cr.read_link(rel) if stat.S_ISLNK(st.st_mode) else None)
 
         return await asyncio.to_thread(lstat)
+
+    async def read_metadata(self, ws: Workspace, paths: Sequence[str]) -> builtins.list[dict[str, str]]:
+        """:class:`~execspace.protocols.SupportsFileMetadata`: each entry's ``user.e2b.`` attributes."""
+        root = self._root(ws)
+        rels = [checked_relative(ws, p) for p in paths]
+        for rel in rels:
+            self.check(ws, rel, "read")
+
+        def read() -> builtins.list[dict[str, str]]:
+            with ConfinedRoot(root) as cr:
+                return cr.metadata_of(rels)
+
+        return await asyncio.to_thread(read)
+
+    async def write_metadata(self, ws: Workspace, path: str, metadata: Mapping[str, str]) -> bool:
+        """:class:`~execspace.protocols.SupportsFileMetadata`: the entry's ``user.e2b.`` attributes replaced,
+        if the program may write it."""
+        check_file_metadata(metadata)
+        root = self._root(ws)
+        rel = checked_relative(ws, path)
+        self.check(ws, rel, "write")
+        writer = self.program_user(ws, rel)
+
+        def write() -> bool:
+            with ConfinedRoot(root) as cr:
+                return cr.set_metadata(rel, metadata, writer)
+
+        return await asyncio.to_thread(write)
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)

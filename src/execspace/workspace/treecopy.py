@@ -7,7 +7,8 @@ and every destination entry is created fresh (``O_EXCL``), so a link planted in 
 written through. Holes stay holes (``SEEK_DATA``/``SEEK_HOLE``). Hard links become separate copies of the
 same bytes, and only when the tree's owner owns them: a link to a file of another user (planted where the
 sandbox could link it) is skipped, so a copy made as root never reads what the program could not. Sockets,
-FIFOs and device nodes are not copied; set-user/group-id bits are dropped.
+FIFOs and device nodes are not copied; set-user/group-id bits are dropped. Files and directories keep their
+metadata (:mod:`.xattrs`).
 
 A copy of an overlay layer (``layer=True``, :mod:`.layers`) also keeps what makes it one: its whiteouts (0/0
 character devices) and opaque directories (``trusted.overlay.opaque``); so does the copy of a directory marked as
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from ..errors import LimitExceeded
 from .confinecore import DIR_FLAGS, READ_FLAGS
+from .xattrs import copy_between
 
 __all__ = ["LAYERS_XATTR", "OVERLAY_XATTRS", "CopyStats", "copy_tree", "tree_size"]
 
@@ -124,6 +126,7 @@ def _holds_layers(fd: int) -> bool:
 def _finish_dir(sfd: int, dfd: int, keep_owner: bool, layer: bool) -> None:
     """Mode, owner and times last: a read-only directory is filled before it becomes read-only."""
     st = os.fstat(sfd)
+    copy_between(sfd, dfd)
     if layer:
         for name in OVERLAY_XATTRS:
             with contextlib.suppress(OSError):  # ENODATA: not opaque
@@ -150,6 +153,7 @@ def _copy_file(src: int, dst: int, name: str, listed: os.stat_result, keep_owner
         dfd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
         try:
             _copy_data(sfd, dfd, st.st_size)
+            copy_between(sfd, dfd)
             if keep_owner:
                 os.fchown(dfd, st.st_uid, st.st_gid)
             os.fchmod(dfd, st.st_mode & _MODE_BITS)

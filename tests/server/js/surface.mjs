@@ -1,6 +1,7 @@
 // The JavaScript SDK against `execspace serve` at the edges of its surface (tests/server/test_js_sdk.py runs it
 // beside an `npm install e2b`): a killed command, a removed path that was not there, a directory's and a link's
-// entry info, and a sandbox killed under a running command. Prints "ok" when every check passed.
+// entry info, file metadata, a watch's events, and a sandbox killed under a running command. Prints "ok" when
+// every check passed.
 import { CommandExitError, FileType, Sandbox, TimeoutError } from 'e2b'
 
 function check(ok, what) {
@@ -22,6 +23,21 @@ try {
   const link = await sbx.files.getInfo('d/link')
   check(link.symlinkTarget === '/home/user/d/f.txt', `a link's resolved target, got ${link.symlinkTarget}`)
   check([FileType.FILE, 'symlink'].includes(link.type), `a link's type, got ${link.type}`)
+  const written = await sbx.files.write('d/m.txt', 'm', { metadata: { k: 'v' } })
+  check(written.metadata?.k === 'v', `metadata written, got ${JSON.stringify(written.metadata)}`)
+  const moved = await sbx.files.rename('d/m.txt', 'd/n.txt')
+  check(moved.metadata?.k === 'v', `metadata kept by a rename, got ${JSON.stringify(moved.metadata)}`)
+  const events = []
+  const watch = await sbx.files.watchDir('d', (e) => events.push(e), { recursive: true, includeEntry: true })
+  await sbx.files.write('d/e/w.txt', 'w')
+  const deadline = Date.now() + 10000
+  while (!events.some((e) => e.name === 'e/w.txt' && e.type === 'write') && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 20))
+  }
+  await watch.stop()
+  const kinds = events.filter((e) => e.name === 'e/w.txt').map((e) => e.type)
+  check(kinds.join(',') === 'create,chmod,write', `an upload's events as envd's, got ${kinds}`)
+  check(events.every((e) => e.entry?.path === `/home/user/d/${e.name}`), 'each event carries its entry')
 } finally {
   await sbx.kill()
 }
