@@ -171,3 +171,28 @@ async def test_the_async_sdk_reaches_tmp_and_etc_too(amachine: ci.AsyncSandbox) 
     assert await amachine.files.read("/etc/async-file") == "e\n"
     info = await amachine.files.get_info("/tmp/a.txt")
     assert (info.path, info.size) == ("/tmp/a.txt", 5)
+
+
+def test_metadata_outside_the_home_is_the_files_own_xattrs(machine: ci.Sandbox) -> None:
+    # set by the agent in the sandbox: the program sees the attributes, and stat and list read them back
+    written = machine.files.write("/tmp/tagged.txt", "m", metadata={"Owner": "ana", "k": "v"})
+    assert written.metadata == {"owner": "ana", "k": "v"}
+    code, out, err = sh(
+        machine,
+        "python3 -c \"import os; print(sorted((a, os.getxattr('/tmp/tagged.txt', a).decode())"
+        " for a in os.listxattr('/tmp/tagged.txt')))\"",
+    )
+    assert code == 0, err
+    assert out.strip() == "[('user.e2b.k', 'v'), ('user.e2b.owner', 'ana')]"
+    assert machine.files.get_info("/tmp/tagged.txt").metadata == {"owner": "ana", "k": "v"}
+    listed = {e.name: e.metadata for e in machine.files.list("/tmp")}
+    assert listed["tagged.txt"] == {"owner": "ana", "k": "v"}
+    # a program's attribute is read back too; a file rewritten without metadata has none
+    assert sh(machine, "python3 -c \"import os; os.setxattr('/tmp/tagged.txt', 'user.e2b.by', b'prog')\"")[0] == 0
+    assert machine.files.get_info("/tmp/tagged.txt").metadata == {"owner": "ana", "k": "v", "by": "prog"}
+    machine.files.write("/tmp/tagged.txt", "again")
+    assert not machine.files.get_info("/tmp/tagged.txt").metadata
+    # where the user may not write, nothing is written, metadata or not
+    with pytest.raises(SandboxException, match="Permission denied"):
+        machine.files.write("/etc/tagged", "no", metadata={"k": "v"})
+    assert sh(machine, "test -e /etc/tagged")[0] == 1
