@@ -1,20 +1,44 @@
 """The SDK version matrix's run at the edges of the surface (a script for another interpreter with another e2b
 installed: no pytest, no execspace there): a killed command, a removed path that was not there, a directory's and
-a link's entry info, file metadata, a watch's events, and a sandbox killed under a running command. The server and
-key come from E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY; it prints "ok", or fails at the first check that does
-not hold."""
+a link's entry info, file metadata, a watch's events, and a sandbox killed under a running command; with
+EXECSPACE_MACHINE=1 (a root server's sandboxes are machines), the machine: ``user`` with its home and ``sudo``, and
+the file API over ``/tmp`` and ``/etc``. The server and key come from E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY;
+it prints "ok", or fails at the first check that does not hold."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from e2b import CommandExitException, FileType, Sandbox, TimeoutException
+from e2b import CommandExitException, FileType, Sandbox, SandboxException, TimeoutException
+
+
+def machine(sbx: Sandbox) -> None:
+    """The machine E2B's code expects: who runs, where, as root by sudo, and the file API beyond the home."""
+    ran = sbx.commands.run("whoami; echo $HOME; pwd; sudo -n whoami")
+    assert ran.stdout.split() == ["user", "/home/user", "/home/user", "root"], ran
+    sbx.files.write("/tmp/m.txt", "t", metadata={"k": "tmp"})
+    assert sbx.commands.run("cat /tmp/m.txt").stdout == "t"
+    info = sbx.files.get_info("/tmp/m.txt")
+    assert (info.path, info.size, info.metadata) == ("/tmp/m.txt", 1, {"k": "tmp"}), info
+    assert "m.txt" in [e.name for e in sbx.files.list("/tmp")]
+    sbx.commands.run("sudo sh -c 'echo e > /etc/m-file'")
+    assert sbx.files.read("/etc/m-file") == "e\n"
+    try:
+        sbx.files.write("/etc/by-api", "no")
+        raise AssertionError("the user wrote /etc through the file API")
+    except SandboxException as exc:
+        assert "Permission denied" in str(exc), exc
+    sbx.files.rename("/tmp/m.txt", "/home/user/from-tmp.txt")
+    assert sbx.files.read("from-tmp.txt") == "t"
 
 
 def main() -> int:
     sbx = Sandbox.create()
     try:
+        if os.environ.get("EXECSPACE_MACHINE") == "1":
+            machine(sbx)
         command = sbx.commands.run("sleep 60", background=True)
         assert command.kill()
         try:

@@ -23,7 +23,7 @@ def test_js_sdk_smoke(name: str, e2b_server: Server, tmp_path: Path) -> None:
     script = Path(JS_SDK) / f"{name}-{os.getpid()}.mjs"  # beside its node_modules, so that `import 'e2b'` resolves
     shutil.copy(Path(__file__).with_name("js") / f"{name}.mjs", script)
     try:
-        env = {**os.environ, **e2b_server.sdk_env()}
+        env = {**os.environ, **e2b_server.sdk_env(), "EXECSPACE_MACHINE": "1" if os.geteuid() == 0 else "0"}
         run = subprocess.run([node, str(script)], env=env, capture_output=True, text=True, timeout=120)
     finally:
         script.unlink()

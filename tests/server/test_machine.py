@@ -196,3 +196,26 @@ def test_metadata_outside_the_home_is_the_files_own_xattrs(machine: ci.Sandbox) 
     with pytest.raises(SandboxException, match="Permission denied"):
         machine.files.write("/etc/tagged", "no", metadata={"k": "v"})
     assert sh(machine, "test -e /etc/tagged")[0] == 1
+
+
+def test_a_move_between_tmp_and_the_home_crosses_filesystems_as_mv_does(machine: ci.Sandbox) -> None:
+    # /tmp is the session's tmpfs, the home another filesystem: the move is a copy, then the source goes
+    machine.files.write("/tmp/t.txt", "t", metadata={"k": "v"})
+    moved = machine.files.rename("/tmp/t.txt", "/home/user/t.txt")
+    assert (moved.path, moved.metadata) == ("/home/user/t.txt", {"k": "v"})
+    assert machine.files.read("/home/user/t.txt") == "t" and not machine.files.exists("/tmp/t.txt")
+    assert (
+        sh(machine, "mkdir -p ~/tree/sub && echo a > ~/tree/sub/a && chmod 640 ~/tree/sub/a && ln -s sub/a ~/tree/l")[0]
+        == 0
+    )
+    machine.files.rename("/home/user/tree", "/tmp/tree")
+    code, out, err = sh(
+        machine, "stat -c '%n %a %F' /tmp/tree/sub/a; readlink /tmp/tree/l; cat /tmp/tree/l; test -e ~/tree"
+    )
+    assert (code, out) == (1, "/tmp/tree/sub/a 640 regular file\nsub/a\na\n"), err
+    # a directory does not replace one
+    machine.files.make_dir("/home/user/tree")
+    machine.files.write("/home/user/tree/keep", "k")
+    with pytest.raises(SandboxException):
+        machine.files.rename("/tmp/tree", "/home/user/tree")
+    assert machine.files.read("/home/user/tree/keep") == "k" and machine.files.exists("/tmp/tree/sub/a")

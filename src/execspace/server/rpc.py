@@ -9,6 +9,7 @@ headers but nothing of the app's. So the app sets the sandbox for the request in
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -74,6 +75,12 @@ def rpc_errors(path: str | None = None) -> Iterator[None]:
         raise ConnectError(Code.PERMISSION_DENIED, _text(exc, path)) from None
     except (LimitExceeded, ShareExhausted) as exc:
         raise ConnectError(Code.RESOURCE_EXHAUSTED, _text(exc, path)) from None
+    except OSError as exc:
+        if exc.errno == errno.EROFS:  # a read-only part of the sandbox's system (outside the home)
+            raise ConnectError(Code.PERMISSION_DENIED, _text(exc, path)) from None
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConnectError(Code.RESOURCE_EXHAUSTED, _text(exc, path)) from None
+        raise
 
 
 def _text(exc: BaseException, path: str | None) -> str:

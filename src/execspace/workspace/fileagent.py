@@ -33,6 +33,8 @@ with contextlib.suppress(ImportError):  # shipped as text: the core's text ran f
     from .confinecore import (
         DIR_FLAGS,
         PathDenied,
+        copy_fd,
+        create_temp,
         open_regular,
         refuse_dir,
         remove_tree,
@@ -360,6 +362,76 @@ def op_rename(args: dict[str, Any]) -> None:
         rename_path(lambda parts, create, display: open_dir(ws, parts, display, create), src, args["dst"])
     except FileNotFoundError:
         raise Refused("FileNotFoundError", src, "no such file or directory") from None
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        _move_across(ws, src, args["dst"])
+
+
+def _move_across(ws: str, src: str, dst: str) -> None:
+    """A move between two of the sandbox's filesystems (its ``/tmp`` and its home), as ``mv`` makes it: a copy
+    (a link as a link, a tree entry by entry, each file with its mode and ``user.e2b.`` attributes, nothing
+    followed), then the source removed. A directory goes where nothing is; a file replaces a file."""
+    sp, dp = split_relpath(src), split_relpath(dst)
+    sfd = open_dir(ws, sp[:-1], src)
+    try:
+        dfd = open_dir(ws, dp[:-1], dst, create=True)
+        try:
+            _copy_entry(sfd, sp[-1], dfd, dp[-1], dst)
+            remove_tree(sfd, sp[-1], src)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def _copy_entry(sfd: int, name: str, dfd: int, target: str, display: str) -> None:
+    st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(target, 0o700, dir_fd=dfd)
+        src_dir = os.open(name, DIR_FLAGS, dir_fd=sfd)
+        try:
+            dst_dir = os.open(target, DIR_FLAGS, dir_fd=dfd)
+            try:
+                for child in os.listdir(src_dir):
+                    _copy_entry(src_dir, child, dst_dir, child, f"{display}/{child}")
+                _copy_xattrs(src_dir, dst_dir)
+                os.fchmod(dst_dir, stat.S_IMODE(st.st_mode))
+            finally:
+                os.close(dst_dir)
+        finally:
+            os.close(src_dir)
+        return
+    refuse_dir(dfd, target, display)
+    if stat.S_ISLNK(st.st_mode):
+        tmp = f".{target[:40]}.{os.urandom(6).hex()}.tmp"
+        os.symlink(os.readlink(name, dir_fd=sfd), tmp, dir_fd=dfd)
+    elif stat.S_ISREG(st.st_mode):
+        fd, _ = open_regular(sfd, name, display)
+        try:
+            tmp, out = create_temp(dfd, target)
+            try:
+                copy_fd(fd, out)
+                _copy_xattrs(fd, out)
+                os.fchmod(out, stat.S_IMODE(st.st_mode) & 0o777)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dfd)  # a full disk leaves no half copy behind
+                raise
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+    else:
+        raise Refused("PathDenied", display, "only files, directories and links move between filesystems")
+    os.rename(tmp, target, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _copy_xattrs(src: int, dst: int) -> None:
+    """The ``user.e2b.`` attributes go with a moved entry (a filesystem without them keeps none)."""
+    with contextlib.suppress(OSError):
+        for name in os.listxattr(src):
+            if name.startswith(_XATTR_PREFIX):
+                os.setxattr(dst, name, os.getxattr(src, name))
 
 
 def op_remove_path(args: dict[str, Any]) -> None:

@@ -1,15 +1,31 @@
 // The JavaScript SDK against `execspace serve` at the edges of its surface (tests/server/test_js_sdk.py runs it
 // beside an `npm install e2b`): a killed command, a removed path that was not there, a directory's and a link's
-// entry info, file metadata, a watch's events, and a sandbox killed under a running command. Prints "ok" when
-// every check passed.
+// entry info, file metadata, a watch's events, and a sandbox killed under a running command; with
+// EXECSPACE_MACHINE=1 (a root server's sandboxes are machines), the machine: `user` with its home and `sudo`, and the
+// file API over /tmp and /etc. Prints "ok" when every check passed.
 import { CommandExitError, FileType, Sandbox, TimeoutError } from 'e2b'
 
 function check(ok, what) {
   if (!ok) throw new Error(`check failed: ${what}`)
 }
 
+async function machine(sbx) {
+  const ran = await sbx.commands.run('whoami; echo $HOME; pwd; sudo -n whoami')
+  check(ran.stdout.split(/\s+/).filter(Boolean).join(',') === 'user,/home/user,/home/user,root', `who, got ${ran.stdout}`)
+  await sbx.files.write('/tmp/m.txt', 't', { metadata: { k: 'tmp' } })
+  check((await sbx.commands.run('cat /tmp/m.txt')).stdout === 't', 'a program reads what the file API wrote to /tmp')
+  const info = await sbx.files.getInfo('/tmp/m.txt')
+  check(info.path === '/tmp/m.txt' && info.size === 1 && info.metadata?.k === 'tmp', `/tmp's entry, got ${JSON.stringify(info)}`)
+  check((await sbx.files.list('/tmp')).some((e) => e.name === 'm.txt'), '/tmp lists the file')
+  await sbx.commands.run("sudo sh -c 'echo e > /etc/m-file'")
+  check((await sbx.files.read('/etc/m-file')) === 'e\n', 'the file API reads what root wrote to /etc')
+  const refused = await sbx.files.write('/etc/by-api', 'no').catch((e) => e)
+  check(refused instanceof Error && /Permission denied/.test(refused.message), `the user may not write /etc, got ${refused}`)
+}
+
 const sbx = await Sandbox.create()
 try {
+  if (process.env.EXECSPACE_MACHINE === '1') await machine(sbx)
   const cmd = await sbx.commands.run('sleep 60', { background: true })
   check(await cmd.kill(), 'kill says it killed')
   const killed = await cmd.wait().catch((e) => e)
