@@ -191,6 +191,13 @@ class SandboxView:
             limits=ResourceLimits(output_bytes=_OUTPUT_BYTES),
         )
         result = await sandbox.engine.runner.run_program(sandbox.workspace, spec)
+        if result.stdout_truncated:
+            raise LimitExceeded(
+                f"the answer outside /home/user is more than {_OUTPUT_BYTES // (1024 * 1024)} MiB (the file agent's "
+                "cap): list a smaller directory or fewer levels (depth)"
+            )
+        if result.timed_out:
+            raise LimitExceeded(f"the file agent took more than {_TIMEOUT:.0f}s: ask for less at once")
         lines = result.stdout.splitlines()
         if result.exit_code != 0 or not lines:
             raise BackendError(

@@ -375,6 +375,7 @@ def _move_across(ws: str, src: str, dst: str) -> None:
     sp, dp = split_relpath(src), split_relpath(dst)
     sfd = open_dir(ws, sp[:-1], src)
     try:
+        _refuse_unremovable(sfd, sp[-1], src)  # before a byte is copied: a move that cannot end never starts
         dfd = open_dir(ws, dp[:-1], dst, create=True)
         try:
             _copy_entry(sfd, sp[-1], dfd, dp[-1], dst)
@@ -383,6 +384,16 @@ def _move_across(ws: str, src: str, dst: str) -> None:
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def _refuse_unremovable(dfd: int, name: str, display: str) -> None:
+    """Whether the program may remove ``name`` from the directory ``dfd``: it may write the directory, and where the
+    directory is sticky (``/tmp``) it owns the entry or the directory."""
+    here, entry_st = os.fstat(dfd), os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    uid = os.geteuid()
+    sticky_other = here.st_mode & stat.S_ISVTX and uid not in (here.st_uid, entry_st.st_uid)
+    if not os.access(".", os.W_OK, dir_fd=dfd) or sticky_other:
+        raise Refused("PermissionError", display, "permission denied: the program may not move it away")
 
 
 def _copy_entry(sfd: int, name: str, dfd: int, target: str, display: str) -> None:
