@@ -92,3 +92,48 @@ def test_both_transports_answer_alike_and_follow_no_link(tmp_path: Path, monkeyp
     assert not (tmp_path / "by-process" / "work" / "d").exists()
     assert (tmp_path / "by-cell" / "work" / "escape").is_symlink()
     assert all("ok" in a for a in (layout, write, make_dir, rename, remove))
+
+
+def test_metadata_and_a_move_across_filesystems_follow_no_link(tmp_path: Path) -> None:
+    """What serve's whole view asks of the agent: ``user.e2b.`` attributes read and set on the entry itself, and a
+    move between two filesystems (here the host's /dev/shm and the test's tmp) copied then removed, as mv does."""
+    other = Path("/dev/shm")
+    if not other.is_dir() or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a filesystem of its own")
+    program = tmp_path / "agent.py"
+    program.write_text(agent_text())
+    (tmp_path / "f").write_text("f")
+    os.symlink("f", tmp_path / "link")
+    away = Path(os.path.relpath(tmp_path, "/"))
+    shm = Path(os.path.relpath(other, "/")) / f"execspace-agent-test-{os.getpid()}"
+    ws = "/"
+    try:
+        tree = tmp_path / "tree"
+        (tree / "sub").mkdir(parents=True)
+        (tree / "sub" / "a").write_text("a")
+        os.chmod(tree / "sub" / "a", 0o640)
+        os.symlink("sub/a", tree / "l")
+        answers = _as_process(
+            program,
+            [
+                {"op": "set_metadata", "args": {"ws": ws, "path": str(away / "f"), "metadata": {"k": "v"}}},
+                {"op": "set_metadata", "args": {"ws": ws, "path": str(away / "link"), "metadata": {"k": "l"}}},
+                {"op": "metadata", "args": {"ws": ws, "paths": [str(away / "f"), str(away / "link"), "no/such"]}},
+                {"op": "rename", "args": {"ws": ws, "src": str(away / "f"), "dst": str(shm / "f")}},
+                {"op": "rename", "args": {"ws": ws, "src": str(away / "tree"), "dst": str(shm / "tree")}},
+                {"op": "metadata", "args": {"ws": ws, "paths": [str(shm / "f")]}},
+            ],
+        )
+        tagged, on_link, read, moved, moved_tree, after = answers
+        if tagged == {"ok": False}:
+            pytest.skip("this filesystem keeps no user attributes")
+        assert on_link == {"ok": False}  # a link holds none and is never followed
+        assert read == {"ok": [{"k": "v"}, {}, {}]}
+        assert "ok" in moved and "ok" in moved_tree, (moved, moved_tree)
+        assert after == {"ok": [{"k": "v"}]}  # the attributes went with the file
+        assert not (tmp_path / "f").exists() and not tree.exists()
+        assert Path("/", shm, "f").read_text() == "f"
+        assert os.stat(Path("/", shm, "tree/sub/a")).st_mode & 0o777 == 0o640
+        assert os.readlink(Path("/", shm, "tree/l")) == "sub/a"
+    finally:
+        subprocess.run(["rm", "-rf", str(Path("/", shm))], check=False)
