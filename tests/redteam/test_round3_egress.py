@@ -618,7 +618,9 @@ def test_a_serve_sandbox_reaches_its_pinned_upstream_and_never_the_servers_host(
             sbx.update_network({"allow_out": ["127.0.0.1"], "deny_out": [ALL_TRAFFIC]})
         assert status(f"http://127.0.0.1:{loopback.port}/") == "403"  # a refused update changed nothing
         # the runs' audits, in the sandbox's workspace (gone with it)
-        audits = [json.loads(line) for f in server.root.rglob("network.jsonl") for line in f.read_text().splitlines()]
+        audits = [
+            json.loads(line) for f in server.root.glob("*/runs/**/network.jsonl") for line in f.read_text().splitlines()
+        ]
     finally:
         sbx.kill()
         loop.call_soon_threadsafe(listener.close)

@@ -32,7 +32,7 @@ pytest.importorskip("e2b", reason="the server is attacked through the official e
 import httpx
 from e2b import Sandbox
 
-from tests.server.conftest import Server, running_server, until
+from tests.server.conftest import Server, in_homes, running_server, until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,7 +63,7 @@ def sbx(server: Server) -> Iterator[Sandbox]:
 def work(server: Server, sbx: Sandbox) -> Path:
     """The sandbox's home (``/home/user``) on the host."""
     sbx.files.write("marker.txt", "here")
-    found = [p.parent for p in server.root.rglob("marker.txt")]
+    found = [p.parent for p in in_homes(server.root, "marker.txt")]
     assert len(found) == 1, found
     return found[0]
 

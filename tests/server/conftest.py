@@ -84,6 +84,19 @@ def configured_server(directory: Path, config: str, *flags: str) -> Iterator[Ser
         yield server
 
 
+def in_homes(root: Path, name: str) -> list[Path]:
+    """The files ``name`` in the workspaces of the server's sandboxes under ``root``, the homes' tops first (each
+    workspace's ``work/``). The walk passes by each workspace's ``.execspace`` (a machine's layers: thousands of
+    directories) and what goes while it looks (a pooled sandbox's workspace)."""
+    found = sorted(root.glob(f"*/work/{name}"))
+    if found:
+        return found
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".execspace"]
+        found += [Path(top, name)] if name in files else []
+    return found
+
+
 def until(what: str, check: Callable[[], object], within: float = 20.0) -> None:
     """Poll ``check`` until it is true; fail saying ``what`` did not happen within ``within`` seconds."""
     deadline = time.monotonic() + within

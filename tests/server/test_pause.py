@@ -19,7 +19,7 @@ from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunnin
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
 from tests.redteam.test_round3_pause import ATTACK, CHILDREN, all_ticking, nothing_runs
 
-from .conftest import Server, running_server, until
+from .conftest import Server, in_homes, running_server, until
 
 ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[dev]' (e2b-code-interpreter)")
 
@@ -42,7 +42,7 @@ threading.Thread(target=_tick, args=({path!r},), daemon=True).start()
 
 def _host_file(root: Path, name: str) -> Path:
     found: list[Path] = []
-    until(f"{name} written", lambda: found.extend(root.rglob(name)) or found)
+    until(f"{name} written", lambda: found.extend(in_homes(root, name)) or found)
     return found[0]
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...environments import MARKER as ENVIRONMENT_MARKER
 from ...errors import CapabilityError
 from ...process.preparation import PreparedRun
 from ...process.supervisor import Launch
@@ -416,6 +417,10 @@ def _listable_dirs(lower: str, start: str, budget: list[int]) -> Iterator[tuple[
         except OSError:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_dev != top.st_dev or st.st_mode & 0o005 != 0o005:
+            continue
+        if os.path.lexists(os.path.join(path, ENVIRONMENT_MARKER)):
+            # a runtime environment's tree (the store is under /var): the run's own is a layer of its own over it,
+            # another is nobody's to change; thousands of copies would only fill a small disk's inodes
             continue
         budget[0] -= 1
         yield rel, st
