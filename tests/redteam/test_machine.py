@@ -174,13 +174,20 @@ async def test_the_upper_layer_respects_the_disk_bound(tmp_path: Path, mode: str
     make_traversable(tmp_path)
     async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", machine=True, **options) as eng:
         ws = await eng.manager.create_workspace("disk")
-        # 64 MiB into the system's upper layer, in 1 MiB writes: the bound stops it
-        spec = RunProgramSpec("sudo", ["-n", "dd", "if=/dev/zero", "of=/opt/fill", "bs=1M", "count=64"], timeout=60)
-        if mode == "per-run":
-            # a run the session does not fit (pids, as root) gets a sandbox of its own, over the same layers
-            spec = RunProgramSpec(spec.cmd, spec.args, timeout=60, limits=ResourceLimits(pids=256))
-        r = await eng.runner.run_program(ws, spec)
-        assert r.exit_code != 0 and "No space left on device" in r.stderr, (r.exit_code, r.stderr)
-        assert ws.host_path is not None
-        upper = ws.host_path / ".execspace" / "machine" / "host-opt" / "upper" / "fill"
-        assert upper.stat().st_blocks * 512 < 24 * 1024 * 1024
+        try:
+            await _fills_the_upper_layer(eng, ws, mode)
+        finally:
+            await eng.manager.cleanup(ws)  # its disk unmounted: nothing left on the host's mount table
+
+
+async def _fills_the_upper_layer(eng: execspace.BaseEngine, ws: execspace.Workspace, mode: str) -> None:
+    """64 MiB into the system's upper layer, in 1 MiB writes: the bound stops it."""
+    spec = RunProgramSpec("sudo", ["-n", "dd", "if=/dev/zero", "of=/opt/fill", "bs=1M", "count=64"], timeout=60)
+    if mode == "per-run":
+        # a run the session does not fit (pids, as root) gets a sandbox of its own, over the same layers
+        spec = RunProgramSpec(spec.cmd, spec.args, timeout=60, limits=ResourceLimits(pids=256))
+    r = await eng.runner.run_program(ws, spec)
+    assert r.exit_code != 0 and "No space left on device" in r.stderr, (r.exit_code, r.stderr)
+    assert ws.host_path is not None
+    upper = ws.host_path / ".execspace" / "machine" / "host-opt" / "upper" / "fill"
+    assert upper.stat().st_blocks * 512 < 24 * 1024 * 1024
