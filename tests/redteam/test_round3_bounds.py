@@ -163,7 +163,10 @@ async def test_a_session_disk_bound_bounds_its_tmpfs_too(tmp_path: Path) -> None
         engine = execspace.open_engine("sandbox", workspace_root=tmp_path / "ws", mode="session", session=config)
         async with engine as eng:
             ws = await eng.manager.create_workspace("disk")
-            report, seen = await _fill_and_observe(eng, ws, bound, ResourceLimits())
+            try:
+                report, seen = await _fill_and_observe(eng, ws, bound, ResourceLimits())
+            finally:
+                await eng.manager.cleanup(ws)  # its disk unmounted: no loop mount outlives the test
     except execspace.CapabilityError as exc:
         pytest.skip(f"no disk bound here: {exc}")
     _assert_bounded(report, seen, bound)
