@@ -614,6 +614,10 @@ class CellResult:
     """The kernel's variables and imports are gone (it died or was restarted)."""
     truncated: bool = False
 
+    def as_block(self, index: int, language: str) -> BlockResult:
+        """This cell as block ``index`` of a code execution (``Kernels.run_block``)."""
+        return BlockResult(index, language, self.exit_code, self.stdout, self.stderr, self.duration, self.timed_out)
+
 
 @dataclass(frozen=True, slots=True)
 class CodeExecutionResult:

@@ -371,6 +371,27 @@ def _expected(
     return {**inherited, **own}
 
 
+@pytest.mark.parametrize("exported", [True, False])
+def test_what_bash_sets_for_itself_is_inherited_only_when_exported(exported: bool) -> None:
+    """A login shell started without ``SHELL`` gives itself one, unexported (``commands.run`` does not show it): the
+    wrapper's words pass it on only when the shell's environment had it. Run by a real bash, as envd runs them."""
+    from execspace.backends.e2b.loginenv import FORGET_BASHS_OWN, inherited_words
+
+    words = inherited_words(EnvPolicy(), False, None)
+    given = {"SHELL": "/bin/zsh", "PATH": "/usr/bin:/bin"} if exported else {"PATH": "/usr/bin:/bin"}
+    bash = shutil.which("bash")
+    assert bash is not None
+    out = subprocess.run(
+        [bash, "-c", f"{FORGET_BASHS_OWN}\nexec env -i{words} /usr/bin/env"],
+        env=given,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert ("SHELL=/bin/zsh" in out.splitlines()) is exported
+    assert "SHELL=" not in out or exported, out
+
+
 async def test_a_program_inherits_the_login_shells_environment_as_the_policy_says(
     e2b_server: Server, mark: str
 ) -> None:

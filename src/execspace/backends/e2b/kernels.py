@@ -109,10 +109,7 @@ class E2BKernels:
         cell = await self.execute(
             ws, block.code, timeout=timeout, output_bytes=limits.output_bytes, language=block.language
         )
-        result = BlockResult(
-            index, block.language, cell.exit_code, cell.stdout, cell.stderr, cell.duration, cell.timed_out
-        )
-        return result, cell.text
+        return cell.as_block(index, block.language), cell.text
 
     async def execute(
         self,

@@ -8,6 +8,7 @@ core set by default, everything with ``inherit="all"``, nothing with ``inherit="
 secret-looking names left out. ``PATH`` and ``VIRTUAL_ENV`` are the template's own and always come (unless the run
 sets them): without them a program is not in the template's stack. The values are the login shell's own at the run's
 start: each becomes a word of the run's ``env -i`` that the shell expands, so nothing is read ahead of the run.
+A variable bash sets for itself when its environment lacks it (``SHELL``) is forgotten first (``FORGET_BASHS_OWN``).
 Which names exist is known only for the core set; ``inherit="all"`` reads the login shell's names once per sandbox.
 """
 
@@ -17,12 +18,15 @@ from collections.abc import Iterable
 
 from ...envpolicy import CORE_VARIABLES, MINIMAL_PATH, EnvPolicy
 
-__all__ = ["TEMPLATE_VARIABLES", "inherited_words", "needs_login_names"]
+__all__ = ["FORGET_BASHS_OWN", "LIST_NAMES", "TEMPLATE_VARIABLES", "inherited_words", "needs_login_names"]
 
 #: The template's own variables, which a program always inherits (``PATH`` falls back to the minimal one).
 TEMPLATE_VARIABLES = ("PATH", "VIRTUAL_ENV")
 #: Lists the names a login shell exports (a builtin: the one process is the ``sh -c`` envd starts).
 LIST_NAMES = "compgen -e"
+#: Forgets what bash set for itself, unexported, when its environment lacked it (``SHELL``): ``commands.run`` does
+#: not show it, so a program does not inherit it (its attributes hold ``x`` when it is exported).
+FORGET_BASHS_OWN = "[[ ${SHELL@a} == *x* ]] || unset -v SHELL"
 
 
 def needs_login_names(policy: EnvPolicy, clean: bool) -> bool:

@@ -44,7 +44,7 @@ from ...protocols import ProgramHandle
 from ...workspace.confine import split_relpath
 from ...workspace.layout import new_run_name, workspace_env
 from ...workspace.programpaths import workspace_relative
-from .loginenv import LIST_NAMES, inherited_words, needs_login_names
+from .loginenv import FORGET_BASHS_OWN, LIST_NAMES, inherited_words, needs_login_names
 from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class E2BRunner:
         # a process
         command = (
             f"{{ [ -d {root}/{run_dir} ] && [ -d {here} ]; }} || mkdir -p -- {here} {made} || exit 126\n"
-            f"cd -- {here} || exit 126\n{start}"
+            f"cd -- {here} || exit 126\n{FORGET_BASHS_OWN}\n{start}"
         )
         return _Prepared(ws, spec, box, command, run_dir, f"{RUN_MARKER_VAR}={marker_value}")
 

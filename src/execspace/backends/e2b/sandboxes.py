@@ -90,6 +90,10 @@ async def sdk_call(what: str, call: Awaitable[T], *, gone: str = "") -> T:
 
 #: Seconds the agent waits for a request before it ends itself (a client that went away leaves none for long).
 _AGENT_IDLE = 600
+#: Seconds the agent has to exit once its stdin is closed, before its stream is cut.
+_AGENT_EXIT = 2.0
+#: Seconds the engine's close waits for the SDK's last answer to leave its HTTP client's thread (see ``aclose``).
+_SDK_THREADS_SETTLE = 0.02
 
 
 class _Lines:
@@ -269,12 +273,20 @@ class Box:
         self.sandbox, self.home, self._agent = fresh.sandbox, fresh.home, fresh._agent
         self.directory = fresh.directory
 
-    async def release(self) -> None:
-        """End our agent (stdin closed: it exits), as the sandbox may outlive this engine."""
+    async def release(self, *, gently: bool = True) -> None:
+        """End our agent, as the sandbox may outlive this engine: its stdin closed (it exits) when ``gently``, and its
+        stream ended before this returns. A stream left open is closed later by the SDK's HTTP client from a thread
+        of its own, which aborts the interpreter when that happens as it exits."""
         agent, self._agent = self._agent, None
-        if agent is not None and not agent.ended.done():
+        if agent is None or agent.ended.done():
+            return
+        if gently:
             with contextlib.suppress(Exception):  # gone already: nothing left to end
                 await agent.handle.close_stdin()
+            await asyncio.wait([agent.ended], timeout=_AGENT_EXIT)
+        if not agent.ended.done():
+            await agent.handle.disconnect()
+            await asyncio.wait([agent.ended])
 
     async def install_agent(self) -> None:
         await sdk_call("installing the file agent", self.sandbox.files.write(f"{HOME}/{_AGENT_NAME}", _AGENT))
@@ -537,6 +549,7 @@ class Sandboxes:
         if not box.owned:
             return
         box.resume_for = None  # a paused one is killed as it is
+        await box.release(gently=False)
         await sdk_call(f"killing sandbox {box.id}", box.sandbox.kill())
 
     async def aclose(self) -> None:
@@ -554,6 +567,11 @@ class Sandboxes:
         for box in turns:
             with contextlib.suppress(BackendError):  # gone already, or the service is down: it expires on its own
                 await self.kill(box)
+        # The SDK's HTTP client (pyqwest) answers each call from a thread of its own, which takes the GIL back after
+        # waking the loop: if the interpreter starts to exit meanwhile, Python before 3.14 ends that thread, and
+        # ending a Rust thread aborts the process (exit 134 after all the work was done, 1 exit in 30 measured).
+        # Waiting in the loop a moment lets the last answer's thread finish first.
+        await asyncio.sleep(_SDK_THREADS_SETTLE)
 
 
 _NO_PAUSE = (

@@ -202,10 +202,7 @@ class KernelSessions:
             )
             return BlockResult(index, block.language, 127, "", "", 0.0, error=why), f"[error: {why}]\n"
         cell = await self.execute(ws, block.code, timeout=timeout, output_bytes=limits.output_bytes)
-        result = BlockResult(
-            index, block.language, cell.exit_code, cell.stdout, cell.stderr, cell.duration, cell.timed_out
-        )
-        return result, cell.text
+        return cell.as_block(index, block.language), cell.text
 
     # -- cells ---------------------------------------------------------------------------
 
