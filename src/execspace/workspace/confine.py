@@ -74,9 +74,14 @@ class ProgramUser:
     Entries of other owners (the host's own records) keep the host's access: the program cannot chmod them."""
 
     uid: int
+    reads_all: bool = False
+    """It reads every file of its own whatever their mode (a machine sandbox's user holds ``CAP_DAC_READ_SEARCH``
+    in its sandbox's user namespace)."""
 
     def may(self, st: os.stat_result, bit: int) -> bool:
         """Whether the program may ``bit`` (``stat.S_IRUSR`` read, ``stat.S_IWUSR`` write) its entry of ``st``."""
+        if bit == stat.S_IRUSR and self.reads_all:
+            return True
         return self.uid == 0 or st.st_uid != self.uid or bool(st.st_mode & bit)
 
     def refuse(self, path: str, st: os.stat_result, bit: int) -> None:

@@ -137,6 +137,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
     ``access`` is the backend's file rule (the sandbox's policy, the container's protected
     paths): writes it refuses raise ``PathDenied`` before anything is written, reads it
     refuses raise too, and ``collect``, ``list`` and staged host trees skip what it hides.
+    The programs' own mode bits are honoured too (``programs_read_all``: they read every
+    file of theirs, whatever its mode).
     ``remove`` and ``rename`` of a directory check every entry in it, so that a tree
     holding a path the rule keeps is refused whole, before anything moves.
     """
@@ -148,9 +150,11 @@ class HostWorkspaceFS(WorkspaceFSBase):
         *,
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         access: AccessHook | None = None,
+        programs_read_all: bool = False,
     ) -> None:
         super().__init__(artifacts, host_roots)
         self._access = access
+        self._read_all = programs_read_all
         # uid/gid for what we create, per workspace (the sandbox uid when we run as root)
         self._owner = owner
 
@@ -163,7 +167,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
         if split_relpath(path) == [METADATA_FILE]:
             return None
         owner = self.owner(ws)
-        return ProgramUser(os.geteuid() if owner is None else owner[0])
+        return ProgramUser(os.geteuid() if owner is None else owner[0], self._read_all)
 
     def check(self, ws: Workspace, path: str, mode: Literal["read", "write"]) -> None:
         """Raise ``PathDenied`` if the backend's file rule forbids ``mode`` at ``path``."""

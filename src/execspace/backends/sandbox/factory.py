@@ -307,7 +307,13 @@ class SandboxBackend:
             caps = replace(caps, fork="copy", details={**caps.details, "machine": MACHINE_DETAIL})
             if not any(path == HOME for path, _ in program_binds):
                 program_binds = (*program_binds, (HOME, "work"))
-        fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, owner=owner, access=file_access_hook(policy))
+        fs = HostWorkspaceFS(
+            artifacts=artifacts,
+            host_roots=host_roots,
+            owner=owner,
+            access=file_access_hook(policy),
+            programs_read_all=machine is not None,  # its user holds CAP_DAC_READ_SEARCH (machine.py)
+        )
         runner_config = SandboxRunnerConfig(
             bwrap_path,
             network_default=policy.network_enabled,
