@@ -94,6 +94,12 @@ async def _run_true(
     report.rows.append(row)
     name = "SDK commands.run('/bin/true') on execspace serve (no engine)"
     report.rows.append(Row(SECTION, name, "ms", Stats.of(floor, 1000), Stats.of(base, 1000), _BASELINE))
+    name = "run_program('/bin/true') via execspace serve, against the SDK's own"
+    label = "the SDK's commands.run('/bin/true') on the same server (no engine)"
+    row = Row(SECTION, name, "ms", Stats.of(lib, 1000), Stats.of(floor, 1000), label)
+    assert row.ratio is not None
+    row.target, row.passed = "≤ 1.2× the SDK's", row.ratio <= 1.2
+    report.rows.append(row)
     if rpc:
         name = "SDK process RPC: /bin/true itself, no shell (no engine)"
         report.rows.append(Row(SECTION, name, "ms", Stats.of(rpc[0], 1000), Stats.of(base, 1000), _BASELINE))
