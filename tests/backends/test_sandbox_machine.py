@@ -177,6 +177,34 @@ async def test_sudo_pip_installs_for_the_next_run_and_only_this_workspace(
     assert tree_digest(Path("/usr/local/lib")) == site_before
 
 
+async def test_the_system_python_installs_without_pep_668s_refusal(machine: BaseEngine) -> None:
+    """The host's python refuses ``pip install`` outside a venv (PEP 668's marker); a machine's system is its own,
+    so pip installs there as in E2B's templates: as user into its home, with sudo into the system, and the host's
+    marker and site-packages stay as they were."""
+    markers = sorted(Path("/usr/lib").glob("python3*/EXTERNALLY-MANAGED"))
+    if not markers:
+        pytest.skip("this host's python has no PEP 668 marker")
+    before = tree_digest(Path("/usr/local/lib")), [m.read_bytes() for m in markers]
+    ws = await machine.manager.create_workspace("pep668")
+    await machine.fs.put_files(
+        ws,
+        [
+            PutFile("work/mine-0.1-py3-none-any.whl", wheel("mine")),
+            PutFile("work/ours-0.1-py3-none-any.whl", wheel("ours")),
+        ],
+    )
+    pip = "/usr/bin/python3 -m pip install -q --no-index --no-cache-dir"
+    code, out, err = await sh(machine, ws, f"{pip} mine-0.1-py3-none-any.whl && sudo {pip} ours-0.1-py3-none-any.whl")
+    assert code == 0, (out, err)
+    imports = "cd / && /usr/bin/python3 -c 'import mine, ours; print(mine.__file__); print(ours.__file__)'"
+    code, out, err = await sh(machine, ws, imports)
+    assert code == 0, err
+    py = markers[0].parent.name
+    mine, ours = f"/home/user/.local/lib/{py}/site-packages", f"/usr/local/lib/{py}/dist-packages"
+    assert out.split() == [f"{mine}/mine/__init__.py", f"{ours}/ours/__init__.py"]
+    assert (tree_digest(Path("/usr/local/lib")), [m.read_bytes() for m in markers]) == before
+
+
 async def test_the_upper_layers_live_in_the_workspace_out_of_the_programs_and_file_apis_reach(
     machine: BaseEngine,
 ) -> None:

@@ -70,6 +70,8 @@ _USER_DIRS = ("bin", "share", "include")
 #: domain, so that what asks for the host's full name gets one (git's identity from passwd: ``user@execspace.local``).
 _HOSTS_LINE = b"127.0.1.1\texecspace.local execspace\n"
 _MAX_DEPTH = 24
+#: The file by which a distribution's python refuses ``pip install`` outside a virtual environment (PEP 668).
+_PEP668_MARKER = "EXTERNALLY-MANAGED"
 
 _SUDO = """#!/bin/sh
 # sudo of an execspace machine: root is the sandbox's own (its user namespace), without a password
@@ -297,7 +299,7 @@ def _step_or_make(dfd: int, name: str) -> int:
 
 def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
     """What a new upper layer starts with: for ``etc``, passwd and group with ``user`` and hosts with the sandbox's
-    name; for ``usr``, the sudo shim; for the host's own trees, the directories made root's (see the module); for
+    name; for ``usr``, the sudo shim and no PEP 668 marker; for the host's own trees, the directories made root's (see the module); for
     a runtime environment's tree, the directories ``pip`` installs into made ``user``'s."""
     if not layer.idmap and layer.top in _WRITABLE_DIRS:
         _writable_dirs(ufd, layer, root)
@@ -322,6 +324,29 @@ def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
             fd = nfd
         try:
             _write(fd, "sudo", _SUDO.encode(), root, 0o755)
+        finally:
+            os.close(fd)
+        _unmanaged(ufd, layer, root)
+
+
+def _unmanaged(ufd: int, layer: Layer, root: int) -> None:
+    """Whiteouts of the system python's ``EXTERNALLY-MANAGED`` markers (PEP 668): the system a sandbox sees is its
+    own copy, so ``pip install`` there works as in E2B's templates (a python image's has no marker) and breaks at
+    most this sandbox's packages; the host's file stays."""
+    for entry in _subdirs(os.path.join(layer.lower, "lib")):
+        if not entry.name.startswith("python3") or not os.path.isfile(os.path.join(entry.path, _PEP668_MARKER)):
+            continue
+        lib = _step_or_make(ufd, "lib")
+        try:
+            os.fchown(lib, root, root)
+            os.fchmod(lib, 0o755)
+            fd = _step_or_make(lib, entry.name)
+        finally:
+            os.close(lib)
+        try:
+            os.fchown(fd, root, root)
+            os.fchmod(fd, 0o755)
+            os.mknod(_PEP668_MARKER, stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)  # overlayfs's whiteout
         finally:
             os.close(fd)
 
