@@ -190,6 +190,16 @@ class Machine:
             a for i, layer in enumerate(layers) if not layer.top for a in ("--bind", self.merged(i), layer.dest)
         )
 
+    def seed(self, workspace: Path, layers: Sequence[Layer]) -> None:
+        """Make the workspace's layers it lacks (what :meth:`around` would make first): a few thousand directories
+        of the host's system the first time, for a caller to do in a worker thread rather than on its event loop."""
+        user = sandbox_uid(workspace)
+        root = machine_uid(user)
+        with ConfinedRoot(str(workspace)) as cr:
+            for layer in layers:
+                for fd in _layer_dirs(cr, layer, root, user):
+                    os.close(fd)
+
     def around(self, prep: PreparedRun, launch: Launch, layers: Sequence[Layer]) -> Launch:
         """``launch`` (bwrap) started by the helper: the workspace's upper and work directories of each layer
         made if missing (seeded the first time) and opened without following a link; the helper gets the fds,
@@ -299,8 +309,8 @@ def _step_or_make(dfd: int, name: str) -> int:
 
 def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
     """What a new upper layer starts with: for ``etc``, passwd and group with ``user`` and hosts with the sandbox's
-    name; for ``usr``, the sudo shim and no PEP 668 marker; for the host's own trees, the directories made root's (see the module); for
-    a runtime environment's tree, the directories ``pip`` installs into made ``user``'s."""
+    name; for ``usr``, the sudo shim and no PEP 668 marker; for the host's own trees, the directories made root's
+    (see the module); for a runtime environment's tree, the directories ``pip`` installs into made ``user``'s."""
     if not layer.idmap and layer.top in _WRITABLE_DIRS:
         _writable_dirs(ufd, layer, root)
     if not layer.top:
@@ -415,19 +425,13 @@ def _writable_dirs(ufd: int, layer: Layer, root: int) -> None:
     (and every directory on the way to them): the merged directory then is root's inside, its files the host's."""
     start = _WRITABLE_DIRS[layer.top]
     budget = [_MAX_WRITABLE_DIRS]
+    # by path below the new upper layer: only this process has made anything there (it is not in place yet, under
+    # a 0700 directory of the host's root), each parent before its children, so no component is a link
     for rel, st in _listable_dirs(layer.lower, start, budget):
-        fd = ufd
-        try:
-            for name in rel.split("/"):
-                nfd = _step_or_make(fd, name)
-                if fd != ufd:
-                    os.close(fd)
-                fd = nfd
-            os.fchown(fd, root, root)
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o1777)
-        finally:
-            if fd != ufd:
-                os.close(fd)
+        with contextlib.suppress(FileExistsError):  # on the way to the start directory
+            os.mkdir(rel, 0o700, dir_fd=ufd)
+        os.chown(rel, root, root, dir_fd=ufd, follow_symlinks=False)
+        os.chmod(rel, stat.S_IMODE(st.st_mode) & 0o1777, dir_fd=ufd)
 
 
 def _listable_dirs(lower: str, start: str, budget: list[int]) -> Iterator[tuple[str, os.stat_result]]:

@@ -5,6 +5,7 @@ the egress channel; and the per-run runner, a :class:`~execspace.process.hostrun
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import errno
@@ -284,6 +285,11 @@ class Sandbox:
         if environment is not None and environment.root is not None:
             return self.machine.layers(str(environment.root), None)
         return self.machine.layers(None, None if environment is None else str(environment.path))
+
+    async def seed_machine(self, workspace: Path) -> None:
+        """Machine mode: the workspace's layers made ahead, in a worker thread (:meth:`.machine.Machine.seed`)."""
+        assert self.machine is not None
+        await asyncio.to_thread(self.machine.seed, workspace, self.machine_layers())
 
     def in_machine(self, prep: PreparedRun, launch: Launch) -> Launch:
         """Machine mode: ``launch`` (bwrap) started by the machine helper, in the sandbox's user namespace over

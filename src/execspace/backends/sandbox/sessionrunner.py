@@ -353,6 +353,8 @@ class SessionMode:
             )
             runner = self.runner
             prep = runner.preparation.prepare(ws, spec)  # a path: never looked up, never CommandNotFound
+            if self.sandbox.machine is not None:  # its first start seeds its layers: off the event loop
+                await self.sandbox.seed_machine(prep.root)
             launch = self.sandbox.wrap(prep, runner.launch(prep, prep.argv, prep.env, prep.host_cwd), init_fd=binary)
         except BaseException:
             for sock in (ours, theirs):
