@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 import time
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -159,6 +160,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         except Exception as exc:  # one broken group must not lose the others' numbers
             report.failed.append(f"{name} benchmarks failed: {type(exc).__name__}: {exc}")
             log(report.failed[-1])
+            traceback.print_exc(file=sys.stderr)  # where it broke, for whoever fixes it
 
 
 def main(argv: list[str] | None = None) -> int:

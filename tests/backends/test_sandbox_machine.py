@@ -214,7 +214,18 @@ async def test_the_upper_layers_live_in_the_workspace_out_of_the_programs_and_fi
     assert ws.host_path is not None
     upper = ws.host_path / ".execspace" / "machine" / "host-etc" / "upper"
     assert (upper / "in-upper").read_text() == "x\n"
-    assert (upper / "passwd").read_text().endswith("user:x:1000:1000:user:/home/user:/bin/bash\n")
+    assert not (upper / "passwd").exists()  # the shared seed's, below the upper layer: every sandbox's alike
+    seeds = ws.host_path.parent / ".machine-seeds"
+    (etc,) = seeds.glob("host-etc-*")
+    assert (etc / "passwd").read_text().endswith("user:x:1000:1000:user:/home/user:/bin/bash\n")
+    assert (os.stat(seeds).st_uid, os.stat(seeds).st_mode & 0o777) == (0, 0o700)
+    seeded = (etc / "passwd").read_bytes()
+    code, _, err = await sh(machine, ws, "sudo sh -c 'echo extra:x:2000:2000::/:/bin/sh >> /etc/passwd'")
+    assert code == 0, err
+    other = await machine.manager.create_workspace("layers-other")
+    code, out, err = await sh(machine, other, "grep -c ^extra: /etc/passwd; grep ^user: /etc/passwd")
+    assert (code, out) == (0, "0\nuser:x:1000:1000:user:/home/user:/bin/bash\n"), err
+    assert (etc / "passwd").read_bytes() == seeded and b"extra:" in (upper / "passwd").read_bytes()
     st = os.stat(ws.host_path / ".execspace" / "machine")
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
     code, out, err = await sh(

@@ -439,7 +439,7 @@ async def _machine(options: SandboxOptions, root: Path) -> Machine:
     helper = await asyncio.to_thread(machine_binary, private_execspace_dir())
     stage = root / ".machine-stage"
     await asyncio.to_thread(_make_stage, stage)
-    return Machine(helper, stage, setpriv)
+    return Machine(helper, stage, setpriv, root / ".machine-seeds")
 
 
 def _make_stage(stage: Path) -> None:

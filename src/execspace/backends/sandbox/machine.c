@@ -1,13 +1,15 @@
 /* The machine helper: what starts bwrap for a sandbox in machine mode, run by the host's root.
  *
- * usage: machine ROOT_UID USER_UID STAGE [idmap|plain LOWER UPPER_FD WORK_FD]... -- BWRAP [ARGS...]
+ * usage: machine ROOT_UID USER_UID STAGE [idmap|plain SEED|- LOWER UPPER_FD WORK_FD]... -- BWRAP [ARGS...]
  *
  * It makes the sandbox's user namespace, in which uid 0 is the host's ROOT_UID and uid 1000 the host's USER_UID
  * (both unprivileged), then, in a mount namespace of its own, an overlay per LAYER at STAGE/<n> (n from 0, in
  * order): its lower is LOWER read-only (idmap: a clone of LOWER's mount idmapped into that namespace, so that the
  * files the host's root owns there are root's inside; plain: LOWER as it is, whose files keep their host owners),
  * its upper and work directories are the directories open at UPPER_FD and WORK_FD (opened by the host without
- * following a link: the workspace is the program's). Then it enters the user namespace as its root and execs
+ * following a link: the workspace is the program's). A SEED (a tree of the host's root, shared by every sandbox:
+ * what each would otherwise have copied into its upper layer) lies between the upper layer and LOWER, idmapped as
+ * an idmap LOWER is, so that its entries are root's (and user's) inside. Then it enters the user namespace as its root and execs
  * BWRAP, which binds STAGE/<n> where the sandbox shows them. Nothing it mounted is seen outside its own mount
  * namespace, which dies with the sandbox.
  *
@@ -40,7 +42,8 @@ static void fail(const char *what, const char *detail) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: machine ROOT_UID USER_UID STAGE [idmap|plain LOWER UPPER_FD WORK_FD]... -- BWRAP [ARGS...]\n");
+            "usage: machine ROOT_UID USER_UID STAGE [idmap|plain SEED|- LOWER UPPER_FD WORK_FD]... -- BWRAP "
+            "[ARGS...]\n");
     _exit(FAILED);
 }
 
@@ -142,7 +145,7 @@ int main(int argc, char **argv) {
     const char *stage = argv[3];
     int end = 4;
     while (end < argc && strcmp(argv[end], "--") != 0) end++;
-    if (end >= argc - 1 || (end - 4) % 4 != 0) usage();
+    if (end >= argc - 1 || (end - 4) % 5 != 0) usage();
 
     int hold;
     pid_t holder = start_holder(&hold);
@@ -158,10 +161,10 @@ int main(int argc, char **argv) {
     if (unshare(CLONE_NEWNS)) fail("unshare", "(mount namespace)");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) fail("making / private", NULL);
     if (mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,size=64k")) fail("mount", stage);
-    for (int i = 4, n = 0; i < end; i += 4, n++) {
-        const char *kind = argv[i], *lower = argv[i + 1];
-        int upper = (int)number(argv[i + 2]), work = (int)number(argv[i + 3]);
-        char merged[4096], clone[4096];
+    for (int i = 4, n = 0; i < end; i += 5, n++) {
+        const char *kind = argv[i], *seed = argv[i + 1], *lower = argv[i + 2];
+        int upper = (int)number(argv[i + 3]), work = (int)number(argv[i + 4]);
+        char merged[4096], clone[4096], seeded[4096], lowers[8200];
         snprintf(merged, sizeof merged, "%s/%d", stage, n);
         if (mkdir(merged, 0755)) fail("mkdir", merged);
         if (strcmp(kind, "idmap") == 0) {
@@ -171,6 +174,13 @@ int main(int argc, char **argv) {
             lower = clone;
         } else if (strcmp(kind, "plain") != 0) {
             usage();
+        }
+        if (strcmp(seed, "-") != 0) {
+            snprintf(seeded, sizeof seeded, "%s/.seed%d", stage, n);
+            if (mkdir(seeded, 0700)) fail("mkdir", seeded);
+            idmapped_clone(seed, seeded, userns);
+            snprintf(lowers, sizeof lowers, "%s:%s", seeded, lower);
+            lower = lowers;
         }
         upper = reopen_here(upper);
         work = reopen_here(work);

@@ -11,24 +11,26 @@ through overlays whose upper layers are the workspace's (:data:`MACHINE_DIR`):
 * **the host's own system directories** (``/usr``, ``/etc``, ``/var``, ``/opt``…): their lower keeps its host
   owners, so a host file stays exactly as readable as without machine mode (``/etc/shadow`` stays unreadable:
   owning the host's files would let root inside read every file the host keeps from others). The directories
-  of ``/etc``, ``/opt``, ``/var`` and ``/usr/local`` others may list are root's inside (their upper copies are
-  made, empty, when the layer is made), but for a runtime environment's tree (the store under ``/var``): root
+  of ``/etc``, ``/opt``, ``/var`` and ``/usr/local`` others may list are root's inside (empty copies in the
+  layer's seed, a tree shared by every sandbox below its own upper layer), but for a runtime environment's tree (the store under ``/var``): root
   adds, replaces and removes entries there; a host file itself is never written in place (``sed -i`` replaces it,
   ``>>`` is refused).
 
 The host's root starts bwrap through the machine helper (``machine.c``), which makes the namespace and the
 overlays and enters it as its root; bwrap then runs privileged inside it (no user namespace of its own), keeping
 only ``CAP_SETUID`` and ``CAP_SETGID`` for ``setpriv``, which starts the program as ``user``; ``sudo`` is
-``setpriv --reuid=0`` (a shim in the upper layer of ``/usr``). ``no_new_privs`` holds from bwrap on, so root inside
+``setpriv --reuid=0`` (a shim in the seed of ``/usr``). ``no_new_privs`` holds from bwrap on, so root inside
 keeps only those two capabilities: it owns the system files, nothing more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -146,13 +148,18 @@ class Machine:
     """What machine mode adds to a sandbox's run path: the layers of a view (:meth:`layers`), their binds in bwrap
     (:meth:`bwrap_binds`), and the step around bwrap (:meth:`around`), which the host's root runs."""
 
-    def __init__(self, helper: Path, stage: Path, setpriv: str) -> None:
+    def __init__(self, helper: Path, stage: Path, setpriv: str, seeds: Path) -> None:
         self.helper = helper
         self.stage = stage
         """A directory the helper mounts its own tmpfs over, in its own mount namespace (the overlays are there);
         every directory on its way is searchable by others, as bwrap runs as the sandbox's root."""
         self.setpriv = setpriv
+        self.seeds = seeds
+        """Where the layers' seeds are (the host root's, 0700): per layer, what every sandbox's upper layer would
+        otherwise start with (:func:`_seed`), built once and shared read-only by every sandbox as a lower of its
+        own between its upper layer and the layer's lower, named by a digest of what it holds."""
         self._layers: dict[tuple[str | None, str | None], tuple[Layer, ...]] = {}
+        self._seeded: dict[str, str | None] = {}
 
     def layers(self, system_root: str | None, tree: str | None) -> tuple[Layer, ...]:
         """The layers of a view: the system directories (of ``system_root``, a rootfs environment, else of the
@@ -191,18 +198,25 @@ class Machine:
         )
 
     def seed(self, workspace: Path, layers: Sequence[Layer]) -> None:
-        """Make the workspace's layers it lacks (what :meth:`around` would make first): a few thousand directories
-        of the host's system the first time, for a caller to do in a worker thread rather than on its event loop."""
-        user = sandbox_uid(workspace)
-        root = machine_uid(user)
+        """Make what :meth:`around` would make first: the layers' seeds (a few thousand directories of the host's
+        system, once per process) and the workspace's empty layers, for a caller to do in a worker thread rather
+        than on its event loop."""
+        root = machine_uid(sandbox_uid(workspace))
         with ConfinedRoot(str(workspace)) as cr:
             for layer in layers:
-                for fd in _layer_dirs(cr, layer, root, user):
+                self.seed_of(layer)
+                for fd in _layer_dirs(cr, layer, root):
                     os.close(fd)
+
+    def seed_of(self, layer: Layer) -> str | None:
+        """The path of ``layer``'s seed (built the first time), or None where it needs none."""
+        if layer.name not in self._seeded:
+            self._seeded[layer.name] = _built_seed(self.seeds, layer)
+        return self._seeded[layer.name]
 
     def around(self, prep: PreparedRun, launch: Launch, layers: Sequence[Layer]) -> Launch:
         """``launch`` (bwrap) started by the helper: the workspace's upper and work directories of each layer
-        made if missing (seeded the first time) and opened without following a link; the helper gets the fds,
+        made if missing and opened without following a link, over the layer's seed; the helper gets the fds,
         which close once it is started."""
         user = sandbox_uid(prep.root)
         root = machine_uid(user)
@@ -211,9 +225,10 @@ class Machine:
         try:
             with ConfinedRoot(str(prep.root)) as cr:
                 for layer in layers:
-                    upper, work = _layer_dirs(cr, layer, root, user)
+                    seed = self.seed_of(layer) or "-"
+                    upper, work = _layer_dirs(cr, layer, root)
                     fds += [upper, work]
-                    args += ["idmap" if layer.idmap else "plain", layer.lower, str(upper), str(work)]
+                    args += ["idmap" if layer.idmap else "plain", seed, layer.lower, str(upper), str(work)]
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -251,13 +266,13 @@ def _checked(path: str) -> str:
     return path
 
 
-def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> tuple[int, int]:
-    """The layer's upper and work directories (made, and the upper seeded, the first time), opened."""
+def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int) -> tuple[int, int]:
+    """The layer's upper and work directories (made the first time), opened."""
     base = [*MACHINE_DIR.split("/"), layer.name]
     try:
         upper = cr.open_dir([*base, "upper"])
     except FileNotFoundError:
-        _make_layer(cr, layer, root, user)
+        _make_layer(cr, layer, root)
         upper = cr.open_dir([*base, "upper"])
     try:
         work = cr.open_dir([*base, "work"], create=True)
@@ -267,9 +282,9 @@ def _layer_dirs(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> tuple[i
     return upper, work
 
 
-def _make_layer(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> None:
-    """A new layer: its upper seeded under a temporary name, then renamed into place (a layer half made is
-    never used)."""
+def _make_layer(cr: ConfinedRoot, layer: Layer, root: int) -> None:
+    """A new layer: its upper directory made root's under a temporary name, then renamed into place (a layer half
+    made is never used); what it starts with is its seed's, below it."""
     machine = cr.open_dir(MACHINE_DIR.split("/"), create=True)
     try:
         os.fchmod(machine, 0o700)
@@ -279,13 +294,12 @@ def _make_layer(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> None:
     finally:
         os.close(machine)
     try:
-        tmp = f".upper-{os.getpid()}"
+        tmp = f".upper-{os.getpid()}-{threading.get_ident()}"
         with contextlib.suppress(FileNotFoundError):
             _remove_tree(base, tmp)
         os.mkdir(tmp, 0o755, dir_fd=base)
         ufd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base)
         try:
-            _seed(ufd, layer, root, user)
             lower = os.stat(layer.lower)
             os.fchown(ufd, root, root)
             os.fchmod(ufd, stat.S_IMODE(lower.st_mode) & 0o1777)
@@ -301,6 +315,47 @@ def _make_layer(cr: ConfinedRoot, layer: Layer, root: int, user: int) -> None:
         os.close(base)
 
 
+def _built_seed(seeds: Path, layer: Layer) -> str | None:
+    """``layer``'s seed in ``seeds``: :func:`_seed`'s tree with the host's root as root and uid 1000 as ``user``
+    (the helper idmaps it into each sandbox), under a name its digest makes, so that a host whose system did not
+    change reuses it and one that did gets a new one; None when it holds nothing."""
+    seeds.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(seeds, 0o700)
+    tmp = seeds / f".build-{os.getpid()}-{threading.get_ident()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o755)
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _seed(fd, layer, 0, USER_ID)
+        empty = not os.listdir(fd)
+    finally:
+        os.close(fd)
+    if empty:
+        tmp.rmdir()
+        return None
+    final = seeds / f"{layer.name}-{_tree_digest(tmp)}"
+    try:
+        tmp.rename(final)
+    except OSError:  # there already (built before, or by a concurrent start): the same tree
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _checked(str(final))
+
+
+def _tree_digest(top: Path) -> str:
+    """What a seed holds: each entry's path, type, mode, owner, device and bytes."""
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for name in sorted([*dirnames, *filenames]):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            rel = os.path.relpath(path, top)
+            digest.update(f"{rel}\0{st.st_mode}\0{st.st_uid}\0{st.st_gid}\0{st.st_rdev}\0".encode())
+            if stat.S_ISREG(st.st_mode):
+                digest.update(_read(path))
+    return digest.hexdigest()[:16]
+
+
 def _step_or_make(dfd: int, name: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, 0o700, dir_fd=dfd)
@@ -308,7 +363,7 @@ def _step_or_make(dfd: int, name: str) -> int:
 
 
 def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
-    """What a new upper layer starts with: for ``etc``, passwd and group with ``user`` and hosts with the sandbox's
+    """What a layer starts with (its seed): for ``etc``, passwd and group with ``user`` and hosts with the sandbox's
     name; for ``usr``, the sudo shim and no PEP 668 marker; for the host's own trees, the directories made root's
     (see the module); for a runtime environment's tree, the directories ``pip`` installs into made ``user``'s."""
     if not layer.idmap and layer.top in _WRITABLE_DIRS:
@@ -421,7 +476,7 @@ def _write(dfd: int, name: str, data: bytes, owner: int, mode: int) -> None:
 
 
 def _writable_dirs(ufd: int, layer: Layer, root: int) -> None:
-    """Empty upper copies, root's, of the lower's directories below the layer's writable part that anyone may list
+    """Empty copies, root's, of the lower's directories below the layer's writable part that anyone may list
     (and every directory on the way to them): the merged directory then is root's inside, its files the host's."""
     start = _WRITABLE_DIRS[layer.top]
     budget = [_MAX_WRITABLE_DIRS]
