@@ -12,9 +12,9 @@ through overlays whose upper layers are the workspace's (:data:`MACHINE_DIR`):
   owners, so a host file stays exactly as readable as without machine mode (``/etc/shadow`` stays unreadable:
   owning the host's files would let root inside read every file the host keeps from others). The directories
   of ``/etc``, ``/opt``, ``/var`` and ``/usr/local`` others may list are root's inside (empty copies in the
-  layer's seed, a tree shared by every sandbox below its own upper layer), but for a runtime environment's tree (the store under ``/var``): root
-  adds, replaces and removes entries there; a host file itself is never written in place (``sed -i`` replaces it,
-  ``>>`` is refused).
+  layer's seed, a tree shared by every sandbox below its own upper layer), but for a runtime environment's tree
+  (the store under ``/var``): root adds, replaces and removes entries there; a host file itself is never written
+  in place (``sed -i`` replaces it, ``>>`` is refused).
 
 The host's root starts bwrap through the machine helper (``machine.c``), which makes the namespace and the
 overlays and enters it as its root; bwrap then runs privileged inside it (no user namespace of its own), keeping
