@@ -132,6 +132,8 @@ def _row(name: str, lib: list[float], base: list[float], base_label: str, target
     return row
 
 
+#: Whether serve runs its sandboxes in machine mode (its default as root): the engine it is compared with does too.
+SERVE_MACHINE = os.geteuid() == 0
 #: What serve may add to ``commands.run('true')`` over its floor: the SDK alone plus the engine alone (issue 30).
 _OVER_FLOOR_MS = 1.0
 #: What 50 concurrent SDK creates may cost over the same creates against a bare loop answering 201 (issue 30).
@@ -363,8 +365,11 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
         with scratch_dir("execspace-bench-direct-") as root, _bare_envd() as bare_url:
             make_traversable(root)  # as root, the session's uid must reach its workspace
             bare = await asyncio.to_thread(sandbox_cls.create, api_key=KEY, api_url=bare_url, sandbox_url=bare_url)
-            # what serve's sandboxes run for commands.run('true'), their own /etc/profile included
+            # what serve's sandboxes run for commands.run('true'), their own /etc/profile included, in machine mode
+            # where serve has it (as root)
             template = {"program_binds": (("/home/user", "work"),), "system_files": serve_sandbox_files()}
+            if SERVE_MACHINE:
+                template["machine"] = True
             async with execspace.open_engine("sandbox", mode="session", workspace_root=root, **template) as engine:
                 ws = await engine.manager.create_workspace("bench/direct")
                 login_true = RunProgramSpec("/bin/bash", ["-l", "-c", "true"], cwd="/home/user")
@@ -378,7 +383,7 @@ async def _round_trip(sandbox_cls: Any, plan: Plan, report: Report) -> None:
                 steps = [run_true, stat, direct, sdk_alone]
                 lib, base, floor, client = await interleaved(steps, plan.serve_iters, plan.warmup // 3)
         report.rows.append(_row("commands.run('true') in a live sandbox", lib, base, "files.exists (unary envd)", 3))
-        direct_label = "bash -l -c true through the sandbox engine (session mode) directly"
+        direct_label = "bash -l -c true through the sandbox engine (session mode, machine mode as root) directly"
         report.rows.append(
             Row(SECTION, "commands.run('true') vs the engine alone", "ms", Stats.of(lib, 1000), Stats.of(floor, 1000),
                 direct_label)

@@ -179,8 +179,8 @@ async def test_sudo_pip_installs_for_the_next_run_and_only_this_workspace(
 
 async def test_the_system_python_installs_without_pep_668s_refusal(machine: BaseEngine) -> None:
     """The host's python refuses ``pip install`` outside a venv (PEP 668's marker); a machine's system is its own,
-    so pip installs there as in E2B's templates: as user into its home, with sudo into the system, and the host's
-    marker and site-packages stay as they were."""
+    so pip installs there as in E2B's templates (``python`` and ``pip`` by those names): as user into its home, with
+    sudo into the system, and the host's marker and site-packages stay as they were."""
     markers = sorted(Path("/usr/lib").glob("python3*/EXTERNALLY-MANAGED"))
     if not markers:
         pytest.skip("this host's python has no PEP 668 marker")
@@ -193,10 +193,10 @@ async def test_the_system_python_installs_without_pep_668s_refusal(machine: Base
             PutFile("work/ours-0.1-py3-none-any.whl", wheel("ours")),
         ],
     )
-    pip = "/usr/bin/python3 -m pip install -q --no-index --no-cache-dir"
+    pip = "pip install -q --no-index --no-cache-dir"
     code, out, err = await sh(machine, ws, f"{pip} mine-0.1-py3-none-any.whl && sudo {pip} ours-0.1-py3-none-any.whl")
     assert code == 0, (out, err)
-    imports = "cd / && /usr/bin/python3 -c 'import mine, ours; print(mine.__file__); print(ours.__file__)'"
+    imports = "cd / && python -c 'import mine, ours; print(mine.__file__); print(ours.__file__)'"  # E2B's name
     code, out, err = await sh(machine, ws, imports)
     assert code == 0, err
     py = markers[0].parent.name

@@ -66,6 +66,25 @@ def test_set_timeout_moves_the_end() -> None:
         sbx.kill()
 
 
+def test_a_timeout_of_zero_ends_the_sandbox_or_pauses_it_now() -> None:
+    """E2B's ``set_timeout(0)`` (its SDK's own tests use it to pause at once): the sandbox's end is now."""
+    ending = Sandbox.create(timeout=60)
+    pausing = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        ending.set_timeout(0)
+        pausing.set_timeout(0)
+        deadline = time.monotonic() + 10
+        while (ending.is_running() or pausing.is_running()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(NotFoundException):
+            ending.get_info()
+        assert pausing.get_info().state == SandboxState.PAUSED
+        again = Sandbox.connect(pausing.sandbox_id)
+        assert again.commands.run("echo back").stdout == "back\n"
+    finally:
+        pausing.kill()
+
+
 def test_expired_sandbox_is_reaped_with_its_workspace(e2b_server: Server) -> None:
     sbx = Sandbox.create(timeout=1)
     sbx.files.write("f.txt", "x")

@@ -59,8 +59,8 @@ def test_a_create_body_is_read_into_its_fields() -> None:
     [
         ({}, "templateID must be one of base, code-interpreter-v1 or a snapshot id, got None"),
         ({"templateID": 5}, "templateID must be one of base, code-interpreter-v1 or a snapshot id, got 5"),
-        ({"templateID": "base", "timeout": 0}, "timeout must be a positive number of seconds, got 0"),
-        ({"templateID": "base", "timeout": True}, "timeout must be a positive number of seconds, got True"),
+        ({"templateID": "base", "timeout": -1}, "timeout must be a whole number of seconds, 0 or more, got -1"),
+        ({"templateID": "base", "timeout": True}, "timeout must be a whole number of seconds, 0 or more, got True"),
         ({"templateID": "base", "timeout": 3601}, "timeout 3601s is above this server's maximum of 3600s"),
         ({"templateID": "base", "metadata": {"a": 1}}, "metadata must be an object of strings"),
         ({"templateID": "base", "envVars": ["X"]}, "envVars must be an object of strings"),
@@ -87,10 +87,10 @@ def test_the_other_bodies() -> None:
     )
     assert NetworkBody.parse({}) == NetworkBody(None, {})
     for parse, says in [
-        (lambda: TimeoutBody.parse({}, TIMEOUTS), "timeout must be a positive number of seconds, got None"),
+        (lambda: TimeoutBody.parse({}, TIMEOUTS), "timeout must be a whole number of seconds, 0 or more, got None"),
         (
             lambda: ConnectBody.parse({"timeout": "1"}, TIMEOUTS),
-            "timeout must be a positive number of seconds, got '1'",
+            "timeout must be a whole number of seconds, 0 or more, got '1'",
         ),
         (lambda: SnapshotBody.parse({"name": 3}), "name must be a string, got 3"),
         (lambda: ForkBody.parse({"count": 101}, TIMEOUTS), "count must be an integer from 1 to 100, got 101"),

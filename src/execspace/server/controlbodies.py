@@ -37,9 +37,9 @@ class Timeouts:
     maximum: int
 
     def of(self, value: object) -> int:
-        """``value`` as a sandbox's lifetime in seconds."""
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise BadRequest(f"timeout must be a positive number of seconds, got {value!r}")
+        """``value`` as a sandbox's lifetime in seconds: 0 ends it (or pauses it, with auto-pause) now, as E2B's."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadRequest(f"timeout must be a whole number of seconds, 0 or more, got {value!r}")
         if value > self.maximum:
             raise BadRequest(f"timeout {value}s is above this server's maximum of {self.maximum}s")
         return value

@@ -72,6 +72,8 @@ _USER_DIRS = ("bin", "share", "include")
 #: domain, so that what asks for the host's full name gets one (git's identity from passwd: ``user@execspace.local``).
 _HOSTS_LINE = b"127.0.1.1\texecspace.local execspace\n"
 _MAX_DEPTH = 24
+#: Names E2B's templates have that a distribution may have only with a version (:func:`_plain_names`).
+_PLAIN_NAMES = (("python", "python3"), ("pip", "pip3"))
 #: The file by which a distribution's python refuses ``pip install`` outside a virtual environment (PEP 668).
 _PEP668_MARKER = "EXTERNALLY-MANAGED"
 
@@ -364,8 +366,9 @@ def _step_or_make(dfd: int, name: str) -> int:
 
 def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
     """What a layer starts with (its seed): for ``etc``, passwd and group with ``user`` and hosts with the sandbox's
-    name; for ``usr``, the sudo shim and no PEP 668 marker; for the host's own trees, the directories made root's
-    (see the module); for a runtime environment's tree, the directories ``pip`` installs into made ``user``'s."""
+    name; for ``usr``, the sudo shim, ``python`` where only ``python3`` is, and no PEP 668 marker; for the host's
+    own trees, the directories made root's (see the module); for a runtime environment's tree, the directories
+    ``pip`` installs into made ``user``'s."""
     if not layer.idmap and layer.top in _WRITABLE_DIRS:
         _writable_dirs(ufd, layer, root)
     if not layer.top:
@@ -389,9 +392,20 @@ def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
             fd = nfd
         try:
             _write(fd, "sudo", _SUDO.encode(), root, 0o755)
+            _plain_names(fd, layer, root)
         finally:
             os.close(fd)
         _unmanaged(ufd, layer, root)
+
+
+def _plain_names(bin_fd: int, layer: Layer, root: int) -> None:
+    """``python`` and ``pip`` in ``/usr/local/bin`` where the system has only ``python3`` and ``pip3`` (Debian's):
+    E2B's templates are python images, where both names run Python 3, and code written for them calls ``python``."""
+    for name, versioned in _PLAIN_NAMES:
+        has = [os.path.lexists(os.path.join(layer.lower, d, name)) for d in ("bin", "local/bin")]
+        if not any(has) and os.path.exists(os.path.join(layer.lower, "bin", versioned)):
+            os.symlink(f"/usr/bin/{versioned}", name, dir_fd=bin_fd)
+            os.chown(name, root, root, dir_fd=bin_fd, follow_symlinks=False)
 
 
 def _unmanaged(ufd: int, layer: Layer, root: int) -> None:
