@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 import execspace
 from execspace import (
     CodeBlock,
+    CodeExecutionInput,
+    CodeExecutor,
     InvalidSpec,
     PathDenied,
     PolicyViolation,
@@ -54,11 +57,19 @@ async def test_running_in_a_cleaned_up_workspace_is_workspace_not_found(tmp_path
             await engine.runner.run_program(ws, RunProgramSpec("true"))
 
 
-def test_autogen_argument_order_is_caught_and_any_fence_tag_kept() -> None:
-    with pytest.raises(InvalidSpec, match=r"swapped.*CodeBlock\(language='python'"):
-        CodeBlock("print(1)", "python")
+async def test_autogen_argument_order_is_named_when_the_block_cannot_run_and_any_fence_tag_kept(
+    tmp_path: Path,
+) -> None:
+    swapped = CodeBlock("print(1)", "python")
+    assert swapped.swap_hint() is not None and "CodeBlock(language='python'" in swapped.swap_hint()  # type: ignore[operator]
+    async with execspace.open_engine("local", workspace_root=tmp_path) as engine:
+        result = await CodeExecutor(engine).execute_code(CodeExecutionInput([swapped]))
+    (block,) = result.blocks
+    assert block.exit_code != 0 and block.error is not None
+    assert re.search(r"not supported.*swapped.*CodeBlock\(language='python'", block.error), block.error
     assert CodeBlock("python title=x", "1").language == "python title=x"  # a model's fence is kept as it came
     assert CodeBlock("", "echo untagged").language == ""
+    assert CodeBlock("0", "JAVASCRIPT").code == "JAVASCRIPT"  # a model's block may hold a language's name
 
 
 def test_an_absolute_input_destination_is_named_as_the_destination(tmp_path: Path) -> None:

@@ -117,6 +117,8 @@ class Capabilities:
     fork: Literal["cow", "copy"] | None = None
     """How its manager forks and snapshots workspace files (:class:`~execspace.protocols.SupportsSnapshots`):
     ``cow`` shares unchanged files, ``copy`` copies them all; None: it cannot."""
+    users: tuple[str, ...] = ()
+    """The users a run may name (``RunProgramSpec.user``): a machine sandbox's ``user`` and ``root``."""
     details: dict[str, str] = field(default_factory=dict)
     """Backend-specific facts (versions, mode), for display only."""
 
@@ -139,6 +141,13 @@ class Capabilities:
                 self.backend,
                 "Open the engine in the environment (environment= of its options, where it takes one), or use the "
                 "sandbox backend on Linux, whose runs may each name one.",
+            )
+        if spec.user is not None and spec.user not in self.users:
+            raise CapabilityError(
+                f"running as {spec.user!r}",
+                self.backend,
+                f"Leave user unset{f' or name one of {list(self.users)}' if self.users else ''}; a machine sandbox "
+                "(the sandbox backend's machine=True, as root) runs as 'user' or 'root'.",
             )
         if spec.pty is not None and not self.pty:
             raise CapabilityError("a pseudo-terminal", self.backend, "Run without a pty, or see `execspace doctor`.")
@@ -177,5 +186,6 @@ class Capabilities:
             "kernels": None if self.kernels is None else self.kernels.as_dict(),
             "environments": self.environments,
             "fork": self.fork,
+            "users": list(self.users),
             "details": dict(self.details),
         }

@@ -235,8 +235,9 @@ class CodeExecutor:
         try:
             lang, runtime = self._runtime_for(engine, ws, block.language)
         except UnsupportedLanguage as exc:
-            result = BlockResult(index, block.language, NOT_RUN_EXIT_CODE, "", "", 0.0, error=str(exc))
-            return result, f"[error: {exc}]\n"
+            error = f"{exc}; {hint}" if (hint := block.swap_hint()) else str(exc)
+            result = BlockResult(index, block.language, NOT_RUN_EXIT_CODE, "", "", 0.0, error=error)
+            return result, f"[error: {error}]\n"
         rel = f"src/code_{call_tag}_{index}{lang.extension}"
         await engine.fs.put_files(ws, [PutFile(rel, _lf_newlines(block.code), lang.file_mode)])
         spec = RunProgramSpec(

@@ -265,10 +265,15 @@ class RunProgramSpec:
     """The built runtime environment this run's program runs in (docs/environments.md), over the engine's own;
     ``None`` keeps the engine's. A backend whose ``Capabilities.environments`` is false raises ``CapabilityError``;
     a name that is not built, ``EnvironmentNotFound``."""
+    user: str | None = None
+    """The sandbox's user the program runs as (E2B's ``user`` or ``root`` in a machine sandbox); ``None``: the
+    backend's own. A name not in ``Capabilities.users`` raises ``CapabilityError``."""
 
     def __post_init__(self) -> None:
         if not self.cmd:
             raise InvalidSpec("cmd must not be empty")
+        if self.user is not None and (not self.user or "\0" in self.user):
+            raise InvalidSpec("user must be a non-empty name without NUL bytes (or None)")
         if self.environment is not None and (not self.environment or "\0" in self.environment):
             raise InvalidSpec("environment must be a non-empty name without NUL bytes (or None)")
         if isinstance(self.args, str):
@@ -558,12 +563,17 @@ class CodeBlock:
     def __post_init__(self) -> None:
         if not isinstance(self.language, str) or not isinstance(self.code, str):
             raise InvalidSpec("CodeBlock(language, code) takes two strings")
-        # AutoGen's CodeBlock is (code, language): caught here, not as an unknown language at run time
+
+    def swap_hint(self) -> str | None:
+        """What to write instead when the arguments look swapped (AutoGen's ``CodeBlock`` is ``(code, language)``):
+        the code is a language's name and the language is none. Said when the block cannot run, not refused here:
+        a model's fenced block may hold just such a word."""
         if _is_language(self.code.strip()) and not _is_language(self.language.strip()) and self.language.strip():
-            raise InvalidSpec(
-                f"CodeBlock: the arguments look swapped ({self.code.strip()!r} is a language, {self.language[:30]!r} "
-                f"is not): write CodeBlock(language={self.code.strip()!r}, code=...)"
+            return (
+                f"the arguments look swapped ({self.code.strip()!r} is a language, {self.language[:30]!r} is not): "
+                f"write CodeBlock(language={self.code.strip()!r}, code=...)"
             )
+        return None
 
 
 def _is_language(tag: str) -> bool:

@@ -98,6 +98,32 @@ async def test_the_program_is_user_with_a_home_and_sudo_makes_it_root(machine: B
     assert (ws.host_path / "work" / "a.txt").stat().st_uid == sandbox_uid(ws.host_path)
 
 
+async def test_a_run_names_its_user_and_root_runs_as_root_without_sudo(machine: BaseEngine) -> None:
+    """``RunProgramSpec.user``: ``root`` runs as the sandbox's root (its home /root), ``user`` as user; another name
+    is refused before anything runs, as it is by a sandbox without machine mode."""
+    ws = await machine.manager.create_workspace("users")
+    script = "id -un; echo $HOME $USER; echo x > /etc/by-root && cat /etc/by-root"
+    as_root = await machine.runner.run_program(ws, RunProgramSpec("/bin/sh", ["-c", script], user="root"))
+    assert (as_root.exit_code, as_root.stdout) == (0, "root\n/root root\nx\n"), as_root.stderr
+    as_user = await machine.runner.run_program(ws, RunProgramSpec("/bin/sh", ["-c", "id -un; echo $HOME"], user="user"))
+    assert (as_user.exit_code, as_user.stdout) == (0, "user\n/home/user\n"), as_user.stderr
+    assert machine.describe().users == ("user", "root")
+    with pytest.raises(CapabilityError, match="running as 'nobody'"):
+        await machine.runner.run_program(ws, RunProgramSpec("/bin/true", user="nobody"))
+
+
+async def test_without_machine_mode_a_run_cannot_name_a_user(tmp_path: Path) -> None:
+    probe = await probe_backend("sandbox")
+    if not probe.ok:
+        pytest.skip(f"no sandbox here: {probe.reason}")
+    make_traversable(tmp_path)
+    async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
+        ws = await eng.manager.create_workspace("plain")
+        with pytest.raises(CapabilityError, match="running as 'root'"):
+            await eng.runner.run_program(ws, RunProgramSpec("/bin/true", user="root"))
+        assert not (ws.host_path / "runs").exists() or not any((ws.host_path / "runs").iterdir())
+
+
 async def test_root_writes_etc_usr_opt_and_the_next_run_sees_it_not_the_host(machine: BaseEngine) -> None:
     ws = await machine.manager.create_workspace("writes")
     marker = "execspace-machine-test-marker"

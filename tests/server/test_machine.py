@@ -78,6 +78,18 @@ def test_the_program_is_user_with_a_passwd_entry_a_home_sudo_and_a_git_identity(
     assert "".join(ex.logs.stdout).split() == ["/home/user", "/home/user", "user"], ex.error
 
 
+def test_a_command_runs_as_root_when_the_sdk_names_it(machine: ci.Sandbox) -> None:
+    """``commands.run(..., user="root")`` (the SDK's own MCP gateway asks for it) runs as the sandbox's root, with
+    its name and home; another user is refused naming the sandbox's; files stay ``user``'s."""
+    done = machine.commands.run("id -un; echo $HOME $USER; touch /etc/by-root && stat -c %U /etc/by-root", user="root")
+    assert done.stdout == "root\n/root root\nroot\n"
+    assert machine.commands.run("id -un", user="user").stdout == "user\n"
+    with pytest.raises(SandboxException, match="its users are"):
+        machine.commands.run("true", user="nobody")
+    with pytest.raises(SandboxException, match="the only user is 'user'"):
+        machine.files.write("/home/user/x.txt", "x", user="root")
+
+
 def test_pip_installs_without_sudo_and_the_kernel_imports_it_the_store_untouched(machine: ci.Sandbox) -> None:
     store = code_interpreter_environment().path
     before = tree_digest(store)

@@ -27,9 +27,13 @@ from ..protocols import ProgramHandle
 from .envd.process import process_pb as pb
 from .envd.process.process_connect import Process
 from .paths import HOME, PathOutsideHome, program_dir, to_sdk
+from .routing import user_of
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
 from .streams import deadline_of
+
+#: The user a machine sandbox's commands may also run as (E2B's `user="root"`).
+ROOT = "root"
 
 __all__ = ["ProcessService"]
 
@@ -105,7 +109,7 @@ class ProcessService(ServiceBase, Process):
     async def start(
         self, request: pb.StartRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.StartResponse]:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         with rpc_errors():
             sandbox.share.streams.take()
         try:
@@ -119,7 +123,7 @@ class ProcessService(ServiceBase, Process):
     ) -> AsyncIterator[pb.StartResponse]:
         config = request.process or pb.ProcessConfig()
         with rpc_errors(config.cwd or None):
-            spec = self._spec(sandbox, request)
+            spec = self._spec(sandbox, request, user_of(ctx.request_headers))
             sandbox.share.programs.take()
             try:
                 handle = await sandbox.engine.runner.start_program(sandbox.workspace, spec)
@@ -139,9 +143,10 @@ class ProcessService(ServiceBase, Process):
         async for event in self._follow(handle, reader, ctx, pty=spec.pty is not None):
             yield pb.StartResponse(event=event)
 
-    def _spec(self, sandbox: Sandbox, request: pb.StartRequest) -> RunProgramSpec:
+    def _spec(self, sandbox: Sandbox, request: pb.StartRequest, user: str | None) -> RunProgramSpec:
         config = request.process or pb.ProcessConfig()
-        env = {**sandbox.program_env(), **config.envs}
+        as_root = user == ROOT  # a machine sandbox's (the caller's user was checked): its own name and home
+        env = {**sandbox.program_env(), **({"USER": ROOT} if as_root else {}), **config.envs}
         size = request.pty.size if request.pty is not None else None
         cmd, args, cwd = _in_directory(sandbox.workspace, config.cmd, list(config.args), config.cwd)
         try:
@@ -154,6 +159,7 @@ class ProcessService(ServiceBase, Process):
                 network=sandbox.egress.network,
                 tag=request.tag if request.has_field("tag") else None,
                 pty=PtySize(rows=size.rows, cols=size.cols) if request.pty is not None and size else None,
+                user=ROOT if as_root else None,
             )
         except InvalidSpec as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
@@ -161,7 +167,7 @@ class ProcessService(ServiceBase, Process):
     async def connect(
         self, request: pb.ConnectRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.ConnectResponse]:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         handle = await self._find(sandbox, request.process)
         with rpc_errors():
             sandbox.share.streams.take()
@@ -205,14 +211,14 @@ class ProcessService(ServiceBase, Process):
                 await pump
 
     async def list(self, request: pb.ListRequest, ctx: RequestContext[Any, Any], /) -> pb.ListResponse:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         programs = await sandbox.engine.runner.list_programs(sandbox.workspace)
         return pb.ListResponse(processes=[_info(p) for p in programs])
 
     async def send_signal(
         self, request: pb.SendSignalRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.SendSignalResponse:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         handle = await self._find(sandbox, request.process)
         number = _SIGNALS.get(request.signal)
         if number is None:
@@ -227,21 +233,21 @@ class ProcessService(ServiceBase, Process):
         return pb.SendSignalResponse()
 
     async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any], /) -> pb.SendInputResponse:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         await _write(await self._find(sandbox, request.process), request.input)
         return pb.SendInputResponse()
 
     async def close_stdin(
         self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.CloseStdinResponse:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         await (await self._find(sandbox, request.process)).close_stdin()
         return pb.CloseStdinResponse()
 
     async def stream_input(
         self, request: AsyncIterator[pb.StreamInputRequest], ctx: RequestContext[Any, Any], /
     ) -> pb.StreamInputResponse:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         handle: ProgramHandle | None = None
         async for message in request:
             match message.event:
@@ -254,7 +260,7 @@ class ProcessService(ServiceBase, Process):
         return pb.StreamInputResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: RequestContext[Any, Any], /) -> pb.UpdateResponse:
-        sandbox = self.sandbox(ctx)
+        sandbox = self.sandbox(ctx, runs=True)
         handle = await self._find(sandbox, request.process)
         size = request.pty.size if request.pty is not None else None
         if size is None:

@@ -12,6 +12,7 @@ named by the home's own path, so that ``pwd`` prints ``/home/user``. Paths outsi
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Collection
 
 from ..errors import UsageError
 from ..models import Workspace
@@ -93,7 +94,13 @@ def sandbox_dir(ws: Workspace, path: str, whole: bool) -> str:
     return found if found.startswith("/") else program_dir(ws, path)
 
 
-def check_user(user: str | None) -> None:
-    """Refuse any user but ``user``: an execspace sandbox has that one."""
-    if user not in (None, "", USER):
-        raise UsageError(f"user {user!r} does not exist in execspace sandboxes; the only user is {USER!r}")
+def check_user(user: str | None, users: Collection[str] = (USER,)) -> None:
+    """Refuse any user but ``users``: an execspace sandbox's files are ``user``'s; a machine sandbox's commands may
+    run as ``root`` too."""
+    if user not in (None, "", *users):
+        if len(users) > 1:
+            raise UsageError(f"user {user!r} does not exist in this sandbox; its users are {sorted(users)}")
+        raise UsageError(
+            f"user {user!r} does not exist in execspace sandboxes here; the only user is {USER!r} (a server run as "
+            "root gives commands 'root' too: machine mode)"
+        )

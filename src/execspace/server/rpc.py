@@ -19,7 +19,7 @@ from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
 from ..errors import LimitExceeded, PathDenied, UsageError
-from .paths import check_user
+from .paths import USER, check_user
 from .routing import user_of
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
 from .shares import ShareExhausted
@@ -44,16 +44,17 @@ class ServiceBase:
     def __init__(self, sandboxes: Sandboxes) -> None:
         self.sandboxes = sandboxes
 
-    def sandbox(self, ctx: RequestContext[Any, Any]) -> Sandbox:
+    def sandbox(self, ctx: RequestContext[Any, Any], *, runs: bool = False) -> Sandbox:
         """The call's sandbox, as the app found it and checked the caller's token for it; one that ended since (a
-        request may wait its turn in the sandbox's pace) is gone for the call too."""
+        request may wait its turn in the sandbox's pace) is gone for the call too. Its user must be ``user``, or
+        with ``runs`` (a process call) one its engine's runs may name (a machine sandbox's root)."""
         sandbox = _CALL_SANDBOX.get()
         if sandbox is None:
             raise ConnectError(Code.INVALID_ARGUMENT, "no E2b-Sandbox-Id header names the sandbox")
         if sandbox.closed.is_set() or sandbox.expired():
             raise ConnectError(Code.UNAVAILABLE, str(SandboxGone(sandbox.id)))
         with rpc_errors():
-            check_user(user_of(ctx.request_headers))
+            check_user(user_of(ctx.request_headers), (USER, *sandbox.engine.describe().users) if runs else (USER,))
         return sandbox
 
 

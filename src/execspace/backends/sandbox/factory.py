@@ -46,7 +46,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
-from .machine import HOME, Machine
+from .machine import HOME, MACHINE_USERS, Machine
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
@@ -304,7 +304,7 @@ class SandboxBackend:
         machine = await _machine(options, root) if options.machine else None
         program_binds = options.program_binds
         if machine is not None:
-            caps = replace(caps, fork="copy", details={**caps.details, "machine": MACHINE_DETAIL})
+            caps = replace(caps, fork="copy", users=MACHINE_USERS, details={**caps.details, "machine": MACHINE_DETAIL})
             if not any(path == HOME for path, _ in program_binds):
                 program_binds = (*program_binds, (HOME, "work"))
         fs = HostWorkspaceFS(

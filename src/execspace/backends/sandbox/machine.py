@@ -47,11 +47,13 @@ from .bwrap import SYSTEM_TOP, machine_uid, sandbox_uid
 __all__ = [
     "HOME",
     "MACHINE_DIR",
+    "MACHINE_USERS",
     "USER_ID",
     "USER_NAME",
     "Layer",
     "Machine",
     "machine_env",
+    "runs_as_user",
     "user_argv",
 ]
 
@@ -61,6 +63,10 @@ MACHINE_DIR = f"{INTERNAL_DIR}/machine"
 USER_NAME = "user"
 USER_ID = 1000
 HOME = "/home/user"
+ROOT_NAME = "root"
+ROOT_HOME = "/root"
+#: The users a machine sandbox's run may name (``RunProgramSpec.user``).
+MACHINE_USERS = (USER_NAME, ROOT_NAME)
 #: The directories of the host's own trees made root's inside (see the module): a layer's top for ``etc``,
 #: ``opt``, ``var``; only ``local`` of ``usr``.
 _WRITABLE_DIRS = {"etc": "", "opt": "", "var": "", "usr": "local"}
@@ -119,10 +125,17 @@ class Layer:
     """The system directory it is (``etc``, ``usr``…), or "" for a runtime environment's tree."""
 
 
-def machine_env(env: dict[str, str], own: Sequence[str]) -> dict[str, str]:
-    """``env`` as ``user`` has it: its home, its name (unless the run sets them itself, ``own``)."""
-    mine = {"HOME": HOME, "USER": USER_NAME, "LOGNAME": USER_NAME}
+def machine_env(env: dict[str, str], own: Sequence[str], user: str | None = None) -> dict[str, str]:
+    """``env`` as the run's user has it (``user`` unless it names ``root``): its home, its name (unless the run
+    sets them itself, ``own``)."""
+    name, home = (ROOT_NAME, ROOT_HOME) if user == ROOT_NAME else (USER_NAME, HOME)
+    mine = {"HOME": home, "USER": name, "LOGNAME": name}
     return {**env, **{k: v for k, v in mine.items() if k not in own}}
+
+
+def runs_as_user(user: str | None) -> bool:
+    """Whether a run naming ``user`` starts as ``user`` (every run but root's)."""
+    return user != ROOT_NAME
 
 
 #: What user (and root after sudo: no_new_privs keeps what it had) may do beyond a plain uid: change uid and gid

@@ -43,7 +43,7 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
-from .machine import Layer, Machine, machine_env, user_argv
+from .machine import Layer, Machine, machine_env, runs_as_user, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
 from .seccomp import SeccompFilters
@@ -273,9 +273,11 @@ class Sandbox:
         return SandboxPlan(replace(plan.launch, env=self.program_env(prep)), plan.mounts)
 
     def as_machine_user(self, prep: PreparedRun, plan: SandboxPlan) -> SandboxPlan:
-        """Machine mode: the program started as ``user`` (:func:`.machine.user_argv`)."""
+        """Machine mode: the program started as ``user`` (:func:`.machine.user_argv`), unless the run names root."""
         assert self.machine is not None
         launch = plan.launch
+        if not runs_as_user(prep.spec.user):
+            return plan
         return SandboxPlan(replace(launch, argv=user_argv(self.machine.setpriv, launch.argv)), plan.mounts)
 
     def machine_layers(self) -> tuple[Layer, ...]:
@@ -336,7 +338,7 @@ class Sandbox:
             env.update({k: v for k, v in self.environment.program_env().items() if k not in prep.spec.env})
         if not self.access_of(prep.root, "tmp").can_write:
             env.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
-        return env if self.machine is None else machine_env(env, tuple(prep.spec.env))
+        return env if self.machine is None else machine_env(env, tuple(prep.spec.env), prep.spec.user)
 
     def access_of(self, root: Path, rel: str) -> Access:
         """What the policy gives a program at ``rel`` of the workspace at ``root``."""

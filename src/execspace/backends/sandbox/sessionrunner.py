@@ -36,7 +36,7 @@ from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
 from .bwrap import SANDBOX_WORKSPACE, SUPERVISOR_PATH
 from .egress import RunAudit, proxy_env
-from .machine import user_argv
+from .machine import runs_as_user, user_argv
 from .runner import Sandbox, SandboxRunnerConfig
 from .session import Session, start_session
 from .sessionconfig import SessionConfig
@@ -232,7 +232,9 @@ class SessionMode:
         cwd = prep.program_cwd(SANDBOX_WORKSPACE)
         machine = self.sandbox.machine
         # a machine's supervisor is its root: each run starts as user (sudo makes it root again)
-        argv = prep.argv if machine is None else user_argv(machine.setpriv, prep.argv)
+        argv = (
+            prep.argv if machine is None or not runs_as_user(prep.spec.user) else user_argv(machine.setpriv, prep.argv)
+        )
         # the plan made anew from the preparation, not a copy of the runner's (dataclasses.replace of its ~25 fields
         # was a tenth of a session run's calls): the session's wrapper is its runner's only one, nothing is on the
         # runner's plan yet but what the preparation gave it
