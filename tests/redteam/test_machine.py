@@ -100,6 +100,30 @@ async def test_root_inside_cannot_reach_another_workspace_or_its_layers(engine: 
     assert "VICTIM" not in r.stdout and "victim.txt" not in r.stdout and r.stdout.endswith("end\n"), r.stdout
 
 
+async def test_root_inside_cannot_change_the_seeds_every_sandbox_starts_on(engine: execspace.BaseEngine) -> None:
+    """The layers' seeds are shared read-only by every sandbox: root rewrites, removes and chmods what they hold
+    (its passwd, its sudo, the root-owned directories), looks for them by their host path, and another sandbox
+    still starts on them unchanged."""
+    ws = await engine.manager.create_workspace("seed-attacker")
+    assert ws.host_path is not None
+    seeds = ws.host_path.parent / ".machine-seeds"
+    await root((engine, ws), "true")  # the seeds are built by the first start
+    before = digest(str(seeds))
+    attack = (
+        "echo 'evil:x:0:0::/:/bin/sh' >> /etc/passwd; rm -f /usr/local/bin/sudo; chmod 777 /etc /opt /var;"
+        "echo evil > /usr/local/bin/python; rm -rf /usr/local/bin; touch /etc/planted;"
+        f"ls {seeds} 2>&1; cat {seeds}/*/passwd 2>&1; grep -o 'seed[0-9]*' /proc/self/mountinfo | head -3; echo end"
+    )
+    r = await root((engine, ws), attack)
+    assert r.stdout.endswith("end\n") and "root:x:0:0" not in r.stdout, r.stdout  # no seed's passwd read by path
+    assert digest(str(seeds)) == before
+    other = await engine.manager.create_workspace("seed-other")
+    r = await engine.runner.run_program(
+        other, RunProgramSpec("/bin/sh", ["-c", "grep -c evil /etc/passwd; ls /etc/planted; sudo -n id -un"])
+    )
+    assert r.stdout == "0\nroot\n" and "No such file" in r.stderr, (r.stdout, r.stderr)
+
+
 async def test_root_inside_cannot_change_the_environment_store(engine: execspace.BaseEngine) -> None:
     ws = await engine.manager.create_workspace("store")
     r = await engine.runner.run_program(ws, RunProgramSpec("python", ["-c", "import sys; print(sys.prefix)"]))

@@ -175,6 +175,7 @@ class Machine:
         own between its upper layer and the layer's lower, named by a digest of what it holds."""
         self._layers: dict[tuple[str | None, str | None], tuple[Layer, ...]] = {}
         self._seeded: dict[str, str | None] = {}
+        self._seeding = threading.Lock()  # starts in worker threads: each seed built once
 
     def layers(self, system_root: str | None, tree: str | None) -> tuple[Layer, ...]:
         """The layers of a view: the system directories (of ``system_root``, a rootfs environment, else of the
@@ -225,9 +226,10 @@ class Machine:
 
     def seed_of(self, layer: Layer) -> str | None:
         """The path of ``layer``'s seed (built the first time), or None where it needs none."""
-        if layer.name not in self._seeded:
-            self._seeded[layer.name] = _built_seed(self.seeds, layer)
-        return self._seeded[layer.name]
+        with self._seeding:
+            if layer.name not in self._seeded:
+                self._seeded[layer.name] = _built_seed(self.seeds, layer)
+            return self._seeded[layer.name]
 
     def around(self, prep: PreparedRun, launch: Launch, layers: Sequence[Layer]) -> Launch:
         """``launch`` (bwrap) started by the helper: the workspace's upper and work directories of each layer
