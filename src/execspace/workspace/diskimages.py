@@ -16,7 +16,9 @@ the tree removed below is the empty mount point, never the filesystem's contents
 image; the loop device frees itself (``mount -o loop`` sets autoclear) once the last user is gone.
 
 The filesystem is ext4 without a journal (nothing of a workspace outlives a crash of its host more than its
-files do) and without blocks reserved for root; its own metadata takes a few percent of the size.
+files do); its own metadata takes a few percent of the size, and 1 % is reserved for the host's root, which no
+program of a sandbox is: a sandbox that filled its disk still gets the run directory of its next command (made by
+the host in machine mode), so it can run ``rm`` to free space.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ __all__ = [
 
 DISKS_DIR = ".disks"
 _TOOLS = ("mkfs.ext4", "mount")
-_MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,lazy_journal_init=1")
+_MKFS_OPTIONS = ("-q", "-F", "-m", "1", "-O", "^has_journal", "-E", "lazy_itable_init=1,lazy_journal_init=1")
 _MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
 #: Smallest image mkfs.ext4 makes a usable filesystem of.
 MIN_DISK_BYTES = 1024 * 1024
