@@ -51,12 +51,16 @@ def tree_digest(top: Path) -> str:
     return h.hexdigest()
 
 
-async def _require_machine() -> None:
-    if os.geteuid() != 0:
-        pytest.skip(NOT_ROOT)
+async def _require_sandbox() -> None:
     probe = await probe_backend("sandbox")
     if not probe.ok:
         pytest.skip(f"no sandbox here: {probe.reason}")
+
+
+async def _require_machine() -> None:
+    if os.geteuid() != 0:
+        pytest.skip(NOT_ROOT)
+    await _require_sandbox()
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +117,7 @@ async def test_a_run_names_its_user_and_root_runs_as_root_without_sudo(machine: 
 
 
 async def test_without_machine_mode_a_run_cannot_name_a_user(tmp_path: Path) -> None:
-    probe = await probe_backend("sandbox")
-    if not probe.ok:
-        pytest.skip(f"no sandbox here: {probe.reason}")
+    await _require_sandbox()
     make_traversable(tmp_path)
     async with execspace.open_engine("sandbox", workspace_root=tmp_path / "ws") as eng:
         ws = await eng.manager.create_workspace("plain")

@@ -373,6 +373,19 @@ def _tree_digest(top: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _root_dirs(dfd: int, names: Sequence[str], root: int) -> int:
+    """The directory ``names`` below ``dfd``, each on the way made (or taken as it is) root's and 0755, opened."""
+    fd = dfd
+    for name in names:
+        nfd = _step_or_make(fd, name)
+        if fd != dfd:
+            os.close(fd)
+        fd = nfd
+        os.fchown(fd, root, root)
+        os.fchmod(fd, 0o755)
+    return fd
+
+
 def _step_or_make(dfd: int, name: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, 0o700, dir_fd=dfd)
@@ -397,14 +410,7 @@ def _seed(ufd: int, layer: Layer, root: int, user: int) -> None:
         hosts = _read(os.path.join(layer.lower, "hosts"))
         _write(ufd, "hosts", hosts + (b"\n" if hosts and not hosts.endswith(b"\n") else b"") + _HOSTS_LINE, root, 0o644)
     if layer.top == "usr":
-        fd = ufd
-        for name in ("local", "bin"):
-            nfd = _step_or_make(fd, name)
-            os.fchmod(nfd, 0o755)
-            os.fchown(nfd, root, root)
-            if fd != ufd:
-                os.close(fd)
-            fd = nfd
+        fd = _root_dirs(ufd, ("local", "bin"), root)
         try:
             _write(fd, "sudo", _SUDO.encode(), root, 0o755)
             _plain_names(fd, layer, root)
@@ -430,16 +436,8 @@ def _unmanaged(ufd: int, layer: Layer, root: int) -> None:
     for entry in _subdirs(os.path.join(layer.lower, "lib")):
         if not entry.name.startswith("python3") or not os.path.isfile(os.path.join(entry.path, _PEP668_MARKER)):
             continue
-        lib = _step_or_make(ufd, "lib")
+        fd = _root_dirs(ufd, ("lib", entry.name), root)
         try:
-            os.fchown(lib, root, root)
-            os.fchmod(lib, 0o755)
-            fd = _step_or_make(lib, entry.name)
-        finally:
-            os.close(lib)
-        try:
-            os.fchown(fd, root, root)
-            os.fchmod(fd, 0o755)
             os.mknod(_PEP668_MARKER, stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)  # overlayfs's whiteout
         finally:
             os.close(fd)
