@@ -459,6 +459,31 @@ async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_t
     assert (killed.exit_code, killed.signal) == (-signal.SIGUSR2, signal.SIGUSR2), killed
 
 
+async def test_a_run_whose_caller_stops_waiting_ends_in_the_sandbox(e2b_server: Server) -> None:
+    """As on every backend, cancelling ``run_program`` ends the program: it does not go on in the sandbox."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("cancelled")
+        mark = f"{ws.path}/out/started"
+        run = asyncio.ensure_future(
+            engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"touch {mark}; exec sleep 300"]))
+        )
+        probe = RunProgramSpec("test", ["-e", mark])
+
+        async def started() -> bool:
+            return (await engine.runner.run_program(ws, probe)).exit_code == 0
+
+        await _until("the program started", started, within=30)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        sleeping = RunProgramSpec("sh", ["-c", "for d in /proc/[0-9]*; do cat $d/cmdline; echo; done | grep -c '^sleep'"])
+
+        async def gone() -> bool:
+            return (await engine.runner.run_program(ws, sleeping)).stdout.strip() == "0"
+
+        await _until("the cancelled run's program ended", gone, within=30)
+
+
 async def test_every_run_has_its_own_run_directory_even_after_runs_are_removed(e2b_server: Server) -> None:
     """Run directories are made ahead, several at once: each run still gets a fresh one of its own, there when it
     starts, also once a program removed them all."""
