@@ -587,7 +587,9 @@ def _report_text(
     brought: Brought,
 ) -> None:
     if result.timed_out:
-        progress(f"program timed out after {result.duration:.1f}s and was killed (exit status 124)")
+        # the limit asked for, not the time measured (a loaded machine takes a moment longer to stop it)
+        limit = f"{args.timeout:g}s" if args.timeout is not None else f"{result.duration:.1f}s"
+        progress(f"program timed out after {limit} and was killed (exit status 124)")
     elif result.limit_hit:
         progress(f"program stopped by the {result.limit_hit} limit")
     if outputs:
