@@ -134,6 +134,30 @@ async def test_runs_with_a_memory_limit_share_the_workspace_processes_and_loopba
         assert engine_containers(docker_daemon, eng) == {}
 
 
+#: Kills the member's first process: the ``sleep`` whose parent is outside the shared pid namespace (ppid 0; the
+#: workspace container's has its init for parent), so that the member stops and takes the run with it.
+KILL_MEMBER = """
+for p in /proc/[0-9]*; do
+  s=$(cat $p/stat 2>/dev/null) || continue; s=${s##*) }; set -- $s
+  [ "$2" = 0 ] && [ "$(cat $p/comm)" = sleep ] && kill -9 ${p#/proc/}
+done
+sleep 20
+"""
+
+
+@pytest.mark.slow  # a stopped container's exec streams end about 10 s later
+async def test_a_member_that_stopped_is_replaced(
+    docker_daemon: Daemon, engine: execspace.BaseEngine, ws: execspace.Workspace
+) -> None:
+    lost = await engine.runner.run_program(ws, sh(KILL_MEMBER, limits=_mib(64), timeout=15))
+    assert not lost.timed_out and lost.exit_code == -signal.SIGKILL  # its container stopped under it
+    assert lost.limit_hit is None  # stopped, but the daemon says it was no OOM kill
+    again = await engine.runner.run_program(ws, touch(16, memory_mib=64))
+    assert (again.exit_code, again.limit_hit) == (0, None), again.stderr
+    states = {c["State"] for c in engine_containers(docker_daemon, engine).values()}
+    assert states == {"running"}  # the stopped member was removed, a new one runs
+
+
 async def test_a_memory_limit_no_cgroup_takes_is_refused(engine: execspace.BaseEngine, ws: execspace.Workspace) -> None:
     with pytest.raises(CapabilityError, match="at least 6 MiB"):
         await engine.runner.run_program(ws, sh("true", limits=ResourceLimits(memory_bytes=1 << 20)))
