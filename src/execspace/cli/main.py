@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import ExecspaceError
-from . import daemon, demo, doctor, env, execcode, mcpserve, run, serve, workspaces
+from . import daemon, demo, doctor, env, execcode, image, mcpserve, run, serve, workspaces
 from .console import EXIT_EXECSPACE_ERROR, error, error_message, print_json
 from .signals import CommandSignals
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"execspace {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
-    for module in (run, execcode, doctor, demo, daemon, workspaces, env, serve, mcpserve):
+    for module in (run, execcode, doctor, demo, daemon, workspaces, env, image, serve, mcpserve):
         module.add_parser(sub)
     return parser
 
