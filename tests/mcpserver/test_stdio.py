@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 from mcp import types
 
+from execspace.environments import get
+from execspace.errors import EnvironmentNotFound
+
 from .conftest import PNG_SIGNATURE, left_in, stdio_session, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,3 +69,41 @@ async def test_a_plot_comes_back_as_image_content(tmp_path: Path) -> None:
     assert [f["mime_type"] for f in data["files"]] == ["image/png"]
     # the next call shows only what it produced: no stale plot
     assert [c.type for c in again.content] == ["text"] and "42" in result_of(again)["output"]
+
+
+def _code_interpreter_built() -> None:
+    try:
+        get("code-interpreter")
+    except EnvironmentNotFound:
+        pytest.skip("needs the code-interpreter environment (execspace env build code-interpreter)")
+
+
+async def test_a_jupyter_config_naming_its_mode_and_environment_runs_the_data_stack(tmp_path: Path) -> None:
+    """The newcomer's config: ``mode = "sandboxed"`` as a string and ``environment`` for jupyter, a kernel with
+    pandas; the plot comes back as an image."""
+    pytest.importorskip("ipykernel")
+    _code_interpreter_built()
+    root = write_config(tmp_path).parent / "ws"
+    config = tmp_path / "jupyter.toml"
+    config.write_text(
+        f'backend = "jupyter"\n[backend_options]\nworkspace_root = "{root}"\nmode = "sandboxed"\n'
+        'environment = "code-interpreter"\n'
+    )
+    code = "import pandas as pd, sys\npd.Series([1, 3, 2]).plot()\nimport matplotlib.pyplot as plt\nplt.show()\n"
+    async with stdio_session("--config", str(config)) as session:
+        res = await session.call_tool("run_code", {"language": "python", "code": code + "print(sys.prefix)"})
+        listing = result_of(await session.call_tool("workspace_list", {}))
+    data = result_of(res)
+    assert data["status"] == "ok" and "code-interpreter" in data["output"], data
+    assert [c.type for c in res.content].count("image") == 1
+    assert (listing["backend"], listing["isolation"]) == ("jupyter", "process")
+
+
+async def test_the_environment_flag_runs_commands_in_it_on_the_sandbox(tmp_path: Path) -> None:
+    _code_interpreter_built()
+    config = write_config(tmp_path)
+    async with stdio_session("--environment", "code-interpreter", "--config", str(config)) as session:
+        ran = result_of(await session.call_tool("workspace_exec", {"command": "python -c 'import pandas; print(7)'"}))
+        listing = result_of(await session.call_tool("workspace_list", {}))
+    assert (ran["exit_code"], ran["stdout"]) == (0, "7\n"), ran
+    assert listing["backend"] == "sandbox"
