@@ -37,22 +37,24 @@ class Interpreter:
 def find_interpreter() -> Interpreter | str:
     """The interpreter for sandboxed kernels, or why there is none.
 
-    As root, where this Python or its packages lie under a directory the sandbox's uid cannot pass (``/root`` is
-    0700), the sandbox shows their trees read-only (views) and the kernel runs this very interpreter. Otherwise
-    this venv's python may be a link to an interpreter the sandbox cannot reach: then the same ``X.Y`` from the
-    sandbox's PATH runs this venv's site-packages.
+    This venv's python may be a link to an interpreter the sandbox cannot reach: then the same ``X.Y`` from the
+    sandbox's PATH runs this venv's site-packages. As root, where the packages lie under a directory the sandbox's
+    uid cannot pass (``/root`` is 0700), or the interpreter does with no such ``X.Y`` in the sandbox, the sandbox
+    shows their trees read-only (views) and the kernel runs this very venv's python.
     """
     from ..sandbox import hidden_by_default, which_in_sandbox
 
     own = os.path.realpath(sys.executable)
     dirs = tuple(d for d in site.getsitepackages() if os.path.isdir(d))
-    if any(closed_ancestor(p) is not None for p in (own, *dirs)):
+    if any(closed_ancestor(d) is not None for d in dirs):
         return _viewed(own, dirs)
     python = own if _reachable(own) else None
     if python is None:
         name = f"python{sys.version_info.major}.{sys.version_info.minor}"
         found = which_in_sandbox(name)
         python = found if found is not None and _reachable(found) else None
+    if python is None and closed_ancestor(own) is not None:
+        return _viewed(own, dirs)
     if python is None:
         return (
             f"no Python {sys.version_info.major}.{sys.version_info.minor} the sandbox can run ({own} is not reachable)"
