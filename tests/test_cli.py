@@ -687,6 +687,9 @@ def test_doctor_text(cli: Cli) -> None:
 
 
 def _check_demo_outputs(ws: Path) -> None:
+    # the user's copies: theirs (as root, never a sandbox uid's), the workspace gone
+    owners = {p.stat().st_uid for p in [ws, *ws.rglob("*")]}
+    assert owners == {os.getuid()} and not (ws / "metadata.json").exists()
     with (ws / "work" / "inputs" / "sales.csv").open() as f:
         rows = list(csv.DictReader(f))
     sales = [int(r["sales"]) for r in rows]

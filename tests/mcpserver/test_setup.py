@@ -95,3 +95,29 @@ def test_a_failure_once_the_engine_is_open_closes_it_and_releases_the_port(
     assert "allow entries must be non-empty" in err
     assert not _listening(port)
     assert left_in(tmp_path / "ws") == []
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "message"),
+    [
+        (
+            'backend = "jupyter"\n[backend_options]\nmode = "sandboxd"',
+            [],
+            "'sandboxd' is not a kernel mode; name one of",
+        ),
+        (
+            'backend = "jupyter"\n[backend_options]\nmode = "host"\nenvironment = "code-interpreter"',
+            [],
+            "environment='code-interpreter' runs sandboxed kernels in that environment, but mode=HostKernels",
+        ),
+        ("", ["--backend", "local", "--environment", "code-interpreter"], "--environment belongs to the sandbox"),
+    ],
+)
+def test_a_kernel_mode_or_environment_the_backend_cannot_take_exits_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, flags: list[str], message: str
+) -> None:
+    """A config a stdio client would only see as "Connection closed": the server refuses it before serving."""
+    path = tmp_path / "mcp.toml"
+    path.write_text(config + "\n")
+    assert main(["mcp", "--config", str(path), *flags]) == EXIT_EXECSPACE_ERROR
+    assert message in capsys.readouterr().err

@@ -34,6 +34,12 @@ def add_parser(sub: Any) -> None:
         "stderr; a flag is visible to other users in ps, the variable is not)",
     )
     p.add_argument("--config", metavar="FILE", help="a TOML file: backend, its options, policy, limits, roots")
+    p.add_argument(
+        "--environment",
+        metavar="NAME",
+        help="run commands and code in the built runtime environment NAME (execspace env build code-interpreter: "
+        "python with pandas, matplotlib…); implies --backend sandbox unless the backend is jupyter or container",
+    )
     p.set_defaults(handler=command)
 
 
@@ -44,7 +50,7 @@ async def command(args: argparse.Namespace) -> int:
         raise SetupFailed(
             "mcp", f"the MCP server's dependencies are missing ({exc.name})", "pip install 'execspace[mcp]'"
         ) from None
-    config = load_config(args.config).with_flags(backend=args.backend)
+    config = load_config(args.config).with_flags(backend=args.backend, environment=args.environment)
     given = args.token or os.environ.get(TOKEN_VARIABLE)
     token = given or generate_token()
 

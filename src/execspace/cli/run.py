@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
 from ..engine import BaseEngine, open_engine_from
+from ..environments.hints import missing_module_hint
 from ..errors import CannotExecute, InputError, PathDenied, UsageError
 from ..models import (
     DEFAULT_TIMEOUT,
@@ -473,6 +474,8 @@ async def command(args: argparse.Namespace) -> int:
             if remove:
                 await engine.manager.cleanup(ws)
         report(args, caps, ws, result, manifest, kept=not remove, interrupted=interrupted, brought=brought)
+    if result.exit_code != 0 and (hint := missing_module_hint(result.stderr, args.environment)) is not None:
+        progress(hint)
     return exit_status(result)
 
 

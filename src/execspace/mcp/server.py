@@ -40,8 +40,9 @@ Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], A
 
 _INSTRUCTIONS = (
     "execspace runs your commands and code in isolated workspaces. Each result names its workspace_id: pass it "
-    "back to keep working on the same files (sessions may be reset between calls). Inputs go in work/, results "
-    "in out/; images your code writes to out/ come back as images."
+    "back to keep working on the same files (sessions may be reset between calls). Commands run in work/, and the "
+    "file tools take paths relative to it (inputs/ holds inputs); results go to ../out/ ($OUTPUT_DIR), and images "
+    "your code writes there come back as images."
 )
 
 

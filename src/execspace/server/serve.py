@@ -109,6 +109,17 @@ async def serve(
     if isinstance(opts, SandboxOptions) and python is not None and not isinstance(python, str) and python.read_paths:
         # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
         opts = replace(opts, policy=(opts.policy or SandboxPolicy()).with_read_paths(*python.read_paths))
+    if isinstance(opts, SandboxOptions) and python is not None and not isinstance(python, str) and python.views:
+        # as root, the kernels' Python under a directory the sandboxes' uids cannot pass: shown as views, but for
+        # /root, which a machine's user cannot enter (its /root is its root's home)
+        if opts.machine and any(v == "/root" or v.startswith("/root/") for v in python.views):
+            python = (
+                f"the kernels' Python ({python.path}) lies under /root, which the machine's user cannot enter: "
+                "build the code-interpreter environment (execspace env build code-interpreter), or serve with "
+                "--no-machine"
+            )
+        else:
+            opts = replace(opts, read_views=(*opts.read_views, *python.views))
     async with TemplateEngines(options, name, opts) as engines:
         engines.warn_unbuilt()
         engine = await engines.get("base")

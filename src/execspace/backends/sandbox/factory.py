@@ -48,12 +48,13 @@ from .bwrap import (
 from .cgroups import CgroupSupport
 from .machine import HOME, MACHINE_USERS, Machine
 from .options import SandboxMode, SandboxOptions
-from .policy import Profile, SandboxPolicy, file_access_hook
+from .policy import Profile, SandboxPolicy, file_access_hook, is_under
 from .probecache import ProbeCache
 from .runner import SandboxRunnerConfig, is_root, private_execspace_dir, sandbox_runner, visible, with_environment
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
 from .supervisorbin import EGRESS_FIX, SESSION_FIX, machine_binary, supervisor_binary
+from .views import open_views
 
 __all__ = ["DOES_NOT_PROTECT", "SandboxBackend", "sandbox_layout_owner"]
 
@@ -288,6 +289,8 @@ class SandboxBackend:
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
 
+            # Seatbelt runs as the caller, who reaches the trees: read grants show them
+            policy = policy.with_read_paths(*options.read_views)
             return seatbelt_engine(policy, root, caps, env_policy, host_roots, artifacts, kill_grace)
         bwrap_path = find_bwrap(bwrap)
         assert bwrap_path is not None
@@ -302,6 +305,13 @@ class SandboxBackend:
             return uid, uid
 
         machine = await _machine(options, root) if options.machine else None
+        hidden = (root, private, *_daemon_dirs(as_root), *_store_dirs(store))
+        views = await asyncio.to_thread(open_views, options.read_views, policy, hidden, root / ".view-stage")
+        # what needs no mount (a normal user's sandbox runs as that user; a tree others can reach) is a read grant
+        staged = views.paths if views is not None else ()
+        granted = [p for p in options.read_views if not any(is_under(p, v) for v in staged)]
+        if granted:
+            policy = policy.with_read_paths(*granted)
         program_binds = options.program_binds
         if machine is not None:
             caps = replace(caps, fork="copy", users=MACHINE_USERS, details={**caps.details, "machine": MACHINE_DETAIL})
@@ -321,7 +331,7 @@ class SandboxBackend:
             capabilities=lambda: caps,
             env_policy=env_policy,
             policy=policy,
-            hidden=(root, private, *_daemon_dirs(as_root), *_store_dirs(store)),
+            hidden=hidden,
             cgroups=cgroups,
             owner=owner,
             kill_grace=kill_grace,
@@ -333,6 +343,7 @@ class SandboxBackend:
             environment_store=store,
             output_rate=options.output_rate,
             machine=machine,
+            views=views,
         )
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)

@@ -48,6 +48,7 @@ from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
 from .seccomp import SeccompFilters
 from .supervisorbin import egress_bridge_binary
+from .views import HostViews
 
 __all__ = [
     "Sandbox",
@@ -105,6 +106,8 @@ class SandboxRunnerConfig:
     output_rate: int | None = None
     machine: Machine | None = None
     """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
+    views: HostViews | None = None
+    """Host trees shown read-only where the sandbox's uid cannot reach them (:mod:`.views`, as root)."""
 
 
 class Sandbox:
@@ -126,6 +129,7 @@ class Sandbox:
         self.program_binds = config.program_binds
         self.system_files = tuple((path, text.encode()) for path, text in config.system_files)
         self.disk_bound = config.disk_bound
+        self.views = config.views
         self.cgroups = config.cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -261,6 +265,8 @@ class Sandbox:
                 launch = self._drop_to_sandbox_uid(prep, self.in_machine(prep, launch), drop=False)
             elif is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
+            if self.views is not None:
+                launch = self.views.around(launch)
         except BaseException:
             launch.stack.abandon()  # what the steps before the failed one registered
             held.release()
@@ -395,7 +401,7 @@ class Sandbox:
                 network,
                 tmp_size,
                 shm_size,
-                [*mounts, *plan.mounts],
+                [*mounts, *(self.views.bwrap_args() if self.views is not None else ()), *plan.mounts],
                 files,
                 init_fd,
                 system_root=system_root,
