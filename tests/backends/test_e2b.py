@@ -476,7 +476,8 @@ async def test_a_run_whose_caller_stops_waiting_ends_in_the_sandbox(e2b_server: 
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
-        sleeping = RunProgramSpec("sh", ["-c", "for d in /proc/[0-9]*; do cat $d/cmdline; echo; done | grep -c '^sleep'"])
+        count = "for d in /proc/[0-9]*; do cat $d/cmdline; echo; done | grep -c '^sleep'"
+        sleeping = RunProgramSpec("sh", ["-c", count])
 
         async def gone() -> bool:
             return (await engine.runner.run_program(ws, sleeping)).stdout.strip() == "0"
