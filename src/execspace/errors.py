@@ -138,13 +138,14 @@ class LimitExceeded(ExecspaceError):
 
 
 class SetupFailed(ExecspaceError):
-    """The backend cannot work on this host; the message names the cause and the fix."""
+    """The backend (or ``component``: a server such as ``execspace mcp``, which is no backend) cannot work on this
+    host; the message names the cause and the fix."""
 
-    def __init__(self, backend: str, cause: str, fix: str = "") -> None:
+    def __init__(self, backend: str, cause: str, fix: str = "", *, component: str | None = None) -> None:
         self.backend = backend
         self.cause = cause
         self.fix = fix
-        msg = f"backend {backend!r} is not usable here: {cause}"
+        msg = f"{component} cannot start: {cause}" if component else f"backend {backend!r} is not usable here: {cause}"
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
