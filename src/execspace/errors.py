@@ -19,6 +19,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── EnvironmentNotFound         no environment of that name is built (also LookupError)
     ├── EnvironmentBuildFailed      building an environment failed (a package that does not exist…)
     ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
+    ├── WorkspaceFileNotFound       no file at that path in the workspace (also FileNotFoundError)
     ├── SnapshotNotFound            no snapshot with that id / name on the workspace root (also LookupError)
     ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
@@ -71,6 +72,7 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
+    "WorkspaceFileNotFound",
     "WorkspaceNotFound",
 ]
 
@@ -170,6 +172,22 @@ class EnvironmentBuildFailed(ExecspaceError):
 
 class WorkspaceNotFound(ExecspaceError, LookupError):
     """No workspace exists for that id or path."""
+
+
+class WorkspaceFileNotFound(ExecspaceError, FileNotFoundError):
+    """No file at that path in the workspace (``errno`` ENOENT, as ``open`` would raise); the message names the
+    path, relative to the workspace root, and the workspace."""
+
+    def __init__(self, path: str, workspace: str) -> None:
+        super().__init__(
+            f"no file {path!r} in workspace {workspace}: paths are relative to the workspace root (work/, out/, "
+            "...); list what is there with fs.list(ws, ['**'])"
+        )
+        self.errno = errno.ENOENT
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class SnapshotNotFound(ExecspaceError, LookupError):
