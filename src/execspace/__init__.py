@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         UnsupportedBackend,
         UnsupportedLanguage,
         UsageError,
+        WorkspaceFileNotFound,
         WorkspaceNotFound,
     )
     from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
@@ -143,6 +144,7 @@ _LAZY = {
     "UnsupportedLanguage": ".errors",
     "UsageError": ".errors",
     "WorkspaceNotFound": ".errors",
+    "WorkspaceFileNotFound": ".errors",
     "EnvironmentNotFound": ".errors",
     "EnvironmentBuildFailed": ".errors",
     "ProgramNotFound": ".errors",
@@ -284,6 +286,7 @@ __all__ = [
     "UsageError",
     "Workspace",
     "WorkspaceFS",
+    "WorkspaceFileNotFound",
     "WorkspaceLocks",
     "WorkspaceManager",
     "WorkspaceNotFound",

@@ -3,15 +3,20 @@ workspace, no listening port."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from execspace.cli.console import EXIT_EXECSPACE_ERROR
 from execspace.cli.main import main
+from execspace.registry import choose_default_backend
+from execspace.testing.processes import read_until
 
-from .conftest import left_in, write_config
+from .conftest import left_in, server_env, stop, write_config
 
 pytest.importorskip("mcp")
 
@@ -80,8 +85,24 @@ def test_a_port_in_use_is_a_clear_error_before_any_workspace(
             main(["mcp", "--transport", "http", "--port", str(port), "--config", str(config)]) == EXIT_EXECSPACE_ERROR
         )
     err = capsys.readouterr().err
-    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert f"execspace mcp cannot start: port {port} on 127.0.0.1 is in use" in err and "--port" in err
+    assert "backend 'mcp'" not in err  # the server is no backend
     assert left_in(tmp_path / "ws") == []
+
+
+def test_the_ready_line_names_the_backend_chosen(tmp_path: Path) -> None:
+    """Without a backend named, the server said "(backend auto)": it names the one it opened."""
+    argv = [sys.executable, "-m", "execspace", "mcp", "--transport", "http", "--port", "0"]
+    argv += ["--config", str(write_config(tmp_path))]
+    env = {**server_env(), "EXECSPACE_MCP_TOKEN": "t" * 32}
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env) as process:
+        try:
+            assert process.stderr is not None
+            found, seen = read_until(process.stderr, rb"streamable HTTP on \S+ \(backend (\S+)\)", 60)
+        finally:
+            stop(process)
+    assert found is not None, seen
+    assert found.group(1).decode() == asyncio.run(choose_default_backend())
 
 
 def test_a_failure_once_the_engine_is_open_closes_it_and_releases_the_port(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
@@ -25,7 +24,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
 from ..engine import open_engine_from
-from ..errors import InvalidSpec, SetupFailed
+from ..errors import InvalidSpec
+from ..listening import listen
 from .config import McpConfig
 from .toolset import McpTools
 from .workspaces import Workspaces
@@ -110,7 +110,7 @@ async def serve(
     """
     if transport == "http" and not token:
         raise InvalidSpec("the http transport needs a bearer token (generate_token() makes one)")
-    sock = _bind(host, port) if transport == "http" else None
+    sock = listen(host, port, "execspace mcp") if transport == "http" else None
     try:
         async with open_engine_from(config.backend, _backend_keywords(config)) as engine:
             workspaces = Workspaces(engine, idle_timeout=config.idle_timeout, max_workspaces=config.max_workspaces)
@@ -148,24 +148,6 @@ def _artifacts(config: McpConfig) -> ArtifactService:
     if config.artifacts_dir is None:
         return InMemoryArtifactService()
     return FileArtifactService(config.artifacts_dir)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    try:
-        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:
-        family = socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        raise SetupFailed(
-            "mcp", f"cannot listen on {host}:{port} ({exc.strerror or exc})", "pick another --port (0: any free one)"
-        ) from None
-    return sock
 
 
 async def _serve_stdio(server: Server[Any, Any]) -> None:
