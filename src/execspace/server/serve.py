@@ -145,7 +145,7 @@ async def _serve_on(
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         find_typescript = functools.partial(_typescript_node, python) if isinstance(opts, SandboxOptions) else None
-        interpreter = CodeInterpreter(engine.name, python, find_typescript)
+        interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
