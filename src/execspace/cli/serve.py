@@ -195,6 +195,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="be a front door of a Ray cluster: sandboxes live on its nodes, each node's agent running this server's "
+        "data plane with these options (--max-sandboxes per node); ADDRESS as ray.init takes it (HOST:6379, auto); "
+        "needs the 'ray' extra (docs/cluster.md)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -276,6 +283,27 @@ async def command(args: argparse.Namespace) -> int:
             lines.append(f"  export E2B_API_KEY={keys[0]}")
         print("\n".join(lines), flush=True)
 
+    if args.ray:
+        try:
+            from ..server.cluster import serve_cluster
+        except ImportError as exc:
+            raise SetupFailed(
+                "serve",
+                f"serve --ray's dependencies are missing ({exc.name})",
+                "pip install 'execspace[ray]'",
+                component="execspace serve --ray",
+            ) from None
+        await serve_cluster(
+            options,
+            args.ray,
+            host=args.host,
+            port=args.port,
+            backend=args.backend,
+            backend_options=_backend_options(args),
+            on_ready=ready,
+            tls=tls,
+        )
+        return 0
     await serve(
         options,
         host=args.host,

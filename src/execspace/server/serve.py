@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..backends.jupyter import Interpreter
     from ..environments import Environment
 
-__all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_sandbox_files"]
+__all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_app", "serve_sandbox_files"]
 
 _log = logging.getLogger("execspace.server")
 
@@ -156,32 +156,46 @@ async def _serve_on(
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
         try:
-            if tls is None:
-                guard = ConnectionGuard(
-                    app,
-                    limit=options.max_connections or max(16, descriptors // 4),
-                    head_timeout=options.head_timeout,
-                    idle_timeout=_KEEP_ALIVE,
-                )
-                config = uvicorn.Config(
-                    guard,
-                    lifespan="off",
-                    log_level="warning",
-                    access_log=False,
-                    # longer than the clients' own (httpx: 5 s), so that a client never sends on a connection the
-                    # server is closing at the same moment (the request would fail with a read error)
-                    timeout_keep_alive=_KEEP_ALIVE,
-                    http=guard.protocol(_http_protocol()),
-                )
-                await _Server(config, on_ready, sandboxes.close).serve(sockets=[sock])
-            else:
-                await _serve_tls(app, sock, tls, on_ready, sandboxes.close, options.head_timeout)
+            await serve_app(app, sock, options, on_ready, sandboxes.close, tls, descriptors)
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await sandboxes.close()
             await interpreter.aclose()
+
+
+async def serve_app(
+    app: ASGIApp,
+    sock: socket.socket,
+    options: ServerOptions,
+    on_ready: Callable[[str, int], None] | None,
+    before_shutdown: Callable[[], Awaitable[None]],
+    tls: TLS | None,
+    descriptors: int,
+) -> None:
+    """Serve ``app`` on the listening ``sock`` until signalled: plain HTTP by uvicorn behind the connection guard,
+    or HTTPS by hypercorn. ``before_shutdown`` ends what holds streams open (the sandboxes)."""
+    if tls is not None:
+        await _serve_tls(app, sock, tls, on_ready, before_shutdown, options.head_timeout)
+        return
+    guard = ConnectionGuard(
+        app,
+        limit=options.max_connections or max(16, descriptors // 4),
+        head_timeout=options.head_timeout,
+        idle_timeout=_KEEP_ALIVE,
+    )
+    config = uvicorn.Config(
+        guard,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        # longer than the clients' own (httpx: 5 s), so that a client never sends on a connection the server is
+        # closing at the same moment (the request would fail with a read error)
+        timeout_keep_alive=_KEEP_ALIVE,
+        http=guard.protocol(_http_protocol()),
+    )
+    await _Server(config, on_ready, before_shutdown).serve(sockets=[sock])
 
 
 def _with_machine(opts: SandboxOptions, wanted: bool | None) -> SandboxOptions:

@@ -1,0 +1,339 @@
+"""The front door: E2B's API on one port, every sandbox operation sent to the node agent that holds the sandbox.
+
+See docs/cluster.md. The control plane is answered by the nodes' own servers (the caller's ``X-API-KEY`` passed on:
+teams stay theirs to enforce), each answer's ``clientID`` made the node's Ray id; data-plane traffic is proxied as
+it streams (:mod:`.proxy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from connectrpc.code import Code
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
+
+from ...backend import BackendOptions
+from ...listening import listen
+from ..bodies import CONTROL_BODY_BYTES
+from ..connections import raise_descriptor_limit
+from ..control import error_response
+from ..options import TLS, ServerOptions
+from ..routing import target_of
+from ..serve import serve_app
+from .nodeconfig import AgentConfig
+from .nodes import Nodes, connect
+from .proxy import ClientGone, proxy
+
+__all__ = ["FrontDoor", "serve_cluster"]
+
+_log = logging.getLogger("execspace.server.cluster")
+
+_ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
+#: Seconds a node's server has to accept a connection before the request is answered 503.
+_CONNECT_TIMEOUT = 5.0
+#: Seconds a control-plane call may take on a node (a create may wait for its template's environment to build).
+_CONTROL_TIMEOUT = 900.0
+
+
+class FrontDoor:
+    """The front door's ASGI callable over the cluster's nodes."""
+
+    def __init__(self, nodes: Nodes, options: ServerOptions, client: httpx.AsyncClient) -> None:
+        self._nodes = nodes
+        self._options = options
+        self._client = client
+        self._keys = [k.encode() for k in (*options.api_keys, *options.admin_keys)]
+        guard = self._authenticated
+        self._control = Router(
+            routes=[
+                Route("/health", self._health, methods=["GET"]),
+                Route("/sandboxes", guard(self._create), methods=["POST"]),
+                Route("/v2/sandboxes", guard(self._create), methods=["POST"]),
+                Route("/sandboxes", guard(self._list), methods=["GET"]),
+                Route("/v2/sandboxes", guard(self._list), methods=["GET"]),
+                Route("/snapshots", guard(self._list_snapshots), methods=["GET"]),
+                Route("/sandboxes/metrics", guard(self._anywhere), methods=_ALL_METHODS),
+                Route("/sandboxes/{object_id}", guard(self._on_node), methods=_ALL_METHODS),
+                Route("/sandboxes/{object_id}/{rest:path}", guard(self._on_node), methods=_ALL_METHODS),
+                Route("/v2/sandboxes/{object_id}/{rest:path}", guard(self._on_node), methods=_ALL_METHODS),
+                Route("/templates/{object_id}", guard(self._on_node), methods=["DELETE"]),
+                Route("/{path:path}", guard(self._anywhere), methods=_ALL_METHODS),
+            ]
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = Headers(scope=scope)
+        target = target_of(headers, self._options.domain)
+        if target is None and scope["path"] == "/files" and b"signature=" in scope.get("query_string", b""):
+            message = (
+                "a signed file URL names no sandbox the front door can route: serve the cluster with --domain "
+                "(host-based routing), or send the E2b-Sandbox-Id header"
+            )
+            await error_response(400, message)(scope, receive, send)
+            return
+        if target is None:
+            await self._control(scope, receive, send)
+            return
+        node_id = await self._nodes.locate(target.sandbox_id)
+        if node_id is None:
+            await _not_found(scope, receive, send, target.sandbox_id)
+            return
+        extra = [(b"e2b-sandbox-id", target.sandbox_id.encode()), (b"e2b-sandbox-port", str(target.port).encode())]
+        if headers.get("e2b-sandbox-id"):
+            extra = []  # the client's own headers are passed on
+        try:
+            endpoint = await self._nodes.agent(node_id)
+            await proxy(self._client, endpoint.url, scope, receive, send, extra, self._nodes.cut(node_id))
+        except httpx.ConnectError:
+            self._nodes.lost(node_id, "its server refuses connections")
+            await _not_found(scope, receive, send, target.sandbox_id)
+        except httpx.TimeoutException:
+            message = f"the node of sandbox {target.sandbox_id} does not answer now: retry"
+            await error_response(503, message, {"Retry-After": "1"})(scope, receive, send)
+        except ClientGone:
+            pass
+
+    # --- the control plane ------------------------------------------------------------------------------------
+
+    def _authenticated(
+        self, handler: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def checked(request: Request) -> Response:
+            given = request.headers.get("x-api-key", "").encode()
+            if not any([hmac.compare_digest(given, k) for k in self._keys]):
+                return error_response(401, "Invalid API key: send one the server was started with (--api-key)")
+            try:
+                return await handler(request)
+            except httpx.TimeoutException:
+                return error_response(503, "a node of the cluster does not answer now: retry", {"Retry-After": "1"})
+
+        return checked
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _create(self, request: Request) -> Response:
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            template = json.loads(body or b"{}").get("templateID")
+        except (ValueError, AttributeError):
+            template = None  # the node's server answers the malformed body
+        only = await self._nodes.locate(template) if isinstance(template, str) else None  # a snapshot's node
+        tried: list[str] = []
+        while (placed := await self._nodes.place(tried, only)) is not None:
+            node_id, token = placed
+            tried.append(node_id)
+            sandbox_id = None
+            try:
+                answer = await self._call(node_id, request, body)
+            except (httpx.ConnectError, OSError) as exc:
+                self._nodes.lost(node_id, f"its server cannot be reached: {exc}")
+                continue
+            if answer.status_code == 201:
+                sandbox_id = answer.json().get("sandboxID")
+            await self._nodes.bind(node_id, token, sandbox_id)
+            if answer.status_code != 429:
+                return _answer(answer, node_id)
+        message = (
+            "every node of the cluster runs its maximum of sandboxes (--max-sandboxes per node): retry after one "
+            "ends, or add nodes"
+        )
+        return error_response(429, message, {"Retry-After": "1"})
+
+    async def _list(self, request: Request) -> Response:
+        nodes = self._nodes.alive()
+        answers = await asyncio.gather(*(self._call(n, request, b"") for n in nodes), return_exceptions=True)
+        found: list[dict[str, Any]] = []
+        more = False
+        for node_id, answer in zip(nodes, answers, strict=True):
+            if isinstance(answer, BaseException):
+                _log.warning("node %s did not list its sandboxes: %s", node_id, answer)
+                continue
+            if answer.status_code != 200:
+                return _answer(answer, node_id)
+            more = more or "x-next-token" in answer.headers
+            found += [{**s, "clientID": node_id} for s in answer.json()]
+        descending = request.query_params.get("order", "desc") == "desc"
+        found.sort(key=lambda s: (s.get("startedAt", ""), s.get("sandboxID", "")), reverse=descending)
+        headers = {}
+        if request.url.path.startswith("/v2/"):
+            limit = (
+                int(request.query_params.get("limit") or 1000)
+                if (request.query_params.get("limit") or "1").isdigit()
+                else 1000
+            )
+            if more or len(found) > limit:
+                found = found[:limit]
+                headers["x-next-token"] = _cursor(found[-1])
+        return JSONResponse(found, headers=headers)
+
+    async def _list_snapshots(self, request: Request) -> Response:
+        nodes = self._nodes.alive()
+        answers = await asyncio.gather(*(self._call(n, request, b"") for n in nodes), return_exceptions=True)
+        found: list[Any] = []
+        last: httpx.Response | None = None
+        for answer in answers:
+            if isinstance(answer, httpx.Response) and answer.status_code == 200:
+                found += answer.json()
+                last = answer
+        headers = {k: v for k, v in (last.headers.items() if last else []) if k.startswith("x-execspace")}
+        return JSONResponse(found, headers=headers)
+
+    async def _on_node(self, request: Request) -> Response:
+        """A call on one sandbox (or snapshot), answered by its node's server."""
+        object_id = request.path_params["object_id"]
+        node_id = await self._nodes.locate(object_id)
+        if node_id is None:
+            return error_response(404, f"sandbox {object_id!r} not found")
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            answer = await self._call(node_id, request, body)
+        except httpx.ConnectError:
+            self._nodes.lost(node_id, "its server refuses connections")
+            return error_response(404, f"sandbox {object_id!r} not found")
+        await self._follow(request, object_id, node_id, answer)
+        return _answer(answer, node_id)
+
+    async def _follow(self, request: Request, object_id: str, node_id: str, answer: httpx.Response) -> None:
+        """Keep the map as a node's answer changed it: a kill, a fork, a snapshot."""
+        path = request.url.path
+        if request.method == "DELETE" and answer.status_code in (204, 404):
+            await self._nodes.forget(object_id)
+        elif request.method == "POST" and answer.status_code in (200, 201) and path.endswith(("/fork", "/snapshots")):
+            made = answer.json()
+            if isinstance(made, dict) and isinstance(made.get("sandboxID"), str):
+                await self._nodes.add(node_id, made["sandboxID"])
+            if isinstance(made, dict) and isinstance(made.get("snapshotID"), str):
+                await self._nodes.add(node_id, made["snapshotID"], snapshot=True)
+
+    async def _anywhere(self, request: Request) -> Response:
+        """A route that names no sandbox: any living node answers it as it answers on one host."""
+        nodes = self._nodes.alive()
+        if not nodes:
+            return error_response(
+                503, "no node of the cluster is alive: retry once Ray reports one", {"Retry-After": "1"}
+            )
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        return _answer(await self._call(nodes[0], request, body), nodes[0])
+
+    async def _call(self, node_id: str, request: Request, body: bytes) -> httpx.Response:
+        endpoint = await self._nodes.agent(node_id)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("x-api-key", "content-type", "user-agent")}
+        query = f"?{request.url.query}" if request.url.query else ""
+        return await self._client.request(
+            request.method,
+            endpoint.url + request.url.path + query,
+            content=body or None,
+            headers=headers,
+            timeout=httpx.Timeout(_CONTROL_TIMEOUT, connect=_CONNECT_TIMEOUT),
+        )
+
+
+async def _body(request: Request) -> bytes | Response:
+    """A control-plane body, read up to the bound the single-host server keeps."""
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > CONTROL_BODY_BYTES:
+            return error_response(413, f"the request body is larger than {CONTROL_BODY_BYTES} bytes")
+    return data
+
+
+def _answer(answer: httpx.Response, node_id: str) -> Response:
+    """A node's answer, as the front door's: its ``clientID`` fields the node's Ray id."""
+    headers = {
+        k: v for k, v in answer.headers.items() if k in ("retry-after", "x-next-token") or k.startswith("x-execspace")
+    }
+    kind = answer.headers.get("content-type", "")
+    if not kind.startswith("application/json"):
+        return Response(answer.content, status_code=answer.status_code, headers=headers, media_type=kind or None)
+    data = answer.json()
+    if isinstance(data, dict) and "clientID" in data:
+        data["clientID"] = node_id
+    elif isinstance(data, list):
+        data = [{**d, "clientID": node_id} if isinstance(d, dict) and "clientID" in d else d for d in data]
+    return JSONResponse(data, status_code=answer.status_code, headers=headers)
+
+
+def _cursor(sandbox: dict[str, Any]) -> str:
+    """The single-host server's ``nextToken`` of a listed sandbox: every node's server reads it the same way."""
+    started = str(sandbox.get("startedAt", "")).replace("Z", "+00:00")
+    return base64.urlsafe_b64encode(f"{started}|{sandbox.get('sandboxID', '')}".encode()).decode()
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send, sandbox_id: str) -> None:
+    """What a data-plane request of a sandbox no node holds gets: the single-host server's 502 "... not found"."""
+    message = f"The sandbox {sandbox_id} was not found; it was killed, it expired, its node is gone or it never existed"
+    response: Response
+    if scope["path"].startswith(_RPC_PREFIXES):
+        response = JSONResponse({"code": Code.UNAVAILABLE.value, "message": message}, status_code=502)
+    else:
+        response = error_response(502, message)
+    await response(scope, receive, send)
+
+
+async def serve_cluster(
+    options: ServerOptions,
+    address: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 3000,
+    backend: str = "sandbox",
+    backend_options: BackendOptions | None = None,
+    on_ready: Callable[[str, int], None] | None = None,
+    tls: TLS | None = None,
+) -> None:
+    """Serve a front door of the Ray cluster at ``address`` until cancelled or signalled (docs/cluster.md). The
+    sandboxes outlive it: they are the nodes' (a front door that restarts finds them again)."""
+    with listen(host, port, "execspace serve") as sock:
+        descriptors = raise_descriptor_limit()  # each proxied stream holds two connections
+        await asyncio.to_thread(connect, address)
+        nodes = Nodes(AgentConfig(options, backend, backend_options))
+        await nodes.open()
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=_CONNECT_TIMEOUT)) as client:
+            watch = asyncio.create_task(nodes.watch())
+            warm = asyncio.create_task(_start_agents(nodes))
+            try:
+                await serve_app(FrontDoor(nodes, options, client), sock, options, on_ready, _nothing, tls, descriptors)
+            finally:
+                for task in (watch, warm):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+
+async def _start_agents(nodes: Nodes) -> None:
+    """Start (or find) every living node's agent now, so that the first creates do not wait for them."""
+    for node_id, result in zip(
+        alive := nodes.alive(),
+        await asyncio.gather(*(nodes.agent(n) for n in alive), return_exceptions=True),
+        strict=True,
+    ):
+        if isinstance(result, BaseException):
+            _log.error("the agent of node %s did not start: %s", node_id, result)
+
+
+async def _nothing() -> None:
+    pass

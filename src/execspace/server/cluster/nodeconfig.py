@@ -1,0 +1,85 @@
+"""What a node agent's server runs with: the front door's server options, the agent's own key, the node's root."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+from ...backend import BackendOptions, HostOptions
+from ...backends.sandbox import SandboxOptions
+from ..options import ServerOptions, key_id
+
+__all__ = ["AgentConfig", "Endpoint", "NodeServer", "encode_node_server", "node_server", "read_node_server"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What a front door starts an agent with: every node's server serves these options (templates, limits, pools,
+    keys); ``--max-sandboxes`` is each node's."""
+
+    options: ServerOptions
+    backend: str
+    backend_options: BackendOptions | None
+
+    def key_ids(self) -> frozenset[str]:
+        return frozenset(key_id(k) for k in (*self.options.api_keys, *self.options.admin_keys))
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a node's server answers, and the keys it takes (by their ids, never the keys)."""
+
+    node_id: str
+    url: str
+    key_ids: frozenset[str]
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeServer:
+    """The node server's whole configuration, as the agent hands it to its child over a pipe."""
+
+    options: ServerOptions
+    backend: str
+    backend_options: BackendOptions | None
+    host: str
+
+
+def node_server(config: AgentConfig, node_id: str, host: str, agent_key: str) -> NodeServer:
+    """The node's server: the front door's options, plus the agent's own admin key (its reports list every team's
+    sandboxes), on a workspace root of the node's own."""
+    options = replace(config.options, admin_keys=(*config.options.admin_keys, agent_key))
+    return NodeServer(options, config.backend, _node_root(config.backend, config.backend_options, node_id), host)
+
+
+def _node_root(backend: str, given: BackendOptions | None, node_id: str) -> BackendOptions | None:
+    """The backend options with a workspace root of this node's (``ray-<node id>`` beside the default, or under the
+    one given), so that agents sharing a disk never share a root."""
+    name = f"ray-{node_id[:16]}"
+    opts = given if given is not None else SandboxOptions() if backend == "sandbox" else HostOptions()
+    if not isinstance(opts, HostOptions):
+        return opts
+    # beside the backends' own default roots ($TMPDIR/execspace-<uid>/<backend>), private to this user as they are
+    base = (
+        Path(opts.workspace_root) if opts.workspace_root else Path(tempfile.gettempdir()) / f"execspace-{os.getuid()}"
+    )
+    return replace(opts, workspace_root=str(base / name))
+
+
+def encode_node_server(config: NodeServer) -> bytes:
+    """The bytes :func:`read_node_server` reads back (sized, so that the pipe stays open after them)."""
+    data = pickle.dumps(config)
+    return struct.pack("!I", len(data)) + data
+
+
+def read_node_server(pipe: IO[bytes]) -> NodeServer:
+    (size,) = struct.unpack("!I", pipe.read(4))
+    found = pickle.loads(pipe.read(size))  # noqa: S301 - our own agent's pipe, not a client's bytes
+    if not isinstance(found, NodeServer):
+        raise TypeError(f"the agent sent a {type(found).__name__}, not a NodeServer")
+    return found

@@ -1,0 +1,217 @@
+"""The front door's view of the cluster through Ray: living nodes, their agents (started on demand), the registry.
+
+Every Ray call of a front door is here. Blocking ones (``ray.nodes()``, getting or creating a named actor) run in
+a thread; actor calls are awaited as the futures they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import SetupFailed
+from .agent import NodeAgent
+from .nodeconfig import AgentConfig, Endpoint
+from .registry import Registry
+
+__all__ = ["NAMESPACE", "Nodes", "agent_name"]
+
+_log = logging.getLogger("execspace.server.cluster")
+
+NAMESPACE = "execspace"
+REGISTRY = "execspace-registry"
+#: Seconds between the front door's looks at the cluster's nodes.
+WATCH_INTERVAL = 1.0
+#: Seconds a node whose server refused a connection is left out of placement before it is tried again.
+_LOST_FOR = 30.0
+#: Sandbox ids whose node a front door remembers (each a few hundred bytes); past it the cache starts again.
+_CACHED = 100_000
+
+
+def agent_name(node_id: str) -> str:
+    return f"execspace-agent-{node_id}"
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at ``address`` as a driver (what ``ray.init(address=...)`` takes)."""
+    try:
+        import ray
+    except ImportError:
+        raise SetupFailed(
+            "serve",
+            "serve --ray needs Ray, which is not installed",
+            "pip install 'execspace[ray]'",
+            component="execspace serve --ray",
+        ) from None
+    try:
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise SetupFailed(
+            "serve",
+            f"cannot join the Ray cluster at {address}: {exc}",
+            "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
+            component="execspace serve --ray",
+        ) from None
+
+
+class Nodes:
+    """The living nodes, their agents and the registry, as one front door sees them."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self._config = config
+        self._alive: dict[str, str] = {}  # node id -> its address
+        self._head: str | None = None
+        self._lost: dict[str, float] = {}  # node id -> when its server was found gone
+        self._agents: dict[str, asyncio.Future[Endpoint]] = {}
+        self._where: dict[str, str] = {}
+        self._cuts: dict[str, asyncio.Event] = {}
+        self._registry: Any = None
+        self.on_gone: list[Callable[[str], None]] = []
+
+    async def open(self) -> None:
+        await self._refresh()
+        self._registry = await asyncio.to_thread(self._get_registry)
+
+    # --- nodes -----------------------------------------------------------------------------------------------
+
+    def alive(self) -> list[str]:
+        """The nodes that can take sandboxes: alive in Ray, their server not found gone lately."""
+        now = time.monotonic()
+        return [n for n in self._alive if now - self._lost.get(n, -_LOST_FOR) >= _LOST_FOR]
+
+    def serving(self, node_id: str) -> bool:
+        """Whether a node's sandboxes can still be reached (alive in Ray, its server not found gone)."""
+        return node_id in self._alive and node_id not in self._lost
+
+    async def watch(self) -> None:
+        """Follow the cluster's nodes until cancelled: a node Ray reports dead is gone, with its sandboxes."""
+        while True:
+            with contextlib.suppress(Exception):  # a GCS that does not answer now: the last view stands
+                await self._refresh()
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    async def _refresh(self) -> None:
+        import ray
+
+        found = await asyncio.to_thread(ray.nodes)
+        alive = {n["NodeID"]: n["NodeManagerAddress"] for n in found if n.get("Alive")}
+        for n in found:
+            if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+                self._head = n["NodeID"]
+        for node_id in set(self._alive) - set(alive):
+            self._gone(node_id, "Ray reports the node dead")
+        self._alive = alive
+
+    def lost(self, node_id: str, why: str) -> None:
+        """A node's server is gone (its address refuses connections): so are its sandboxes."""
+        if node_id not in self._lost:
+            self._gone(node_id, why)
+        self._lost[node_id] = time.monotonic()
+
+    def _gone(self, node_id: str, why: str) -> None:
+        _log.warning("node %s is gone (%s): its sandboxes are lost", node_id, why)
+        self._agents.pop(node_id, None)
+        for object_id in [s for s, n in self._where.items() if n == node_id]:
+            del self._where[object_id]
+        self._cuts.pop(node_id, asyncio.Event()).set()
+        if self._registry is not None:
+            self._registry.drop_node.remote(node_id)
+        for hook in self.on_gone:
+            hook(node_id)
+
+    def cut(self, node_id: str) -> asyncio.Event:
+        """Set when ``node_id`` goes: the traffic proxied to it is cut then."""
+        return self._cuts.setdefault(node_id, asyncio.Event())
+
+    # --- agents ----------------------------------------------------------------------------------------------
+
+    async def agent(self, node_id: str) -> Endpoint:
+        """The endpoint of ``node_id``'s server, its agent started if none runs."""
+        found = self._agents.get(node_id)
+        if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
+            found = self._agents[node_id] = asyncio.ensure_future(self._start(node_id))
+        return await asyncio.shield(found)
+
+    async def _start(self, node_id: str) -> Endpoint:
+        handle = await asyncio.to_thread(self._get_agent, node_id)
+        endpoint: Endpoint = await handle.start.remote(self._config)
+        if endpoint.key_ids != self._config.key_ids():
+            raise SetupFailed(
+                "serve",
+                f"the agent of node {node_id} serves other API keys than this front door",
+                "start every front door of a cluster with the same --api-key/--admin-api-key values, or stop the "
+                f"agents (ray.kill of the actors {agent_name(node_id)!r}… in namespace {NAMESPACE!r}) to change them",
+                component="execspace serve --ray",
+            )
+        return endpoint
+
+    def _get_agent(self, node_id: str) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor = ray.remote(NodeAgent).options(
+            name=agent_name(node_id),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        return actor.remote(node_id, self._registry)
+
+    def _get_registry(self) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy = NodeAffinitySchedulingStrategy(self._head, soft=True) if self._head else "DEFAULT"
+        return (
+            ray.remote(Registry)
+            .options(
+                name=REGISTRY,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                max_restarts=-1,  # a new one learns the map back from the agents' reports
+                scheduling_strategy=strategy,
+            )
+            .remote()
+        )
+
+    # --- the map ---------------------------------------------------------------------------------------------
+
+    async def locate(self, object_id: str) -> str | None:
+        """The node of a sandbox or snapshot while it can be reached, else None."""
+        node_id = self._where.get(object_id)
+        if node_id is None:
+            node_id = await self._registry.where.remote(object_id)
+            if node_id is not None:
+                self._remember(object_id, node_id)
+        return node_id if node_id is not None and self.serving(node_id) else None
+
+    async def place(self, exclude: list[str], only: str | None) -> tuple[str, int] | None:
+        placed: tuple[str, int] | None = await self._registry.place.remote(self.alive(), exclude, only)
+        return placed
+
+    async def bind(self, node_id: str, token: int, sandbox_id: str | None) -> None:
+        if sandbox_id is not None:
+            self._remember(sandbox_id, node_id)
+        await self._registry.bind.remote(node_id, token, sandbox_id)
+
+    async def add(self, node_id: str, object_id: str, *, snapshot: bool = False) -> None:
+        self._remember(object_id, node_id)
+        await (self._registry.add_snapshot if snapshot else self._registry.add).remote(node_id, object_id)
+
+    async def forget(self, object_id: str) -> None:
+        self._where.pop(object_id, None)
+        await self._registry.forget.remote(object_id)
+
+    def _remember(self, object_id: str, node_id: str) -> None:
+        if len(self._where) >= _CACHED:
+            self._where.clear()
+        self._where[object_id] = node_id

@@ -1,0 +1,51 @@
+"""A node agent's server: ``python -m execspace.server.cluster.nodeserve``, the child a node agent starts.
+
+It reads its configuration from its stdin (:func:`.nodeconfig.write_node_server`), serves, prints ``READY host
+port`` on its stdout once it listens, and ends as ``execspace serve`` ends on SIGTERM (its sandboxes killed) when
+its stdin closes: the agent holds that pipe open for as long as its process lives, so a dead agent (its node
+removed, the actor killed) leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+
+from ..serve import serve
+from .nodeconfig import read_node_server
+
+
+def _end_with_stdin() -> None:
+    """SIGTERM this process once its stdin reaches its end (the agent is gone)."""
+    while sys.stdin.buffer.read(65536):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main() -> None:
+    config = read_node_server(sys.stdin.buffer)
+    # the agent's stderr is its Ray worker's, which Ray forwards to the front doors' logs
+    logging.basicConfig(format=f"execspace serve (node {config.host}): %(message)s", level=logging.WARNING)
+    threading.Thread(target=_end_with_stdin, name="agent-watch", daemon=True).start()
+
+    def ready(host: str, port: int) -> None:
+        print(f"READY {host} {port}", flush=True)
+
+    asyncio.run(
+        serve(
+            config.options,
+            host=config.host,
+            port=0,
+            backend=config.backend,
+            backend_options=config.backend_options,
+            on_ready=ready,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
