@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,6 +50,7 @@ class NodeAgent:
         import ray
 
         host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        raylet = _raylet()
         child = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -57,7 +60,7 @@ class NodeAgent:
         )
         self._child = child
         assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(encode_node_server(node_server(config, self._node_id, host, self._key)))
+        child.stdin.write(encode_node_server(node_server(config, host, self._key, raylet)))
         await child.stdin.drain()
         line = await asyncio.wait_for(child.stdout.readline(), _START_TIMEOUT)
         word, _, address = line.decode().strip().partition(" ")
@@ -106,3 +109,13 @@ class NodeAgent:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _raylet() -> int | None:
+    """The pid of this node's raylet: the parent of its workers (None where this worker has another)."""
+    parent = os.getppid()
+    try:
+        name = Path(f"/proc/{parent}/comm").read_text().strip()
+    except OSError:
+        return None
+    return parent if name.startswith("raylet") else None

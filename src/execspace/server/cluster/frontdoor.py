@@ -99,14 +99,14 @@ class FrontDoor:
         try:
             endpoint = await self._nodes.agent(node_id)
             await proxy(self._client, endpoint.url, scope, receive, send, extra, self._nodes.cut(node_id))
-        except httpx.ConnectError:
-            self._nodes.lost(node_id, "its server refuses connections")
-            await _not_found(scope, receive, send, target.sandbox_id)
-        except httpx.TimeoutException:
-            message = f"the node of sandbox {target.sandbox_id} does not answer now: retry"
-            await error_response(503, message, {"Retry-After": "1"})(scope, receive, send)
         except ClientGone:
             pass
+        except httpx.TransportError as exc:
+            if await self._gone(node_id, exc):
+                await _not_found(scope, receive, send, target.sandbox_id)
+            else:
+                message = f"the node of sandbox {target.sandbox_id} does not answer now ({exc!r}): retry"
+                await error_response(503, message, {"Retry-After": "1"})(scope, receive, send)
 
     # --- the control plane ------------------------------------------------------------------------------------
 
@@ -119,8 +119,9 @@ class FrontDoor:
                 return error_response(401, "Invalid API key: send one the server was started with (--api-key)")
             try:
                 return await handler(request)
-            except httpx.TimeoutException:
-                return error_response(503, "a node of the cluster does not answer now: retry", {"Retry-After": "1"})
+            except httpx.TransportError as exc:
+                message = f"a node of the cluster does not answer now ({exc!r}): retry"
+                return error_response(503, message, {"Retry-After": "1"})
 
         return checked
 
@@ -143,8 +144,9 @@ class FrontDoor:
             sandbox_id = None
             try:
                 answer = await self._call(node_id, request, body)
-            except (httpx.ConnectError, OSError) as exc:
-                self._nodes.lost(node_id, f"its server cannot be reached: {exc}")
+            except httpx.TransportError as exc:
+                if not await self._gone(node_id, exc):
+                    await self._nodes.bind(node_id, token, None)
                 continue
             if answer.status_code == 201:
                 sandbox_id = answer.json().get("sandboxID")
@@ -207,9 +209,10 @@ class FrontDoor:
             return body
         try:
             answer = await self._call(node_id, request, body)
-        except httpx.ConnectError:
-            self._nodes.lost(node_id, "its server refuses connections")
-            return error_response(404, f"sandbox {object_id!r} not found")
+        except httpx.TransportError as exc:
+            if await self._gone(node_id, exc):
+                return error_response(404, f"sandbox {object_id!r} not found")
+            raise
         await self._follow(request, object_id, node_id, answer)
         return _answer(answer, node_id)
 
@@ -236,6 +239,22 @@ class FrontDoor:
         if isinstance(body, Response):
             return body
         return _answer(await self._call(nodes[0], request, body), nodes[0])
+
+    async def _gone(self, node_id: str, error: httpx.TransportError) -> bool:
+        """Whether a node whose connection failed is gone: its server refuses a new connection (nothing serves its
+        sandboxes any more). A node that does not answer in time is not known gone."""
+        if not isinstance(error, httpx.ConnectError):
+            try:
+                endpoint = await self._nodes.agent(node_id)
+                async with httpx.AsyncClient(timeout=_CONNECT_TIMEOUT) as fresh:
+                    await fresh.get(endpoint.url + "/health")
+                return False
+            except httpx.ConnectError as refused:
+                error = refused
+            except httpx.TransportError:
+                return False
+        self._nodes.lost(node_id, f"its server refuses connections: {error}")
+        return True
 
     async def _call(self, node_id: str, request: Request, body: bytes) -> httpx.Response:
         endpoint = await self._nodes.agent(node_id)

@@ -48,19 +48,22 @@ class NodeServer:
     backend: str
     backend_options: BackendOptions | None
     host: str
+    raylet: int | None
+    """The pid of the node's raylet, whose death the server does not outlive (None: not known here)."""
 
 
-def node_server(config: AgentConfig, node_id: str, host: str, agent_key: str) -> NodeServer:
+def node_server(config: AgentConfig, host: str, agent_key: str, raylet: int | None) -> NodeServer:
     """The node's server: the front door's options, plus the agent's own admin key (its reports list every team's
-    sandboxes), on a workspace root of the node's own."""
+    sandboxes), on the machine's cluster workspace root."""
     options = replace(config.options, admin_keys=(*config.options.admin_keys, agent_key))
-    return NodeServer(options, config.backend, _node_root(config.backend, config.backend_options, node_id), host)
+    return NodeServer(options, config.backend, _node_root(config.backend, config.backend_options), host, raylet)
 
 
-def _node_root(backend: str, given: BackendOptions | None, node_id: str) -> BackendOptions | None:
-    """The backend options with a workspace root of this node's (``ray-<node id>`` beside the default, or under the
-    one given), so that agents sharing a disk never share a root."""
-    name = f"ray-{node_id[:16]}"
+def _node_root(backend: str, given: BackendOptions | None) -> BackendOptions | None:
+    """The backend options with the machine's cluster root (``ray`` beside the backends' default roots, or under the
+    one given). Every node server on a machine keeps its own ledger there, so the next one to start removes what a
+    server that died with its node left (a new node has a new id: a root per node id would never be swept)."""
+    name = "ray"
     opts = given if given is not None else SandboxOptions() if backend == "sandbox" else HostOptions()
     if not isinstance(opts, HostOptions):
         return opts
