@@ -195,7 +195,8 @@ class Nodes:
         return node_id if node_id is not None and self.serving(node_id) else None
 
     async def place(self, exclude: list[str], only: str | None) -> tuple[str, int] | None:
-        placed: tuple[str, int] | None = await self._registry.place.remote(self.alive(), exclude, only)
+        slots = self._config.options.max_sandboxes
+        placed: tuple[str, int] | None = await self._registry.place.remote(self.alive(), exclude, only, slots)
         return placed
 
     async def bind(self, node_id: str, token: int, sandbox_id: str | None) -> None:

@@ -45,9 +45,10 @@ class Registry:
         for sandbox_id in gone:
             self._forget(sandbox_id)
 
-    def place(self, alive: list[str], exclude: list[str], only: str | None = None) -> tuple[str, int] | None:
+    def place(self, alive: list[str], exclude: list[str], only: str | None, slots: int) -> tuple[str, int] | None:
         """Reserve a slot on the living node with the most free slots (or on ``only``): (node, reservation), or
-        None when every one is full."""
+        None when every one is full. A node whose agent has not reported yet has ``slots`` (the front door's
+        ``max_sandboxes``)."""
         now = time.monotonic()
         best: tuple[int, str] | None = None
         for node_id in alive:
@@ -56,7 +57,7 @@ class Registry:
             reserved = self._reserved.setdefault(node_id, {})
             for token in [t for t, deadline in reserved.items() if deadline < now]:
                 del reserved[token]
-            free = self._slots.get(node_id, 1) - self._held.get(node_id, 0) - len(reserved)
+            free = self._slots.get(node_id, slots) - self._held.get(node_id, 0) - len(reserved)
             if free > 0 and (best is None or free > best[0]):
                 best = (free, node_id)
         if best is None:

@@ -1,0 +1,127 @@
+"""A real local Ray cluster (``ray.cluster_utils.Cluster``: each node a real raylet on this machine) and real
+``execspace serve --ray`` front doors over it, for the official E2B SDK. One cluster at a time (the machine is
+shared): each module starts its own and always shuts it down."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="serve --ray is tested on a local Ray cluster (pip install 'execspace[ray]')")
+pytest.importorskip("e2b", reason="serve --ray is tested with the official e2b SDK (pip install 'execspace[dev]')")
+pytest.importorskip("starlette", reason="needs the serve extra (pip install 'execspace[serve]')")
+
+from execspace.testing.binding import make_traversable
+from execspace.testing.processes import read_until, terminate
+
+API_KEY = "e2b_" + "0123456789abcdef" * 2
+#: Each node's sandboxes at most (``--max-sandboxes``, per node in a cluster).
+PER_NODE = 4
+
+
+@dataclass
+class FrontDoor:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def sdk(self) -> dict[str, str]:
+        return {"api_url": self.url, "sandbox_url": self.url, "api_key": API_KEY}
+
+
+@dataclass
+class LocalCluster:
+    cluster: Any
+    root: Path
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def node_ids(self) -> set[str]:
+        return {str(n.node_id) for n in [self.cluster.head_node, *self.cluster.worker_nodes]}
+
+    def workers(self) -> list[Any]:
+        return list(self.cluster.worker_nodes)
+
+    @contextlib.contextmanager
+    def front_door(self) -> Iterator[FrontDoor]:
+        """``execspace serve --ray`` on a free port, stopped with SIGTERM when the block ends."""
+        env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", API_KEY, "--ray", self.address]
+        argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(PER_NODE)]
+        argv += ["--kernel-environment", "none", "--no-warm-kernels"]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        try:
+            assert process.stdout is not None
+            found, seen = read_until(process.stdout, rb"listening on (\S+)", 60)
+            if found is None:
+                raise AssertionError(f"execspace serve --ray did not start: {seen.decode(errors='replace')}")
+            yield FrontDoor(found.group(1).decode(), process)
+        finally:
+            terminate(process, grace=20)
+            assert process.stdout is not None
+            process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    from ray.cluster_utils import Cluster
+
+    root = tmp_path_factory.mktemp("cluster")
+    make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield LocalCluster(cluster, root)
+    finally:
+        cluster.shutdown()
+        until("the node servers are gone", lambda: not node_servers(), within=30)
+
+
+def node_servers() -> list[int]:
+    """Pids of the node agents' servers running on this host."""
+    return _processes(lambda cmdline: b"execspace.server.cluster.nodeserve" in cmdline)
+
+
+def sleepers(seconds: int) -> list[int]:
+    """Pids of the ``sleep SECONDS`` programs running on this host: a test's marked programs in its sandboxes."""
+    return _processes(lambda cmdline: cmdline == f"sleep\0{seconds}\0".encode())
+
+
+def _processes(matches: Callable[[bytes], bool]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if matches(Path(f"/proc/{entry}/cmdline").read_bytes()):
+                    found.append(int(entry))
+    return found
+
+
+def until(what: str, check: Callable[[], object], within: float = 20.0) -> None:
+    """Poll ``check`` until it is true; fail saying ``what`` did not happen within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within}s")
+        time.sleep(0.05)
+
+
+def client_id(door: FrontDoor, sandbox_id: str) -> str:
+    """The node of a sandbox, as ``GET /sandboxes/{id}`` reports it (``clientID``)."""
+    import httpx
+
+    answer = httpx.get(f"{door.url}/sandboxes/{sandbox_id}", headers={"X-API-KEY": API_KEY}, timeout=30)
+    answer.raise_for_status()
+    return str(answer.json()["clientID"])
