@@ -25,6 +25,7 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from ...backend import BackendOptions
+from ...errors import SetupFailed
 from ...listening import listen
 from ..bodies import CONTROL_BODY_BYTES
 from ..connections import raise_descriptor_limit
@@ -101,6 +102,8 @@ class FrontDoor:
             await proxy(self._client, endpoint.url, scope, receive, send, extra, self._nodes.cut(node_id))
         except ClientGone:
             pass
+        except SetupFailed as exc:
+            await error_response(503, str(exc), {"Retry-After": "1"})(scope, receive, send)
         except httpx.TransportError as exc:
             if await self._gone(node_id, exc):
                 await _not_found(scope, receive, send, target.sandbox_id)
@@ -122,6 +125,8 @@ class FrontDoor:
             except httpx.TransportError as exc:
                 message = f"a node of the cluster does not answer now ({exc!r}): retry"
                 return error_response(503, message, {"Retry-After": "1"})
+            except SetupFailed as exc:
+                return error_response(503, str(exc), {"Retry-After": "1"})
 
         return checked
 
@@ -136,14 +141,22 @@ class FrontDoor:
             template = json.loads(body or b"{}").get("templateID")
         except (ValueError, AttributeError):
             template = None  # the node's server answers the malformed body
-        only = await self._nodes.locate(template) if isinstance(template, str) else None  # a snapshot's node
+        only = None
+        if isinstance(template, str) and template not in self._options.templates:  # a snapshot: on its node
+            only = await self._nodes.locate(template)
         tried: list[str] = []
+        failed: SetupFailed | None = None
         while (placed := await self._nodes.place(tried, only)) is not None:
             node_id, token = placed
             tried.append(node_id)
             sandbox_id = None
             try:
                 answer = await self._call(node_id, request, body)
+            except SetupFailed as exc:  # that node's agent cannot serve: the next node may
+                _log.error("%s", exc)
+                failed = exc
+                await self._nodes.bind(node_id, token, None)
+                continue
             except httpx.TransportError as exc:
                 if not await self._gone(node_id, exc):
                     await self._nodes.bind(node_id, token, None)
@@ -153,6 +166,8 @@ class FrontDoor:
             await self._nodes.bind(node_id, token, sandbox_id)
             if answer.status_code != 429:
                 return _answer(answer, node_id)
+        if failed is not None:
+            return error_response(503, str(failed), {"Retry-After": "1"})
         message = (
             "every node of the cluster runs its maximum of sandboxes (--max-sandboxes per node): retry after one "
             "ends, or add nodes"

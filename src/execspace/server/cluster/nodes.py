@@ -137,8 +137,16 @@ class Nodes:
         return await asyncio.shield(found)
 
     async def _start(self, node_id: str) -> Endpoint:
-        handle = await asyncio.to_thread(self._get_agent, node_id)
-        endpoint: Endpoint = await handle.start.remote(self._config)
+        try:
+            handle = await asyncio.to_thread(self._get_agent, node_id)
+            endpoint: Endpoint = await handle.start.remote(self._config)
+        except Exception as exc:  # Ray's errors: the actor died, could not be placed, its start raised
+            raise SetupFailed(
+                "serve",
+                f"the agent of node {node_id} did not start: {exc}",
+                "see its output in this front door's log (Ray forwards it); creates go to the other nodes meanwhile",
+                component="execspace serve --ray",
+            ) from None
         if endpoint.key_ids != self._config.key_ids():
             raise SetupFailed(
                 "serve",
