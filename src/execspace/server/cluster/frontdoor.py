@@ -90,7 +90,11 @@ class FrontDoor:
         if target is None:
             await self._control(scope, receive, send)
             return
-        node_id = await self._nodes.locate(target.sandbox_id)
+        try:
+            node_id = await self._nodes.locate(target.sandbox_id)
+        except SetupFailed as exc:
+            await error_response(503, str(exc), {"Retry-After": "1"})(scope, receive, send)
+            return
         if node_id is None:
             await _not_found(scope, receive, send, target.sandbox_id)
             return

@@ -176,7 +176,9 @@ class Nodes:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        strategy = NodeAffinitySchedulingStrategy(self._head, soft=True) if self._head else "DEFAULT"
+        # on the head, with the GCS: a worker node that dies must not take the map with it (soft, Ray would place it
+        # on a worker whenever it liked)
+        strategy = NodeAffinitySchedulingStrategy(self._head, soft=False) if self._head else "DEFAULT"
         return (
             ray.remote(Registry)
             .options(
@@ -197,28 +199,40 @@ class Nodes:
         """The node of a sandbox or snapshot while it can be reached, else None."""
         node_id = self._where.get(object_id)
         if node_id is None:
-            node_id = await self._registry.where.remote(object_id)
+            node_id = await self._ask("where", object_id)
             if node_id is not None:
                 self._remember(object_id, node_id)
         return node_id if node_id is not None and self.serving(node_id) else None
 
     async def place(self, exclude: list[str], only: str | None) -> tuple[str, int] | None:
         slots = self._config.options.max_sandboxes
-        placed: tuple[str, int] | None = await self._registry.place.remote(self.alive(), exclude, only, slots)
+        placed: tuple[str, int] | None = await self._ask("place", self.alive(), exclude, only, slots)
         return placed
 
     async def bind(self, node_id: str, token: int, sandbox_id: str | None) -> None:
         if sandbox_id is not None:
             self._remember(sandbox_id, node_id)
-        await self._registry.bind.remote(node_id, token, sandbox_id)
+        await self._ask("bind", node_id, token, sandbox_id)
 
     async def add(self, node_id: str, object_id: str, *, snapshot: bool = False) -> None:
         self._remember(object_id, node_id)
-        await (self._registry.add_snapshot if snapshot else self._registry.add).remote(node_id, object_id)
+        await self._ask("add_snapshot" if snapshot else "add", node_id, object_id)
 
     async def forget(self, object_id: str) -> None:
         self._where.pop(object_id, None)
-        await self._registry.forget.remote(object_id)
+        await self._ask("forget", object_id)
+
+    async def _ask(self, method: str, *args: Any) -> Any:
+        """A call of the registry; one that fails is a :class:`SetupFailed` (503) naming what to do."""
+        try:
+            return await getattr(self._registry, method).remote(*args)
+        except Exception as exc:  # Ray's errors: the registry is being restarted, the GCS does not answer
+            raise SetupFailed(
+                "serve",
+                f"the cluster's registry does not answer now ({type(exc).__name__}: {exc})",
+                "retry in a moment: Ray restarts it and it learns the map back from the agents' next reports",
+                component="execspace serve --ray",
+            ) from None
 
     def _remember(self, object_id: str, node_id: str) -> None:
         if len(self._where) >= _CACHED:
