@@ -37,6 +37,10 @@ def test_sandboxes_spread_over_the_nodes_and_answer_through_either_front_door(
             until("each sandbox runs its marked program", lambda: len(sleepers(86391)) == len(boxes))
             listed = {s.sandbox_id: s for s in Sandbox.list(**other.sdk()).next_items()}
             assert set(listed) == set(nodes)
+            pages, paged = Sandbox.list(limit=4, **other.sdk()), []
+            while pages.has_next:  # pages cut across the nodes' lists: each sandbox once
+                paged += [s.sandbox_id for s in pages.next_items()]
+            assert sorted(paged) == sorted(nodes)
             assert {i: client_id(other, i) for i in nodes} == nodes
     finally:
         for box in boxes:

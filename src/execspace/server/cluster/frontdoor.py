@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -47,6 +48,8 @@ _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 _CONNECT_TIMEOUT = 5.0
 #: Seconds a control-plane call may take on a node (a create may wait for its template's environment to build).
 _CONTROL_TIMEOUT = 900.0
+#: A v2 list's page when the query names no limit (the single-host server's).
+_LIST_LIMIT = 100
 
 
 class FrontDoor:
@@ -179,43 +182,47 @@ class FrontDoor:
         return error_response(429, message, {"Retry-After": "1"})
 
     async def _list(self, request: Request) -> Response:
-        nodes = self._nodes.alive()
-        answers = await asyncio.gather(*(self._call(n, request, b"") for n in nodes), return_exceptions=True)
+        """Every living node's list, merged in the order asked; a v2 page ends where the first ``limit`` end, its
+        ``nextToken`` the single-host server's cursor, which every node reads the same way."""
         found: list[dict[str, Any]] = []
         more = False
-        for node_id, answer in zip(nodes, answers, strict=True):
-            if isinstance(answer, BaseException):
-                _log.warning("node %s did not list its sandboxes: %s", node_id, answer)
-                continue
+        for node_id, answer in await self._every_node(request):
             if answer.status_code != 200:
-                return _answer(answer, node_id)
+                return _answer(answer, node_id)  # a query the nodes refuse (400), as one host answers it
             more = more or "x-next-token" in answer.headers
             found += [{**s, "clientID": node_id} for s in answer.json()]
-        descending = request.query_params.get("order", "desc") == "desc"
-        found.sort(key=lambda s: (s.get("startedAt", ""), s.get("sandboxID", "")), reverse=descending)
+        found.sort(key=_started, reverse=request.query_params.get("order", "desc") == "desc")
         headers = {}
-        if request.url.path.startswith("/v2/"):
-            limit = (
-                int(request.query_params.get("limit") or 1000)
-                if (request.query_params.get("limit") or "1").isdigit()
-                else 1000
-            )
-            if more or len(found) > limit:
-                found = found[:limit]
-                headers["x-next-token"] = _cursor(found[-1])
+        limit = int(request.query_params.get("limit") or _LIST_LIMIT)  # the nodes checked it
+        if request.url.path.startswith("/v2/") and (more or len(found) > limit):
+            found = found[:limit]
+            headers["x-next-token"] = _cursor(found[-1])
         return JSONResponse(found, headers=headers)
 
     async def _list_snapshots(self, request: Request) -> Response:
+        found: list[Any] = []
+        headers: dict[str, str] = {}
+        for node_id, answer in await self._every_node(request):
+            if answer.status_code != 200:
+                return _answer(answer, node_id)
+            found += answer.json()
+            headers.update((k, v) for k, v in answer.headers.items() if k.startswith("x-execspace"))
+        return JSONResponse(found, headers=headers)
+
+    async def _every_node(self, request: Request) -> list[tuple[str, httpx.Response]]:
+        """The answers of every living node to a bodiless request; a node found gone is left out (its sandboxes
+        are no more), one that does not answer now fails the whole (503): a list short of its sandboxes would
+        say they are gone."""
         nodes = self._nodes.alive()
         answers = await asyncio.gather(*(self._call(n, request, b"") for n in nodes), return_exceptions=True)
-        found: list[Any] = []
-        last: httpx.Response | None = None
-        for answer in answers:
-            if isinstance(answer, httpx.Response) and answer.status_code == 200:
-                found += answer.json()
-                last = answer
-        headers = {k: v for k, v in (last.headers.items() if last else []) if k.startswith("x-execspace")}
-        return JSONResponse(found, headers=headers)
+        found = []
+        for node_id, answer in zip(nodes, answers, strict=True):
+            if isinstance(answer, httpx.TransportError) and await self._gone(node_id, answer):
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            found.append((node_id, answer))
+        return found
 
     async def _on_node(self, request: Request) -> Response:
         """A call on one sandbox (or snapshot), answered by its node's server."""
@@ -312,6 +319,12 @@ def _answer(answer: httpx.Response, node_id: str) -> Response:
     elif isinstance(data, list):
         data = [{**d, "clientID": node_id} if isinstance(d, dict) and "clientID" in d else d for d in data]
     return JSONResponse(data, status_code=answer.status_code, headers=headers)
+
+
+def _started(sandbox: dict[str, Any]) -> tuple[datetime, str]:
+    """The order of the single-host server's lists: started, then id."""
+    started = datetime.fromisoformat(str(sandbox.get("startedAt", "")).replace("Z", "+00:00"))
+    return started, str(sandbox.get("sandboxID", ""))
 
 
 def _cursor(sandbox: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,8 @@ REGISTRY = "execspace-registry"
 WATCH_INTERVAL = 1.0
 #: Seconds a node whose server refused a connection is left out of placement before it is tried again.
 _LOST_FOR = 30.0
+#: Seconds the cluster's address has to accept a connection.
+_JOIN_TIMEOUT = 10.0
 #: Sandbox ids whose node a front door remembers (each a few hundred bytes); past it the cache starts again.
 _CACHED = 100_000
 
@@ -47,9 +50,27 @@ def connect(address: str) -> None:
             "pip install 'execspace[ray]'",
             component="execspace serve --ray",
         ) from None
+    _reachable(address)
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise SetupFailed(
+            "serve",
+            f"cannot join the Ray cluster at {address}: {exc}",
+            "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
+            component="execspace serve --ray",
+        ) from None
+
+
+def _reachable(address: str) -> None:
+    """Fail at once, naming the address, where nothing listens at a ``HOST:PORT`` GCS address (``ray.init`` would
+    retry it for minutes)."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # auto, ray://…: ray.init finds (or refuses) them itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_JOIN_TIMEOUT).close()
+    except OSError as exc:
         raise SetupFailed(
             "serve",
             f"cannot join the Ray cluster at {address}: {exc}",
