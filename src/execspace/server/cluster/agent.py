@@ -78,6 +78,14 @@ class NodeAgent:
             return None
         return self._started.result()
 
+    async def holds(self, sandbox_id: str) -> bool:
+        """Whether the node's server holds that sandbox now."""
+        endpoint = await self.endpoint()
+        if endpoint is None:
+            return False
+        async with httpx.AsyncClient(headers={"X-API-KEY": self._key}, timeout=10) as client:
+            return (await client.get(f"{endpoint.url}/sandboxes/{sandbox_id}")).status_code == 200
+
     async def stop(self) -> None:
         """End the node's server (its sandboxes are killed) and this agent's reports."""
         for task in self._tasks:

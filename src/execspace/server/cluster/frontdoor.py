@@ -153,26 +153,23 @@ class FrontDoor:
             only = await self._nodes.locate(template)
         tried: list[str] = []
         failed: SetupFailed | None = None
-        while (placed := await self._nodes.place(tried, only)) is not None:
-            node_id, token = placed
+        while (node_id := self._nodes.choose(tried, only)) is not None:
             tried.append(node_id)
-            sandbox_id = None
             try:
                 answer = await self._call(node_id, request, body)
             except SetupFailed as exc:  # that node's agent cannot serve: the next node may
                 _log.error("%s", exc)
                 failed = exc
-                await self._nodes.bind(node_id, token, None)
                 continue
             except httpx.TransportError as exc:
-                if not await self._gone(node_id, exc):
-                    await self._nodes.bind(node_id, token, None)
+                await self._gone(node_id, exc)
                 continue
-            if answer.status_code == 201:
-                sandbox_id = answer.json().get("sandboxID")
-            await self._nodes.bind(node_id, token, sandbox_id)
-            if answer.status_code != 429:
-                return _answer(answer, node_id)
+            if answer.status_code == 429:
+                self._nodes.full(node_id)
+                continue
+            if answer.status_code == 201 and isinstance(sandbox_id := answer.json().get("sandboxID"), str):
+                self._nodes.add(node_id, sandbox_id)
+            return _answer(answer, node_id)
         if failed is not None:
             return error_response(503, str(failed), {"Retry-After": "1"})
         message = (
@@ -239,20 +236,20 @@ class FrontDoor:
             if await self._gone(node_id, exc):
                 return error_response(404, f"sandbox {object_id!r} not found")
             raise
-        await self._follow(request, object_id, node_id, answer)
+        self._follow(request, object_id, node_id, answer)
         return _answer(answer, node_id)
 
-    async def _follow(self, request: Request, object_id: str, node_id: str, answer: httpx.Response) -> None:
+    def _follow(self, request: Request, object_id: str, node_id: str, answer: httpx.Response) -> None:
         """Keep the map as a node's answer changed it: a kill, a fork, a snapshot."""
         path = request.url.path
         if request.method == "DELETE" and answer.status_code in (204, 404):
-            await self._nodes.forget(object_id)
+            self._nodes.forget(object_id)
         elif request.method == "POST" and answer.status_code in (200, 201) and path.endswith(("/fork", "/snapshots")):
             made = answer.json()
             if isinstance(made, dict) and isinstance(made.get("sandboxID"), str):
-                await self._nodes.add(node_id, made["sandboxID"])
+                self._nodes.add(node_id, made["sandboxID"])
             if isinstance(made, dict) and isinstance(made.get("snapshotID"), str):
-                await self._nodes.add(node_id, made["snapshotID"], snapshot=True)
+                self._nodes.add(node_id, made["snapshotID"], snapshot=True)
 
     async def _anywhere(self, request: Request) -> Response:
         """A route that names no sandbox: any living node answers it as it answers on one host."""

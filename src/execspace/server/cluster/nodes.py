@@ -88,6 +88,8 @@ class Nodes:
         self._head: str | None = None
         self._lost: dict[str, float] = {}  # node id -> when its server was found gone
         self._agents: dict[str, asyncio.Future[Endpoint]] = {}
+        self._handles: dict[str, Any] = {}  # node id -> its agent actor
+        self._free: dict[str, int] = {}  # node id -> free slots, by the registry's count and this door's creates
         self._where: dict[str, str] = {}
         self._cuts: dict[str, asyncio.Event] = {}
         self._registry: Any = None
@@ -113,6 +115,7 @@ class Nodes:
         while True:
             with contextlib.suppress(Exception):  # a GCS that does not answer now: the last view stands
                 await self._refresh()
+                await self.count()
             await asyncio.sleep(WATCH_INTERVAL)
 
     async def _refresh(self) -> None:
@@ -136,6 +139,7 @@ class Nodes:
     def _gone(self, node_id: str, why: str) -> None:
         _log.warning("node %s is gone (%s): its sandboxes are lost", node_id, why)
         self._agents.pop(node_id, None)
+        self._handles.pop(node_id, None)
         for object_id in [s for s, n in self._where.items() if n == node_id]:
             del self._where[object_id]
         self._cuts.pop(node_id, asyncio.Event()).set()
@@ -159,7 +163,7 @@ class Nodes:
 
     async def _start(self, node_id: str) -> Endpoint:
         try:
-            handle = await asyncio.to_thread(self._get_agent, node_id)
+            handle = self._handles[node_id] = await asyncio.to_thread(self._get_agent, node_id)
             endpoint: Endpoint = await handle.start.remote(self._config)
         except Exception as exc:  # Ray's errors: the actor died, could not be placed, its start raised
             raise SetupFailed(
@@ -217,31 +221,52 @@ class Nodes:
     # --- the map ---------------------------------------------------------------------------------------------
 
     async def locate(self, object_id: str) -> str | None:
-        """The node of a sandbox or snapshot while it can be reached, else None."""
+        """The node of a sandbox or snapshot while it can be reached, else None. One the registry does not know
+        (it was restarted, or a front door's add has not reached it yet) is asked of the living nodes' agents."""
         node_id = self._where.get(object_id)
         if node_id is None:
-            node_id = await self._ask("where", object_id)
+            node_id = await self._ask("where", object_id) or await self._held_by(object_id)
             if node_id is not None:
                 self._remember(object_id, node_id)
         return node_id if node_id is not None and self.serving(node_id) else None
 
-    async def place(self, exclude: list[str], only: str | None) -> tuple[str, int] | None:
+    async def _held_by(self, sandbox_id: str) -> str | None:
+        nodes = [n for n in self.alive() if n in self._handles]
+        answers = await asyncio.gather(
+            *(self._handles[n].holds.remote(sandbox_id) for n in nodes), return_exceptions=True
+        )
+        return next((n for n, held in zip(nodes, answers, strict=True) if held is True), None)
+
+    def choose(self, exclude: list[str], only: str | None) -> str | None:
+        """The living node with the most free slots by the registry's last count and this front door's creates
+        since (or ``only``), counted as taken; None when every one is full. The node's server has the last word:
+        a create it refuses (429) is tried on the next node."""
         slots = self._config.options.max_sandboxes
-        placed: tuple[str, int] | None = await self._ask("place", self.alive(), exclude, only, slots)
-        return placed
+        free = {n: self._free.get(n, slots) for n in self.alive() if n not in exclude and (only is None or n == only)}
+        best = max(free, key=lambda n: free[n], default=None)
+        if best is None or free[best] <= 0:
+            return None
+        self._free[best] = free[best] - 1
+        return best
 
-    async def bind(self, node_id: str, token: int, sandbox_id: str | None) -> None:
-        if sandbox_id is not None:
-            self._remember(sandbox_id, node_id)
-        await self._ask("bind", node_id, token, sandbox_id)
+    def full(self, node_id: str) -> None:
+        """A node's server refused a create: no slot there until its next count."""
+        self._free[node_id] = 0
 
-    async def add(self, node_id: str, object_id: str, *, snapshot: bool = False) -> None:
+    async def count(self) -> None:
+        """Take the registry's count of each node's sandboxes."""
+        load: dict[str, tuple[int, int]] = await self._ask("load")
+        self._free = {n: slots - held for n, (slots, held) in load.items()}
+
+    def add(self, node_id: str, object_id: str, *, snapshot: bool = False) -> None:
+        """A sandbox (a snapshot) now lives on ``node_id``: told to the registry without waiting for it (a front
+        door that asks before it has it finds the node by asking the agents)."""
         self._remember(object_id, node_id)
-        await self._ask("add_snapshot" if snapshot else "add", node_id, object_id)
+        (self._registry.add_snapshot if snapshot else self._registry.add).remote(node_id, object_id)
 
-    async def forget(self, object_id: str) -> None:
+    def forget(self, object_id: str) -> None:
         self._where.pop(object_id, None)
-        await self._ask("forget", object_id)
+        self._registry.forget.remote(object_id)
 
     async def _ask(self, method: str, *args: Any) -> Any:
         """A call of the registry; one that fails is a :class:`SetupFailed` (503) naming what to do."""
