@@ -23,5 +23,5 @@ def test_a_front_door_whose_cluster_does_not_answer_fails_naming_the_address() -
         address = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there
         argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--ray", address]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=45)
-    assert done.returncode != 0
+    assert done.returncode == 125  # SetupFailed
     assert f"cannot join the Ray cluster at {address}" in done.stderr, done.stderr[-2000:]

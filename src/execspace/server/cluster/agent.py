@@ -42,7 +42,10 @@ class NodeAgent:
 
     async def start(self, config: AgentConfig) -> Endpoint:
         """The node server's endpoint, started with ``config`` if it is not running yet."""
-        if self._started is None or (self._started.done() and self._started.exception() is not None):
+        ended = self._child is not None and self._child.returncode is not None  # the server died: start another
+        if self._started is None or ended or (self._started.done() and self._started.exception() is not None):
+            for task in self._tasks:
+                task.cancel()
             self._started = asyncio.ensure_future(self._start(config))
         return await asyncio.shield(self._started)
 
