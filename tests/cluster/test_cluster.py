@@ -1,14 +1,19 @@
 """serve --ray through the official SDK: sandboxes spread over the nodes of a local Ray cluster, reachable through
-any front door (a restarted one too), listed with their node, refused with 429 when every node is full, and gone
-from every node once killed."""
+any front door (a restarted one too), listed with their node, refused with 429 when every node is full, gone from
+every node once killed or expired; files, ptys and the code interpreter's plots streamed through a front door."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from e2b import Sandbox
-from e2b.exceptions import RateLimitException
+from e2b import CommandExitException, Sandbox
+from e2b.exceptions import NotFoundException, RateLimitException
 
 from .conftest import PER_NODE, FrontDoor, LocalCluster, client_id, sleepers, until
 
@@ -86,3 +91,60 @@ def _creates(door: FrontDoor) -> bool:
     except RateLimitException:
         return False
     return True
+
+
+def _peak_rss(pid: int) -> int:
+    """The most memory the process ever held resident (``VmHWM``), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_fifty_megabytes_each_way_stream_through_the_front_door(door: FrontDoor) -> None:
+    box = Sandbox.create(timeout=120, **door.sdk())
+    try:
+        data = os.urandom(50 * 1024 * 1024)
+        before = _peak_rss(door.process.pid)
+        box.files.write("/home/user/big.bin", io.BytesIO(data))
+        streamed = hashlib.sha256()
+        for chunk in box.files.read("/home/user/big.bin", format="stream"):
+            streamed.update(chunk)
+        assert streamed.digest() == hashlib.sha256(data).digest()
+        gzipped = box.files.read("/home/user/big.bin", format="bytes", gzip=True)
+        assert hashlib.sha256(gzipped).digest() == hashlib.sha256(data).digest()
+        # neither body was held whole by the front door: its peak grew by far less than one of them
+        assert _peak_rss(door.process.pid) - before < 20 * 1024 * 1024
+    finally:
+        box.kill()
+
+
+def test_a_pty_and_a_plot_through_the_front_door(door: FrontDoor) -> None:
+    pytest.importorskip("e2b_code_interpreter", reason="the code interpreter's SDK (pip install 'execspace[dev]')")
+    pytest.importorskip("matplotlib", reason="the plot is matplotlib's (pip install 'execspace[dev]')")
+    import e2b_code_interpreter as ci
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    box = ci.Sandbox.create(timeout=120, **door.sdk())
+    try:
+        terminal = box.pty.create(PtySize(rows=24, cols=80))
+        box.pty.send_stdin(terminal.pid, b"stty size; test -t 0 && echo on-a-tty; exit 7\n")
+        received: list[bytes] = []
+        with pytest.raises(CommandExitException) as ended:
+            terminal.wait(on_pty=received.append)
+        assert ended.value.exit_code == 7 and b"24 80\r\n" in b"".join(received)
+        execution = box.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()")
+        assert execution.error is None, execution.error
+        pngs = [r.png for r in execution.results if r.png]
+        assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
+    finally:
+        box.kill()
+
+
+def test_an_expired_sandbox_leaves_its_node_and_the_lists(door: FrontDoor) -> None:
+    box = Sandbox.create(timeout=3, **door.sdk())
+    box.commands.run("sleep 86395", background=True)
+    until("the sandbox expired on its node", lambda: not sleepers(86395), within=30)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(box.sandbox_id, **door.sdk())
+    assert box.sandbox_id not in {s.sandbox_id for s in Sandbox.list(**door.sdk()).next_items()}
