@@ -11,7 +11,6 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ...errors import SetupFailed
@@ -84,7 +83,7 @@ class Nodes:
 
     def __init__(self, config: AgentConfig) -> None:
         self._config = config
-        self._alive: dict[str, str] = {}  # node id -> its address
+        self._alive: set[str] = set()
         self._head: str | None = None
         self._lost: dict[str, float] = {}  # node id -> when its server was found gone
         self._agents: dict[str, asyncio.Future[Endpoint]] = {}
@@ -93,7 +92,6 @@ class Nodes:
         self._where: dict[str, str] = {}
         self._cuts: dict[str, asyncio.Event] = {}
         self._registry: Any = None
-        self.on_gone: list[Callable[[str], None]] = []
 
     async def open(self) -> None:
         await self._refresh()
@@ -122,12 +120,13 @@ class Nodes:
         import ray
 
         found = await asyncio.to_thread(ray.nodes)
-        alive = {n["NodeID"]: n["NodeManagerAddress"] for n in found if n.get("Alive")}
+        alive = {n["NodeID"] for n in found if n.get("Alive")}
         for n in found:
             if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
                 self._head = n["NodeID"]
-        for node_id in set(self._alive) - set(alive):
+        for node_id in self._alive - alive:
             self._gone(node_id, "Ray reports the node dead")
+            self._lost.pop(node_id, None)
         self._alive = alive
 
     def lost(self, node_id: str, why: str) -> None:
@@ -145,8 +144,6 @@ class Nodes:
         self._cuts.pop(node_id, asyncio.Event()).set()
         if self._registry is not None:
             self._registry.drop_node.remote(node_id)
-        for hook in self.on_gone:
-            hook(node_id)
 
     def cut(self, node_id: str) -> asyncio.Event:
         """Set when ``node_id`` goes: the traffic proxied to it is cut then."""
@@ -180,6 +177,7 @@ class Nodes:
                 f"agents (ray.kill of the actors {agent_name(node_id)!r}… in namespace {NAMESPACE!r}) to change them",
                 component="execspace serve --ray",
             )
+        self._lost.pop(node_id, None)  # a server of its own again: what it holds from now on can be reached
         return endpoint
 
     def _get_agent(self, node_id: str) -> Any:
