@@ -59,6 +59,7 @@ def test_a_restarted_front_door_reaches_the_sandboxes_of_the_one_before(local_cl
         box = Sandbox.create(timeout=120, **first.sdk())
         box.commands.run("echo kept > /home/user/kept.txt")
         box.commands.run("sleep 86392", background=True)
+        until("the sandbox runs its marked program", lambda: sleepers(86392))
     try:
         with local_cluster.front_door() as second:
             again = Sandbox.connect(box.sandbox_id, **second.sdk())
@@ -72,6 +73,7 @@ def test_a_full_cluster_answers_429_and_takes_creates_again_once_one_ends(door: 
     boxes = [Sandbox.create(timeout=120, **door.sdk()) for _ in range(3 * PER_NODE)]
     for box in boxes:
         box.commands.run("sleep 86393", background=True)
+    until("each sandbox runs its marked program", lambda: len(sleepers(86393)) == len(boxes))
     try:
         with pytest.raises(RateLimitException):
             Sandbox.create(timeout=120, **door.sdk())
@@ -144,7 +146,29 @@ def test_a_pty_and_a_plot_through_the_front_door(door: FrontDoor) -> None:
 def test_an_expired_sandbox_leaves_its_node_and_the_lists(door: FrontDoor) -> None:
     box = Sandbox.create(timeout=3, **door.sdk())
     box.commands.run("sleep 86395", background=True)
+    until("the sandbox runs its marked program", lambda: sleepers(86395))
     until("the sandbox expired on its node", lambda: not sleepers(86395), within=30)
     with pytest.raises(NotFoundException):
         Sandbox.connect(box.sandbox_id, **door.sdk())
     assert box.sandbox_id not in {s.sandbox_id for s in Sandbox.list(**door.sdk()).next_items()}
+
+
+def test_forks_and_snapshots_stay_on_their_sandboxs_node(door: FrontDoor) -> None:
+    source = Sandbox.create(timeout=120, **door.sdk())
+    made: list[Sandbox] = []
+    try:
+        source.files.write("/home/user/state.txt", "step 1")
+        node = client_id(door, source.sandbox_id)
+        made += [f for f in source.fork() if isinstance(f, Sandbox)]  # on a node of PER_NODE slots: 4 in all
+        snapshot = source.create_snapshot(name="saved")
+        made += [Sandbox.create(key, timeout=60, **door.sdk()) for key in (snapshot.snapshot_id, "saved")]
+        assert len(made) == 3
+        for box in made:
+            assert client_id(door, box.sandbox_id) == node
+            assert box.files.read("/home/user/state.txt") == "step 1"
+        listed = Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **door.sdk()).next_items()
+        assert [s.snapshot_id for s in listed] == [snapshot.snapshot_id]
+        Sandbox.delete_snapshot(snapshot.snapshot_id, **door.sdk())
+    finally:
+        for box in [source, *made]:
+            box.kill()

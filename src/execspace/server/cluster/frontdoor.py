@@ -202,7 +202,8 @@ class FrontDoor:
         for node_id, answer in await self._every_node(request):
             if answer.status_code != 200:
                 return _answer(answer, node_id)
-            found += answer.json()
+            # a snapshot store a machine's nodes share lists the same snapshot on each of them: once is enough
+            found += [s for s in answer.json() if s not in found]
             headers.update((k, v) for k, v in answer.headers.items() if k.startswith("x-execspace"))
         return JSONResponse(found, headers=headers)
 
@@ -249,7 +250,10 @@ class FrontDoor:
             if isinstance(made, dict) and isinstance(made.get("sandboxID"), str):
                 self._nodes.add(node_id, made["sandboxID"])
             if isinstance(made, dict) and isinstance(made.get("snapshotID"), str):
-                self._nodes.add(node_id, made["snapshotID"], snapshot=True)
+                # by its id and its names: a create names either (a name two teams share on two nodes leads to the
+                # later one's node, where the other team's create answers its template not found)
+                for key in [made["snapshotID"], *(n for n in made.get("names") or [] if isinstance(n, str))]:
+                    self._nodes.add(node_id, key, snapshot=True)
 
     async def _anywhere(self, request: Request) -> Response:
         """A route that names no sandbox: any living node answers it as it answers on one host."""
