@@ -5,6 +5,7 @@ every node once killed or expired; files, ptys and the code interpreter's plots 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import hashlib
 import io
 import os
@@ -172,3 +173,23 @@ def test_forks_and_snapshots_stay_on_their_sandboxs_node(door: FrontDoor) -> Non
     finally:
         for box in [source, *made]:
             box.kill()
+
+
+def test_a_front_door_stops_at_once_with_streams_open_and_their_sandbox_lives_on(
+    local_cluster: LocalCluster, door: FrontDoor
+) -> None:
+    with local_cluster.front_door() as leaving, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        box = Sandbox.create(timeout=120, **leaving.sdk())
+        running = box.commands.run("sleep 86396", background=True)
+        waiting = pool.submit(running.wait)  # reads the command's stream through the front door
+        until("the command runs", lambda: sleepers(86396))
+        leaving.process.terminate()
+        leaving.process.wait(timeout=10)  # not held by the open stream
+        assert waiting.exception(timeout=10) is not None  # its reader was cut, not left hanging
+    try:
+        assert sleepers(86396)  # the sandbox is the node's, not the front door's
+        again = Sandbox.connect(box.sandbox_id, **door.sdk())
+        assert running.pid in [p.pid for p in again.commands.list()]
+    finally:
+        Sandbox.kill(box.sandbox_id, **door.sdk())
+    until("the killed sandbox's program ended", lambda: not sleepers(86396))
