@@ -388,4 +388,4 @@ async def _start_agents(nodes: Nodes) -> None:
 
 
 async def _nothing() -> None:
-    pass
+    """What a front door ends before its connections close: nothing, its sandboxes are the nodes' and live on."""
