@@ -32,9 +32,10 @@ PER_NODE = 4
 class FrontDoor:
     url: str
     process: subprocess.Popen[bytes]
+    key: str = API_KEY
 
     def sdk(self) -> dict[str, str]:
-        return {"api_url": self.url, "sandbox_url": self.url, "api_key": API_KEY}
+        return {"api_url": self.url, "sandbox_url": self.url, "api_key": self.key}
 
 
 @dataclass
@@ -53,10 +54,10 @@ class LocalCluster:
         return list(self.cluster.worker_nodes)
 
     @contextlib.contextmanager
-    def front_door(self) -> Iterator[FrontDoor]:
+    def front_door(self, key: str = API_KEY) -> Iterator[FrontDoor]:
         """``execspace serve --ray`` on a free port, stopped with SIGTERM when the block ends."""
         env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", API_KEY, "--ray", self.address]
+        argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", key, "--ray", self.address]
         argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(PER_NODE)]
         argv += ["--kernel-environment", "none", "--no-warm-kernels"]
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -65,7 +66,7 @@ class LocalCluster:
             found, seen = read_until(process.stdout, rb"listening on (\S+)", 60)
             if found is None:
                 raise AssertionError(f"execspace serve --ray did not start: {seen.decode(errors='replace')}")
-            yield FrontDoor(found.group(1).decode(), process)
+            yield FrontDoor(found.group(1).decode(), process, key)
         finally:
             terminate(process, grace=20)
             assert process.stdout is not None

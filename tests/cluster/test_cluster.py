@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from e2b import CommandExitException, Sandbox
-from e2b.exceptions import NotFoundException, RateLimitException
+from e2b.exceptions import NotFoundException, RateLimitException, ServiceBusyException
 
 from .conftest import PER_NODE, FrontDoor, LocalCluster, client_id, sleepers, until
 
@@ -193,3 +193,12 @@ def test_a_front_door_stops_at_once_with_streams_open_and_their_sandbox_lives_on
     finally:
         Sandbox.kill(box.sandbox_id, **door.sdk())
     until("the killed sandbox's program ended", lambda: not sleepers(86396))
+
+
+def test_a_front_door_with_other_keys_is_refused_by_the_agents_naming_the_fix(
+    local_cluster: LocalCluster, door: FrontDoor
+) -> None:
+    with local_cluster.front_door(key="e2b_" + "f" * 40) as other, pytest.raises(ServiceBusyException) as refused:
+        Sandbox.create(timeout=60, **other.sdk())
+    assert "serves other API keys than this front door" in str(refused.value)  # 503: retried by clients
+    assert "same --api-key" in str(refused.value)
