@@ -165,17 +165,17 @@ class Nodes:
         except Exception as exc:  # Ray's errors: the actor died, could not be placed, its start raised
             raise SetupFailed(
                 "serve",
-                f"the agent of node {node_id} did not start: {exc}",
+                str(exc),
                 "see its output in this front door's log (Ray forwards it); creates go to the other nodes meanwhile",
-                component="execspace serve --ray",
+                component=f"the agent of node {node_id}",
             ) from None
         if endpoint.key_ids != self._config.key_ids():
             raise SetupFailed(
                 "serve",
-                f"the agent of node {node_id} serves other API keys than this front door",
+                "it serves other API keys than this front door",
                 "start every front door of a cluster with the same --api-key/--admin-api-key values, or stop the "
                 f"agents (ray.kill of the actors {agent_name(node_id)!r}… in namespace {NAMESPACE!r}) to change them",
-                component="execspace serve --ray",
+                component=f"the agent of node {node_id}",
             )
         self._lost.pop(node_id, None)  # a server of its own again: what it holds from now on can be reached
         return endpoint
