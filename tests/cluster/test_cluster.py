@@ -198,6 +198,7 @@ def test_a_front_door_stops_at_once_with_streams_open_and_their_sandbox_lives_on
 def test_a_front_door_with_other_keys_is_refused_by_the_agents_naming_the_fix(
     local_cluster: LocalCluster, door: FrontDoor
 ) -> None:
+    Sandbox.list(**door.sdk()).next_items()  # every node's agent is up, with this door's keys
     with local_cluster.front_door(key="e2b_" + "f" * 40) as other, pytest.raises(ServiceBusyException) as refused:
         Sandbox.create(timeout=60, **other.sdk())
     assert "serves other API keys than this front door" in str(refused.value)  # 503: retried by clients
