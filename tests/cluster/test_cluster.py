@@ -203,3 +203,24 @@ def test_a_front_door_with_other_keys_is_refused_by_the_agents_naming_the_fix(
         Sandbox.create(timeout=60, **other.sdk())
     assert "serves other API keys than this front door" in str(refused.value)  # 503: retried by clients
     assert "same --api-key" in str(refused.value)
+
+
+async def test_the_e2b_backend_runs_forks_and_snapshots_through_a_front_door(door: FrontDoor) -> None:
+    """The library path to a cluster: ``open_engine("e2b")`` pointed at a front door, as at one host."""
+    import execspace
+    from execspace import PutFile, RunProgramSpec
+
+    connection = {"api_url": door.url, "sandbox_url": door.url, "api_key": door.key}
+    async with execspace.open_engine("e2b", **connection, template="base", kill_grace=1.0) as engine:
+        ws = await engine.manager.create_workspace("prepared")
+        await engine.fs.put_files(ws, [PutFile("work/state.txt", b"prepared\n")])
+        (fork,) = await engine.manager.fork(ws, 1)
+        snap = await engine.manager.snapshot(ws, "prepared-state")
+        (started,) = await engine.manager.fork(snap, 1)
+        for each in (ws, fork, started):
+            done = await engine.runner.run_program(each, RunProgramSpec("cat", ["state.txt"], cwd="work"))
+            assert (done.exit_code, done.stdout) == (0, "prepared\n")
+        for each in (started, fork, ws):
+            await engine.manager.cleanup(each)
+        await engine.manager.remove_snapshot(snap.id)
+    assert Sandbox.list(**door.sdk()).next_items() == []
