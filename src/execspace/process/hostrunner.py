@@ -99,6 +99,7 @@ class HostRunner:
         wrappers: Sequence[Wrapper] = (),
         choose: Chooser | None = None,
         spawning: Spawning | None = None,
+        view_outside: bool = False,
     ) -> None:
         self.wrappers = tuple(wrappers)
         """What each prepared run is wrapped in, in turn (:data:`Wrapper`)."""
@@ -112,6 +113,7 @@ class HostRunner:
             program_root=program_root,
             lookup=lookup,
             path_view=path_view,
+            view_outside=view_outside,
         )
         self.kill_grace = kill_grace
         self.output_rate = output_rate

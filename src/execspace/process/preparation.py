@@ -20,6 +20,7 @@ import contextlib
 import copy
 import errno
 import os
+import posixpath
 import secrets
 import shlex
 import shutil
@@ -109,7 +110,8 @@ class PreparedRun:
     """False when what starts the program makes ``run_dir`` (see :meth:`RunPreparation.prepare`)."""
     cwd_view: str = ""
     """The working directory as the program sees it when the run named it through a program bind
-    (``/home/user/sub``: see :attr:`~execspace.models.Workspace.program_binds`), else ``""``."""
+    (``/home/user/sub``: see :attr:`~execspace.models.Workspace.program_binds`) or outside the workspace
+    (``/usr/bin``, a granted host directory: a runner that shows more than the workspace), else ``""``."""
 
     @property
     def host_cwd(self) -> str:
@@ -135,6 +137,9 @@ class RunPreparation:
         lookup: how the program is found (default :func:`lookup_on_path`, on the run's PATH).
         path_view: the run's PATH as the program sees it (the sandbox drops the entries it hides): what the
             program gets, what the lookup searches and what a "not found" names.
+        view_outside: the program sees more than its workspace (a sandbox's system directories, its grants): an
+            absolute ``cwd`` outside the workspace is a directory as the program sees it, where what starts the
+            program starts it (nothing is made for it); without it such a cwd is ``PathDenied``.
     """
 
     def __init__(
@@ -147,8 +152,10 @@ class RunPreparation:
         program_root: Callable[[Workspace], str] | None = None,
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
+        view_outside: bool = False,
     ) -> None:
         self._caps = capabilities
+        self._view_outside = view_outside
         self._path_view = path_view
         self.env_policy = env_policy or EnvPolicy()
         self._host_env = host_env
@@ -178,7 +185,8 @@ class RunPreparation:
         Raises:
             CommandNotFound: the command does not exist (its run directory is made all the same).
             CapabilityError: the spec asks for what the backend cannot enforce.
-            PathDenied: the cwd leaves the workspace.
+            PathDenied: the cwd leaves the workspace (but for an absolute one as the program sees it, with
+                ``view_outside``).
             UsageError: ``ws`` is not a host-directory workspace.
             WorkspaceNotFound: its directory is gone (the workspace was cleaned up).
         """
@@ -186,7 +194,8 @@ class RunPreparation:
         if ws.host_path is None:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
         root = ws.host_path
-        cwd_parts = self._cwd_parts(workspace_relative(ws, spec.cwd))
+        outside = self._outside_cwd(ws, spec.cwd)
+        cwd_parts = [] if outside else self._cwd_parts(workspace_relative(ws, spec.cwd))
         try:
             confined = ConfinedRoot(str(root), self.owner(ws))
         except FileNotFoundError:
@@ -218,7 +227,7 @@ class RunPreparation:
                 self._make_named_run_dir(ws, run_dir)
             raise CommandNotFound(spec.cmd, msg, errno.ENOENT, run_dir)
         argv = [program, *spec.args]
-        cwd_rel, cwd_view = "/".join(cwd_parts), bound_path(ws, spec.cwd)
+        cwd_rel, cwd_view = "/".join(cwd_parts), outside or bound_path(ws, spec.cwd)
         return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view)
 
     def make_run_dir(self, prep: PreparedRun) -> None:
@@ -242,6 +251,16 @@ class RunPreparation:
                     f"the run directory {run_dir} of workspace {ws.id!r} exists already (a program made it?); "
                     "run the program again"
                 ) from None
+
+    def _outside_cwd(self, ws: Workspace, cwd: str) -> str:
+        """``cwd`` normalised when it is an absolute path outside the workspace (and its program binds) that this
+        runner's programs see, else ``""``."""
+        if not (self._view_outside and cwd.startswith("/")) or bound_path(ws, cwd):
+            return ""
+        path = posixpath.normpath(cwd)
+        root = ws.path.rstrip("/")
+        inside = bool(root) and (path == root or path.startswith(root + "/"))
+        return "" if inside else path
 
     @staticmethod
     def _cwd_parts(cwd: str) -> list[str]:

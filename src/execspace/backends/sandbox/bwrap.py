@@ -36,7 +36,7 @@ import posixpath
 import secrets
 import shutil
 import stat
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,6 +318,8 @@ MAX_GLOB_MASKS = 1000
 MAX_GLOB_WALK = 200_000
 #: The empty, mode-000 file bound over files nobody may read (directories get an empty tmpfs).
 MASK_FILE = f"{INTERNAL_DIR}/denied"
+#: Where bwrap binds a host grant from when not from its own path (:class:`~.grants.StagedGrants.source`), or None.
+GrantSource = Callable[[Target], "str | None"]
 #: Host locations no grant may cover: the sandbox has its own, a host one would undo them.
 _UNGRANTABLE = ("/proc", "/dev", "/sys", SANDBOX_WORKSPACE)
 
@@ -340,9 +342,14 @@ class _Plan:
     root: str
     visible_top: frozenset[str]
     held: PlaceholderRun
+    """The run's protected paths: transient placeholders for missing ones in the workspace, and the missing ones
+    of host grants, watched."""
     system_root: str | None
     """A rootfs environment's root: what the sandbox shows at its system directories, in place of the host's."""
-    """The run's transient placeholders for missing protected paths."""
+    stage: GrantSource | None = None
+    """Where a host grant is bound from when not from its own path (as root: the grant helper's clones)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Host grants bound from elsewhere: their path → where bwrap binds them from."""
     host_ops: list[_Op] = field(default_factory=list)
     ws_ops: list[_Op] = field(default_factory=list)
     host_levels: dict[str, Access] = field(default_factory=dict)
@@ -376,6 +383,12 @@ class _Plan:
 
     def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access) -> None:
         ops.append(_Op(depth, False, dest, ("--bind" if access.can_write else "--ro-bind", src, dest)))
+
+    def host_source(self, path: str) -> str:
+        """Where bwrap finds the host path ``path``: under the source of the deepest grant bound from elsewhere that
+        holds it, else ``path`` itself."""
+        grant = max((g for g in self.sources if is_under(path, g)), key=len, default=None)
+        return path if grant is None else self.sources[grant] + path[len(grant) :]
 
     def mask(self, ops: list[_Op], dest: str, depth: int, kind: str, *, traversable: bool = False) -> None:
         if kind == "dir":
@@ -459,8 +472,12 @@ def _host_grant(p: _Plan, t: Target, hidden: Sequence[str], shown: Collection[st
             "the rootfs environment has no such path to show it at; grant a path outside its "
             "system directories (/usr, /etc, /opt…), e.g. under /srv or /data",
         )
-    _check_reachable(t.path)
-    p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
+    source = p.stage(t) if p.stage is not None else None
+    if source is None:
+        _check_reachable(t.path)
+    else:
+        p.sources[t.path] = source
+    p.bind(p.host_ops, source or p.host_source(t.path), t.path, len(path_parts(t.path)), t.access)
     p.host_levels[t.path] = t.access
 
 
@@ -470,8 +487,9 @@ def _check_reachable(path: str) -> None:
     if closed is not None:
         raise PolicyViolation(
             f"cannot grant {path}: as root the sandbox runs as the workspace's own uid, which cannot pass {closed} "
-            "(not searchable by others); grant a path outside it (e.g. put the environment under /opt), or run "
-            "execspace as a normal user (its sandbox then runs as that user)"
+            "(not searchable by others), and this sandbox shows grants only as they are (machine mode); grant a "
+            "path outside it (e.g. put the environment under /opt), or run execspace as a normal user (its sandbox "
+            "then runs as that user)"
         )
 
 
@@ -482,20 +500,24 @@ def _pin_host(p: _Plan, path: str) -> None:
     for n in range(1, len(parts)):
         anc = "/" + "/".join(parts[:n])
         if anc not in p.host_levels and p.host_level(anc) is Access.WRITE:
-            p.bind(p.host_ops, anc, anc, n, Access.WRITE)
+            p.bind(p.host_ops, p.host_source(anc), anc, n, Access.WRITE)
             p.host_levels[anc] = Access.WRITE
 
 
 def _host_protected(p: _Plan, t: Target) -> None:
-    """A protected path under a host write grant: bound read-only; a missing one gets a transient placeholder for
-    the run (the program could create it otherwise; the user's directory is as it was after the run)."""
+    """A protected path under a host write grant: bound read-only where it exists. A missing one is left as it is,
+    nothing planted in the user's directory (a mount needs something to mount on): the program can create it, and
+    the run says so when it is over (:meth:`~execspace.workspace.protected.PlaceholderRun.watch`)."""
     grant = max((g for g in p.host_levels if is_under(t.path, g) and g != t.path), key=len, default=None)
     if grant is None or p.host_level(t.path) is not Access.WRITE:
         return  # not writable here (a deeper read or no-access rule decides): nothing to protect
-    path = posixpath.join(grant, p.held.mount_point(grant, posixpath.relpath(t.path, grant)))
+    found = p.held.existing_mount_point(grant, posixpath.relpath(t.path, grant))
+    if found is None:
+        p.held.watch(t.path)
+        return
+    path = posixpath.join(grant, found)
     _pin_host(p, path)
-    source = makefile_stand_in(os.path.dirname(path), os.path.basename(path)) if path == t.path else None
-    p.bind(p.host_ops, source or path, path, len(path_parts(path)), Access.READ)
+    p.bind(p.host_ops, p.host_source(path), path, len(path_parts(path)), Access.READ)
     p.host_levels[path] = Access.READ
 
 
@@ -561,10 +583,12 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
             p.mask(p.ws_ops, _ws_dest(t.rel), depth, kind, traversable=_opened_below(t.path, targets))
             p.ws_levels[t.rel] = Access.NONE
         return
+    if t.protected and parent.can_write and kind != "link" and t.rel != INTERNAL_DIR:
+        # through the run's placeholders even where something is there: it may be a concurrent run's placeholder,
+        # which this run must hold too (its last holder removes it, and a host unlink would detach this run's mount)
+        _ws_placeholder(p, t.rel)
+        return
     if kind == "missing" and t.protected and parent.can_write:
-        if t.rel != INTERNAL_DIR:
-            _ws_placeholder(p, t.rel)
-            return
         make_placeholder(p.root, t.rel)  # execspace's own directory (it holds the mask file), kept
         kind = "dir"
     if kind == "missing":
@@ -577,14 +601,23 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
 
 
 def _ws_placeholder(p: _Plan, rel: str) -> None:
-    """A missing protected workspace path under a writable parent: a transient placeholder bound read-only (the
-    workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
+    """A protected workspace path under a writable parent, bound read-only: a missing one as a transient
+    placeholder (the workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
     mount = p.held.mount_point(p.root, rel)
     _pin_ws(p, mount)
     host = os.path.join(p.root, mount)
-    source = makefile_stand_in(os.path.dirname(host), os.path.basename(host)) if mount == rel else None
+    source = _stand_in(host) if mount == rel else None
     p.bind(p.ws_ops, source or host, _ws_dest(mount), len(path_parts(mount)), Access.READ)
     p.ws_levels[mount] = Access.READ
+
+
+def _stand_in(host: str) -> str | None:
+    """What to show at an empty placeholder file: the makefile make reads when it is missing
+    (:func:`makefile_stand_in`); never in place of a makefile with content."""
+    st = os.lstat(host)
+    if not stat.S_ISREG(st.st_mode) or st.st_size:
+        return None
+    return makefile_stand_in(os.path.dirname(host), os.path.basename(host))
 
 
 def _glob_matches(p: _Plan, policy: SandboxPolicy) -> list[tuple[str, str]]:
@@ -726,6 +759,7 @@ def policy_mounts(
     shown: Collection[str] = (),
     binds: Sequence[ProgramBind] = (),
     system_root: str | None = None,
+    stage: GrantSource | None = None,
 ) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
@@ -733,12 +767,15 @@ def policy_mounts(
     ``binds``, each with the rules of the workspace directory it shows. ``hidden``: host directories masked
     wherever the sandbox would see them; ``shown``: the only paths inside them a grant may name, read-only (the
     runtime environments the run uses, canonical). ``system_root``: a rootfs environment's root, which the
-    sandbox shows at its system directories (host grants there need a place in it).
+    sandbox shows at its system directories (host grants there need a place in it). ``stage``: where a host grant
+    is bound from when not from its own path (as root, the grant helper's clones, :mod:`.grants`); the protected
+    paths and pins inside such a grant are bound from there too.
 
     Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
-    for missing protected paths under writable parents (in the workspace and under host write grants), held in
-    ``held`` until the caller releases it once the run is over, even one that failed to start; creates
-    ``.execspace`` (mode 0555, kept) where it is missing under a writable root, and ``.execspace/denied``.
+    for missing protected paths under writable workspace directories, held in ``held`` until the caller releases
+    it once the run is over, even one that failed to start (a missing protected path of a host write grant gets
+    none: ``held`` watches it instead); creates ``.execspace`` (mode 0555, kept) where it is missing under a
+    writable root, and ``.execspace/denied``.
 
     Raises:
         SetupFailed: as root, the workspace lies under a directory its sandbox's uid cannot pass.
@@ -759,7 +796,7 @@ def policy_mounts(
             "choose a workspace_root where every directory on the way is searchable by others (chmod o+x), "
             "or keep the default",
         )
-    p = _Plan(res.root, _visible_top(system_root), held, system_root)
+    p = _Plan(res.root, _visible_top(system_root), held, system_root, stage)
     hidden_real = [os.path.realpath(h) for h in hidden]
     for t in res.targets:
         if t.rel is None and t.protected:

@@ -46,6 +46,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .grants import GrantStage, stage_dir
 from .machine import HOME, MACHINE_USERS, Machine
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
@@ -277,7 +278,8 @@ class SandboxBackend:
             )
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
-        seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
+        # built once for this engine, shared by the probe and every run; a machine's root installs set-ID programs
+        seccomp = SeccompFilters(set_id_bits=options.machine)
         probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
@@ -333,6 +335,7 @@ class SandboxBackend:
             environment_store=store,
             output_rate=options.output_rate,
             machine=machine,
+            grants=GrantStage(await asyncio.to_thread(stage_dir, root), private) if as_root and not machine else None,
         )
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)

@@ -43,6 +43,7 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
+from .grants import GrantStage, StagedGrants
 from .machine import Layer, Machine, machine_env, runs_as_user, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
@@ -105,6 +106,8 @@ class SandboxRunnerConfig:
     output_rate: int | None = None
     machine: Machine | None = None
     """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
+    grants: GrantStage | None = None
+    """As root (but for a machine): how host grants are shown from the grant helper's clones (:mod:`.grants`)."""
 
 
 class Sandbox:
@@ -120,6 +123,7 @@ class Sandbox:
     def __init__(self, config: SandboxRunnerConfig) -> None:
         environment = config.environment
         self.machine = config.machine
+        self.grants = config.grants
         self.lookup, self.path_view = self._view(environment)
         self.environment = environment
         self.owner = config.owner
@@ -250,20 +254,26 @@ class Sandbox:
         :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
+        staged = None if self.grants is None else self.grants.run(sandbox_uid(prep.root))
         try:
             plan = SandboxPlan(launch)
             # a session's supervisor stays root of a machine sandbox: it starts each run as user itself
             as_user = (self.as_machine_user,) if self.machine is not None and init_fd is None else ()
             for step in (self.environment_view, *as_user, self.with_pty, self.with_egress):
                 plan = step(prep, plan)
-            launch = self.in_bubblewrap(prep, plan, held, init_fd)
+            launch = self.in_bubblewrap(prep, plan, held, init_fd, staged)
             if self.machine is not None:
                 launch = self._drop_to_sandbox_uid(prep, self.in_machine(prep, launch), drop=False)
+            elif staged is not None and staged.used:
+                # the helper stages the grants as root, then drops to the sandbox's uid itself
+                launch = self._drop_to_sandbox_uid(prep, staged.around(launch), drop=False)
             elif is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
             launch.stack.abandon()  # what the steps before the failed one registered
             held.release()
+            if staged is not None:
+                staged.close()
             raise
         launch.stack.callback(held.release)
         return launch
@@ -354,10 +364,17 @@ class Sandbox:
             found = decisions[key] = self.resolvers(os.path.realpath(root)).access(rel)
         return found
 
-    def in_bubblewrap(self, prep: PreparedRun, plan: SandboxPlan, held: PlaceholderRun, init_fd: int | None) -> Launch:
+    def in_bubblewrap(
+        self,
+        prep: PreparedRun,
+        plan: SandboxPlan,
+        held: PlaceholderRun,
+        init_fd: int | None,
+        staged: StagedGrants | None = None,
+    ) -> Launch:
         """``plan``'s program in bwrap: the policy's mounts, program binds and system files, then the plan's own
         mounts; the seccomp filter; the network as the run asks. The fds bwrap reads from close right after the
-        spawn."""
+        spawn. ``staged``: the run's grants shown from the grant helper's clones (as root)."""
         wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         network = self.network_default if wanted is None else wanted == "on"
         res = self.resolvers(os.path.realpath(prep.root))
@@ -377,6 +394,7 @@ class Sandbox:
                 shown=self._shown_environments(res),
                 binds=binds,
                 system_root=system_root,
+                stage=None if staged is None else staged.source,
             )
             seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
             data_fds.append(seccomp_fd)
@@ -527,6 +545,7 @@ def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
         path_view=sandbox.path_view,
         wrappers=[sandbox],
         choose=sandbox.choose,
+        view_outside=True,  # a cwd in its system directories or grants, as the program names it
     )
     return sandbox.runner
 
@@ -584,12 +603,23 @@ _EXEC_ERRORS = {
 }
 
 
+#: How bwrap says it could not enter the run's working directory (then exits 1, the program never started).
+_CHDIR_FAILED = b"bwrap: Can't chdir to "
+
+
 def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, bytes]:
     """The program's exit code as every backend reports it, from bwrap's, and the stderr to report: 127/126 with
     our explanation when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
-    ``-N`` when the program was killed by signal N (bwrap exits ``128 + N``), else the program's own code."""
+    126 when it could not enter the working directory, ``-N`` when the program was killed by signal N (bwrap exits
+    ``128 + N``), else the program's own code."""
     if code != 1:
         return signal_status(code), stderr
+    if stderr.startswith(_CHDIR_FAILED) and stderr.endswith(b"\n"):
+        where, _, error = stderr[len(_CHDIR_FAILED) : -1].decode(errors="replace").rpartition(": ")
+        return 126, (
+            f"execspace: cannot start {program!r} in {where}: {error} in the sandbox (a working directory outside "
+            "the workspace must be there as the program sees it: a system directory, a granted host path, /tmp)\n"
+        ).encode()
     prefix = f"bwrap: execvp {program}: ".encode()
     if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
         return code, stderr

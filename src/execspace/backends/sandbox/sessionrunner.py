@@ -92,6 +92,7 @@ def session_runner(
         wrappers=[mode],
         choose=mode.choose,
         spawning=mode,
+        view_outside=True,  # a cwd in its system directories or grants, as the program names it
     )
     return sandbox.runner, mode
 
