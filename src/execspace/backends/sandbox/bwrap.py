@@ -44,6 +44,7 @@ from ...errors import PathDenied, PolicyViolation, SetupFailed
 from ...workspace.confine import ConfinedRoot
 from ...workspace.hostroots import closed_ancestor
 from ...workspace.protected import PlaceholderRun, make_placeholder, makefile_stand_in
+from .grants import GrantBind
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
 __all__ = [
@@ -318,8 +319,8 @@ MAX_GLOB_MASKS = 1000
 MAX_GLOB_WALK = 200_000
 #: The empty, mode-000 file bound over files nobody may read (directories get an empty tmpfs).
 MASK_FILE = f"{INTERNAL_DIR}/denied"
-#: Where bwrap binds a host grant from when not from its own path (:class:`~.grants.StagedGrants.source`), or None.
-GrantSource = Callable[[Target], "str | None"]
+#: Where bwrap binds a host grant from (:meth:`~.grants.RunGrants.bind`): a clone's path, or the grant's fd.
+GrantSource = Callable[[Target], GrantBind]
 #: Host locations no grant may cover: the sandbox has its own, a host one would undo them.
 _UNGRANTABLE = ("/proc", "/dev", "/sys", SANDBOX_WORKSPACE)
 
@@ -347,9 +348,10 @@ class _Plan:
     system_root: str | None
     """A rootfs environment's root: what the sandbox shows at its system directories, in place of the host's."""
     stage: GrantSource | None = None
-    """Where a host grant is bound from when not from its own path (as root: the grant helper's clones)."""
+    """Where a host grant is bound from (:mod:`.grants`: the grant helper's clones, or the grant's fd); None: from
+    its path (the probe's plans)."""
     sources: dict[str, str] = field(default_factory=dict)
-    """Host grants bound from elsewhere: their path → where bwrap binds them from."""
+    """Host grants bound from a clone: their path → the clone's path, where bwrap finds what lies below them."""
     host_ops: list[_Op] = field(default_factory=list)
     ws_ops: list[_Op] = field(default_factory=list)
     host_levels: dict[str, Access] = field(default_factory=dict)
@@ -381,8 +383,9 @@ class _Plan:
             return _host_kind(self.system_root + path)
         return _host_kind(path)
 
-    def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access) -> None:
-        ops.append(_Op(depth, False, dest, ("--bind" if access.can_write else "--ro-bind", src, dest)))
+    def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access, *, by_fd: bool = False) -> None:
+        flag = ("--bind" if access.can_write else "--ro-bind") + ("-fd" if by_fd else "")
+        ops.append(_Op(depth, False, dest, (flag, src, dest)))
 
     def host_source(self, path: str) -> str:
         """Where bwrap finds the host path ``path``: under the source of the deepest grant bound from elsewhere that
@@ -472,12 +475,16 @@ def _host_grant(p: _Plan, t: Target, hidden: Sequence[str], shown: Collection[st
             "the rootfs environment has no such path to show it at; grant a path outside its "
             "system directories (/usr, /etc, /opt…), e.g. under /srv or /data",
         )
-    source = p.stage(t) if p.stage is not None else None
-    if source is None:
+    depth = len(path_parts(t.path))
+    found = p.stage(t) if p.stage is not None else None
+    if found is None or found.by_fd:
         _check_reachable(t.path)
     else:
-        p.sources[t.path] = source
-    p.bind(p.host_ops, source or p.host_source(t.path), t.path, len(path_parts(t.path)), t.access)
+        p.sources[t.path] = found.source
+    if found is None:
+        p.bind(p.host_ops, p.host_source(t.path), t.path, depth, t.access)
+    else:
+        p.bind(p.host_ops, found.source, t.path, depth, t.access, by_fd=found.by_fd)
     p.host_levels[t.path] = t.access
 
 
@@ -767,9 +774,9 @@ def policy_mounts(
     ``binds``, each with the rules of the workspace directory it shows. ``hidden``: host directories masked
     wherever the sandbox would see them; ``shown``: the only paths inside them a grant may name, read-only (the
     runtime environments the run uses, canonical). ``system_root``: a rootfs environment's root, which the
-    sandbox shows at its system directories (host grants there need a place in it). ``stage``: where a host grant
-    is bound from when not from its own path (as root, the grant helper's clones, :mod:`.grants`); the protected
-    paths and pins inside such a grant are bound from there too.
+    sandbox shows at its system directories (host grants there need a place in it). ``stage``: where each host
+    grant is bound from (:mod:`.grants`: its fd, or as root the grant helper's clone, from which the protected
+    paths and pins inside it are bound too); None binds grants by their paths.
 
     Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
     for missing protected paths under writable workspace directories, held in ``held`` until the caller releases

@@ -15,10 +15,12 @@ through the grant helper (``grants.c``), which shows each such grant from a moun
 * a **read grant** under a directory the sandbox's uid cannot pass is a plain clone of its mount: reachable, with
   the permissions it has.
 
-Each grant is opened here by a walk from ``/`` that follows no link (the policy's paths are canonical: a link found
-now was planted since, maybe by a program with a write grant over a parent), the helper clones what that fd is and
-attaches the clone on a tmpfs of its own mount namespace over the engine's stage directory, where bwrap binds it
-from. Machine mode keeps its own view of grants (its sandbox's uids are its user namespace's).
+Every grant, whoever runs execspace, is opened here by a walk from ``/`` that follows no link (the policy's paths
+are canonical: a link found now was planted since, maybe by a program with a write grant over a parent, and
+following it would show its target, writable, where the grant was): the helper clones what that fd is and attaches
+the clone on a tmpfs of its own mount namespace over the engine's stage directory, where bwrap binds it from; any
+other grant bwrap binds by the fd (``--bind-fd``: it checks that what it mounted is what the fd is). Machine mode
+binds every grant by its fd (its sandbox's uids are its user namespace's).
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ from ...workspace.hostroots import closed_ancestor
 from .policy import Access, Target
 from .supervisorbin import grants_binary
 
-__all__ = ["GrantStage", "StagedGrants", "stage_dir"]
+__all__ = ["GrantBind", "GrantHelper", "RunGrants", "stage_dir"]
 
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class GrantStage:
+class GrantHelper:
     """An engine's part of the grants' staging (as root): the stage directory the helper mounts its tmpfs over, in
     the engine's workspace root (searchable by every sandbox uid, written by root only), and the helper, built the
     first time a run stages a grant."""
@@ -50,72 +52,86 @@ class GrantStage:
     def __init__(self, stage: Path, cache: Path) -> None:
         self.stage = stage
         self._cache = cache
-        self._helper: Path | None = None
+        self._binary: Path | None = None
         self._building = threading.Lock()
 
-    def helper(self) -> Path:
+    def binary(self) -> Path:
         """The built helper (built now, once, if missing).
 
         Raises:
             SetupFailed: no C compiler here, or the build failed.
         """
         with self._building:
-            if self._helper is None:
-                self._helper = grants_binary(self._cache)
-            return self._helper
+            if self._binary is None:
+                self._binary = grants_binary(self._cache)
+            return self._binary
 
-    def run(self, uid: int) -> StagedGrants:
-        """The grants of one run of the sandbox uid ``uid``, none staged yet."""
-        return StagedGrants(self, uid)
+
+@dataclass(frozen=True, slots=True)
+class GrantBind:
+    """Where bwrap binds a host grant from: a path (the helper's clone on the stage), or an fd (``by_fd``)."""
+
+    source: str
+    by_fd: bool = False
 
 
 @dataclass
-class StagedGrants:
-    """The grants one run shows from the helper's mounts: :meth:`source` stages one as the mounts are planned,
-    :meth:`around` starts bwrap through the helper; what was opened is closed once the run started, or by
-    :meth:`close` when it does not get there."""
+class RunGrants:
+    """The host grants of one run: :meth:`bind` opens each as the mounts are planned, :meth:`around` starts bwrap
+    through the helper when one was staged; what was opened is closed once the run started, or by :meth:`close`
+    when it does not get there.
 
-    owner: GrantStage
-    uid: int
+    ``helper``: the engine's grant helper (as root, but for a machine), which stages write grants and read grants
+    under a directory ``uid`` (the workspace's sandbox uid) cannot pass; None: every grant bound by its fd."""
+
+    helper: GrantHelper | None = None
+    uid: int = 0
     _args: list[str] = field(default_factory=list)
-    _fds: list[int] = field(default_factory=list)
+    _staged: list[int] = field(default_factory=list)
+    _bound: list[int] = field(default_factory=list)
 
     @property
-    def used(self) -> bool:
-        return bool(self._fds)
+    def staged(self) -> bool:
+        """Whether bwrap must start through the helper (:meth:`around`)."""
+        return bool(self._staged)
 
-    def source(self, target: Target) -> str | None:
-        """Where bwrap binds the host grant ``target`` from: its clone's place on the stage, or None for a grant
-        bound as it is (a read grant the sandbox's uid can reach).
+    def bind(self, target: Target) -> GrantBind:
+        """Where bwrap binds the host grant ``target`` from.
 
         Raises:
             PathDenied: the granted path is gone, or is (or lies under) a link now.
         """
-        if target.access is Access.WRITE:
-            fd = _open_granted(target.path)
+        fd = _open_granted(target.path)
+        if self.helper is not None and target.access is Access.WRITE:
             st = os.fstat(fd)
             self._args += ["idmap", str(st.st_uid), str(st.st_gid), str(fd)]
-        elif closed_ancestor(target.path) is not None:
-            fd = _open_granted(target.path)
+        elif self.helper is not None and closed_ancestor(target.path) is not None:
             self._args += ["plain", str(fd)]
         else:
-            return None
-        self._fds.append(fd)
-        return f"{self.owner.stage}/{len(self._fds) - 1}"
+            self._bound.append(fd)
+            return GrantBind(str(fd), by_fd=True)
+        self._staged.append(fd)
+        return GrantBind(f"{self.helper.stage}/{len(self._staged) - 1}")
+
+    def bwrap_fds(self) -> list[int]:
+        """The fds bwrap binds grants from (``--bind-fd``), handed over: its launch passes and closes them."""
+        fds, self._bound = self._bound, []
+        return fds
 
     def around(self, launch: Launch) -> Launch:
         """``launch`` (bwrap) started by the helper as root, which stages the clones and drops to the sandbox's
-        uid; the grants' fds close once it started."""
-        helper = self.owner.helper()
-        fds, self._fds = self._fds, []
+        uid; the staged grants' fds close once it started."""
+        assert self.helper is not None, "only a run with a helper stages grants"
+        binary = self.helper.binary()
+        fds, self._staged = self._staged, []
         for fd in fds:
             launch.stack.after_spawn(_closer(fd))
-        argv = [str(helper), str(self.owner.stage), str(self.uid), "drop", *self._args, "--", *launch.argv]
+        argv = [str(binary), str(self.helper.stage), str(self.uid), "drop", *self._args, "--", *launch.argv]
         return replace(launch, argv=argv, pass_fds=(*launch.pass_fds, *fds))
 
     def close(self) -> None:
-        """Close what :meth:`source` opened, for a run that does not start (idempotent)."""
-        fds, self._fds = self._fds, []
+        """Close what :meth:`bind` opened and nothing took over, for a run that does not start (idempotent)."""
+        fds, self._staged, self._bound = [*self._staged, *self._bound], [], []
         for fd in fds:
             os.close(fd)
 

@@ -43,7 +43,7 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
-from .grants import GrantStage, StagedGrants
+from .grants import GrantHelper, RunGrants
 from .machine import Layer, Machine, machine_env, runs_as_user, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
@@ -106,8 +106,9 @@ class SandboxRunnerConfig:
     output_rate: int | None = None
     machine: Machine | None = None
     """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
-    grants: GrantStage | None = None
-    """As root (but for a machine): how host grants are shown from the grant helper's clones (:mod:`.grants`)."""
+    grant_helper: GrantHelper | None = None
+    """As root (but for a machine): what shows write grants and unreachable read grants from clones of their own
+    (:mod:`.grants`)."""
 
 
 class Sandbox:
@@ -123,7 +124,7 @@ class Sandbox:
     def __init__(self, config: SandboxRunnerConfig) -> None:
         environment = config.environment
         self.machine = config.machine
-        self.grants = config.grants
+        self.grant_helper = config.grant_helper
         self.lookup, self.path_view = self._view(environment)
         self.environment = environment
         self.owner = config.owner
@@ -254,26 +255,26 @@ class Sandbox:
         :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
-        staged = None if self.grants is None else self.grants.run(sandbox_uid(prep.root))
+        helper = self.grant_helper
+        grants = RunGrants(helper, sandbox_uid(prep.root) if helper is not None else 0)
         try:
             plan = SandboxPlan(launch)
             # a session's supervisor stays root of a machine sandbox: it starts each run as user itself
             as_user = (self.as_machine_user,) if self.machine is not None and init_fd is None else ()
             for step in (self.environment_view, *as_user, self.with_pty, self.with_egress):
                 plan = step(prep, plan)
-            launch = self.in_bubblewrap(prep, plan, held, init_fd, staged)
+            launch = self.in_bubblewrap(prep, plan, held, init_fd, grants)
             if self.machine is not None:
                 launch = self._drop_to_sandbox_uid(prep, self.in_machine(prep, launch), drop=False)
-            elif staged is not None and staged.used:
+            elif grants.staged:
                 # the helper stages the grants as root, then drops to the sandbox's uid itself
-                launch = self._drop_to_sandbox_uid(prep, staged.around(launch), drop=False)
+                launch = self._drop_to_sandbox_uid(prep, grants.around(launch), drop=False)
             elif is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
         except BaseException:
             launch.stack.abandon()  # what the steps before the failed one registered
             held.release()
-            if staged is not None:
-                staged.close()
+            grants.close()
             raise
         launch.stack.callback(held.release)
         return launch
@@ -370,11 +371,12 @@ class Sandbox:
         plan: SandboxPlan,
         held: PlaceholderRun,
         init_fd: int | None,
-        staged: StagedGrants | None = None,
+        grants: RunGrants,
     ) -> Launch:
         """``plan``'s program in bwrap: the policy's mounts, program binds and system files, then the plan's own
         mounts; the seccomp filter; the network as the run asks. The fds bwrap reads from close right after the
-        spawn. ``staged``: the run's grants shown from the grant helper's clones (as root)."""
+        spawn. ``grants``: how the run's host grants are bound (each by its fd, or from a clone the grant helper
+        stages as root)."""
         wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         network = self.network_default if wanted is None else wanted == "on"
         res = self.resolvers(os.path.realpath(prep.root))
@@ -394,8 +396,9 @@ class Sandbox:
                 shown=self._shown_environments(res),
                 binds=binds,
                 system_root=system_root,
-                stage=None if staged is None else staged.source,
+                stage=grants.bind,
             )
+            data_fds += grants.bwrap_fds()
             seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
             data_fds.append(seccomp_fd)
             files = []
