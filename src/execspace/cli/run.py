@@ -141,8 +141,8 @@ def add_parser(sub: Any) -> None:
         "--cwd",
         default="work",
         metavar="PATH",
-        help="working directory: a workspace path (default work), or a directory in a --read/--write grant (absolute, "
-        "or relative to yours: --write . --cwd .)",
+        help="working directory: a workspace path (default work), or a directory of yours in a --read/--write grant "
+        "(absolute, or relative to yours: --write . --cwd .)",
     )
     p.add_argument(
         "--no-stdin",
@@ -301,13 +301,15 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
 
 
 def run_cwd(cwd: str, grants: Sequence[Path]) -> str:
-    """``--cwd`` as the run takes it: a relative path that lies in a host grant (against the caller's directory) is
-    that host directory, where the sandbox shows it; any other relative path is a workspace path, and an absolute
-    one is as the program sees it (a grant's host path, ``/workspace/...``, a system directory)."""
+    """``--cwd`` as the run takes it: a relative path naming a directory of the caller's (against their directory)
+    that lies in a host grant is that directory, where the sandbox shows it (``--write . --cwd .``); any other
+    relative path is a workspace path (``out``, when the project has no ``out/``), and an absolute one is as the
+    program sees it (a grant's host path, ``/workspace/...``, a system directory)."""
     if cwd.startswith("/") or not grants:
         return cwd
     host = host_path(cwd)
-    return str(host) if any(host == g or g in host.parents for g in grants) else cwd
+    inside = any(host == g or g in host.parents for g in grants)
+    return str(host) if inside and host.is_dir() else cwd
 
 
 @dataclass(frozen=True, slots=True)
