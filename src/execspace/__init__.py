@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         UnsupportedBackend,
         UnsupportedLanguage,
         UsageError,
+        UserNotFound,
         WorkspaceNotFound,
     )
     from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
@@ -131,6 +132,7 @@ _LAZY = {
     "InvalidSpec": ".errors",
     "LimitExceeded": ".errors",
     "NotExecutable": ".errors",
+    "UserNotFound": ".errors",
     "PartialOutputCommit": ".errors",
     "SandboxLost": ".errors",
     "PathDenied": ".errors",
@@ -282,6 +284,7 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
+    "UserNotFound",
     "Workspace",
     "WorkspaceFS",
     "WorkspaceLocks",

@@ -100,6 +100,7 @@ class HostRunner:
         choose: Chooser | None = None,
         spawning: Spawning | None = None,
         view_outside: bool = False,
+        user_exists: Callable[[str], bool] | None = None,
     ) -> None:
         self.wrappers = tuple(wrappers)
         """What each prepared run is wrapped in, in turn (:data:`Wrapper`)."""
@@ -114,6 +115,7 @@ class HostRunner:
             lookup=lookup,
             path_view=path_view,
             view_outside=view_outside,
+            user_exists=user_exists,
         )
         self.kill_grace = kill_grace
         self.output_rate = output_rate

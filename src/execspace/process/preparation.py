@@ -38,6 +38,7 @@ from ..errors import (
     NotExecutable,
     PathDenied,
     UsageError,
+    UserNotFound,
     WorkspaceNotFound,
 )
 from ..models import RunProgramSpec, RunResult, Workspace
@@ -140,6 +141,9 @@ class RunPreparation:
         view_outside: the program sees more than its workspace (a sandbox's system directories, its grants): an
             absolute ``cwd`` outside the workspace is a directory as the program sees it, where what starts the
             program starts it (nothing is made for it); without it such a cwd is ``PathDenied``.
+        user_exists: whether a user of that name exists where the program runs (its passwd): a run naming one
+            that does not is :class:`~execspace.errors.UserNotFound` (126, as ``docker exec -u`` says); one that
+            exists but is not among the backend's ``Capabilities.users`` stays a ``CapabilityError``.
     """
 
     def __init__(
@@ -153,9 +157,11 @@ class RunPreparation:
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
         view_outside: bool = False,
+        user_exists: Callable[[str], bool] | None = None,
     ) -> None:
         self._caps = capabilities
         self._view_outside = view_outside
+        self._user_exists = user_exists
         self._path_view = path_view
         self.env_policy = env_policy or EnvPolicy()
         self._host_env = host_env
@@ -184,12 +190,14 @@ class RunPreparation:
 
         Raises:
             CommandNotFound: the command does not exist (its run directory is made all the same).
+            UserNotFound: the spec names a user that does not exist where the program runs (``user_exists``).
             CapabilityError: the spec asks for what the backend cannot enforce.
             PathDenied: the cwd leaves the workspace (but for an absolute one as the program sees it, with
                 ``view_outside``).
             UsageError: ``ws`` is not a host-directory workspace.
             WorkspaceNotFound: its directory is gone (the workspace was cleaned up).
         """
+        self._check_user(spec)
         self._caps().require(spec)
         if ws.host_path is None:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
@@ -251,6 +259,17 @@ class RunPreparation:
                     f"the run directory {run_dir} of workspace {ws.id!r} exists already (a program made it?); "
                     "run the program again"
                 ) from None
+
+    def _check_user(self, spec: RunProgramSpec) -> None:
+        user = spec.user
+        if user is None or self._user_exists is None or user in self._caps().users or self._user_exists(user):
+            return
+        raise UserNotFound(
+            spec.cmd,
+            f"execspace: cannot run {spec.cmd!r} as {user!r}: no such user where the program runs (leave user unset "
+            "to run as the backend's own user)",
+            errno.EINVAL,
+        )
 
     def _outside_cwd(self, ws: Workspace, cwd: str) -> str:
         """``cwd`` normalised when it is an absolute path outside the workspace (and its program binds) that this

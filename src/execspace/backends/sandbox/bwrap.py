@@ -7,7 +7,9 @@ Design (see docs/backends/sandbox.md):
   ``/mnt``, ``/srv``, ``/run``, the host's ``/tmp`` and any other top-level directory are not there at all.
   Once every mount point is made in it, it is remounted read-only, and so is ``/dev``: the only writable
   tmpfs are ``/tmp`` and ``/dev/shm``, sized from the run's limits (:func:`tmpfs_sizes`), since a tmpfs page is
-  memory that ``RLIMIT_AS`` does not count and that no disk bound sees.
+  memory that ``RLIMIT_AS`` does not count and that no disk bound sees. Where the workspace's ``tmp/`` is
+  writable (and a sandbox is not a machine), ``/tmp`` is that directory instead (a program bind, made before the
+  host grants, which may lie under it): what a program leaves there stays with the workspace, as ``$TMPDIR``.
 * The workspace is bound at ``/workspace`` as its :class:`~.policy.SandboxPolicy`
   says (:func:`policy_mounts`): by default read-only, with the layout directories
   bound writable over it; extra host grants, no-access masks (an empty mode-000
@@ -51,6 +53,7 @@ __all__ = [
     "SANDBOX_WORKSPACE",
     "SHM_SIZE",
     "SUPERVISOR_PATH",
+    "TMP",
     "TMP_SIZE",
     "BwrapConfig",
     "ProgramBind",
@@ -68,6 +71,8 @@ __all__ = [
 
 #: Where the workspace appears inside the sandbox.
 SANDBOX_WORKSPACE = "/workspace"
+#: The sandbox's temporary directory, which is the workspace's ``tmp/`` where that is writable (a program bind).
+TMP = "/tmp"
 #: Where a sandbox session's supervisor is, read-only (a copy bwrap makes of it, see :mod:`.session`).
 SUPERVISOR_PATH = "/.execspace-supervisor"
 
@@ -196,6 +201,8 @@ class BwrapConfig:
     """Machine mode (:mod:`.machine`): bwrap runs as root of the sandbox's user namespace, made by the machine
     helper (no user namespace of its own), and these are its system directories (the overlays' binds) instead of
     the read-only binds of :attr:`system_root`'s or the host's."""
+    tmp_bound: bool = False
+    """``/tmp`` is a directory of the workspace (its ``tmp/``, a program bind in :attr:`mounts`), not a tmpfs."""
 
 
 def _top_level_binds(system_root: str | None) -> list[str]:
@@ -274,7 +281,8 @@ def build_argv(
     shared = () if cfg.machine is None else ("--perms", "1777")
     args += ["--dev", "/dev", *shared, "--size", str(cfg.shm_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args += ["--proc", "/proc", *_HIDE_INIT]
-    args += [*shared, "--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
+    if not cfg.tmp_bound:
+        args += [*shared, "--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
     for fd, path in cfg.files:
         args += ["--perms", "0644", "--ro-bind-data", str(fd), path]
@@ -817,9 +825,12 @@ def policy_mounts(
     _plan_workspace(p, res)
     if p.mask_file:
         _ensure_mask_file(res.root)
-    args = [a for op in sorted(p.host_ops) for a in op.args]
+    # a bind host grants lie under (the workspace's tmp/ at /tmp) first: they are mounted in it, not under it
+    under = [b for b in binds if any(is_under(op.dest, b.path) for op in p.host_ops)]
+    args = _plan_binds(p, under)
+    args += [a for op in sorted(p.host_ops) for a in op.args]
     args += [a for op in sorted(p.ws_ops) for a in op.args]
-    args += _plan_binds(p, binds)
+    args += _plan_binds(p, [b for b in binds if b not in under])
     for dest in p.remount:
         args += ["--remount-ro", dest]
     return args

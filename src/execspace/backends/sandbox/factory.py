@@ -37,6 +37,7 @@ from ...workspace.hostroots import closed_ancestor
 from ...workspace.layout import ensure_layout
 from .bwrap import (
     SANDBOX_WORKSPACE,
+    TMP,
     BwrapConfig,
     build_argv,
     find_bwrap,
@@ -51,6 +52,7 @@ from .machine import HOME, MACHINE_USERS, Machine
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
+from .programfiles import ProgramFiles
 from .runner import SandboxRunnerConfig, is_root, private_execspace_dir, sandbox_runner, visible, with_environment
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
@@ -309,12 +311,16 @@ class SandboxBackend:
             caps = replace(caps, fork="copy", users=MACHINE_USERS, details={**caps.details, "machine": MACHINE_DETAIL})
             if not any(path == HOME for path, _ in program_binds):
                 program_binds = (*program_binds, (HOME, "work"))
+        elif _tmp_is_the_workspaces(policy):
+            program_binds = (*program_binds, (TMP, "tmp"))
+        beyond = ProgramFiles()  # absolute paths outside a workspace: its file agent, run as its program
         fs = HostWorkspaceFS(
             artifacts=artifacts,
             host_roots=host_roots,
             owner=owner,
             access=file_access_hook(policy),
             programs_read_all=machine is not None,  # its user holds CAP_DAC_READ_SEARCH (machine.py)
+            elsewhere=beyond,
         )
         runner_config = SandboxRunnerConfig(
             bwrap_path,
@@ -359,8 +365,10 @@ class SandboxBackend:
                 caps = replace(caps, fork=None)  # its manager refuses them: a copy would not be bounded
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
-            return await _open_session(runner_config, config, root, prepare, fs, caps)
-        runner = sandbox_runner(runner_config)
+            engine = await _open_session(runner_config, config, root, prepare, fs, caps)
+            beyond.runner = engine.runner
+            return engine
+        runner = beyond.runner = sandbox_runner(runner_config)
         manager = HostWorkspaceManager(
             "sandbox",
             root,
@@ -424,6 +432,15 @@ MACHINE_DETAIL = (
     "root's, the host's own files keep their host owners (root adds, replaces and removes entries of /etc, /opt, "
     "/var, /usr/local, never reads more of the host than others may); forks and snapshots are copies"
 )
+
+
+def _tmp_is_the_workspaces(policy: SandboxPolicy) -> bool:
+    """Whether a sandbox's ``/tmp`` is its workspace's ``tmp/`` (a program bind): where the workspace is writable
+    and no rule names ``/tmp`` itself (a grant of the host's ``/tmp`` shows that instead). What a program or the file
+    API puts in ``/tmp`` is then the workspace's, there for its next run (per-run sandboxes included), counted by its
+    disk bounds, and named by the same path on both sides; a machine keeps its tmpfs (everyone's, 1777)."""
+    named = (*policy.read_paths, *policy.write_paths, *policy.no_access_paths)
+    return policy.profile is Profile.WORKSPACE_WRITE and not any(p in (TMP, "tmp") for p in named)
 
 
 async def _machine(options: SandboxOptions, root: Path) -> Machine:

@@ -11,6 +11,7 @@ import copy
 import errno
 import functools
 import os
+import pwd
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from ...workspace.hostroots import closed_ancestor
 from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
+    TMP,
     BwrapConfig,
     ProgramBind,
     build_argv,
@@ -44,7 +46,7 @@ from .bwrap import (
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
 from .grants import GrantHelper, RunGrants
-from .machine import Layer, Machine, machine_env, runs_as_user, user_argv
+from .machine import MACHINE_USERS, Layer, Machine, machine_env, runs_as_user, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
 from .seccomp import SeccompFilters
@@ -188,6 +190,16 @@ class Sandbox:
         # a machine's programs may be where only its upper layers have them (sudo, what pip installed): the
         # sandbox finds them (setpriv's execvp), and says 127 for one it does not
         return (lookup_where_it_runs if self.machine is not None else lookup), path_view
+
+    def user_exists(self, name: str) -> bool:
+        """Whether the sandbox has a user ``name``: its passwd is the host's (a machine's adds ``user``)."""
+        if self.machine is not None and name in MACHINE_USERS:
+            return True
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            return False
+        return True
 
     def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
         """The runner of ``spec`` (a :data:`~execspace.process.hostrunner.Chooser`): ``runner``, or for another
@@ -421,6 +433,7 @@ class Sandbox:
                 init_fd,
                 system_root=system_root,
                 machine=machine,
+                tmp_bound=any(b.path == TMP for b in binds),
             )
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, list(launch.argv), seccomp_fd=seccomp_fd, chdir=chdir)
@@ -549,6 +562,7 @@ def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
         wrappers=[sandbox],
         choose=sandbox.choose,
         view_outside=True,  # a cwd in its system directories or grants, as the program names it
+        user_exists=sandbox.user_exists,
     )
     return sandbox.runner
 

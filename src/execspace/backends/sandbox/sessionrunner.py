@@ -93,6 +93,7 @@ def session_runner(
         choose=mode.choose,
         spawning=mode,
         view_outside=True,  # a cwd in its system directories or grants, as the program names it
+        user_exists=sandbox.user_exists,
     )
     return sandbox.runner, mode
 
