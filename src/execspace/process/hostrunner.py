@@ -99,7 +99,6 @@ class HostRunner:
         wrappers: Sequence[Wrapper] = (),
         choose: Chooser | None = None,
         spawning: Spawning | None = None,
-        view_outside: bool = False,
         user_exists: Callable[[str], bool] | None = None,
     ) -> None:
         self.wrappers = tuple(wrappers)
@@ -114,7 +113,6 @@ class HostRunner:
             program_root=program_root,
             lookup=lookup,
             path_view=path_view,
-            view_outside=view_outside,
             user_exists=user_exists,
         )
         self.kill_grace = kill_grace
@@ -350,5 +348,6 @@ def unisolated_capabilities(
         languages=available_languages(path),
         does_not_protect=does_not_protect,
         fork="cow" if overlay_supported() else "copy",
+        absolute_paths="cwd",  # a program of the host: any directory of it is a cwd, as in a shell
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )

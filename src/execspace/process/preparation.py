@@ -21,6 +21,7 @@ import copy
 import errno
 import os
 import posixpath
+import pwd
 import secrets
 import shlex
 import shutil
@@ -54,6 +55,7 @@ __all__ = [
     "RunPreparation",
     "exec_error",
     "finish_run",
+    "host_user_exists",
     "lookup_on_path",
     "lookup_where_it_runs",
     "not_started",
@@ -82,6 +84,16 @@ def _split_hint(spec: RunProgramSpec) -> str:
         f"; cmd is one program, its arguments go in args: RunProgramSpec({words[0]!r}, {words[1:]!r}), "
         f"or RunProgramSpec('sh', ['-c', {spec.cmd!r}]) for a shell command line"
     )
+
+
+def host_user_exists(name: str) -> bool:
+    """Whether this host's passwd has a user ``name`` (what a local program, or a sandbox showing the host's
+    ``/etc``, would find)."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def lookup_where_it_runs(cmd: str, path: str) -> str | None:
@@ -114,8 +126,15 @@ class PreparedRun:
     (``/home/user/sub``: see :attr:`~execspace.models.Workspace.program_binds`) or outside the workspace
     (``/usr/bin``, a granted host directory: a runner that shows more than the workspace), else ``""``."""
 
+    cwd_outside: bool = False
+    """The working directory is outside the workspace (``cwd_view``, as the program sees it), made by nobody."""
+
     @property
     def host_cwd(self) -> str:
+        """Where a program of the host itself starts (a wrapper starts from the workspace root and enters the
+        program's own cwd itself)."""
+        if self.cwd_outside:
+            return self.cwd_view
         return str(self.root / self.cwd_rel) if self.cwd_rel else str(self.root)
 
     def program_cwd(self, program_root: str) -> str:
@@ -138,9 +157,6 @@ class RunPreparation:
         lookup: how the program is found (default :func:`lookup_on_path`, on the run's PATH).
         path_view: the run's PATH as the program sees it (the sandbox drops the entries it hides): what the
             program gets, what the lookup searches and what a "not found" names.
-        view_outside: the program sees more than its workspace (a sandbox's system directories, its grants): an
-            absolute ``cwd`` outside the workspace is a directory as the program sees it, where what starts the
-            program starts it (nothing is made for it); without it such a cwd is ``PathDenied``.
         user_exists: whether a user of that name exists where the program runs (its passwd): a run naming one
             that does not is :class:`~execspace.errors.UserNotFound` (126, as ``docker exec -u`` says); one that
             exists but is not among the backend's ``Capabilities.users`` stays a ``CapabilityError``.
@@ -156,11 +172,9 @@ class RunPreparation:
         program_root: Callable[[Workspace], str] | None = None,
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
-        view_outside: bool = False,
         user_exists: Callable[[str], bool] | None = None,
     ) -> None:
         self._caps = capabilities
-        self._view_outside = view_outside
         self._user_exists = user_exists
         self._path_view = path_view
         self.env_policy = env_policy or EnvPolicy()
@@ -192,8 +206,8 @@ class RunPreparation:
             CommandNotFound: the command does not exist (its run directory is made all the same).
             UserNotFound: the spec names a user that does not exist where the program runs (``user_exists``).
             CapabilityError: the spec asks for what the backend cannot enforce.
-            PathDenied: the cwd leaves the workspace (but for an absolute one as the program sees it, with
-                ``view_outside``).
+            PathDenied: the cwd leaves the workspace (but for an absolute one where the backend takes one:
+                ``Capabilities.absolute_paths``; what starts the program enters it, nothing is made for it).
             UsageError: ``ws`` is not a host-directory workspace.
             WorkspaceNotFound: its directory is gone (the workspace was cleaned up).
         """
@@ -236,7 +250,7 @@ class RunPreparation:
             raise CommandNotFound(spec.cmd, msg, errno.ENOENT, run_dir)
         argv = [program, *spec.args]
         cwd_rel, cwd_view = "/".join(cwd_parts), outside or bound_path(ws, spec.cwd)
-        return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view)
+        return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view, bool(outside))
 
     def make_run_dir(self, prep: PreparedRun) -> None:
         """Make the run directory ``prep`` named and did not make (``make_run_dir=False``), fd-relative as
@@ -273,8 +287,8 @@ class RunPreparation:
 
     def _outside_cwd(self, ws: Workspace, cwd: str) -> str:
         """``cwd`` normalised when it is an absolute path outside the workspace (and its program binds) that this
-        runner's programs see, else ``""``."""
-        if not (self._view_outside and cwd.startswith("/")) or bound_path(ws, cwd):
+        runner's programs see (``Capabilities.absolute_paths``), else ``""``."""
+        if not cwd.startswith("/") or self._caps().absolute_paths == "workspace" or bound_path(ws, cwd):
             return ""
         path = posixpath.normpath(cwd)
         root = ws.path.rstrip("/")

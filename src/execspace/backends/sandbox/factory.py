@@ -82,10 +82,11 @@ DISK_BOUND_DETAIL = (
 
 #: ``Capabilities.details["tmpfs"]``: what a sandbox can write outside its workspace and grants, and its bound.
 TMPFS_DETAIL = (
-    "/ and /dev are read-only; the writable in-memory filesystems are /tmp and /dev/shm, tmpfs of at most 256 MiB "
-    "and 64 MiB that together hold at most the run's memory_bytes (a quarter of it for /dev/shm; in session mode "
-    "the session's SessionConfig.memory_bytes and disk_bytes, shared by its runs); a write past them fails with "
-    "ENOSPC"
+    "/ and /dev are read-only; /tmp is the workspace's tmp/ (its disk, kept from run to run) where that is writable "
+    "and the sandbox is no machine; the writable in-memory filesystems are /dev/shm and otherwise /tmp, tmpfs of at "
+    "most 64 MiB and 256 MiB that together hold at most the run's memory_bytes (a quarter of it for /dev/shm; in "
+    "session mode the session's SessionConfig.memory_bytes and disk_bytes, shared by its runs); a write past them "
+    "fails with ENOSPC"
 )
 
 
@@ -240,6 +241,7 @@ class SandboxBackend:
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
             fork="cow" if overlay_supported() else "copy",
             does_not_protect=DOES_NOT_PROTECT,
+            absolute_paths="view",  # ProgramFiles: the file agent in the sandbox, as its program
             details={
                 "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, "
                 "no host /home /root /run",

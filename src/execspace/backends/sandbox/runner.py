@@ -11,7 +11,6 @@ import copy
 import errno
 import functools
 import os
-import pwd
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +22,14 @@ from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, UsageError
 from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
 from ...process.hostrunner import HostRunner
-from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, lookup_where_it_runs, signal_status
+from ...process.preparation import (
+    PreparedRun,
+    ProgramLookup,
+    host_user_exists,
+    lookup_on_path,
+    lookup_where_it_runs,
+    signal_status,
+)
 from ...process.rlimits import rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...workspace.confine import ConfinedRoot, split_relpath
@@ -192,14 +198,9 @@ class Sandbox:
         return (lookup_where_it_runs if self.machine is not None else lookup), path_view
 
     def user_exists(self, name: str) -> bool:
-        """Whether the sandbox has a user ``name``: its passwd is the host's (a machine's adds ``user``)."""
-        if self.machine is not None and name in MACHINE_USERS:
-            return True
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            return False
-        return True
+        """Whether the sandbox has a user ``name``: its ``/etc`` is the host's (a rootfs environment's has the same
+        system users; a machine's adds ``user``)."""
+        return (self.machine is not None and name in MACHINE_USERS) or host_user_exists(name)
 
     def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
         """The runner of ``spec`` (a :data:`~execspace.process.hostrunner.Chooser`): ``runner``, or for another
@@ -561,7 +562,6 @@ def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
         path_view=sandbox.path_view,
         wrappers=[sandbox],
         choose=sandbox.choose,
-        view_outside=True,  # a cwd in its system directories or grants, as the program names it
         user_exists=sandbox.user_exists,
     )
     return sandbox.runner

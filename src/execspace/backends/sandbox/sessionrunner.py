@@ -92,7 +92,6 @@ def session_runner(
         wrappers=[mode],
         choose=mode.choose,
         spawning=mode,
-        view_outside=True,  # a cwd in its system directories or grants, as the program names it
         user_exists=sandbox.user_exists,
     )
     return sandbox.runner, mode
