@@ -336,7 +336,18 @@ def _disk_usage(root: str) -> int:
 
 def exec_error(prep: PreparedRun, exc: OSError) -> CannotExecute | None:
     """What an exec's failure (``exc``) means for ``prep``'s program: it does not exist (127) or cannot be executed
-    (126), as a shell reports it; None for other errors."""
+    (126), as a shell reports it; a working directory outside the workspace that is not there (126: nothing of the
+    program ran, and nothing made that directory); None for other errors."""
+    if prep.cwd_outside and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        # what entered the directory and exec'd (a sandbox's supervisor) may not say which of the two failed
+        which = "the working directory" if exc.filename == prep.cwd_view else "the working directory, or the program,"
+        return NotExecutable(
+            prep.spec.cmd,
+            f"execspace: cannot start {prep.spec.cmd!r} in {prep.cwd_view}: {exc.strerror} ({which} is missing as the "
+            "program sees it; a working directory outside the workspace is never made)",
+            exc.errno,
+            prep.run_dir,
+        )
     if exc.errno == errno.ENOENT:
         error: type[CannotExecute] = CommandNotFound
         hint = " (if the file exists, the interpreter on its #! line is missing)"

@@ -134,6 +134,11 @@ class ProgramView(Protocol):
     served where they are by a backend whose programs see more than their workspace (the sandbox: its system
     directories and grants, through its file agent run as a program); with the programs' permissions."""
 
+    def shows(self, path: str) -> bool:
+        """Whether the absolute ``path`` is the view's even where a program bind holds it (a host grant under
+        ``/tmp`` is mounted over the workspace's ``tmp/``)."""
+        ...
+
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File: ...
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None: ...
@@ -217,7 +222,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     def _outside(self, ws: Workspace, path: str) -> ProgramView | None:
         """The way to ``path`` when it is outside the workspace as its programs see it, and the backend has one."""
-        return self._elsewhere if self._elsewhere is not None and outside_workspace(ws, path) else None
+        view = self._elsewhere
+        return view if view is not None and (outside_workspace(ws, path) or view.shows(path)) else None
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         root = self._root(ws)

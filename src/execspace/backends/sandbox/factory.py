@@ -315,7 +315,8 @@ class SandboxBackend:
                 program_binds = (*program_binds, (HOME, "work"))
         elif _tmp_is_the_workspaces(policy):
             program_binds = (*program_binds, (TMP, "tmp"))
-        beyond = ProgramFiles()  # absolute paths outside a workspace: its file agent, run as its program
+        # absolute paths outside a workspace: its file agent, run as its program
+        beyond = ProgramFiles((*policy.read_paths, *policy.write_paths, *policy.no_access_paths))
         fs = HostWorkspaceFS(
             artifacts=artifacts,
             host_roots=host_roots,

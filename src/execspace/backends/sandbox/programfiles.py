@@ -18,6 +18,7 @@ import base64
 import errno
 import json
 import os
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,10 +47,18 @@ _ERRNOS = {os.strerror(number): number for number in errno.errorcode}
 
 class ProgramFiles:
     """The file operations at absolute paths outside a workspace (and its program binds), run by the file agent
-    in the workspace's sandbox (see the module). :attr:`runner` is the engine's, set once it is built."""
+    in the workspace's sandbox (see the module). :attr:`runner` is the engine's, set once it is built.
 
-    def __init__(self) -> None:
+    ``host_paths``: the host paths the policy names (grants, denials), which the sandbox mounts where they are, over
+    a program bind that holds them (``/tmp``): a path under one is the view's."""
+
+    def __init__(self, host_paths: Sequence[str] = ()) -> None:
         self.runner: ProgramRunner | None = None
+        self._host_paths = tuple(p for p in host_paths if p.startswith("/"))
+
+    def shows(self, path: str) -> bool:
+        p = posixpath.normpath(path)
+        return path.startswith("/") and any(p == h or p.startswith(h.rstrip("/") + "/") for h in self._host_paths)
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         (size,) = await self._agent(ws, path, "readable", paths=[_rel(path)])
