@@ -47,7 +47,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
-from .grants import GrantHelper, stage_dir
+from .grants import GrantHelper
 from .machine import HOME, MACHINE_USERS, Machine
 from .options import SandboxMode, SandboxOptions
 from .policy import Profile, SandboxPolicy, file_access_hook
@@ -344,9 +344,7 @@ class SandboxBackend:
             environment_store=store,
             output_rate=options.output_rate,
             machine=machine,
-            grant_helper=GrantHelper(await asyncio.to_thread(stage_dir, root), private)
-            if as_root and not machine
-            else None,
+            grant_helper=GrantHelper(root, private) if as_root and not machine else None,
         )
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)

@@ -39,30 +39,31 @@ from ...workspace.hostroots import closed_ancestor
 from .policy import Access, Target
 from .supervisorbin import grants_binary
 
-__all__ = ["GrantBind", "GrantHelper", "RunGrants", "stage_dir"]
+__all__ = ["GrantBind", "GrantHelper", "RunGrants"]
 
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class GrantHelper:
     """An engine's part of the grants' staging (as root): the stage directory the helper mounts its tmpfs over, in
-    the engine's workspace root (searchable by every sandbox uid, written by root only), and the helper, built the
-    first time a run stages a grant."""
+    the engine's workspace root (searchable by every sandbox uid, written by root only), and the helper; both made
+    the first time a run stages a grant."""
 
-    def __init__(self, stage: Path, cache: Path) -> None:
-        self.stage = stage
+    def __init__(self, root: Path, cache: Path) -> None:
+        self.stage = root / ".grant-stage"
         self._cache = cache
         self._binary: Path | None = None
         self._building = threading.Lock()
 
     def binary(self) -> Path:
-        """The built helper (built now, once, if missing).
+        """The built helper (built now, once, if missing), its stage made.
 
         Raises:
-            SetupFailed: no C compiler here, or the build failed.
+            SetupFailed: no C compiler here, the build failed, or something else is where the stage goes.
         """
         with self._building:
             if self._binary is None:
+                _make_stage(self.stage)
                 self._binary = grants_binary(self._cache)
             return self._binary
 
@@ -173,17 +174,15 @@ def _moved(path: str, why: str | None) -> PathDenied:
     )
 
 
-def stage_dir(root: Path) -> Path:
-    """The engine's stage directory in its workspace root, made (root's, 0711) if missing.
+def _make_stage(stage: Path) -> None:
+    """The stage directory, made (root's, 0711) if missing.
 
     Raises:
         SetupFailed: something else is there.
     """
-    stage = root / ".grant-stage"
     stage.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         stage.mkdir(mode=0o711)
     st = os.lstat(stage)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
         raise SetupFailed("sandbox", f"{stage} is not a directory of root's", f"remove {stage}; it is made again")
-    return stage
