@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -303,3 +304,22 @@ async def test_the_owners_powers_end_at_the_write_grant(tmp_path: Path, sandbox_
     assert got["read shadow"] == "PermissionError EACCES", got
     assert got["write hostname"].startswith(("OSError EROFS", "PermissionError")), got
     assert (docs / "public.txt").read_text() == "public\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="mounting a filesystem that cannot be idmapped needs root")
+async def test_a_write_grant_that_cannot_be_idmapped_fails_closed(tmp_path: Path) -> None:
+    """ramfs keeps no idmappings: the grant is not shown as it is (read-only to the program, or worse), the run
+    fails before the program starts, naming why, and nothing is written."""
+    tree = tmp_path / "ramfs"
+    tree.mkdir()
+    if subprocess.run(["mount", "-t", "ramfs", "ramfs", str(tree)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a ramfs here")
+    try:
+        tree.chmod(0o755)
+        async with granted(tmp_path, {}, [tree]) as box:
+            r = await run(box, f"echo hi > {tree}/x; echo ran")
+        assert (r.exit_code, r.stdout) == (126, ""), (r.exit_code, r.stdout, r.stderr)
+        assert "cannot be idmapped" in r.stderr and "grant a directory on one" in r.stderr, r.stderr
+        assert list(tree.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(tree)], check=True)
