@@ -46,7 +46,7 @@ async def main(args: argparse.Namespace) -> int:
         names = [t.name for t in (await session.list_tools()).tools]
         print("tools:", ", ".join(names))
         ws = data(await session.call_tool("workspace_create", {"workspace_id": "examples/weather"}))["workspace_id"]
-        await session.call_tool("write_file", {"workspace_id": ws, "path": "work/inputs/weather.csv", "content": CSV})
+        await session.call_tool("write_file", {"workspace_id": ws, "path": "inputs/weather.csv", "content": CSV})
         code = PLOT if args.backend == "jupyter" else PLAIN
         ran = await session.call_tool("run_code", {"workspace_id": ws, "language": "python", "code": code})
         print("run_code:", data(ran)["status"], data(ran)["output"].strip())

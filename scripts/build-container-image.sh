@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build a small Debian image with Python for the container backend, without any registry:
+# `execspace image build` does this from an installed package (docs/backends.md "Images, offline"); this script is
+# the same image for a checkout without one. A small Debian image with Python for the container backend, no registry:
 # debootstrap fetches packages from a Debian mirror, `docker import` turns the tree into an image.
 #   scripts/build-container-image.sh [tag] [suite] [mirror]
 # Needs root, debootstrap (apt-get install debootstrap) and a reachable daemon (DOCKER_HOST honoured; Docker or
@@ -12,7 +13,8 @@ mirror=${3:-http://deb.debian.org/debian}
 rootfs=$(mktemp -d /tmp/execspace-rootfs.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT
 
-debootstrap --variant=minbase --include=python3-minimal "$suite" "$rootfs" "$mirror"
+# python3, not python3-minimal: environments' packages need its whole standard library (asyncio, contextvars...)
+debootstrap --variant=minbase --include=python3 "$suite" "$rootfs" "$mirror"
 # package caches and lists only make the image bigger: it never runs apt
 rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
 chmod 1777 "$rootfs/tmp"  # the daemon copies this mode onto the container's tmpfs /tmp

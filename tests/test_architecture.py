@@ -25,6 +25,7 @@ GROUND = (
     "rundirs",
     "userconfig",
     "tomlconfig",
+    "listening",
 )
 FLOORS = {
     **dict.fromkeys(GROUND, 0),

@@ -111,7 +111,7 @@ async def test_container_probe_fails_for_an_image_the_daemon_lacks(docker_daemon
     probe = await probe_backend("container", docker_host=docker_daemon.host, image="execspace-no-such-image:1")
     assert not probe.ok
     assert "no image 'execspace-no-such-image:1'" in probe.reason
-    assert "build-container-image.sh" in probe.fix
+    assert "execspace image build" in probe.fix
 
 
 async def test_container_open_without_an_image_is_setup_failed(

@@ -313,13 +313,15 @@ def test_collected_outputs_reach_the_host_when_the_workspace_goes(cli: Cli, tmp_
     assert not (mine / "evil.txt").is_symlink() and b"copied to" in again.stderr
 
 
-def test_json_inlines_outputs_nobody_keeps_and_reports_its_own_failure_as_json(cli: Cli) -> None:
+def test_json_inlines_outputs_nobody_keeps_and_reports_its_own_failure_as_json(cli: Cli, tmp_path: Path) -> None:
     import base64
 
-    proc = cli("run", "--backend", "local", "--json", "--", "sh", "-c", "printf 'x\\0y' > ../out/bin.dat")
+    argv = ("run", "--backend", "local", "--json", "--no-out", "--", "sh", "-c", "printf 'x\\0y' > ../out/bin.dat")
+    proc = cli(*argv)
     assert proc.returncode == 0, proc.stderr
     (out,) = json.loads(proc.stdout)["outputs"]
     assert base64.b64decode(out["content_base64"]) == b"x\0y" and out["content_truncated"] is False
+    assert out["saved_path"] is None and not (tmp_path / "execspace-out").exists()  # --no-out: copied nowhere
     failed = cli("run", "--backend", "nosuch", "--json", "--", "true")
     assert failed.returncode == 125
     assert json.loads(failed.stdout)["error"]["type"] == "UnsupportedBackend"
@@ -475,15 +477,16 @@ def test_closed_stdout_stops_the_program(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupting_the_cli_kills_the_program_and_removes_the_workspace(
+def test_interrupting_the_cli_kills_the_program_and_keeps_the_workspace(
     tmp_path: Path, sig: signal.Signals, status: int
 ) -> None:
     pid_file = tmp_path / "pid"
+    script = f"echo partial > $OUTPUT_DIR/p.txt; echo $$ > {pid_file}; exec sleep 300"
     with subprocess.Popen(
-        [EXECSPACE, "run", "--backend", "local", "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"],
+        [EXECSPACE, "run", "--backend", "local", "--", "sh", "-c", script],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         cwd=tmp_path,
         env=_env(tmp_path),
     ) as proc:
@@ -493,11 +496,13 @@ def test_interrupting_the_cli_kills_the_program_and_removes_the_workspace(
             time.sleep(0.05)
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == status
+        assert proc.stderr is not None
+        errors = proc.stderr.read().decode()
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # in its own session, the program gets no signal of ours
         os.kill(pid, 0)
-    workspaces = tmp_path / "tmpdir" / f"execspace-{os.getuid()}" / "workspaces"
-    assert list(workspaces.iterdir()) == []
+    (kept,) = (tmp_path / "tmpdir" / f"execspace-cli-{os.getuid()}" / "local").iterdir()
+    assert f"workspace kept at {kept}" in errors and (kept / "out" / "p.txt").read_text() == "partial\n"
 
 
 def _started(tmp_path: Path, *argv: str, stdin: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
@@ -557,7 +562,7 @@ def test_a_program_that_ignores_the_signal_is_killed_after_the_grace_and_json_re
     argv = ("--backend", "local", "--json", "--grace", "0.5", "--", "sh", "-c", script)
     with _started(tmp_path, *argv, stdin=subprocess.DEVNULL) as proc:
         deadline = time.monotonic() + 30
-        workspaces = tmp_path / "tmpdir" / f"execspace-{os.getuid()}" / "workspaces"
+        workspaces = tmp_path / "tmpdir" / f"execspace-cli-{os.getuid()}" / "local"
         while not list(workspaces.glob("*/work/armed")):  # past the trap: ^C is ignored from here on
             assert time.monotonic() < deadline, "the program never started"
             time.sleep(0.02)
@@ -687,6 +692,9 @@ def test_doctor_text(cli: Cli) -> None:
 
 
 def _check_demo_outputs(ws: Path) -> None:
+    # the user's copies: theirs (as root, never a sandbox uid's), the workspace gone
+    owners = {p.stat().st_uid for p in [ws, *ws.rglob("*")]}
+    assert owners == {os.getuid()} and not (ws / "metadata.json").exists()
     with (ws / "work" / "inputs" / "sales.csv").open() as f:
         rows = list(csv.DictReader(f))
     sales = [int(r["sales"]) for r in rows]

@@ -513,7 +513,8 @@ async def test_cancelling_run_program_kills_the_process(engine: BaseEngine, ws: 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not alive(main)
+    # killed on the way out; on a loaded machine it may take a moment to be gone
+    assert await dead(main)
     assert await dead(child)
 
 

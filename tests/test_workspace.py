@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import stat
@@ -415,3 +416,16 @@ async def test_root_owned_by_someone_else_is_refused(private_tmp: Path) -> None:
         with pytest.raises(SetupFailed):
             await eng.manager.create_workspace("victim")
     assert list(user_dir.iterdir()) == []
+
+
+async def test_reading_a_missing_file_names_the_path_and_the_workspace(engine: BaseEngine, ws: Workspace) -> None:
+    """A newcomer's ``fs.read_file`` of a file that is not there got a bare ``FileNotFoundError``: now the project's
+    error, still a ``FileNotFoundError`` (errno ENOENT) for whoever catches that, naming what to look at."""
+    for path, named in (("out/missing.csv", "out/missing.csv"), (f"{ws.path}/no/dir/x", "no/dir/x")):
+        with pytest.raises(execspace.WorkspaceFileNotFound) as raised:
+            await engine.fs.read_file(ws, path)
+        assert isinstance(raised.value, FileNotFoundError) and raised.value.errno == errno.ENOENT
+        message = str(raised.value)
+        assert f"no file {named!r} in workspace 'test/session' ({host(ws)})" in message and "fs.list" in message
+        with pytest.raises(execspace.WorkspaceFileNotFound, match="no file"):
+            await engine.fs.open_reader(ws, path)

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         UnsupportedLanguage,
         UsageError,
         UserNotFound,
+        WorkspaceFileNotFound,
         WorkspaceNotFound,
     )
     from .executor import CodeBlockDelimiter, CodeExecutor, code_executor, extract_code_blocks
@@ -145,6 +146,7 @@ _LAZY = {
     "UnsupportedLanguage": ".errors",
     "UsageError": ".errors",
     "WorkspaceNotFound": ".errors",
+    "WorkspaceFileNotFound": ".errors",
     "EnvironmentNotFound": ".errors",
     "EnvironmentBuildFailed": ".errors",
     "ProgramNotFound": ".errors",
@@ -287,6 +289,7 @@ __all__ = [
     "UserNotFound",
     "Workspace",
     "WorkspaceFS",
+    "WorkspaceFileNotFound",
     "WorkspaceLocks",
     "WorkspaceManager",
     "WorkspaceNotFound",

@@ -19,6 +19,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── EnvironmentNotFound         no environment of that name is built (also LookupError)
     ├── EnvironmentBuildFailed      building an environment failed (a package that does not exist…)
     ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
+    ├── WorkspaceFileNotFound       no file at that path in the workspace (also FileNotFoundError)
     ├── SnapshotNotFound            no snapshot with that id / name on the workspace root (also LookupError)
     ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
@@ -73,6 +74,7 @@ __all__ = [
     "UnsupportedLanguage",
     "UsageError",
     "UserNotFound",
+    "WorkspaceFileNotFound",
     "WorkspaceNotFound",
 ]
 
@@ -140,13 +142,14 @@ class LimitExceeded(ExecspaceError):
 
 
 class SetupFailed(ExecspaceError):
-    """The backend cannot work on this host; the message names the cause and the fix."""
+    """The backend (or ``component``: a server such as ``execspace mcp``, which is no backend) cannot work on this
+    host; the message names the cause and the fix."""
 
-    def __init__(self, backend: str, cause: str, fix: str = "") -> None:
+    def __init__(self, backend: str, cause: str, fix: str = "", *, component: str | None = None) -> None:
         self.backend = backend
         self.cause = cause
         self.fix = fix
-        msg = f"backend {backend!r} is not usable here: {cause}"
+        msg = f"{component} cannot start: {cause}" if component else f"backend {backend!r} is not usable here: {cause}"
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
@@ -171,6 +174,22 @@ class EnvironmentBuildFailed(ExecspaceError):
 
 class WorkspaceNotFound(ExecspaceError, LookupError):
     """No workspace exists for that id or path."""
+
+
+class WorkspaceFileNotFound(ExecspaceError, FileNotFoundError):
+    """No file at that path in the workspace (``errno`` ENOENT, as ``open`` would raise); the message names the
+    path, relative to the workspace root, and the workspace."""
+
+    def __init__(self, path: str, workspace: str) -> None:
+        super().__init__(
+            f"no file {path!r} in workspace {workspace}: paths are relative to the workspace root (work/, out/, "
+            "...); list what is there with fs.list(ws, ['**'])"
+        )
+        self.errno = errno.ENOENT
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class SnapshotNotFound(ExecspaceError, LookupError):

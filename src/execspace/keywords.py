@@ -59,6 +59,7 @@ class SandboxKeywords(HostKeywords, total=False):
     system_files: tuple[tuple[str, str], ...]
     output_rate: int | None
     machine: bool
+    read_views: tuple[str, ...]
 
 
 class ContainerKeywords(HostKeywords, total=False):
@@ -88,6 +89,7 @@ class JupyterKeywords(HostKeywords, total=False):
     kernel_name: str
     interrupt_grace: float
     rich_outputs: RichOutputLimits | None
+    environment: str | None
 
 
 class E2BKeywords(TypedDict, total=False):

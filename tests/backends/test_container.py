@@ -405,7 +405,7 @@ async def test_languages_come_from_the_image_label_and_code_runs_with_them(
     with pytest.raises(SetupFailed, match="no image") as info:
         async with container_engine(docker_daemon, "execspace-test/no-such-image:1", tmp_path / "d", pool_size=0):
             pass
-    assert "build-container-image.sh" in info.value.fix
+    assert "execspace image build" in info.value.fix
 
 
 async def test_kill_after_the_grace_takes_a_child_that_ignored_term(

@@ -70,3 +70,21 @@ async def test_pool_and_cleanup_under_podman(podman_daemon: Daemon, podman_image
         assert len(warm) == 1 and warm[0].startswith(r.stdout.strip())  # the renamed slot dir is the mount
     assert engine_containers(podman_daemon, eng) == {}
     assert list(root.glob(f"{SLOT_PREFIX}*")) == []
+
+
+async def test_a_runs_memory_is_a_member_cgroup_under_podman(engine: execspace.BaseEngine) -> None:
+    """The member container (the workspace container's network and pid namespaces, a cgroup of the run's size) and
+    its OOM-kill counter work through Podman's compat API too."""
+    ws = await engine.manager.create_workspace("podman-memory")
+    touch = "b = bytearray({} << 20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
+    start = sh("sleep 30 & echo $! > pid; exec >&- 2>&-")
+    assert (await engine.runner.run_program(ws, start)).exit_code == 0
+    limits = ResourceLimits(memory_bytes=64 << 20)
+    fits = await engine.runner.run_program(
+        ws, sh(f'kill -0 $(cat pid) && python3 -c "{touch.format(16)}"', limits=limits)
+    )
+    assert (fits.exit_code, fits.limit_hit, fits.stdout) == (0, None, "ok\n"), fits.stderr
+    breach = await engine.runner.run_program(
+        ws, execspace.RunProgramSpec("python3", ["-c", touch.format(200)], limits=limits)
+    )
+    assert (breach.exit_code, breach.limit_hit) == (-9, "memory_bytes")

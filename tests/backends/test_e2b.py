@@ -459,6 +459,32 @@ async def test_an_exit_code_above_128_is_the_programs_and_a_signal_is_named_by_t
     assert (killed.exit_code, killed.signal) == (-signal.SIGUSR2, signal.SIGUSR2), killed
 
 
+async def test_a_run_whose_caller_stops_waiting_ends_in_the_sandbox(e2b_server: Server) -> None:
+    """As on every backend, cancelling ``run_program`` ends the program: it does not go on in the sandbox."""
+    async with _engine(e2b_server, persistence="turn") as engine:
+        ws = await engine.manager.create_workspace("cancelled")
+        mark = f"{ws.path}/out/started"
+        run = asyncio.ensure_future(
+            engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", f"touch {mark}; exec sleep 300"]))
+        )
+        probe = RunProgramSpec("test", ["-e", mark])
+
+        async def started() -> bool:
+            return (await engine.runner.run_program(ws, probe)).exit_code == 0
+
+        await _until("the program started", started, within=30)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        count = "for d in /proc/[0-9]*; do cat $d/cmdline; echo; done | grep -c '^sleep'"
+        sleeping = RunProgramSpec("sh", ["-c", count])
+
+        async def gone() -> bool:
+            return (await engine.runner.run_program(ws, sleeping)).stdout.strip() == "0"
+
+        await _until("the cancelled run's program ended", gone, within=30)
+
+
 async def test_every_run_has_its_own_run_directory_even_after_runs_are_removed(e2b_server: Server) -> None:
     """Run directories are made ahead, several at once: each run still gets a fresh one of its own, there when it
     starts, also once a program removed them all."""
@@ -632,6 +658,7 @@ def test_languages_map_to_the_code_interpreter() -> None:
         kernel_language("cobol")
 
 
+@pytest.mark.skipif(shutil.which("R") is not None, reason="execspace serve runs R here: no language it refuses")
 async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_server: Server) -> None:
     from execspace import CodeBlock, ResourceLimits
 
@@ -641,6 +668,24 @@ async def test_a_language_the_service_has_no_kernel_for_is_a_clear_error(e2b_ser
         assert engine.kernels.handles("r") and not engine.kernels.handles("bash")
         with pytest.raises(BackendError, match=r"starting a r kernel: 501.*no r kernel"):
             await engine.kernels.run_block(ws, CodeBlock("r", "1 + 1"), 0, timeout=30, limits=ResourceLimits())
+
+
+@pytest.mark.skipif(shutil.which("R") is None, reason="execspace serve's R contexts run the host's R")
+async def test_r_blocks_run_in_the_servers_r_context_with_state(e2b_server: Server) -> None:
+    from execspace import CodeBlock, ResourceLimits
+
+    async with _engine(e2b_server, persistence="turn", code_languages=("python", "r")) as engine:
+        ws = await engine.manager.create_workspace("r")
+        assert isinstance(engine, execspace.SupportsKernels)
+        limits = ResourceLimits()
+        blocks = [CodeBlock("r", "n <- 6"), CodeBlock("r", "cat(n * 7, '\\n'); n * 7"), CodeBlock("r", "stop('no')")]
+        first, second, failed = [
+            (await engine.kernels.run_block(ws, block, i, timeout=60, limits=limits))[0]
+            for i, block in enumerate(blocks)
+        ]
+        assert first.exit_code == 0
+        assert (second.exit_code, second.stdout) == (0, "42 \n[1] 42\n")  # the output, then the value's text
+        assert failed.exit_code == 1 and "Error: no" in failed.stderr
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="execspace serve's JavaScript contexts run on Node.js")

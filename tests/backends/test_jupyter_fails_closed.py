@@ -56,9 +56,10 @@ def test_without_bubblewrap_the_default_refuses_and_names_the_host_mode(secret: 
 
 
 def test_an_environment_under_a_private_directory_never_runs_kernels_on_the_host(secret: Path, tmp_path: Path) -> None:
-    """A venv in a 0700 directory (a venv under /root, say): as root the sandbox's uid cannot read its packages,
-    so opening fails with the fix; as a normal user the sandbox runs as the user and the kernel starts sandboxed.
-    Either way the kernel never sees the host's files."""
+    """A venv in a 0700 directory (a venv under /root, say) whose packages a .pth finds elsewhere: as root the
+    sandbox shows the venv (a view, see test_jupyter_sandbox.py) but not where its .pth points, which the sandbox's
+    uid cannot read, so opening fails with the fix; as a normal user the sandbox runs as the user and the kernel
+    starts sandboxed. Either way the kernel never sees the host's files."""
     env_dir = secret.parent / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     site = next((env_dir / "lib").glob("python*/site-packages"))

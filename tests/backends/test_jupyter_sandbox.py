@@ -4,10 +4,16 @@ the host. Run as root (per-workspace uid, cgroups) and as an unprivileged user (
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
+import shutil
 import signal
 import socket
+import stat
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,7 +30,7 @@ from execspace.backends.jupyter import (
     SandboxedKernels,
 )
 from execspace.capabilities import Isolation
-from execspace.errors import InvalidSpec, SetupFailed
+from execspace.errors import EnvironmentNotFound, InvalidSpec, SetupFailed
 from execspace.testing.processes import new_tag, pids_with
 from execspace.workspace.hostmanager import HostWorkspaceManager
 from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
@@ -311,6 +317,62 @@ async def test_auto_falls_back_loudly_and_sandbox_fails_closed(tmp_path: Path) -
             pass
     with pytest.raises(InvalidSpec, match="not a kernel mode"):
         async with execspace.open_engine("jupyter", workspace_root=tmp_path / "d", mode="none"):
+            pass
+
+
+KERNEL_FROM_THIS_VENV = textwrap.dedent(
+    """
+    import asyncio, json, sys, execspace
+    async def main():
+        async with execspace.open_engine("jupyter", workspace_root=sys.argv[1]) as eng:
+            ws = await eng.manager.create_workspace("venv-0700")
+            cell = "import sys, os, ipykernel; print(sys.prefix, os.getuid(), ipykernel.__name__)"
+            r = await eng.kernels.execute(ws, cell)
+            print(json.dumps([str(eng.describe().isolation), sys.prefix, r.exit_code, r.text]))
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="root mounts the venv (unshare -m)")
+async def test_kernels_run_from_a_venv_under_a_0700_directory_without_changing_it(tmp_path: Path) -> None:
+    """The newcomer's ``/root/.venv``: this test run's venv, bind-mounted (in a mount namespace of the test's own)
+    into a 0700 directory, runs the engine; its kernel is sandboxed and runs that venv, which stays as it was."""
+    make_traversable(tmp_path)
+    home = tmp_path / "home"
+    (home / ".venv").mkdir(parents=True)
+    home.chmod(0o700)
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL_FROM_THIS_VENV)
+    before = {p: (os.lstat(p).st_mode, os.lstat(p).st_uid) for p in (home, home / ".venv")}
+    mount_then_run = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    ran = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount_then_run, "sh",
+         sys.prefix, str(home / ".venv"), str(home / ".venv" / "bin" / "python"), str(script), str(tmp_path / "ws")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    isolation, prefix, code, text = json.loads(ran.stdout.splitlines()[-1])
+    assert (isolation, prefix) == ("process", str(home / ".venv"))
+    assert code == 0 and text.split()[0] == prefix and text.split()[2] == "ipykernel", text
+    assert int(text.split()[1]) != 0  # the workspace's own uid read the venv
+    assert {p: (os.lstat(p).st_mode, os.lstat(p).st_uid) for p in before} == before
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+
+
+async def test_environment_is_a_keyword_of_the_jupyter_backend_and_only_for_sandboxed_kernels(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(InvalidSpec, match="environment='code-interpreter' runs sandboxed kernels"):
+        async with execspace.open_engine("jupyter", mode=HostKernels(), environment="code-interpreter"):
+            pass
+    with pytest.raises(InvalidSpec, match="contradicts SandboxedKernels"):
+        async with execspace.open_engine(
+            "jupyter", mode=SandboxedKernels(environment="base"), environment="code-interpreter"
+        ):
+            pass
+    with pytest.raises(EnvironmentNotFound, match="no-such-environment"):
+        async with execspace.open_engine("jupyter", workspace_root=tmp_path / "ws", environment="no-such-environment"):
             pass
 
 

@@ -78,7 +78,7 @@ async def test_an_explicit_workspace_id_reaches_the_same_files_from_another_sess
             "write_file",
             {
                 "workspace_id": "proj/alpha",
-                "path": "work/blob.bin",
+                "path": "blob.bin",
                 "content": base64.b64encode(payload).decode(),
                 "encoding": "base64",
             },
@@ -88,7 +88,7 @@ async def test_an_explicit_workspace_id_reaches_the_same_files_from_another_sess
     async with http_session(http_server.url) as second:  # a new Mcp-Session-Id, as claude.ai makes
         read = result_of(
             await second.call_tool(
-                "read_file", {"workspace_id": "proj/alpha", "path": "work/blob.bin", "encoding": "base64"}
+                "read_file", {"workspace_id": "proj/alpha", "path": "blob.bin", "encoding": "base64"}
             )
         )
         listed = result_of(await second.call_tool("list_files", {"workspace_id": "proj/alpha"}))
@@ -96,9 +96,9 @@ async def test_an_explicit_workspace_id_reaches_the_same_files_from_another_sess
         workspaces = result_of(await second.call_tool("workspace_list", {}))
     assert base64.b64decode(read["content_base64"]) == payload
     assert read["workspace_id"] == "proj/alpha"
-    assert {"path": "work/blob.bin", "kind": "file", "size": len(payload)} in listed["entries"]
+    assert {"path": "blob.bin", "kind": "file", "size": len(payload)} in listed["entries"]
     assert default["workspace_id"] != "proj/alpha"  # the session's own default workspace
-    assert all(e["path"] != "work/blob.bin" for e in default["entries"])
+    assert all(e["path"] != "blob.bin" for e in default["entries"])
     assert "proj/alpha" in {w["workspace_id"] for w in workspaces["workspaces"]}
 
 
@@ -106,10 +106,8 @@ async def test_a_file_larger_than_the_sdks_default_body_limit_is_written_and_rea
     payload = bytes(range(256)) * (6 * 4096)  # 6 MiB, 8 MiB as base64: over the SDK's 4 MiB default
     async with http_session(http_server.url) as session:
         encoded = base64.b64encode(payload).decode()
-        written = await session.call_tool(
-            "write_file", {"path": "work/big.bin", "content": encoded, "encoding": "base64"}
-        )
-        read = await session.call_tool("read_file", {"path": "work/big.bin", "encoding": "base64"})
+        written = await session.call_tool("write_file", {"path": "big.bin", "content": encoded, "encoding": "base64"})
+        read = await session.call_tool("read_file", {"path": "big.bin", "encoding": "base64"})
     assert result_of(written)["size"] == len(payload)
     assert base64.b64decode(result_of(read)["content_base64"]) == payload
 
@@ -147,10 +145,10 @@ async def test_a_background_command_is_polled_fed_and_killed(http_server: HttpSe
 
 async def test_mistakes_come_back_as_error_results_naming_the_fix(http_server: HttpServer) -> None:
     async with http_session(http_server.url) as session:
-        missing = await session.call_tool("read_file", {"path": "work/nope.txt"})
-        bad_b64 = await session.call_tool("write_file", {"path": "work/x", "content": "%%%", "encoding": "base64"})
+        missing = await session.call_tool("read_file", {"path": "nope.txt"})
+        bad_b64 = await session.call_tool("write_file", {"path": "x", "content": "%%%", "encoding": "base64"})
         bad_id = await session.call_tool("list_files", {"workspace_id": "../etc"})
-        escape = await session.call_tool("write_file", {"path": "../outside", "content": "x"})
+        escape = await session.call_tool("write_file", {"path": "../../outside", "content": "x"})
         unknown = await session.call_tool("no_such_tool", {})
     assert all(r.isError for r in (missing, bad_b64, bad_id, escape, unknown))
     assert "base64" in result_of(bad_b64)["error"]

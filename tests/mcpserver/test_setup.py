@@ -3,15 +3,20 @@ workspace, no listening port."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from execspace.cli.console import EXIT_EXECSPACE_ERROR
 from execspace.cli.main import main
+from execspace.registry import choose_default_backend
+from execspace.testing.processes import read_until
 
-from .conftest import left_in, write_config
+from .conftest import left_in, server_env, stop, write_config
 
 pytest.importorskip("mcp")
 
@@ -80,8 +85,24 @@ def test_a_port_in_use_is_a_clear_error_before_any_workspace(
             main(["mcp", "--transport", "http", "--port", str(port), "--config", str(config)]) == EXIT_EXECSPACE_ERROR
         )
     err = capsys.readouterr().err
-    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert f"execspace mcp cannot start: port {port} on 127.0.0.1 is in use" in err and "--port" in err
+    assert "backend 'mcp'" not in err  # the server is no backend
     assert left_in(tmp_path / "ws") == []
+
+
+def test_the_ready_line_names_the_backend_chosen(tmp_path: Path) -> None:
+    """Without a backend named, the server said "(backend auto)": it names the one it opened."""
+    argv = [sys.executable, "-m", "execspace", "mcp", "--transport", "http", "--port", "0"]
+    argv += ["--config", str(write_config(tmp_path))]
+    env = {**server_env(), "EXECSPACE_MCP_TOKEN": "t" * 32}
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env) as process:
+        try:
+            assert process.stderr is not None
+            found, seen = read_until(process.stderr, rb"streamable HTTP on \S+ \(backend (\S+)\)", 60)
+        finally:
+            stop(process)
+    assert found is not None, seen
+    assert found.group(1).decode() == asyncio.run(choose_default_backend())
 
 
 def test_a_failure_once_the_engine_is_open_closes_it_and_releases_the_port(
@@ -95,3 +116,29 @@ def test_a_failure_once_the_engine_is_open_closes_it_and_releases_the_port(
     assert "allow entries must be non-empty" in err
     assert not _listening(port)
     assert left_in(tmp_path / "ws") == []
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "message"),
+    [
+        (
+            'backend = "jupyter"\n[backend_options]\nmode = "sandboxd"',
+            [],
+            "'sandboxd' is not a kernel mode; name one of",
+        ),
+        (
+            'backend = "jupyter"\n[backend_options]\nmode = "host"\nenvironment = "code-interpreter"',
+            [],
+            "environment='code-interpreter' runs sandboxed kernels in that environment, but mode=HostKernels",
+        ),
+        ("", ["--backend", "local", "--environment", "code-interpreter"], "--environment belongs to the sandbox"),
+    ],
+)
+def test_a_kernel_mode_or_environment_the_backend_cannot_take_exits_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, flags: list[str], message: str
+) -> None:
+    """A config a stdio client would only see as "Connection closed": the server refuses it before serving."""
+    path = tmp_path / "mcp.toml"
+    path.write_text(config + "\n")
+    assert main(["mcp", "--config", str(path), *flags]) == EXIT_EXECSPACE_ERROR
+    assert message in capsys.readouterr().err

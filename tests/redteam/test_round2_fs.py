@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import resource
 import secrets
@@ -267,16 +268,20 @@ CHAIN = "import os\nfor _ in range({n}):\n    os.mkdir('d')\n    os.chdir('d')\n
 
 
 @pytest.mark.slow
-def test_cli_survives_a_2000_deep_chain_and_removes_the_workspace(tmp_path: Path) -> None:
+def test_cli_survives_a_2000_deep_chain_and_reports_the_run_beside_the_refused_collection(tmp_path: Path) -> None:
+    """A 2,000-deep tree once cost the run its own result (exit 125, no output): now the run is reported as usual,
+    the collection's refusal beside it, and the workspace holding what could not be collected is kept (and
+    ``ws rm`` removes it, at any depth); collected elsewhere, the workspace goes as usual."""
     if not asyncio.run(probe_backend("sandbox")).ok:
         pytest.skip("sandbox unavailable")
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     make_traversable(tmpdir)
     env = {**os.environ, "TMPDIR": str(tmpdir), "EXECSPACE_DAEMON": "off"}
+    program = ["--", "python3", "-c", CHAIN.format(n=2000) + "print('RAN-TO-END')"]
     for collect in ([], ["--collect", "work/**"]):
         proc = subprocess.run(
-            [EXECSPACE, "run", "--backend", "sandbox", *collect, "--", "python3", "-c", CHAIN.format(n=2000)],
+            [EXECSPACE, "run", "--backend", "sandbox", "--json", *collect, *program],
             capture_output=True,
             env=env,
             cwd=tmp_path,
@@ -284,12 +289,22 @@ def test_cli_survives_a_2000_deep_chain_and_removes_the_workspace(tmp_path: Path
         )
         err = proc.stderr.decode(errors="replace")
         assert "Traceback" not in err and "RecursionError" not in err, err[-2000:]
-        if collect:  # collecting below the depth cap is refused with a clear error
-            assert proc.returncode == 125 and "directory levels" in err, (proc.returncode, err[-2000:])
-        else:
-            assert proc.returncode == 0, (proc.returncode, err[-2000:])
+        assert proc.returncode == 0, (proc.returncode, err[-2000:])  # the program's own status
+        report = json.loads(proc.stdout)
+        assert report["exit_code"] == 0 and report["stdout"] == "RAN-TO-END\n"
         roots = list(tmpdir.glob("execspace-*/sandbox"))
-        assert roots and all(not any(r.iterdir()) for r in roots), [list(r.iterdir()) for r in roots]
+        if not collect:
+            assert report["outputs_error"] is None and report["workspace"] is None
+            assert roots and all(not any(r.iterdir()) for r in roots), [list(r.iterdir()) for r in roots]
+            continue
+        assert report["outputs_error"]["type"] == "PathDenied", report["outputs_error"]
+        assert "directory levels" in report["outputs_error"]["message"]
+        assert len(report["outputs_error"]["message"]) < 400  # the path is named by its ends, not 4,000 characters
+        kept = Path(report["workspace"])
+        assert (kept / "work" / "d").is_dir()
+        rm = subprocess.run([EXECSPACE, "ws", "rm", str(kept)], capture_output=True, env=env, cwd=tmp_path, timeout=120)
+        assert rm.returncode == 0, rm.stderr
+        assert not kept.exists() and all(not any(r.iterdir()) for r in roots)
 
 
 async def test_api_deep_chain_is_measured_refused_by_collect_and_removed(sandbox: execspace.BaseEngine) -> None:

@@ -46,7 +46,7 @@ def test_a_status_other_than_zero_is_the_error_and_the_shell_goes_on(sbx: ci.San
 def test_a_cell_reads_no_stdin_and_cannot_end_the_cell_by_forging_its_mark(sbx: ci.Sandbox) -> None:
     read = sh(sbx, 'cat; read -r line; echo "got [$line]"')
     assert out(read) == "got []\n"  # /dev/null, not the cells' channel
-    forged = sh(sbx, "printf '\\036%s 0\\n' 0123456789abcdef; echo after")
+    forged = sh(sbx, "printf '\\036%s done 0\\n' 0123456789abcdef; echo after")
     assert "".join(forged.logs.stdout) == "after\n" and forged.error is None  # another cell's mark: dropped
 
 

@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import InputSpec, InvalidSpec, OutputSpec, PutFile, RunProgramSpec, SnapshotNotFound, Workspace
+from execspace import (
+    InputSpec,
+    InvalidSpec,
+    OutputSpec,
+    PutFile,
+    ResourceLimits,
+    RunProgramSpec,
+    SnapshotNotFound,
+    Workspace,
+)
 from execspace.protocols import SupportsFileMetadata
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process, wait_processes
 from execspace.workspace.branches import MAX_DEPTH, overlay_supported
@@ -206,6 +215,30 @@ async def test_a_snapshot_pauses_the_container_for_its_instant(request: pytest.F
             assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
             while ticks.stat().st_size <= frozen_ticks:  # it runs on after the snapshot
                 await asyncio.sleep(0.01)
+            await handle.kill()
+
+
+async def test_a_snapshot_pauses_the_member_a_runs_memory_limit_made_too(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A run with ``memory_bytes`` runs in a member container of its own cgroup: the snapshot holds it still too."""
+    async with open_backend(request, "container", tmp_path) as engine:
+        ws = await engine.manager.create_workspace("fork/member")
+        limits = ResourceLimits(memory_bytes=64 << 20)
+        spec = RunProgramSpec("/bin/sh", ["-c", "while :; do echo tick >> ticks; done"], timeout=120, limits=limits)
+        async with await engine.runner.start_program(ws, spec) as handle:
+            ticks = host(ws) / "work/ticks"
+            while not ticks.exists():
+                await asyncio.sleep(0.01)
+            containers = engine.manager._containers  # type: ignore[attr-defined]
+            ids, api = containers.workspace_ids(ws), containers.client.api
+            assert len(ids) == 2  # the workspace's container and the member
+            async with manager(engine)._frozen(ws):
+                assert all(api.inspect_container(cid)["State"]["Paused"] for cid in ids)
+                size = ticks.stat().st_size
+                await asyncio.sleep(0.2)  # a bounded look: nothing may write while it is held
+                assert ticks.stat().st_size == size
+            assert not any(api.inspect_container(cid)["State"]["Paused"] for cid in ids)
             await handle.kill()
 
 

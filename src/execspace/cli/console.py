@@ -23,6 +23,7 @@ from ..workspace.layout import LAYOUT_DIRS, METADATA_FILE
 
 __all__ = [
     "EXIT_EXECSPACE_ERROR",
+    "ago",
     "error",
     "error_message",
     "human_size",
@@ -123,6 +124,14 @@ def progress(message: str) -> None:
 def warn_if_unisolated(caps: Capabilities) -> None:
     if caps.isolation is Isolation.NONE:
         warn(f"backend {caps.backend!r} runs WITHOUT isolation: the program acts as you on this host")
+
+
+def ago(seconds: float) -> str:
+    """A duration the way a person reads an age: ``45s``, ``12m``, ``3h``, ``9d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
 
 
 def human_size(size: int) -> str:

@@ -96,7 +96,9 @@ def _stop(path: str) -> int:
 def _start(path: str, idle_timeout: float) -> int:
     if not sys.platform.startswith("linux"):
         # the daemon proves who connects with SO_PEERCRED, which only Linux has
-        raise SetupFailed("daemon", f"the warm daemon runs on Linux only, not {sys.platform}", "run without it")
+        raise SetupFailed(
+            "daemon", f"it runs on Linux only, not {sys.platform}", "run without it", component="the warm daemon"
+        )
     answer = ping(path)
     if answer is not None:
         print(f"already running: {answer.removeprefix('pong ')} socket={path}")
@@ -105,7 +107,10 @@ def _start(path: str, idle_timeout: float) -> int:
     _make_private_dir(directory)
     if len(path.encode()) > 107:
         raise SetupFailed(
-            "daemon", f"the socket path {path} is longer than a unix socket allows", "set a shorter XDG_RUNTIME_DIR"
+            "daemon",
+            f"the socket path {path} is longer than a unix socket allows",
+            "set a shorter XDG_RUNTIME_DIR",
+            component="the warm daemon",
         )
     progress("starting the execspace daemon (imports the backends once)...")
     with open(directory / (Path(path).stem + ".log"), "ab") as log:
@@ -123,7 +128,9 @@ def _start(path: str, idle_timeout: float) -> int:
             print(f"running: {answer.removeprefix('pong ')} socket={path}; stops after {idle_timeout:g} s idle")
             return 0
         time.sleep(0.05)
-    raise SetupFailed("daemon", f"the daemon did not answer within {_START_TIMEOUT:g} s", f"see {log.name}")
+    raise SetupFailed(
+        "daemon", f"it did not answer within {_START_TIMEOUT:g} s", f"see {log.name}", component="the warm daemon"
+    )
 
 
 def _make_private_dir(directory: Path) -> None:
@@ -131,11 +138,15 @@ def _make_private_dir(directory: Path) -> None:
         directory.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         raise SetupFailed(
-            "daemon", f"cannot create {directory}: {exc}", "set XDG_RUNTIME_DIR to a directory of yours"
+            "daemon",
+            f"cannot create {directory}: {exc}",
+            "set XDG_RUNTIME_DIR to a directory of yours",
+            component="the warm daemon",
         ) from exc
     if not private_dir_ok(str(directory)):
         raise SetupFailed(
             "daemon",
             f"{directory} is not a private directory of this user (owner or mode wrong, or a symlink)",
             "remove it if it is not yours to trust, or set XDG_RUNTIME_DIR to a directory only you can enter",
+            component="the warm daemon",
         )

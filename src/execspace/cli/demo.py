@@ -8,8 +8,11 @@ collected with the same calls an agent would make.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
+import os
+import secrets
 import sys
 from importlib import resources
 from pathlib import Path
@@ -17,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..capabilities import Capabilities
 from ..engine import BaseEngine, open_engine
-from ..errors import SetupFailed
-from ..models import InputSpec, OutputManifest, OutputSpec, PutFile, ResourceLimits, RunProgramSpec, Workspace
+from ..errors import SetupFailed, UsageError
+from ..models import File, InputSpec, OutputManifest, OutputSpec, PutFile, ResourceLimits, RunProgramSpec, Workspace
 from ..registry import DEFAULT_ORDER, choose_default_backend
-from .console import human_size, progress, warn_if_unisolated, workspace_dir
+from ..workspace import ConfinedRoot
+from .console import human_size, progress, warn_if_unisolated
 
 if TYPE_CHECKING:
     from .demo_analysis import Summary
@@ -47,7 +51,7 @@ def add_parser(sub: Any) -> None:
         type=Path,
         default=Path("execspace-demo"),
         metavar="DIR",
-        help="workspace directory, kept afterwards (default ./execspace-demo)",
+        help="where the demo's files are copied, yours to keep: its input, script and out/ (default ./execspace-demo)",
     )
     p.set_defaults(handler=command)
 
@@ -113,24 +117,46 @@ async def _analyse(engine: BaseEngine, ws: Workspace) -> OutputManifest | None:
 
 
 async def command(args: argparse.Namespace) -> int:
-    keep_dir = workspace_dir(args.keep_dir, "--keep-dir")
+    keep_dir = _destination(args.keep_dir)
     name = await pick_backend(args.backend)
     progress(f"opening backend {name!r}...")
     async with open_engine(name) as engine:
         caps = engine.describe()
         warn_if_unisolated(caps)
-        ws = await engine.manager.create_workspace(_DEMO_ID, path=keep_dir)
-        manifest = await _analyse(engine, ws)
-        if manifest is None:
-            return 1
-        summary: Summary = json.loads((await engine.fs.read_file(ws, "out/summary.json")).content)
-    sys.stdout.write(render(caps, ws, manifest, summary))
+        # a workspace of the engine's own (as root, a sandbox uid owns it), removed after; the user gets copies
+        ws = await engine.manager.create_workspace(f"{_DEMO_ID}/{secrets.token_hex(4)}")
+        try:
+            manifest = await _analyse(engine, ws)
+            if manifest is None:
+                return 1
+            files = await engine.fs.collect(ws, [CSV_DEST, SCRIPT_DEST, "out/**"])
+            summary: Summary = json.loads((await engine.fs.read_file(ws, "out/summary.json")).content)
+        finally:
+            await engine.manager.cleanup(ws)
+    await asyncio.to_thread(_copy, files, keep_dir)
+    sys.stdout.write(render(caps, keep_dir, manifest, summary))
     sys.stdout.flush()
     return 0
 
 
-def render(caps: Capabilities, ws: Workspace, manifest: OutputManifest, summary: Summary) -> str:
-    """The report of a demo run; ``summary``: what our analysis program wrote (demo_analysis.py)."""
+def _destination(path: Path) -> Path:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--keep-dir {path}: exists and is not a directory; pass a new or existing directory")
+    return path.absolute()
+
+
+def _copy(files: list[File], dest: Path) -> None:
+    """The demo's files under ``dest`` at their workspace paths, written by this process: the user's own."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with ConfinedRoot(str(dest)) as root:
+        for f in files:
+            if f.skipped is None:
+                root.write_file(f.name, f.content)
+
+
+def render(caps: Capabilities, kept: Path, manifest: OutputManifest, summary: Summary) -> str:
+    """The report of a demo run whose files were copied to ``kept``; ``summary``: what our analysis program wrote
+    (demo_analysis.py)."""
     totals = ", ".join(f"{region} {total}" for region, total in summary["by_region"].items())
     lines = [
         f"execspace demo: backend {caps.backend!r}, isolation: {caps.isolation}",
@@ -144,9 +170,7 @@ def render(caps: Capabilities, ws: Workspace, manifest: OutputManifest, summary:
     width = max((len(f.name) for f in manifest.files), default=0)
     for f in manifest.files:
         lines.append(f"  {f.name.ljust(width)}  {human_size(f.size_bytes):>9}  {f.mime_type}")
-    host = ws.host_path
-    if host is not None:
-        lines += ["", "on this host:"]
-        lines += [f"  {f.host_path}" for f in manifest.files if f.host_path is not None]
-        lines.append(f"workspace kept at {host} (input {CSV_DEST}, script {SCRIPT_DEST})")
+    lines += ["", "on this host (yours to keep):"]
+    lines += [f"  {kept / f.name}" for f in manifest.files]
+    lines.append(f"copied to {kept} (input {CSV_DEST}, script {SCRIPT_DEST}); the workspace was removed")
     return "\n".join(lines) + "\n"

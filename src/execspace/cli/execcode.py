@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
@@ -14,7 +16,8 @@ from ..executor import CodeExecutor, extract_code_blocks
 from ..languages import LANGUAGES
 from ..models import DEFAULT_TIMEOUT, CodeBlock, CodeExecutionResult, File
 from .console import human_size, print_json, printable, progress, warn_if_unisolated
-from .outputs import InlineContent, inline, save_files
+from .outputs import Brought, InlineContent, inline, new_run_name, save_outputs
+from .roots import in_cli_root
 from .run import (
     KERNELS_REFUSAL,
     EngineRequest,
@@ -67,7 +70,14 @@ def add_parser(sub: Any) -> None:
     add_workspace_options(p)
     add_input_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", type=host_path, metavar="DIR", help="copy the output files into DIR (out/x lands as DIR/x)")
+    p.add_argument(
+        "--out",
+        type=host_path,
+        metavar="DIR",
+        help="copy the output files into DIR (out/x lands as DIR/x); default: when the workspace is removed, into "
+        "a new ./execspace-out/<run>/",
+    )
+    p.add_argument("--no-out", action="store_true", help="do not copy the output files of a removed workspace")
     p.add_argument("file", metavar="FILE|-", help="file to run, or - for stdin")
     p.set_defaults(handler=command)
 
@@ -126,7 +136,7 @@ async def command(args: argparse.Namespace) -> int:
     request = engine_request(args, inputs)
     if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    opener = functools.partial(open_engine_from, request.backend, request.options)
+    opener = functools.partial(open_engine_from, *await in_cli_root(request.backend, request.options))
     async with CodeExecutor(opener=opener, timeout=args.timeout) as ex:
         engine = ex.engine
         assert engine is not None  # entering the executor opened it
@@ -140,17 +150,26 @@ async def command(args: argparse.Namespace) -> int:
             if remove:
                 await engine.manager.cleanup(ws)
     kept = None if remove else str(ws.host_path or ws.path)
-    saved = save_files(result.output_files, args.out) if args.out is not None else {}
+    brought = await _bring(args, result.output_files, removed=remove)
     if args.json:
         report = as_json(result)
         for row in report["files"]:
-            row["saved_path"] = str(saved[row["name"]]) if row["name"] in saved else None
+            saved = brought.saved.get(row["name"])
+            row["saved_path"] = str(saved) if saved is not None else None
         print_json({"backend": caps.backend, "isolation": str(caps.isolation), "workspace": kept, **report})
     else:
         sys.stdout.write(result.output)
         sys.stdout.flush()
-        _report_files(result, args.out, kept)
+        _report_files(result, brought, kept)
     return 0 if result.ok else EXIT_BLOCK_FAILED
+
+
+async def _bring(args: argparse.Namespace, files: Sequence[File], *, removed: bool) -> Brought:
+    """The output files copied to ``--out DIR``, or out of a removed workspace into a new
+    ./execspace-out/<run>/ unless ``--no-out``."""
+    if args.out is None and (not removed or args.no_out or not files):
+        return Brought()
+    return await asyncio.to_thread(save_outputs, files, None, args.out, new_run_name())
 
 
 class FileRow(InlineContent):
@@ -218,17 +237,19 @@ def _file_row(f: File) -> FileRow:
     }
 
 
-def _report_files(result: CodeExecutionResult, out: Path | None, kept: str | None) -> None:
+def _report_files(result: CodeExecutionResult, brought: Brought, kept: str | None) -> None:
     if result.output_files:
-        if out:
-            where = f"copied to {printable(str(out))}"
+        if brought.out_dir is not None:
+            where = f"copied to {printable(str(brought.out_dir))}"
         elif kept:
             where = "in the kept workspace"
         else:
-            where = "the workspace was removed: pass --out DIR or --keep to keep them"
+            where = "the workspace was removed, --no-out: not kept; drop --no-out, or pass --out DIR or --keep"
         progress(f"{len(result.output_files)} output file(s) ({where}):")
         for f in result.output_files:
-            print(f"  {printable(f.name)}  {human_size(f.size_bytes)}  {f.mime_type}", file=sys.stderr)
+            saved = brought.saved.get(f.name)
+            copy = f"  {printable(str(saved))}" if saved is not None else ""
+            print(f"  {printable(f.name)}  {human_size(f.size_bytes)}  {f.mime_type}{copy}", file=sys.stderr)
         sys.stderr.flush()
     if kept:
         progress(f"workspace kept at {printable(kept)}")

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import ExecspaceError
-from . import daemon, demo, doctor, env, execcode, mcpserve, run, serve, workspaces
+from . import daemon, demo, doctor, env, execcode, image, mcpserve, run, serve, workspaces
 from .console import EXIT_EXECSPACE_ERROR, error, error_message, print_json
 from .signals import CommandSignals
 
@@ -31,14 +31,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_EXECSPACE_ERROR, f"execspace: error: {message}\n")
 
 
+class _CommandParser(_Parser):
+    """A command's parser: an option it does not know is refused by it, with its usage (argparse would hand it up
+    to the top-level parser, whose usage says nothing of the command's options)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)} (`{self.prog} --help` lists its options)")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="execspace",
         description="A controlled place to run code: workspaces on backends that say what they enforce.",
     )
     parser.add_argument("--version", action="version", version=f"execspace {__version__}")
-    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
-    for module in (run, execcode, doctor, demo, daemon, workspaces, env, serve, mcpserve):
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True, parser_class=_CommandParser)
+    for module in (run, execcode, doctor, demo, daemon, workspaces, env, image, serve, mcpserve):
         module.add_parser(sub)
     return parser
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import SetupFailed
+from ..registry import choose_default_backend
 
 __all__ = ["TOKEN_VARIABLE", "add_parser", "command"]
 
@@ -34,6 +35,12 @@ def add_parser(sub: Any) -> None:
         "stderr; a flag is visible to other users in ps, the variable is not)",
     )
     p.add_argument("--config", metavar="FILE", help="a TOML file: backend, its options, policy, limits, roots")
+    p.add_argument(
+        "--environment",
+        metavar="NAME",
+        help="run commands and code in the built runtime environment NAME (execspace env build code-interpreter: "
+        "python with pandas, matplotlib…); implies --backend sandbox unless the backend is jupyter or container",
+    )
     p.set_defaults(handler=command)
 
 
@@ -42,14 +49,20 @@ async def command(args: argparse.Namespace) -> int:
         from ..mcp import generate_token, load_config, serve
     except ImportError as exc:
         raise SetupFailed(
-            "mcp", f"the MCP server's dependencies are missing ({exc.name})", "pip install 'execspace[mcp]'"
+            "mcp",
+            f"the MCP server's dependencies are missing ({exc.name})",
+            "pip install 'execspace[mcp]'",
+            component="execspace mcp",
         ) from None
-    config = load_config(args.config).with_flags(backend=args.backend)
+    config = load_config(args.config).with_flags(backend=args.backend, environment=args.environment)
+    if config.backend in (None, "auto"):
+        # chosen here, so that what the ready line names is the backend the server opens
+        config = config.with_flags(backend=await choose_default_backend(dict(config.backend_options)))
     given = args.token or os.environ.get(TOKEN_VARIABLE)
     token = given or generate_token()
 
     def ready(host: str, port: int) -> None:
-        lines = [f"execspace mcp: streamable HTTP on http://{host}:{port}/mcp (backend {config.backend or 'auto'})"]
+        lines = [f"execspace mcp: streamable HTTP on http://{host}:{port}/mcp (backend {config.backend})"]
         if not given:
             lines.append(f"  bearer token: {token}")
         print("\n".join(lines), file=sys.stderr, flush=True)

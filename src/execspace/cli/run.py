@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 from ..artifacts import FileArtifactService
 from ..capabilities import Capabilities
 from ..engine import BaseEngine, open_engine_from
-from ..errors import CannotExecute, InputError, PathDenied, UsageError
+from ..environments.hints import missing_module_hint
+from ..errors import CannotExecute, ExecspaceError, InputError, PathDenied, UsageError, WorkspaceNotFound
 from ..models import (
     DEFAULT_TIMEOUT,
-    File,
     InputSpec,
     NetworkPolicy,
     OutputManifest,
@@ -31,8 +30,17 @@ from ..models import (
 )
 from ..process.preparation import not_started
 from ..protocols import Engine
-from .console import human_size, print_json, printable, progress, warn_if_unisolated, workspace_dir
-from .outputs import default_out_dir, inline, save_files
+from .console import (
+    error_message,
+    human_size,
+    print_json,
+    printable,
+    progress,
+    warn_if_unisolated,
+    workspace_dir,
+)
+from .outputs import AUDIT_FILE, Brought, bring_outputs, inline
+from .roots import in_cli_root
 from .streaming import run_program, stdin_source
 
 if TYPE_CHECKING:
@@ -77,8 +85,13 @@ def add_parser(sub: Any) -> None:
         "--out",
         type=host_path,
         metavar="DIR",
-        help="copy the collected files into DIR (out/x lands as DIR/x); default ./execspace-out/<run> when "
-        "--collect names outputs of a workspace that is removed",
+        help="copy the collected files into DIR (out/x lands as DIR/x); default: when the workspace is removed, "
+        "into a new ./execspace-out/<run>/",
+    )
+    p.add_argument(
+        "--no-out",
+        action="store_true",
+        help="do not copy the outputs of a removed workspace anywhere (with --json they are inlined instead)",
     )
     p.add_argument("--network", choices=("off", "on"), help="network access (default: the backend's)")
     p.add_argument(
@@ -357,7 +370,11 @@ def add_workspace_options(p: argparse.ArgumentParser) -> None:
         "metadata.json; as root it is handed to a sandbox uid)",
     )
     p.add_argument("--keep", action="store_true", help="keep the fresh workspace and print where it is")
-    p.add_argument("--id", default=DEFAULT_ID, help=f"workspace id / artifact scope (default {DEFAULT_ID})")
+    p.add_argument(
+        "--id",
+        help="workspace id / artifact scope: a run with the id of a kept workspace runs in it again (default: a "
+        f"fresh workspace, id {DEFAULT_ID})",
+    )
 
 
 def add_input_option(p: argparse.ArgumentParser) -> None:
@@ -438,12 +455,20 @@ def engine_request(args: argparse.Namespace, inputs: Sequence[InputArg]) -> Engi
 
 
 async def open_workspace(engine: Engine, args: argparse.Namespace) -> tuple[Workspace, bool]:
-    """The workspace to run in, and whether to remove it afterwards."""
+    """The workspace to run in, and whether to remove it afterwards. ``--id`` names one: the workspace an earlier
+    run with that id kept is run in again (and stays), else a new one by that id is made (and stays with
+    ``--keep``), as the library's sessions do; without it each run gets a fresh workspace."""
     if args.workspace is not None:
         path = workspace_dir(args.workspace, "--workspace", adopt=args.adopt)
-        return await engine.manager.create_workspace(args.id, path=path), False
-    ws = await engine.manager.create_workspace(args.id, WorkspacePolicy(persistence=Persistence.TURN))
-    return ws, not args.keep
+        return await engine.manager.create_workspace(args.id or DEFAULT_ID, path=path), False
+    if args.id is None:
+        ws = await engine.manager.create_workspace(DEFAULT_ID, WorkspacePolicy(persistence=Persistence.TURN))
+        return ws, not args.keep
+    try:
+        return await engine.manager.get_workspace(args.id), False
+    except WorkspaceNotFound:
+        ws = await engine.manager.create_workspace(args.id, WorkspacePolicy(persistence=Persistence.SESSION))
+        return ws, not args.keep
 
 
 def exit_status(result: RunResult) -> int:
@@ -477,7 +502,8 @@ async def command(args: argparse.Namespace) -> int:
     request = engine_request(args, inputs)
     if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
-    async with open_engine_from(request.backend, request.options) as engine:
+    backend, options = await in_cli_root(request.backend, request.options)
+    async with open_engine_from(backend, options) as engine:
         caps = engine.describe()
         warn_if_unisolated(caps)
         caps.require(spec)  # refuse before creating or staging anything
@@ -485,41 +511,47 @@ async def command(args: argparse.Namespace) -> int:
         try:
             await engine.fs.stage_inputs(ws, [i.spec for i in inputs])
             result, interrupted = await execute(engine, ws, spec, stdin, args)
-            manifest = await engine.fs.collect_outputs(ws, OutputSpec(globs=globs))
-            brought = await bring_outputs(engine, ws, args, globs, result, kept=not remove)
+            remove = remove and interrupted is None  # the user stopped it: what it left is there to look at
+            outputs = await gather(engine, ws, args, globs, result, kept=not remove)
+            remove = remove and outputs.refusal is None  # what could not be brought out stays where it is
         finally:
             if remove:
                 await engine.manager.cleanup(ws)
-        report(args, caps, ws, result, manifest, kept=not remove, interrupted=interrupted, brought=brought)
+        report(args, caps, ws, result, outputs, kept=not remove, interrupted=interrupted)
+    if result.exit_code != 0 and (hint := missing_module_hint(result.stderr, args.environment)) is not None:
+        progress(hint)
     return exit_status(result)
 
 
 @dataclass(slots=True)
-class Brought:
-    """Outputs brought to the host before the workspace went: copied (``saved``) or to inline in --json."""
+class Gathered:
+    """A run's outputs as the report tells them: the manifest, what was brought to the host, or why the collection
+    was refused (a tree too deep, say: the run's own result is reported all the same)."""
 
-    saved: dict[str, Path]
-    out_dir: Path | None = None
-    files: dict[str, File] | None = None
+    manifest: OutputManifest = field(default_factory=OutputManifest)
+    brought: Brought = field(default_factory=Brought)
+    refusal: ExecspaceError | None = None
 
 
-async def bring_outputs(
+async def gather(
     engine: BaseEngine, ws: Workspace, args: argparse.Namespace, globs: list[str], result: RunResult, *, kept: bool
-) -> Brought:
-    """Copy the collected files to ``--out DIR`` (or, for a removed workspace whose outputs --collect named, to
-    ./execspace-out/<run>); with --json and nowhere to copy them, read them for inlining."""
-    out_dir: Path | None = args.out
-    if out_dir is None and args.collect and not kept:
-        out_dir = default_out_dir(result.run_dir)
-    if out_dir is None and not (args.json and not kept):
-        return Brought({})
-    files = await engine.fs.collect(ws, globs)
-    if out_dir is None:
-        return Brought({}, files={f.name: f for f in files})
-    return Brought(await asyncio.to_thread(save_files, files, out_dir), out_dir)
+) -> Gathered:
+    """The outputs collected and brought to the host (see :func:`.outputs.bring_outputs`), or why they could not
+    be."""
+    try:
+        manifest = await engine.fs.collect_outputs(ws, OutputSpec(globs=globs))
+        brought = await bring_outputs(
+            engine, ws, globs, result, out=args.out, kept=kept, no_out=args.no_out, json=args.json
+        )
+    except ExecspaceError as exc:
+        return Gathered(refusal=exc)
+    return Gathered(manifest, brought)
 
 
 # -- reporting ----------------------------------------------------------------------------
+
+#: Characters of a refused path shown in the report (a tree 2,000 levels deep has a path of 4,000).
+_SHOWN_PATH = 80
 
 
 class OutputRow(TypedDict):
@@ -554,23 +586,33 @@ def _outputs(manifest: OutputManifest, kept: bool, brought: Brought) -> list[Out
     return rows
 
 
+def _audit_file(ws: Workspace, result: RunResult, kept: bool, brought: Brought) -> str | None:
+    """Where the run's network audit can be read now: in the kept workspace, or its copy beside the outputs."""
+    if brought.audit is not None:
+        return str(brought.audit)
+    if kept and result.network_audit and result.run_dir:
+        return f"{ws.host_path or ws.path}/{result.run_dir}/{AUDIT_FILE}"
+    return None
+
+
 def report(
     args: argparse.Namespace,
     caps: Capabilities,
     ws: Workspace,
     result: RunResult,
-    manifest: OutputManifest,
+    gathered: Gathered,
     *,
     kept: bool,
     interrupted: str | None = None,
-    brought: Brought | None = None,
 ) -> None:
-    brought = brought or Brought({})
-    outputs = _outputs(manifest, kept, brought)
+    brought = gathered.brought
+    rows = _outputs(gathered.manifest, kept, brought)
     workspace = str(ws.host_path or ws.path) if kept else None
+    audit = _audit_file(ws, result, kept, brought)
     if interrupted is not None and not args.json:
         progress(interrupted)
     if args.json:
+        refusal = gathered.refusal
         print_json(
             {
                 "exit_code": result.exit_code,
@@ -585,55 +627,87 @@ def report(
                 "backend": caps.backend,
                 "isolation": str(caps.isolation),
                 "workspace": workspace,
-                "outputs": outputs,
-                "outputs_limits_hit": manifest.limits_hit,
+                "outputs": rows,
+                "outputs_limits_hit": gathered.manifest.limits_hit,
+                "outputs_error": None
+                if refusal is None
+                else {"type": type(refusal).__name__, "message": _refusal(refusal)},
                 "interrupted": interrupted,
                 "out_dir": str(brought.out_dir) if brought.out_dir is not None else None,
                 "network_audit": [attempt.as_dict() for attempt in result.network_audit],
+                "network_audit_file": audit,
             }
         )
         return
-    _report_text(args, result, outputs, manifest.limits_hit, workspace, brought)
+    _report_text(args, ws, result, rows, gathered, workspace, audit)
 
 
 def _report_text(
     args: argparse.Namespace,
+    ws: Workspace,
     result: RunResult,
     outputs: list[OutputRow],
-    limits_hit: bool,
+    gathered: Gathered,
     workspace: str | None,
-    brought: Brought,
+    audit: str | None,
 ) -> None:
+    brought = gathered.brought
     if result.timed_out:
-        progress(f"program timed out after {result.duration:.1f}s and was killed (exit status 124)")
+        # the limit asked for, not the time measured (a loaded machine takes a moment longer to stop it)
+        limit = f"{args.timeout:g}s" if args.timeout is not None else f"{result.duration:.1f}s"
+        progress(f"program timed out after {limit} and was killed (exit status 124)")
     elif result.limit_hit:
         progress(f"program stopped by the {result.limit_hit} limit")
+    if gathered.refusal is not None:
+        progress(f"its outputs could not be collected (they are left in the workspace): {_refusal(gathered.refusal)}")
     if outputs:
         if brought.out_dir is not None:
             where = f" (copied to {printable(str(brought.out_dir))})"
         elif workspace:
             where = ""
         else:
-            where = " (workspace removed: pass --out DIR, --keep or --workspace DIR to keep them)"
+            where = " (workspace removed, --no-out: not kept; drop --no-out, or pass --keep or --out DIR)"
         progress(f"{len(outputs)} output file(s){where}:")
         _print_table(outputs)
-    elif args.collect:
+    elif args.collect and gathered.refusal is None:
         progress(f"no output matched --collect {' '.join(args.collect)}")
-    if limits_hit:
+    if brought.clashes:
+        progress(f"not copied, a file of the same name came first: {', '.join(map(printable, brought.clashes))}")
+    if gathered.manifest.limits_hit:
         progress("output collection was cut short by its caps (files or bytes); narrow --collect")
+    _report_network(result, audit)
+    if workspace and args.workspace is None:
+        name = ws.id if args.id is not None else workspace  # the default id names every run's: never a hint for rm
+        progress(f"workspace kept at {printable(workspace)}")
+        progress(f"`execspace ws rm {printable(name)}` removes it")
+
+
+def _refusal(exc: ExecspaceError) -> str:
+    """Why the outputs could not be collected, in a line: a path too deep to walk is named by its ends."""
+    if not isinstance(exc, PathDenied):
+        return error_message(exc)
+    path = exc.path
+    if len(path) > _SHOWN_PATH:
+        path = f"{path[: _SHOWN_PATH // 2]}...{path[-_SHOWN_PATH // 4 :]}"
+    return f"path '{printable(path)}' denied: {exc.reason}"
+
+
+def _report_network(result: RunResult, audit: str | None) -> None:
     denied = [a for a in result.network_audit if not a.allowed]
-    if denied:
-        progress(f"{len(denied)} network attempt(s) refused (see {result.run_dir}/network.jsonl with --keep):")
-        for attempt in denied[:5]:
-            progress(f"  {printable(attempt.host)}:{attempt.port} ({attempt.protocol}): {printable(attempt.reason)}")
-    if args.keep and workspace and args.workspace is None:
-        progress(f"workspace kept at {workspace}")
+    if not denied:
+        return
+    where = f"see {printable(audit)}" if audit else "the audit went with the workspace: pass --keep to keep it"
+    progress(f"{len(denied)} network attempt(s) refused ({where}):")
+    for attempt in denied[:5]:
+        progress(f"  {printable(attempt.host)}:{attempt.port} ({attempt.protocol}): {printable(attempt.reason)}")
 
 
 def _row(output: OutputRow) -> tuple[str, str, str, str]:
-    """One output's table cells; the program chose its name, so it is printed escaped."""
+    """One output's table cells; the program chose its name, so it is printed escaped. The last is where it is on
+    the host: its copy, or the file in the kept workspace."""
     kind = f"skipped: {output['skipped']}" if output["skipped"] else output["mime"]
-    return printable(output["path"]), human_size(output["size"]), kind, printable(output["host_path"] or "")
+    where = output["saved_path"] or output["host_path"] or ""
+    return printable(output["path"]), human_size(output["size"]), kind, printable(where)
 
 
 def _print_table(outputs: list[OutputRow]) -> None:

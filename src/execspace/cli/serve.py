@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +194,12 @@ def add_parser(sub: Any) -> None:
         help="serve HTTPS (HTTP/2 by ALPN, else HTTP/1.1) with this PEM certificate chain; needs --tls-key",
     )
     p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log a line per request on stderr: method, path, sandbox, status, duration (default: quiet)",
+    )
     p.set_defaults(handler=command)
 
 
@@ -214,7 +222,10 @@ async def command(args: argparse.Namespace) -> int:
         from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, ShareLimits, generate_api_key, load_config, serve
     except ImportError as exc:
         raise SetupFailed(
-            "serve", f"the server's dependencies are missing ({exc.name})", "pip install 'execspace[serve]'"
+            "serve",
+            f"the server's dependencies are missing ({exc.name})",
+            "pip install 'execspace[serve]'",
+            component="execspace serve",
         ) from None
     defaults = ShareLimits()
     keys = tuple(args.api_key) or (() if args.admin_api_key else (generate_api_key(),))
@@ -235,6 +246,7 @@ async def command(args: argparse.Namespace) -> int:
             output_rate=args.sandbox_output_rate * 1024 * 1024 if args.sandbox_output_rate else defaults.output_rate,
         ),
         head_timeout=args.head_timeout,
+        log_requests=args.verbose,
         domain=args.domain,
         allow_internet_access=args.allow_internet_access,
         host_network=args.allow_host_network,
@@ -249,6 +261,8 @@ async def command(args: argparse.Namespace) -> int:
     )
 
     tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
+    if args.verbose:
+        _log_to_stderr()
 
     def ready(host: str, port: int) -> None:
         url = f"{'https' if tls else 'http'}://{host}:{port}"
@@ -272,6 +286,18 @@ async def command(args: argparse.Namespace) -> int:
         tls=tls,
     )
     return 0
+
+
+def _log_to_stderr() -> None:
+    """The server's request lines on our stderr (the ready lines go to stdout, for a shell to read)."""
+    from ..server.requestlog import LOGGER
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("execspace serve: %(message)s"))
+    logger = logging.getLogger(LOGGER)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def _backend_options(args: argparse.Namespace) -> BackendOptions | None:

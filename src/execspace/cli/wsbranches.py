@@ -5,6 +5,7 @@ still running in a workspace are not stopped from here: stop them first for an e
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,18 @@ from ..errors import SnapshotNotFound, UsageError
 from ..models import Snapshot, Workspace
 from ..workspace.hostmanager import HostWorkspaceManager
 from ..workspace.stored import StoredWorkspace, find_stored
-from .console import print_json, printable, progress
+from .console import ago, human_size, print_json, printable, progress
 
-__all__ = ["VERBS", "add_verbs", "branch_command"]
+__all__ = [
+    "VERBS",
+    "add_verbs",
+    "branch_command",
+    "find_snapshot",
+    "old_snapshots",
+    "remove_snapshots",
+    "snapshot_line",
+    "snapshot_row",
+]
 
 VERBS = ("snapshot", "snapshots", "fork", "restore")
 
@@ -58,7 +68,35 @@ async def _snapshot(roots: list[Path], key: str) -> tuple[HostWorkspaceManager, 
     raise SnapshotNotFound(f"no snapshot {key!r} under {', '.join(map(str, roots))}: `execspace ws snapshots`")
 
 
-def _row(snap: Snapshot) -> dict[str, object]:
+#: A snapshot found under a root, with the manager of that root (which removes it).
+Found = tuple[HostWorkspaceManager, Snapshot]
+
+
+async def find_snapshot(roots: list[Path], key: str) -> Found | None:
+    """The snapshot of that id or name under the roots, or None."""
+    try:
+        return await _snapshot(roots, key)
+    except SnapshotNotFound:
+        return None
+
+
+async def old_snapshots(roots: list[Path], older_than: float, now: float) -> list[Found]:
+    """What ``ws gc`` collects: the snapshots without a name taken at least ``older_than`` seconds ago. A named
+    snapshot is one kept on purpose (a base to fork from): only ``ws rm NAME`` removes it."""
+    found = []
+    for root in roots:
+        manager = _manager(root)
+        found += [(manager, s) for s in await manager.list_snapshots() if s.name is None]
+    return [(m, s) for m, s in found if now - s.created_at >= older_than]
+
+
+async def remove_snapshots(found: list[Found]) -> None:
+    """Each is unlisted at once; what was forked or restored from it keeps working."""
+    for manager, snap in found:
+        await manager.remove_snapshot(snap)
+
+
+def snapshot_row(snap: Snapshot) -> dict[str, object]:
     return {
         "id": snap.id,
         "name": snap.name,
@@ -69,13 +107,32 @@ def _row(snap: Snapshot) -> dict[str, object]:
     }
 
 
+def snapshot_line(snap: Snapshot, now: float) -> str:
+    """One snapshot for a person: id, name, when it was taken (local time, and how long ago), size, workspace."""
+    taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.created_at))
+    name = printable(snap.name) if snap.name else "-"
+    of = printable(snap.workspace)
+    return f"{snap.id}  {name:<16} {taken} ({ago(now - snap.created_at)} ago)  {human_size(snap.size):>9}  of {of}"
+
+
 async def branch_command(args: argparse.Namespace, roots: list[Path]) -> int:
+    now = time.time()
     if args.verb == "snapshots":
-        snaps = [s for root in roots for s in await _manager(root).list_snapshots()]
-        return _show(args, {"snapshots": [_row(s) for s in sorted(snaps, key=lambda s: s.created_at)]})
+        snaps = sorted([s for root in roots for s in await _manager(root).list_snapshots()], key=lambda s: s.created_at)
+        if args.json:
+            print_json({"snapshots": [snapshot_row(s) for s in snaps]})
+        else:
+            progress(f"snapshots: {len(snaps) or 'none'}")
+            print("".join(f"  {snapshot_line(s, now)}\n" for s in snaps), end="", flush=True)
+        return 0
     if args.verb == "snapshot":
         manager, ws = _workspace(roots, args.target)
-        return _show(args, {"snapshot": _row(await manager.snapshot(ws, args.name))})
+        snap = await manager.snapshot(ws, args.name)
+        if args.json:
+            print_json({"snapshot": snapshot_row(snap)})
+        else:
+            print(f"took {snapshot_line(snap, now)}", flush=True)
+        return 0
     if args.verb == "restore":
         manager, ws = _workspace(roots, args.target)
         await manager.restore(ws, args.snapshot)

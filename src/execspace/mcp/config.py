@@ -12,7 +12,8 @@
     reap_interval = 5              # seconds between looks for idle workspaces
 
     [backend_options]              # the backend's own options (open_engine keywords)
-    mode = "session"
+    mode = "session"               # sandbox: a session per workspace; jupyter: "sandboxed" (default), "host", "auto"
+    environment = "code-interpreter"   # sandbox, jupyter, container: run in a built runtime environment
 
     [policy]
     network = false                # the backend's network switch (sandbox: off by default)
@@ -38,6 +39,8 @@ from ..models import ResourceLimits
 __all__ = ["McpConfig", "PolicyConfig", "load_config"]
 
 MiB = 1024 * 1024
+#: The backends that run in a runtime environment (their ``environment`` option).
+ENVIRONMENT_BACKENDS = ("sandbox", "jupyter", "container")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +96,23 @@ class McpConfig:
         if not 0 < self.policy.timeout <= self.policy.max_timeout:
             raise InvalidSpec("policy.timeout must be positive and at most policy.max_timeout")
 
-    def with_flags(self, *, backend: str | None) -> McpConfig:
-        """The flags given on the command line over the file's values."""
-        return replace(self, backend=backend) if backend is not None else self
+    def with_flags(self, *, backend: str | None, environment: str | None = None) -> McpConfig:
+        """The flags given on the command line over the file's values: ``environment`` (a built runtime environment)
+        goes to the backend's options, and picks the sandbox when no backend is named.
+
+        Raises:
+            InvalidSpec: ``environment`` with a backend that takes none.
+        """
+        config = replace(self, backend=backend) if backend is not None else self
+        if environment is None:
+            return config
+        chosen = config.backend or "sandbox"
+        if chosen not in ENVIRONMENT_BACKENDS:
+            raise InvalidSpec(
+                f"--environment belongs to the {', '.join(ENVIRONMENT_BACKENDS)} backends, not {chosen!r}: "
+                "drop one of them"
+            )
+        return replace(config, backend=chosen, backend_options={**config.backend_options, "environment": environment})
 
 
 def load_config(path: Path | str | None) -> McpConfig:

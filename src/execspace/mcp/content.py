@@ -14,6 +14,7 @@ from mcp import types
 from ..errors import ExecspaceError
 from ..models import Workspace
 from ..protocols import Engine
+from .paths import shown
 
 __all__ = ["IMAGE_TYPES", "render"]
 
@@ -30,12 +31,28 @@ _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-ya
 async def render(
     engine: Engine, ws: Workspace | None, result: Mapping[str, Any], *, max_image_bytes: int
 ) -> types.CallToolResult:
-    content: list[types.ContentBlock] = [types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))]
+    """``result`` (its paths workspace-relative) as MCP content, naming its paths as the tools take them."""
+    named = _shown_paths(result)
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=json.dumps(named, ensure_ascii=False))]
     if ws is not None:
         content.extend(await _attachments(engine, ws, result, max_image_bytes))
-    return types.CallToolResult(
-        content=content, structuredContent=dict(result), isError=result.get("status") == "error"
-    )
+    return types.CallToolResult(content=content, structuredContent=named, isError=result.get("status") == "error")
+
+
+def _shown_paths(result: Mapping[str, Any]) -> dict[str, Any]:
+    """``result`` with the workspace paths it names (its ``path``, those of its ``files`` and ``entries``) relative
+    to ``work/``, as the model gives them back."""
+    out = dict(result)
+    if isinstance(out.get("path"), str):
+        out["path"] = shown(out["path"])
+    for key in ("files", "entries"):
+        listed = out.get(key)
+        if isinstance(listed, list):
+            out[key] = [
+                {**f, "path": shown(f["path"])} if isinstance(f, Mapping) and isinstance(f.get("path"), str) else f
+                for f in listed
+            ]
+    return out
 
 
 async def _attachments(

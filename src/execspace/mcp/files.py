@@ -16,6 +16,7 @@ from ..tools import ToolSpec, WorkspaceIO
 from ..workspace.hostroots import HostRoots
 from ..workspace.metadata import refuse_record
 from .content import IMAGE_TYPES
+from .paths import BASE_RULE, in_workspace
 
 __all__ = ["FileTools"]
 
@@ -26,7 +27,8 @@ _PATH = {
     "type": "string",
     "minLength": 1,
     "maxLength": 4096,
-    "description": "Path relative to the workspace root, e.g. work/data.csv or out/plot.png.",
+    "description": "Path relative to work/, where commands run (what ls shows there), e.g. inputs/data.csv, "
+    "data.csv or ../out/plot.png for a result; or the program's absolute path (/workspace/out/plot.png).",
 }
 _ENCODING = {
     "type": "string",
@@ -50,7 +52,8 @@ class FileTools:
             ToolSpec(
                 "write_file",
                 f"Write a file into the workspace (parent directories are made; an existing file is replaced). "
-                f"Inputs belong in work/, results in out/. At most {cap} bytes.",
+                f"Paths are relative to work/, where commands run: inputs/x.csv is what ls shows as inputs/. "
+                f"At most {cap} bytes.",
                 _object(
                     {
                         "path": _PATH,
@@ -82,14 +85,14 @@ class FileTools:
             ToolSpec(
                 "list_files",
                 f"List workspace entries (path, kind, size) matching glob patterns (** crosses directories), "
-                f"at most {MAX_LISTED}. Default: everything under work/ and out/.",
+                f"at most {MAX_LISTED}. Default: everything under work/ (where commands run) and ../out/.",
                 _object(
                     {
                         "patterns": {
                             "type": "array",
                             "items": {"type": "string", "minLength": 1},
                             "maxItems": 32,
-                            "description": "Globs relative to the workspace root, e.g. ['out/**', 'work/*.csv'].",
+                            "description": "Globs relative to work/, e.g. ['*.csv', 'inputs/**', '../out/**'].",
                         }
                     },
                     [],
@@ -106,12 +109,12 @@ class FileTools:
             specs.append(
                 ToolSpec(
                     "upload_file",
-                    f"Copy a file from the host into the workspace (default work/inputs/<name>). Only files under "
-                    f"these host directories may be read: {roots}. At most {cap} bytes.",
+                    f"Copy a file from the host into the workspace (default inputs/<name> under work/). Only files "
+                    f"under these host directories may be read: {roots}. At most {cap} bytes.",
                     _object(
                         {
                             "host_path": {"type": "string", "minLength": 1, "description": "Absolute host path."},
-                            "path": {**_PATH, "description": "Destination in the workspace (default work/inputs/)."},
+                            "path": {**_PATH, "description": "Destination, relative to work/ (default inputs/)."},
                         },
                         ["host_path"],
                     ),
@@ -123,14 +126,16 @@ class FileTools:
         data = _decode(args["content"], args["encoding"])
         self._check_size(len(data), args["path"])
         mode = 0o755 if args["executable"] else 0o644
-        refuse_record(args["path"])
-        await self.engine.fs.put_files(ws, [PutFile(args["path"], data, mode)])
-        return {"status": "ok", "path": args["path"], "size": len(data)}
+        path = in_workspace(ws, args["path"])
+        refuse_record(path)
+        _writable(path, args["path"])
+        await self.engine.fs.put_files(ws, [PutFile(path, data, mode)])
+        return {"status": "ok", "path": path, "size": len(data)}
 
     async def read_file(self, ws: Workspace, args: Mapping[str, Any]) -> dict[str, Any]:
         limit = args.get("max_bytes")
         file = await self.engine.fs.read_file(
-            ws, args["path"], max_bytes=self.max_file_bytes if limit is None else limit
+            ws, in_workspace(ws, args["path"]), max_bytes=self.max_file_bytes if limit is None else limit
         )
         if limit is None and file.size_bytes > self.max_file_bytes:
             raise LimitExceeded(
@@ -154,7 +159,7 @@ class FileTools:
         return out
 
     async def list_files(self, ws: Workspace, args: Mapping[str, Any]) -> dict[str, Any]:
-        patterns = args.get("patterns") or ["work/**", "out/**"]
+        patterns = [in_workspace(ws, p) for p in args.get("patterns") or ["**", "../out/**"]]
         entries = await self.engine.fs.list(ws, patterns)
         listed = [
             {"path": e.path, "kind": e.kind.value, **({"size": e.size} if e.kind is FileKind.FILE else {})}
@@ -166,9 +171,11 @@ class FileTools:
         return out
 
     async def remove_file(self, ws: Workspace, args: Mapping[str, Any]) -> dict[str, Any]:
-        refuse_record(args["path"])
-        await self.engine.fs.remove(ws, args["path"])
-        return {"status": "ok", "removed": args["path"]}
+        path = in_workspace(ws, args["path"])
+        refuse_record(path)
+        _writable(path, args["path"])
+        await self.engine.fs.remove(ws, path)
+        return {"status": "ok", "path": path, "removed": True}
 
     async def upload_file(self, ws: Workspace, args: Mapping[str, Any]) -> dict[str, Any]:
         raw = args["host_path"]
@@ -177,7 +184,7 @@ class FileTools:
         real = self.upload_roots.check(raw)
         size = os.stat(real).st_size
         self._check_size(size, raw)
-        dest = args.get("path")
+        dest = in_workspace(ws, args["path"]) if args.get("path") else None
         # the engine opens the source again by walking from its host roots, never through a link
         staged = await WorkspaceIO(self.engine, ws).stage_inputs([InputSpec(f"host://{real}", dest)])
         return {"status": "ok", "host_path": raw, "path": staged[0] if staged else dest, "size": size}
@@ -188,6 +195,12 @@ class FileTools:
                 f"{what!r} is {size} bytes, more than the {self.max_file_bytes}-byte file cap of this server "
                 "(max_file_bytes in its config)"
             )
+
+
+def _writable(rel: str, given: str) -> None:
+    """Refuse the workspace's own top level (read-only to programs and tools alike), saying what paths are."""
+    if "/" not in rel:
+        raise PathDenied(given, f"that is the workspace's top level, which only execspace writes: {BASE_RULE}")
 
 
 def _decode(content: str, encoding: str) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
@@ -25,7 +24,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
 from ..engine import open_engine_from
-from ..errors import InvalidSpec, SetupFailed
+from ..errors import InvalidSpec
+from ..listening import listen
 from .config import McpConfig
 from .toolset import McpTools
 from .workspaces import Workspaces
@@ -40,8 +40,9 @@ Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], A
 
 _INSTRUCTIONS = (
     "execspace runs your commands and code in isolated workspaces. Each result names its workspace_id: pass it "
-    "back to keep working on the same files (sessions may be reset between calls). Inputs go in work/, results "
-    "in out/; images your code writes to out/ come back as images."
+    "back to keep working on the same files (sessions may be reset between calls). Commands run in work/, and the "
+    "file tools take paths relative to it (inputs/ holds inputs); results go to ../out/ ($OUTPUT_DIR), and images "
+    "your code writes there come back as images."
 )
 
 
@@ -109,7 +110,7 @@ async def serve(
     """
     if transport == "http" and not token:
         raise InvalidSpec("the http transport needs a bearer token (generate_token() makes one)")
-    sock = _bind(host, port) if transport == "http" else None
+    sock = listen(host, port, "execspace mcp") if transport == "http" else None
     try:
         async with open_engine_from(config.backend, _backend_keywords(config)) as engine:
             workspaces = Workspaces(engine, idle_timeout=config.idle_timeout, max_workspaces=config.max_workspaces)
@@ -147,24 +148,6 @@ def _artifacts(config: McpConfig) -> ArtifactService:
     if config.artifacts_dir is None:
         return InMemoryArtifactService()
     return FileArtifactService(config.artifacts_dir)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    try:
-        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:
-        family = socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        raise SetupFailed(
-            "mcp", f"cannot listen on {host}:{port} ({exc.strerror or exc})", "pick another --port (0: any free one)"
-        ) from None
-    return sock
 
 
 async def _serve_stdio(server: Server[Any, Any]) -> None:

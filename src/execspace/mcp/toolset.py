@@ -36,6 +36,7 @@ from ..tools import (
 from .config import McpConfig
 from .content import render
 from .files import FileTools
+from .paths import BASE_RULE, in_workspace
 from .workspaces import Workspaces
 
 __all__ = ["McpTools"]
@@ -151,7 +152,7 @@ class McpTools:
                 ws = await self.workspaces.resolve(workspace_id, session)
             result = await self._run(entry, ws, args)
         except FileNotFoundError as exc:
-            result = error_result(exc, hint="no such file or directory: list_files shows what the workspace holds")
+            result = error_result(exc, hint=f"no such file or directory ({BASE_RULE}): list_files shows what is there")
         except (ExecspaceError, OSError) as exc:
             result = error_result(exc)
         if ws is not None:
@@ -192,7 +193,8 @@ class McpTools:
         return await self.run_code.call(args, execution_id=ws.id)
 
     async def _save_artifact(self, ws: Workspace, args: Mapping[str, Any]) -> dict[str, Any]:
-        ref = await WorkspaceIO(self.engine, ws, artifacts=self.artifacts).save_artifact(args["path"])
+        path = in_workspace(ws, args["path"])
+        ref = await WorkspaceIO(self.engine, ws, artifacts=self.artifacts).save_artifact(path)
         return {"status": "ok", "artifact": ref}
 
     async def aclose(self) -> None:
@@ -266,11 +268,11 @@ _CLOSE = ToolSpec(
 )
 _SAVE_ARTIFACT = ToolSpec(
     "save_artifact",
-    "Save a workspace file (under work/, out/ or runs/) as the next version of the artifact named by its path; "
-    "returns its artifact:// reference.",
+    "Save a workspace file (relative to work/, e.g. ../out/report.csv) as the next version of the artifact named "
+    "by its workspace path (out/report.csv); returns its artifact:// reference.",
     {
         "type": "object",
-        "properties": {"path": {"type": "string", "minLength": 1, "description": "The file, e.g. out/report.csv."}},
+        "properties": {"path": {"type": "string", "minLength": 1, "description": "The file, e.g. ../out/report.csv."}},
         "required": ["path"],
         "additionalProperties": False,
     },

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..capabilities import Capabilities
+from ..environments.hints import PYTHON_HINT
 from ..envpolicy import EnvPolicy
 from ..errors import (
     BackendError,
@@ -245,6 +246,8 @@ class RunPreparation:
         if program is None:
             searched = f"searched the run's PATH={env['PATH']}"
             msg = f"execspace: command not found: {spec.cmd!r} ({searched}){_split_hint(spec)}"
+            if spec.cmd == "python" and self._lookup("python3", env["PATH"]) is not None:
+                msg += PYTHON_HINT
             if not make_run_dir:
                 self._make_named_run_dir(ws, run_dir)
             raise CommandNotFound(spec.cmd, msg, errno.ENOENT, run_dir)

@@ -3,23 +3,21 @@ the same shell so that its working directory, variables, functions and options c
 
 Cells come in on the shell's stdin as NUL-terminated records (a cell's id, what sets its ``env_vars``, its code,
 what restores them), which the driver reads from a descriptor of its own: the cell's commands read ``/dev/null``.
-Each cell's end is a mark, ``RS <id> <status> LF``, written after it on both stdout and stderr, so that the cell's
-output on each stream is complete when its mark arrives. Everything else the shell writes is the cell's output
-(untrusted: a mark naming another cell, one that was cut off, is dropped; a forged one can only end its own cell).
+Each cell's end is a ``done`` record with its status (:mod:`.recordprocess`), written after it on both stdout and
+stderr; everything else the shell writes is the cell's output.
 """
 
 from __future__ import annotations
 
-import codecs
 import re
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UsageError
-from ..protocols import ProgramHandle, ProgramRunner
-from .cellprocess import CellProcess, now
+from ..protocols import ProgramRunner
 from .lines import error_line
+from .recordprocess import RecordProcess
 from .sandboxes import Sandbox
 
 __all__ = ["BashContext"]
@@ -34,91 +32,31 @@ while IFS= read -r -d '' __execspace_id <&3 && IFS= read -r -d '' __execspace_se
   eval "$__execspace_code"
   __execspace_status=$?
   eval "$__execspace_reset"
-  printf '\036%s %d\n' "$__execspace_id" "$__execspace_status"
-  printf '\036%s %d\n' "$__execspace_id" "$__execspace_status" >&2
+  printf '\036%s done %d\n' "$__execspace_id" "$__execspace_status"
+  printf '\036%s done %d\n' "$__execspace_id" "$__execspace_status" >&2
 done
 """
-_MARK = re.compile(rb"\x1e([0-9a-f]{16}) (\d{1,3})\n")
-#: Longest mark: a partial one this long at the end of a chunk is kept back for the next chunk.
-_MARK_BYTES = 1 + 16 + 1 + 3 + 1
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class _Output:
-    """Text of a stream (stdout or stderr)."""
-
-    __slots__ = ("stream", "text")
-
-    def __init__(self, stream: str, text: str) -> None:
-        self.stream, self.text = stream, text
-
-
-class _Mark:
-    """A cell's end on one stream, with the cell's exit status."""
-
-    __slots__ = ("cell", "status", "stream")
-
-    def __init__(self, stream: str, cell: str, status: int) -> None:
-        self.stream, self.cell, self.status = stream, cell, status
-
-
-_END = _Output("stderr", "")
-
-
-class BashContext(CellProcess[_Output | _Mark]):
+class BashContext(RecordProcess):
     """A started bash and what it writes."""
 
     DIED = "the bash context's shell exited (a cell's exit ends it); the next cell starts a fresh one, state lost"
-
-    def __init__(self, handle: ProgramHandle) -> None:
-        super().__init__(handle, _END)
-        self._marks: dict[str, int] = {}
-        """The running cell's exit status, by the stream its mark came on (it ends once both came)."""
-        self._pending = {"stdout": b"", "stderr": b""}
-        self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in self._pending}
 
     @classmethod
     async def start(cls, runner: ProgramRunner, sandbox: Sandbox, cwd: str) -> BashContext:
         args = ("--noprofile", "--norc", "-c", _DRIVER)
         return cls(await runner.start_program(sandbox.workspace, sandbox.context_process("bash", args, cwd, _TAG)))
 
-    def _request(self, cell_id: str, code: str, env_vars: Mapping[str, str]) -> bytes:
-        self._marks.clear()
+    def _message(self, cell_id: str, code: str, env_vars: Mapping[str, str]) -> bytes:
         return _request(cell_id, code, env_vars)
-
-    def _lines(self, cell_id: str, item: _Output | _Mark) -> tuple[list[dict[str, Any]], bool]:
-        if isinstance(item, _Output):
-            if not item.text or item.stream in self._marks:  # after its mark: a background job's, dropped
-                return [], False
-            return [{"type": item.stream, "text": item.text, "timestamp": now()}], False
-        if item.cell == cell_id:  # another's is a cell's that was cut off
-            self._marks[item.stream] = item.status
-        return [], len(self._marks) == 2
 
     def _closing_lines(self) -> list[dict[str, Any]]:
         """An ``ExitCode`` error when the cell ended with a status other than 0."""
-        status = self._marks["stdout"]
+        fields = self._done["stdout"]
+        status = int(fields[0]) if fields and fields[0].isdigit() else 0  # a forged end may say anything
         return [error_line("ExitCode", str(status), f"the cell exited with status {status}")] if status else []
-
-    def _feed(self, stream: str, data: bytes) -> None:
-        pending = self._pending[stream] + data
-        while (mark := _MARK.search(pending)) is not None:
-            self._text(stream, pending[: mark.start()])
-            self._put(_Mark(stream, mark[1].decode(), int(mark[2])), len(mark[0]), output=False)
-            pending = pending[mark.end() :]
-        start = pending.rfind(b"\x1e", max(0, len(pending) - _MARK_BYTES))
-        keep = start >= 0 and b"\n" not in pending[start:]  # maybe the start of a mark
-        self._text(stream, pending[:start] if keep else pending)
-        self._pending[stream] = pending[start:] if keep else b""
-
-    def _flush(self) -> None:
-        for stream, rest in self._pending.items():
-            self._text(stream, rest)
-
-    def _text(self, stream: str, data: bytes) -> None:
-        text = self._decoders[stream].decode(data)
-        if text:
-            self._put(_Output(stream, text), len(data), output=True)
 
 
 _TAG = "execspace-bash-context"

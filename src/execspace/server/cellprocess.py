@@ -1,5 +1,6 @@
-"""What the code interpreter's process contexts (a Node REPL, a bash) share: a program of the sandbox's session that
-takes cells on its stdin and whose output, read as it comes, is parsed into items that one cell at a time consumes.
+"""What the code interpreter's process contexts (a Node REPL, a bash, an R, a JVM) share: a program of the sandbox's
+session that takes cells on its stdin and whose output, read as it comes, is parsed into items that one cell at a
+time consumes.
 
 Everything the process writes is the program's output, so it is untrusted input; output is never held up: a
 client that falls more than :data:`MAX_AHEAD` bytes behind a cell loses the excess of its stdout/stderr (a note at

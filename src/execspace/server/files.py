@@ -120,10 +120,11 @@ class FilesAPI:
 
     async def upload(self, request: Request, sandbox: Sandbox) -> Response:
         answer = await self._answer_upload(request, sandbox)
-        if answer.status_code == 507:
-            # a body within the cap the disk could not take: read to its end (bounded), or closing the connection
-            # with it unread could reset the answer away. One past the cap is never read further (413).
-            await drain_body(request)
+        if answer.status_code >= 400 and answer.status_code != 413:
+            # a body refused part-way (a full disk) or before it was read (its user, the sandbox's share): read to
+            # its end (bounded), or closing the connection with it unread could reset the answer away before the
+            # client reads it. One past the cap is never read further (413).
+            await drain_body(request, unstarted=answer.status_code != 507)
         return answer
 
     async def _answer_upload(self, request: Request, sandbox: Sandbox) -> Response:

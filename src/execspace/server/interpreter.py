@@ -3,7 +3,8 @@
 A context is one kernel with its own variables, a program started like a command in the sandbox itself, so code
 sees the files, ``/tmp``, processes and network its commands see: a Python context's kernel is an ipykernel (the
 jupyter backend's :class:`~execspace.backends.jupyter.ProgramKernel`), a JavaScript or TypeScript context's a Node
-process (:mod:`.jscontext`), a bash context's a bash (:mod:`.bashcontext`). The default context of a language
+process (:mod:`.jscontext`), a bash context's a bash (:mod:`.bashcontext`), an R context's an R
+(:mod:`.rcontext`), a Java context's a JVM running JShell (:mod:`.javacontext`). The default context of a language
 starts with its first cell, except a pooled sandbox's default Python context, whose kernel the pool started ahead
 (a warm kernel, see :meth:`CodeInterpreter.adopt`). Killing the sandbox stops its kernels before its workspace is
 removed.
@@ -27,12 +28,15 @@ from ..errors import ExecspaceError, SetupFailed
 from ..models import RunProgramSpec, Workspace
 from ..protocols import Engine
 from .bashcontext import BashContext
+from .javacontext import JavaContext, java_missing
 from .jscontext import NodeContext, node_available
 from .kernelstartup import E2B_DISPLAY, E2B_KERNEL_ARGS
 from .lines import CellTimedOut, error_line, paced, result_line
 from .paths import HOME, HOME_DIR, PathOutsideHome, program_dir, sandbox_dir
 from .pool import ReadySandbox
+from .rcontext import RContext, r_available
 from .sandboxes import Sandbox, SandboxGone
+from .templates import Profile
 
 _log = logging.getLogger("execspace.server")
 
@@ -41,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CodeInterpreter", "Context", "ContextNotFound", "LanguageUnavailable", "TooManyContexts"]
 
-#: Languages a context may have: E2B's names (and their short forms) for what ipykernel and Node run.
+#: Languages a context may have: E2B's names (and their short forms).
 _LANGUAGE_NAMES = {
     "python": "python",
     "py": "python",
@@ -52,12 +56,16 @@ _LANGUAGE_NAMES = {
     "typescript": "typescript",
     "ts": "typescript",
     "bash": "bash",
+    "r": "r",
+    "java": "java",
 }
-#: Languages whose contexts are a process of their own (a Node REPL, a bash), not an ipykernel.
-_PROCESS_LANGUAGES = ("javascript", "typescript", "bash")
+#: Languages whose contexts are a process of their own (a Node REPL, a bash, an R, a JVM), not an ipykernel.
+_PROCESS_LANGUAGES = ("javascript", "typescript", "bash", "r", "java")
 #: E2B's other languages, which are not served.
-_OTHER_LANGUAGES = {"r", "java", "deno"}
-#: Contexts (kernels, ~50 MB each) one sandbox may hold at once.
+_OTHER_LANGUAGES = {"deno"}
+#: A process context of the code interpreter.
+ProcessContext = NodeContext | BashContext | RContext | JavaContext
+#: Contexts (kernels, 50 to 100 MB each) one sandbox may hold at once.
 MAX_CONTEXTS = 8
 #: Seconds between keepalive lines while a cell is quiet (as E2B's server does; a write also finds a gone client).
 KEEPALIVE = 5.0
@@ -91,8 +99,8 @@ class Context:
     """The SDK path the kernel works in (``/home/user`` by default)."""
     kernel: KernelConnection | None = None
     """The started kernel (Python), None until the first cell or after a restart."""
-    process: NodeContext | BashContext | None = None
-    """The started Node process (JavaScript, TypeScript) or bash, likewise."""
+    process: ProcessContext | None = None
+    """The started Node process (JavaScript, TypeScript), bash, R or JVM, likewise."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unsettled: str | None = None
     """msg_id of a cell whose client went away: interrupted, maybe still running."""
@@ -115,15 +123,25 @@ def normalise_language(language: str | None, typescript: str | None) -> str:
             )
         if found == "typescript" and typescript is None:
             raise LanguageUnavailable(_NO_TYPESCRIPT)
+        if found == "r" and not r_available():
+            raise LanguageUnavailable(
+                "R contexts run the host's R, which this server's host does not have: install it "
+                "(e.g. apt install r-base-core) and restart execspace serve"
+            )
+        if found == "java" and (missing := java_missing()) is not None:
+            raise LanguageUnavailable(
+                f"Java contexts run JShell of the host's JDK (17 or newer), which this server's host does not have "
+                f"({missing}): install one (e.g. apt install openjdk-17-jdk-headless) and restart execspace serve"
+            )
         return found
     if name in _OTHER_LANGUAGES:
         raise LanguageUnavailable(
             f"the code interpreter of execspace serve runs Python (sandboxed ipykernel), JavaScript and TypeScript "
-            f"(Node.js) and bash; it has no {name} kernel: run {name} code with commands.run instead "
-            "(e.g. Rscript, java)"
+            f"(Node.js), bash, R and Java; it has no {name} kernel: run {name} code with commands.run instead"
         )
     raise LanguageUnavailable(
-        f"unknown code interpreter language {language!r}: use 'python', 'javascript', 'typescript' or 'bash'"
+        f"unknown code interpreter language {language!r}: use 'python', 'javascript', 'typescript', 'bash', 'r' "
+        "or 'java'"
     )
 
 
@@ -143,14 +161,17 @@ class CodeInterpreter:
         backend: str,
         python: Interpreter | str | None,
         find_typescript: Callable[[], str | None] | None = None,
+        profile: Callable[[str], Profile] | None = None,
     ) -> None:
         """``python``: what runs the Python kernels (see :func:`.serve.kernel_python`), or why nothing can;
         ``find_typescript``: finds the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`;
         blocking, asked once, at the first TypeScript context: each candidate is a Node started to ask it), None for
-        no TypeScript. Each sandbox's engine runs its contexts, in its own session."""
+        no TypeScript; ``profile``: a template's limits (a JVM is sized by them), None for none. Each sandbox's
+        engine runs its contexts, in its own session."""
         self._backend = backend
         self._python = python
         self._find_typescript = find_typescript
+        self._profile = profile or (lambda _: Profile())
         self._typescript: asyncio.Future[str | None] | None = None
         """The lookup of the Node of TypeScript contexts, once one was asked for (see :meth:`_typescript_node`)."""
         self._contexts: dict[str, dict[str, Context]] = {}
@@ -344,7 +365,7 @@ class CodeInterpreter:
         else:
             await self._kernel(sandbox, context)
 
-    async def _process(self, sandbox: Sandbox, context: Context) -> NodeContext | BashContext:
+    async def _process(self, sandbox: Sandbox, context: Context) -> ProcessContext:
         if context.process is not None:
             return context.process
         try:
@@ -352,12 +373,17 @@ class CodeInterpreter:
         except PathOutsideHome:  # a Node or bash context asked for outside the home starts in the home
             directory = program_dir(sandbox.workspace, HOME)
         cwd = posixpath.join(sandbox.workspace.path, directory)
-        process: NodeContext | BashContext
+        process: ProcessContext
+        runner = sandbox.engine.runner
         if context.language == "bash":
-            process = await BashContext.start(sandbox.engine.runner, sandbox, cwd)
+            process = await BashContext.start(runner, sandbox, cwd)
+        elif context.language == "r":
+            process = await RContext.start(runner, sandbox, cwd)
+        elif context.language == "java":
+            process = await JavaContext.start(runner, sandbox, cwd, self._profile(sandbox.template))
         else:
             typescript = await self._typescript_node() if context.language == "typescript" else None
-            process = await NodeContext.start(sandbox.engine.runner, sandbox, cwd, typescript)
+            process = await NodeContext.start(runner, sandbox, cwd, typescript)
         if sandbox.closed.is_set():  # killed while it started: end() has run already
             await process.stop()
             raise SandboxGone(sandbox.id)

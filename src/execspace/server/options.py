@@ -88,6 +88,9 @@ class ServerOptions:
     process may open, so that the rest stays for the sandboxes' programs, files and streams."""
     head_timeout: float = 10.0
     """Seconds a new connection has to send a complete request head before it is closed."""
+    log_requests: bool = False
+    """Log a line per request (method, path, sandbox, status, duration) on the ``execspace.server.requests`` logger,
+    at INFO (``execspace serve -v``)."""
     share: ShareLimits = field(default_factory=ShareLimits)
     """What each sandbox may hold of the server at once (file operations, commands, streams, watchers)."""
     max_upload_bytes: int = 1024 * 1024 * 1024

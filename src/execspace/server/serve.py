@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from ..backend import BackendOptions
 from ..backends.local import LocalOptions
@@ -28,6 +29,7 @@ from ..backends.sandbox import SandboxOptions, SandboxPolicy, SessionConfig
 from ..engine import open_engine
 from ..environments import EnvironmentStore
 from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
+from ..listening import listen
 from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
 from .app import E2BApp
@@ -37,6 +39,7 @@ from .jscontext import typescript_node
 from .ledger import Ledger
 from .options import KERNEL_TEMPLATES, TLS, ServerOptions
 from .paths import HOME, HOME_DIR
+from .requestlog import RequestLog
 from .sandboxes import Sandboxes
 from .templates import Profile
 
@@ -97,6 +100,19 @@ async def serve(
     """
     if tls is not None:
         _check_tls(tls)
+    # bound first: a port in use is one clear error before any sandbox or kernel is started
+    with listen(host, port, "execspace serve") as sock:
+        await _serve_on(sock, options, backend, backend_options, on_ready, tls)
+
+
+async def _serve_on(
+    sock: socket.socket,
+    options: ServerOptions,
+    backend: str | None,
+    backend_options: BackendOptions | None,
+    on_ready: Callable[[str, int], None] | None,
+    tls: TLS | None,
+) -> None:
     # the sandboxes' programs, files and streams, and the connections, each hold descriptors: take what may be had
     descriptors = raise_descriptor_limit()
     name = backend if backend not in (None, "auto") else await choose_default_backend(options=backend_options)
@@ -109,6 +125,17 @@ async def serve(
     if isinstance(opts, SandboxOptions) and python is not None and not isinstance(python, str) and python.read_paths:
         # the kernels run in the sandboxes' sessions: their Python's tree is readable there (read-only)
         opts = replace(opts, policy=(opts.policy or SandboxPolicy()).with_read_paths(*python.read_paths))
+    if isinstance(opts, SandboxOptions) and python is not None and not isinstance(python, str) and python.views:
+        # as root, the kernels' Python under a directory the sandboxes' uids cannot pass: shown as views, but for
+        # /root, which a machine's user cannot enter (its /root is its root's home)
+        if opts.machine and any(v == "/root" or v.startswith("/root/") for v in python.views):
+            python = (
+                f"the kernels' Python ({python.path}) lies under /root, which the machine's user cannot enter: "
+                "build the code-interpreter environment (execspace env build code-interpreter), or serve with "
+                "--no-machine"
+            )
+        else:
+            opts = replace(opts, read_views=(*opts.read_views, *python.views))
     async with TemplateEngines(options, name, opts) as engines:
         engines.warn_unbuilt()
         engine = await engines.get("base")
@@ -118,12 +145,14 @@ async def serve(
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         find_typescript = functools.partial(_typescript_node, python) if isinstance(opts, SandboxOptions) else None
-        interpreter = CodeInterpreter(engine.name, python, find_typescript)
+        interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
             sandboxes.pool.warm_kernels(interpreter.warm_kernel, frozenset(KERNEL_TEMPLATES))
-        app = E2BApp(sandboxes, interpreter)
+        app: ASGIApp = E2BApp(sandboxes, interpreter)
+        if options.log_requests:
+            app = RequestLog(app, options.domain)
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
         try:
@@ -136,8 +165,6 @@ async def serve(
                 )
                 config = uvicorn.Config(
                     guard,
-                    host=host,
-                    port=port,
                     lifespan="off",
                     log_level="warning",
                     access_log=False,
@@ -146,9 +173,9 @@ async def serve(
                     timeout_keep_alive=_KEEP_ALIVE,
                     http=guard.protocol(_http_protocol()),
                 )
-                await _Server(config, on_ready, sandboxes.close).serve()
+                await _Server(config, on_ready, sandboxes.close).serve(sockets=[sock])
             else:
-                await _serve_tls(app, host, port, tls, on_ready, sandboxes.close, options.head_timeout)
+                await _serve_tls(app, sock, tls, on_ready, sandboxes.close, options.head_timeout)
         finally:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -384,13 +411,13 @@ def _check_tls(tls: TLS) -> None:
             "serve",
             f"cannot load the TLS certificate {tls.cert} with its key {tls.key}: {exc}",
             "give a PEM certificate chain (--tls-cert) and the PEM private key that matches it (--tls-key)",
+            component="execspace serve",
         ) from None
 
 
 async def _serve_tls(
-    app: E2BApp,
-    host: str,
-    port: int,
+    app: ASGIApp,
+    sock: socket.socket,
     tls: TLS,
     on_ready: Callable[[str, int], None] | None,
     before_shutdown: Callable[[], Awaitable[None]],
@@ -400,7 +427,12 @@ async def _serve_tls(
         from hypercorn.asyncio import serve as serve_asgi
         from hypercorn.config import Config
     except ImportError:
-        raise SetupFailed("serve", "serving TLS and HTTP/2 needs hypercorn", "pip install 'execspace[serve]'") from None
+        raise SetupFailed(
+            "serve",
+            "serving TLS and HTTP/2 needs hypercorn",
+            "pip install 'execspace[serve]'",
+            component="execspace serve",
+        ) from None
     config = Config()
     config.certfile, config.keyfile = str(tls.cert), str(tls.key)
     config.accesslog = None
@@ -409,25 +441,23 @@ async def _serve_tls(
     # hypercorn closes a connection that sends no complete request head within keep_alive_timeout (5 s) of its start
     # or its last response; a TLS handshake gets the head's time too (hypercorn has no connection cap of its own)
     config.ssl_handshake_timeout = head_timeout
-    # bound here, so that port 0 is known before serving starts (hypercorn takes the listening socket by fd)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.create_server((host, port), family=family) as sock:
-        config.bind = [f"fd://{sock.fileno()}"]
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+    # hypercorn takes the listening socket by fd (bound before anything started, so port 0 is known by now)
+    config.bind = [f"fd://{sock.fileno()}"]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(RuntimeError):  # not the main thread: the caller's cancellation stops it
+            loop.add_signal_handler(sig, stop.set)
+
+    async def shutdown_trigger() -> None:
+        await stop.wait()
+        await before_shutdown()  # every sandbox ends, so do their streams: the connections can close
+
+    try:
+        if on_ready is not None:
+            on_ready(*sock.getsockname()[:2])
+        await serve_asgi(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(RuntimeError):  # not the main thread: the caller's cancellation stops it
-                loop.add_signal_handler(sig, stop.set)
-
-        async def shutdown_trigger() -> None:
-            await stop.wait()
-            await before_shutdown()  # every sandbox ends, so do their streams: the connections can close
-
-        try:
-            if on_ready is not None:
-                on_ready(*sock.getsockname()[:2])
-            await serve_asgi(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(RuntimeError):
-                    loop.remove_signal_handler(sig)
+            with contextlib.suppress(RuntimeError):
+                loop.remove_signal_handler(sig)

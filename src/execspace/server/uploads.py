@@ -68,13 +68,14 @@ _DRAIN_BYTES = 64 * 1024 * 1024
 _DRAIN_SECONDS = 2.0
 
 
-async def drain_body(request: Request) -> None:
+async def drain_body(request: Request, *, unstarted: bool = False) -> None:
     """Read and drop what is left of a body whose upload was refused part-way (the disk filled), at most
     :data:`_DRAIN_BYTES` for :data:`_DRAIN_SECONDS`: the answer goes with ``Connection: close``, and closing a socket
     with unread bytes resets the connection, which can destroy the answer before the client reads it (a lingering
-    close). A body never started (refused by its headers) or read to its end is left alone."""
+    close). A body read to its end is left alone, and one never started (refused by its headers) too unless
+    ``unstarted``: a refusal the client could not foresee (its user, the sandbox's share) while it sends the body."""
     state = request.state
-    if not getattr(state, "body_started", False) or getattr(state, "body_ended", False):
+    if (not unstarted and not getattr(state, "body_started", False)) or getattr(state, "body_ended", False):
         return
     left = _DRAIN_BYTES
     with contextlib.suppress(TimeoutError):

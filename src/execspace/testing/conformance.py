@@ -673,6 +673,9 @@ class EngineConformance:
         assert not await any_engine.fs.exists(any_ws, "work/missing")
         with pytest.raises(FileNotFoundError):
             await any_engine.fs.stat(any_ws, "work/missing")
+        # read_file names what is missing, and where (a bare FileNotFoundError said neither)
+        with pytest.raises(execspace.WorkspaceFileNotFound, match=r"no file 'work/missing' in workspace"):
+            await any_engine.fs.read_file(any_ws, "work/missing")
         for bad in ("../x", "work/../../x", *(() if beyond(any_engine) else ("/etc/passwd",))):
             with pytest.raises(PathDenied):
                 await any_engine.fs.stat(any_ws, bad)

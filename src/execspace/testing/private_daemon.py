@@ -8,7 +8,7 @@ hybrid cgroups) and the ``cgroupfs`` manager (no systemd). Both need root.
 :func:`import_host_usr_image` builds, offline and in about 0.1 s, an *empty* image whose
 ``/usr`` and ``/etc`` come from the host by read-only binds (:data:`HOST_USR_BINDS`): for
 tests only, since it shows the host's programs and ``/etc`` to the container.
-``scripts/build-container-image.sh`` builds a real self-contained image.
+``execspace image build`` builds a real self-contained image.
 """
 
 from __future__ import annotations

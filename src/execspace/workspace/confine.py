@@ -217,15 +217,16 @@ class ConfinedRoot:
 
     # -- files ---------------------------------------------------------------------
 
-    def write_file(self, path: str, data: bytes | int, mode: int = 0o644) -> None:
-        """Atomically create or replace ``path`` (parents created) with ``data``.
+    def write_file(self, path: str, data: bytes | int, mode: int = 0o644, *, replace: bool = True) -> None:
+        """Atomically create or replace ``path`` (parents created) with ``data``; without ``replace``, only create
+        it (``FileExistsError`` when anything is at ``path``, which stays as it was).
 
         ``data`` is bytes, or an fd open for reading whose remaining content is copied.
         """
         temp = self.open_temp(path, mode)
         try:
             temp.write(data)
-            temp.commit()
+            temp.commit(replace=replace)
         finally:
             temp.discard()
 
@@ -514,15 +515,21 @@ class TempFile:
             while view:
                 view = view[os.write(self._fd, view) :]
 
-    def commit(self) -> None:
+    def commit(self, *, replace: bool = True) -> None:
         """Give the file its mode and owner and rename it over the target (a file there is replaced, a hard
-        link planted there too, never written through); the file is discarded if that fails."""
+        link planted there too, never written through); without ``replace`` it is linked in where nothing is
+        (``FileExistsError`` otherwise). The file is discarded if that fails."""
         with self._lock:
             if self._fd < 0:
                 raise ValueError("the file was already committed or discarded")
             try:
                 seal_temp(self._fd, self._mode, self._owner)
-                os.rename(self._tmp, self._name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+                if replace:
+                    os.rename(self._tmp, self._name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+                else:
+                    # link(2) fails on any entry at the name, a dangling symlink too: nothing is ever written over
+                    os.link(self._tmp, self._name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd, follow_symlinks=False)
+                    os.unlink(self._tmp, dir_fd=self._dfd)
             except BaseException:
                 self._discard()
                 raise

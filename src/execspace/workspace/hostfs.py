@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import os
 import stat
 import threading
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from wcmatch import glob as wglob
 
-from ..errors import BackendError, InputError, LimitExceeded, PathDenied, UsageError
+from ..errors import BackendError, InputError, LimitExceeded, PathDenied, UsageError, WorkspaceFileNotFound
 from ..mime import SNIFF_BYTES, guess_mime
 from ..models import (
     DEFAULT_MAX_FILE_BYTES,
@@ -253,7 +254,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
         self.check(ws, path, "read")
 
         def read() -> File:
-            with ConfinedRoot(root) as cr:
+            with ConfinedRoot(root) as cr, _named_if_missing(ws, path):
                 data, size = cr.read_file(path, max_bytes, self.program_user(ws, path))
             return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
@@ -266,7 +267,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
         self.check(ws, path, "read")
 
         def open_() -> FileStream:
-            with ConfinedRoot(root) as cr:
+            with ConfinedRoot(root) as cr, _named_if_missing(ws, path):
                 fd, st = cr.open_readable(path, self.program_user(ws, path))
             return FileStream(fd, st.st_size)
 
@@ -563,6 +564,16 @@ async def _pump(chunks: AsyncIterable[bytes], temp: TempFile, max_bytes: int) ->
     if batch:
         await asyncio.to_thread(temp.write, batch)
     return size
+
+
+@contextlib.contextmanager
+def _named_if_missing(ws: Workspace, path: str) -> Iterator[None]:
+    """A file (or a directory on its way) that is not there is :class:`~execspace.errors.WorkspaceFileNotFound`,
+    naming the path and the workspace: a bare ``FileNotFoundError`` says neither."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise WorkspaceFileNotFound(path, f"{ws.id!r} ({ws.host_path or ws.path})") from None
 
 
 def _matching(cr: ConfinedRoot, globs: list[str]) -> Iterator[Entry]:

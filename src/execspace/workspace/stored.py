@@ -14,14 +14,12 @@ from pathlib import Path
 
 from ..errors import PathDenied, WorkspaceNotFound
 from .confine import ConfinedRoot
-from .hostmanager import default_workspace_root, remove_workspace_tree
+from .hostmanager import remove_workspace_tree
 from .layout import METADATA_FILE
 from .metadata import WorkspaceMetadata
 
-__all__ = ["StoredWorkspace", "default_roots", "find_stored", "remove_stored", "stored_workspaces"]
+__all__ = ["StoredWorkspace", "find_stored", "remove_stored", "stored_workspaces"]
 
-#: Where the host backends keep their workspaces by default (local and jupyter, sandbox, container).
-_BACKEND_ROOTS = ("workspaces", "sandbox", "container")
 #: Bytes of a record read for listing (records are small; a huge one is reported as unreadable).
 _RECORD_BYTES = 1024 * 1024
 #: Top-level entries whose mtime says the workspace was used (a run, a staged input, an output).
@@ -38,12 +36,6 @@ class StoredWorkspace:
     """The newest of the record's update time and the mtimes of the root, runs/, work/, out/ and the record."""
     problem: str = ""
     """Why the record could not be read, when it could not."""
-
-
-def default_roots() -> list[Path]:
-    """The default workspace roots of the host backends that exist on this host."""
-    base = default_workspace_root().parent
-    return [base / name for name in _BACKEND_ROOTS if (base / name).is_dir()]
 
 
 def stored_workspaces(root: Path) -> list[StoredWorkspace]:

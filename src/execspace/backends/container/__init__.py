@@ -41,7 +41,8 @@ from .config import CONTAINER_WORKSPACE, DEFAULT_USER, ContainerConfig, daemon_s
 from .daemon import WorkspaceContainers, connect, daemon_info, image_languages
 from .egress import egress_unavailable
 from .envimage import environment_image
-from .limits import PER_RUN_LIMITS
+from .imagebuild import DEFAULT_IMAGE, build_image, default_via
+from .limits import RLIMITS
 from .options import ContainerOptions
 from .pool import PoolSlot, WarmPool, container_pool
 from .reaper import reap_orphans, start_watchdog
@@ -49,13 +50,17 @@ from .runner import ContainerRunner
 
 __all__ = [
     "CONTAINER_WORKSPACE",
+    "DEFAULT_IMAGE",
     "IMAGE_ENV",
     "ContainerBackend",
     "ContainerConfig",
     "ContainerEngine",
     "ContainerOptions",
     "WarmPool",
+    "build_image",
+    "connect",
     "container_image",
+    "default_via",
     "reap_orphans",
 ]
 
@@ -64,11 +69,12 @@ IMAGE_ENV = "EXECSPACE_CONTAINER_IMAGE"
 
 DOES_NOT_PROTECT = (
     "the container shares the host kernel: a kernel exploit escapes it (use a microVM for hostile code)",
-    "memory and pids limits apply to the whole workspace container, not to each run",
+    "memory and pids limits apply to a whole container: the runs of a workspace that ask the same memory_bytes "
+    "(or none) share one container's",
     "a run's timeout kills processes carrying its marker or in its process group; one that clears its "
     "environment and starts a new session survives until the workspace is removed",
     "read-only staging only strips write bits; the program owns the files and can restore them",
-    "cpu_seconds, file_size_bytes and a memory_bytes below the container's cap are per-process rlimits of the run",
+    "cpu_seconds and file_size_bytes are per-process rlimits of the run",
     "with a network allow-list: whatever the program sends to an allowed destination (exfiltration to it); the "
     "runs of one workspace share its container's loopback, so a program can reach another run's proxy port "
     "(its attempts are then judged by that run's allow-list and land in that run's audit)",
@@ -84,7 +90,7 @@ def container_image(image: str | None) -> str:
             "container",
             "no container image is named",
             f"pass image='NAME' (CLI: --image NAME), set {IMAGE_ENV}, or write image = \"NAME\" under "
-            f"[container] in {config_path()}; build one offline with scripts/build-container-image.sh",
+            f"[container] in {config_path()}; build one with `execspace image build` ({DEFAULT_IMAGE})",
         )
     return name
 
@@ -114,7 +120,33 @@ class ContainerBackend:
         return Probe(True, f"{info}, image {name}")
 
     @classmethod
-    def capabilities(
+    async def capabilities(cls, options: ContainerOptions | None = None) -> Capabilities:
+        """What an engine opened with ``options`` (default: the defaults) states, without opening one: with the
+        daemon and the image's own ``execspace.languages`` label when the daemon answers and has the image (what
+        ``execspace doctor`` shows)."""
+        options = options or ContainerOptions()
+        config = ContainerConfig(
+            image="(the image= option)", memory_bytes=options.memory_bytes, pids=options.pids, cpus=options.cpus
+        )
+        daemon, declared = "", tuple[str, ...]()
+        try:
+            client = await asyncio.to_thread(connect, options.docker_host, 3.0)
+        except SetupFailed:
+            client = None
+        if client is not None:
+            try:
+                daemon = str(await asyncio.to_thread(daemon_info, client, options.docker_host))
+                config = replace(config, image=container_image(options.image))
+                declared = await asyncio.to_thread(image_languages, client, config.image)
+            except SetupFailed:
+                pass
+            finally:
+                await asyncio.to_thread(client.close)
+        languages = declared if options.languages is None else tuple(options.languages)
+        return cls.statement(config, daemon, options.pool_size, options.watchdog, languages)
+
+    @classmethod
+    def statement(
         cls,
         config: ContainerConfig | None = None,
         daemon: str = "",
@@ -142,7 +174,7 @@ class ContainerBackend:
             read_only_mounts=False,
             streaming=True,
             host_paths=True,
-            enforced_limits=frozenset({"timeout", "output_bytes", "pids", *PER_RUN_LIMITS}),
+            enforced_limits=frozenset({"timeout", "output_bytes", "pids", "memory_bytes", *RLIMITS}),
             languages=tuple(languages),
             does_not_protect=DOES_NOT_PROTECT,
             fork="copy",  # files only (a running container is not forked)
@@ -154,8 +186,10 @@ class ContainerBackend:
                 "network": network,
                 "root_fs": f"read-only, tmpfs /tmp ({config.tmp_bytes} bytes)",
                 "capabilities": "all dropped, no-new-privileges",
-                "memory_bytes": f"{config.memory_bytes} per workspace container (no swap); "
-                "a lower run limit is that run's RLIMIT_AS",
+                "memory_bytes": f"{config.memory_bytes} per workspace container (no swap), shared by the runs that "
+                "ask none; a run that asks for memory_bytes gets a container cgroup of exactly that (a member "
+                "container in the workspace's namespaces, one per distinct limit); a breach is the cgroup's OOM "
+                "kill, limit_hit='memory_bytes'",
                 "pids": f"{config.pids} per workspace container; a run may not ask for fewer",
                 "cpus": f"{config.cpus} (rate limit, not cpu_seconds)",
                 "cpu_seconds": "RLIMIT_CPU of each process of the run, whole seconds rounded up",
@@ -233,7 +267,7 @@ class ContainerBackend:
         except BaseException:
             await containers.close()
             raise
-        caps = cls.capabilities(
+        caps = cls.statement(
             config,
             str(info),
             pool_size,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ...workspace.protected import PlaceholderRun, Placeholders
 from ...workspace.slots import is_slot_dir, laid_out_slot
 from .config import ContainerConfig, check_binds
 from .connection import connect
+from .memory import member_kwargs
 from .pool import PoolSlot
 from .reaper import LABEL, current_owner, owner_labels, remove_engine_containers
 
@@ -57,7 +59,7 @@ def daemon_info(client: Any, docker_host: str | None = None) -> DaemonInfo:
 
 
 #: Image label listing the languages whose runtimes the image has (comma-separated names from
-#: :data:`execspace.languages.LANGUAGES`); scripts/build-container-image.sh sets it.
+#: :data:`execspace.languages.LANGUAGES`); ``execspace image build`` sets it.
 LANGUAGES_LABEL = "execspace.languages"
 
 
@@ -74,7 +76,7 @@ def image_languages(client: Any, image: str) -> tuple[str, ...]:
         raise SetupFailed(
             "container",
             f"the daemon has no image {image!r}",
-            "build one offline with scripts/build-container-image.sh, or pull it (docker pull IMAGE)",
+            f"build it with `execspace image build --name {image}`, or pull it (docker pull {image})",
         ) from None
     known = {lang.name for lang in LANGUAGES}
     declared = [name.strip() for name in str(labels.get(LANGUAGES_LABEL, "")).split(",")]
@@ -83,7 +85,10 @@ def image_languages(client: Any, image: str) -> tuple[str, ...]:
 
 class WorkspaceContainers:
     """The containers of one engine: created on first use or adopted from the pool, removed with the
-    workspace, at engine close, and at interpreter exit (a crash is left to :func:`reap_orphans`)."""
+    workspace, at engine close, and at interpreter exit (a crash is left to :func:`reap_orphans`).
+
+    Each workspace has its container (:meth:`ensure`) and, for the runs that ask for ``memory_bytes``, a member per
+    distinct limit (:meth:`member`, see :mod:`.memory`)."""
 
     def __init__(self, client: Any, config: ContainerConfig, daemon_socket: str | None) -> None:
         self.client = client
@@ -92,6 +97,10 @@ class WorkspaceContainers:
         self.engine_id = secrets.token_hex(6)
         self._labels = owner_labels(current_owner(), self.engine_id)
         self._ids: dict[Path, str] = {}
+        self._members: dict[Path, dict[int, str]] = {}
+        """Each workspace's member containers, by their memory limit."""
+        self._oom_seen: dict[str, int] = {}
+        """The OOM kills last counted in each container's cgroup (0 when it was created)."""
         self._locks: dict[Path, asyncio.Lock] = {}
         # each container's transient placeholders (its bind mounts), released once it is removed
         self._placeholders = Placeholders()
@@ -112,14 +121,57 @@ class WorkspaceContainers:
                 self._ids[key] = cid
             return cid
 
+    async def member(self, ws: Workspace, memory_bytes: int) -> str:
+        """The id of the running member container of ``ws`` for ``memory_bytes``, creating it (and the
+        workspace's container, whose namespaces it joins) if needed."""
+        owner = await self.ensure(ws)
+        assert ws.host_path is not None
+        key = ws.host_path
+        async with self._locks[key]:
+            members = self._members.setdefault(key, {})
+            cid = members.get(memory_bytes)
+            if cid is None:
+                joined = functools.partial(member_kwargs, owner=owner, memory_bytes=memory_bytes)
+                cid = await asyncio.to_thread(self._create, ws.id, key, shape=joined)
+                members[memory_bytes] = cid
+            return cid
+
     def adopt(self, ws_dir: Path, slot: PoolSlot) -> None:
         """Make a pool container the one of the workspace now at ``ws_dir`` (its slot dir, renamed)."""
         self._ids[ws_dir] = slot.container_id
 
-    def forget(self, ws: Workspace) -> None:
-        """Drop a container that stopped answering, so the next run creates a fresh one."""
-        if ws.host_path is not None:
-            self._ids.pop(ws.host_path, None)
+    async def forget(self, cid: str) -> None:
+        """Drop ``cid``, a container that stopped answering, so the next run creates a fresh one; a workspace's
+        container takes its members with it (they joined its namespaces)."""
+        gone = [cid]
+        for key in [key for key, own in self._ids.items() if own == cid]:
+            del self._ids[key]
+            gone.extend(self._members.pop(key, {}).values())
+        for key, members in self._members.items():
+            self._members[key] = {limit: m for limit, m in members.items() if m != cid}
+        await asyncio.gather(*(asyncio.to_thread(self._remove_id, c) for c in gone))
+
+    def state(self, cid: str) -> dict[str, Any]:
+        """The daemon's ``State`` of ``cid`` (empty when it has none: the container is gone)."""
+        try:
+            return dict(self.client.api.inspect_container(cid)["State"])
+        except Exception:
+            return {}
+
+    def oom_seen(self, cid: str) -> int | None:
+        """The OOM kills last counted in ``cid``'s cgroup (None: not a container of ours)."""
+        return self._oom_seen.get(cid)
+
+    def saw_ooms(self, cid: str, count: int) -> None:
+        if cid in self._oom_seen:
+            self._oom_seen[cid] = max(self._oom_seen[cid], count)
+
+    def workspace_ids(self, ws: Workspace) -> list[str]:
+        """The containers of ``ws``: its own, then its members."""
+        if ws.host_path is None:
+            return []
+        own = self._ids.get(ws.host_path)
+        return [*([own] if own else []), *self._members.get(ws.host_path, {}).values()]
 
     def make_slot(self) -> PoolSlot:
         """A started container bound to a fresh, empty directory under ``pool_root`` (for the warm pool)."""
@@ -135,12 +187,21 @@ class WorkspaceContainers:
         if is_slot_dir(slot.host_dir):  # never a directory that became a workspace
             shutil.rmtree(slot.host_dir, ignore_errors=True)
 
-    def _create(self, name_hint: str, host_dir: Path, extra_labels: dict[str, str] | None = None) -> str:
+    def _create(
+        self,
+        name_hint: str,
+        host_dir: Path,
+        extra_labels: dict[str, str] | None = None,
+        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> str:
+        """Create and start a container of ``host_dir`` (``shape`` turns the hardened arguments into a member's)."""
         check_binds([host_dir, *(Path(p) for p in self.config.read_only_binds)], self._daemon_socket)
         name = f"execspace-{sanitize_id(name_hint)[:40]}-{secrets.token_hex(4)}"
         held = self._placeholders.run()
         try:
             kwargs = self.config.create_kwargs(host_dir, name, {**self._labels, **(extra_labels or {})}, held)
+            if shape is not None:
+                kwargs = shape(kwargs)
             image = kwargs.pop("image")
             try:
                 container = self.client.containers.create(image, **kwargs)
@@ -155,15 +216,22 @@ class WorkspaceContainers:
             held.release()
             raise
         self._held[str(container.id)] = held
+        self._oom_seen[str(container.id)] = 0  # a new cgroup has killed nothing
         return str(container.id)
 
     @contextlib.asynccontextmanager
     async def paused(self, ws: Workspace) -> AsyncIterator[None]:
-        """The workspace's container paused (its cgroup frozen) for the block, so that a snapshot copies a state
+        """The workspace's containers paused (their cgroups frozen) for the block, so that a snapshot copies a state
         none of its programs changes meanwhile; unpaused afterwards, also when the body raises."""
-        cid = self._ids.get(ws.host_path) if ws.host_path is not None else None
-        if cid is None or not await asyncio.to_thread(self._pause, cid):
-            yield  # no container runs for it: nothing writes into it
+        async with contextlib.AsyncExitStack() as stack:
+            for cid in self.workspace_ids(ws):
+                await stack.enter_async_context(self._paused(cid))
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _paused(self, cid: str) -> AsyncIterator[None]:
+        if not await asyncio.to_thread(self._pause, cid):
+            yield  # it does not run: nothing in it writes
             return
         try:
             yield
@@ -189,12 +257,17 @@ class WorkspaceContainers:
     async def remove(self, ws: Workspace) -> None:
         if ws.host_path is None:
             return
-        cid = self._ids.pop(ws.host_path, None)
-        if cid is not None:
-            await asyncio.to_thread(self._remove_id, cid)
+        own = self._ids.pop(ws.host_path, None)
+        members = self._members.pop(ws.host_path, {}).values()
+        # the members first: they live in the namespaces of the workspace's container
+        await asyncio.gather(*(asyncio.to_thread(self._remove_id, cid) for cid in members))
+        if own is not None:
+            await asyncio.to_thread(self._remove_id, own)
 
     async def close(self) -> None:
-        ids, self._ids = list(self._ids.values()), {}
+        ids = [cid for members in self._members.values() for cid in members.values()]
+        await asyncio.gather(*(asyncio.to_thread(self._remove_id, cid) for cid in ids))
+        ids, self._ids, self._members = list(self._ids.values()), {}, {}
         await asyncio.gather(*(asyncio.to_thread(self._remove_id, cid) for cid in ids))
         await asyncio.to_thread(self.remove_all_now)
         atexit.unregister(self.remove_all_now)
@@ -216,6 +289,7 @@ class WorkspaceContainers:
             self.client.api.remove_container(cid, force=True)
         except Exception:  # already gone, or the daemon failed: remove_all_now checks again at close
             return
+        self._oom_seen.pop(cid, None)
         if (held := self._held.pop(cid, None)) is not None:
             held.release()  # nothing mounts its placeholders any more
 
@@ -225,4 +299,4 @@ def _remove(container: Any) -> None:
         container.remove(force=True)
 
 
-_IMAGE_FIX = "check the image exists locally (no registry is needed; see docs/backends.md for an offline recipe)"
+_IMAGE_FIX = "check the image exists on the daemon (docker images); `execspace image build` makes one with no registry"

@@ -185,10 +185,16 @@ class ExecRun:
             time.sleep(0.002)
 
     def exit_code(self, wait: float = 2.0) -> int | None:
-        """The exec's exit status once the daemon has it; ``None`` if it never reports one."""
+        """The exec's exit status once the daemon has it; ``None`` if it never reports one (or the exec went with
+        its container, which stopped under it)."""
+        from docker.errors import NotFound  # type: ignore[import-untyped]
+
         deadline = time.monotonic() + wait
         while True:
-            info = self._api.exec_inspect(self._exec_id)
+            try:
+                info = self._api.exec_inspect(self._exec_id)
+            except NotFound:
+                return None
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             if time.monotonic() > deadline:

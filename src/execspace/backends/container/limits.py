@@ -7,8 +7,8 @@ a limit is never looser than asked, except CPU time which the kernel counts in w
 seconds (rounded up, at least 1, as the other backends do). The soft limit is set
 first (a hard limit below the soft one is refused), then the hard one, so the program
 cannot raise either. If a ``ulimit`` fails the run exits 126 without starting the
-program. ``memory_bytes`` at or above the container's memory cap needs no rlimit: the
-cgroup cap is already stricter.
+program. ``memory_bytes`` is never an rlimit here (an address-space limit is not a memory
+limit): the run gets a container cgroup of that size (:mod:`.memory`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import math
 
 from ...models import ResourceLimits
 
-__all__ = ["PER_RUN_LIMITS", "rlimit_argv"]
+__all__ = ["RLIMITS", "rlimit_argv"]
 
-#: The limits each run gets on top of the container's own (memory, pids) caps.
-PER_RUN_LIMITS = frozenset({"cpu_seconds", "file_size_bytes", "memory_bytes"})
+#: The limits a run's shell sets as rlimits of its processes.
+RLIMITS = frozenset({"cpu_seconds", "file_size_bytes"})
 
 # a failed ulimit must stop the run, never let it go on without the limit
 _FAIL = "|| { echo 'execspace: cannot apply the run limits' >&2; exit 126; }"
 
 
-def rlimit_argv(limits: ResourceLimits, container_memory: int) -> list[str]:
+def rlimit_argv(limits: ResourceLimits) -> list[str]:
     """``sh -c '<ulimits>; exec "$@"' sh`` to put before the program's argv, or nothing."""
     steps: list[str] = []
     if limits.cpu_seconds is not None:
@@ -36,9 +36,6 @@ def rlimit_argv(limits: ResourceLimits, container_memory: int) -> list[str]:
     if limits.file_size_bytes is not None:
         blocks = limits.file_size_bytes // 512
         steps.append(f"ulimit -S -f {blocks} && ulimit -H -f {blocks}")
-    if limits.memory_bytes is not None and limits.memory_bytes < container_memory:
-        kib = limits.memory_bytes // 1024
-        steps.append(f"ulimit -S -v {kib} && ulimit -H -v {kib}")
     if not steps:
         return []
     script = " && ".join(steps)

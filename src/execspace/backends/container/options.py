@@ -24,7 +24,9 @@ class ContainerOptions(HostOptions):
         docker_host: daemon URL (``unix:///run/podman/podman.sock``…); default ``$DOCKER_HOST``, else the
             default socket.
         user: uid:gid programs run as; default 65534 when we are root, else our own (never 0).
-        memory_bytes / pids / cpus: limits of each workspace container.
+        memory_bytes / pids / cpus: limits of each workspace container (its runs that ask no ``memory_bytes``
+            share them); a run that asks for ``memory_bytes`` gets a member container of exactly that memory, with
+            these pids and cpus (see :mod:`.memory`).
         read_only_binds: host path → container path mounted read-only (a relaxation; sockets refused).
         network: ``"none"`` (default), or the name of a daemon network (e.g. ``"bridge"``) to let programs
             reach the network: an explicit relaxation, reported by ``describe()``. ``"host"`` is refused. Or a
@@ -46,7 +48,9 @@ class ContainerOptions(HostOptions):
         environment: a built runtime environment (``execspace env build NAME``, docs/environments.md) bound
             read-only into every container at its host path, its ``bin`` first on PATH and its variables set;
             its python is a venv of the host's system Python, so the image must have that Python at the same
-            path (the test image, the host's ``/usr``, has). ``details["environment"]`` names it.
+            path with its whole standard library (the test image, the host's ``/usr``, has; so has ``execspace
+            image build``'s on the same Debian release); the first run checks it (``SetupFailed`` saying what the
+            image lacks). ``details["environment"]`` names it.
     """
 
     image: str | None = None

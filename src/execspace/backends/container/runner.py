@@ -7,6 +7,7 @@ import contextlib
 import functools
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
@@ -22,9 +23,11 @@ from ...protocols import ProgramHandle
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
 from .egress import open_egress
+from .envimage import environment_misfit
 from .execrun import KILL_GRACE, ExecRun
 from .handle import ContainerHandle
 from .limits import rlimit_argv
+from .memory import OomWatch, check_memory, oom_kills
 
 if TYPE_CHECKING:
     from ...environments import Environment
@@ -66,6 +69,8 @@ class ContainerRunner:
             else functools.partial(_bin_first, str(environment.bin_dir)),
         )
         self._environment = environment
+        # a venv environment runs the host's python on the image's standard library: checked once, at the first run
+        self._environment_fits = environment is None or environment.root is not None
         self._containers = containers
         user = containers.config.user
         self._user = f"{user[0]}:{user[1]}"
@@ -75,6 +80,8 @@ class ContainerRunner:
         self.on_network_attempt = on_network_attempt
         self._egress: dict[str, RunAudit] = {}
         """The open proxies of running allow-list runs, by run directory (closed by :meth:`finish`)."""
+        self._watches: dict[str, OomWatch] = {}
+        """What each running run's end is judged against for memory, by run directory (taken by :meth:`finish`)."""
 
     def _prepare(self, ws: Workspace, spec: RunProgramSpec) -> PreparedRun:
         self._check_spec(spec)
@@ -86,38 +93,64 @@ class ContainerRunner:
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         prep = self._prepare(ws, spec)  # never CommandNotFound: the runtime looks the program up (a 127 of its own)
-        cid = await self._containers.ensure(ws)
-        await self._open_egress(prep, cid)
         try:
+            cid = await self._place(ws, prep)
             run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes)
             workdir = self._container_path(prep)
             try:
                 await asyncio.to_thread(run.start, self._argv(prep), prep.env, workdir, self._user)
             except Exception:
-                self._containers.forget(ws)  # a dead container is replaced on the next run
+                await self._containers.forget(cid)  # a dead container is replaced on the next run
                 raise
             timed_out = await self._drive(run, prep)
             return await self.finish(run, prep, timed_out)
         finally:
-            self._close_egress(prep)  # unless finish took it: a failed start, a cancelled run
+            self._unplace(prep)  # unless finish took it: a failed start, a cancelled run
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         prep = self._prepare(ws, spec)
-        cid = await self._containers.ensure(ws)
-        await self._open_egress(prep, cid)
+        cid = await self._place(ws, prep)
         handle = ContainerHandle(self, prep)
         run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes, handle.on_chunk)
         try:
             await asyncio.to_thread(run.start, self._argv(prep), prep.env, self._container_path(prep), self._user)
             pid = await asyncio.to_thread(run.pid)
         except Exception:
-            self._close_egress(prep)
-            self._containers.forget(ws)
+            self._unplace(prep)
+            await self._containers.forget(cid)
             raise
         handle.begin(run, pid)
         forget = self.programs.add(ws, handle)
         handle.when_done(forget)
         return handle
+
+    async def _place(self, ws: Workspace, prep: PreparedRun) -> str:
+        """The container the run execs in (the workspace's, or its member for the run's ``memory_bytes``), with
+        its proxy open when it has an allow-list and its memory watch taken; returns the container's id."""
+        own = await self._containers.ensure(ws)
+        if not self._environment_fits:
+            await self._check_environment(own)
+        memory = prep.spec.limits.memory_bytes
+        cid = own if memory is None else await self._containers.member(ws, memory)
+        await self._open_egress(prep, own)  # a member shares its network namespace
+        if memory is None:
+            self._watches[prep.run_dir] = OomWatch(cid, self._containers.oom_seen(cid), asked=False)
+        else:
+            api = self._containers.client.api
+            self._watches[prep.run_dir] = OomWatch(cid, await asyncio.to_thread(oom_kills, api, cid, self._user), True)
+        return cid
+
+    async def _check_environment(self, cid: str) -> None:
+        assert self._environment is not None
+        api, image = self._containers.client.api, self._containers.config.image
+        misfit = await asyncio.to_thread(environment_misfit, api, cid, self._environment, image, self._user)
+        if misfit is not None:
+            raise misfit
+        self._environment_fits = True
+
+    def _unplace(self, prep: PreparedRun) -> None:
+        self._close_egress(prep)
+        self._watches.pop(prep.run_dir, None)
 
     async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
         return self.programs.list(ws)
@@ -133,11 +166,30 @@ class ContainerRunner:
         """The result of an exec whose stream has ended, after the shared post-run checks (and its proxy's
         audit, closing the proxy: what the program left running loses the network with the run's end)."""
         result = await self._result(run, prep, timed_out, killed)
+        watch = self._watches.pop(prep.run_dir, None)
+        if watch is not None and result.limit_hit is None and not killed and await self._out_of_memory(watch, result):
+            result = replace(result, limit_hit="memory_bytes")
         audit = self._egress.pop(prep.run_dir, None)
         if audit is not None:
             result = audit.annotate(result)
             audit.close()
         return await finish_run(prep, result)
+
+    async def _out_of_memory(self, watch: OomWatch, result: RunResult) -> bool:
+        """Whether the kernel killed a process of the run's container for memory while it ran (see
+        :mod:`.memory`)."""
+        if not watch.worth_reading(result.exit_code):
+            return False
+        after = await asyncio.to_thread(oom_kills, self._containers.client.api, watch.container, self._user)
+        if after is None:
+            state = await asyncio.to_thread(self._containers.state, watch.container)
+            if state.get("Running"):
+                return False  # a counter it cannot read: no evidence
+            # stopped: the OOM killer may have taken its first process too, which the daemon then says
+            await self._containers.forget(watch.container)
+            return bool(state.get("OOMKilled"))
+        self._containers.saw_ooms(watch.container, after)
+        return watch.breached(after)
 
     def _allow_list(self, spec: RunProgramSpec) -> NetworkPolicy | None:
         wanted = self.network_allow if spec.network is None else spec.network
@@ -159,10 +211,11 @@ class ContainerRunner:
             audit.close()
 
     def _argv(self, prep: PreparedRun) -> list[str]:
-        return [*rlimit_argv(prep.spec.limits, self._containers.config.memory_bytes), *prep.argv]
+        return [*rlimit_argv(prep.spec.limits), *prep.argv]
 
     def _check_spec(self, spec: RunProgramSpec) -> None:
         config = self._containers.config
+        check_memory(spec.limits.memory_bytes)
         if self._allow_list(spec) is not None and config.networked:
             raise CapabilityError(
                 f"a network allow-list (NetworkPolicy) on a container on the daemon network {config.network!r}",

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ...errors import WorkspaceFileNotFound
 from ...mime import SNIFF_BYTES, guess_mime
 from ...models import (
     DEFAULT_MAX_FILE_BYTES,
@@ -195,7 +196,10 @@ class E2BWorkspaceFS(WorkspaceFSBase):
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         rel = checked_relative(ws, path)
-        data, size = await self._read(ws, rel, max_bytes)
+        try:
+            data, size = await self._read(ws, rel, max_bytes)
+        except FileNotFoundError:
+            raise WorkspaceFileNotFound(rel, f"{ws.id!r} ({ws.path} in its sandbox)") from None
         return File(rel, data, guess_mime(rel, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
     async def _read(self, ws: Workspace, rel: str, cap: int | None) -> tuple[bytes, int]:

@@ -156,11 +156,14 @@ class E2BRunner:
         return names[0], names[1:]
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        program = await self._start(self.prepare(ws, spec, await self._login_names(ws, spec)), interactive=False)
-        return await program.wait()
+        # supervised in the caller's task: no one else holds this program, and each task between the command's end
+        # and the caller costs a turn of the event loop
+        program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
+        return await program.run()
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
-        program = await self._start(self.prepare(ws, spec, await self._login_names(ws, spec)), interactive=True)
+        program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
+        await program.begin(interactive=True)
         program.when_done(self.programs.add(ws, program))
         return program
 
@@ -180,12 +183,6 @@ class E2BRunner:
 
     async def get_program(self, ws: Workspace, key: int | str) -> ProgramHandle:
         return self.programs.get(ws, key)
-
-    async def _start(self, prep: _Prepared, *, interactive: bool) -> E2BProgram:
-        """``interactive``: stdin stays open for ``write_stdin``; else the program reads only its spec's stdin."""
-        program = E2BProgram(self, prep)
-        await program.begin(interactive)
-        return program
 
     async def send_signal(self, prep: _Prepared, sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
@@ -228,6 +225,23 @@ class E2BProgram(StartedProgram):
         return lambda text: self._take(stream, text.encode())  # the SDK decoded it (binary_output=False)
 
     async def begin(self, interactive: bool) -> None:
+        """Start it, supervised by a task of its own (for a handle others hold)."""
+        handle = await self._open(interactive)
+        self._done = asyncio.ensure_future(self._supervise(handle))
+        await self._feed()
+
+    async def run(self) -> RunResult:
+        """Start it and supervise it to its end in this task."""
+        handle = await self._open(False)
+        try:
+            await self._feed()
+            return await self._supervise(handle)
+        except asyncio.CancelledError:
+            # as on every backend, a run whose caller stopped waiting for it does not go on
+            await asyncio.shield(self._runner.kill_marked(self._prep))
+            raise
+
+    async def _open(self, interactive: bool) -> AsyncCommandHandle[None]:
         spec = self._prep.spec
         # no stdin at all saves a round trip per run: envd closes it at the start; a terminal is always there
         self._stdin_open = interactive or bool(spec.stdin) or spec.pty is not None
@@ -236,10 +250,12 @@ class E2BProgram(StartedProgram):
         handle = await self._prep.box.call(f"starting {spec.cmd!r}", self._launch(backstop))
         self._handle = handle
         self._info = dataclasses.replace(self._info, pid=handle.pid)
-        self._done = asyncio.ensure_future(self._supervise(handle))
-        if spec.stdin:  # the spec's stdin is all the program reads
-            data = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
-            await self.write_stdin(data)
+        return handle
+
+    async def _feed(self) -> None:
+        stdin = self._prep.spec.stdin
+        if stdin:  # the spec's stdin is all the program reads
+            await self.write_stdin(stdin.encode() if isinstance(stdin, str) else stdin)
             await self.close_stdin()
 
     async def _launch(self, backstop: float) -> AsyncCommandHandle[None]:

@@ -114,7 +114,7 @@ class JupyterBackend:
 
     @classmethod
     async def probe(cls, options: JupyterOptions, /) -> Probe:
-        mode, kernel_name = check_mode(options.mode or SandboxedKernels()), options.kernel_name
+        mode, kernel_name = options.kernel_mode(), options.kernel_name
         if isinstance(mode, ServerKernels):  # what the server offers is checked when the engine opens
             return Probe(True, f"remote kernels on {mode.url}")
         language = _kernel_language(kernel_name)
@@ -159,7 +159,7 @@ class JupyterBackend:
             InvalidSpec: ``mode`` is not one of the modes.
             SetupFailed: the mode cannot work here (the message says how to fix it).
         """
-        mode = check_mode(options.mode or SandboxedKernels())
+        mode = options.kernel_mode()
         kernel_name, interrupt_grace = options.kernel_name, options.interrupt_grace
         rich = options.rich_outputs or RichOutputLimits()
         if isinstance(mode, ServerKernels):
@@ -296,6 +296,7 @@ async def _open_sandboxed(
         bwrap=mode.bwrap,
         environment=mode.environment,
         program_binds=mode.program_binds,
+        read_views=interpreter.views,
     )
     sb = await SandboxBackend.open(own)
     sandbox = sandbox_of(sb.runner)

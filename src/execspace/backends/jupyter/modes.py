@@ -22,7 +22,16 @@ from ...models import NetworkPolicy, ResourceLimits
 if TYPE_CHECKING:
     from ..sandbox import SandboxPolicy
 
-__all__ = ["AutoKernels", "HostKernels", "KernelMode", "ProgramsMode", "SandboxedKernels", "ServerKernels"]
+__all__ = [
+    "NAMED_MODES",
+    "AutoKernels",
+    "HostKernels",
+    "KernelMode",
+    "ProgramsMode",
+    "SandboxedKernels",
+    "ServerKernels",
+    "named_mode",
+]
 
 ProgramsMode = Literal["host", "refuse"]
 
@@ -142,6 +151,24 @@ class ServerKernels:
 
 KernelMode = HostKernels | SandboxedKernels | AutoKernels | ServerKernels
 _MODES = (HostKernels, SandboxedKernels, AutoKernels, ServerKernels)
+#: The modes a config file may name by a string (each with its defaults; a server needs its URL and token).
+NAMED_MODES: dict[str, type[HostKernels | SandboxedKernels | AutoKernels]] = {
+    "sandboxed": SandboxedKernels,
+    "host": HostKernels,
+    "auto": AutoKernels,
+}
+
+
+def named_mode(name: str) -> KernelMode:
+    """The mode a config file names (``mode = "sandboxed"``), with its defaults; ``InvalidSpec`` naming the names."""
+    kind = NAMED_MODES.get(name)
+    if kind is None:
+        names = ", ".join(repr(n) for n in NAMED_MODES)
+        raise InvalidSpec(
+            f"jupyter: {name!r} is not a kernel mode; name one of {names} (a server's kernels need "
+            "ServerKernels(url=..., token=...) from execspace.backends.jupyter)"
+        )
+    return kind()
 
 
 def check_mode(mode: Any) -> KernelMode:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Self
 
 from ...backend import HostOptions
-from .modes import KernelMode, check_mode
+from ...errors import InvalidSpec
+from .modes import KernelMode, SandboxedKernels, check_mode, named_mode
 from .outputs import RichOutputLimits
 
 __all__ = ["JupyterOptions"]
@@ -25,14 +28,48 @@ class JupyterOptions(HostOptions):
         interrupt_grace: seconds a timed-out cell gets to stop after the interrupt before its kernel is restarted.
         rich_outputs: how many files and bytes of rich output one cell may leave under ``out/``, and the largest
             message a sandboxed kernel may send (default :class:`RichOutputLimits`).
+        environment: a built runtime environment (``execspace env build code-interpreter``) whose Python and
+            packages run the sandboxed kernels, and whose tree programs run in: shorthand for
+            ``SandboxedKernels(environment=...)``, the default mode (another mode is refused: host kernels run the
+            caller's Python, a server's kernels the server's).
     """
 
     mode: KernelMode | None = None
     kernel_name: str = "python3"
     interrupt_grace: float = 2.0
     rich_outputs: RichOutputLimits | None = None
+    environment: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None:
             check_mode(self.mode)  # its refusal names every mode and where they come from
+        if self.environment is not None:
+            self.kernel_mode()
         super().__post_init__()
+
+    @classmethod
+    def from_keywords(cls, backend: str, keywords: Mapping[str, object], *, hint: str = "") -> Self:
+        """As every backend's, and a config file's ``mode = "sandboxed"`` (``"host"``, ``"auto"``): that mode with
+        its defaults."""
+        mode = keywords.get("mode")
+        if isinstance(mode, str):
+            keywords = {**keywords, "mode": named_mode(mode)}
+        return super().from_keywords(backend, keywords, hint=hint)
+
+    def kernel_mode(self) -> KernelMode:
+        """Where kernels run: ``mode`` (default :class:`SandboxedKernels`) with ``environment`` in it."""
+        mode = check_mode(self.mode or SandboxedKernels())
+        if self.environment is None:
+            return mode
+        if not isinstance(mode, SandboxedKernels):
+            raise InvalidSpec(
+                f"jupyter: environment={self.environment!r} runs sandboxed kernels in that environment, but "
+                f"mode={type(mode).__name__}(…) runs them elsewhere; drop mode= (sandboxed kernels are the default) "
+                "or drop environment="
+            )
+        if mode.environment not in (None, self.environment):
+            raise InvalidSpec(
+                f"jupyter: environment={self.environment!r} contradicts "
+                f"SandboxedKernels(environment={mode.environment!r}); give one"
+            )
+        return replace(mode, environment=self.environment)

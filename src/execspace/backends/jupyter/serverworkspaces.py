@@ -39,6 +39,7 @@ from ...errors import (
     PathIsDirectory,
     SetupFailed,
     UnsupportedBackend,
+    WorkspaceFileNotFound,
     WorkspaceNotFound,
 )
 from ...mime import SNIFF_BYTES, guess_mime
@@ -197,7 +198,10 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         path = checked_relative(ws, path)
-        data, size = await self._read(ws, path, max_bytes)
+        try:
+            data, size = await self._read(ws, path, max_bytes)
+        except FileNotFoundError:
+            raise WorkspaceFileNotFound(path, f"{ws.id!r} ({ws.path} on the server)") from None
         return File(path, data, guess_mime(path, data[:SNIFF_BYTES]), size, truncated=len(data) < size)
 
     async def _read(self, ws: Workspace, path: str, cap: int | None) -> tuple[bytes, int]:

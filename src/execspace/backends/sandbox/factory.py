@@ -57,6 +57,7 @@ from .runner import SandboxRunnerConfig, is_root, private_execspace_dir, sandbox
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
 from .supervisorbin import EGRESS_FIX, SESSION_FIX, machine_binary, supervisor_binary
+from .views import check_views
 
 __all__ = ["DOES_NOT_PROTECT", "SandboxBackend", "sandbox_layout_owner"]
 
@@ -294,6 +295,8 @@ class SandboxBackend:
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
 
+            # Seatbelt runs as the caller, who reaches the trees: read grants show them
+            policy = policy.with_read_paths(*options.read_views)
             return seatbelt_engine(policy, root, caps, env_policy, host_roots, artifacts, kill_grace)
         bwrap_path = find_bwrap(bwrap)
         assert bwrap_path is not None
@@ -308,6 +311,11 @@ class SandboxBackend:
             return uid, uid
 
         machine = await _machine(options, root) if options.machine else None
+        hidden = (root, private, *_daemon_dirs(as_root), *_store_dirs(store))
+        if options.read_views:
+            # read grants: as root, the grant helper shows those the sandbox's uid cannot reach (.grants)
+            await asyncio.to_thread(check_views, options.read_views, policy, hidden)
+            policy = policy.with_read_paths(*options.read_views)
         program_binds = options.program_binds
         if machine is not None:
             caps = replace(caps, fork="copy", users=MACHINE_USERS, details={**caps.details, "machine": MACHINE_DETAIL})
@@ -332,7 +340,7 @@ class SandboxBackend:
             capabilities=lambda: caps,
             env_policy=env_policy,
             policy=policy,
-            hidden=(root, private, *_daemon_dirs(as_root), *_store_dirs(store)),
+            hidden=hidden,
             cgroups=cgroups,
             owner=owner,
             kill_grace=kill_grace,

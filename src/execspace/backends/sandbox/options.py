@@ -93,6 +93,14 @@ class SandboxOptions(HostOptions):
             what they change survives the workspace's runs and sessions, its snapshots and forks, and goes with
             it; the host's files are never written, nor made more readable). Refused elsewhere
             (``CapabilityError``).
+        read_views: host directories every sandbox shows read-only at their own paths, even where its uid cannot
+            reach them (as root, a venv under ``/root`` or another 0700 directory): read grants that the grant
+            helper shows from clones of their mounts where the sandbox's uid cannot pass (:mod:`.views`,
+            :mod:`.grants`); nothing on the host changes, and the sandbox reads only what others may read in the
+            tree. Each must be a
+            canonical directory that others may read, outside what no sandbox may see (execspace's workspaces and
+            store, credential stores, the policy's no-access paths). The jupyter backend shows the caller's Python
+            this way.
         output_rate: bytes a second the host reads of one workspace's programs' output, all of them together (None:
             as fast as they write); a program that writes faster is held back by its full pipe, and nothing it wrote
             is lost. A server of many tenants sets it (``execspace serve``: 32 MiB/s) so that one program printing
@@ -110,6 +118,7 @@ class SandboxOptions(HostOptions):
     system_files: tuple[tuple[str, str], ...] = ()
     output_rate: int | None = None
     machine: bool = False
+    read_views: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
