@@ -353,13 +353,27 @@ def exec_error(prep: PreparedRun, exc: OSError) -> CannotExecute | None:
         )
     if exc.errno == errno.ENOENT:
         error: type[CannotExecute] = CommandNotFound
-        hint = " (if the file exists, the interpreter on its #! line is missing)"
+        hint = _not_found_hint(prep)
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
         error, hint = NotExecutable, " (is it executable, with a valid #! line?)"
     else:
         return None
     msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}"
     return error(prep.spec.cmd, msg, exc.errno, prep.run_dir)
+
+
+def _not_found_hint(prep: PreparedRun) -> str:
+    """Why the exec of ``prep``'s program found no file. A relative path (``./x``) starts from the run's working
+    directory, in the workspace: a caller who meant a file of their current directory is told so, rather than sent
+    to look at a ``#!`` line."""
+    cmd = prep.spec.cmd
+    if "/" in cmd and not os.path.isabs(cmd) and not os.path.lexists(os.path.join(prep.host_cwd, cmd)):
+        return (
+            f" (no such file in the run's working directory {prep.host_cwd}: a relative path starts from there, in "
+            "the workspace, not from your current directory; stage the file into the workspace (CLI: --input; library: "
+            "stage_inputs), or give its absolute path)"
+        )
+    return " (if the file exists, the interpreter on its #! line is missing)"
 
 
 def not_started(error: CannotExecute) -> RunResult:

@@ -649,6 +649,12 @@ def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, byt
 
 def exec_hint(program: str) -> str:
     """Why a program path the host has is missing in the sandbox, and the fix ('' when we cannot tell)."""
+    if "/" in program and not os.path.isabs(program):
+        return (
+            " (a relative path starts from the run's working directory, in the workspace, not from your current "
+            "directory: stage the file into the workspace (CLI: --input; library: stage_inputs), or grant its "
+            "directory (--read) and give its absolute path; if it is there, the interpreter on its #! line is missing)"
+        )
     if not os.path.isabs(program):
         return ""
     if not os.path.lexists(program):
