@@ -26,6 +26,7 @@ PROJECT = {
     "data.csv": "a,b\n1,2\n",
     "analyse.py": "rows = open('inputs/temps.csv').read().splitlines()[1:]\nprint(len(rows), 'cities')\n",
     "src/Makefile": "all:\n\techo built\n",
+    "Makefile": "test:\n\techo tested > report.txt\n",
     "lint.py": "print('lint ok')\n",
     ".env": "API_TOKEN=not-for-the-sandbox\n",
     "trusted-script.sh": "#!/bin/sh\necho trusted\n",
@@ -90,5 +91,8 @@ def test_example_runs_as_printed(line: str, sandbox: None, tmp_path: Path) -> No
     for mark, text in said.items():
         if mark in line:
             assert text in proc.stdout, f"{line}\nprinted:\n{proc.stdout}{proc.stderr}"
+    if "--write . --cwd ." in line:  # it ran in the project and wrote it, as the caller's file
+        report = project / "report.txt"
+        assert report.read_text() == "tested\n" and report.stat().st_uid == os.getuid()
     if "--out results" in line:
         assert [p.name for p in (project / "results").iterdir()] == ["now.txt"]
