@@ -416,9 +416,11 @@ class Snapshot:
     """What that workspace was itself forked or restored from (a snapshot id, ``workspace:<id>``), if anything."""
     created_at: float
     size: int
-    """Bytes its frozen tree takes on disk."""
+    """Bytes its frozen tree takes on disk: for a copy-on-write one its own layer, what changed since the layers
+    below it (which it shares)."""
     path: Path
-    """The frozen tree on this host (read it, never change it)."""
+    """The frozen tree on this host (read it, never change it): for a copy-on-write one its own layer, in overlayfs'
+    format (whiteouts for what it removed)."""
 
 
 @dataclass(frozen=True, slots=True)
