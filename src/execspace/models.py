@@ -419,8 +419,10 @@ class Snapshot:
     """Bytes its frozen tree takes on disk: for a copy-on-write one its own layer, what changed since the layers
     below it (which it shares)."""
     path: Path
-    """The frozen tree on this host (read it, never change it): for a copy-on-write one its own layer, in overlayfs'
-    format (whiteouts for what it removed)."""
+    """Where the backend keeps its files (never change them), not a tree to read it by: on this host for ``local``
+    and ``sandbox`` — a whole copy, or for a copy-on-write one only its own layer, in overlayfs' format (whiteouts
+    for what it removed), over the layers below it — and the workspace's directory in its sandbox for ``e2b``. To
+    read a snapshot's files, fork it (``fork(snapshot)``: a few milliseconds copy-on-write)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from execspace.workspace.metadata import load_metadata
 from execspace.workspace.snapshots import SNAPSHOTS_DIR
 from execspace.workspace.stored import stored_workspaces
 from tests.bindings import open_backend
-from tests.support import held_still
+from tests.support import held_still, snapshot_files
 
 
 @pytest.fixture(params=["local", "sandbox", "sandbox-session", "container"])
@@ -182,10 +182,11 @@ async def test_a_snapshot_stops_the_programs_for_its_instant(engine: execspace.B
         while any(held_still(pid) for pid in _program_states(tag)):  # continued: polled, SIGCONT lands async
             await asyncio.sleep(0.01)
         snap = await manager(engine).snapshot(ws)  # stops them for its copy, and lets them go again
-        frozen_ticks = (snap.path / "work/ticks").stat().st_size
-        while (host(ws) / "work/ticks").stat().st_size <= frozen_ticks:
-            await asyncio.sleep(0.01)
-        assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
+        async with snapshot_files(engine, snap) as frozen_tree:
+            frozen_ticks = (frozen_tree / "work/ticks").stat().st_size
+            while (host(ws) / "work/ticks").stat().st_size <= frozen_ticks:
+                await asyncio.sleep(0.01)
+            assert (frozen_tree / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
         await handle.kill()
     assert not wait_no_process(tag)
 
@@ -211,8 +212,9 @@ async def test_a_snapshot_pauses_the_container_for_its_instant(request: pytest.F
                 for e in api.events(since=since, until=time.time() + 1, decode=True, filters={"container": cid})
             ]
             assert [a for a in actions if a in ("pause", "unpause")] == ["pause", "unpause"]
-            frozen_ticks = (snap.path / "work/ticks").stat().st_size
-            assert (snap.path / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
+            async with snapshot_files(engine, snap) as frozen_tree:
+                frozen_ticks = (frozen_tree / "work/ticks").stat().st_size
+                assert (frozen_tree / "work/ticks").read_bytes() == b"tick\n" * (frozen_ticks // 5)
             while ticks.stat().st_size <= frozen_ticks:  # it runs on after the snapshot
                 await asyncio.sleep(0.01)
             await handle.kill()
@@ -425,6 +427,78 @@ async def test_a_fork_costs_its_changes_and_its_disk_limit_counts_only_them(cow_
     # the parent's bytes were never copied into the fork: only what the fork wrote is its own
     upper = manager(cow_engine).root / LAYERS_DIR / host(fork).name / "upper"
     assert not (upper / "work/big.bin").exists() and (upper / "work/copy").exists()
+
+
+def store_files(engine: execspace.BaseEngine, name: str) -> list[os.stat_result]:
+    """Every regular file called ``name`` in the layers of the manager's snapshot store."""
+    store = manager(engine).root / SNAPSHOTS_DIR
+    return [p.lstat() for p in store.glob(f"snap-*/tree/**/{name}") if stat.S_ISREG(p.lstat().st_mode)]
+
+
+async def test_a_live_fork_moves_a_plain_workspace_once_then_copies_only_changes(
+    cow_engine: execspace.BaseEngine,
+) -> None:
+    ws = await cow_engine.manager.create_workspace("cow/live")
+    await cow_engine.fs.put_files(ws, [PutFile("work/big.bin", os.urandom(1 << 20)), PutFile("work/keep", b"k")])
+    big = (host(ws) / "work/big.bin").stat()
+    (first,) = await manager(cow_engine).fork(ws)
+    # moved whole, not copied: the store holds the parent's very file, and the parent is an overlay over it
+    assert [(s.st_ino, s.st_size) for s in store_files(cow_engine, "big.bin")] == [(big.st_ino, 1 << 20)]
+    assert os.path.ismount(host(ws)) and not os.path.ismount(host(ws) / "work")
+    assert await run(cow_engine, ws, "echo -n changed > keep && cat keep") == "changed"
+    (second,) = await manager(cow_engine).fork(ws)
+    snap = await manager(cow_engine).snapshot(ws)
+    # later ones copied only what changed (a few small files each), never the big one again
+    assert len(store_files(cow_engine, "big.bin")) == 1 and len(store_files(cow_engine, "keep")) == 3
+    assert snap.size < 100_000
+    for fork, keep in ((first, "k"), (second, "changed")):
+        assert (host(fork) / "work/keep").read_text() == keep
+        assert (host(fork) / "work/big.bin").read_bytes() == (host(ws) / "work/big.bin").read_bytes()
+
+
+async def test_a_workspace_a_program_holds_is_copied_not_moved(
+    cow_engine: execspace.BaseEngine, request: pytest.FixtureRequest
+) -> None:
+    """A program holding the tree would go on writing it where it moved: the fork copies it, and the next fork
+    after the program ended moves it."""
+    ws = await cow_engine.manager.create_workspace("cow/held")
+    await cow_engine.fs.put_files(ws, [PutFile("work/big.bin", os.urandom(1 << 20))])
+    big = (host(ws) / "work/big.bin").stat()
+    spec = RunProgramSpec("/bin/sh", ["-c", "echo started > started; exec sleep 60"], timeout=60)
+    async with await cow_engine.runner.start_program(ws, spec) as handle:
+        while not (host(ws) / "work/started").exists():
+            await asyncio.sleep(0.01)
+        (copied,) = await manager(cow_engine).fork(ws)
+        assert not os.path.ismount(host(ws))
+        assert [s.st_ino for s in store_files(cow_engine, "big.bin")] != [big.st_ino]
+        await handle.kill()
+    (host(copied) / "work/started").unlink()
+    if request.node.callspec.params["engine"] == "sandbox-session":
+        (copied_again,) = await manager(cow_engine).fork(ws)  # its session outlives the program: it holds the tree
+        assert not os.path.ismount(host(ws)) and (host(copied_again) / "work/started").exists()
+        return
+    (moved,) = await manager(cow_engine).fork(ws)
+    assert os.path.ismount(host(ws)) and big.st_ino in {s.st_ino for s in store_files(cow_engine, "big.bin")}
+    assert (host(moved) / "work/started").read_text() == "started\n"
+
+
+@pytest.mark.parametrize("plant", ["set-id bit", "device node"])
+async def test_a_tree_a_copy_would_change_is_copied_not_moved(cow_engine: execspace.BaseEngine, plant: str) -> None:
+    """What root planted in a workspace that a copy would not keep (a set-id bit, a device node) keeps the
+    workspace from moving into the store: the fork copies, and the copy drops it, as every copy does."""
+    ws = await cow_engine.manager.create_workspace("cow/planted")
+    await cow_engine.fs.put_files(ws, [PutFile("work/tool", b"#!/bin/sh\n")])
+    tool = host(ws) / "work/tool"
+    if plant == "set-id bit":
+        os.chmod(tool, 0o4755)
+    else:
+        os.mknod(host(ws) / "work/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    (fork,) = await manager(cow_engine).fork(ws)
+    assert not os.path.ismount(host(ws)) and tool.stat().st_ino not in {
+        s.st_ino for s in store_files(cow_engine, "tool")
+    }
+    assert not (host(fork) / "work/tool").stat().st_mode & stat.S_ISUID
+    assert not (host(fork) / "work/null").exists()
 
 
 async def test_layers_are_flattened_past_the_depth_limit(cow_engine: execspace.BaseEngine) -> None:

@@ -6,9 +6,10 @@ In copy-on-write mode a snapshot of a fork copies only the fork's own changes (i
 layer over the chain the fork stands on, and a fork of a snapshot is an empty upper over that chain: its cost
 does not grow with the workspace. The first snapshot or fork of a plain workspace that nothing runs in moves its
 tree into the store whole (one rename, :meth:`Branches.layer`) and mounts the workspace again as an overlay over
-it, so that it too costs what changed since; a plain workspace something holds (a program, a session) is copied
-once instead. Past :data:`MAX_DEPTH` layers a snapshot is flattened into one whole copy (read through the
-overlay), so reads stay fast.
+it, so that it too costs what changed since; a plain workspace something holds (a program, a session), or whose
+tree a copy would not keep whole (a hard link to a file outside it, :func:`.treecopy.movable`), is copied instead.
+Past :data:`MAX_DEPTH` layers a snapshot is flattened into one whole copy (read through the overlay), so reads
+stay fast.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .layers import (
 from .layout import METADATA_FILE
 from .metadata import load_metadata, save_metadata
 from .snapshots import SnapshotStore, exchange_dirs
+from .treecopy import movable
 
 __all__ = ["MAX_DEPTH", "Branches", "overlay_supported"]
 
@@ -99,11 +101,32 @@ class Branches:
 
     # -- layering --------------------------------------------------------------------
 
+    def acquire_to_layer(self, ws_dir: Path) -> tuple[int, bool]:
+        """Take the root's lock (:meth:`acquire`) and say whether :meth:`layer` may move the plain workspace's tree:
+        a walk of it (:func:`.treecopy.movable`) finds nothing the copy it replaces would leave out, such as a hard
+        link to a file outside it. The caller releases the lock."""
+        fd = self.acquire()
+        try:
+            return fd, self._movable(ws_dir)
+        except BaseException:
+            self.release(fd)
+            raise
+
+    def _movable(self, ws_dir: Path) -> bool:
+        if not self.cow or chain_of(ws_dir) is not None or os.path.ismount(ws_dir):
+            return False
+        top = os.open(ws_dir, DIR_FLAGS)
+        try:
+            return movable(top)
+        finally:
+            os.close(top)
+
     def layer(self, ws_dir: Path, ws_id: str) -> bool:
         """Make the plain workspace ``ws_dir`` (nothing may run in it: its tree moves) an overlay over its own tree,
         moved whole into the store by a rename, with an empty upper: from then on a snapshot or fork copies only
         what changed since (:meth:`_snapshot`). The caller holds the lock (:meth:`acquire`). False where it stays
-        plain (copies mode, already layered, a mount of its own such as a disk bound)."""
+        plain (copies mode, already layered, a mount of its own such as a disk bound); :meth:`acquire_to_layer`
+        says first whether the tree may move."""
         if not self.cow or chain_of(ws_dir) is not None or os.path.ismount(ws_dir):
             return False
         built = self.store.new_partial()

@@ -277,24 +277,25 @@ class HostWorkspaceManager:
     async def _layer(self, ws: Workspace, ws_dir: Path) -> None:
         """Make the plain workspace copy-on-write where nothing holds its tree (its tree moves: a program in it
         would go on writing the frozen layer). The check and the move happen in one step of the event loop, so no
-        run of this engine starts in between; the lock is taken aside, as another thread may hold it a while."""
-        if self._holds is None or not self.branches.cow or chain_of(ws_dir) is not None:
+        run of this engine starts in between; the lock and the walk that says whether the tree may move (no hard
+        link out of it, :meth:`.Branches.acquire_to_layer`) are taken aside, in a thread: both take a while."""
+        if self._holds is None or not self.branches.cow or chain_of(ws_dir) is not None or self._holds(ws):
             return
-        taking = asyncio.ensure_future(asyncio.to_thread(self.branches.acquire))
+        taking = asyncio.ensure_future(asyncio.to_thread(self.branches.acquire_to_layer, ws_dir))
         try:
-            fd = await asyncio.shield(taking)
+            fd, movable = await asyncio.shield(taking)
         except asyncio.CancelledError:  # the thread still takes it: given back then
             taking.add_done_callback(self._give_back)
             raise
         try:
-            if not self._holds(ws):
+            if movable and not self._holds(ws):
                 self.branches.layer(ws_dir, ws.id)
         finally:
             self.branches.release(fd)
 
-    def _give_back(self, taken: asyncio.Future[int]) -> None:
+    def _give_back(self, taken: asyncio.Future[tuple[int, bool]]) -> None:
         if not taken.cancelled() and taken.exception() is None:
-            self.branches.release(taken.result())
+            self.branches.release(taken.result()[0])
 
     def _frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
         return self._freeze(ws) if self._freeze is not None else contextlib.nullcontext()
