@@ -470,7 +470,8 @@ async def test_a_workspace_a_program_holds_is_copied_not_moved(
             await asyncio.sleep(0.01)
         (copied,) = await manager(cow_engine).fork(ws)
         assert not os.path.ismount(host(ws))
-        assert [s.st_ino for s in store_files(cow_engine, "big.bin")] != [big.st_ino]
+        (copy,) = store_files(cow_engine, "big.bin")  # the fork stands on a whole copy, not the parent's file
+        assert copy.st_ino != big.st_ino and copy.st_size == big.st_size
         await handle.kill()
     (host(copied) / "work/started").unlink()
     if request.node.callspec.params["engine"] == "sandbox-session":
@@ -480,6 +481,35 @@ async def test_a_workspace_a_program_holds_is_copied_not_moved(
     (moved,) = await manager(cow_engine).fork(ws)
     assert os.path.ismount(host(ws)) and big.st_ino in {s.st_ino for s in store_files(cow_engine, "big.bin")}
     assert (host(moved) / "work/started").read_text() == "started\n"
+
+
+@pytest.mark.parametrize("hold", ["working directory", "open file"])
+async def test_a_workspace_a_host_process_holds_is_copied_not_moved(
+    cow_engine: execspace.BaseEngine, hold: str
+) -> None:
+    """A process the engine does not know (a shell, another engine's program) working in the tree or holding one of
+    its files keeps it from moving; once it is gone, the next fork moves it."""
+    ws = await cow_engine.manager.create_workspace("cow/host-held")
+    await cow_engine.fs.put_files(ws, [PutFile("work/big.bin", os.urandom(1 << 20))])
+    big = host(ws) / "work/big.bin"
+    if hold == "working directory":
+        holder = subprocess.Popen(["sleep", "60"], cwd=host(ws) / "work")
+    else:
+        holder = subprocess.Popen(["/bin/sh", "-c", f"exec sleep 60 3<'{big}'"], cwd="/")
+    try:
+        while Path(f"/proc/{holder.pid}/comm").read_text() != "sleep\n":  # the shell's redirect is made
+            await asyncio.sleep(0.01)
+        (copied,) = await manager(cow_engine).fork(ws)
+        assert not os.path.ismount(host(ws))
+        (copy,) = store_files(cow_engine, "big.bin")  # the fork stands on a whole copy, not the parent's file
+        assert copy.st_ino != big.stat().st_ino
+    finally:
+        holder.kill()
+        holder.wait()
+    (moved,) = await manager(cow_engine).fork(ws)
+    assert os.path.ismount(host(ws))
+    for fork in (copied, moved):
+        assert (host(fork) / "work/big.bin").read_bytes() == big.read_bytes()
 
 
 @pytest.mark.parametrize("plant", ["set-id bit", "device node"])

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..errors import InvalidSpec
 from ..models import Snapshot
 from .confinecore import DIR_FLAGS
+from .holders import open_anywhere
 from .layers import (
     LAYERS_DIR,
     chain_of,
@@ -104,7 +105,8 @@ class Branches:
     def acquire_to_layer(self, ws_dir: Path) -> tuple[int, bool]:
         """Take the root's lock (:meth:`acquire`) and say whether :meth:`layer` may move the plain workspace's tree:
         a walk of it (:func:`.treecopy.movable`) finds nothing the copy it replaces would leave out, such as a hard
-        link to a file outside it. The caller releases the lock."""
+        link to a file outside it, and no process of the host has it open (:func:`.holders.open_anywhere`). The
+        caller releases the lock."""
         fd = self.acquire()
         try:
             return fd, self._movable(ws_dir)
@@ -117,9 +119,10 @@ class Branches:
             return False
         top = os.open(ws_dir, DIR_FLAGS)
         try:
-            return movable(top)
+            inodes = movable(top)
         finally:
-            os.close(top)
+            os.close(top)  # before looking for holders: this one is not
+        return inodes is not None and not open_anywhere(inodes)
 
     def layer(self, ws_dir: Path, ws_id: str) -> bool:
         """Make the plain workspace ``ws_dir`` (nothing may run in it: its tree moves) an overlay over its own tree,

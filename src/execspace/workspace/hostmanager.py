@@ -277,8 +277,9 @@ class HostWorkspaceManager:
     async def _layer(self, ws: Workspace, ws_dir: Path) -> None:
         """Make the plain workspace copy-on-write where nothing holds its tree (its tree moves: a program in it
         would go on writing the frozen layer). The check and the move happen in one step of the event loop, so no
-        run of this engine starts in between; the lock and the walk that says whether the tree may move (no hard
-        link out of it, :meth:`.Branches.acquire_to_layer`) are taken aside, in a thread: both take a while."""
+        run of this engine starts in between; the lock, the walk that says whether the tree may move (no hard link
+        out of it) and the look for other processes holding it (:meth:`.Branches.acquire_to_layer`) are taken
+        aside, in a thread: they take a while."""
         if self._holds is None or not self.branches.cow or chain_of(ws_dir) is not None or self._holds(ws):
             return
         taking = asyncio.ensure_future(asyncio.to_thread(self.branches.acquire_to_layer, ws_dir))

@@ -208,21 +208,27 @@ def _copy_symlink(src: int, dst: int, name: str, st: os.stat_result, keep_owner:
         os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dst, follow_symlinks=False)
 
 
-def movable(top: int) -> bool:
+def movable(top: int) -> set[tuple[int, int]] | None:
     """Whether the tree at directory fd ``top`` may be moved whole instead of copied (made a layer of its own,
-    :meth:`.branches.Branches.layer`): the move must keep only what :func:`copy_tree` keeps. False where the copy
-    would leave something out or change it: a hard link to a file outside the tree (the walk counts each file's
-    links; a file with more than it saw has one elsewhere) or to another user's file, a set-user/group-id bit, a
-    device node, a directory marked as holding layers, another filesystem mounted inside; or a tree past the
-    copy's limits (the copy then says which). Hard links inside the tree stay links, as in any overlay layer."""
-    walk = _Walk(os.fstat(top).st_uid, os.fstat(top).st_dev)
-    return walk.directory(top, 0) and all(seen == nlink for nlink, seen in walk.linked.values())
+    :meth:`.branches.Branches.layer`): the ``(st_dev, st_ino)`` of its directories and files where it may, to look
+    for processes holding them (:mod:`.holders`), None where it may not. The move must keep only what
+    :func:`copy_tree` keeps: not where the copy would leave something out or change it — a hard link to a file
+    outside the tree (the walk counts each file's links; a file with more than it saw has one elsewhere) or to
+    another user's file, a set-user/group-id bit, a device node, a directory marked as holding layers, another
+    filesystem mounted inside — nor past the copy's limits (the copy then says which). Hard links inside the tree
+    stay links, as in any overlay layer."""
+    st = os.fstat(top)
+    walk = _Walk(st.st_uid, st.st_dev, {(st.st_dev, st.st_ino)})
+    if not walk.directory(top, 0) or any(seen != nlink for nlink, seen in walk.linked.values()):
+        return None
+    return walk.inodes
 
 
 @dataclass(slots=True)
 class _Walk:
     owner: int
     dev: int
+    inodes: set[tuple[int, int]]
     entries: int = 0
     linked: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """Each file with several links: its link count and how many of its links the walk saw."""
@@ -241,6 +247,7 @@ class _Walk:
         return True
 
     def entry(self, fd: int, name: str, st: os.stat_result, depth: int) -> bool:
+        self.inodes.add((st.st_dev, st.st_ino))
         if stat.S_ISDIR(st.st_mode):
             sub = os.open(name, DIR_FLAGS, dir_fd=fd)
             try:
