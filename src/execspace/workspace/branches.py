@@ -6,8 +6,9 @@ In copy-on-write mode a snapshot of a fork copies only the fork's own changes (i
 layer over the chain the fork stands on, and a fork of a snapshot is an empty upper over that chain: its cost
 does not grow with the workspace. The first snapshot or fork of a plain workspace that nothing runs in moves its
 tree into the store whole (one rename, :meth:`Branches.layer`) and mounts the workspace again as an overlay over
-it, so that it too costs what changed since; a plain workspace something holds (a program, a session), or whose
-tree a copy would not keep whole (a hard link to a file outside it, :func:`.treecopy.movable`), is copied instead.
+it, so that it too costs what changed since; a plain workspace something holds (a program, a session, any process
+of the host: :mod:`.holders`), or whose tree a copy would not keep whole (a hard link to a file outside it,
+:func:`.treecopy.movable`), is copied instead.
 Past :data:`MAX_DEPTH` layers a snapshot is flattened into one whole copy (read through the overlay), so reads
 stay fast.
 """
