@@ -72,6 +72,10 @@ class Spawning(Protocol):
         """The workspace's programs held still (:meth:`HostRunner.frozen`)."""
         ...
 
+    def holds(self, ws: Workspace) -> bool:
+        """Whether something of it (a session) has the workspace's tree open now (:meth:`HostRunner.holds`)."""
+        ...
+
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
@@ -277,6 +281,13 @@ class HostRunner:
         if self.spawning is not None:
             return self.spawning.frozen(self, ws)
         return held(proc.freezer([pid], ()) for proc in self.live_processes(ws) if (pid := proc.pid) is not None)
+
+    def holds(self, ws: Workspace) -> bool:
+        """Whether a program of this runner (or one being started, or what its spawning keeps, such as a session)
+        has the workspace's tree open now: for ``HostWorkspaceManager(holds=...)``."""
+        if ws.host_path is not None and self._live.get(ws.host_path):
+            return True
+        return self.spawning is not None and self.spawning.holds(ws)
 
     def live_processes(self, ws: Workspace) -> list[SupervisedProcess]:
         """The processes of the programs this runner runs in ``ws`` (started, not over yet)."""

@@ -76,7 +76,12 @@ class LocalBackend:
         )
         root = Path(options.workspace_root) if options.workspace_root else None
         manager = HostWorkspaceManager(
-            "local", root, stop_programs=runner.stop_programs, copy_on_write=True, freeze=runner.frozen
+            "local",
+            root,
+            stop_programs=runner.stop_programs,
+            copy_on_write=True,
+            freeze=runner.frozen,
+            holds=runner.holds,
         )
         fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots)
         return BaseEngine("local", manager, fs, runner, caps)

@@ -389,6 +389,7 @@ class SandboxBackend:
             # a machine's upper layers cannot live in a fork's overlay: its forks are copies
             copy_on_write=machine is None,
             freeze=runner.frozen,
+            holds=runner.holds,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
 
@@ -428,6 +429,7 @@ async def _open_session(
         stop_programs=runner.stop_programs,
         copy_on_write=runner_config.machine is None,
         freeze=runner.frozen,
+        holds=runner.holds,
         disk_bytes=config.disk_bytes,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=mode.aclose)
