@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 # the server's own extra, and the official SDK it is tested with
@@ -27,6 +26,7 @@ pytest.importorskip(
 )
 
 import e2b_code_interpreter as ci
+import httpx
 
 from execspace.environments import Environment, build, builtin_spec
 from execspace.testing.binding import make_traversable
