@@ -150,3 +150,17 @@ async def snapshot_files(engine: BaseEngine, snap: Snapshot) -> AsyncIterator[Pa
         yield view.host_path
     finally:
         await engine.manager.cleanup(view)
+
+
+def run_as_printed(script: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """A shell line or block of the docs run as a reader pastes it (bash, stopping at the first failure, no stdin);
+    what it printed and its exit code."""
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )

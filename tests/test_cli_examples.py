@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from execspace.registry import probe_backend
-from tests.support import make_traversable
+from tests.support import make_traversable, run_as_printed
 from tests.test_cli_reference import CLI_MD, section
 
 pytestmark = pytest.mark.timeout(180)
@@ -67,15 +66,7 @@ def test_example_runs_as_printed(line: str, sandbox: None, tmp_path: Path) -> No
     bin_dir = str(Path(sys.executable).parent)  # `execspace` as installed here
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXECSPACE_")}
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", TMPDIR=str(tmp), EXECSPACE_DAEMON="off")
-    proc = subprocess.run(
-        ["bash", "-e", "-o", "pipefail", "-c", line],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        cwd=project,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = run_as_printed(line, project, env, timeout=150)
     assert proc.returncode == 0, f"{line}\nfailed with {proc.returncode}:\n{proc.stdout}{proc.stderr}"
     assert "API_TOKEN" not in proc.stdout
     said = {
