@@ -16,28 +16,19 @@ from __future__ import annotations
 
 import base64
 import errno
-import json
 import os
 import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import BackendError, LimitExceeded, PathDenied, PathIsDirectory, UsageError
+from ...errors import BackendError, PathDenied, PathIsDirectory, UsageError
 from ...mime import SNIFF_BYTES, guess_mime
-from ...models import File, FileEntry, FileKind, PutFile, ResourceLimits, RunProgramSpec, Workspace
+from ...models import File, FileEntry, FileKind, PutFile, Workspace
 from ...protocols import ProgramRunner
-from ...workspace.fileagent import agent_text
+from ...workspace.agentprogram import MAX_ENTRIES, PIECE_BYTES, agent_answer, agent_program
 
 __all__ = ["ProgramFiles"]
 
-_AGENT = agent_text()
-#: Bytes of a file one agent run reads or writes (its answer, in base64, stays under the run's output cap).
-_PIECE = 768 * 1024
-_OUTPUT_BYTES = 2 * 1024 * 1024
-#: Seconds one agent run may take.
-_TIMEOUT = 60.0
-#: Entries a listing outside the workspace gives at most.
-_MAX_ENTRIES = 100_000
 _KINDS = {"file": FileKind.FILE, "dir": FileKind.DIR, "symlink": FileKind.SYMLINK, "other": FileKind.OTHER}
 #: The agent's refusals that mean "not for the program": a rule, a mode bit, a read-only filesystem.
 _DENIED = {"PathDenied", "PermissionError"}
@@ -65,7 +56,7 @@ class ProgramFiles:
         want = size if max_bytes is None else min(size, max_bytes)
         data, identity = b"", None
         while len(data) < want:
-            n = min(_PIECE, want - len(data))
+            n = min(PIECE_BYTES, want - len(data))
             found = await self._agent(ws, path, "read", path=_rel(path), n=n, offset=len(data))
             if identity is not None and found["id"] != identity:
                 raise BackendError(f"{path} was replaced while it was read: read it again")
@@ -80,7 +71,7 @@ class ProgramFiles:
         for f in files:
             data, tmp = f.data, None
             while True:
-                piece, data = data[:_PIECE], data[_PIECE:]
+                piece, data = data[:PIECE_BYTES], data[PIECE_BYTES:]
                 item = {"path": _rel(f.path), "b64": base64.b64encode(piece).decode(), "tmp": tmp, "mode": f.mode}
                 (tmp,) = await self._agent(ws, f.path, "write", items=[{**item, "final": not data}])
                 if not data:
@@ -95,7 +86,7 @@ class ProgramFiles:
     async def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> list[FileEntry]:
         rel = _rel(path)
         start = rel.split("/") if rel else []
-        found = await self._agent(ws, path, "list", start=start, descend=depth, max_entries=_MAX_ENTRIES)
+        found = await self._agent(ws, path, "list", start=start, descend=depth, max_entries=MAX_ENTRIES)
         return [_entry(e) for e in found]
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
@@ -109,30 +100,13 @@ class ProgramFiles:
         refusals as the errors they name."""
         if self.runner is None:
             raise UsageError("this engine's programs do not run yet: paths outside the workspace need them")
-        request = json.dumps({"op": op, "args": {"ws": "/", **args}}) + "\n"
-        spec = RunProgramSpec(
-            "python3",
-            ("-I", "-S", "-c", _AGENT, str(_TIMEOUT)),
-            stdin=request,
-            timeout=_TIMEOUT,
-            network="off",
-            limits=ResourceLimits(output_bytes=_OUTPUT_BYTES),
+        result = await self.runner.run_program(ws, agent_program(op, args))
+        answer = agent_answer(
+            result,
+            subject=f"for {path}",
+            on=f" on {path}",
+            fix="paths outside the workspace need a python3 in the sandbox",
         )
-        result = await self.runner.run_program(ws, spec)
-        if result.stdout_truncated:
-            raise LimitExceeded(
-                f"the answer for {path} is more than {_OUTPUT_BYTES // (1024 * 1024)} MiB (the file agent's cap): "
-                "list a smaller directory or fewer levels (depth)"
-            )
-        if result.timed_out:
-            raise LimitExceeded(f"the file agent took more than {_TIMEOUT:.0f}s on {path}: ask for less at once")
-        lines = result.stdout.splitlines()
-        if result.exit_code != 0 or not lines:
-            raise BackendError(
-                f"the sandbox's file agent failed on {path} (exit {result.exit_code}: {result.stderr.strip()[-300:]}); "
-                "paths outside the workspace need a python3 in the sandbox"
-            )
-        answer = json.loads(lines[-1])
         if "error" in answer:
             raise _error(path, *answer["error"])
         return answer["ok"]
