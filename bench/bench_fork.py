@@ -6,9 +6,9 @@ The workspace: ``--files`` small files (4 KiB each, in 100 directories) and four
 sparse: a copy must move every byte) making ``--big-mib`` in all. The sandbox backend (per-run mode) forks it:
 copy-on-write where this process may mount overlays (root), plain copies elsewhere (the line says which).
 
-Targets: fork p50 <= 10 ms; snapshot of a fork p50 <= 20 ms; 100 forks in one call <= 500 ms; a read-mostly
-program (``cat`` of every small file) in a fork within 1.2x of the same program in the parent (interleaved);
-disk used by 100 idle forks ~ only their changes.
+Targets: fork p50 <= 10 ms (of a snapshot; of the live workspace, >= 50x faster than the copy too); snapshot of a
+fork p50 <= 20 ms; 100 forks in one call <= 500 ms; a read-mostly program (``cat`` of every small file) in a fork
+within 1.2x of the same program in the parent (interleaved); disk used by 100 idle forks ~ only their changes.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ async def main(files: int, big_mib: int, reps: int) -> None:
                 f"written in {time.perf_counter() - t:.1f} s; fork mode: {m.fork_mode}"
             )
 
-            # the baseline: a full copy of the same tree (cp -a), then the first snapshot (also a full copy)
+            # the baseline: a full copy of the same tree (cp -a), then the first snapshot (as root it moves the tree
+            # into the store after a walk of it; a normal user's is a full copy)
             copies = []
             for i in range(3):
                 t = time.perf_counter()
@@ -99,9 +100,22 @@ async def main(files: int, big_mib: int, reps: int) -> None:
             t = time.perf_counter()
             snap = await m.snapshot(ws, name="base")
             first_snapshot = time.perf_counter() - t
+            how = "a walk and a rename, once" if m.fork_mode == "cow" else "a full copy"
             print(
                 f"full copy (cp -a) p50 {_ms(copies):8.1f} ms; first snapshot of the plain workspace "
-                f"{first_snapshot * 1000:8.1f} ms (a full copy, once)"
+                f"{first_snapshot * 1000:8.1f} ms ({how})"
+            )
+
+            live_t: list[float] = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                live = await m.fork(ws)
+                live_t.append(time.perf_counter() - t)
+                await m.cleanup(live[0])
+            ratio = _ms(copies) / _ms(live_t)
+            print(
+                f"fork of the live workspace p50 {_ms(live_t):8.2f} ms ({ratio:,.0f}x faster than the copy)   "
+                f"target <= 10 ms and >= 50x: {_verdict(_ms(live_t) <= 10 and ratio >= 50)}"
             )
 
             fork_t: list[float] = []

@@ -10,10 +10,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from execspace import RunResult, Workspace
+from execspace import BaseEngine, RunResult, Snapshot, SupportsSnapshots, Workspace
 from execspace.testing.binding import make_traversable
 
 __all__ = [
@@ -137,3 +137,30 @@ def held_still(pid: int) -> bool:
                 if "frozen 1" in events.splitlines():
                     return True
     return False
+
+
+@contextlib.asynccontextmanager
+async def snapshot_files(engine: BaseEngine, snap: Snapshot) -> AsyncIterator[Path]:
+    """A snapshot's whole tree, read the public way (its ``path`` may hold only its own layer): a fork of it,
+    removed after."""
+    assert isinstance(engine.manager, SupportsSnapshots)
+    (view,) = await engine.manager.fork(snap)
+    try:
+        assert view.host_path is not None
+        yield view.host_path
+    finally:
+        await engine.manager.cleanup(view)
+
+
+def run_as_printed(script: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """A shell line or block of the docs run as a reader pastes it (bash, stopping at the first failure, no stdin);
+    what it printed and its exit code."""
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )

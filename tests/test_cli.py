@@ -841,16 +841,56 @@ def test_unprotect_flag_makes_one_protected_path_writable_under_write(cli: Cli, 
 
     make_traversable(tmp_path)
     project = tmp_path / "proj"
-    project.mkdir(mode=0o777)
-    project.chmod(0o777)  # as root the program runs as the workspace's uid: only the mounts may stop it
+    project.mkdir()
+    (project / "Makefile").write_text("old:\n")
+    (project / "AGENTS.md").write_text("Be careful.\n")
     script = f"cd {project}; echo all: > Makefile; echo x > AGENTS.md || echo refused"
     proc = cli("run", "--write", str(project), "--unprotect", "Makefile", "--", "sh", "-c", script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"refused\n"
-    assert (project / "Makefile").read_text() == "all:\n" and sorted(os.listdir(project)) == ["Makefile"]
+    assert (project / "Makefile").read_text() == "all:\n" and (project / "AGENTS.md").read_text() == "Be careful.\n"
+    assert sorted(os.listdir(project)) == ["AGENTS.md", "Makefile"]
     for flags, error in (([], b"give --write too"), (["--write", str(project)], b"not protected")):
         proc = cli("run", *flags, "--unprotect", "README.md", "--", "true")
         assert proc.returncode == 125 and error in proc.stderr, proc.stderr
+
+
+def test_write_dot_and_cwd_dot_run_in_the_project_and_plant_nothing(tmp_path: Path) -> None:
+    """What the newcomer did (as root, from their project): ``execspace run --write . --cwd . -- ...``. The
+    program starts in the project and writes it as the project's owner, though it is 0700 under a 0700 directory
+    and owned by root; nothing else appears in it; what exists of the protected paths stays read-only."""
+    _needs_sandbox()
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    project = closed / "proj"
+    project.mkdir(mode=0o700)
+    (project / "main.py").write_text("print('hi')\n")
+    (project / ".git").mkdir()
+    (project / ".git" / "config").write_text("[core]\n")
+    before = sorted(os.listdir(project))
+    script = "echo new > made.txt; ls main.py; pwd; echo x >> .git/config || echo refused"
+    proc = subprocess.run(
+        [EXECSPACE, "run", "--backend", "sandbox", "--write", ".", "--cwd", ".", "--", "sh", "-c", script],
+        capture_output=True,
+        cwd=project,
+        env=_env(tmp_path, EXECSPACE_DAEMON="off"),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode() == f"main.py\n{project}\nrefused\n", proc.stdout
+    assert sorted(os.listdir(project)) == sorted([*before, "made.txt"])
+    made = os.stat(project / "made.txt")
+    assert (made.st_uid, made.st_gid) == (os.geteuid(), os.getegid()) and (project / "made.txt").read_text() == "new\n"
+    assert (project / ".git" / "config").read_text() == "[core]\n"
+    # a --cwd outside every grant stays a workspace path; a relative one inside a grant is the caller's
+    proc = subprocess.run(
+        [EXECSPACE, "run", "--backend", "sandbox", "--write", ".", "--cwd", "out", "--", "pwd"],
+        capture_output=True,
+        cwd=project,
+        env=_env(tmp_path, EXECSPACE_DAEMON="off"),
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout == b"/workspace/out\n", proc.stderr
 
 
 def test_profile_flags_belong_to_the_sandbox(cli: Cli, tmp_path: Path) -> None:

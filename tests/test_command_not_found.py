@@ -84,6 +84,36 @@ async def test_start_program_of_a_file_that_cannot_be_executed_on_the_host(tmp_p
             assert (result.exit_code, result.stderr) == (code, f"{caught.value}\n"), cmd
 
 
+async def test_a_missing_relative_path_says_it_starts_in_the_workspace(engine: execspace.BaseEngine) -> None:
+    """On every mode, ``./tool.sh`` that is not in the run's working directory is a 127 saying where a relative path
+    starts (a reader's own ``./script`` is not there) and how to reach the file."""
+    ws = await engine.manager.create_workspace("relative-everywhere")
+    result = await engine.runner.run_program(ws, RunProgramSpec("./no-such-tool.sh"))
+    assert result.exit_code == 127
+    assert "in the workspace, not from your current directory" in result.stderr, result.stderr
+    assert "give its absolute path" in result.stderr
+
+
+async def test_a_relative_path_missing_from_the_runs_cwd_says_where_it_looked(tmp_path: Path) -> None:
+    """``./tool.sh`` starts from the run's working directory in the workspace, not the caller's: the 127 says so and
+    names that directory (not a ``#!`` line to check); a file that is there but whose interpreter is not keeps the
+    ``#!`` hint."""
+    async with execspace.open_engine("local", workspace_root=tmp_path / "ws") as engine:
+        ws = await engine.manager.create_workspace("relative")
+        assert ws.host_path is not None
+        (tmp_path / "tool.sh").write_text("#!/bin/sh\necho tool\n")  # beside the caller, not in the workspace
+        result = await engine.runner.run_program(ws, RunProgramSpec("./tool.sh"))
+        assert result.exit_code == 127
+        assert f"no such file in the run's working directory {ws.host_path / 'work'}:" in result.stderr
+        assert "in the workspace, not from your current directory" in result.stderr and "#!" not in result.stderr
+        tool = ws.host_path / "work" / "tool.sh"
+        tool.write_text("#!/no/such/interpreter\n")
+        tool.chmod(0o755)
+        result = await engine.runner.run_program(ws, RunProgramSpec("./tool.sh"))
+        assert result.exit_code == 127
+        assert "the interpreter on its #! line is missing" in result.stderr, result.stderr
+
+
 async def test_start_process_of_a_missing_bare_name_raises_command_not_found(tmp_path: Path) -> None:
     probe = await probe_backend("sandbox")
     if not probe.ok:

@@ -207,13 +207,21 @@ async def test_workspace_variables_win_over_spec_env(tmp_path: Path) -> None:
 # -- cwd and command resolution ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cwd", ["..", "../..", "/tmp", "work/../../..", "out/link"])
+@pytest.mark.parametrize("cwd", ["..", "../..", "work/../../..", "out/link"])
 async def test_cwd_outside_workspace_is_refused(engine: BaseEngine, ws: Workspace, tmp_path: Path, cwd: str) -> None:
     (host(ws) / "out" / "link").symlink_to(tmp_path, target_is_directory=True)
     marker = tmp_path / "ran"
     with pytest.raises(PathDenied):
         await sh(engine, ws, f"touch {marker}", cwd=cwd)
     assert not marker.exists()
+
+
+async def test_an_absolute_cwd_is_a_directory_of_the_host(engine: BaseEngine, ws: Workspace, tmp_path: Path) -> None:
+    """A local program is a program of the host: an absolute cwd is where it starts, as in a shell (a relative one
+    stays in the workspace, above); nothing is made for it."""
+    r = await sh(engine, ws, "pwd", cwd=str(tmp_path))
+    assert (r.exit_code, r.stdout) == (0, f"{tmp_path}\n"), r.stderr
+    assert not (host(ws) / str(tmp_path).lstrip("/")).exists()
 
 
 async def test_symlinked_runs_dir_is_refused(engine: BaseEngine, ws: Workspace, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from execspace.registry import probe_backend
-from tests.support import make_traversable
+from tests.support import make_traversable, run_as_printed
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 _STEP = re.compile(
@@ -63,15 +63,7 @@ def test_the_shell_steps_run_as_printed(tmp_path: Path) -> None:
     for script, prints, why in _steps():
         if why is not None:
             continue
-        proc = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=home,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = run_as_printed(script, home, env, timeout=120)
         assert proc.returncode == 0, f"{script}\nfailed with {proc.returncode}:\n{proc.stdout}{proc.stderr}"
         for line in _checked_lines(prints):
             assert line in proc.stdout + proc.stderr, f"{script}\ndid not print {line!r}:\n{proc.stdout}{proc.stderr}"

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         UnsupportedBackend,
         UnsupportedLanguage,
         UsageError,
+        UserNotFound,
         WorkspaceFileNotFound,
         WorkspaceNotFound,
     )
@@ -132,6 +133,7 @@ _LAZY = {
     "InvalidSpec": ".errors",
     "LimitExceeded": ".errors",
     "NotExecutable": ".errors",
+    "UserNotFound": ".errors",
     "PartialOutputCommit": ".errors",
     "SandboxLost": ".errors",
     "PathDenied": ".errors",
@@ -284,6 +286,7 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
+    "UserNotFound",
     "Workspace",
     "WorkspaceFS",
     "WorkspaceFileNotFound",

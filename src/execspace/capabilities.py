@@ -119,6 +119,12 @@ class Capabilities:
     ``cow`` shares unchanged files, ``copy`` copies them all; None: it cannot."""
     users: tuple[str, ...] = ()
     """The users a run may name (``RunProgramSpec.user``): a machine sandbox's ``user`` and ``root``."""
+    absolute_paths: Literal["workspace", "cwd", "view"] = "workspace"
+    """Which absolute paths a run's ``cwd`` and the file API take beyond ``ws.path`` and its program binds:
+    ``workspace``, none (``PathDenied``); ``cwd``, a cwd anywhere the program may go (a program of the host:
+    ``local``), the file API staying in the workspace; ``view``, both, anywhere in the program's view and with its
+    permissions (the sandbox: its system directories, its grants; ``read_file``, ``put_files``, ``stat``,
+    ``exists``, ``list_dir``, ``make_dir`` and ``remove``)."""
     details: dict[str, str] = field(default_factory=dict)
     """Backend-specific facts (versions, mode), for display only."""
 
@@ -187,5 +193,6 @@ class Capabilities:
             "environments": self.environments,
             "fork": self.fork,
             "users": list(self.users),
+            "absolute_paths": self.absolute_paths,
             "details": dict(self.details),
         }

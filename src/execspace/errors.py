@@ -26,7 +26,8 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── InputError                  an input reference that cannot be resolved (bad scheme, missing source)
     ├── CannotExecute               a run's program could not be started (also OSError); carries its exit code
     │   ├── CommandNotFound         it does not exist where it would run: 127 (also FileNotFoundError)
-    │   └── NotExecutable           it cannot be executed there: 126 (also PermissionError)
+    │   ├── NotExecutable           it cannot be executed there: 126 (also PermissionError)
+    │   └── UserNotFound            the user it names does not exist where it would run: 126 (also LookupError)
     ├── ExecutionTimeout            a run exceeded its deadline (also TimeoutError); carries the partial result
     ├── ProgramFailed               raised only on request (check=True); carries the result
     └── BackendError                the backend failed while running (daemon died, kernel crashed…)
@@ -72,6 +73,7 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
+    "UserNotFound",
     "WorkspaceFileNotFound",
     "WorkspaceNotFound",
 ]
@@ -236,6 +238,14 @@ class CommandNotFound(CannotExecute, FileNotFoundError):
 class NotExecutable(CannotExecute, PermissionError):
     """The program exists but cannot be executed (no ``x`` bit, a directory, not a format the kernel runs, a
     file on the way): exit code 126."""
+
+    exit_code = 126
+
+
+class UserNotFound(CannotExecute, LookupError):
+    """The run names a user (``RunProgramSpec.user``) that does not exist where the program would run, as
+    ``docker exec -u`` and ``sudo -u`` report it: exit code 126. A user that exists there but that the backend
+    cannot run as is a :class:`CapabilityError` instead."""
 
     exit_code = 126
 

@@ -416,9 +416,13 @@ class Snapshot:
     """What that workspace was itself forked or restored from (a snapshot id, ``workspace:<id>``), if anything."""
     created_at: float
     size: int
-    """Bytes its frozen tree takes on disk."""
+    """Bytes its frozen tree takes on disk: for a copy-on-write one its own layer, what changed since the layers
+    below it (which it shares)."""
     path: Path
-    """The frozen tree on this host (read it, never change it)."""
+    """Where the backend keeps its files (never change them), not a tree to read it by: on this host for ``local``
+    and ``sandbox`` — a whole copy, or for a copy-on-write one only its own layer, in overlayfs' format (whiteouts
+    for what it removed), over the layers below it — and the workspace's directory in its sandbox for ``e2b``. To
+    read a snapshot's files, fork it (``fork(snapshot)``: a few milliseconds copy-on-write)."""
 
 
 @dataclass(frozen=True, slots=True)

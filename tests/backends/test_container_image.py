@@ -105,6 +105,7 @@ async def test_image_build_makes_the_documented_image_both_ways(
     r = await asyncio.to_thread(_cli, "image", "build", "--name", name, env=env, timeout=540)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "mmdebstrap" in r.stderr and f"built {name}" in r.stderr  # progress streamed, then the result
+    assert "\\x0d" not in r.stderr  # a step's CRLF lines are shown as lines, not with an escaped carriage return
     async with execspace.open_engine(
         "container",
         image=name,

@@ -34,7 +34,7 @@ from execspace.errors import EnvironmentNotFound, InvalidSpec, SetupFailed
 from execspace.testing.processes import new_tag, pids_with
 from execspace.workspace.hostmanager import HostWorkspaceManager
 from tests.backends.jupyter_support import kernels_of, require_sandboxed_kernels
-from tests.support import held_still, make_traversable
+from tests.support import held_still, make_traversable, snapshot_files
 
 MiB = 1024 * 1024
 
@@ -401,9 +401,10 @@ async def test_a_snapshot_stops_the_kernel_for_its_instant(
     async with manager._frozen(ws):
         assert pids_with(tag) and all(held_still(pid) for pid in pids_with(tag))
     snap = await manager.snapshot(ws)
-    for f in files:
-        frozen = (snap.path / "work" / f.name).read_bytes()
-        assert frozen == b"tick\n" * (len(frozen) // 5), f.name  # no half-written line: nobody wrote meanwhile
-        while f.stat().st_size <= len(frozen):  # they go on after it
-            await asyncio.sleep(0.01)
+    async with snapshot_files(engine, snap) as frozen_tree:
+        for f in files:
+            frozen = (frozen_tree / "work" / f.name).read_bytes()
+            assert frozen == b"tick\n" * (len(frozen) // 5), f.name  # no half-written line: nobody wrote meanwhile
+            while f.stat().st_size <= len(frozen):  # they go on after it
+                await asyncio.sleep(0.01)
     assert not any(held_still(pid) for pid in pids_with(tag))

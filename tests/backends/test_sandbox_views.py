@@ -80,7 +80,7 @@ async def test_a_tree_under_a_0700_directory_is_shown_read_only_and_nothing_besi
     assert _snapshot(private) == before  # no mode, owner or byte of the user's changed
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
     assert _mounts_under(tmp_path) == set()  # the views were in the runs' own mount namespaces
-    assert not os.listdir(tmp_path / "ws" / ".view-stage")
+    assert not os.listdir(tmp_path / "ws" / ".grant-stage")  # the clones were in the runs' own namespaces
 
 
 @pytest.mark.asyncio

@@ -110,7 +110,30 @@ CASES: list[tuple[str, str, list[Any], int | None, int | None, bool]] = [
     ("ioctl(TIOCSTI + high bits)", "ioctl", [-1, 0x5412 | HIGH, 0], errno.EPERM, errno.EPERM, False),
     ("ioctl(TIOCLINUX)", "ioctl", [-1, 0x541C, 0], errno.EPERM, errno.EPERM, False),
     ("ioctl(FIONREAD)", "ioctl", [-1, 0x541B, 0], ALLOWED, ALLOWED, False),
+    # set-ID bits (a file a program makes in a write grant is the tree owner's on the host); NULL paths and bad fds
+    # make the kernel's own answer EFAULT or EBADF
+    ("fchmod(S_ISUID)", "fchmod", [-1, 0o4755], errno.EPERM, errno.EPERM, False),
+    ("fchmod(S_ISGID + high bits)", "fchmod", [-1, 0o2755 | HIGH], errno.EPERM, errno.EPERM, False),
+    ("fchmod(0755)", "fchmod", [-1, 0o755], ALLOWED, ALLOWED, False),
+    ("fchmodat(S_ISGID)", "fchmodat", [-1, 0, 0o2750], errno.EPERM, errno.EPERM, False),
+    ("fchmodat2(S_ISUID)", "fchmodat2", [-1, 0, 0o4700, 0], errno.EPERM, errno.EPERM, False),
+    ("fchmodat(1777)", "fchmodat", [-1, 0, 0o1777], ALLOWED, ALLOWED, False),
+    ("openat(O_CREAT, S_ISUID)", "openat", [-1, 0, 0o101, 0o4755], errno.EPERM, errno.EPERM, False),
+    ("openat(O_TMPFILE, S_ISGID)", "openat", [-1, 0, 0o20200001, 0o2755], errno.EPERM, errno.EPERM, False),
+    ("openat(O_CREAT, 0755)", "openat", [-1, 0, 0o101, 0o755], ALLOWED, ALLOWED, False),
+    ("openat(no O_CREAT, a mode with S_ISUID)", "openat", [-1, 0, 0, 0o4755], ALLOWED, ALLOWED, False),
+    ("mknodat(S_IFREG|S_ISUID)", "mknodat", [-1, 0, 0o104755, 0], errno.EPERM, errno.EPERM, False),
+    ("openat2", "openat2", [-1, 0, 0, 24], errno.ENOSYS, errno.ENOSYS, False),
 ]
+if platform.machine() == "x86_64":  # the calls aarch64 has only as their *at forms
+    CASES += [
+        ("chmod(S_ISUID)", "chmod", [0, 0o4755], errno.EPERM, errno.EPERM, False),
+        ("chmod(0644)", "chmod", [0, 0o644], ALLOWED, ALLOWED, False),
+        ("creat(S_ISGID)", "creat", [0, 0o2755], errno.EPERM, errno.EPERM, False),
+        ("open(O_CREAT, S_ISUID)", "open", [0, 0o101, 0o4755], errno.EPERM, errno.EPERM, False),
+        ("open(O_CREAT, 0600)", "open", [0, 0o101, 0o600], ALLOWED, ALLOWED, False),
+        ("mknod(S_IFREG|S_ISGID)", "mknod", [0, 0o102755, 0], errno.EPERM, errno.EPERM, False),
+    ]
 
 # Loads the BPF file argv[1] as this process's seccomp filter, as bwrap does before exec.
 LOADER = """
@@ -247,7 +270,12 @@ def reference_export(chosen: tuple[sc.Deny, ...]) -> bytes:
     [
         ("network off", lambda: sc.build_bpf(True), sc.rules(True)),
         ("network on", lambda: sc.build_bpf(False), sc.rules(False)),
-        ("kernel", lambda: sc.build_bpf(True, allow_unix_socket=True), sc.ALWAYS + sc.RESTRICTED_NETWORK[1:]),
+        (
+            "kernel",
+            lambda: sc.build_bpf(True, allow_unix_socket=True),
+            sc.ALWAYS + sc.SET_ID_BITS + sc.RESTRICTED_NETWORK[1:],
+        ),
+        ("machine", lambda: sc.build_bpf(True, set_id_bits=True), sc.ALWAYS + sc.RESTRICTED_NETWORK),
         ("unix lock", sc.build_unix_lock_bpf, sc.RESTRICTED_NETWORK[:1]),
     ],
 )

@@ -36,7 +36,9 @@ ROOT_ON_LOCAL = {
 }
 
 
-@pytest.fixture(params=["sandbox", "local"])  # the provider's default (the sandbox in session mode), and local
+# the provider's default (the sandbox in session mode), the sandbox per run (a sandbox per command: /tmp is the
+# workspace's, so what one command leaves there the next finds), and local
+@pytest.fixture(params=["sandbox", "sandbox-per-run", "local"])
 async def sandbox_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SandboxEnvironment]:
     local = request.param == "local"
     waived = {**UNSUPPORTED, **(ROOT_ON_LOCAL if local and os.geteuid() == 0 else {})}
@@ -45,6 +47,8 @@ async def sandbox_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     config = None
     if local:  # its own root: a local workspace is a host directory, here under the test's own
         config = ExecspaceSandboxConfig(backend="local", options={"workspace_root": str(tmp_path / "ws")})
+    if request.param == "sandbox-per-run":
+        config = ExecspaceSandboxConfig(backend="sandbox", options={"mode": "per-run"})
     environments = await ExecspaceSandboxEnvironment.sample_init("self-check", config, {})
     try:
         yield environments["default"]

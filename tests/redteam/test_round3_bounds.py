@@ -4,8 +4,9 @@ runtime environment store is out of every sandbox's reach but for the environmen
 7. The sandbox's ``/`` and ``/dev`` were writable tmpfs of no size: as root a program wrote past a session's disk
    bound there, and without root past its memory limit (``RLIMIT_AS`` does not count tmpfs pages). Each attack fills
    ``/``, ``/dev``, ``/dev/shm`` and ``/tmp`` (stopping at the first error, or at three times the bound) and the host
-   reads each filesystem of the running sandbox through ``/proc/<pid>/root``: ``/`` and ``/dev`` read-only, ``/tmp``
-   and ``/dev/shm`` together no larger than the bound.
+   reads each filesystem of the running sandbox through ``/proc/<pid>/root``: ``/`` and ``/dev`` read-only,
+   ``/dev/shm`` no larger than its share of the bound, and ``/tmp`` the workspace's own ``tmp/`` (on its disk, under
+   its disk bound: a session's ``disk_bytes`` stops the fill), never a tmpfs of its own.
 10. A normal user's store is in their HOME: with a write grant over it, a program of one workspace planted a ``.pth``
    that the next run in that environment, in another workspace, executed. The attack plants through such a grant (as
    root the store is made writable by every uid, so only the mask stands in the way) and the host checks that
@@ -87,7 +88,8 @@ def _fs(pid: int, path: str) -> tuple[bool, int]:
 async def _fill_and_observe(
     engine: execspace.Engine, ws: execspace.Workspace, bound: int, limits: ResourceLimits
 ) -> tuple[dict[str, tuple[int, int, str]], dict[str, tuple[bool, int]]]:
-    """The attack's report per directory (bytes, exit code, error) and the host's view of each filesystem."""
+    """The attack's report per directory (bytes, exit code, error) and the host's view of each filesystem (and of
+    the workspace's ``tmp/``, as ``"ws tmp"``)."""
     assert ws.host_path is not None
     token = f"held-{secrets.token_hex(6)}"
     script = _FILL.replace("LIMIT", str(OVERSHOOT * bound)).replace("TOKEN", token)
@@ -101,6 +103,8 @@ async def _fill_and_observe(
             await asyncio.sleep(0.02)
         pid = _sandbox_pid(token)
         seen = {d: _fs(pid, d) for d in ("/", "/dev", "/dev/shm", "/tmp")}
+        tmp = os.statvfs(ws.host_path / "tmp")
+        seen["ws tmp"] = (bool(tmp.f_flag & os.ST_RDONLY), tmp.f_blocks * tmp.f_frsize)
     finally:
         (ws.host_path / "home" / "done").touch()
         result = await run
@@ -112,18 +116,24 @@ async def _fill_and_observe(
     return report, seen
 
 
-def _assert_bounded(report: dict[str, tuple[int, int, str]], seen: dict[str, tuple[bool, int]], bound: int) -> None:
-    tmp_size, shm_size = tmpfs_sizes(bound)
+def _assert_bounded(
+    report: dict[str, tuple[int, int, str]], seen: dict[str, tuple[bool, int]], bound: int, *, disk: bool = False
+) -> None:
+    """``/`` and ``/dev`` read-only, ``/dev/shm`` a tmpfs within the bound, ``/tmp`` the workspace's filesystem (with
+    ``disk``: one of the bound's size, which the fill cannot pass)."""
+    _, shm_size = tmpfs_sizes(bound)
     for d in ("/", "/dev"):
         assert seen[d][0], f"{d} is writable in the sandbox"
         written, code, error = report[d]
         assert (written, code) == (0, 2) and "Read-only file system" in error, report[d]
-    assert seen["/tmp"] == (False, tmp_size) and seen["/dev/shm"] == (False, shm_size), seen
-    assert tmp_size + shm_size <= bound
-    for d, size in (("/tmp", tmp_size), ("/dev/shm", shm_size)):
-        written, code, error = report[d]
-        assert code != 0 and "No space left on device" in error, report[d]
-        assert written <= size, (d, written, size)
+    assert seen["/dev/shm"] == (False, shm_size) and shm_size <= bound, seen
+    written, code, error = report["/dev/shm"]
+    assert code != 0 and "No space left on device" in error, report["/dev/shm"]
+    assert written <= shm_size, (written, shm_size)
+    assert seen["/tmp"] == seen["ws tmp"], seen  # the workspace's tmp/, not a tmpfs of the sandbox's
+    written, code, error = report["/tmp"]
+    if disk:  # the error itself is lost: the fill's stderr file is on the same full disk
+        assert code != 0 and written <= bound, report["/tmp"]
 
 
 @pytest.fixture
@@ -152,8 +162,9 @@ async def test_root_and_dev_are_read_only_and_tmpfs_hold_at_most_the_memory_limi
     assert "/dev/shm" in engine.describe().details["tmpfs"]
 
 
-async def test_a_session_disk_bound_bounds_its_tmpfs_too(tmp_path: Path) -> None:
-    """As root a session's workspace is a filesystem of ``disk_bytes``; its tmpfs stay within the same bound."""
+async def test_a_session_disk_bound_bounds_its_tmp_and_tmpfs_too(tmp_path: Path) -> None:
+    """As root a session's workspace is a filesystem of ``disk_bytes``: its ``/tmp`` (the workspace's) is on it, its
+    tmpfs stay within the same bound."""
     if os.geteuid() != 0:
         pytest.skip("a session's disk bound needs root")
     make_traversable(tmp_path)
@@ -169,7 +180,7 @@ async def test_a_session_disk_bound_bounds_its_tmpfs_too(tmp_path: Path) -> None
                 await eng.manager.cleanup(ws)  # its disk unmounted: no loop mount outlives the test
     except execspace.CapabilityError as exc:
         pytest.skip(f"no disk bound here: {exc}")
-    _assert_bounded(report, seen, bound)
+    _assert_bounded(report, seen, bound, disk=True)
 
 
 # -- 10: the environment store under a grant

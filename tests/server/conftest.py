@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,7 @@ pytest.importorskip(
 )
 
 import e2b_code_interpreter as ci
+import httpx
 
 from execspace.environments import Environment, build, builtin_spec
 from execspace.testing.binding import make_traversable
@@ -42,6 +45,26 @@ class Server:
 
     def sdk_env(self) -> dict[str, str]:
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.key}
+
+
+@contextlib.contextmanager
+def raw_interpreter(server: Server) -> Iterator[Callable[[dict[str, object]], list[dict[str, Any]]]]:
+    """A code-interpreter sandbox of ``server`` spoken to without the SDK (which sends no ``timeout`` of a request's
+    own): each call posts one ``/execute`` body and returns its lines, parsed. The sandbox is deleted at the end."""
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        made = http.post("/v2/sandboxes", json={"templateID": "code-interpreter-v1"}, headers={"X-API-KEY": API_KEY})
+        sandbox_id = made.json()["sandboxID"]
+        headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49999"}
+        headers["X-Access-Token"] = made.json()["envdAccessToken"]
+
+        def execute(body: dict[str, object]) -> list[dict[str, Any]]:
+            answer = http.post("/execute", json=body, headers=headers)
+            return [json.loads(line) for line in answer.text.splitlines()]
+
+        try:
+            yield execute
+        finally:
+            http.delete(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": API_KEY})
 
 
 @functools.cache

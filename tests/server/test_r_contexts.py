@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import time
 
-import httpx
 import pytest
 
 from execspace.testing.processes import TAG_VARIABLE, new_tag, wait_no_process, wait_processes
 
-from .conftest import API_KEY, Server
+from .conftest import Server, raw_interpreter
 
 ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[dev]' (e2b-code-interpreter)")
 pytestmark = pytest.mark.skipif(shutil.which("R") is None, reason="R contexts run the host's R (r-base-core)")
@@ -74,21 +72,12 @@ def test_a_cell_past_its_timeout_is_interrupted_and_the_state_kept(sbx: ci.Sandb
 
 
 def test_a_timeout_in_the_request_ends_the_cell_with_an_interrupted_error(e2b_server: Server) -> None:
-    with httpx.Client(base_url=e2b_server.url, timeout=60) as http:
-        made = http.post("/v2/sandboxes", json={"templateID": "code-interpreter-v1"}, headers={"X-API-KEY": API_KEY})
-        sandbox_id = made.json()["sandboxID"]
-        headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49999"}
-        headers["X-Access-Token"] = made.json()["envdAccessToken"]
-        try:
-            body = {"code": 'k <- 5\ncat("started\\n")\nSys.sleep(60)', "language": "r", "timeout": 2}
-            lines = [json.loads(line) for line in http.post("/execute", json=body, headers=headers).text.splitlines()]
-            assert [line["text"] for line in lines if line["type"] == "stdout"] == ["started\n"]
-            errors = [line for line in lines if line["type"] == "error"]
-            assert [e["name"] for e in errors] == ["Interrupted"] and lines[-1]["type"] == "end_of_execution"
-            again = http.post("/execute", json={"code": "k", "language": "r"}, headers=headers).text.splitlines()
-            assert any(json.loads(line).get("text") == "[1] 5" for line in again)
-        finally:
-            http.delete(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": API_KEY})
+    with raw_interpreter(e2b_server) as execute:
+        lines = execute({"code": 'k <- 5\ncat("started\\n")\nSys.sleep(60)', "language": "r", "timeout": 2})
+        assert [line["text"] for line in lines if line["type"] == "stdout"] == ["started\n"]
+        errors = [line for line in lines if line["type"] == "error"]
+        assert [e["name"] for e in errors] == ["Interrupted"] and lines[-1]["type"] == "end_of_execution"
+        assert any(line.get("text") == "[1] 5" for line in execute({"code": "k", "language": "r"}))
 
 
 def test_quit_ends_the_process_which_is_reported_and_replaced(sbx: ci.Sandbox) -> None:

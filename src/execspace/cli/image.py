@@ -61,7 +61,10 @@ def _printer(quiet: bool, started: float) -> Any:
     def show(line: str) -> None:
         if quiet:
             return
-        sys.stderr.write(f"[{time.monotonic() - started:6.1f}s] {printable(line)}\n")
+        # a build step's carriage returns (dpkg in the chroot writes CRLF, progress redraws its line): what a
+        # terminal would leave on screen, the last text after one, rather than an escaped \x0d
+        shown = next((part for part in reversed(line.split("\r")) if part), "")
+        sys.stderr.write(f"[{time.monotonic() - started:6.1f}s] {printable(shown)}\n")
         sys.stderr.flush()
 
     return show

@@ -150,7 +150,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--artifacts", type=host_path, metavar="DIR", help="artifact store directory for artifact:// inputs")
     p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="K=V", help="set a variable")
-    p.add_argument("--cwd", default="work", metavar="REL", help="working directory in the workspace (default work)")
+    p.add_argument(
+        "--cwd",
+        default="work",
+        metavar="PATH",
+        help="working directory: a workspace path (default work), or a directory of yours in a --read/--write grant "
+        "(absolute, or relative to yours: --write . --cwd .)",
+    )
     p.add_argument(
         "--no-stdin",
         action="store_true",
@@ -300,11 +306,23 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> RunProgramSpec:
         cmd=argv[0],
         args=argv[1:],
         env=dict(args.env),
-        cwd=args.cwd,
+        cwd=run_cwd(args.cwd, [*args.read, *args.write]),
         timeout=args.timeout,
         limits=limits,
         network=network_choice(args),
     )
+
+
+def run_cwd(cwd: str, grants: Sequence[Path]) -> str:
+    """``--cwd`` as the run takes it: a relative path naming a directory of the caller's (against their directory)
+    that lies in a host grant is that directory, where the sandbox shows it (``--write . --cwd .``); any other
+    relative path is a workspace path (``out``, when the project has no ``out/``), and an absolute one is as the
+    program sees it (a grant's host path, ``/workspace/...``, a system directory)."""
+    if cwd.startswith("/") or not grants:
+        return cwd
+    host = host_path(cwd)
+    inside = any(host == g or g in host.parents for g in grants)
+    return str(host) if inside and host.is_dir() else cwd
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from ..errors import EnvironmentBuildFailed, EnvironmentNotFound, InvalidSpec
 from ..workspace.confine import ConfinedRoot
 from ..workspace.hostroots import closed_ancestor
+from .buildcommand import run_command
 from .rootfs import ROOTFS_DIR, DebianTarget, debian_target, missing_packages, mmdebstrap_argv
 from .spec import BUILTIN_SPECS, EnvironmentSpec, canonical_name
 
@@ -562,28 +563,12 @@ async def _run_step(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
     if path_first is not None:  # a tree's own npm is a script run by the tree's own node
         env["PATH"] = os.pathsep.join(p for p in (str(path_first), env.get("PATH")) if p)
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-        umask=0o022,
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    try:
-        async for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            lines.append(line)
-            if emit is not None:
-                emit(BuildEvent(step, line, output=True))
-        code = await proc.wait()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
+
+    def line_out(line: str) -> None:
+        if emit is not None:
+            emit(BuildEvent(step, line, output=True))
+
+    code, lines = await run_command(argv, line_out, env=env, umask=0o022)
     if code != 0:
         tail = "\n".join(lines[-_TAIL_LINES:])
         what = f"step {step!r} failed (exit {code}): {' '.join(argv[:6])}...\n{tail}"

@@ -8,9 +8,10 @@
 
 Registered by the ``inspect_ai`` entry point (installing ``execspace[inspect-ai]`` is enough). Each sample gets
 its own engine and workspace, opened in ``sample_init`` and removed with everything in it in ``sample_cleanup``;
-by default the bubblewrap sandbox in session mode (one sandbox per sample: ``/tmp`` and background state last
-across the sample's commands). ``sandbox=("execspace", ExecspaceSandboxConfig(backend=..., options={...}))``
-picks another backend or options (those of :func:`execspace.open_engine`).
+by default the bubblewrap sandbox in session mode (one sandbox per sample: background state lasts across the
+sample's commands; ``/tmp`` is the workspace's in either mode, so it lasts too).
+``sandbox=("execspace", ExecspaceSandboxConfig(backend=..., options={...}))`` picks another backend or options
+(those of :func:`execspace.open_engine`).
 
 Commands run in the workspace's ``work/`` (the sample's working directory), with stdin, env, cwd and a timeout;
 files are read and written by ``cat`` inside the boundary, as the sandbox's user, so that a path means the same

@@ -72,6 +72,10 @@ class Spawning(Protocol):
         """The workspace's programs held still (:meth:`HostRunner.frozen`)."""
         ...
 
+    def holds(self, ws: Workspace) -> bool:
+        """Whether something of it (a session) has the workspace's tree open now (:meth:`HostRunner.holds`)."""
+        ...
+
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
@@ -99,6 +103,7 @@ class HostRunner:
         wrappers: Sequence[Wrapper] = (),
         choose: Chooser | None = None,
         spawning: Spawning | None = None,
+        user_exists: Callable[[str], bool] | None = None,
     ) -> None:
         self.wrappers = tuple(wrappers)
         """What each prepared run is wrapped in, in turn (:data:`Wrapper`)."""
@@ -112,6 +117,7 @@ class HostRunner:
             program_root=program_root,
             lookup=lookup,
             path_view=path_view,
+            user_exists=user_exists,
         )
         self.kill_grace = kill_grace
         self.output_rate = output_rate
@@ -276,6 +282,13 @@ class HostRunner:
             return self.spawning.frozen(self, ws)
         return held(proc.freezer([pid], ()) for proc in self.live_processes(ws) if (pid := proc.pid) is not None)
 
+    def holds(self, ws: Workspace) -> bool:
+        """Whether a program of this runner (or one being started, or what its spawning keeps, such as a session)
+        has the workspace's tree open now: for ``HostWorkspaceManager(holds=...)``."""
+        if ws.host_path is not None and self._live.get(ws.host_path):
+            return True
+        return self.spawning is not None and self.spawning.holds(ws)
+
     def live_processes(self, ws: Workspace) -> list[SupervisedProcess]:
         """The processes of the programs this runner runs in ``ws`` (started, not over yet)."""
         live = self._live.get(ws.host_path, set()) if ws.host_path is not None else set()
@@ -346,5 +359,6 @@ def unisolated_capabilities(
         languages=available_languages(path),
         does_not_protect=does_not_protect,
         fork="cow" if overlay_supported() else "copy",
+        absolute_paths="cwd",  # a program of the host: any directory of it is a cwd, as in a shell
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )

@@ -20,6 +20,8 @@ import contextlib
 import copy
 import errno
 import os
+import posixpath
+import pwd
 import secrets
 import shlex
 import shutil
@@ -38,6 +40,7 @@ from ..errors import (
     NotExecutable,
     PathDenied,
     UsageError,
+    UserNotFound,
     WorkspaceNotFound,
 )
 from ..models import RunProgramSpec, RunResult, Workspace
@@ -53,6 +56,7 @@ __all__ = [
     "RunPreparation",
     "exec_error",
     "finish_run",
+    "host_user_exists",
     "lookup_on_path",
     "lookup_where_it_runs",
     "not_started",
@@ -83,6 +87,16 @@ def _split_hint(spec: RunProgramSpec) -> str:
     )
 
 
+def host_user_exists(name: str) -> bool:
+    """Whether this host's passwd has a user ``name`` (what a local program, or a sandbox showing the host's
+    ``/etc``, would find)."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 def lookup_where_it_runs(cmd: str, path: str) -> str | None:
     """No lookup here: what starts the program looks it up where it runs (a container runtime reports 127 itself)."""
     return cmd
@@ -110,10 +124,18 @@ class PreparedRun:
     """False when what starts the program makes ``run_dir`` (see :meth:`RunPreparation.prepare`)."""
     cwd_view: str = ""
     """The working directory as the program sees it when the run named it through a program bind
-    (``/home/user/sub``: see :attr:`~execspace.models.Workspace.program_binds`), else ``""``."""
+    (``/home/user/sub``: see :attr:`~execspace.models.Workspace.program_binds`) or outside the workspace
+    (``/usr/bin``, a granted host directory: a runner that shows more than the workspace), else ``""``."""
+
+    cwd_outside: bool = False
+    """The working directory is outside the workspace (``cwd_view``, as the program sees it), made by nobody."""
 
     @property
     def host_cwd(self) -> str:
+        """Where a program of the host itself starts (a wrapper starts from the workspace root and enters the
+        program's own cwd itself)."""
+        if self.cwd_outside:
+            return self.cwd_view
         return str(self.root / self.cwd_rel) if self.cwd_rel else str(self.root)
 
     def program_cwd(self, program_root: str) -> str:
@@ -136,6 +158,9 @@ class RunPreparation:
         lookup: how the program is found (default :func:`lookup_on_path`, on the run's PATH).
         path_view: the run's PATH as the program sees it (the sandbox drops the entries it hides): what the
             program gets, what the lookup searches and what a "not found" names.
+        user_exists: whether a user of that name exists where the program runs (its passwd): a run naming one
+            that does not is :class:`~execspace.errors.UserNotFound` (126, as ``docker exec -u`` says); one that
+            exists but is not among the backend's ``Capabilities.users`` stays a ``CapabilityError``.
     """
 
     def __init__(
@@ -148,8 +173,10 @@ class RunPreparation:
         program_root: Callable[[Workspace], str] | None = None,
         lookup: ProgramLookup = lookup_on_path,
         path_view: Callable[[str], str] | None = None,
+        user_exists: Callable[[str], bool] | None = None,
     ) -> None:
         self._caps = capabilities
+        self._user_exists = user_exists
         self._path_view = path_view
         self.env_policy = env_policy or EnvPolicy()
         self._host_env = host_env
@@ -178,16 +205,20 @@ class RunPreparation:
 
         Raises:
             CommandNotFound: the command does not exist (its run directory is made all the same).
+            UserNotFound: the spec names a user that does not exist where the program runs (``user_exists``).
             CapabilityError: the spec asks for what the backend cannot enforce.
-            PathDenied: the cwd leaves the workspace.
+            PathDenied: the cwd leaves the workspace (but for an absolute one where the backend takes one:
+                ``Capabilities.absolute_paths``; what starts the program enters it, nothing is made for it).
             UsageError: ``ws`` is not a host-directory workspace.
             WorkspaceNotFound: its directory is gone (the workspace was cleaned up).
         """
+        self._check_user(spec)
         self._caps().require(spec)
         if ws.host_path is None:
             raise UsageError(f"workspace {ws.id!r} is not a host workspace")
         root = ws.host_path
-        cwd_parts = self._cwd_parts(workspace_relative(ws, spec.cwd))
+        outside = self._outside_cwd(ws, spec.cwd)
+        cwd_parts = [] if outside else self._cwd_parts(workspace_relative(ws, spec.cwd))
         try:
             confined = ConfinedRoot(str(root), self.owner(ws))
         except FileNotFoundError:
@@ -221,8 +252,8 @@ class RunPreparation:
                 self._make_named_run_dir(ws, run_dir)
             raise CommandNotFound(spec.cmd, msg, errno.ENOENT, run_dir)
         argv = [program, *spec.args]
-        cwd_rel, cwd_view = "/".join(cwd_parts), bound_path(ws, spec.cwd)
-        return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view)
+        cwd_rel, cwd_view = "/".join(cwd_parts), outside or bound_path(ws, spec.cwd)
+        return PreparedRun(ws, root, spec, argv, env, cwd_rel, run_dir, marker, make_run_dir, cwd_view, bool(outside))
 
     def make_run_dir(self, prep: PreparedRun) -> None:
         """Make the run directory ``prep`` named and did not make (``make_run_dir=False``), fd-relative as
@@ -245,6 +276,27 @@ class RunPreparation:
                     f"the run directory {run_dir} of workspace {ws.id!r} exists already (a program made it?); "
                     "run the program again"
                 ) from None
+
+    def _check_user(self, spec: RunProgramSpec) -> None:
+        user = spec.user
+        if user is None or self._user_exists is None or user in self._caps().users or self._user_exists(user):
+            return
+        raise UserNotFound(
+            spec.cmd,
+            f"execspace: cannot run {spec.cmd!r} as {user!r}: no such user where the program runs (leave user unset "
+            "to run as the backend's own user)",
+            errno.EINVAL,
+        )
+
+    def _outside_cwd(self, ws: Workspace, cwd: str) -> str:
+        """``cwd`` normalised when it is an absolute path outside the workspace (and its program binds) that this
+        runner's programs see (``Capabilities.absolute_paths``), else ``""``."""
+        if not cwd.startswith("/") or self._caps().absolute_paths == "workspace" or bound_path(ws, cwd):
+            return ""
+        path = posixpath.normpath(cwd)
+        root = ws.path.rstrip("/")
+        inside = bool(root) and (path == root or path.startswith(root + "/"))
+        return "" if inside else path
 
     @staticmethod
     def _cwd_parts(cwd: str) -> list[str]:
@@ -287,16 +339,41 @@ def _disk_usage(root: str) -> int:
 
 def exec_error(prep: PreparedRun, exc: OSError) -> CannotExecute | None:
     """What an exec's failure (``exc``) means for ``prep``'s program: it does not exist (127) or cannot be executed
-    (126), as a shell reports it; None for other errors."""
+    (126), as a shell reports it; a working directory outside the workspace that is not there (126: nothing of the
+    program ran, and nothing made that directory); None for other errors."""
+    if prep.cwd_outside and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        # what entered the directory and exec'd (a sandbox's supervisor) may not say which of the two failed
+        which = "the working directory" if exc.filename == prep.cwd_view else "the working directory, or the program,"
+        return NotExecutable(
+            prep.spec.cmd,
+            f"execspace: cannot start {prep.spec.cmd!r} in {prep.cwd_view}: {exc.strerror} ({which} is missing as the "
+            "program sees it; a working directory outside the workspace is never made)",
+            exc.errno,
+            prep.run_dir,
+        )
     if exc.errno == errno.ENOENT:
         error: type[CannotExecute] = CommandNotFound
-        hint = " (if the file exists, the interpreter on its #! line is missing)"
+        hint = _not_found_hint(prep)
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
         error, hint = NotExecutable, " (is it executable, with a valid #! line?)"
     else:
         return None
     msg = f"execspace: cannot execute {prep.spec.cmd!r}: {exc.strerror}{hint}"
     return error(prep.spec.cmd, msg, exc.errno, prep.run_dir)
+
+
+def _not_found_hint(prep: PreparedRun) -> str:
+    """Why the exec of ``prep``'s program found no file. A relative path (``./x``) starts from the run's working
+    directory, in the workspace: a caller who meant a file of their current directory is told so, rather than sent
+    to look at a ``#!`` line."""
+    cmd = prep.spec.cmd
+    if "/" in cmd and not os.path.isabs(cmd) and not os.path.lexists(os.path.join(prep.host_cwd, cmd)):
+        return (
+            f" (no such file in the run's working directory {prep.host_cwd}: a relative path starts from there, in "
+            "the workspace, not from your current directory; stage the file into the workspace (CLI: --input; library: "
+            "stage_inputs), or give its absolute path)"
+        )
+    return " (if the file exists, the interpreter on its #! line is missing)"
 
 
 def not_started(error: CannotExecute) -> RunResult:

@@ -17,29 +17,20 @@ from __future__ import annotations
 
 import base64
 import errno
-import json
 import os
 import posixpath
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import BackendError, LimitExceeded, PathDenied
-from ..models import FileEntry, FileKind, ResourceLimits, RunProgramSpec
+from ..models import FileEntry, FileKind
 from ..protocols import FileReader, SupportsFileMetadata, SupportsFileStreams
-from ..workspace.fileagent import agent_text
+from ..workspace.agentprogram import MAX_ENTRIES, PIECE_BYTES, agent_answer, agent_program
 from .paths import HOME, program_dir, to_sdk, to_view
 from .sandboxes import Sandbox
 
 __all__ = ["SandboxView", "outside_home"]
 
-_AGENT = agent_text()
-#: Bytes of a file one agent run reads or writes (its answer, in base64, stays under the run's output cap).
-_PIECE = 768 * 1024
-_OUTPUT_BYTES = 2 * 1024 * 1024
-#: Seconds one agent run may take.
-_TIMEOUT = 60.0
-#: Entries a listing outside the home gives at most.
-_MAX_ENTRIES = 100_000
 _KINDS = {"file": FileKind.FILE, "dir": FileKind.DIR, "symlink": FileKind.SYMLINK, "other": FileKind.OTHER}
 _OS_ERRORS: dict[str, tuple[type[OSError], int]] = {
     "FileNotFoundError": (FileNotFoundError, errno.ENOENT),
@@ -98,7 +89,7 @@ class SandboxView:
         if not outside_home(path):
             return await self._fs.list_dir(self._sandbox.workspace, path, depth=depth)
         start = [] if path == "/" else _rel(path).split("/")
-        found = await self._agent("list", start=start, descend=depth, max_entries=_MAX_ENTRIES)
+        found = await self._agent("list", start=start, descend=depth, max_entries=MAX_ENTRIES)
         return [_entry(e) for e in found]
 
     async def make_dir(self, path: str) -> None:
@@ -155,8 +146,8 @@ class SandboxView:
                 if size > max_bytes:
                     raise LimitExceeded(f"the file is larger than {max_bytes} bytes")
                 pending += chunk
-                while len(pending) >= _PIECE:
-                    piece, pending = pending[:_PIECE], pending[_PIECE:]
+                while len(pending) >= PIECE_BYTES:
+                    piece, pending = pending[:PIECE_BYTES], pending[PIECE_BYTES:]
                     tmp = await self._piece(rel, piece, tmp, final=False)
             await self._piece(rel, pending, tmp, final=True)
             tmp = None
@@ -172,39 +163,21 @@ class SandboxView:
         return str(made) if made is not None else None
 
     async def read_piece(self, rel: str, offset: int) -> dict[str, Any]:
-        found: dict[str, Any] = await self._agent("read", path=rel, n=_PIECE, offset=offset)
+        found: dict[str, Any] = await self._agent("read", path=rel, n=PIECE_BYTES, offset=offset)
         return found
 
     async def _agent(self, op: str, **args: object) -> Any:
         """One op of the file agent, run in the sandbox as its programs run; its refusals as the errors they
         name."""
         sandbox = self._sandbox
-        request = json.dumps({"op": op, "args": {"ws": "/", **args}}) + "\n"
-        spec = RunProgramSpec(
-            "python3",
-            ("-I", "-S", "-c", _AGENT, str(_TIMEOUT)),
-            env=sandbox.program_env(),
-            cwd=program_dir(sandbox.workspace, HOME),
-            stdin=request,
-            timeout=_TIMEOUT,
-            network="off",
-            limits=ResourceLimits(output_bytes=_OUTPUT_BYTES),
-        )
+        spec = agent_program(op, args, env=sandbox.program_env(), cwd=program_dir(sandbox.workspace, HOME))
         result = await sandbox.engine.runner.run_program(sandbox.workspace, spec)
-        if result.stdout_truncated:
-            raise LimitExceeded(
-                f"the answer outside /home/user is more than {_OUTPUT_BYTES // (1024 * 1024)} MiB (the file agent's "
-                "cap): list a smaller directory or fewer levels (depth)"
-            )
-        if result.timed_out:
-            raise LimitExceeded(f"the file agent took more than {_TIMEOUT:.0f}s: ask for less at once")
-        lines = result.stdout.splitlines()
-        if result.exit_code != 0 or not lines:
-            raise BackendError(
-                f"the sandbox's file agent failed (exit {result.exit_code}: {result.stderr.strip()[-300:]}); "
-                "a template needs python3 for the file API outside /home/user"
-            )
-        answer = json.loads(lines[-1])
+        answer = agent_answer(
+            result,
+            subject="outside /home/user",
+            on="",
+            fix="a template needs python3 for the file API outside /home/user",
+        )
         if "error" in answer:
             raise _error(*answer["error"])
         return answer["ok"]

@@ -148,6 +148,11 @@ def outside_dir(tmp_path: Path) -> Path:
     return outside
 
 
+def beyond(engine: Engine) -> bool:
+    """Whether the engine's file API serves absolute paths of the program's view beyond its workspace."""
+    return engine.describe().absolute_paths == "view"
+
+
 def untouched(outside: Path) -> bool:
     return sorted(p.name for p in outside.iterdir()) == ["keep.txt"] and (outside / "keep.txt").read_text() == "keep"
 
@@ -671,11 +676,15 @@ class EngineConformance:
         # read_file names what is missing, and where (a bare FileNotFoundError said neither)
         with pytest.raises(execspace.WorkspaceFileNotFound, match=r"no file 'work/missing' in workspace"):
             await any_engine.fs.read_file(any_ws, "work/missing")
-        for bad in ("../x", "/etc/passwd", "work/../../x"):
+        for bad in ("../x", "work/../../x", *(() if beyond(any_engine) else ("/etc/passwd",))):
             with pytest.raises(PathDenied):
                 await any_engine.fs.stat(any_ws, bad)
             with pytest.raises(PathDenied):
                 await any_engine.fs.exists(any_ws, bad)
+        if beyond(any_engine):  # the program's view: what it sees there
+            assert (await any_engine.fs.stat(any_ws, "/etc/passwd")).kind is execspace.FileKind.FILE
+            assert (await any_engine.fs.stat(any_ws, "/etc")).kind is execspace.FileKind.DIR
+            assert not await any_engine.fs.exists(any_ws, "/etc/no-such-file-xyz")
 
     @needs(Feature.PROGRAMS)
     async def test_stat_and_list_give_the_mode_the_program_set_and_a_links_target(
@@ -767,7 +776,7 @@ class EngineConformance:
             await fs.rename(any_ws, "work/x", "work/x/y/inside")
         with pytest.raises(PathDenied):
             await fs.make_dir(any_ws, "work/old.txt/sub")  # a file is in the way
-        for src, dst in (("../x", "work/z"), ("work/old.txt", "../z"), ("work/old.txt", "/tmp/z")):
+        for src, dst in (("../x", "work/z"), ("work/old.txt", "../z"), ("work/old.txt", "/etc/z")):
             with pytest.raises(PathDenied):
                 await fs.rename(any_ws, src, dst)
 
@@ -946,8 +955,9 @@ class EngineConformance:
     async def test_absolute_paths_in_the_programs_view_reach_the_same_files(
         self, any_engine: Engine, any_ws: Ws
     ) -> None:
-        """The file API takes the paths a program prints: ``ws.path`` + a workspace path is that file; nothing else
-        absolute is reachable."""
+        """The file API takes the paths a program prints: ``ws.path`` + a workspace path is that file; any other
+        absolute path is refused, or, where the file API serves the program's whole view
+        (``Capabilities.absolute_paths == "view"``), is what the program sees there."""
         root = any_ws.path
         await any_engine.fs.put_files(any_ws, [PutFile(f"{root}/work/abs.txt", b"by absolute path")])
         got = await any_engine.fs.read_file(any_ws, f"{root}/work/abs.txt")
@@ -961,7 +971,13 @@ class EngineConformance:
         await any_engine.fs.remove(any_ws, f"{root}/work/d")
         assert not await any_engine.fs.exists(any_ws, "work/d")
         for outside in ("/etc/passwd", f"{root}-other/x", f"{root}/../x", f"{root}/work/../../x"):
-            with pytest.raises(PathDenied):
+            if beyond(any_engine) and outside == "/etc/passwd":
+                seen = await run(any_engine, any_ws, "cat /etc/passwd")
+                assert (await any_engine.fs.read_file(any_ws, outside)).text == seen.stdout
+                continue
+            # beyond the workspace a path the program's view lacks is missing; one with ".." is refused everywhere
+            missing = beyond(any_engine) and ".." not in outside
+            with pytest.raises(FileNotFoundError if missing else PathDenied):
                 await any_engine.fs.read_file(any_ws, outside)
 
     @needs(Feature.PROGRAMS)
@@ -971,12 +987,19 @@ class EngineConformance:
         assert r.exit_code == 0, r.stderr
         assert r.stdout.splitlines()[0] == f"{root}/out"
         assert (await any_engine.fs.read_file(any_ws, f"{root}/out/p.txt")).content == b"made\n"
-        with pytest.raises(PathDenied):
-            await run(any_engine, any_ws, "pwd", cwd="/etc")
+        if any_engine.describe().absolute_paths == "workspace":
+            with pytest.raises(PathDenied):
+                await run(any_engine, any_ws, "pwd", cwd="/etc")
+        else:  # a directory the program sees: it starts there, nothing is made for it
+            r = await run(any_engine, any_ws, "pwd", cwd="/etc")
+            assert (r.exit_code, r.stdout) == (0, "/etc\n"), r.stderr
 
     async def test_a_directory_is_no_file(self, any_engine: Engine, any_ws: Ws) -> None:
         """Reading a directory, or writing a file where one is, is ``IsADirectoryError`` (still ``PathDenied``)."""
         await any_engine.fs.put_files(any_ws, [PutFile("work/d/f.txt", b"f")])
+        if beyond(any_engine):  # a directory of the program's view too
+            with pytest.raises(IsADirectoryError, match="directory"):
+                await any_engine.fs.read_file(any_ws, "/etc")
         with pytest.raises(IsADirectoryError, match="directory") as read:
             await any_engine.fs.read_file(any_ws, "work/d")
         with pytest.raises(IsADirectoryError, match="directory") as written:

@@ -4,8 +4,13 @@ in a thread.
 
 In copy-on-write mode a snapshot of a fork copies only the fork's own changes (its overlay upper) as a new
 layer over the chain the fork stands on, and a fork of a snapshot is an empty upper over that chain: its cost
-does not grow with the workspace. A snapshot of a plain workspace copies it once. Past :data:`MAX_DEPTH`
-layers a snapshot is flattened into one whole copy (read through the overlay), so reads stay fast.
+does not grow with the workspace. The first snapshot or fork of a plain workspace that nothing runs in moves its
+tree into the store whole (one rename, :meth:`Branches.layer`) and mounts the workspace again as an overlay over
+it, so that it too costs what changed since; a plain workspace something holds (a program, a session, any process
+of the host: :mod:`.holders`), or whose tree a copy would not keep whole (a hard link to a file outside it,
+:func:`.treecopy.movable`), is copied instead.
+Past :data:`MAX_DEPTH` layers a snapshot is flattened into one whole copy (read through the overlay), so reads
+stay fast.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -22,6 +28,7 @@ from pathlib import Path
 from ..errors import InvalidSpec
 from ..models import Snapshot
 from .confinecore import DIR_FLAGS
+from .holders import open_anywhere
 from .layers import (
     LAYERS_DIR,
     chain_of,
@@ -35,6 +42,7 @@ from .layers import (
 from .layout import METADATA_FILE
 from .metadata import load_metadata, save_metadata
 from .snapshots import SnapshotStore, exchange_dirs
+from .treecopy import movable
 
 __all__ = ["MAX_DEPTH", "Branches", "overlay_supported"]
 
@@ -66,15 +74,101 @@ class Branches:
         # frees a layer being mounted (the thread lock, then an flock on the store, which a killed holder drops)
         self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
+    def acquire(self) -> int:
+        """Take the root's lock (blocking: from a worker thread); :meth:`release` gives it back, from any thread."""
+        self._lock.acquire()
+        try:
             fd = self.store.lock_file()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+        except BaseException:
+            self._lock.release()
+            raise
+        return fd
+
+    def release(self, fd: int) -> None:
+        os.close(fd)
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = self.acquire()
+        try:
+            yield
+        finally:
+            self.release(fd)
+
+    # -- layering --------------------------------------------------------------------
+
+    def acquire_to_layer(self, ws_dir: Path) -> tuple[int, bool]:
+        """Take the root's lock (:meth:`acquire`) and say whether :meth:`layer` may move the plain workspace's tree:
+        a walk of it (:func:`.treecopy.movable`) finds nothing the copy it replaces would leave out, such as a hard
+        link to a file outside it, and no process of the host has it open (:func:`.holders.open_anywhere`). The
+        caller releases the lock."""
+        fd = self.acquire()
+        try:
+            return fd, self._movable(ws_dir)
+        except BaseException:
+            self.release(fd)
+            raise
+
+    def _movable(self, ws_dir: Path) -> bool:
+        if not self.cow or chain_of(ws_dir) is not None or os.path.ismount(ws_dir):
+            return False
+        top = os.open(ws_dir, DIR_FLAGS)
+        try:
+            inodes = movable(top)
+        finally:
+            os.close(top)  # before looking for holders: this one is not
+        return inodes is not None and not open_anywhere(inodes)
+
+    def layer(self, ws_dir: Path, ws_id: str) -> bool:
+        """Make the plain workspace ``ws_dir`` (nothing may run in it: its tree moves) an overlay over its own tree,
+        moved whole into the store by a rename, with an empty upper: from then on a snapshot or fork copies only
+        what changed since (:meth:`_snapshot`). The caller holds the lock (:meth:`acquire`). False where it stays
+        plain (copies mode, already layered, a mount of its own such as a disk bound); :meth:`acquire_to_layer`
+        says first whether the tree may move."""
+        if not self.cow or chain_of(ws_dir) is not None or os.path.ismount(ws_dir):
+            return False
+        built = self.store.new_partial()
+        try:
+            upper = built / "upper"
+            upper.mkdir(mode=0o700)
+            (built / "work").mkdir(mode=0o700)
+            top, dst = os.open(ws_dir, DIR_FLAGS), os.open(upper, DIR_FLAGS)
+            try:
+                copy_root_attrs(top, dst)
+            finally:
+                os.close(top)
+                os.close(dst)
+            snap_id = self.store.adopt(ws_dir, ws_id)
+        except BaseException:
+            self.store.discard(built)
+            raise
+        try:
+            ws_dir.mkdir(mode=0o700)
+            write_record(built, [snap_id])
+            (self.root / LAYERS_DIR).mkdir(mode=0o700, exist_ok=True)
+            os.rename(built, layers_dir(ws_dir))
+            mount_overlay(ws_dir, [self.store.tree(snap_id)])
+        except BaseException:
+            self._unlayer(ws_dir, snap_id, built)
+            raise
+        return True
+
+    def _unlayer(self, ws_dir: Path, snap_id: str, built: Path) -> None:
+        """Put a workspace whose layering failed half-way back as it was (its tree, plain, at its path)."""
+        if os.path.ismount(ws_dir):
+            unmount(ws_dir)
+        for leftover in (built, layers_dir(ws_dir)):
+            if leftover.exists():
+                shutil.rmtree(leftover)  # ours: an empty upper, a work directory, a record
+        with contextlib.suppress(FileNotFoundError):
+            ws_dir.rmdir()
+        self.store.give_back(snap_id, ws_dir)
 
     # -- snapshots -------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from wcmatch import glob as wglob
 
@@ -32,7 +32,7 @@ from .hostroots import HostSource, walk_tree
 from .layers import own_changes
 from .layout import METADATA_FILE
 from .metadata import is_metadata_temp
-from .programpaths import checked_relative, workspace_relative, workspace_relatives
+from .programpaths import checked_relative, outside_workspace, workspace_relative, workspace_relatives
 from .staging import WorkspaceFSBase, checked_depth
 from .xattrs import check_file_metadata
 
@@ -130,6 +130,29 @@ def entry_of(path: str, st: os.stat_result, link_target: str | None = None) -> F
     return FileEntry(path, 0, st.st_mtime, FileKind.OTHER, mode)
 
 
+class ProgramView(Protocol):
+    """The file operations at absolute paths outside a workspace (and its program binds) as its programs see them,
+    served where they are by a backend whose programs see more than their workspace (the sandbox: its system
+    directories and grants, through its file agent run as a program); with the programs' permissions."""
+
+    def shows(self, path: str) -> bool:
+        """Whether the absolute ``path`` is the view's even where a program bind holds it (a host grant under
+        ``/tmp`` is mounted over the workspace's ``tmp/``)."""
+        ...
+
+    async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File: ...
+
+    async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None: ...
+
+    async def stat(self, ws: Workspace, path: str) -> FileEntry: ...
+
+    async def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> builtins.list[FileEntry]: ...
+
+    async def make_dir(self, ws: Workspace, path: str) -> None: ...
+
+    async def remove(self, ws: Workspace, path: str) -> None: ...
+
+
 class HostWorkspaceFS(WorkspaceFSBase):
     """File operations on host-directory workspaces, confined with fd-relative walks.
 
@@ -142,6 +165,9 @@ class HostWorkspaceFS(WorkspaceFSBase):
     file of theirs, whatever its mode).
     ``remove`` and ``rename`` of a directory check every entry in it, so that a tree
     holding a path the rule keeps is refused whole, before anything moves.
+    ``elsewhere``: the backend's way to the absolute paths outside a workspace (and its program
+    binds) that its programs see (:class:`ProgramView`: the sandbox's system directories and
+    grants); without it such a path is ``PathDenied``.
     """
 
     def __init__(
@@ -152,10 +178,12 @@ class HostWorkspaceFS(WorkspaceFSBase):
         owner: Callable[[Workspace], tuple[int, int] | None] | None = None,
         access: AccessHook | None = None,
         programs_read_all: bool = False,
+        elsewhere: ProgramView | None = None,
     ) -> None:
         super().__init__(artifacts, host_roots)
         self._access = access
         self._read_all = programs_read_all
+        self._elsewhere = elsewhere
         # uid/gid for what we create, per workspace (the sandbox uid when we run as root)
         self._owner = owner
 
@@ -193,8 +221,17 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     # -- primitives ------------------------------------------------------------------
 
+    def _outside(self, ws: Workspace, path: str) -> ProgramView | None:
+        """The way to ``path`` when it is outside the workspace as its programs see it, and the backend has one."""
+        view = self._elsewhere
+        return view if view is not None and (outside_workspace(ws, path) or view.shows(path)) else None
+
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         root = self._root(ws)
+        elsewhere = [f for f in files if self._outside(ws, f.path) is not None]
+        if elsewhere and self._elsewhere is not None:
+            await self.put_files(ws, [f for f in files if self._outside(ws, f.path) is None])
+            return await self._elsewhere.put_files(ws, elsewhere)
         files = [replace(f, path=workspace_relative(ws, f.path)) for f in files]
         for f in files:
             split_relpath(f.path)  # refuse bad paths before writing anything
@@ -211,6 +248,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         root = self._root(ws)
+        if (view := self._outside(ws, path)) is not None:
+            return await view.read_file(ws, path, max_bytes=max_bytes)
         path = workspace_relative(ws, path)
         self.check(ws, path, "read")
 
@@ -305,6 +344,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
     async def list_dir(self, ws: Workspace, path: str, *, depth: int = 1) -> builtins.list[FileEntry]:
         """One walk below ``path`` that goes no deeper than ``depth`` (no glob is matched)."""
         root = self._root(ws)
+        if (view := self._outside(ws, path)) is not None:
+            return await view.list_dir(ws, path, depth=checked_depth(depth))
         rel = checked_relative(ws, path)
         levels = checked_depth(depth)
         readable = self._readable(ws)
@@ -318,6 +359,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def stat(self, ws: Workspace, path: str) -> FileEntry:
         root = self._root(ws)
+        if (view := self._outside(ws, path)) is not None:
+            return await view.stat(ws, path)
         rel = checked_relative(ws, path)
         self.check(ws, rel, "read")
 
@@ -358,6 +401,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
+        if (view := self._outside(ws, path)) is not None:
+            return await view.make_dir(ws, path)
         rel = checked_relative(ws, path)
         self.check(ws, rel, "write")
 
@@ -419,6 +464,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
     async def remove(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
+        if (view := self._outside(ws, path)) is not None:
+            return await view.remove(ws, path)
         rel = checked_relative(ws, path)
         self.check(ws, rel, "write")
 

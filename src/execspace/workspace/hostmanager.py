@@ -74,6 +74,7 @@ class HostWorkspaceManager:
         freeze: Callable[[Workspace], contextlib.AbstractAsyncContextManager[None]] | None = None,
         disk_bytes: int | None = None,
         keep_root_mode: bool = False,
+        holds: Callable[[Workspace], bool] | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
@@ -87,7 +88,10 @@ class HostWorkspaceManager:
         new workspace under ``root`` on a filesystem of that size (:mod:`.diskimages`, root only; the caller checks
         :func:`.diskimages.disk_tools_missing`); such workspaces have no snapshots or forks. ``keep_root_mode``
         leaves the mode of a root that exists as it is (``execspace ws`` over a root it did not make, such as the
-        user's directory holding a ``--workspace DIR``); the root is made private only when it is created."""
+        user's directory holding a ``--workspace DIR``); the root is made private only when it is created.
+        ``holds`` says whether anything of the backend holds the workspace's tree now (a program, a session): the
+        first snapshot or fork of a plain workspace nothing holds makes it copy-on-write itself
+        (:meth:`.Branches.layer`), so that it and every later one copies only what changed."""
         self.backend = backend
         self._stop_programs = stop_programs
         self._adopt = adopt
@@ -103,6 +107,7 @@ class HostWorkspaceManager:
         self._root_ready = False
         self._copy_on_write = copy_on_write
         self._freeze = freeze
+        self._holds = holds
         self._branches: Branches | None = None
         self.disk_bytes = disk_bytes
 
@@ -265,8 +270,33 @@ class HostWorkspaceManager:
         ws_dir = self._own_dir(ws)
         self._refuse_branches("a snapshot")
         self._ensure_root()
+        await self._layer(ws, ws_dir)
         async with self._frozen(ws):
             return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
+
+    async def _layer(self, ws: Workspace, ws_dir: Path) -> None:
+        """Make the plain workspace copy-on-write where nothing holds its tree (its tree moves: a program in it
+        would go on writing the frozen layer). The check and the move happen in one step of the event loop, so no
+        run of this engine starts in between; the lock, the walk that says whether the tree may move (no hard link
+        out of it) and the look for other processes holding it (:meth:`.Branches.acquire_to_layer`) are taken
+        aside, in a thread: they take a while."""
+        if self._holds is None or not self.branches.cow or chain_of(ws_dir) is not None or self._holds(ws):
+            return
+        taking = asyncio.ensure_future(asyncio.to_thread(self.branches.acquire_to_layer, ws_dir))
+        try:
+            fd, movable = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the thread still takes it: given back then
+            taking.add_done_callback(self._give_back)
+            raise
+        try:
+            if movable and not self._holds(ws):
+                self.branches.layer(ws_dir, ws.id)
+        finally:
+            self.branches.release(fd)
+
+    def _give_back(self, taken: asyncio.Future[tuple[int, bool]]) -> None:
+        if not taken.cancelled() and taken.exception() is None:
+            self.branches.release(taken.result()[0])
 
     def _frozen(self, ws: Workspace) -> contextlib.AbstractAsyncContextManager[None]:
         return self._freeze(ws) if self._freeze is not None else contextlib.nullcontext()
@@ -301,6 +331,8 @@ class HostWorkspaceManager:
         pol = policy or WorkspacePolicy(persistence=Persistence.SESSION)
         targets = [(new_id, self.root / sanitize_id(new_id)) for new_id in new_ids]
         origin = self._own_dir(source) if isinstance(source, Workspace) else source
+        if isinstance(source, Workspace) and isinstance(origin, Path):
+            await self._layer(source, origin)
         async with self._frozen(source) if isinstance(source, Workspace) else contextlib.nullcontext():
             await asyncio.to_thread(self.branches.fork, origin, source.id, targets)
         forks = [await asyncio.to_thread(self._laid_out, ws_dir, new_id, pol) for new_id, ws_dir in targets]

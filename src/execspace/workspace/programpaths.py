@@ -4,8 +4,10 @@ A program in a sandbox sees its workspace at ``/workspace`` (on local, at its ho
 where the server put it): ``ws.path``. Agents and the protocols they speak (E2B, the OpenAI Agents SDK's sandboxes,
 inspect_ai) name files by those absolute paths, so an absolute path under ``ws.path`` means the same file as its
 workspace-relative remainder, with the same confinement after the mapping; so is one under a directory the backend
-also shows elsewhere (``ws.program_binds``: the sandbox's ``/home/user`` is ``work/``). Any other absolute path is
-refused with the roots it should lie under: the host-side file API never reaches outside the workspace.
+also shows elsewhere (``ws.program_binds``: the sandbox's ``/home/user`` is ``work/``, its ``/tmp`` is ``tmp/``).
+Any other absolute path is refused with the roots it should lie under, unless the backend serves the rest of its
+programs' view itself (:func:`outside_workspace`; the sandbox runs its file agent as a program there): the host-side
+file API never reaches outside the workspace.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ..errors import PathDenied
 from ..models import Workspace
 from .confinecore import split_relpath
 
-__all__ = ["bound_path", "checked_relative", "workspace_relative", "workspace_relatives"]
+__all__ = ["bound_path", "checked_relative", "outside_workspace", "workspace_relative", "workspace_relatives"]
 
 
 def workspace_relative(ws: Workspace, path: str) -> str:
@@ -45,6 +47,15 @@ def workspace_relative(ws: Workspace, path: str) -> str:
         f"an absolute path must lie in the workspace as the program sees it ({roots}); "
         "give that, or a path relative to the workspace",
     )
+
+
+def outside_workspace(ws: Workspace, path: str) -> bool:
+    """Whether ``path`` is absolute and names nothing of the workspace as the program sees it (neither under
+    ``ws.path`` nor under a program bind): a path of the program's view beyond it (a system directory, a grant)."""
+    if not isinstance(path, str) or not path.startswith("/") or _bind_of(ws, path) is not None:
+        return False
+    p, root = posixpath.normpath(path), ws.path.rstrip("/")
+    return bool(root) and not (p == root or p.startswith(root + "/"))
 
 
 def bound_path(ws: Workspace, path: str) -> str:

@@ -4,11 +4,13 @@ A program that can write ``.git/config`` gets its ``core.fsmonitor`` run by the 
 host; ``.envrc`` runs on ``cd`` (direnv), ``.vscode/tasks.json`` on opening the folder, ``AGENTS.md`` steers the
 next agent, ``.github/workflows`` run with the repository's secrets. So wherever a program may write a project
 root (the workspace root, a sandbox write grant over a directory), these stay readable and are never writable.
-One that is missing must not be creatable either, and a bind mount needs something to mount on: the sandbox
-creates a *transient* placeholder for the run (:class:`Placeholders`: an empty read-only file, mounted read-only
-over itself, removed after the run), so that the user's directory is as it was once the run is over. The
-sandbox mounts enforce it, the container's mounts too, and both backends' file APIs refuse writes there. The
-``local`` backend isolates nothing and protects nothing.
+In a workspace, one that is missing must not be creatable either, and a bind mount needs something to mount on:
+the sandbox creates a *transient* placeholder for the run (:class:`Placeholders`: an empty read-only file,
+mounted read-only over itself, removed after the run), so that the workspace is as it was once the run is over.
+In a host write grant (the user's own directory) nothing is ever planted: one that exists is mounted read-only,
+one that is missing can be created by the program, and the run warns when one exists after it
+(:meth:`PlaceholderRun.watch`). The sandbox mounts enforce it, the container's mounts too, and both backends'
+file APIs refuse writes there. The ``local`` backend isolates nothing and protects nothing.
 
 Left out on purpose: build and test files the user runs deliberately (``package.json``, ``pyproject.toml``,
 ``conftest.py``, ``setup.py``…: project code, like every script a program may change; review the diff),
@@ -221,13 +223,15 @@ class Placeholders:
 
 
 class PlaceholderRun:
-    """The placeholders one run mounts; :meth:`release` them once the run is over, however it ended."""
+    """The protected paths of one run: the placeholders it mounts, and the missing paths it watches (a host grant's,
+    where nothing is planted); :meth:`release` them once the run is over, however it ended."""
 
     def __init__(self, owner: Placeholders) -> None:
         self._owner = owner
         self._keys: list[_Key] = []
         self._shared: list[int] = []
         """fds with a shared lock on empty protected files this engine did not make (another process's)."""
+        self._watched: list[str] = []
 
     def mount_point(self, root: str, rel: str) -> str:
         """What to mount read-only below the directory ``root`` so that the protected path ``rel`` can be neither
@@ -237,12 +241,29 @@ class PlaceholderRun:
         Raises:
             PathDenied: ``rel`` is a symlink or lies under one; it keeps being created and removed.
         """
+        found = self._mount_point(root, rel, create=True)
+        assert found is not None, "a missing component was made"
+        return found
+
+    def existing_mount_point(self, root: str, rel: str) -> str | None:
+        """What to mount read-only below ``root`` so that the protected path ``rel`` cannot be changed, as
+        :meth:`mount_point`, but nothing made: None where a component is missing.
+
+        Raises:
+            PathDenied: ``rel`` is a symlink or lies under one.
+        """
+        return self._mount_point(root, rel, create=False)
+
+    def _mount_point(self, root: str, rel: str, *, create: bool) -> str | None:
         parts = rel.split("/")
         dfd = os.open(root, _DIR_FLAGS)
         try:
             for n, name in enumerate(parts, 1):
                 done = "/".join(parts[:n])
-                mode = self._settle(dfd, name, os.path.join(root, done))
+                path = os.path.join(root, done)
+                mode = self._settle(dfd, name, path) if create else _existing(dfd, name, path)
+                if mode is None:
+                    return None
                 if n == len(parts) or not stat.S_ISDIR(mode):
                     return done
                 try:
@@ -255,14 +276,21 @@ class PlaceholderRun:
         finally:
             os.close(dfd)
 
+    def watch(self, path: str) -> None:
+        """Watch the missing protected path ``path`` (a host grant's, which the run can create): :meth:`release`
+        says if it exists then."""
+        self._watched.append(path)
+
     def release(self) -> None:
         """Give back every placeholder of this run (idempotent); a placeholder found changed, or still used by
-        another process, is left in place with a ``RuntimeWarning``."""
+        another process, is left in place with a ``RuntimeWarning``; so is a watched path that exists now."""
         keys, self._keys = self._keys, []
         shared, self._shared = self._shared, []
+        watched, self._watched = self._watched, []
         for fd in shared:
             os.close(fd)
         notes = [note for key in keys if (note := self._owner._leave(key))]
+        notes += [_created(path) for path in watched if os.path.lexists(path)]
         for note in notes:  # after every removal: a warning turned into an error must not stop the rest
             warnings.warn(note, RuntimeWarning, stacklevel=2)
 
@@ -322,6 +350,28 @@ class PlaceholderRun:
             pass  # BlockingIOError: its owner holds it exclusively to remove it; FileNotFoundError: removed
         os.close(fd)
         return False
+
+
+def _existing(dfd: int, name: str, path: str) -> int | None:
+    """The mode of ``name`` in ``dfd``, or None when it is missing.
+
+    Raises:
+        PathDenied: it is a symlink.
+    """
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise PathDenied(path, "a protected path is a symlink or lies under one; refusing to mount it")
+    return st.st_mode
+
+
+def _created(path: str) -> str:
+    return (
+        f"{path}: a protected path (host tools read it as configuration or code) was missing when the run began "
+        "and exists now: the program (or someone else meanwhile) made it; review it before you use the directory"
+    )
 
 
 def _same(st: os.stat_result, key: _Key) -> bool:

@@ -136,6 +136,34 @@ class SnapshotStore:
             raise
         return snap
 
+    def adopt(self, tree: Path, ws_id: str) -> str:
+        """Move the whole tree ``tree`` (a plain workspace nothing runs in) into the store as an unlisted layer, by
+        one rename, and return its id; the caller mounts the workspace again over it. Its size is not counted: an
+        unlisted layer is never shown."""
+        partial = self.new_partial()
+        try:
+            snap_id = f"snap-{secrets.token_hex(8)}"
+            parent = load_metadata(tree).forked_from
+            snap = Snapshot(snap_id, None, ws_id, parent, time.time(), 0, self.dir / snap_id / _TREE)
+            record = {k: v for k, v in asdict(snap).items() if k != "path"}
+            _write_json(partial / _RECORD, {**record, "chain": [snap_id], "removed": True})
+            os.rename(tree, partial / _TREE)
+        except BaseException:
+            self.discard(partial)
+            raise
+        try:
+            os.rename(partial, self.dir / snap_id)
+        except BaseException:
+            os.rename(partial / _TREE, tree)  # the workspace's files go back where they were
+            self.discard(partial)
+            raise
+        return snap_id
+
+    def give_back(self, snap_id: str, tree: Path) -> None:
+        """Undo :meth:`adopt`: the layer's tree back at ``tree`` (which must not exist), its entry gone."""
+        os.rename(self.tree(snap_id), tree)
+        self._remove(snap_id)
+
     def _check_name(self, name: str | None) -> None:
         if name is None:
             return

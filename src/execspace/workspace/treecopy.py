@@ -21,13 +21,13 @@ import contextlib
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import LimitExceeded
 from .confinecore import DIR_FLAGS, READ_FLAGS
 from .xattrs import copy_between
 
-__all__ = ["LAYERS_XATTR", "OVERLAY_XATTRS", "CopyStats", "copy_tree", "tree_size"]
+__all__ = ["LAYERS_XATTR", "OVERLAY_XATTRS", "CopyStats", "copy_tree", "movable", "tree_size"]
 
 #: Overlay attributes a copied layer keeps (the others describe one mount's upper only).
 OVERLAY_XATTRS = ("trusted.overlay.opaque",)
@@ -206,6 +206,62 @@ def _copy_symlink(src: int, dst: int, name: str, st: os.stat_result, keep_owner:
         os.chown(name, st.st_uid, st.st_gid, dir_fd=dst, follow_symlinks=False)
     with contextlib.suppress(NotImplementedError):
         os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dst, follow_symlinks=False)
+
+
+def movable(top: int) -> set[tuple[int, int]] | None:
+    """Whether the tree at directory fd ``top`` may be moved whole instead of copied (made a layer of its own,
+    :meth:`.branches.Branches.layer`): the ``(st_dev, st_ino)`` of its directories and files where it may, to look
+    for processes holding them (:mod:`.holders`), None where it may not. The move must keep only what
+    :func:`copy_tree` keeps: not where the copy would leave something out or change it — a hard link to a file
+    outside the tree (the walk counts each file's links; a file with more than it saw has one elsewhere) or to
+    another user's file, a set-user/group-id bit, a device node, a directory marked as holding layers, another
+    filesystem mounted inside — nor past the copy's limits (the copy then says which). Hard links inside the tree
+    stay links, as in any overlay layer."""
+    st = os.fstat(top)
+    walk = _Walk(st.st_uid, st.st_dev, {(st.st_dev, st.st_ino)})
+    if not walk.directory(top, 0) or any(seen != nlink for nlink, seen in walk.linked.values()):
+        return None
+    return walk.inodes
+
+
+@dataclass(slots=True)
+class _Walk:
+    owner: int
+    dev: int
+    inodes: set[tuple[int, int]]
+    entries: int = 0
+    linked: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """Each file with several links: its link count and how many of its links the walk saw."""
+
+    def directory(self, fd: int, depth: int) -> bool:
+        if depth > _MAX_DEPTH or os.fstat(fd).st_dev != self.dev or _holds_layers(fd):
+            return False
+        for name in os.listdir(fd):
+            self.entries += 1
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if self.entries > _MAX_ENTRIES or not self.entry(fd, name, st, depth):
+                return False
+        return True
+
+    def entry(self, fd: int, name: str, st: os.stat_result, depth: int) -> bool:
+        self.inodes.add((st.st_dev, st.st_ino))
+        if stat.S_ISDIR(st.st_mode):
+            sub = os.open(name, DIR_FLAGS, dir_fd=fd)
+            try:
+                return self.directory(sub, depth + 1)
+            finally:
+                os.close(sub)
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            return False
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            if st.st_uid != self.owner:
+                return False
+            _, seen = self.linked.get((st.st_dev, st.st_ino), (st.st_nlink, 0))
+            self.linked[(st.st_dev, st.st_ino)] = (st.st_nlink, seen + 1)
+        return True
 
 
 def tree_size(top: int) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...environments import DEBIAN_PATH
+from ...environments.buildcommand import run_command
 from ...environments.rootfs import debian_target, mmdebstrap_argv
 from ...errors import EnvironmentBuildFailed, SetupFailed
 from ...languages import available_languages
@@ -144,25 +145,10 @@ def _context() -> bytes:
 
 async def _stream(argv: list[str], progress: Progress) -> None:
     """Run ``argv``, each line of its output to ``progress``; a failure names the command and its last lines."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    assert proc.stdout is not None
-    tail: list[str] = []
-    try:
-        async for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            tail = [*tail[-19:], line]
-            progress(line)
-        code = await proc.wait()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
+    code, lines = await run_command(argv, progress)
     if code != 0:
         raise EnvironmentBuildFailed(
-            f"mmdebstrap failed (exit {code}):\n" + "\n".join(tail),
+            f"mmdebstrap failed (exit {code}):\n" + "\n".join(lines[-20:]),
             "check the host's apt sources reach Debian's archive, or build with --via dockerfile",
         )
 

@@ -19,6 +19,7 @@ from ...engine import BaseEngine
 from ...envpolicy import EnvPolicy
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...process.pacing import check_output_rate
+from ...process.preparation import host_user_exists
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
 
@@ -67,11 +68,20 @@ class LocalBackend:
         """Open a local engine with ``options`` (see :class:`LocalOptions`)."""
         caps = cls.capabilities(options.env_policy)
         runner = HostRunner(
-            lambda: caps, options.env_policy, kill_grace=options.kill_grace, output_rate=options.output_rate
+            lambda: caps,
+            options.env_policy,
+            kill_grace=options.kill_grace,
+            output_rate=options.output_rate,
+            user_exists=host_user_exists,
         )
         root = Path(options.workspace_root) if options.workspace_root else None
         manager = HostWorkspaceManager(
-            "local", root, stop_programs=runner.stop_programs, copy_on_write=True, freeze=runner.frozen
+            "local",
+            root,
+            stop_programs=runner.stop_programs,
+            copy_on_write=True,
+            freeze=runner.frozen,
+            holds=runner.holds,
         )
         fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots)
         return BaseEngine("local", manager, fs, runner, caps)

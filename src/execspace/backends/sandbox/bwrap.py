@@ -7,7 +7,9 @@ Design (see docs/backends/sandbox.md):
   ``/mnt``, ``/srv``, ``/run``, the host's ``/tmp`` and any other top-level directory are not there at all.
   Once every mount point is made in it, it is remounted read-only, and so is ``/dev``: the only writable
   tmpfs are ``/tmp`` and ``/dev/shm``, sized from the run's limits (:func:`tmpfs_sizes`), since a tmpfs page is
-  memory that ``RLIMIT_AS`` does not count and that no disk bound sees.
+  memory that ``RLIMIT_AS`` does not count and that no disk bound sees. Where the workspace's ``tmp/`` is
+  writable (and a sandbox is not a machine), ``/tmp`` is that directory instead (a program bind, made before the
+  host grants, which may lie under it): what a program leaves there stays with the workspace, as ``$TMPDIR``.
 * The workspace is bound at ``/workspace`` as its :class:`~.policy.SandboxPolicy`
   says (:func:`policy_mounts`): by default read-only, with the layout directories
   bound writable over it; extra host grants, no-access masks (an empty mode-000
@@ -36,7 +38,7 @@ import posixpath
 import secrets
 import shutil
 import stat
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,12 +46,14 @@ from ...errors import PathDenied, PolicyViolation, SetupFailed
 from ...workspace.confine import ConfinedRoot
 from ...workspace.hostroots import closed_ancestor
 from ...workspace.protected import PlaceholderRun, make_placeholder, makefile_stand_in
+from .grants import GrantBind
 from .policy import INTERNAL_DIR, Access, Resolver, SandboxPolicy, Target, is_under, path_parts
 
 __all__ = [
     "SANDBOX_WORKSPACE",
     "SHM_SIZE",
     "SUPERVISOR_PATH",
+    "TMP",
     "TMP_SIZE",
     "BwrapConfig",
     "ProgramBind",
@@ -67,6 +71,8 @@ __all__ = [
 
 #: Where the workspace appears inside the sandbox.
 SANDBOX_WORKSPACE = "/workspace"
+#: The sandbox's temporary directory, which is the workspace's ``tmp/`` where that is writable (a program bind).
+TMP = "/tmp"
 #: Where a sandbox session's supervisor is, read-only (a copy bwrap makes of it, see :mod:`.session`).
 SUPERVISOR_PATH = "/.execspace-supervisor"
 
@@ -195,6 +201,8 @@ class BwrapConfig:
     """Machine mode (:mod:`.machine`): bwrap runs as root of the sandbox's user namespace, made by the machine
     helper (no user namespace of its own), and these are its system directories (the overlays' binds) instead of
     the read-only binds of :attr:`system_root`'s or the host's."""
+    tmp_bound: bool = False
+    """``/tmp`` is a directory of the workspace (its ``tmp/``, a program bind in :attr:`mounts`), not a tmpfs."""
 
 
 def _top_level_binds(system_root: str | None) -> list[str]:
@@ -273,7 +281,8 @@ def build_argv(
     shared = () if cfg.machine is None else ("--perms", "1777")
     args += ["--dev", "/dev", *shared, "--size", str(cfg.shm_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args += ["--proc", "/proc", *_HIDE_INIT]
-    args += [*shared, "--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
+    if not cfg.tmp_bound:
+        args += [*shared, "--size", str(cfg.tmp_size), "--tmpfs", "/tmp"]
     args += _network_files(cfg.network)
     for fd, path in cfg.files:
         args += ["--perms", "0644", "--ro-bind-data", str(fd), path]
@@ -318,6 +327,8 @@ MAX_GLOB_MASKS = 1000
 MAX_GLOB_WALK = 200_000
 #: The empty, mode-000 file bound over files nobody may read (directories get an empty tmpfs).
 MASK_FILE = f"{INTERNAL_DIR}/denied"
+#: Where bwrap binds a host grant from (:meth:`~.grants.RunGrants.bind`): a clone's path, or the grant's fd.
+GrantSource = Callable[[Target], GrantBind]
 #: Host locations no grant may cover: the sandbox has its own, a host one would undo them.
 _UNGRANTABLE = ("/proc", "/dev", "/sys", SANDBOX_WORKSPACE)
 
@@ -340,9 +351,15 @@ class _Plan:
     root: str
     visible_top: frozenset[str]
     held: PlaceholderRun
+    """The run's protected paths: transient placeholders for missing ones in the workspace, and the missing ones
+    of host grants, watched."""
     system_root: str | None
     """A rootfs environment's root: what the sandbox shows at its system directories, in place of the host's."""
-    """The run's transient placeholders for missing protected paths."""
+    stage: GrantSource | None = None
+    """Where a host grant is bound from (:mod:`.grants`: the grant helper's clones, or the grant's fd); None: from
+    its path (the probe's plans)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Host grants bound from a clone: their path → the clone's path, where bwrap finds what lies below them."""
     host_ops: list[_Op] = field(default_factory=list)
     ws_ops: list[_Op] = field(default_factory=list)
     host_levels: dict[str, Access] = field(default_factory=dict)
@@ -374,8 +391,15 @@ class _Plan:
             return _host_kind(self.system_root + path)
         return _host_kind(path)
 
-    def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access) -> None:
-        ops.append(_Op(depth, False, dest, ("--bind" if access.can_write else "--ro-bind", src, dest)))
+    def bind(self, ops: list[_Op], src: str, dest: str, depth: int, access: Access, *, by_fd: bool = False) -> None:
+        flag = ("--bind" if access.can_write else "--ro-bind") + ("-fd" if by_fd else "")
+        ops.append(_Op(depth, False, dest, (flag, src, dest)))
+
+    def host_source(self, path: str) -> str:
+        """Where bwrap finds the host path ``path``: under the source of the deepest grant bound from elsewhere that
+        holds it, else ``path`` itself."""
+        grant = max((g for g in self.sources if is_under(path, g)), key=len, default=None)
+        return path if grant is None else self.sources[grant] + path[len(grant) :]
 
     def mask(self, ops: list[_Op], dest: str, depth: int, kind: str, *, traversable: bool = False) -> None:
         if kind == "dir":
@@ -459,8 +483,16 @@ def _host_grant(p: _Plan, t: Target, hidden: Sequence[str], shown: Collection[st
             "the rootfs environment has no such path to show it at; grant a path outside its "
             "system directories (/usr, /etc, /opt…), e.g. under /srv or /data",
         )
-    _check_reachable(t.path)
-    p.bind(p.host_ops, t.path, t.path, len(path_parts(t.path)), t.access)
+    depth = len(path_parts(t.path))
+    found = p.stage(t) if p.stage is not None else None
+    if found is None or found.by_fd:
+        _check_reachable(t.path)
+    else:
+        p.sources[t.path] = found.source
+    if found is None:
+        p.bind(p.host_ops, p.host_source(t.path), t.path, depth, t.access)
+    else:
+        p.bind(p.host_ops, found.source, t.path, depth, t.access, by_fd=found.by_fd)
     p.host_levels[t.path] = t.access
 
 
@@ -470,8 +502,9 @@ def _check_reachable(path: str) -> None:
     if closed is not None:
         raise PolicyViolation(
             f"cannot grant {path}: as root the sandbox runs as the workspace's own uid, which cannot pass {closed} "
-            "(not searchable by others); grant a path outside it (e.g. put the environment under /opt), or run "
-            "execspace as a normal user (its sandbox then runs as that user)"
+            "(not searchable by others), and this sandbox shows grants only as they are (machine mode); grant a "
+            "path outside it (e.g. put the environment under /opt), or run execspace as a normal user (its sandbox "
+            "then runs as that user)"
         )
 
 
@@ -482,20 +515,24 @@ def _pin_host(p: _Plan, path: str) -> None:
     for n in range(1, len(parts)):
         anc = "/" + "/".join(parts[:n])
         if anc not in p.host_levels and p.host_level(anc) is Access.WRITE:
-            p.bind(p.host_ops, anc, anc, n, Access.WRITE)
+            p.bind(p.host_ops, p.host_source(anc), anc, n, Access.WRITE)
             p.host_levels[anc] = Access.WRITE
 
 
 def _host_protected(p: _Plan, t: Target) -> None:
-    """A protected path under a host write grant: bound read-only; a missing one gets a transient placeholder for
-    the run (the program could create it otherwise; the user's directory is as it was after the run)."""
+    """A protected path under a host write grant: bound read-only where it exists. A missing one is left as it is,
+    nothing planted in the user's directory (a mount needs something to mount on): the program can create it, and
+    the run says so when it is over (:meth:`~execspace.workspace.protected.PlaceholderRun.watch`)."""
     grant = max((g for g in p.host_levels if is_under(t.path, g) and g != t.path), key=len, default=None)
     if grant is None or p.host_level(t.path) is not Access.WRITE:
         return  # not writable here (a deeper read or no-access rule decides): nothing to protect
-    path = posixpath.join(grant, p.held.mount_point(grant, posixpath.relpath(t.path, grant)))
+    found = p.held.existing_mount_point(grant, posixpath.relpath(t.path, grant))
+    if found is None:
+        p.held.watch(t.path)
+        return
+    path = posixpath.join(grant, found)
     _pin_host(p, path)
-    source = makefile_stand_in(os.path.dirname(path), os.path.basename(path)) if path == t.path else None
-    p.bind(p.host_ops, source or path, path, len(path_parts(path)), Access.READ)
+    p.bind(p.host_ops, p.host_source(path), path, len(path_parts(path)), Access.READ)
     p.host_levels[path] = Access.READ
 
 
@@ -561,10 +598,12 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
             p.mask(p.ws_ops, _ws_dest(t.rel), depth, kind, traversable=_opened_below(t.path, targets))
             p.ws_levels[t.rel] = Access.NONE
         return
+    if t.protected and parent.can_write and kind != "link" and t.rel != INTERNAL_DIR:
+        # through the run's placeholders even where something is there: it may be a concurrent run's placeholder,
+        # which this run must hold too (its last holder removes it, and a host unlink would detach this run's mount)
+        _ws_placeholder(p, t.rel)
+        return
     if kind == "missing" and t.protected and parent.can_write:
-        if t.rel != INTERNAL_DIR:
-            _ws_placeholder(p, t.rel)
-            return
         make_placeholder(p.root, t.rel)  # execspace's own directory (it holds the mask file), kept
         kind = "dir"
     if kind == "missing":
@@ -577,14 +616,23 @@ def _ws_rule(p: _Plan, t: Target, targets: Sequence[Target]) -> None:
 
 
 def _ws_placeholder(p: _Plan, rel: str) -> None:
-    """A missing protected workspace path under a writable parent: a transient placeholder bound read-only (the
-    workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
+    """A protected workspace path under a writable parent, bound read-only: a missing one as a transient
+    placeholder (the workspace may be the user's own directory, ``--workspace DIR``: it is left as it was)."""
     mount = p.held.mount_point(p.root, rel)
     _pin_ws(p, mount)
     host = os.path.join(p.root, mount)
-    source = makefile_stand_in(os.path.dirname(host), os.path.basename(host)) if mount == rel else None
+    source = _stand_in(host) if mount == rel else None
     p.bind(p.ws_ops, source or host, _ws_dest(mount), len(path_parts(mount)), Access.READ)
     p.ws_levels[mount] = Access.READ
+
+
+def _stand_in(host: str) -> str | None:
+    """What to show at an empty placeholder file: the makefile make reads when it is missing
+    (:func:`makefile_stand_in`); never in place of a makefile with content."""
+    st = os.lstat(host)
+    if not stat.S_ISREG(st.st_mode) or st.st_size:
+        return None
+    return makefile_stand_in(os.path.dirname(host), os.path.basename(host))
 
 
 def _glob_matches(p: _Plan, policy: SandboxPolicy) -> list[tuple[str, str]]:
@@ -726,6 +774,7 @@ def policy_mounts(
     shown: Collection[str] = (),
     binds: Sequence[ProgramBind] = (),
     system_root: str | None = None,
+    stage: GrantSource | None = None,
 ) -> list[str]:
     """The bwrap arguments enforcing a policy (resolved for the workspace at ``res.root``, a real
     path): host grants and denials, then the workspace at ``/workspace`` with its own rules and
@@ -733,12 +782,15 @@ def policy_mounts(
     ``binds``, each with the rules of the workspace directory it shows. ``hidden``: host directories masked
     wherever the sandbox would see them; ``shown``: the only paths inside them a grant may name, read-only (the
     runtime environments the run uses, canonical). ``system_root``: a rootfs environment's root, which the
-    sandbox shows at its system directories (host grants there need a place in it).
+    sandbox shows at its system directories (host grants there need a place in it). ``stage``: where each host
+    grant is bound from (:mod:`.grants`: its fd, or as root the grant helper's clone, from which the protected
+    paths and pins inside it are bound too); None binds grants by their paths.
 
     Judges the host as it is now: call it right before the run. Side effects: creates transient placeholders
-    for missing protected paths under writable parents (in the workspace and under host write grants), held in
-    ``held`` until the caller releases it once the run is over, even one that failed to start; creates
-    ``.execspace`` (mode 0555, kept) where it is missing under a writable root, and ``.execspace/denied``.
+    for missing protected paths under writable workspace directories, held in ``held`` until the caller releases
+    it once the run is over, even one that failed to start (a missing protected path of a host write grant gets
+    none: ``held`` watches it instead); creates ``.execspace`` (mode 0555, kept) where it is missing under a
+    writable root, and ``.execspace/denied``.
 
     Raises:
         SetupFailed: as root, the workspace lies under a directory its sandbox's uid cannot pass.
@@ -759,7 +811,7 @@ def policy_mounts(
             "choose a workspace_root where every directory on the way is searchable by others (chmod o+x), "
             "or keep the default",
         )
-    p = _Plan(res.root, _visible_top(system_root), held, system_root)
+    p = _Plan(res.root, _visible_top(system_root), held, system_root, stage)
     hidden_real = [os.path.realpath(h) for h in hidden]
     for t in res.targets:
         if t.rel is None and t.protected:
@@ -773,9 +825,12 @@ def policy_mounts(
     _plan_workspace(p, res)
     if p.mask_file:
         _ensure_mask_file(res.root)
-    args = [a for op in sorted(p.host_ops) for a in op.args]
+    # a bind host grants lie under (the workspace's tmp/ at /tmp) first: they are mounted in it, not under it
+    under = [b for b in binds if any(is_under(op.dest, b.path) for op in p.host_ops)]
+    args = _plan_binds(p, under)
+    args += [a for op in sorted(p.host_ops) for a in op.args]
     args += [a for op in sorted(p.ws_ops) for a in op.args]
-    args += _plan_binds(p, binds)
+    args += _plan_binds(p, [b for b in binds if b not in under])
     for dest in p.remount:
         args += ["--remount-ro", dest]
     return args

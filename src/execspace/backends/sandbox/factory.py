@@ -37,6 +37,7 @@ from ...workspace.hostroots import closed_ancestor
 from ...workspace.layout import ensure_layout
 from .bwrap import (
     SANDBOX_WORKSPACE,
+    TMP,
     BwrapConfig,
     build_argv,
     find_bwrap,
@@ -46,15 +47,17 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
+from .grants import GrantHelper
 from .machine import HOME, MACHINE_USERS, Machine
 from .options import SandboxMode, SandboxOptions
-from .policy import Profile, SandboxPolicy, file_access_hook, is_under
+from .policy import Profile, SandboxPolicy, file_access_hook
 from .probecache import ProbeCache
+from .programfiles import ProgramFiles
 from .runner import SandboxRunnerConfig, is_root, private_execspace_dir, sandbox_runner, visible, with_environment
 from .seccomp import LOAD_FAILED_FIX, SeccompFilters, check_probe, describe, probe_script
 from .sessionconfig import SessionConfig
 from .supervisorbin import EGRESS_FIX, SESSION_FIX, machine_binary, supervisor_binary
-from .views import open_views
+from .views import check_views
 
 __all__ = ["DOES_NOT_PROTECT", "SandboxBackend", "sandbox_layout_owner"]
 
@@ -80,10 +83,11 @@ DISK_BOUND_DETAIL = (
 
 #: ``Capabilities.details["tmpfs"]``: what a sandbox can write outside its workspace and grants, and its bound.
 TMPFS_DETAIL = (
-    "/ and /dev are read-only; the writable in-memory filesystems are /tmp and /dev/shm, tmpfs of at most 256 MiB "
-    "and 64 MiB that together hold at most the run's memory_bytes (a quarter of it for /dev/shm; in session mode "
-    "the session's SessionConfig.memory_bytes and disk_bytes, shared by its runs); a write past them fails with "
-    "ENOSPC"
+    "/ and /dev are read-only; /tmp is the workspace's tmp/ (its disk, kept from run to run) where that is writable "
+    "and the sandbox is no machine; the writable in-memory filesystems are /dev/shm and otherwise /tmp, tmpfs of at "
+    "most 64 MiB and 256 MiB that together hold at most the run's memory_bytes (a quarter of it for /dev/shm; in "
+    "session mode the session's SessionConfig.memory_bytes and disk_bytes, shared by its runs); a write past them "
+    "fails with ENOSPC"
 )
 
 
@@ -238,6 +242,7 @@ class SandboxBackend:
             languages=available_languages(visible_path_entries(host_path) or MINIMAL_PATH),
             fork="cow" if overlay_supported() else "copy",
             does_not_protect=DOES_NOT_PROTECT,
+            absolute_paths="view",  # ProgramFiles: the file agent in the sandbox, as its program
             details={
                 "boundary": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only system dirs, "
                 "no host /home /root /run",
@@ -278,7 +283,8 @@ class SandboxBackend:
             )
         if not policy.managed:
             return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
-        seccomp = SeccompFilters()  # built once for this engine, shared by the probe and every run
+        # built once for this engine, shared by the probe and every run; a machine's root installs set-ID programs
+        seccomp = SeccompFilters(set_id_bits=options.machine)
         probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
         if not probe.ok:
             raise SetupFailed("sandbox", probe.reason, probe.fix)
@@ -306,23 +312,26 @@ class SandboxBackend:
 
         machine = await _machine(options, root) if options.machine else None
         hidden = (root, private, *_daemon_dirs(as_root), *_store_dirs(store))
-        views = await asyncio.to_thread(open_views, options.read_views, policy, hidden, root / ".view-stage")
-        # what needs no mount (a normal user's sandbox runs as that user; a tree others can reach) is a read grant
-        staged = views.paths if views is not None else ()
-        granted = [p for p in options.read_views if not any(is_under(p, v) for v in staged)]
-        if granted:
-            policy = policy.with_read_paths(*granted)
+        if options.read_views:
+            # read grants: as root, the grant helper shows those the sandbox's uid cannot reach (.grants)
+            await asyncio.to_thread(check_views, options.read_views, policy, hidden)
+            policy = policy.with_read_paths(*options.read_views)
         program_binds = options.program_binds
         if machine is not None:
             caps = replace(caps, fork="copy", users=MACHINE_USERS, details={**caps.details, "machine": MACHINE_DETAIL})
             if not any(path == HOME for path, _ in program_binds):
                 program_binds = (*program_binds, (HOME, "work"))
+        elif _tmp_is_the_workspaces(policy):
+            program_binds = (*program_binds, (TMP, "tmp"))
+        # absolute paths outside a workspace: its file agent, run as its program
+        beyond = ProgramFiles((*policy.read_paths, *policy.write_paths, *policy.no_access_paths))
         fs = HostWorkspaceFS(
             artifacts=artifacts,
             host_roots=host_roots,
             owner=owner,
             access=file_access_hook(policy),
             programs_read_all=machine is not None,  # its user holds CAP_DAC_READ_SEARCH (machine.py)
+            elsewhere=beyond,
         )
         runner_config = SandboxRunnerConfig(
             bwrap_path,
@@ -343,7 +352,7 @@ class SandboxBackend:
             environment_store=store,
             output_rate=options.output_rate,
             machine=machine,
-            views=views,
+            grant_helper=GrantHelper(root, private) if as_root and not machine else None,
         )
         if allow is not None and not caps.network_domains:
             raise CapabilityError("a network allow-list (NetworkPolicy)", "sandbox", EGRESS_FIX)
@@ -365,8 +374,10 @@ class SandboxBackend:
                 caps = replace(caps, fork=None)  # its manager refuses them: a copy would not be bounded
             if limits := _session_limits(config, cgroups):
                 caps = replace(caps, details={**caps.details, "session_limits": limits})
-            return await _open_session(runner_config, config, root, prepare, fs, caps)
-        runner = sandbox_runner(runner_config)
+            engine = await _open_session(runner_config, config, root, prepare, fs, caps)
+            beyond.runner = engine.runner
+            return engine
+        runner = beyond.runner = sandbox_runner(runner_config)
         manager = HostWorkspaceManager(
             "sandbox",
             root,
@@ -378,6 +389,7 @@ class SandboxBackend:
             # a machine's upper layers cannot live in a fork's overlay: its forks are copies
             copy_on_write=machine is None,
             freeze=runner.frozen,
+            holds=runner.holds,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
 
@@ -417,6 +429,7 @@ async def _open_session(
         stop_programs=runner.stop_programs,
         copy_on_write=runner_config.machine is None,
         freeze=runner.frozen,
+        holds=runner.holds,
         disk_bytes=config.disk_bytes,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=mode.aclose)
@@ -430,6 +443,15 @@ MACHINE_DETAIL = (
     "root's, the host's own files keep their host owners (root adds, replaces and removes entries of /etc, /opt, "
     "/var, /usr/local, never reads more of the host than others may); forks and snapshots are copies"
 )
+
+
+def _tmp_is_the_workspaces(policy: SandboxPolicy) -> bool:
+    """Whether a sandbox's ``/tmp`` is its workspace's ``tmp/`` (a program bind): where the workspace is writable
+    and no rule names ``/tmp`` itself (a grant of the host's ``/tmp`` shows that instead). What a program or the file
+    API puts in ``/tmp`` is then the workspace's, there for its next run (per-run sandboxes included), counted by its
+    disk bounds, and named by the same path on both sides; a machine keeps its tmpfs (everyone's, 1777)."""
+    named = (*policy.read_paths, *policy.write_paths, *policy.no_access_paths)
+    return policy.profile is Profile.WORKSPACE_WRITE and not any(p in (TMP, "tmp") for p in named)
 
 
 async def _machine(options: SandboxOptions, root: Path) -> Machine:

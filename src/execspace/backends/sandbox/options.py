@@ -94,9 +94,10 @@ class SandboxOptions(HostOptions):
             it; the host's files are never written, nor made more readable). Refused elsewhere
             (``CapabilityError``).
         read_views: host directories every sandbox shows read-only at their own paths, even where its uid cannot
-            reach them (as root, a venv under ``/root`` or another 0700 directory): execspace mounts each where bwrap
-            can bind it, in a mount namespace of the run's own (:mod:`.views`); nothing on the host changes, and the
-            sandbox reads only what others may read in the tree. Elsewhere a view is a read grant. Each must be a
+            reach them (as root, a venv under ``/root`` or another 0700 directory): read grants that the grant
+            helper shows from clones of their mounts where the sandbox's uid cannot pass (:mod:`.views`,
+            :mod:`.grants`); nothing on the host changes, and the sandbox reads only what others may read in the
+            tree. Each must be a
             canonical directory that others may read, outside what no sandbox may see (execspace's workspaces and
             store, credential stores, the policy's no-access paths). The jupyter backend shows the caller's Python
             this way.

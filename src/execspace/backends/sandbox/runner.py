@@ -22,7 +22,14 @@ from ...envpolicy import MINIMAL_PATH, EnvPolicy
 from ...errors import CapabilityError, UsageError
 from ...models import NetworkApprover, NetworkPolicy, ResourceLimits, RunProgramSpec, Workspace
 from ...process.hostrunner import HostRunner
-from ...process.preparation import PreparedRun, ProgramLookup, lookup_on_path, lookup_where_it_runs, signal_status
+from ...process.preparation import (
+    PreparedRun,
+    ProgramLookup,
+    host_user_exists,
+    lookup_on_path,
+    lookup_where_it_runs,
+    signal_status,
+)
 from ...process.rlimits import rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
 from ...workspace.confine import ConfinedRoot, split_relpath
@@ -31,6 +38,7 @@ from ...workspace.hostroots import closed_ancestor
 from ...workspace.protected import PlaceholderRun, Placeholders
 from .bwrap import (
     SANDBOX_WORKSPACE,
+    TMP,
     BwrapConfig,
     ProgramBind,
     build_argv,
@@ -43,12 +51,12 @@ from .bwrap import (
 )
 from .cgroups import CgroupSupport
 from .egress import PROXY_PORT, EgressChannel, proxy_env
-from .machine import Layer, Machine, machine_env, runs_as_user, user_argv
+from .grants import GrantHelper, RunGrants
+from .machine import MACHINE_USERS, Layer, Machine, machine_env, runs_as_user, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
 from .probecache import ProbeCache
 from .seccomp import SeccompFilters
 from .supervisorbin import egress_bridge_binary
-from .views import HostViews
 
 __all__ = [
     "Sandbox",
@@ -106,8 +114,9 @@ class SandboxRunnerConfig:
     output_rate: int | None = None
     machine: Machine | None = None
     """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
-    views: HostViews | None = None
-    """Host trees shown read-only where the sandbox's uid cannot reach them (:mod:`.views`, as root)."""
+    grant_helper: GrantHelper | None = None
+    """As root (but for a machine): what shows write grants and unreachable read grants from clones of their own
+    (:mod:`.grants`)."""
 
 
 class Sandbox:
@@ -123,13 +132,13 @@ class Sandbox:
     def __init__(self, config: SandboxRunnerConfig) -> None:
         environment = config.environment
         self.machine = config.machine
+        self.grant_helper = config.grant_helper
         self.lookup, self.path_view = self._view(environment)
         self.environment = environment
         self.owner = config.owner
         self.program_binds = config.program_binds
         self.system_files = tuple((path, text.encode()) for path, text in config.system_files)
         self.disk_bound = config.disk_bound
-        self.views = config.views
         self.cgroups = config.cgroups or CgroupSupport({})
         # Popen(user=...) makes CPython fork a copy of this process instead of vfork-ing; util-linux's
         # setpriv drops the uid after the exec instead (≈1.5 ms less per run, +8–10 % throughput)
@@ -187,6 +196,11 @@ class Sandbox:
         # a machine's programs may be where only its upper layers have them (sudo, what pip installed): the
         # sandbox finds them (setpriv's execvp), and says 127 for one it does not
         return (lookup_where_it_runs if self.machine is not None else lookup), path_view
+
+    def user_exists(self, name: str) -> bool:
+        """Whether the sandbox has a user ``name``: its ``/etc`` is the host's (a rootfs environment's has the same
+        system users; a machine's adds ``user``)."""
+        return (self.machine is not None and name in MACHINE_USERS) or host_user_exists(name)
 
     def choose(self, runner: HostRunner, spec: RunProgramSpec) -> HostRunner:
         """The runner of ``spec`` (a :data:`~execspace.process.hostrunner.Chooser`): ``runner``, or for another
@@ -254,22 +268,26 @@ class Sandbox:
         :attr:`.bwrap.BwrapConfig.init_fd`), which the launch passes to bwrap."""
         # the run's placeholders go once it is over: exited, timed out, killed, or failed to start
         held = self.placeholders.run()
+        helper = self.grant_helper
+        grants = RunGrants(helper, sandbox_uid(prep.root) if helper is not None else 0)
         try:
             plan = SandboxPlan(launch)
             # a session's supervisor stays root of a machine sandbox: it starts each run as user itself
             as_user = (self.as_machine_user,) if self.machine is not None and init_fd is None else ()
             for step in (self.environment_view, *as_user, self.with_pty, self.with_egress):
                 plan = step(prep, plan)
-            launch = self.in_bubblewrap(prep, plan, held, init_fd)
+            launch = self.in_bubblewrap(prep, plan, held, init_fd, grants)
             if self.machine is not None:
                 launch = self._drop_to_sandbox_uid(prep, self.in_machine(prep, launch), drop=False)
+            elif grants.staged:
+                # the helper stages the grants as root, then drops to the sandbox's uid itself
+                launch = self._drop_to_sandbox_uid(prep, grants.around(launch), drop=False)
             elif is_root():
                 launch = self._drop_to_sandbox_uid(prep, launch)
-            if self.views is not None:
-                launch = self.views.around(launch)
         except BaseException:
             launch.stack.abandon()  # what the steps before the failed one registered
             held.release()
+            grants.close()
             raise
         launch.stack.callback(held.release)
         return launch
@@ -360,10 +378,18 @@ class Sandbox:
             found = decisions[key] = self.resolvers(os.path.realpath(root)).access(rel)
         return found
 
-    def in_bubblewrap(self, prep: PreparedRun, plan: SandboxPlan, held: PlaceholderRun, init_fd: int | None) -> Launch:
+    def in_bubblewrap(
+        self,
+        prep: PreparedRun,
+        plan: SandboxPlan,
+        held: PlaceholderRun,
+        init_fd: int | None,
+        grants: RunGrants,
+    ) -> Launch:
         """``plan``'s program in bwrap: the policy's mounts, program binds and system files, then the plan's own
         mounts; the seccomp filter; the network as the run asks. The fds bwrap reads from close right after the
-        spawn."""
+        spawn. ``grants``: how the run's host grants are bound (each by its fd, or from a clone the grant helper
+        stages as root)."""
         wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         network = self.network_default if wanted is None else wanted == "on"
         res = self.resolvers(os.path.realpath(prep.root))
@@ -383,7 +409,9 @@ class Sandbox:
                 shown=self._shown_environments(res),
                 binds=binds,
                 system_root=system_root,
+                stage=grants.bind,
             )
+            data_fds += grants.bwrap_fds()
             seccomp_fd = self.seccomp.open_filter_fd(network_restricted=not network)
             data_fds.append(seccomp_fd)
             files = []
@@ -401,11 +429,12 @@ class Sandbox:
                 network,
                 tmp_size,
                 shm_size,
-                [*mounts, *(self.views.bwrap_args() if self.views is not None else ()), *plan.mounts],
+                [*mounts, *plan.mounts],
                 files,
                 init_fd,
                 system_root=system_root,
                 machine=machine,
+                tmp_bound=any(b.path == TMP for b in binds),
             )
             chdir = prep.cwd_view or None
             argv = build_argv(cfg, prep.root, prep.cwd_rel, list(launch.argv), seccomp_fd=seccomp_fd, chdir=chdir)
@@ -533,6 +562,7 @@ def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
         path_view=sandbox.path_view,
         wrappers=[sandbox],
         choose=sandbox.choose,
+        user_exists=sandbox.user_exists,
     )
     return sandbox.runner
 
@@ -590,12 +620,23 @@ _EXEC_ERRORS = {
 }
 
 
+#: How bwrap says it could not enter the run's working directory (then exits 1, the program never started).
+_CHDIR_FAILED = b"bwrap: Can't chdir to "
+
+
 def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, bytes]:
     """The program's exit code as every backend reports it, from bwrap's, and the stderr to report: 127/126 with
     our explanation when bwrap's exec of ``program`` failed (bwrap exits 1 after ``bwrap: execvp PROGRAM: ERROR``),
-    ``-N`` when the program was killed by signal N (bwrap exits ``128 + N``), else the program's own code."""
+    126 when it could not enter the working directory, ``-N`` when the program was killed by signal N (bwrap exits
+    ``128 + N``), else the program's own code."""
     if code != 1:
         return signal_status(code), stderr
+    if stderr.startswith(_CHDIR_FAILED) and stderr.endswith(b"\n"):
+        where, _, error = stderr[len(_CHDIR_FAILED) : -1].decode(errors="replace").rpartition(": ")
+        return 126, (
+            f"execspace: cannot start {program!r} in {where}: {error} in the sandbox (a working directory outside "
+            "the workspace must be there as the program sees it: a system directory, a granted host path, /tmp)\n"
+        ).encode()
     prefix = f"bwrap: execvp {program}: ".encode()
     if not (stderr.startswith(prefix) and stderr.endswith(b"\n")):
         return code, stderr
@@ -608,6 +649,12 @@ def _bwrap_exit_status(program: str, code: int, stderr: bytes) -> tuple[int, byt
 
 def exec_hint(program: str) -> str:
     """Why a program path the host has is missing in the sandbox, and the fix ('' when we cannot tell)."""
+    if "/" in program and not os.path.isabs(program):
+        return (
+            " (a relative path starts from the run's working directory, in the workspace, not from your current "
+            "directory: stage the file into the workspace (CLI: --input; library: stage_inputs), or grant its "
+            "directory (--read) and give its absolute path; if it is there, the interpreter on its #! line is missing)"
+        )
     if not os.path.isabs(program):
         return ""
     if not os.path.lexists(program):

@@ -38,6 +38,7 @@ __all__ = [
     "ALWAYS",
     "LOAD_FAILED_FIX",
     "RESTRICTED_NETWORK",
+    "SET_ID_BITS",
     "Deny",
     "KernelSeccompFilters",
     "SeccompFilters",
@@ -60,6 +61,10 @@ _FALLOC_KEEP_SIZE = 0x01  # punching holes (KEEP_SIZE | PUNCH_HOLE) frees blocks
 _FALLOC_ZERO_RANGE = 0x10
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
+_S_ISUID = 0o4000
+_S_ISGID = 0o2000
+_O_CREAT = 0o100
+_O_TMPFILE = 0o20000000  # __O_TMPFILE: O_TMPFILE without O_DIRECTORY, the bit that says "make a file"
 _CLONE_NEW_FLAGS = (
     0x0002_0000,  # CLONE_NEWNS
     0x0200_0000,  # CLONE_NEWCGROUP
@@ -194,6 +199,43 @@ ALWAYS: tuple[Deny, ...] = (
     ),
 )
 
+
+def _mode_rules(label: str, syscalls: tuple[str, ...], mode_arg: int, *also: tuple[int, int, int]) -> tuple[Deny, ...]:
+    """Calls of ``syscalls`` whose mode argument (index ``mode_arg``) has the set-user-ID or set-group-ID bit,
+    each bit a rule of its own (seccomp's conditions are all-of), with the conditions ``also``."""
+    why = (
+        "a set-user-ID or set-group-ID file made in a write grant runs as its owner for every user of the host: as "
+        "root the files a program makes in a grant are the tree's owner's (root's, for a root-owned project)"
+    )
+    return tuple(Deny(label, syscalls, why, ((mode_arg, bit, bit), *also)) for bit in (_S_ISUID, _S_ISGID))
+
+
+#: Rules that keep a program from making set-user-ID or set-group-ID files: in every sandbox but a machine's
+#: (whose root installs packages that have such programs; its files are its own layers', never a host tree's).
+#: ``openat2`` is refused outright (its mode is in memory seccomp cannot read; ENOSYS makes libc fall back).
+SET_ID_BITS: tuple[Deny, ...] = (
+    *_mode_rules("chmod/fchmod/fchmodat(S_ISUID|S_ISGID)", ("chmod", "fchmod"), 1),
+    *_mode_rules("chmod/fchmod/fchmodat(S_ISUID|S_ISGID)", ("fchmodat", "fchmodat2"), 2),
+    *_mode_rules("creat/mknod(S_ISUID|S_ISGID)", ("creat", "mknod"), 1),
+    *_mode_rules("creat/mknod(S_ISUID|S_ISGID)", ("mknodat",), 2),
+    *(
+        rule
+        for flag in (_O_CREAT, _O_TMPFILE)
+        for rule in (
+            *_mode_rules("open/openat(O_CREAT, S_ISUID|S_ISGID)", ("open",), 2, (1, flag, flag)),
+            *_mode_rules("open/openat(O_CREAT, S_ISUID|S_ISGID)", ("openat",), 3, (2, flag, flag)),
+        )
+    ),
+    Deny(
+        "openat2",
+        ("openat2",),
+        "its mode is in memory and cannot be checked for set-ID bits; ENOSYS makes libc and runtimes fall back to "
+        "openat",
+        error=errno.ENOSYS,
+    ),
+)
+
+
 #: Rules added when the network is restricted. With the network on, the sandbox shares the host's network
 #: namespace, so host loopback services and abstract unix sockets are reachable anyway, and tools expect
 #: AF_UNIX (nscd, syslog, D-Bus clients).
@@ -223,20 +265,24 @@ RESTRICTED_NETWORK: tuple[Deny, ...] = (
 _UNIX_SOCKET_RULE = RESTRICTED_NETWORK[0]
 
 
-def rules(network_restricted: bool) -> tuple[Deny, ...]:
-    return ALWAYS + RESTRICTED_NETWORK if network_restricted else ALWAYS
+def rules(network_restricted: bool, *, set_id_bits: bool = False) -> tuple[Deny, ...]:
+    """The rules of one filter; ``set_id_bits`` leaves out :data:`SET_ID_BITS` (a machine's)."""
+    chosen = ALWAYS if set_id_bits else ALWAYS + SET_ID_BITS
+    return chosen + RESTRICTED_NETWORK if network_restricted else chosen
 
 
 def describe() -> str:
     """What the filter refuses, in one line for ``Capabilities.details``."""
     off_only = dict.fromkeys(f"{r.label} (network off only)" for r in RESTRICTED_NETWORK)
-    eperm = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.EPERM)
-    enosys = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.ENOSYS)
-    unsupported = dict.fromkeys(r.label for r in ALWAYS if r.error == errno.EOPNOTSUPP)
+    every = ALWAYS + SET_ID_BITS
+    eperm = dict.fromkeys(r.label for r in every if r.error == errno.EPERM)
+    enosys = dict.fromkeys(r.label for r in every if r.error == errno.ENOSYS)
+    unsupported = dict.fromkeys(r.label for r in every if r.error == errno.EOPNOTSUPP)
     return (
         f"seccomp (libseccomp, loaded by bwrap): EPERM for {', '.join([*off_only, *eperm])}; "
         f"ENOSYS for {', '.join(enosys)}; EOPNOTSUPP for {', '.join(unsupported)}; "
-        "a syscall of another ABI (x32, 32-bit compat) kills the process"
+        "a syscall of another ABI (x32, 32-bit compat) kills the process; "
+        "a machine's filter lets set-ID bits (and openat2) through"
     )
 
 
@@ -295,14 +341,14 @@ def _check(result: int, call: str) -> None:
         )
 
 
-def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False) -> bytes:
+def build_bpf(network_restricted: bool, *, allow_unix_socket: bool = False, set_id_bits: bool = False) -> bytes:
     """The classic-BPF program for one network mode, as ``bwrap --seccomp`` reads it.
 
     ``allow_unix_socket`` leaves out the ``socket(AF_UNIX)`` rule: only for a process that stacks
     :func:`build_unix_lock_bpf` on itself before it runs untrusted code (a sandboxed Jupyter kernel binds
-    its IPC sockets first).
+    its IPC sockets first). ``set_id_bits`` leaves out :data:`SET_ID_BITS` (machine mode).
     """
-    chosen = rules(network_restricted)
+    chosen = rules(network_restricted, set_id_bits=set_id_bits)
     if allow_unix_socket:
         chosen = tuple(r for r in chosen if r is not _UNIX_SOCKET_RULE)
     return _export(chosen)
@@ -345,9 +391,19 @@ def _export(chosen: tuple[Deny, ...]) -> bytes:
         lib.seccomp_release(filt)
 
 
+#: Syscalls newer than some libseccomp releases that still run here, by their number (the same on x86_64 and
+#: aarch64: added after the tables were unified).
+_NEWER_SYSCALLS = {"fchmodat2": 452}
+#: libseccomp's answer for a name it does not know at all (other negative numbers are its pseudo numbers for
+#: a syscall of another arch, e.g. ``open`` on aarch64: a rule on one is left out of this arch's filter).
+_NR_SCMP_ERROR = -1
+
+
 def _syscall_number(lib: ctypes.CDLL, name: str) -> int:
     nr: int = lib.seccomp_syscall_resolve_name_arch(_SCMP_ARCH_NATIVE, name.encode())
-    if nr < 0:
+    if nr == _NR_SCMP_ERROR and name in _NEWER_SYSCALLS:
+        return _NEWER_SYSCALLS[name]
+    if nr == _NR_SCMP_ERROR:
         # every rule names a syscall of both supported arches: an unknown name means an old libseccomp,
         # and skipping the rule would leave that syscall open
         raise SetupFailed(
@@ -382,18 +438,22 @@ def sealed_memfd(data: bytes, name: str = "execspace-seccomp") -> int:
 
 
 class SeccompFilters:
-    """The filters of one engine: each mode's BPF is built on first use and reused for every run."""
+    """The filters of one engine: each mode's BPF is built on first use and reused for every run.
 
-    __slots__ = ("_bpf",)
+    ``set_id_bits``: programs may make set-user-ID and set-group-ID files (a machine's root, which installs
+    packages); elsewhere :data:`SET_ID_BITS` refuses them."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_bpf", "set_id_bits")
+
+    def __init__(self, *, set_id_bits: bool = False) -> None:
         self._bpf: dict[bool, bytes] = {}
+        self.set_id_bits = set_id_bits
 
     def bpf(self, network_restricted: bool) -> bytes:
         cached = self._bpf.get(network_restricted)
         if cached is None:
             # two threads racing here build the same bytes twice, which is harmless
-            cached = self._bpf[network_restricted] = build_bpf(network_restricted)
+            cached = self._bpf[network_restricted] = build_bpf(network_restricted, set_id_bits=self.set_id_bits)
         return cached
 
     def open_filter_fd(self, network_restricted: bool) -> int:
@@ -408,14 +468,16 @@ class KernelSeccompFilters(SeccompFilters):
 
     __slots__ = ("_lock",)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, set_id_bits: bool = False) -> None:
+        super().__init__(set_id_bits=set_id_bits)
         self._lock: bytes | None = None
 
     def bpf(self, network_restricted: bool) -> bytes:
         cached = self._bpf.get(network_restricted)
         if cached is None:
-            cached = self._bpf[network_restricted] = build_bpf(network_restricted, allow_unix_socket=True)
+            cached = self._bpf[network_restricted] = build_bpf(
+                network_restricted, allow_unix_socket=True, set_id_bits=self.set_id_bits
+            )
         return cached
 
     def unix_lock_bpf(self) -> bytes:

@@ -92,6 +92,7 @@ def session_runner(
         wrappers=[mode],
         choose=mode.choose,
         spawning=mode,
+        user_exists=sandbox.user_exists,
     )
     return sandbox.runner, mode
 
@@ -369,6 +370,15 @@ class SessionMode:
         launch = replace(launch, pass_fds=(*launch.pass_fds, theirs.fileno()))
         owner = self._owner(ws) if self._owner is not None else None
         return await start_session(launch, ours, ws.id, self.config, owner=owner)
+
+    def holds(self, ws: Workspace) -> bool:
+        """Whether the workspace has a session (started, starting or adopted from the pool): its sandbox binds the
+        workspace's tree for as long as it lives."""
+        if ws.host_path is None:
+            return False
+        with self._lock:
+            adopted = ws.host_path in self._adopted
+        return adopted or ws.host_path in self._sessions
 
     async def stop(self, ws: Workspace) -> None:
         """End the workspace's session (everything in it dies with its supervisor), before its runner reaps its

@@ -1,6 +1,7 @@
 """The sandbox's C helpers, built on first use with the system C compiler: the session supervisor
-(``supervisor.c``), the egress bridge of allow-list runs (``egressbridge.c``) and machine mode's helper
-(``machine.c``, which the host's root runs: it is never copied into a sandbox).
+(``supervisor.c``), the egress bridge of allow-list runs (``egressbridge.c``), machine mode's helper
+(``machine.c``) and the grant helper of a root caller's host grants (``grants.c``): the host's root runs the last
+two, which are never copied into a sandbox.
 
 Cached per user in a private (0700) directory, named by the sha256 of the source and of the compiler's identity,
 written under a temporary name and renamed into place; a cached file is used only when it is a regular file of
@@ -22,10 +23,12 @@ from ...errors import SetupFailed
 
 __all__ = [
     "EGRESS_FIX",
+    "GRANTS_FIX",
     "MACHINE_FIX",
     "SESSION_FIX",
     "SOURCE",
     "egress_bridge_binary",
+    "grants_binary",
     "machine_binary",
     "supervisor_binary",
 ]
@@ -33,6 +36,7 @@ __all__ = [
 SOURCE = Path(__file__).with_name("supervisor.c")
 BRIDGE_SOURCE = Path(__file__).with_name("egressbridge.c")
 MACHINE_SOURCE = Path(__file__).with_name("machine.c")
+GRANTS_SOURCE = Path(__file__).with_name("grants.c")
 #: The headers they include (found beside them): part of what a build's key covers.
 HEADERS = (Path(__file__).with_name("fdpass.h"), Path(__file__).with_name("supervisorprotocol.h"))
 #: How to get session mode working where it cannot build its supervisor.
@@ -41,6 +45,10 @@ SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"
 EGRESS_FIX = "install a C compiler (apt-get install gcc), or run with network='off' or 'on'"
 #: How to get machine mode working where its helper cannot be built.
 MACHINE_FIX = "install a C compiler (apt-get install gcc), or open the engine without machine=True"
+#: How to get a root caller's host grants working where the grant helper cannot be built.
+GRANTS_FIX = (
+    "install a C compiler (apt-get install gcc), or run execspace as the owner of the granted tree (a normal user)"
+)
 
 
 def supervisor_binary(cache_root: Path) -> Path:
@@ -60,6 +68,11 @@ def egress_bridge_binary(cache_root: Path) -> Path:
 def machine_binary(cache_root: Path) -> Path:
     """The built machine helper in ``cache_root/bin``, as :func:`supervisor_binary` (blocking, same errors)."""
     return _helper(cache_root, MACHINE_SOURCE, "machine", "machine mode builds its helper", MACHINE_FIX)
+
+
+def grants_binary(cache_root: Path) -> Path:
+    """The built grant helper in ``cache_root/bin``, as :func:`supervisor_binary` (blocking, same errors)."""
+    return _helper(cache_root, GRANTS_SOURCE, "grants", "a host grant as root builds its helper", GRANTS_FIX)
 
 
 def _helper(cache_root: Path, source_path: Path, name: str, why: str, fix: str) -> Path:

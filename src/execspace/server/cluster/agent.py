@@ -1,6 +1,6 @@
 """The node agent: one detached Ray actor per node that runs the node's server and reports what it holds.
 
-See docs/cluster.md. The actor class is plain Python; :mod:`.ray_handles` makes it a Ray actor, pinned to its node.
+See docs/cluster.md. The actor class is plain Python; :class:`.nodes.Nodes` makes it a Ray actor, pinned to its node.
 """
 
 from __future__ import annotations
