@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_cluster import run_cluster
 from bench_container import run_container
 from bench_core import Plan, Report, Row, machine_info, run_core
 from bench_e2b import run_e2b
@@ -131,7 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "mcp")
+    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "mcp", "cluster")
     p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
@@ -151,6 +152,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         "e2b": run_e2b,
         "egress": run_egress,
         "mcp": run_mcp,
+        "cluster": run_cluster,
     }
     for name, group in groups.items():
         if args.only not in (None, name):

@@ -34,6 +34,7 @@ from ..control import error_response
 from ..options import TLS, ServerOptions
 from ..routing import target_of
 from ..serve import serve_app
+from .nodeclient import NodeAnswer, NodeClient
 from .nodeconfig import AgentConfig
 from .nodes import Nodes, connect
 from .proxy import ClientGone, proxy
@@ -55,10 +56,11 @@ _LIST_LIMIT = 100
 class FrontDoor:
     """The front door's ASGI callable over the cluster's nodes."""
 
-    def __init__(self, nodes: Nodes, options: ServerOptions, client: httpx.AsyncClient) -> None:
+    def __init__(self, nodes: Nodes, options: ServerOptions, client: httpx.AsyncClient, control: NodeClient) -> None:
         self._nodes = nodes
         self._options = options
         self._client = client
+        self._control_client = control
         self._keys = [k.encode() for k in (*options.api_keys, *options.admin_keys)]
         guard = self._authenticated
         self._control = Router(
@@ -207,7 +209,7 @@ class FrontDoor:
             headers.update((k, v) for k, v in answer.headers.items() if k.startswith("x-execspace"))
         return JSONResponse(found, headers=headers)
 
-    async def _every_node(self, request: Request) -> list[tuple[str, httpx.Response]]:
+    async def _every_node(self, request: Request) -> list[tuple[str, NodeAnswer]]:
         """The answers of every living node to a bodiless request; a node found gone is left out (its sandboxes
         are no more), one that does not answer now fails the whole (503): a list short of its sandboxes would
         say they are gone."""
@@ -240,7 +242,7 @@ class FrontDoor:
         self._follow(request, object_id, node_id, answer)
         return _answer(answer, node_id)
 
-    def _follow(self, request: Request, object_id: str, node_id: str, answer: httpx.Response) -> None:
+    def _follow(self, request: Request, object_id: str, node_id: str, answer: NodeAnswer) -> None:
         """Keep the map as a node's answer changed it: a kill, a fork, a snapshot."""
         path = request.url.path
         if request.method == "DELETE" and answer.status_code in (204, 404):
@@ -283,16 +285,15 @@ class FrontDoor:
         self._nodes.lost(node_id, f"its server refuses connections: {error}")
         return True
 
-    async def _call(self, node_id: str, request: Request, body: bytes) -> httpx.Response:
+    async def _call(self, node_id: str, request: Request, body: bytes) -> NodeAnswer:
         endpoint = await self._nodes.agent(node_id)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("x-api-key", "content-type", "user-agent")}
+        headers = [(k, v) for k, v in request.headers.items() if k in ("x-api-key", "content-type", "user-agent")]
         query = f"?{request.url.query}" if request.url.query else ""
-        return await self._client.request(
+        return await self._control_client.request(
             request.method,
             endpoint.url + request.url.path + query,
-            content=body or None,
+            content=body,
             headers=headers,
-            timeout=httpx.Timeout(_CONTROL_TIMEOUT, connect=_CONNECT_TIMEOUT),
         )
 
 
@@ -306,7 +307,7 @@ async def _body(request: Request) -> bytes | Response:
     return data
 
 
-def _answer(answer: httpx.Response, node_id: str) -> Response:
+def _answer(answer: NodeAnswer, node_id: str) -> Response:
     """A node's answer, as the front door's: its ``clientID`` fields the node's Ray id."""
     headers = {
         k: v for k, v in answer.headers.items() if k in ("retry-after", "x-next-token") or k.startswith("x-execspace")
@@ -364,12 +365,15 @@ async def serve_cluster(
         nodes = Nodes(AgentConfig(options, backend, backend_options))
         await nodes.open()
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        control = NodeClient(_CONNECT_TIMEOUT, _CONTROL_TIMEOUT)
         async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=_CONNECT_TIMEOUT)) as client:
             watch = asyncio.create_task(nodes.watch())
             warm = asyncio.create_task(_start_agents(nodes))
             try:
-                await serve_app(FrontDoor(nodes, options, client), sock, options, on_ready, _nothing, tls, descriptors)
+                door = FrontDoor(nodes, options, client, control)
+                await serve_app(door, sock, options, on_ready, _nothing, tls, descriptors)
             finally:
+                await control.aclose()
                 for task in (watch, warm):
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
