@@ -164,3 +164,9 @@ def run_as_printed(script: str, cwd: Path, env: dict[str, str], timeout: float) 
         env=env,
         stdin=subprocess.DEVNULL,
     )
+
+
+def files_named(root: Path, name: str) -> list[Path]:
+    """The files called ``name`` under ``root``, walked while a server makes and removes directories there (a pool's
+    refills): a directory gone mid-walk is passed over, where ``Path.rglob`` raises."""
+    return [Path(top, name) for top, _, files in os.walk(root) if name in files]

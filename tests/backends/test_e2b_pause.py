@@ -22,6 +22,7 @@ from e2b import AsyncSandbox, SandboxQuery, SandboxState
 from tests.backends import test_e2b as e2b_suite
 from tests.backends.test_e2b import _connection, _engine, _running
 from tests.server.conftest import Server
+from tests.support import files_named
 
 mark = e2b_suite.mark  # the fixture: metadata unique to a test, whose sandboxes are killed after it
 
@@ -45,7 +46,7 @@ def _count(path: Path) -> int:
 
 async def _counter(server: Server, tag: str) -> Path:
     found: list[Path] = []
-    await _until("the counter written", lambda: found.extend(server.root.rglob(f"{tag}.count")) or found)
+    await _until("the counter written", lambda: found.extend(files_named(server.root, f"{tag}.count")) or found)
     return found[0]
 
 
