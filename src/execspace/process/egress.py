@@ -28,7 +28,7 @@ import ssl
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -75,6 +75,7 @@ __all__ = [
     "proxy_env",
     "receive_listener",
     "split_target",
+    "without_secrets",
 ]
 
 #: The audit's file name in the run's directory.
@@ -870,6 +871,15 @@ async def receive_listener(channel: socket.socket) -> socket.socket:
 def audit_line(attempt: NetworkAttempt) -> bytes:
     """One attempt as a line of the run's ``network.jsonl``."""
     return json.dumps(attempt.as_dict(), separators=(",", ":")).encode() + b"\n"
+
+
+def without_secrets(env: Mapping[str, str], policy: NetworkPolicy) -> dict[str, str]:
+    """``env`` less every variable whose value holds one of ``policy``'s injected values (a variable the caller's
+    environment passed on, ``env:VAR`` itself): what the proxy adds for the program, the program never holds."""
+    secrets = [rule.value.reveal() for rule in policy.inject]
+    if not secrets:
+        return dict(env)
+    return {name: value for name, value in env.items() if not any(secret in value for secret in secrets)}
 
 
 def proxy_env(port: int) -> dict[str, str]:
