@@ -25,7 +25,9 @@ from execspace.models import HeaderInjection, NetworkPolicy, RunResult, Secret
 from execspace.registry import probe_backend
 from tests.support import CLI, make_traversable
 
-trustme = pytest.importorskip("trustme", reason="the upstream's test CA comes from trustme (pip install 'execspace[dev]')")
+trustme = pytest.importorskip(
+    "trustme", reason="the upstream's test CA comes from trustme (pip install 'execspace[dev]')"
+)
 pytest.importorskip("cryptography", reason="the sandbox's CA needs pip install 'execspace[inject]'")
 
 pytestmark = pytest.mark.timeout(180)
@@ -159,7 +161,7 @@ for i in range(2):
     print(urllib.request.urlopen(req, timeout=20).read().decode())
 """
     curl = f"curl -sS -H 'Authorization: mine' -d body=1 http://allowed.test:{plain.port}/c"
-    result, ws = await _run(engine, ["sh", "-c", f"python3 -c \"{code}\" && {curl}"], _policy(plain.port))
+    result, ws = await _run(engine, ["sh", "-c", f'python3 -c "{code}" && {curl}'], _policy(plain.port))
     assert result.exit_code == 0, result.stderr
     assert "ok /p0" in result.stdout and "ok /c" in result.stdout
     assert [s["path"] for s in plain.seen] == ["/p0", "/p1", "/c"]

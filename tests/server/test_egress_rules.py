@@ -95,7 +95,7 @@ def test_a_workload_identity_placeholder_and_the_hosts_own_network_are_refused()
     with pytest.raises(CapabilityError, match="workload identity"):
         _egress({"allowOut": ["a.test"], "rules": placeholder})
     options = ServerOptions(("k",), allow_internet_access=True, host_network=True)
-    with pytest.raises(CapabilityError, match="network.rules on the host's network"):
+    with pytest.raises(CapabilityError, match=r"network\.rules on the host's network"):
         sandbox_egress(True, {"rules": _rules("a.test", X=SECRET)}, options, _caps())
 
 
@@ -175,4 +175,3 @@ def test_an_sdk_sandboxs_requests_get_its_rules_headers_and_never_hold_them(
     assert probe.stdout.strip() == "0", probe.stdout
     shown = info.network["rules"]  # type: ignore[index]
     assert shown == {"pinned.test": [{"transform": {"headers": {"Authorization": REDACTED}}}]}
-
