@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import os
+import pickle
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -36,6 +38,8 @@ def test_a_secret_never_prints_and_an_unset_variable_is_named() -> None:
     for text in (repr(secret), str(secret), repr(rule), repr(policy), f"{policy}"):
         assert NEEDLE not in text
     assert repr(secret) == "Secret(<env:INJ_UNIT>)" and secret.reveal() == SECRET
+    assert NEEDLE not in repr(dataclasses.asdict(policy))  # a Secret is copied as an object, never as its value
+    assert pickle.loads(pickle.dumps(policy)) == policy
     with pytest.raises(InvalidSpec, match="INJ_UNSET is not set"):
         Secret.from_env("INJ_UNSET", {})
 

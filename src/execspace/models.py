@@ -175,14 +175,20 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-@dataclass(frozen=True, slots=True, eq=True)
 class Secret:
     """A credential's value, kept out of every text: its ``repr`` and ``str`` name where it came from, never what
-    it is. Read it with :meth:`reveal` (the egress proxy does, to add it to a request)."""
+    it is. Read it with :meth:`reveal` (the egress proxy does, to add it to a request). Not a dataclass, so that
+    ``dataclasses.asdict`` of a policy holding one copies the object, never the value into a dict."""
 
-    _value: str = field(repr=False)
-    source: str = "given"
-    """Where the value came from (``env:VAR``), for messages."""
+    __slots__ = ("_source", "_value")
+    _value: str
+    _source: str
+
+    def __init__(self, value: str, source: str = "given") -> None:
+        if not isinstance(value, str) or not isinstance(source, str):
+            raise InvalidSpec("Secret(value, source): both are strings")
+        object.__setattr__(self, "_value", value)
+        object.__setattr__(self, "_source", source)
 
     @classmethod
     def from_env(cls, name: str, environ: Mapping[str, str] | None = None) -> Secret:
@@ -193,11 +199,28 @@ class Secret:
             raise InvalidSpec(f"the environment variable {name} is not set (or empty): export it before this call")
         return cls(value, f"env:{name}")
 
+    @property
+    def source(self) -> str:
+        """Where the value came from (``env:VAR``), for messages."""
+        return self._source
+
     def reveal(self) -> str:
         return self._value
 
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Secret cannot be changed")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and (self._value, self._source) == (other._value, other._source)
+
+    def __hash__(self) -> int:
+        return hash((Secret, self._value, self._source))
+
+    def __reduce__(self) -> tuple[type[Secret], tuple[str, str]]:
+        return Secret, (self._value, self._source)
+
     def __repr__(self) -> str:
-        return f"Secret(<{self.source}>)"
+        return f"Secret(<{self._source}>)"
 
     __str__ = __repr__
 
