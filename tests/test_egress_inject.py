@@ -277,3 +277,13 @@ def test_the_e2b_backend_hands_the_rules_to_the_service() -> None:
     }
     with pytest.raises(InvalidSpec, match="upstream_ca"):
         sandbox_rules(NetworkPolicy.allow(["api.test"], inject=[_rule()], upstream_ca=Path("/ca.pem")))
+
+
+async def test_a_socks5_connection_to_an_injected_host_is_rewritten_too(recorder: Recorder) -> None:
+    port, got = recorder.port, recorder.got
+    name = b"api.test"
+    greeting = b"\x05\x01\x00" + b"\x05\x01\x00\x03" + bytes([len(name)]) + name + port.to_bytes(2, "big")
+    request = b"GET /s HTTP/1.1\r\nHost: api.test:%d\r\nAuthorization: mine\r\n\r\n" % port
+    answer = await _through(_policy(port), greeting + request)
+    assert answer.startswith(b"\x05\x00\x05\x00") and answer.endswith(b"ok")
+    assert f"Authorization: {SECRET}\r\n".encode() in got and b"mine" not in got
