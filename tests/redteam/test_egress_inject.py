@@ -378,3 +378,26 @@ print('LEAK' if needle in env or any(needle in v for v in os.environ.values()) e
     assert "ok /cli" in out["stdout"] and "NOLEAK" in out["stdout"], out["stdout"]
     assert plain.seen[-1]["auth"] == [TOKEN]
     assert NEEDLE not in done.stdout + done.stderr
+
+
+async def test_an_engines_own_policy_injects_for_every_run(
+    tmp_path: Path, sandbox_mode: Mapping[str, Any], secure: Upstream, ca_file: Path
+) -> None:
+    """The policy given to the engine (``network=``) rather than to a run: each run gets its own CA and the header
+    (in session mode such a run gets a sandbox of its own, its CA with it)."""
+    probe = await probe_backend("sandbox", **sandbox_mode)
+    if not probe.ok:
+        pytest.skip(f"sandbox unavailable: {probe.reason}")
+    make_traversable(tmp_path)
+    policy = _policy(secure.port, upstream_ca=ca_file)
+    code = f"import urllib.request; print(urllib.request.urlopen('https://allowed.test:{secure.port}/e').read())"
+    async with execspace.open_engine(
+        "sandbox", workspace_root=tmp_path / "ws", network=policy, **sandbox_mode
+    ) as engine:
+        if not engine.describe().network_domains:
+            pytest.skip("no C compiler: the egress bridge cannot be built here")
+        ws = await engine.manager.create_workspace("inject-engine")
+        for _ in range(2):
+            result = await engine.runner.run_program(ws, RunProgramSpec("python3", ["-c", code], timeout=60))
+            assert result.exit_code == 0, result.stderr
+    assert [s["auth"] for s in secure.seen] == [[TOKEN], [TOKEN]]
