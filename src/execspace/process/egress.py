@@ -651,7 +651,9 @@ class EgressProxy:
         assert self.ca is not None
         if self._upstream_tls is None:
             self._upstream_tls = upstream_context(self.rules.policy.upstream_ca)
-        client = TlsStream(conn.client, self.ca.server_context(host), server_side=True)
+        # minting a host's certificate is a signature and a key load (milliseconds): off the loop other runs share
+        context = await asyncio.to_thread(self.ca.server_context, host)
+        client = TlsStream(conn.client, context, server_side=True)
         upstream = TlsStream(tunnel.upstream, self._upstream_tls, server_side=False, server_hostname=host)
         try:
             async with asyncio.timeout(self.request_timeout):

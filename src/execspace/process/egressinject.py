@@ -89,26 +89,20 @@ class Injections:
 
     def for_host(self, host: str) -> tuple[HeaderInjection, ...]:
         """The rules that apply to ``host`` (a lower-case name or address); empty when none does."""
-        best: tuple[HeaderInjection, ...] = ()
-        best_rank = -1
-        for pattern in {rule.host for rule in self.rules}:
-            if not _matches(pattern, host):
-                continue
-            rank = 1 << 16 if pattern == host else len(pattern)
-            if rank > best_rank:
-                best_rank = rank
-                best = tuple(rule for rule in self.rules if rule.host == pattern)
-        return best
+        best: str | None = None
+        for rule in self.rules:
+            if rule.covers(host) and (best is None or _rank(rule.host, host) > _rank(best, host)):
+                best = rule.host
+        return tuple(rule for rule in self.rules if rule.host == best)
 
     @property
     def hosts(self) -> tuple[str, ...]:
         return tuple(sorted({rule.host for rule in self.rules}))
 
 
-def _matches(pattern: str, host: str) -> bool:
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:])
-    return pattern == host
+def _rank(pattern: str, host: str) -> int:
+    """How closely ``pattern`` (which names ``host``) names it: the name itself first, then the longest suffix."""
+    return 1 << 16 if pattern == host else len(pattern)
 
 
 # -- streams -----------------------------------------------------------------------------------------
@@ -273,7 +267,8 @@ async def forward_requests(client: Stream, upstream: Stream, plan: RequestPlan, 
             return
         request = http_request(bytes(pending[:head_end]))
         target = _target(request, plan)
-        close = plan.proxy_form or "close" in (request.header("connection") or "").lower()
+        tokens = {token.strip().lower() for token in (request.header("connection") or "").split(",")}
+        close = plan.proxy_form or "close" in tokens
         head = rewritten_head(request, target, plan.rules, close=close)
         await upstream.write(head)
         record["bytes_up"] = int(record["bytes_up"]) + len(head)  # type: ignore[call-overload]
