@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import threading
@@ -401,3 +402,34 @@ async def test_an_engines_own_policy_injects_for_every_run(
             result = await engine.runner.run_program(ws, RunProgramSpec("python3", ["-c", code], timeout=60))
             assert result.exit_code == 0, result.stderr
     assert [s["auth"] for s in secure.seen] == [[TOKEN], [TOKEN]]
+
+
+_NODE = """
+const http = require('http'), tls = require('tls');
+const port = Number(process.argv[1]);
+const ask = {host: '127.0.0.1', port: 3128, method: 'CONNECT', path: `allowed.test:${port}`};
+http.request(ask).on('connect', (res, sock) => {
+  const s = tls.connect({socket: sock, servername: 'allowed.test'}, () => {
+    s.write(`GET /node HTTP/1.1\\r\\nHost: allowed.test:${port}\\r\\nAuthorization: mine\\r\\n`);
+    s.write('Connection: close\\r\\n\\r\\n');
+  });
+  let out = '';
+  s.on('data', (d) => { out += d; });
+  s.on('end', () => { console.log(out.split('\\r\\n')[0], out.endsWith('ok /node')); });
+  s.on('error', (e) => { console.log('error', e.message); process.exit(1); });
+}).end();
+"""
+
+
+async def test_node_trusts_the_runs_ca_through_node_extra_ca_certs(
+    engine: execspace.BaseEngine, secure: Upstream, ca_file: Path
+) -> None:
+    """Node.js has its own roots: it trusts the run's CA through ``NODE_EXTRA_CA_CERTS`` alone."""
+    if shutil.which("node") is None:
+        pytest.skip("no node on this host")
+    argv = ["node", "-e", _NODE, str(secure.port)]
+    result, ws = await _run(engine, argv, _policy(secure.port, upstream_ca=ca_file))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "HTTP/1.1 200 OK true"
+    assert secure.seen[-1]["auth"] == [TOKEN]
+    _no_secret_in(result, ws)
