@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "FileEntry",
     "FileKind",
     "FileRef",
+    "HeaderInjection",
     "InputSpec",
     "NetworkApprover",
     "NetworkAttempt",
@@ -45,6 +47,7 @@ __all__ = [
     "ResourceLimits",
     "RunProgramSpec",
     "RunResult",
+    "Secret",
     "Snapshot",
     "Workspace",
     "WorkspacePolicy",
@@ -155,11 +158,148 @@ def _port(digits: str, entry: str, what: str) -> int:
     return int(digits)
 
 
+def _allows_host(entry: str, host: str) -> bool:
+    """Whether the allow entry ``entry`` lets some port of ``host`` (a name or ``*.suffix``) through."""
+    allowed, _ = _host_port(entry, "allowed network entry")
+    if allowed == "*":
+        return True
+    if allowed.startswith("*."):
+        return host.removeprefix("*").endswith(allowed[1:])
+    return allowed == host
+
+
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(host)
     except ValueError:
         return None
+
+
+class Secret:
+    """A credential's value, kept out of every text: its ``repr`` and ``str`` name where it came from, never what
+    it is. Read it with :meth:`reveal` (the egress proxy does, to add it to a request). Not a dataclass, so that
+    ``dataclasses.asdict`` of a policy holding one copies the object, never the value into a dict."""
+
+    __slots__ = ("_source", "_value")
+    _value: str
+    _source: str
+
+    def __init__(self, value: str, source: str = "given") -> None:
+        if not isinstance(value, str) or not isinstance(source, str):
+            raise InvalidSpec("Secret(value, source): both are strings")
+        object.__setattr__(self, "_value", value)
+        object.__setattr__(self, "_source", source)
+
+    @classmethod
+    def from_env(cls, name: str, environ: Mapping[str, str] | None = None) -> Secret:
+        """The value of the environment variable ``name`` (of ``environ``, else this process's); raises
+        :class:`InvalidSpec` naming the variable when it is unset or empty."""
+        value = (os.environ if environ is None else environ).get(name)
+        if not value:
+            raise InvalidSpec(f"the environment variable {name} is not set (or empty): export it before this call")
+        return cls(value, f"env:{name}")
+
+    @property
+    def source(self) -> str:
+        """Where the value came from (``env:VAR``), for messages."""
+        return self._source
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Secret cannot be changed")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and (self._value, self._source) == (other._value, other._source)
+
+    def __hash__(self) -> int:
+        return hash((Secret, self._value, self._source))
+
+    def __reduce__(self) -> tuple[type[Secret], tuple[str, str]]:
+        return Secret, (self._value, self._source)
+
+    def __repr__(self) -> str:
+        return f"Secret(<{self._source}>)"
+
+    __str__ = __repr__
+
+
+#: Header names the proxy owns (framing, routing, hop-by-hop): an injection rule cannot set them.
+_PROXY_OWNED_HEADERS = frozenset(
+    {
+        "host",
+        "connection",
+        "content-length",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "keep-alive",
+        "expect",
+        "proxy-authorization",
+        "proxy-connection",
+        "proxy-authenticate",
+    }
+)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderInjection:
+    """A header the egress proxy adds to every request to ``host`` (replacing the program's own header of that
+    name), with a value the program never sees.
+
+    ``host`` is a name (``api.example.com``) or ``*.suffix`` (its subdomains at any depth, not the name itself); a
+    name's exact rules win over wildcard ones, and of those the longest suffix wins (rules of one host are not merged
+    with another's). The host must also be allowed by the policy. Over HTTPS the proxy terminates the program's TLS
+    for such a host (the sandbox trusts a CA made for it), so the program's client must trust that CA.
+    """
+
+    host: str
+    header: str
+    value: Secret
+
+    def __post_init__(self) -> None:
+        host = self.host.strip().lower().rstrip(".")
+        labels = host.removeprefix("*.").split(".")
+        if (
+            not host
+            or ":" in host
+            or _address(host) is not None
+            or len(host) > 253
+            or not all(_LABEL.fullmatch(label) for label in labels)
+        ):
+            raise InvalidSpec(
+                f"header injection host {self.host!r}: give a domain name (api.example.com) or *.suffix, no port "
+                "and no address"
+            )
+        object.__setattr__(self, "host", host)
+        if not _TOKEN.fullmatch(self.header):
+            raise InvalidSpec(f"header injection for {host}: {self.header!r} is not an HTTP header name")
+        if self.header.lower() in _PROXY_OWNED_HEADERS:
+            raise InvalidSpec(f"header injection for {host}: the proxy owns {self.header}; inject another header")
+        if not isinstance(self.value, Secret):
+            raise InvalidSpec(f"header injection {host}:{self.header}: the value must be a Secret (Secret(value))")
+        value = self.value.reveal()
+        # the message never quotes the value: it is the secret
+        if not value or value != value.strip(" \t") or any((c < " " and c != "\t") or c == "\x7f" for c in value):
+            raise InvalidSpec(
+                f"header injection {host}:{self.header}: the value ({self.value.source}) is empty, has leading or "
+                "trailing whitespace, or holds a control character (CR, LF, NUL…)"
+            )
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise InvalidSpec(
+                f"header injection {host}:{self.header}: the value ({self.value.source}) is not Latin-1 text"
+            ) from None
+
+    def covers(self, host: str) -> bool:
+        """Whether this rule's host pattern names ``host`` (a lower-case name)."""
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:])
+        return host == self.host
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +320,25 @@ class NetworkPolicy:
     denied: tuple[str, ...] = ()
     resolve: Mapping[str, str] = field(default_factory=dict)
     """Names pinned to an address (the proxy does not look them up); a pinned address counts as allowed."""
+    inject: tuple[HeaderInjection, ...] = ()
+    """Headers the proxy adds to requests to allowed hosts (credentials the program never sees): plain HTTP as it
+    forwards it, HTTPS by terminating TLS for those hosts only (see :class:`HeaderInjection`)."""
+    upstream_ca: Path | None = None
+    """A PEM file of the CA certificates an injected host's server must chain to (default: this host's trust
+    store). Only injected hosts are verified by the proxy; every other host's TLS is the program's own."""
 
     @classmethod
     def allow(
-        cls, domains: Sequence[str], *, deny: Sequence[str] = (), resolve: Mapping[str, str] | None = None
+        cls,
+        domains: Sequence[str],
+        *,
+        deny: Sequence[str] = (),
+        resolve: Mapping[str, str] | None = None,
+        inject: Sequence[HeaderInjection] = (),
+        upstream_ca: Path | None = None,
     ) -> NetworkPolicy:
         """``NetworkPolicy.allow(["pypi.org", "*.pythonhosted.org", "api.example.com:8443"], deny=[...])``."""
-        return cls(tuple(domains), tuple(deny), dict(resolve or {}))
+        return cls(tuple(domains), tuple(deny), dict(resolve or {}), tuple(inject), upstream_ca)
 
     def __post_init__(self) -> None:
         if isinstance(self.allowed, str) or isinstance(self.denied, str):
@@ -201,6 +353,22 @@ class NetworkPolicy:
                 raise InvalidSpec(f"resolve {name!r}: pin a plain name (no port, no wildcard)")
             if _address(addr.strip().strip("[]")) is None:
                 raise InvalidSpec(f"resolve {name!r}={addr!r}: the target must be an IPv4 or IPv6 address")
+        if isinstance(self.inject, HeaderInjection) or not all(isinstance(r, HeaderInjection) for r in self.inject):
+            raise InvalidSpec("NetworkPolicy: inject is a sequence of HeaderInjection rules")
+        object.__setattr__(self, "inject", tuple(self.inject))
+        seen: set[tuple[str, str]] = set()
+        for rule in self.inject:
+            key = (rule.host, rule.header.lower())
+            if key in seen:
+                raise InvalidSpec(f"NetworkPolicy: two injection rules set {rule.header} for {rule.host}")
+            seen.add(key)
+            if not any(_allows_host(entry, rule.host) for entry in self.allowed):
+                raise InvalidSpec(
+                    f"NetworkPolicy: the injection rule for {rule.host} names a host the policy does not allow: "
+                    "add it to the allowed entries"
+                )
+        if self.upstream_ca is not None and not isinstance(self.upstream_ca, Path):
+            raise InvalidSpec("NetworkPolicy: upstream_ca is a Path to a PEM file of CA certificates")
 
 
 @dataclass(frozen=True, slots=True)

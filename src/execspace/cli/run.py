@@ -39,6 +39,7 @@ from .console import (
     warn_if_unisolated,
     workspace_dir,
 )
+from .inject import add_inject_options, with_injections
 from .outputs import AUDIT_FILE, Brought, bring_outputs, inline
 from .roots import in_cli_root
 from .streaming import run_program, stdin_source
@@ -113,6 +114,7 @@ def add_parser(sub: Any) -> None:
         metavar="NAME=ADDR",
         help="pin NAME to ADDR for the egress proxy (the address then counts as allowed: tests, private hosts)",
     )
+    add_inject_options(p)
     p.add_argument(
         "--profile",
         choices=("read-only", "workspace-write", "danger-full-access"),
@@ -229,13 +231,15 @@ def resolve_pair(text: str) -> tuple[str, str]:
 
 def network_choice(args: argparse.Namespace) -> Literal["off", "on"] | NetworkPolicy | None:
     """``--network``, or the allow-list the domain flags make (they cannot be mixed with ``--network``)."""
-    if not (args.allow_domain or args.deny_domain or args.resolve):
+    if not (args.allow_domain or args.deny_domain or args.resolve or args.inject_header):
         return cast('Literal["off", "on"] | None', args.network)
     if args.network is not None:
         raise UsageError("--allow-domain/--deny-domain/--resolve make the network an allow-list: drop --network")
     if not args.allow_domain:
-        raise UsageError("--deny-domain and --resolve refine an allow-list: give --allow-domain too")
-    return NetworkPolicy.allow(args.allow_domain, deny=args.deny_domain, resolve=dict(args.resolve))
+        raise UsageError("--deny-domain, --resolve and --inject-header refine an allow-list: give --allow-domain too")
+    inject, ca = with_injections(args)
+    resolve = dict(args.resolve)
+    return NetworkPolicy.allow(args.allow_domain, deny=args.deny_domain, resolve=resolve, inject=inject, upstream_ca=ca)
 
 
 def _looks_relative(path: str) -> bool:

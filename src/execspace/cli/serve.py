@@ -182,6 +182,13 @@ def add_parser(sub: Any) -> None:
         "deployments; a pinned address counts as allowed)",
     )
     p.add_argument(
+        "--upstream-ca",
+        type=Path,
+        metavar="FILE",
+        help="verify the servers of hosts with network.rules (headers the egress proxy injects) against the CA "
+        "certificates in FILE (PEM) instead of this machine's trust store",
+    )
+    p.add_argument(
         "--kernel-environment",
         default="code-interpreter",
         metavar="NAME",
@@ -258,6 +265,7 @@ async def command(args: argparse.Namespace) -> int:
         allow_internet_access=args.allow_internet_access,
         host_network=args.allow_host_network,
         resolve=dict(args.resolve),
+        upstream_ca=None if args.upstream_ca is None else args.upstream_ca.resolve(),
         machine=args.machine,
         kernel_environment=None if args.kernel_environment == "none" else args.kernel_environment,
         sandbox_memory_mb=args.sandbox_memory_mb,

@@ -8,6 +8,10 @@ is not public unless the policy names it (a ``resolve`` pin, an address entry), 
 checked. What the client sends is parsed strictly (:mod:`.egresswire`: a malformed or ambiguous request is refused);
 plain HTTP must carry a ``Host`` header naming the target; a TLS ClientHello through a tunnel, reassembled whole,
 must name the target in its SNI. Every attempt is recorded (:class:`~execspace.models.NetworkAttempt`).
+
+A host with injection rules (``NetworkPolicy.inject``) is served by :mod:`.egressinject`: its plain HTTP request
+and, in a tunnel, its TLS (ended with the sandbox's CA, :mod:`.egressca`) are read request by request and get the
+rules' headers; every other tunnel is copied as it is, never read.
 """
 
 from __future__ import annotations
@@ -20,16 +24,30 @@ import ipaddress
 import json
 import os
 import socket
+import ssl
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from ..models import NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
+from ..models import HeaderInjection, NetworkApprover, NetworkAttempt, NetworkPolicy, RunResult
 from ..workspace.confine import ConfinedRoot, split_relpath
+from .egressinject import (
+    HOP_HEADERS,
+    Injections,
+    Refused,
+    RequestPlan,
+    SocketStream,
+    Stream,
+    TlsStream,
+    forward_requests,
+    make_ca,
+    relay,
+    upstream_context,
+)
 from .egresswire import (
     ClientHelloReader,
     HeadReader,
@@ -41,6 +59,9 @@ from .egresswire import (
     socks5_request,
     target_host,
 )
+
+if TYPE_CHECKING:
+    from .egressca import EgressCA
 
 __all__ = [
     "ANY_PORT",
@@ -54,6 +75,7 @@ __all__ = [
     "proxy_env",
     "receive_listener",
     "split_target",
+    "without_secrets",
 ]
 
 #: The audit's file name in the run's directory.
@@ -73,7 +95,6 @@ _CHUNK = 256 * 1024
 DEFAULT_PORTS = (80, 443)
 #: The port of an entry written ``HOST:*``: every port.
 ANY_PORT = 0
-_HOP_HEADERS = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -288,8 +309,14 @@ class EgressProxy:
         max_connections: int = MAX_CONNECTIONS,
         approve: NetworkApprover | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
+        ca: EgressCA | None = None,
     ) -> None:
         self.rules = EgressRules(policy)
+        self.injections = Injections(policy.inject)
+        #: The CA whose certificates end a program's TLS to an injected host (the one its sandbox trusts; made
+        #: here when the caller gives none and the policy injects).
+        self.ca = ca if ca is not None or not policy.inject else make_ca(self.injections.hosts, "egress proxy")
+        self._upstream_tls: ssl.SSLContext | None = None
         self.request_timeout = request_timeout
         self.approve = approve
         self._approvals: dict[tuple[str, int], asyncio.Task[bool]] = {}
@@ -358,8 +385,10 @@ class EgressProxy:
                     tunnel = await self._socks5(conn)
                 else:
                     tunnel = await self._http(conn)
-            if tunnel is not None:
-                await self._pipe(conn, *tunnel)
+            if tunnel is not None and tunnel.rules:
+                await self._serve_injected(conn, tunnel)
+            elif tunnel is not None:
+                await self._pipe(conn, tunnel.upstream, tunnel.host)
         except (OSError, EOFError, TimeoutError) as exc:
             if conn.record and not conn.record["reason"]:  # it ended before its request was judged
                 conn.record["reason"] = (
@@ -464,12 +493,13 @@ class EgressProxy:
             conn.record["protocol"] = "connect" if client.buffer.startswith(b"CONNECT ") else "http"
             await self._refuse(conn, 400, f"malformed HTTP request: {exc}")
             return None
+        head = bytes(client.buffer[:end])
         del client.buffer[:end]
         connect = request.method == "CONNECT"
         conn.record.update(protocol="connect" if connect else "http", method=request.method, host=request.target)
         if connect:
             return await self._connect_method(conn, request.target)
-        return await self._forward(conn, request)
+        return await self._forward(conn, request, head)
 
     async def _connect_method(self, conn: _Conn, target: str) -> _Tunnel | None:
         try:
@@ -488,9 +518,9 @@ class EgressProxy:
             await self._refuse(conn, 502, str(exc), denied=False)
             return None
         await conn.client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        return upstream, host
+        return _Tunnel(upstream, host, port, self.injections.for_host(host))
 
-    async def _forward(self, conn: _Conn, request: HttpRequest) -> _Tunnel | None:
+    async def _forward(self, conn: _Conn, request: HttpRequest, head: bytes) -> _Tunnel | None:
         scheme, sep, rest = request.target.partition("://")
         if not sep or scheme.lower() != "http":
             await self._refuse(conn, 400, "a proxy request needs an absolute http:// URI (CONNECT for https)")
@@ -515,12 +545,16 @@ class EgressProxy:
         except ConnectionError as exc:
             await self._refuse(conn, 502, str(exc), denied=False)
             return None
-        kept = [f"{name}: {value}" for name, value in request.headers if name.lower() not in _HOP_HEADERS]
+        rules = self.injections.for_host(host)
+        if rules:  # read again as the injected host's one request: head and body, nothing after
+            conn.client.buffer[:0] = head
+            return _Tunnel(upstream, None, port, rules, proxy_form=True)
+        kept = [f"{name}: {value}" for name, value in request.headers if name.lower() not in HOP_HEADERS]
         line = f"{request.method} /{path} HTTP/{request.version}"
         data = "\r\n".join([line, *kept, "Connection: close", "", ""]).encode("latin-1")
         await upstream.send(data)
         conn.record["bytes_up"] = len(data)
-        return upstream, None
+        return _Tunnel(upstream, None, port)
 
     async def _refuse(self, conn: _Conn, status: int, reason: str, *, denied: bool = True) -> None:
         conn.record.update(allowed=False, reason=reason if denied else f"allowed, but {reason}")
@@ -573,7 +607,78 @@ class EgressProxy:
             conn.record.update(allowed=False, reason=f"allowed, but {exc}")
             return None
         await client.send(_socks_reply(0))
-        return upstream, host
+        return _Tunnel(upstream, host, port, self.injections.for_host(host))
+
+    # -- an injected host --------------------------------------------------------------------------
+
+    async def _serve_injected(self, conn: _Conn, tunnel: _Tunnel) -> None:
+        """Serve a connection to a host with injection rules request by request: plain HTTP as it is, TLS ended
+        with the sandbox's CA and opened anew to the host (verified); answers go back unread."""
+        assert tunnel.host is not None or tunnel.proxy_form
+        host = tunnel.host or str(conn.record["host"])
+        client: Stream = SocketStream(conn.client)
+        upstream: Stream = SocketStream(tunnel.upstream)
+        default_port = 80
+        if not tunnel.proxy_form:
+            if not await self._check_sni(conn, host):
+                return
+            if conn.client.buffer[:1] == b"\x16":
+                tls = await self._terminate(conn, tunnel, host)
+                if tls is None:
+                    return
+                client, upstream = tls
+                default_port = 443
+        names = ", ".join(rule.header for rule in tunnel.rules)
+        conn.record["reason"] = f"{conn.record['reason']}; {names} injected" + (
+            " (TLS ended by the proxy)" if default_port == 443 else ""
+        )
+        plan = RequestPlan(host, tunnel.port, default_port, tunnel.rules, proxy_form=tunnel.proxy_form)
+        up = asyncio.ensure_future(forward_requests(client, upstream, plan, conn.record))
+        down = asyncio.ensure_future(relay(upstream, client, conn.record, "bytes_down"))
+        try:
+            await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            if up.done() and not up.cancelled() and (exc := up.exception()) is not None:
+                await self._refuse_request(conn, client, exc)
+                return
+            await down
+        finally:
+            up.cancel()
+            down.cancel()
+
+    async def _terminate(self, conn: _Conn, tunnel: _Tunnel, host: str) -> tuple[Stream, Stream] | None:
+        """The client's TLS ended with a certificate for ``host`` from the sandbox's CA, and the proxy's own TLS to
+        the upstream, verified against the trust store (or the policy's CA); None when either fails (audited)."""
+        assert self.ca is not None
+        if self._upstream_tls is None:
+            self._upstream_tls = upstream_context(self.rules.policy.upstream_ca)
+        # minting a host's certificate is a signature and a key load (milliseconds): off the loop other runs share
+        context = await asyncio.to_thread(self.ca.server_context, host)
+        client = TlsStream(conn.client, context, server_side=True)
+        upstream = TlsStream(tunnel.upstream, self._upstream_tls, server_side=False, server_hostname=host)
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await client.handshake()
+        except (ssl.SSLError, EOFError, TimeoutError) as exc:
+            conn.record["reason"] = f"{conn.record['reason']}; the program's TLS handshake failed: {_tls_error(exc)}"
+            return None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await upstream.handshake()
+        except (ssl.SSLError, EOFError, TimeoutError) as exc:
+            reason = f"the TLS of {host}:{tunnel.port} failed: {_tls_error(exc)}"
+            conn.record.update(allowed=False, reason=f"allowed, but {reason}")
+            await _answer(client, 502, f"execspace egress: {reason}")
+            return None
+        return client, upstream
+
+    async def _refuse_request(self, conn: _Conn, client: Stream, exc: BaseException) -> None:
+        """A request to an injected host that was not forwarded: the client gets a 400 saying why (audited)."""
+        if not isinstance(exc, Refused | Malformed):
+            raise exc
+        reason = f"a request was refused: {exc}"
+        conn.record["reason"] = f"{conn.record['reason']}; {reason}"
+        with contextlib.suppress(OSError):
+            await _answer(client, 400, f"execspace egress: {reason}")
 
     # -- the tunnel ------------------------------------------------------------------------------
 
@@ -625,8 +730,36 @@ class EgressProxy:
         return False
 
 
-_Tunnel = tuple[_Socket, str | None]
-"""The upstream of an accepted request, and the name the client's TLS must give (None: not checked)."""
+@dataclass(frozen=True, slots=True)
+class _Tunnel:
+    """An accepted request's upstream, and how the client's bytes go to it."""
+
+    upstream: _Socket
+    host: str | None
+    """The name the client's TLS must give (None: not checked)."""
+    port: int
+    rules: tuple[HeaderInjection, ...] = ()
+    """The host's injection rules: its requests are read and rewritten (none: the bytes are copied unread)."""
+    proxy_form: bool = False
+    """A plain HTTP request to the proxy (else a tunnel)."""
+
+
+async def _answer(client: Stream, status: int, text: str) -> None:
+    body = f"{text}\n".encode()
+    title = {400: "Bad Request", 502: "Bad Gateway"}[status]
+    head = f"HTTP/1.1 {status} {title}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+    await client.write(f"{head}Connection: close\r\n\r\n".encode() + body)
+    client.end()
+
+
+def _tls_error(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"certificate verify failed ({exc.verify_message})"
+    if isinstance(exc, TimeoutError):
+        return "no handshake in time"
+    if isinstance(exc, EOFError):
+        return "the connection ended during the handshake"
+    return str(getattr(exc, "reason", None) or exc)[:200]
 
 
 def _socks_reply(code: int) -> bytes:
@@ -742,6 +875,15 @@ def audit_line(attempt: NetworkAttempt) -> bytes:
     return json.dumps(attempt.as_dict(), separators=(",", ":")).encode() + b"\n"
 
 
+def without_secrets(env: Mapping[str, str], policy: NetworkPolicy) -> dict[str, str]:
+    """``env`` less every variable whose value holds one of ``policy``'s injected values (a variable the caller's
+    environment passed on, ``env:VAR`` itself): what the proxy adds for the program, the program never holds."""
+    secrets = [rule.value.reveal() for rule in policy.inject]
+    if not secrets:
+        return dict(env)
+    return {name: value for name, value in env.items() if not any(secret in value for secret in secrets)}
+
+
 def proxy_env(port: int) -> dict[str, str]:
     """Proxy settings for a program whose proxy listens on ``127.0.0.1:port`` of its own loopback: its HTTP
     clients, pip, npm and git (both cases where tools differ)."""
@@ -770,9 +912,16 @@ class RunAudit:
     returned in its result (:meth:`annotate`). Serve it on a listener with ``proxy.serve``; :meth:`close` when the
     run is over (its open connections are cut and audited)."""
 
-    def __init__(self, policy: NetworkPolicy, root: Path, run_dir: str, approve: NetworkApprover | None = None) -> None:
+    def __init__(
+        self,
+        policy: NetworkPolicy,
+        root: Path,
+        run_dir: str,
+        approve: NetworkApprover | None = None,
+        ca: EgressCA | None = None,
+    ) -> None:
         self._audit_fd = _open_audit(root, run_dir)
-        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve)
+        self.proxy = EgressProxy(policy, Path(run_dir).name, on_record=self._write, approve=approve, ca=ca)
 
     def close(self) -> None:
         self.proxy.close()

@@ -11,6 +11,9 @@ enforced loosely. Only a server started with ``--allow-host-network`` gives a sa
 host's own network (``on``) instead. A server without ``--allow-internet-access`` refuses a sandbox that asks for the
 network (on, or an allow-list) rather than create it offline, except the ``true`` older SDKs send on every create.
 
+``network.rules`` (E2B's per-host header transforms) become the proxy's header injection (:mod:`.egressrules`):
+the values are added to the sandbox's requests to those hosts and never enter the sandbox.
+
 A sandbox never reaches the server's host through its proxy: loopback, ``0.0.0.0``/``::`` and every address of the
 host's interfaces are refused at create (an ``allowOut`` address or block that covers one, ``localhost`` or the
 host's own name) and denied again by the sandbox's proxy (deny entries win, also over a name that resolves there),
@@ -28,7 +31,8 @@ from typing import Any, Literal
 
 from ..capabilities import Capabilities
 from ..errors import CapabilityError, InvalidSpec, PolicyViolation
-from ..models import NetworkPolicy
+from ..models import HeaderInjection, NetworkPolicy
+from .egressrules import injection_rules
 from .options import ServerOptions
 
 __all__ = ["SandboxEgress", "sandbox_egress", "sends_internet_by_default"]
@@ -60,13 +64,19 @@ class SandboxEgress:
     deny_out: tuple[str, ...] | None = None
     internet: bool = False
     """Whether its commands reach the whole (public) network: its info's ``allowInternetAccess``."""
+    rules: Mapping[str, list[dict[str, object]]] | None = None
+    """Its ``network.rules`` as its info shows them (header values redacted), None when it was created without."""
 
-    def info(self) -> dict[str, list[str]] | None:
-        """The ``network`` of the sandbox's info: its rules as given, None when it was created without any."""
-        if self.allow_out is None and self.deny_out is None:
+    def info(self) -> dict[str, object] | None:
+        """The ``network`` of the sandbox's info: its rules as given (header values redacted), None when it was
+        created without any."""
+        if self.allow_out is None and self.deny_out is None and self.rules is None:
             return None
-        rules = {"allowOut": self.allow_out, "denyOut": self.deny_out}
-        return {key: list(value) for key, value in rules.items() if value is not None}
+        given = {"allowOut": self.allow_out, "denyOut": self.deny_out}
+        info: dict[str, object] = {key: list(value) for key, value in given.items() if value is not None}
+        if self.rules is not None:
+            info["rules"] = dict(self.rules)
+        return info
 
 
 def sandbox_egress(
@@ -98,7 +108,6 @@ def sandbox_egress(
         raise InvalidSpec("network must be an object (allowOut, denyOut, ...)")
     unsupported = {
         "egressProxy": "it does not tunnel egress through a proxy of yours",
-        "rules": "its egress proxy does not rewrite requests",
     }
     for key, why in unsupported.items():
         if network.get(key):
@@ -125,15 +134,20 @@ def sandbox_egress(
             f"{asked}: this server keeps every sandbox offline (it was started without --allow-internet-access); "
             "start it with --allow-internet-access to give sandboxes the network, or create the sandbox without it"
         )
+    inject, rules = _rules(network.get("rules"), allowed, deny_all)
     if not deny_all:
         if options.host_network:
-            return SandboxEgress("on", allow_out, deny_out, internet=True)
+            if inject:
+                raise CapabilityError(
+                    "network.rules on the host's network", "execspace serve", "Only the egress proxy injects headers."
+                )
+            return SandboxEgress("on", allow_out, deny_out, internet=True, rules=rules)
         # every public destination on every port, and what allowOut lists (private blocks); the host is denied below
         reach = ["*:*", *allowed]
     elif allowed:
         reach = allowed  # what is not allowed is denied, and allowed entries win: denyOut takes nothing away
     else:
-        return SandboxEgress("off", allow_out, deny_out)
+        return SandboxEgress("off", allow_out, deny_out, rules=rules)
     if not capabilities.network_domains:
         raise CapabilityError(
             "the network of a sandbox (an egress proxy)",
@@ -143,8 +157,28 @@ def sandbox_egress(
     if keep_out is None:
         keep_out = _host_out_of_reach((), options.resolve)
     # the host's own addresses are denied to the proxy whatever name reaches them (deny entries win)
-    policy = NetworkPolicy.allow(reach, deny=keep_out, resolve=options.resolve)
-    return SandboxEgress(policy, allow_out, deny_out, internet=not deny_all)
+    policy = NetworkPolicy.allow(
+        reach, deny=keep_out, resolve=options.resolve, inject=inject, upstream_ca=options.upstream_ca
+    )
+    return SandboxEgress(policy, allow_out, deny_out, internet=not deny_all, rules=rules)
+
+
+def _rules(
+    value: Any, allowed: list[str], deny_all: bool
+) -> tuple[tuple[HeaderInjection, ...], dict[str, list[dict[str, object]]] | None]:
+    """``network.rules`` for a sandbox that reaches ``allowed`` (and, without ``deny_all``, every public host): the
+    injection rules of the hosts it reaches, and the rules as its info shows them."""
+
+    def reached(rule: HeaderInjection) -> bool:
+        if not deny_all:
+            return True
+        try:
+            NetworkPolicy.allow(allowed, inject=[rule])
+        except InvalidSpec:
+            return False  # as in E2B, a rule grants nothing: the host is unreachable, the rule inert
+        return True
+
+    return injection_rules(value, reached)
 
 
 #: The first release of each official SDK that sends ``allow_internet_access`` only when its caller gives it: the

@@ -83,6 +83,9 @@ class ServerOptions:
     resolve: Mapping[str, str] = field(default_factory=dict)
     """Names pinned to an address for every sandbox's egress allow-list (``NetworkPolicy.resolve``: tests, private
     deployments); a pinned address counts as allowed."""
+    upstream_ca: Path | None = None
+    """A PEM file of the CAs the servers of hosts with ``network.rules`` must chain to (``NetworkPolicy.upstream_ca``;
+    default: this host's trust store)."""
     max_connections: int | None = None
     """Client connections held at once (more are closed as they come); None: a quarter of the descriptors this
     process may open, so that the rest stays for the sandboxes' programs, files and streams."""

@@ -41,7 +41,14 @@ async def open_egress(
 ) -> tuple[RunAudit, dict[str, str]]:
     """One run's proxy, serving ``policy`` on a listener in container ``cid`` (the one of the workspace at
     ``ws_dir``): its audit (``close`` it when the run is over: open connections are cut and audited) and the proxy
-    variables the program gets. Raises :class:`CapabilityError` when the namespace cannot be entered from here."""
+    variables the program gets. Raises :class:`CapabilityError` when the namespace cannot be entered from here, or
+    for injection rules (their CA would have to be installed in a running container: the sandbox backend has them)."""
+    if policy.inject:
+        raise CapabilityError(
+            "credentials injected by the egress proxy (NetworkPolicy.inject)",
+            "container",
+            "use the sandbox backend, or leave inject out",
+        )
     sock = await asyncio.to_thread(_listen_in, api, cid, ws_dir)
     port = sock.getsockname()[1]
     try:

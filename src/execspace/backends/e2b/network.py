@@ -12,6 +12,7 @@ resolves) are refused rather than enforced loosely.
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from ...errors import InvalidSpec
 from ...models import NetworkPolicy
@@ -23,13 +24,26 @@ __all__ = ["ALL_TRAFFIC", "sandbox_rules"]
 ALL_TRAFFIC = "0.0.0.0/0"
 
 
-def sandbox_rules(policy: NetworkPolicy) -> dict[str, list[str]]:
-    """The SDK's ``network=`` for ``policy``; raises :class:`InvalidSpec` saying what cannot be expressed."""
+def sandbox_rules(policy: NetworkPolicy) -> dict[str, Any]:
+    """The SDK's ``network=`` for ``policy``; raises :class:`InvalidSpec` saying what cannot be expressed. Injection
+    rules become E2B's ``rules`` (header transforms its egress proxy applies): the values go to the service, never
+    into the sandbox."""
     if policy.denied:
         raise _unmapped("denied entries", "E2B's allowed entries win over denied ones: list only what to allow")
     if policy.resolve:
         raise _unmapped("pinned names (resolve)", "the service resolves names itself: leave resolve out")
-    return {"allow_out": [_allow_entry(entry) for entry in policy.allowed], "deny_out": [ALL_TRAFFIC]}
+    if policy.upstream_ca is not None:
+        raise _unmapped("upstream_ca", "the service verifies upstreams against its own trust store: leave it out")
+    network: dict[str, Any] = {
+        "allow_out": [_allow_entry(entry) for entry in policy.allowed],
+        "deny_out": [ALL_TRAFFIC],
+    }
+    headers: dict[str, dict[str, str]] = {}
+    for rule in policy.inject:
+        headers.setdefault(rule.host, {})[rule.header] = rule.value.reveal()
+    if headers:
+        network["rules"] = {host: [{"transform": {"headers": given}}] for host, given in headers.items()}
+    return network
 
 
 def _allow_entry(entry: str) -> str:

@@ -50,7 +50,7 @@ from .bwrap import (
     visible_path_entries,
 )
 from .cgroups import CgroupSupport
-from .egress import PROXY_PORT, EgressChannel, proxy_env
+from .egress import EgressChannel
 from .grants import GrantHelper, RunGrants
 from .machine import MACHINE_USERS, Layer, Machine, machine_env, runs_as_user, user_argv
 from .policy import Access, Resolver, Resolvers, SandboxPolicy
@@ -339,7 +339,16 @@ class Sandbox:
         wanted = self.network_allow if prep.spec.network is None else prep.spec.network
         if not isinstance(wanted, NetworkPolicy):
             return plan
-        egress = EgressChannel(wanted, self._bridge_binary(), prep.root, prep.run_dir, self.on_network_attempt)
+        environment = self.environment
+        egress = EgressChannel(
+            wanted,
+            self._bridge_binary(),
+            prep.root,
+            prep.run_dir,
+            self.on_network_attempt,
+            system_root=None if environment is None or environment.root is None else str(environment.root),
+            overlay_trust=self.machine is None,
+        )
         launch = plan.launch
         launch.stack.after_spawn(egress.started)
         launch.stack.callback(egress.close)
@@ -347,7 +356,7 @@ class Sandbox:
         launch = replace(
             launch,
             argv=egress.argv(list(launch.argv)),
-            env={**launch.env, **proxy_env(PROXY_PORT)},
+            env=egress.env(launch.env),
             pass_fds=(*launch.pass_fds, *egress.pass_fds),
         )
         return SandboxPlan(launch, (*plan.mounts, *egress.bwrap_args()))

@@ -194,6 +194,9 @@ class SessionMode:
             return False
         if sandbox.environment is not self._session_environment:
             return False  # another runtime environment (in_environment): the session's mounts have not its tree
+        wanted = sandbox.network_allow if spec.network is None else spec.network
+        if isinstance(wanted, NetworkPolicy) and wanted.inject:
+            return False  # its proxy ends TLS with a CA made for, and installed in, a sandbox of its own
         if sandbox.network_allow is not None:
             # the session's sandbox has the engine's allow-list: only runs that keep it share it
             if spec.network is not None and spec.network != sandbox.network_allow:
