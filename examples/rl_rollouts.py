@@ -6,9 +6,10 @@
 The library path to a cluster is the e2b backend pointed at a front door (docs/cluster.md): `open_engine("e2b",
 api_url=..., ...)`, as for one host. The task (a grader and its cases) is written once into one sandbox and
 snapshotted; every rollout is a fork of that snapshot (made on the snapshot's node, so all the forks share one
-node: its `--max-sandboxes` must hold them), whose episode writes the policy's answer and runs the grader. The
-reward is the fraction of cases passed; a hung answer is stopped by the run's timeout (reward 0). The engine is
-opened per turn, so every sandbox it made is killed when it closes, also when an episode fails.
+node: its `--max-sandboxes` must hold them), whose episode writes the policy's answer and runs the grader, and
+which is killed as soon as its episode ends. The reward is the fraction of cases passed; a hung answer is stopped
+by the run's timeout (reward 0). The engine is opened per turn, so every sandbox it made is killed when it closes,
+also when an episode fails.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ async def rollouts(args: argparse.Namespace) -> dict[str, list[float]]:
         files = [PutFile("work/task/grade.py", GRADER), PutFile("work/task/cases.json", json.dumps(CASES))]
         await engine.fs.put_files(prepared, files)
         snapshot = await manager.snapshot(prepared)
+        await manager.cleanup(prepared)  # the snapshot holds its files: the forks start from it
         say(f"prepared {prepared.id} in {time.monotonic() - started:.2f} s")
 
         started = time.monotonic()
@@ -91,15 +93,14 @@ async def rollouts(args: argparse.Namespace) -> dict[str, list[float]]:
 
         async def episode(ws: Workspace, answer: str) -> float:
             async with slots:
-                return await run_episode(engine, ws, answer)
+                try:
+                    return await run_episode(engine, ws, answer)
+                finally:
+                    await manager.cleanup(ws)  # its slot on the node and its connection freed for the next
 
         rewards = await asyncio.gather(*(episode(ws, a) for ws, a in zip(forks, answers, strict=True)))
         say(f"ran {len(rewards)} episodes ({args.concurrency} at a time) in {time.monotonic() - started:.2f} s")
-
-        started = time.monotonic()
-        await asyncio.gather(*(manager.cleanup(ws) for ws in [*forks, prepared]))
         await manager.remove_snapshot(snapshot)
-        say(f"killed {len(forks) + 1} sandboxes in {time.monotonic() - started:.2f} s")
     by_answer: dict[str, list[float]] = collections.defaultdict(list)
     for answer, reward in zip(answers, rewards, strict=True):
         by_answer[answer].append(reward)
