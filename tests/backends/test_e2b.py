@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -159,6 +161,38 @@ async def test_turn_sandboxes_are_killed_at_close(e2b_server: Server, mark: str)
         await engine.manager.create_workspace("turn-b")
         assert len(await _running(e2b_server, **{"execspace.test": mark})) == 2
     assert await _running(e2b_server, **{"execspace.test": mark}) == {}
+
+
+async def test_a_turn_sandbox_cleaned_up_is_not_killed_again_at_close(tmp_path: Path) -> None:
+    """A job that kills its hundreds of sandboxes as it goes (examples/rl_rollouts.py) does not wait at close for as
+    many kill calls again: the server sees one DELETE per sandbox."""
+    import httpx
+
+    with running_server(tmp_path / "serve", "--verbose", "--pool-size", "0") as server:
+        async with _engine(server, persistence="turn") as engine:
+            for ws in [await engine.manager.create_workspace(f"turn-{i}") for i in range(3)]:
+                await engine.manager.cleanup(ws)
+        httpx.get(f"{server.url}/sandboxes/afterclose", headers={"X-API-KEY": server.key}, timeout=30)  # a 404 logged
+        assert server.process.stdout is not None
+        log = _log_until(server.process.stdout, b"afterclose")
+    assert len(re.findall(rb"DELETE /sandboxes/", log)) == 3, log.decode(errors="replace")
+
+
+def _log_until(stream: IO[bytes], marker: bytes, within: float = 30.0) -> bytes:
+    """What a server's log pipe holds up to a line with ``marker`` (the pipe read without blocking)."""
+    os.set_blocking(stream.fileno(), False)
+    seen = b""
+    deadline = time.monotonic() + within
+    while marker not in seen:
+        assert time.monotonic() < deadline, f"no {marker!r} in the server's log within {within}s: {seen!r}"
+        try:
+            chunk = stream.read1(65536)  # type: ignore[attr-defined]
+        except BlockingIOError:
+            chunk = None
+        if not chunk:
+            time.sleep(0.05)
+        seen += chunk or b""
+    return seen
 
 
 async def test_a_pool_hands_out_sandboxes_made_ahead_and_kills_the_rest_at_close(e2b_server: Server, mark: str) -> None:

@@ -78,11 +78,12 @@ class LocalCluster:
         return list(self.cluster.worker_nodes)
 
     @contextlib.contextmanager
-    def front_door(self, key: str = API_KEY) -> Iterator[FrontDoor]:
-        """``execspace serve --ray`` on a free port, stopped with SIGTERM when the block ends."""
+    def front_door(self, key: str = API_KEY, per_node: int = PER_NODE) -> Iterator[FrontDoor]:
+        """``execspace serve --ray`` on a free port, ``per_node`` sandboxes a node, stopped with SIGTERM when the
+        block ends."""
         env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", key, "--ray", self.address]
-        argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(PER_NODE)]
+        argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(per_node)]
         argv += ["--kernel-environment", "none", "--no-warm-kernels"]
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         try:
@@ -112,6 +113,11 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     finally:
         shut_down(cluster)
         until("the node servers are gone", lambda: not node_servers(), within=30)
+
+
+def processes_running(marker: bytes) -> list[int]:
+    """Pids of the processes on this host whose command line has ``marker``."""
+    return _processes(lambda cmdline: marker in cmdline)
 
 
 def node_servers() -> list[int]:

@@ -539,10 +539,13 @@ class Sandboxes:
             await box.resume()
 
     async def forget(self, key: str) -> None:
-        """Drop workspace ``key``: its sandbox is killed when it is ours and only its own."""
+        """Drop workspace ``key``: its sandbox is killed when it is ours and only its own (per turn, then not again
+        when the engine closes: a job that kills its hundreds of sandboxes as it goes would wait for as many calls)."""
         box = self._boxes.pop(key, None)
         if box is not None and box.owned:
             await self.kill(box)
+            with contextlib.suppress(ValueError):  # not a turn's
+                self._turns.remove(box)
 
     @staticmethod
     async def kill(box: Box) -> None:
