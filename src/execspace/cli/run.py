@@ -42,6 +42,7 @@ from .console import (
 from .outputs import AUDIT_FILE, Brought, bring_outputs, inline
 from .roots import in_cli_root
 from .streaming import run_program, stdin_source
+from .tracing import traced_command
 
 if TYPE_CHECKING:
     from ..backends.sandbox import SandboxPolicy
@@ -503,7 +504,7 @@ async def command(args: argparse.Namespace) -> int:
     if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
     backend, options = await in_cli_root(request.backend, request.options)
-    async with open_engine_from(backend, options) as engine:
+    async with traced_command("run", options) as traced, open_engine_from(backend, traced) as engine:
         caps = engine.describe()
         warn_if_unisolated(caps)
         caps.require(spec)  # refuse before creating or staging anything
