@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-__all__ = ["Receiver", "ReceivedSpan", "otlp_receiver"]
+__all__ = ["ReceivedSpan", "Receiver", "otlp_receiver"]
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,7 @@ class Receiver:
         request.ParseFromString(body)
         found = []
         for rs in request.resource_spans:
-            service = next(
-                (str(_value(a.value)) for a in rs.resource.attributes if a.key == "service.name"), ""
-            )
+            service = next((str(_value(a.value)) for a in rs.resource.attributes if a.key == "service.name"), "")
             for ss in rs.scope_spans:
                 for sp in ss.spans:
                     found.append(
