@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -22,7 +23,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .errors import SetupFailed
-from .tracing import Attributes, AttributeValue, Span, SpanKind, Tracer
+
+if TYPE_CHECKING:  # execspace.tracing imports this module when the variables ask for traces
+    from .tracing import Attributes, AttributeValue, Span, SpanKind, Tracer
 
 __all__ = ["OtelTracer", "environment_tracer"]
 
