@@ -249,3 +249,24 @@ def test_a_cli_run_is_one_trace_exported_before_the_cli_exits() -> None:
     assert all(spans[name][0].parent_span_id == root.span_id for name in steps), spans.keys()
     assert {s.trace_id for s in receiver.spans} == {root.trace_id}
     assert {s.service for s in receiver.spans} == {"cli-test"}
+
+
+async def test_a_kernels_cells_are_spans_without_their_code() -> None:
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    with otlp_receiver() as receiver:
+        tracer = from_environment("kernel-test", receiver.env())
+        assert tracer is not None
+        try:
+            async with open_engine("jupyter", tracer=tracer) as engine:
+                ws = await engine.manager.create_workspace("cells")
+                cell = await engine.kernels.execute(ws, f"print('{MARKER}')")
+                failed = await engine.kernels.execute(ws, "raise ValueError(1)")
+                await engine.manager.cleanup(ws)
+        finally:
+            tracer.close()
+        cells = receiver.named("execspace.kernel.execute")
+    assert MARKER in cell.stdout and failed.exit_code != 0
+    assert [c.attributes["execspace.kernel.exit_code"] for c in cells] == [0, failed.exit_code]
+    assert cells[0].attributes["execspace.kernel.language"] == "python"
+    assert cells[0].attributes["execspace.backend"] == "jupyter"
+    assert all(MARKER not in str(v) for c in cells for v in c.attributes.values())
