@@ -19,8 +19,10 @@ pytest.importorskip("e2b", reason="the server is tested with the official e2b SD
 
 from e2b import CommandExitException, Sandbox
 
+from execspace import RunProgramSpec, open_engine
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import read_until, terminate
+from execspace.tracing import from_environment
 from tests.tracing.receiver import Receiver, otlp_receiver
 
 API_KEY = "e2b_" + "0123456789abcdef" * 2
@@ -83,3 +85,24 @@ def test_serve_requests_are_spans_under_the_callers_trace(tmp_path: Path) -> Non
     assert run.attributes["process.command"] == "/bin/bash"  # argv[0]: the command line itself stays out
     assert all("exit 4" not in str(v) for s in spans for v in s.attributes.values())
     assert all(not s.parent_span_id or s.parent_span_id in by_id or s.parent_span_id == parent_id for s in spans)
+
+
+async def test_the_e2b_backends_runs_are_spans(tmp_path: Path) -> None:
+    with otlp_receiver() as receiver, otlp_receiver() as client_side:
+        with traced_server(tmp_path / "ws", receiver) as url:
+            tracer = from_environment("e2b-client", client_side.env())
+            assert tracer is not None
+            try:
+                async with open_engine("e2b", api_url=url, sandbox_url=url, api_key=API_KEY, tracer=tracer) as engine:
+                    ws = await engine.manager.create_workspace("remote")
+                    await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 3"]))
+                    started = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "exit 5"]))
+                    await started.wait()
+                    await engine.manager.cleanup(ws)
+            finally:
+                tracer.close()
+        runs = client_side.named("execspace.run")
+    assert sorted(r.attributes["execspace.run.exit_code"] for r in runs) == [3, 5]
+    assert {(r.attributes["execspace.backend"], r.attributes["execspace.isolation"]) for r in runs} == {
+        ("e2b", "remote")
+    }

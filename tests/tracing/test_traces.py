@@ -14,6 +14,8 @@ import pytest
 from execspace import InputSpec, RunProgramSpec, SupportsSnapshots, open_engine
 from execspace.errors import SetupFailed
 from execspace.tracing import NO_TRACER, from_environment, tracing_requested
+from tests.backends.container_support import container_engine
+from tests.backends.docker_fixture import Daemon
 from tests.support import CLI
 from tests.tracing.receiver import ReceivedSpan, otlp_receiver
 
@@ -270,3 +272,22 @@ async def test_a_kernels_cells_are_spans_without_their_code() -> None:
     assert cells[0].attributes["execspace.kernel.language"] == "python"
     assert cells[0].attributes["execspace.backend"] == "jupyter"
     assert all(MARKER not in str(v) for c in cells for v in c.attributes.values())
+
+
+async def test_a_container_run_and_program_are_spans(docker_daemon: Daemon, test_image: str, tmp_path: Path) -> None:
+
+    with otlp_receiver() as receiver:
+        tracer = from_environment("container-test", receiver.env())
+        assert tracer is not None
+        try:
+            async with container_engine(docker_daemon, test_image, tmp_path / "ws", tracer=tracer) as engine:
+                ws = await engine.manager.create_workspace("boxed")
+                await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 3"]))
+                started = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "exit 5"]))
+                await started.wait()
+                await engine.manager.cleanup(ws)
+        finally:
+            tracer.close()
+        runs = receiver.named("execspace.run")
+    assert sorted(r.attributes["execspace.run.exit_code"] for r in runs) == [3, 5]
+    assert {r.attributes["execspace.backend"] for r in runs} == {"container"}

@@ -31,6 +31,7 @@ from ...errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
 from ...models import NetworkPolicy, Workspace
 from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
+from ...tracing import NO_TRACER
 from ...userconfig import config_path, user_config
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
@@ -296,6 +297,7 @@ class ContainerBackend:
             environment,
             network_allow=allow,
             on_network_attempt=options.on_network_attempt,
+            tracer=options.tracer or NO_TRACER,
         )
 
         async def close() -> None:
