@@ -27,6 +27,7 @@ from bench_jupyter import run_jupyter
 from bench_mcp import run_mcp
 from bench_sandbox import run_sandbox
 from bench_serve import run_serve
+from bench_tracing import run_tracing
 
 
 def _num(value: float, unit: str) -> str:
@@ -131,7 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "mcp")
+    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "mcp", "tracing")
     p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
@@ -151,6 +152,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         "e2b": run_e2b,
         "egress": run_egress,
         "mcp": run_mcp,
+        "tracing": run_tracing,
     }
     for name, group in groups.items():
         if args.only not in (None, name):
