@@ -1,4 +1,4 @@
-"""Tracing benchmarks (11): what OpenTelemetry tracing adds to a run, and to start-up.
+"""Tracing benchmarks (13): what OpenTelemetry tracing adds to a run, and to start-up.
 
 Per run: ``/bin/true`` through ``engine.runner.run_program`` on an engine traced to a local OTLP/HTTP receiver (the
 OTEL_* variables' tracer: a batch span processor exporting http/protobuf) against the same backend's engine without
@@ -22,7 +22,7 @@ from bench_core import Plan, Report, Row, Stats, backend_ready, interleaved, ok,
 from execspace import RunProgramSpec
 from execspace.tracing import from_environment
 
-SECTION = "11 tracing"
+SECTION = "13 tracing"
 
 
 class _Sink(http.server.BaseHTTPRequestHandler):
