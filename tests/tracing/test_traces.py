@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from execspace import InputSpec, RunProgramSpec, SupportsSnapshots, open_engine
-from execspace.errors import SetupFailed
+from execspace.errors import PathDenied, SetupFailed
 from execspace.tracing import NO_TRACER, from_environment, tracing_requested
 from tests.backends.container_support import container_engine
 from tests.backends.docker_fixture import Daemon
-from tests.support import CLI
+from tests.support import CLI, daemon_served, running_daemon
 from tests.tracing.receiver import ReceivedSpan, otlp_receiver
 
 MARKER = "trace-marker-5f1c0e9d"
@@ -129,10 +129,14 @@ async def test_no_environment_value_or_file_content_reaches_a_span(tmp_path: Pat
                 spec = RunProgramSpec("sh", ["-c", program], env={"SECRET_TOKEN": f"{MARKER}-env"})
                 result = await engine.runner.run_program(ws, spec)
                 await engine.fs.collect_outputs(ws)
+                with pytest.raises(PathDenied, match=MARKER):  # its message names the path: the span must not
+                    await engine.fs.stage_inputs(ws, [InputSpec(f"host:///etc/{MARKER}")])
                 await engine.manager.cleanup(ws)
         finally:
             tracer.close()
         assert f"{MARKER}-file" in result.stdout and f"{MARKER}-env" in result.stdout  # the run did hold it
+        refused = receiver.named("execspace.stage")[-1]
+        assert (refused.status_code, refused.attributes["error.type"]) == (2, "PathDenied")  # STATUS_CODE_ERROR
         assert receiver.named("execspace.run") and receiver.named("execspace.collect")
         assert all(MARKER.encode() not in body for body in receiver.bodies)
         for span in receiver.spans:
@@ -291,3 +295,40 @@ async def test_a_container_run_and_program_are_spans(docker_daemon: Daemon, test
         runs = receiver.named("execspace.run")
     assert sorted(r.attributes["execspace.run.exit_code"] for r in runs) == [3, 5]
     assert {r.attributes["execspace.backend"] for r in runs} == {"container"}
+
+
+def test_a_cli_run_through_the_warm_daemon_is_traced_with_the_callers_variables() -> None:
+    with running_daemon() as daemon_env, otlp_receiver() as receiver:
+        env = {k: v for k, v in daemon_env.items() if not k.startswith("OTEL_")} | receiver.env()
+        served = daemon_served(env)
+        done = subprocess.run(
+            [*CLI, "run", "--backend", "local", "--", "sh", "-c", "exit 9"], env=env, capture_output=True, timeout=60
+        )
+        assert done.returncode == 9, done.stderr
+        assert daemon_served(env) == served + 1  # the daemon ran it, not a fresh process
+        runs = receiver.named("execspace.run")
+    assert [r.attributes["execspace.run.exit_code"] for r in runs] == [9]
+    assert receiver.named("execspace run")
+
+
+def test_a_callers_own_provider_gets_the_spans_and_stays_open() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from execspace.otel import OtelTracer
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = OtelTracer(provider)
+    with tracer.bound({"app.step": "one"}).span("outer"), tracer.span("inner"):
+        pass
+    tracer.close()  # not its provider to shut down
+    with tracer.span("after close"):
+        pass
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"outer", "inner", "after close"}
+    assert spans["outer"].attributes == {"app.step": "one"}
+    assert spans["inner"].parent is not None and spans["inner"].parent.span_id == spans["outer"].context.span_id
+    provider.shutdown()
