@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_TRACER",
+    "RUN_SPAN",
+    "WORKSPACE_CLEANUP",
+    "WORKSPACE_CREATE",
     "AttributeValue",
     "Attributes",
     "NoTracer",
@@ -150,6 +153,9 @@ class NoTracer:
 #: The default tracer: immutable, shared by everything that was given none.
 NO_TRACER: Tracer = NoTracer()
 
+#: The spans of a workspace's creation and clean-up.
+WORKSPACE_CREATE = "execspace.workspace.create"
+WORKSPACE_CLEANUP = "execspace.workspace.cleanup"
 #: The span of one program's run, from its start to its result (``run_program``, or ``start_program`` until the
 #: program's end).
 RUN_SPAN = "execspace.run"

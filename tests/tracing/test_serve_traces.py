@@ -19,7 +19,7 @@ pytest.importorskip("e2b", reason="the server is tested with the official e2b SD
 
 from e2b import CommandExitException, Sandbox
 
-from execspace import RunProgramSpec, open_engine
+from execspace import InputSpec, RunProgramSpec, open_engine
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import read_until, terminate
 from execspace.tracing import from_environment
@@ -95,6 +95,7 @@ async def test_the_e2b_backends_runs_are_spans(tmp_path: Path) -> None:
             try:
                 async with open_engine("e2b", api_url=url, sandbox_url=url, api_key=API_KEY, tracer=tracer) as engine:
                     ws = await engine.manager.create_workspace("remote")
+                    await engine.fs.stage_inputs(ws, [InputSpec(b"x", "work/x.txt")])
                     await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 3"]))
                     started = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "exit 5"]))
                     await started.wait()
@@ -102,6 +103,8 @@ async def test_the_e2b_backends_runs_are_spans(tmp_path: Path) -> None:
             finally:
                 tracer.close()
         runs = client_side.named("execspace.run")
+        steps = {s.name for s in client_side.spans}
+    assert {"execspace.workspace.create", "execspace.stage", "execspace.workspace.cleanup"} <= steps
     assert sorted(r.attributes["execspace.run.exit_code"] for r in runs) == [3, 5]
     assert {(r.attributes["execspace.backend"], r.attributes["execspace.isolation"]) for r in runs} == {
         ("e2b", "remote")

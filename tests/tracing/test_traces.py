@@ -286,6 +286,7 @@ async def test_a_container_run_and_program_are_spans(docker_daemon: Daemon, test
         try:
             async with container_engine(docker_daemon, test_image, tmp_path / "ws", tracer=tracer) as engine:
                 ws = await engine.manager.create_workspace("boxed")
+                await engine.fs.stage_inputs(ws, [InputSpec(b"x", "work/x.txt")])
                 await engine.runner.run_program(ws, RunProgramSpec("sh", ["-c", "exit 3"]))
                 started = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "exit 5"]))
                 await started.wait()
@@ -293,8 +294,12 @@ async def test_a_container_run_and_program_are_spans(docker_daemon: Daemon, test
         finally:
             tracer.close()
         runs = receiver.named("execspace.run")
+        created = receiver.named("execspace.workspace.create")
+        steps = {s.name for s in receiver.spans}
     assert sorted(r.attributes["execspace.run.exit_code"] for r in runs) == [3, 5]
     assert {r.attributes["execspace.backend"] for r in runs} == {"container"}
+    assert created[0].attributes["execspace.backend"] == "container"
+    assert {"execspace.stage", "execspace.workspace.cleanup"} <= steps
 
 
 def test_a_cli_run_through_the_warm_daemon_is_traced_with_the_callers_variables() -> None:

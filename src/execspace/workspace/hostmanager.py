@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..errors import CapabilityError, InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
-from ..tracing import NO_TRACER, AttributeValue, Tracer
+from ..tracing import NO_TRACER, WORKSPACE_CLEANUP, WORKSPACE_CREATE, AttributeValue, Tracer
 from .branches import Branches, overlay_supported
 from .confine import remove_tree
 from .diskimages import ensure_disk_mounted, image_of, make_disk, remove_disk
@@ -118,7 +118,7 @@ class HostWorkspaceManager:
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
     ) -> Workspace:
-        with self.tracer.span("execspace.workspace.create", self._attributes(exec_id)):
+        with self.tracer.span(WORKSPACE_CREATE, self._attributes(exec_id)):
             try:
                 return await self._create_or_join(exec_id, policy or WorkspacePolicy(), path)
             finally:
@@ -409,7 +409,7 @@ class HostWorkspaceManager:
             self._root_ready = True
 
     async def cleanup(self, ws: Workspace) -> None:
-        with self.tracer.span("execspace.workspace.cleanup", self._attributes(ws.id)):
+        with self.tracer.span(WORKSPACE_CLEANUP, self._attributes(ws.id)):
             await self._cleanup(ws)
 
     def _attributes(

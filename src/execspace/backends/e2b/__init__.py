@@ -97,8 +97,9 @@ class E2BBackend:
         caps = cls.capabilities(options)
         boxes = Sandboxes(options)
         boxes.start()
-        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
+        tracer = options.tracer or NO_TRACER
+        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots, tracer)
         kernels = E2BKernels(boxes, fs)
-        manager = E2BWorkspaceManager(boxes, kernels.shutdown)
-        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace, options.tracer or NO_TRACER)
+        manager = E2BWorkspaceManager(boxes, kernels.shutdown, tracer)
+        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace, tracer)
         return KernelEngine("e2b", manager, fs, runner, caps, kernels, on_close=boxes.aclose)
