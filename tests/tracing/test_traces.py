@@ -337,3 +337,16 @@ def test_a_callers_own_provider_gets_the_spans_and_stays_open() -> None:
     assert spans["outer"].attributes == {"app.step": "one"}
     assert spans["inner"].parent is not None and spans["inner"].parent.span_id == spans["outer"].context.span_id
     provider.shutdown()
+
+
+def test_grpc_needs_its_exporter() -> None:
+    variables = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    try:
+        import opentelemetry.exporter.otlp.proto.grpc.trace_exporter  # noqa: F401
+    except ImportError:
+        with pytest.raises(SetupFailed, match="pip install opentelemetry-exporter-otlp-proto-grpc"):
+            from_environment("x", variables)
+        return
+    tracer = from_environment("x", variables)  # installed: a gRPC exporter to the default endpoint
+    assert tracer is not None
+    tracer.close()
