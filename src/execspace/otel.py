@@ -52,9 +52,9 @@ class _OtelSpan:
     def set(self, key: str, value: AttributeValue) -> None:
         self._span.set_attribute(key, value)
 
-    def failed(self, error: BaseException) -> None:
+    def failed(self, error: BaseException | str) -> None:
         # the class only: an error's message may quote a path, a command line or a value
-        name = type(error).__name__
+        name = error if isinstance(error, str) else type(error).__name__
         self._span.set_attribute("error.type", name)
         self._span.set_status(trace.Status(trace.StatusCode.ERROR, name))
 

@@ -53,8 +53,9 @@ class Span(Protocol):
         """Add an attribute (a name, a count, a code: never a value the caller was given to keep secret)."""
         ...
 
-    def failed(self, error: BaseException) -> None:
-        """Mark the span failed by ``error``'s class (its message is left out: it may quote a value)."""
+    def failed(self, error: BaseException | str) -> None:
+        """Mark the span failed by ``error``'s class (its message is left out: it may quote a value), or by the
+        name given (an HTTP status, as OpenTelemetry's ``error.type`` has it)."""
         ...
 
     def end(self) -> None:
@@ -105,7 +106,7 @@ class _NoSpan:
     def set(self, key: str, value: AttributeValue) -> None:
         pass
 
-    def failed(self, error: BaseException) -> None:
+    def failed(self, error: BaseException | str) -> None:
         pass
 
     def end(self) -> None:

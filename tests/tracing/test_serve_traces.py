@@ -56,6 +56,7 @@ def test_serve_requests_are_spans_under_the_callers_trace(tmp_path: Path) -> Non
             with pytest.raises(CommandExitException):  # what the SDK raises for a non-zero exit
                 sbx.commands.run("sh -c 'exit 4'", timeout=30)
             sbx.kill(headers=traceparent)
+            assert not sbx.is_running()  # GET /health of a sandbox gone: 502
             sandbox_id = sbx.sandbox_id
         # the server exited (SIGTERM): its tracer was shut down, its spans exported
         spans = list(receiver.spans)
@@ -76,6 +77,10 @@ def test_serve_requests_are_spans_under_the_callers_trace(tmp_path: Path) -> Non
         if s.name == "execspace.workspace.cleanup" and s.attributes["execspace.workspace.id"] == f"e2b/{sandbox_id}"
     )
     assert cleanup.parent_span_id == kill.span_id  # what the kill caused
+    gone = next(s for s in spans if s.name == "GET /health")
+    assert gone.attributes["http.response.status_code"] == 502
+    assert (gone.status_code, gone.attributes["error.type"]) == (2, "502")  # a server span's 5xx is its error
+    assert create.status_code != 2
     # the command: its request's span (no traceparent on envd's requests: a trace of its own) parents its run
     start = next(s for s in spans if s.name == "POST /process.Process/Start")
     assert start.attributes["execspace.sandbox.id"] == sandbox_id and start.attributes["execspace.template"] == "base"

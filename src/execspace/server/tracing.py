@@ -99,9 +99,12 @@ class TracedRequests:
 
 def _saw(span: Span, message: Message, created: _Created | None) -> None:
     if message["type"] == "http.response.start":
-        span.set("http.response.status_code", int(message["status"]))
+        status = int(message["status"])
+        span.set("http.response.status_code", status)
+        if status >= 500:  # a server span's error, by OpenTelemetry's HTTP conventions (4xx are the client's)
+            span.failed(str(status))
         if created is not None:
-            created.status = int(message["status"])
+            created.status = status
     elif message["type"] == "http.response.body" and created is not None:
         created.take(bytes(message.get("body", b"")))
 
