@@ -29,6 +29,7 @@ from bench_jupyter import run_jupyter
 from bench_mcp import run_mcp
 from bench_sandbox import run_sandbox
 from bench_serve import run_serve
+from bench_tracing import run_tracing
 
 
 def _num(value: float, unit: str) -> str:
@@ -133,7 +134,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "inject", "mcp", "cluster")
+    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "inject", "mcp", "cluster", "tracing")
     p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
@@ -155,6 +156,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         "inject": run_inject,
         "mcp": run_mcp,
         "cluster": run_cluster,
+        "tracing": run_tracing,
     }
     for name, group in groups.items():
         if args.only not in (None, name):

@@ -26,6 +26,8 @@ GROUND = (
     "userconfig",
     "tomlconfig",
     "listening",
+    "tracing",
+    "otel",
 )
 FLOORS = {
     **dict.fromkeys(GROUND, 0),

@@ -16,11 +16,12 @@ import typing
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, Self, TypeVar, Union
+from typing import Any, Literal, Protocol, Self, TypeVar, Union, cast
 
 from .artifacts import ArtifactService
 from .envpolicy import EnvPolicy
 from .errors import InvalidSpec
+from .tracing import Tracer
 
 if typing.TYPE_CHECKING:
     from .engine import BaseEngine  # engine imports the registry, which imports this module
@@ -42,7 +43,14 @@ class Probe:
 @dataclass(frozen=True, kw_only=True)
 class BackendOptions:
     """The base of every backend's options: a frozen dataclass whose fields are checked against their annotations
-    when a value is built (``InvalidSpec`` names the field, the type it takes and every valid option)."""
+    when a value is built (``InvalidSpec`` names the field, the type it takes and every valid option).
+
+    Args:
+        tracer: the spans of the engine's work (docs/operations.md "Traces"); None: what the ``OTEL_*`` variables
+            ask for when ``open_engine`` opens it, else none.
+    """
+
+    tracer: Tracer | None = None
 
     def __post_init__(self) -> None:
         cls: type = type(self)  # a plain type: mypy checks type[Self] against Hashable with the instances' __hash__
@@ -70,7 +78,7 @@ class BackendOptions:
         if unknown or missing:
             problem = f"has no option {', '.join(unknown)}" if unknown else f"needs the option {', '.join(missing)}"
             raise InvalidSpec(f"backend {backend!r} {problem}{hint}; its options: {', '.join(names)}")
-        return cls(**keywords)
+        return cls(**cast("dict[str, Any]", keywords))  # each checked by __post_init__
 
     def as_keywords(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar, Unpack, overload
 from .capabilities import Capabilities
 from .errors import UsageError
 from .protocols import Kernels, ProgramRunner, WorkspaceFS, WorkspaceManager
+from .tracing import from_environment
 
 if TYPE_CHECKING:
     from .backend import BackendOptions, HostOptions
@@ -200,11 +202,23 @@ async def open_engine_from(
     backend: str | None, keywords: Mapping[str, object], options: BackendOptions | None = None
 ) -> AsyncIterator[BaseEngine]:
     """:func:`open_engine` for options known only at run time (a config file's table, a test kit's parameters):
-    ``keywords`` are checked when the backend opens (``InvalidSpec`` naming a wrong one), not by a type checker."""
+    ``keywords`` are checked when the backend opens (``InvalidSpec`` naming a wrong one), not by a type checker.
+
+    With no ``tracer`` given, the ``OTEL_*`` variables may ask for one (:func:`execspace.tracing.from_environment`):
+    the engine is then traced by a tracer of its own, whose spans are exported when it closes."""
     from .registry import open_backend
 
-    engine = await open_backend(backend, options, keywords)
+    own = None  # the tracer the OTEL_* variables ask for, when the caller gave none: this engine's to close
+    if keywords.get("tracer") is None and (options is None or options.tracer is None):
+        own = from_environment("execspace")
+        if own is not None:
+            keywords = {**keywords, "tracer": own}
     try:
-        yield engine
+        engine = await open_backend(backend, options, keywords)
+        try:
+            yield engine
+        finally:
+            await engine.aclose()
     finally:
-        await engine.aclose()
+        if own is not None:
+            await asyncio.to_thread(own.close)  # its last spans exported before the engine's owner goes on

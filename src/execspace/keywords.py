@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .backends.sandbox import SandboxPolicy, SessionConfig
     from .envpolicy import EnvPolicy
     from .models import NetworkApprover, NetworkPolicy
+    from .tracing import Tracer
 
 __all__ = [
     "ContainerKeywords",
@@ -37,6 +38,7 @@ class HostKeywords(TypedDict, total=False):
     host_roots: Sequence[Path | str]
     artifacts: ArtifactService | None
     kill_grace: float
+    tracer: Tracer | None
 
 
 class LocalKeywords(HostKeywords, total=False):
@@ -117,3 +119,4 @@ class E2BKeywords(TypedDict, total=False):
     code_languages: tuple[str, ...]
     pool_size: int
     pool_max_age: float | None
+    tracer: Tracer | None

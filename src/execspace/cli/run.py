@@ -43,6 +43,7 @@ from .inject import add_inject_options, with_injections
 from .outputs import AUDIT_FILE, Brought, bring_outputs, inline
 from .roots import in_cli_root
 from .streaming import run_program, stdin_source
+from .tracing import traced_command
 
 if TYPE_CHECKING:
     from ..backends.sandbox import SandboxPolicy
@@ -507,7 +508,7 @@ async def command(args: argparse.Namespace) -> int:
     if request.backend is None and sys.stderr.isatty():
         progress("looking for an isolating backend...")
     backend, options = await in_cli_root(request.backend, request.options)
-    async with open_engine_from(backend, options) as engine:
+    async with traced_command("run", options) as traced, open_engine_from(backend, traced) as engine:
         caps = engine.describe()
         warn_if_unisolated(caps)
         caps.require(spec)  # refuse before creating or staging anything

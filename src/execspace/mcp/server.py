@@ -12,7 +12,7 @@ import contextlib
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import uvicorn
 from mcp import types
@@ -26,8 +26,10 @@ from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactSe
 from ..engine import open_engine_from
 from ..errors import InvalidSpec
 from ..listening import listen
+from ..tracing import NO_TRACER, Tracer, from_environment
 from .config import McpConfig
 from .toolset import McpTools
+from .tracing import tool_attributes, trace_context
 from .workspaces import Workspaces
 
 __all__ = ["MCP_PATH", "BearerAuth", "build_server", "generate_token", "serve"]
@@ -50,8 +52,9 @@ def generate_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def build_server(tools: McpTools) -> Server[Any, Any]:
-    """The MCP server of ``tools``: one workspace default per MCP session."""
+def build_server(tools: McpTools, tracer: Tracer = NO_TRACER) -> Server[Any, Any]:
+    """The MCP server of ``tools``: one workspace default per MCP session; each tool call a span of ``tracer``
+    whose parent is the trace context the client sent (:mod:`.tracing`)."""
     server: Server[Any, Any] = Server("execspace", version=__version__, instructions=_INSTRUCTIONS)
 
     async def list_tools() -> list[types.Tool]:
@@ -59,7 +62,14 @@ def build_server(tools: McpTools) -> Server[Any, Any]:
 
     async def call_tool(name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
         # our own argument checks name the field and the fix; the SDK's jsonschema pass would answer first
-        return await tools.call(name, arguments, server.request_context.session)
+        context = server.request_context
+        if not tracer.enabled:
+            return await tools.call(name, arguments, context.session)
+        parent = trace_context(context.meta, context.request)
+        with tracer.span(f"tools/call {name}", tool_attributes(name), parent=parent, kind="server") as span:
+            result = await tools.call(name, arguments, context.session)
+            span.set("execspace.tool.is_error", bool(result.isError))
+            return result
 
     server.list_tools()(list_tools)  # type: ignore[no-untyped-call]  # the SDK leaves its decorators untyped
     server.call_tool(validate_input=False)(call_tool)
@@ -110,14 +120,21 @@ async def serve(
     """
     if transport == "http" and not token:
         raise InvalidSpec("the http transport needs a bearer token (generate_token() makes one)")
-    sock = listen(host, port, "execspace mcp") if transport == "http" else None
+    keywords = _backend_keywords(config)
+    # the server's one tracer (the config's, or the OTEL_* variables'): its tool calls' spans and its engine's
+    own_tracer = from_environment("execspace-mcp") if keywords.get("tracer") is None else None
+    if own_tracer is not None:
+        keywords["tracer"] = own_tracer
+    tracer = cast("Tracer", keywords.get("tracer") or NO_TRACER)
+    sock: socket.socket | None = None
     try:
-        async with open_engine_from(config.backend, _backend_keywords(config)) as engine:
+        sock = listen(host, port, "execspace mcp") if transport == "http" else None
+        async with open_engine_from(config.backend, keywords) as engine:
             workspaces = Workspaces(engine, idle_timeout=config.idle_timeout, max_workspaces=config.max_workspaces)
             tools = McpTools(engine, config, workspaces, _artifacts(config))
             reaper = asyncio.create_task(workspaces.reap_forever(config.reap_interval))
             try:
-                server = build_server(tools)
+                server = build_server(tools, tracer)
                 if sock is None:
                     await _serve_stdio(server)
                 else:
@@ -132,6 +149,8 @@ async def serve(
     finally:
         if sock is not None:
             sock.close()
+        if own_tracer is not None:
+            await asyncio.to_thread(own_tracer.close)
 
 
 def _backend_keywords(config: McpConfig) -> dict[str, object]:

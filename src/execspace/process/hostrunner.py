@@ -22,6 +22,7 @@ from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..errors import CannotExecute
 from ..models import ProgramInfo, RunProgramSpec, RunResult, Workspace
+from ..tracing import NO_TRACER, RUN_SPAN, Span, Tracer, record_run, run_attributes
 from ..workspace.branches import overlay_supported
 from .freezing import held
 from .pacing import OutputPace
@@ -104,6 +105,7 @@ class HostRunner:
         choose: Chooser | None = None,
         spawning: Spawning | None = None,
         user_exists: Callable[[str], bool] | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self.wrappers = tuple(wrappers)
         """What each prepared run is wrapped in, in turn (:data:`Wrapper`)."""
@@ -120,6 +122,9 @@ class HostRunner:
             user_exists=user_exists,
         )
         self.kill_grace = kill_grace
+        self.tracer = tracer
+        """The span of each run (:data:`~execspace.tracing.RUN_SPAN`): from its start to its result."""
+        self._capabilities = capabilities
         self.output_rate = output_rate
         """Bytes a second the host reads of one workspace's programs' output, all of them together (None: as fast
         as they write): one that writes faster is held back by its full pipe."""
@@ -219,6 +224,14 @@ class HostRunner:
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         if self.choose is not None and (runner := self.choose(self, spec)) is not self:
             return await runner.run_program(ws, spec)
+        if not self.tracer.enabled:
+            return await self._run_program(ws, spec)
+        with self.tracer.span(RUN_SPAN, self._run_attributes(ws, spec)) as span:
+            result = await self._run_program(ws, spec)
+            record_run(span, result)
+            return result
+
+    async def _run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         try:
             prep = self.prepare(ws, spec)
         except CannotExecute as exc:
@@ -237,8 +250,22 @@ class HostRunner:
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
         if self.choose is not None and (runner := self.choose(self, spec)) is not self:
             return await runner.start_program(ws, spec)
+        if not self.tracer.enabled:
+            return await self._start_program(ws, spec, None)
+        # not the current span: the program outlives this call, and what the caller does next is not part of it
+        span = self.tracer.start(RUN_SPAN, self._run_attributes(ws, spec))
+        try:
+            return await self._start_program(ws, spec, span)
+        except BaseException as exc:
+            span.failed(exc)
+            span.end()
+            raise
+
+    async def _start_program(self, ws: Workspace, spec: RunProgramSpec, span: Span | None) -> SupervisedProcess:
         prep = self.prepare(ws, spec)
         launch = self.wrap(prep, interactive=True)
+        if span is not None:
+            launch.stack.annotate(_ends(span))  # before the spawn: a program can be over by the end of it
         try:
             proc = await self.spawn_prepared(prep, launch)
         except OSError as exc:
@@ -252,6 +279,10 @@ class HostRunner:
         else:
             launch.stack.callback(forget)
         return proc
+
+    def _run_attributes(self, ws: Workspace, spec: RunProgramSpec) -> dict[str, str | bool | int | float]:
+        caps = self._capabilities()
+        return run_attributes(spec.cmd, ws.id, caps.backend, str(caps.isolation))
 
     async def list_programs(self, ws: Workspace) -> list[ProgramInfo]:
         return self.programs.list(ws)
@@ -362,3 +393,14 @@ def unisolated_capabilities(
         absolute_paths="cwd",  # a program of the host: any directory of it is a cwd, as in a shell
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )
+
+
+def _ends(span: Span) -> Callable[[RunResult], RunResult]:
+    """The note on a started program's exit stack that ends its span with its result."""
+
+    def note(result: RunResult) -> RunResult:
+        record_run(span, result)
+        span.end()
+        return result
+
+    return note

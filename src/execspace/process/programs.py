@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import BackendError, ProgramNotFound
 from ..models import OutputChunk, ProgramInfo, RunProgramSpec, RunResult, Workspace
+from ..tracing import Span, record_run
 
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
@@ -59,6 +60,21 @@ class StartedProgram:
         """Call ``callback`` once the run is over (at once if it is)."""
         assert self._done is not None
         self._done.add_done_callback(lambda _f: callback())
+
+    def ends(self, span: Span) -> None:
+        """End the run's span once the run is over, with its result (or the error that ended supervision)."""
+        assert self._done is not None
+
+        def end(done: asyncio.Future[RunResult]) -> None:
+            if done.cancelled():
+                span.failed(asyncio.CancelledError())
+            elif (error := done.exception()) is not None:
+                span.failed(error)
+            else:
+                record_run(span, done.result())
+            span.end()
+
+        self._done.add_done_callback(end)
 
 
 class _Reader:

@@ -32,6 +32,7 @@ from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..listening import listen
 from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
+from ..tracing import from_environment
 from .app import E2BApp
 from .connections import ConnectionGuard, raise_descriptor_limit
 from .interpreter import CodeInterpreter
@@ -42,6 +43,7 @@ from .paths import HOME, HOME_DIR
 from .requestlog import RequestLog
 from .sandboxes import Sandboxes
 from .templates import Profile
+from .tracing import TracedRequests
 
 if TYPE_CHECKING:
     from ..backends.jupyter import Interpreter
@@ -117,6 +119,26 @@ async def _serve_on(
     descriptors = raise_descriptor_limit()
     name = backend if backend not in (None, "auto") else await choose_default_backend(options=backend_options)
     opts = build_options(name, load_backend(name), backend_options)
+    # the server's one tracer (the caller's, or the OTEL_* variables'): its requests' spans and its engines'
+    own_tracer = from_environment("execspace-serve") if opts.tracer is None else None
+    if own_tracer is not None:
+        opts = replace(opts, tracer=own_tracer)
+    try:
+        await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors)
+    finally:
+        if own_tracer is not None:
+            await asyncio.to_thread(own_tracer.close)
+
+
+async def _serve_engines(
+    sock: socket.socket,
+    options: ServerOptions,
+    name: str,
+    opts: BackendOptions,
+    on_ready: Callable[[str, int], None] | None,
+    tls: TLS | None,
+    descriptors: int,
+) -> None:
     if isinstance(opts, SandboxOptions):
         opts = _with_machine(opts, options.machine)
     python = kernel_python(options.kernel_environment) if isinstance(opts, SandboxOptions) else None
@@ -153,6 +175,8 @@ async def _serve_on(
         app: ASGIApp = E2BApp(sandboxes, interpreter)
         if options.log_requests:
             app = RequestLog(app, options.domain)
+        if opts.tracer is not None and opts.tracer.enabled:
+            app = TracedRequests(app, opts.tracer, sandboxes)
         reaper = asyncio.create_task(sandboxes.reap())
         sandboxes.pool.fill()
         try:

@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -77,8 +78,8 @@ class PrivateDaemon:
 
 
 def ping(host: str) -> bool:
-    if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
-        return False  # the SDK leaks the socket of a failed unix connect
+    if host.startswith("unix://") and not _answers(host.removeprefix("unix://")):
+        return False  # the SDK leaks the socket of a failed unix connect (a missing path, or no daemon behind it)
     try:
         import docker  # type: ignore[import-untyped]
     except ImportError:
@@ -91,6 +92,17 @@ def ping(host: str) -> bool:
             client.close()
     except Exception:
         return False
+
+
+def _answers(path: str) -> bool:
+    """Whether something accepts connections on the unix socket ``path`` (a stale socket file refuses them)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(3)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def _dockerd_argv(tmp: Path, sock: Path) -> tuple[list[str], dict[str, str]]:

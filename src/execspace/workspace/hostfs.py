@@ -27,6 +27,7 @@ from ..models import (
     PutFile,
     Workspace,
 )
+from ..tracing import NO_TRACER, Tracer
 from .confine import ConfinedRoot, Entry, ProgramUser, TempFile, split_relpath
 from .hostroots import HostSource, walk_tree
 from .layers import own_changes
@@ -179,8 +180,9 @@ class HostWorkspaceFS(WorkspaceFSBase):
         access: AccessHook | None = None,
         programs_read_all: bool = False,
         elsewhere: ProgramView | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
-        super().__init__(artifacts, host_roots)
+        super().__init__(artifacts, host_roots, tracer=tracer)
         self._access = access
         self._read_all = programs_read_all
         self._elsewhere = elsewhere

@@ -8,12 +8,13 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from ..errors import CapabilityError, InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
+from ..tracing import NO_TRACER, WORKSPACE_CLEANUP, WORKSPACE_CREATE, AttributeValue, Tracer
 from .branches import Branches, overlay_supported
 from .confine import remove_tree
 from .diskimages import ensure_disk_mounted, image_of, make_disk, remove_disk
@@ -75,6 +76,7 @@ class HostWorkspaceManager:
         disk_bytes: int | None = None,
         keep_root_mode: bool = False,
         holds: Callable[[Workspace], bool] | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
@@ -91,8 +93,10 @@ class HostWorkspaceManager:
         user's directory holding a ``--workspace DIR``); the root is made private only when it is created.
         ``holds`` says whether anything of the backend holds the workspace's tree now (a program, a session): the
         first snapshot or fork of a plain workspace nothing holds makes it copy-on-write itself
-        (:meth:`.Branches.layer`), so that it and every later one copies only what changed."""
+        (:meth:`.Branches.layer`), so that it and every later one copies only what changed. ``tracer`` makes a span
+        of each creation, clean-up, snapshot, fork and restore."""
         self.backend = backend
+        self.tracer = tracer
         self._stop_programs = stop_programs
         self._adopt = adopt
         self._refill = refill
@@ -114,11 +118,12 @@ class HostWorkspaceManager:
     async def create_workspace(
         self, exec_id: str, policy: WorkspacePolicy | None = None, *, path: Path | None = None
     ) -> Workspace:
-        try:
-            return await self._create_or_join(exec_id, policy or WorkspacePolicy(), path)
-        finally:
-            if self._refill is not None:
-                self._refill()
+        with self.tracer.span(WORKSPACE_CREATE, self._attributes(exec_id)):
+            try:
+                return await self._create_or_join(exec_id, policy or WorkspacePolicy(), path)
+            finally:
+                if self._refill is not None:
+                    self._refill()
 
     async def _create_or_join(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
         if path is None and policy.persistence is Persistence.SESSION and self._cached(exec_id):
@@ -267,12 +272,15 @@ class HostWorkspaceManager:
     async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
         """Freeze the workspace's files now, its programs stopped meanwhile where the backend can (see
         ``freeze``). Processes and kernels are never part of a snapshot."""
-        ws_dir = self._own_dir(ws)
-        self._refuse_branches("a snapshot")
-        self._ensure_root()
-        await self._layer(ws, ws_dir)
-        async with self._frozen(ws):
-            return await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
+        with self.tracer.span("execspace.workspace.snapshot", self._attributes(ws.id)) as span:
+            ws_dir = self._own_dir(ws)
+            self._refuse_branches("a snapshot")
+            self._ensure_root()
+            await self._layer(ws, ws_dir)
+            async with self._frozen(ws):
+                snap = await asyncio.to_thread(self.branches.snapshot, ws_dir, ws.id, name)
+            span.set("execspace.snapshot.id", snap.id)
+            return snap
 
     async def _layer(self, ws: Workspace, ws_dir: Path) -> None:
         """Make the plain workspace copy-on-write where nothing holds its tree (its tree moves: a program in it
@@ -323,6 +331,17 @@ class HostWorkspaceManager:
         """``count`` new workspaces, each starting with the files of ``source`` (a workspace now, or a
         snapshot: its handle, id or name); ``ids`` names them (default ``<source id>/fork-<hex>``). Each is
         complete before it is listed: one killed mid-way leaves nothing behind that a manager uses."""
+        source_id = source.id if isinstance(source, Workspace | Snapshot) else source
+        attributes: dict[str, AttributeValue] = {
+            "execspace.fork.source": source_id,
+            "execspace.fork.count": max(count, len(ids or ())),
+        }
+        with self.tracer.span("execspace.workspace.fork", self._attributes(None, attributes)):
+            return await self._fork(source, count, ids, policy)
+
+    async def _fork(
+        self, source: Workspace | Snapshot | str, count: int, ids: Sequence[str] | None, policy: WorkspacePolicy | None
+    ) -> list[Workspace]:
         self._refuse_branches("a fork")
         if not isinstance(source, Workspace):
             source = await asyncio.to_thread(self.branches.store.get, source)
@@ -360,13 +379,14 @@ class HostWorkspaceManager:
         """Bring the workspace's files back to ``snapshot`` (every byte and mode; what was added since is
         gone). Programs still running in it are stopped first; each step swaps whole trees, so the workspace
         is never seen half-restored."""
-        ws_dir = self._own_dir(ws)
-        self._refuse_branches("a restore")
-        snap = await asyncio.to_thread(self.branches.store.get, snapshot)
-        if self._stop_programs is not None:
-            await self._stop_programs(ws)
-        await asyncio.to_thread(self.branches.restore, ws_dir, ws.id, snap)
-        await asyncio.to_thread(self._laid_out, ws_dir, ws.id, ws.policy)
+        with self.tracer.span("execspace.workspace.restore", self._attributes(ws.id)):
+            ws_dir = self._own_dir(ws)
+            self._refuse_branches("a restore")
+            snap = await asyncio.to_thread(self.branches.store.get, snapshot)
+            if self._stop_programs is not None:
+                await self._stop_programs(ws)
+            await asyncio.to_thread(self.branches.restore, ws_dir, ws.id, snap)
+            await asyncio.to_thread(self._laid_out, ws_dir, ws.id, ws.policy)
 
     def _refuse_branches(self, what: str) -> None:
         # a fork or a restored tree would not be on a filesystem of its own: it would escape the bound
@@ -389,6 +409,18 @@ class HostWorkspaceManager:
             self._root_ready = True
 
     async def cleanup(self, ws: Workspace) -> None:
+        with self.tracer.span(WORKSPACE_CLEANUP, self._attributes(ws.id)):
+            await self._cleanup(ws)
+
+    def _attributes(
+        self, workspace: str | None, more: Mapping[str, AttributeValue] | None = None
+    ) -> dict[str, AttributeValue]:
+        found: dict[str, AttributeValue] = {"execspace.backend": self.backend, **(more or {})}
+        if workspace is not None:
+            found["execspace.workspace.id"] = workspace
+        return found
+
+    async def _cleanup(self, ws: Workspace) -> None:
         if self._known.get(ws.id) == ws:
             del self._known[ws.id]
         if self._stop_programs is not None:

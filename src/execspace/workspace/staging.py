@@ -70,6 +70,7 @@ from ..models import (
     PutFile,
     Workspace,
 )
+from ..tracing import NO_TRACER, AttributeValue, Tracer
 from .confine import split_relpath
 from .confinecore import MAX_WALK_DEPTH
 from .hostroots import HostRoots, HostSource, walk_tree
@@ -599,8 +600,16 @@ class WorkspaceFSBase(abc.ABC):
     backend's file rule (none here: a backend with one overrides it).
     """
 
-    def __init__(self, artifacts: ArtifactService | None = None, host_roots: Sequence[Path | str] = ()) -> None:
+    def __init__(
+        self,
+        artifacts: ArtifactService | None = None,
+        host_roots: Sequence[Path | str] = (),
+        *,
+        tracer: Tracer = NO_TRACER,
+    ) -> None:
         self.artifacts = artifacts
+        self.tracer = tracer
+        """A span of each staging and each collection."""
         self.roots = HostRoots(host_roots)
         self.host_roots = self.roots.roots
         self.locks = MetadataLocks()
@@ -696,11 +705,17 @@ class WorkspaceFSBase(abc.ABC):
 
     async def stage_inputs(self, ws: Workspace, inputs: Sequence[InputSpec]) -> builtins.list[str]:
         """Stage inputs (artifact, host, workspace, skill, bytes); return the workspace paths written."""
-        return await self.stager.stage_inputs(ws, inputs)
+        attributes: dict[str, AttributeValue] = {"execspace.workspace.id": ws.id, "execspace.stage.inputs": len(inputs)}
+        with self.tracer.span("execspace.stage", attributes):
+            return await self.stager.stage_inputs(ws, inputs)
 
     async def collect_outputs(self, ws: Workspace, spec: OutputSpec | None = None) -> OutputManifest:
         """Collect outputs with caps, optionally saving them as artifacts, and record them in metadata."""
-        return await self.stager.collect_outputs(ws, spec)
+        with self.tracer.span("execspace.collect", {"execspace.workspace.id": ws.id}) as span:
+            manifest = await self.stager.collect_outputs(ws, spec)
+            span.set("execspace.collect.files", len(manifest.files))
+            span.set("execspace.collect.limits_hit", manifest.limits_hit)
+            return manifest
 
 
 # -- functional front ---------------------------------------------------------------

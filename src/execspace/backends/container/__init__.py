@@ -31,6 +31,7 @@ from ...errors import CapabilityError, InvalidSpec, PolicyViolation, SetupFailed
 from ...languages import LANGUAGES
 from ...models import NetworkPolicy, Workspace
 from ...protocols import ProgramRunner, WorkspaceFS, WorkspaceManager
+from ...tracing import NO_TRACER, Tracer
 from ...userconfig import config_path, user_config
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
@@ -279,7 +280,8 @@ class ContainerBackend:
         if environment is not None:
             caps = replace(caps, details={**caps.details, "environment": environment.summary()})
         owner = _owner(config) if os.getuid() == 0 else _no_owner
-        manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size)
+        tracer = options.tracer or NO_TRACER
+        manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size, tracer)
         pool = manager.pool
         pool.refill()
         fs = HostWorkspaceFS(
@@ -287,6 +289,7 @@ class ContainerBackend:
             host_roots=options.host_roots,
             owner=owner,
             access=ProtectedPaths(config.protected),
+            tracer=tracer,
         )
         runner = ContainerRunner(
             containers,
@@ -296,6 +299,7 @@ class ContainerBackend:
             environment,
             network_allow=allow,
             on_network_attempt=options.on_network_attempt,
+            tracer=tracer,
         )
 
         async def close() -> None:
@@ -343,7 +347,12 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
     """Host-directory workspaces whose new directories come from the warm pool when one is ready."""
 
     def __init__(
-        self, containers: WorkspaceContainers, root: Path, prepare: Callable[[Path], None], pool_size: int
+        self,
+        containers: WorkspaceContainers,
+        root: Path,
+        prepare: Callable[[Path], None],
+        pool_size: int,
+        tracer: Tracer,
     ) -> None:
         super().__init__(
             "container",
@@ -354,6 +363,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             refill=lambda: self.pool.refill(),
             stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
             freeze=containers.paused,
+            tracer=tracer,
         )
         self._containers = containers
         containers.pool_root = self.root

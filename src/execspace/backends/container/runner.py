@@ -20,6 +20,7 @@ from ...process.programs import ProgramTable
 from ...process.rlimits import classify_rlimit_exit
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
+from ...tracing import NO_TRACER, RUN_SPAN, AttributeValue, Tracer, record_run, run_attributes
 from .config import CONTAINER_WORKSPACE
 from .daemon import WorkspaceContainers
 from .egress import open_egress
@@ -55,7 +56,11 @@ class ContainerRunner:
         environment: Environment | None = None,
         network_allow: NetworkPolicy | None = None,
         on_network_attempt: NetworkApprover | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
+        self.tracer = tracer
+        """The span of each run, from its start to its result."""
+        self._capabilities = capabilities
         self.preparation = RunPreparation(
             capabilities,
             env_policy,
@@ -92,6 +97,31 @@ class ContainerRunner:
         return prep
 
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        if not self.tracer.enabled:
+            return await self._run_program(ws, spec)
+        with self.tracer.span(RUN_SPAN, self._run_attributes(ws, spec)) as span:
+            result = await self._run_program(ws, spec)
+            record_run(span, result)
+            return result
+
+    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
+        if not self.tracer.enabled:
+            return await self._start_program(ws, spec)
+        span = self.tracer.start(RUN_SPAN, self._run_attributes(ws, spec))
+        try:
+            handle = await self._start_program(ws, spec)
+        except BaseException as exc:
+            span.failed(exc)
+            span.end()
+            raise
+        handle.ends(span)
+        return handle
+
+    def _run_attributes(self, ws: Workspace, spec: RunProgramSpec) -> dict[str, AttributeValue]:
+        caps = self._capabilities()
+        return run_attributes(spec.cmd, ws.id, caps.backend, str(caps.isolation))
+
+    async def _run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         prep = self._prepare(ws, spec)  # never CommandNotFound: the runtime looks the program up (a 127 of its own)
         try:
             cid = await self._place(ws, prep)
@@ -107,7 +137,7 @@ class ContainerRunner:
         finally:
             self._unplace(prep)  # unless finish took it: a failed start, a cancelled run
 
-    async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
+    async def _start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         prep = self._prepare(ws, spec)
         cid = await self._place(ws, prep)
         handle = ContainerHandle(self, prep)

@@ -14,6 +14,7 @@ import os
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
+from ...tracing import NO_TRACER
 from .fs import E2BWorkspaceFS, E2BWorkspaceManager
 from .kernels import LANGUAGE_NAMES, E2BKernels, kernel_language
 from .options import E2BOptions
@@ -96,8 +97,9 @@ class E2BBackend:
         caps = cls.capabilities(options)
         boxes = Sandboxes(options)
         boxes.start()
-        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots)
+        tracer = options.tracer or NO_TRACER
+        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots, tracer)
         kernels = E2BKernels(boxes, fs)
-        manager = E2BWorkspaceManager(boxes, kernels.shutdown)
-        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace)
+        manager = E2BWorkspaceManager(boxes, kernels.shutdown, tracer)
+        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace, tracer)
         return KernelEngine("e2b", manager, fs, runner, caps, kernels, on_close=boxes.aclose)

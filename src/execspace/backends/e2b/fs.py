@@ -33,6 +33,7 @@ from ...models import (
     Workspace,
     WorkspacePolicy,
 )
+from ...tracing import NO_TRACER, WORKSPACE_CLEANUP, WORKSPACE_CREATE, Tracer
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS
 from ...workspace.metadata import is_metadata_temp
@@ -57,8 +58,15 @@ class E2BWorkspaceManager:
     :mod:`.branches`) where the service keeps files-only snapshots (``execspace serve``); elsewhere they raise
     ``CapabilityError``."""
 
-    def __init__(self, boxes: Sandboxes, stop_kernels: Callable[[Workspace], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        boxes: Sandboxes,
+        stop_kernels: Callable[[Workspace], Awaitable[None]] | None = None,
+        tracer: Tracer = NO_TRACER,
+    ) -> None:
         self._boxes = boxes
+        self.tracer = tracer
+        """A span of each creation and clean-up."""
         self.branches = E2BBranches(boxes)
         # a workspace's kernels run in its sandbox's code interpreter: where the sandbox stays, cleanup ends them
         self._stop_kernels = stop_kernels
@@ -75,6 +83,10 @@ class E2BWorkspaceManager:
             from ...errors import UnsupportedBackend
 
             raise UnsupportedBackend("the e2b backend has no host paths: its workspaces live in remote sandboxes")
+        with self.tracer.span(WORKSPACE_CREATE, {"execspace.backend": "e2b", "execspace.workspace.id": exec_id}):
+            return await self._create(exec_id, policy)
+
+    async def _create(self, exec_id: str, policy: WorkspacePolicy | None) -> Workspace:
         key = workspace_key(exec_id)
         box = await self._boxes.for_workspace(key)
         root = box.root_of(key)
@@ -92,6 +104,10 @@ class E2BWorkspaceManager:
         return Workspace(id=exec_id, path=root, backend="e2b")
 
     async def cleanup(self, ws: Workspace) -> None:
+        with self.tracer.span(WORKSPACE_CLEANUP, {"execspace.backend": "e2b", "execspace.workspace.id": ws.id}):
+            await self._cleanup(ws)
+
+    async def _cleanup(self, ws: Workspace) -> None:
         key = workspace_key(ws.id)
         try:
             box = self._boxes.box(key)
@@ -168,9 +184,13 @@ class E2BWorkspaceFS(WorkspaceFSBase):
     """The file primitives over the SDK's files API, every path checked in the sandbox."""
 
     def __init__(
-        self, boxes: Sandboxes, artifacts: ArtifactService | None = None, host_roots: Sequence[Path | str] = ()
+        self,
+        boxes: Sandboxes,
+        artifacts: ArtifactService | None = None,
+        host_roots: Sequence[Path | str] = (),
+        tracer: Tracer = NO_TRACER,
     ) -> None:
-        super().__init__(artifacts, host_roots)
+        super().__init__(artifacts, host_roots, tracer=tracer)
         self._boxes = boxes
 
     def _box(self, ws: Workspace) -> Box:

@@ -41,6 +41,7 @@ from ...process.egress import proxy_env
 from ...process.programs import OutputLog, ProgramTable, StartedProgram, program_info
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
+from ...tracing import NO_TRACER, RUN_SPAN, AttributeValue, Tracer, record_run, run_attributes
 from ...workspace.confine import split_relpath
 from ...workspace.layout import new_run_name, workspace_env
 from ...workspace.programpaths import workspace_relative
@@ -99,9 +100,12 @@ class E2BRunner:
         capabilities: Callable[[], Capabilities],
         env_policy: EnvPolicy | None,
         kill_grace: float,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self._boxes = boxes
         self._caps = capabilities
+        self.tracer = tracer
+        """The span of each run, from its start to its result."""
         self.env_policy = env_policy or EnvPolicy()
         self.kill_grace = kill_grace
         self.programs = ProgramTable()
@@ -158,14 +162,33 @@ class E2BRunner:
     async def run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
         # supervised in the caller's task: no one else holds this program, and each task between the command's end
         # and the caller costs a turn of the event loop
-        program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
-        return await program.run()
+        if not self.tracer.enabled:
+            program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
+            return await program.run()
+        with self.tracer.span(RUN_SPAN, self._run_attributes(ws, spec)) as span:
+            program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
+            result = await program.run()
+            record_run(span, result)
+            return result
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
-        program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
-        await program.begin(interactive=True)
+        span = self.tracer.start(RUN_SPAN, self._run_attributes(ws, spec)) if self.tracer.enabled else None
+        try:
+            program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
+            await program.begin(interactive=True)
+        except BaseException as exc:
+            if span is not None:
+                span.failed(exc)
+                span.end()
+            raise
         program.when_done(self.programs.add(ws, program))
+        if span is not None:
+            program.ends(span)
         return program
+
+    def _run_attributes(self, ws: Workspace, spec: RunProgramSpec) -> dict[str, AttributeValue]:
+        caps = self._caps()
+        return run_attributes(spec.cmd, ws.id, caps.backend, str(caps.isolation))
 
     async def _login_names(self, ws: Workspace, spec: RunProgramSpec) -> tuple[str, ...] | None:
         """The names the workspace's sandbox's login shell exports, read once per sandbox, where the run inherits

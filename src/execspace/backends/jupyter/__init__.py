@@ -43,6 +43,7 @@ from ...envpolicy import EnvPolicy
 from ...errors import EnvironmentNotFound, SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
+from ...tracing import NO_TRACER, Tracer
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager, default_workspace_root, private_dir
 from ...workspace.slots import sweep_stale_slots
@@ -178,6 +179,7 @@ class _KernelSettings:
     kernel_name: str
     interrupt_grace: float
     rich_outputs: RichOutputLimits
+    tracer: Tracer = NO_TRACER
 
     def sessions(self, fs: WorkspaceFS, launcher: KernelLauncher, language: str) -> KernelSessions:
         return KernelSessions(
@@ -187,6 +189,7 @@ class _KernelSettings:
             kernel_name=self.kernel_name,
             interrupt_grace=self.interrupt_grace,
             rich_outputs=self.rich_outputs,
+            tracer=self.tracer,
         )
 
 
@@ -202,7 +205,8 @@ async def _open_local(
     language = _kernel_language(kernel_name)
     if isinstance(language, Probe):
         raise SetupFailed("jupyter", language.reason, language.fix)
-    kernel_opts = _KernelSettings(kernel_name, interrupt_grace, rich)
+    tracer = (common.tracer or NO_TRACER).bound({"execspace.backend": "jupyter"})
+    kernel_opts = _KernelSettings(kernel_name, interrupt_grace, rich, tracer)
     if isinstance(mode, HostKernels):
         return _open_host(common, kernel_opts, language, mode, None, start_pool)
     sandboxed = (
@@ -297,6 +301,7 @@ async def _open_sandboxed(
         environment=mode.environment,
         program_binds=mode.program_binds,
         read_views=interpreter.views,
+        tracer=kernel_opts.tracer,
     )
     sb = await SandboxBackend.open(own)
     sandbox = sandbox_of(sb.runner)
@@ -459,7 +464,7 @@ def _open_host(
             caps, details={**caps.details, "kernel_isolation": f"none (auto: the sandbox is unavailable: {fallback})"}
         )
     assert caps.isolation is Isolation.NONE
-    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots)
+    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots, tracer=kernel_opts.tracer)
     root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
     if mode.pool_size > 0:
         private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
@@ -472,7 +477,7 @@ def _open_host(
         pool_idle_timeout=mode.pool_idle_timeout,
     )
     kernels = kernel_opts.sessions(fs, launcher, language)
-    runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace)
+    runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace, tracer=kernel_opts.tracer)
     manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, with_kernel_frozen(kernels, runner.frozen))
     if start_pool:
         kernels.start_pool()

@@ -38,6 +38,7 @@ from ...models import (
 )
 from ...process.freezing import Hold, held
 from ...protocols import WorkspaceFS
+from ...tracing import NO_TRACER, AttributeValue, Tracer
 from ...workspace.hostmanager import HostWorkspaceManager
 from .outputs import CellOutputs, RichOutputLimits
 from .pool import KernelPool
@@ -155,8 +156,11 @@ class KernelSessions:
         start_timeout: float = 30.0,
         interrupt_grace: float = 2.0,
         rich_outputs: RichOutputLimits | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self.kernel_name = kernel_name
+        self.tracer = tracer
+        """A span of each cell's execution (never its code or output)."""
         self.rich_outputs = rich_outputs or RichOutputLimits()
         self.language = language
         self.launcher = launcher
@@ -220,6 +224,26 @@ class KernelSessions:
             SetupFailed: the kernel did not start, or (remote mode) cannot see the workspace.
             BackendError: (remote mode) the server cannot be reached.
         """
+        attributes: dict[str, AttributeValue] = {
+            "execspace.workspace.id": ws.id,
+            "execspace.kernel.name": self.kernel_name,
+            "execspace.kernel.language": self.language,
+        }
+        with self.tracer.span("execspace.kernel.execute", attributes) as span:
+            cell = await self._execute(ws, code, timeout, output_bytes)
+            span.set("execspace.kernel.exit_code", cell.exit_code)
+            span.set("execspace.kernel.timed_out", cell.timed_out)
+            span.set("execspace.kernel.state_lost", cell.state_lost)
+            span.set("execspace.kernel.duration_s", cell.duration)
+            return cell
+
+    async def _execute(
+        self,
+        ws: Workspace,
+        code: str,
+        timeout: float | None,  # noqa: ASYNC109 - interrupts the kernel, not our task
+        output_bytes: int | None,
+    ) -> CellResult:
         if self._closed:
             raise UsageError("this engine's kernels are shut down; open a new engine")
         session = self._sessions.setdefault(_key(ws), _Session())

@@ -20,6 +20,7 @@ from ...envpolicy import EnvPolicy
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...process.pacing import check_output_rate
 from ...process.preparation import host_user_exists
+from ...tracing import NO_TRACER
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import HostWorkspaceManager
 
@@ -67,12 +68,14 @@ class LocalBackend:
     async def open(cls, options: LocalOptions, /) -> BaseEngine:
         """Open a local engine with ``options`` (see :class:`LocalOptions`)."""
         caps = cls.capabilities(options.env_policy)
+        tracer = options.tracer or NO_TRACER
         runner = HostRunner(
             lambda: caps,
             options.env_policy,
             kill_grace=options.kill_grace,
             output_rate=options.output_rate,
             user_exists=host_user_exists,
+            tracer=tracer,
         )
         root = Path(options.workspace_root) if options.workspace_root else None
         manager = HostWorkspaceManager(
@@ -82,6 +85,7 @@ class LocalBackend:
             copy_on_write=True,
             freeze=runner.frozen,
             holds=runner.holds,
+            tracer=tracer,
         )
-        fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots)
+        fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots, tracer=tracer)
         return BaseEngine("local", manager, fs, runner, caps)

@@ -28,6 +28,7 @@ from ...process.hostrunner import DISK_BYTES_DETAIL, HostRunner, unisolated_capa
 from ...process.rlimits import RLIMIT_ENFORCED
 from ...protocols import ProgramHandle
 from ...rundirs import daemon_dirs
+from ...tracing import NO_TRACER, Tracer
 from ...workspace.branches import overlay_supported
 from ...workspace.confine import ConfinedRoot
 from ...workspace.diskimages import disk_tools_missing
@@ -281,8 +282,9 @@ class SandboxBackend:
                 "sandbox mode='session' runs on Linux with a managed profile (workspace-write, read-only); "
                 "use mode='per-run' here"
             )
+        tracer = (options.tracer or NO_TRACER).bound({"execspace.mode": mode})
         if not policy.managed:
-            return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace)
+            return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace, tracer)
         # built once for this engine, shared by the probe and every run; a machine's root installs set-ID programs
         seccomp = SeccompFilters(set_id_bits=options.machine)
         probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
@@ -332,6 +334,7 @@ class SandboxBackend:
             access=file_access_hook(policy),
             programs_read_all=machine is not None,  # its user holds CAP_DAC_READ_SEARCH (machine.py)
             elsewhere=beyond,
+            tracer=tracer,
         )
         runner_config = SandboxRunnerConfig(
             bwrap_path,
@@ -352,6 +355,7 @@ class SandboxBackend:
             environment_store=store,
             output_rate=options.output_rate,
             machine=machine,
+            tracer=tracer,
             grant_helper=GrantHelper(root, private) if as_root and not machine else None,
         )
         if allow is not None and not caps.network_domains:
@@ -390,6 +394,7 @@ class SandboxBackend:
             copy_on_write=machine is None,
             freeze=runner.frozen,
             holds=runner.holds,
+            tracer=tracer,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
 
@@ -431,6 +436,7 @@ async def _open_session(
         freeze=runner.frozen,
         holds=runner.holds,
         disk_bytes=config.disk_bytes,
+        tracer=runner_config.tracer,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=mode.aclose)
 
@@ -603,14 +609,15 @@ def _open_unmanaged(
     host_roots: Sequence[Path | str],
     artifacts: ArtifactService | None,
     kill_grace: float,
+    tracer: Tracer,
 ) -> BaseEngine:
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
     caps = _unmanaged_capabilities(policy, env_policy)
-    fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy))
+    fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy), tracer=tracer)
     runner = (
         ExternalRunner()
         if policy.profile is Profile.EXTERNAL
-        else HostRunner(lambda: caps, env_policy, kill_grace=kill_grace)
+        else HostRunner(lambda: caps, env_policy, kill_grace=kill_grace, tracer=tracer)
     )
     manager = HostWorkspaceManager(
         "sandbox",
@@ -619,6 +626,7 @@ def _open_unmanaged(
         stop_programs=runner.stop_programs,
         copy_on_write=True,
         freeze=runner.frozen,
+        tracer=tracer,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps)
 

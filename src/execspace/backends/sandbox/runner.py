@@ -32,6 +32,7 @@ from ...process.preparation import (
 )
 from ...process.rlimits import rlimit_preexec
 from ...process.supervisor import Launch, SupervisedProcess
+from ...tracing import NO_TRACER, Tracer
 from ...workspace.confine import ConfinedRoot, split_relpath
 from ...workspace.hostmanager import private_dir
 from ...workspace.hostroots import closed_ancestor
@@ -114,6 +115,8 @@ class SandboxRunnerConfig:
     output_rate: int | None = None
     machine: Machine | None = None
     """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
+    tracer: Tracer = NO_TRACER
+    """The span of each run (:class:`~execspace.process.hostrunner.HostRunner`'s)."""
     grant_helper: GrantHelper | None = None
     """As root (but for a machine): what shows write grants and unreachable read grants from clones of their own
     (:mod:`.grants`)."""
@@ -572,6 +575,7 @@ def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
         wrappers=[sandbox],
         choose=sandbox.choose,
         user_exists=sandbox.user_exists,
+        tracer=config.tracer,
     )
     return sandbox.runner
 

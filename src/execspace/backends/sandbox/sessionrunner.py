@@ -93,6 +93,7 @@ def session_runner(
         choose=mode.choose,
         spawning=mode,
         user_exists=sandbox.user_exists,
+        tracer=runner.tracer,
     )
     return sandbox.runner, mode
 
