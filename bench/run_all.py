@@ -134,7 +134,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
-    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "inject", "mcp", "cluster", "tracing")
+    groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "inject", "mcp", "cluster")
+    groups += ("tracing",)
     p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
