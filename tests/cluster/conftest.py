@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class FrontDoor:
 class LocalCluster:
     cluster: Any
     root: Path
+    added: list[Any] = field(default_factory=list)
+    """The worker nodes, in the order they were added."""
 
     @property
     def address(self) -> str:
@@ -54,11 +56,11 @@ class LocalCluster:
         return list(self.cluster.worker_nodes)
 
     @contextlib.contextmanager
-    def front_door(self, key: str = API_KEY) -> Iterator[FrontDoor]:
+    def front_door(self, key: str = API_KEY, per_node: int = PER_NODE) -> Iterator[FrontDoor]:
         """``execspace serve --ray`` on a free port, stopped with SIGTERM when the block ends."""
         env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", key, "--ray", self.address]
-        argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(PER_NODE)]
+        argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(per_node)]
         argv += ["--kernel-environment", "none", "--no-warm-kernels"]
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         try:
@@ -75,16 +77,24 @@ class LocalCluster:
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with started_cluster(tmp_path_factory, {}, [{}, {}]) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def started_cluster(
+    tmp_path_factory: pytest.TempPathFactory, head: dict[str, Any], workers: list[dict[str, Any]]
+) -> Iterator[LocalCluster]:
+    """A local cluster of a head and ``workers`` (each its ``add_node`` arguments over one CPU), shut down after."""
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("cluster")
     make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **head})
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
+        added = [cluster.add_node(**{"num_cpus": 1, **worker}) for worker in workers]
         cluster.wait_for_nodes()
-        yield LocalCluster(cluster, root)
+        yield LocalCluster(cluster, root, added)
     finally:
         cluster.shutdown()
         until("the node servers are gone", lambda: not node_servers(), within=30)

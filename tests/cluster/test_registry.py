@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from execspace.server.cluster import registry
-from execspace.server.cluster.demand import QUIET_FOR, WAITING_FOR, Demand
+from execspace.server.cluster import demand, registry
+from execspace.server.cluster.demand import QUIET_FOR, SERVED_FOR, WAITING_FOR, Demand
 from execspace.server.cluster.nodeconfig import SLOT, node_slots
 from execspace.server.cluster.registry import Registry
 
@@ -73,28 +73,41 @@ def test_refused_creates_ask_for_the_held_slots_and_one_per_create_that_waits() 
     assert scaler.requests == [8, 9] and wanted.standing == 9
 
 
-def test_the_request_is_withdrawn_once_the_nodes_came_looking_once_a_second() -> None:
+def test_the_request_is_withdrawn_once_the_nodes_came_and_the_waiting_creates_were_served() -> None:
     now = [100.0]
     scaler = _Autoscaler()
     wanted = Demand(scaler, clock=lambda: now[0])
     wanted.settle()  # no request stands: nothing withdrawn
     wanted.refused(held=2)
     scaler.slots = 2
+    now[0] += SERVED_FOR
     wanted.settle()  # the cluster's 2 slots do not cover 3
     scaler.slots = 5  # the autoscaler added a node of 3
     now[0] += 0.5
-    wanted.settle()  # not looked at again yet
-    assert scaler.requests == [3]
-    now[0] += 0.5
+    wanted.settle()  # not looked at again yet (once a second)
+    wanted.refused(held=5)  # the new node filled up at once: one more waits
+    now[0] += 1
+    wanted.settle()  # its 6 slots are not there: the request stands
+    assert scaler.requests == [3, 6]
+    scaler.slots = 8
+    now[0] += SERVED_FOR - 2  # the last create waited SERVED_FOR - 1 ago
+    wanted.settle()  # covered, but a create waited within SERVED_FOR: it may not have landed yet
+    assert scaler.requests == [3, 6]
+    now[0] += 1
     wanted.settle()
-    assert scaler.requests == [3, 0] and wanted.standing == 0
+    assert scaler.requests == [3, 6, 0] and wanted.standing == 0
 
 
-def test_the_registry_keeps_the_request_and_settles_it_on_the_nodes_reports() -> None:
+def test_the_registry_keeps_the_request_and_settles_it_on_the_nodes_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(demand.time, "monotonic", lambda: now[0])
     scaler = _Autoscaler()
     reg = Registry(scaler)
     reg.refused(2)
     scaler.slots = 5
+    reg.report("a", 2, ["s1", "s2"])
+    assert scaler.requests == [3]  # just refused: the waiting create has not landed yet
+    now[0] += SERVED_FOR
     reg.report("a", 2, ["s1", "s2"])
     assert scaler.requests == [3, 0]
 

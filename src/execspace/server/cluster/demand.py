@@ -4,8 +4,10 @@ Kept by the registry, the cluster's one writer of it: each front door tells the 
 because every node was full, and the registry keeps one standing request through Ray's public SDK
 (``ray.autoscaler.sdk.request_resources``, bundles of one :data:`.nodeconfig.SLOT` each). Each call of it replaces
 the standing request, so it asks for every slot wanted at once (the held ones too: the autoscaler fits a request on
-the nodes as if they were idle), and withdraws it once the cluster's slots cover it, so that the autoscaler may end
-the nodes that are idle later. Where no autoscaler runs the request is a key written in Ray's GCS that nothing reads.
+the nodes as if they were idle), and withdraws it once the cluster's slots cover it and the creates that waited
+were served: a new node is idle to the autoscaler until its agent (an actor, which the autoscaler counts as work)
+runs, and a request withdrawn before would let the autoscaler end it at once. Where no autoscaler runs the request
+is a key written in Ray's GCS that nothing reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ _log = logging.getLogger("execspace.server.cluster")
 #: Seconds a refused create counts as waiting: the front door's 429 says ``Retry-After: 1``, so a client that waits
 #: asks again about once in it and counts once.
 WAITING_FOR = 1.0
+#: Seconds without a refused create after which a request the cluster's slots cover is withdrawn: the creates that
+#: waited were served, so the new nodes run their agents (a node is not idle to the autoscaler while one runs).
+SERVED_FOR = 10.0
 #: Seconds without a refused create after which a request the autoscaler has not met is withdrawn: nobody waits for
 #: it any more (nodes it started still come, and end when idle).
 QUIET_FOR = 60.0
@@ -55,11 +60,11 @@ class RayAutoscaler:
 
 
 class Demand:
-    """The standing request: grown by refused creates, withdrawn once met (or once nobody waits)."""
+    """The standing request: grown by refused creates, withdrawn once met and served (or once nobody waits)."""
 
-    def __init__(self, autoscaler: Autoscaler, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, autoscaler: Autoscaler, clock: Callable[[], float] | None = None) -> None:
         self._autoscaler = autoscaler
-        self._clock = clock
+        self._clock = clock or time.monotonic
         self._refusals: deque[float] = deque()
         self._standing = 0  # slots asked for; 0: no request stands
         self._looked = 0.0
@@ -77,16 +82,20 @@ class Demand:
             self._refusals.popleft()
         wanted = held + len(self._refusals)
         if wanted > self._standing:
-            self._ask(wanted, f"{len(self._refusals)} creates wait, {held} slots are held")
+            self._ask(wanted, f"creates waiting: {len(self._refusals)}, slots held: {held}")
 
     def settle(self) -> None:
-        """Withdraw the standing request once the cluster's slots cover it, or once no create waited lately."""
+        """Withdraw the standing request once the cluster's slots cover it and no create waited for
+        :data:`SERVED_FOR`, or once none waited for :data:`QUIET_FOR`."""
         now = self._clock()
         if not self._standing or now - self._looked < _LOOK_EVERY:
             return
         self._looked = now
-        if self._refusals and now - self._refusals[-1] > QUIET_FOR:
+        quiet = now - self._refusals[-1] if self._refusals else QUIET_FOR
+        if quiet >= QUIET_FOR:
             self._ask(0, f"no create waited for {QUIET_FOR:.0f}s")
+            return
+        if quiet < SERVED_FOR:
             return
         try:
             capacity = self._autoscaler.capacity()
