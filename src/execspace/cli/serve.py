@@ -232,6 +232,11 @@ def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
 async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
+    if args.ray and args.max_sandboxes < 0:
+        raise UsageError(
+            f"--max-sandboxes with --ray is the slots of a node that declares no execspace_sandbox resource: 0 or "
+            f"more, got {args.max_sandboxes}"
+        )
     try:
         from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, ShareLimits, generate_api_key, load_config, serve
     except ImportError as exc:
