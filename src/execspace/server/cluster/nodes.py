@@ -102,7 +102,7 @@ class Nodes:
     # --- nodes -----------------------------------------------------------------------------------------------
 
     def alive(self) -> list[str]:
-        """The nodes that can take sandboxes: alive in Ray, their server not found gone lately."""
+        """The nodes that can take sandboxes: alive in Ray, with a slot or more, their server not found gone lately."""
         now = time.monotonic()
         return [n for n in self._alive if now - self._lost.get(n, -_LOST_FOR) >= _LOST_FOR]
 
