@@ -105,6 +105,28 @@ def node_servers() -> list[int]:
     return _processes(lambda cmdline: b"execspace.server.cluster.nodeserve" in cmdline)
 
 
+def servers_on(node_id: str) -> int:
+    """How many node servers run on a node of the local cluster: descendants of its raylet (Ray's workers are the
+    raylet's children, a node server an agent's child), whatever else runs on this host."""
+    parents: dict[int, int] = {}
+    raylet = None
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+                if f"--node_id={node_id}".encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    raylet = int(entry)
+
+    def below(pid: int) -> bool:
+        while pid > 1:
+            if (pid := parents.get(pid, 0)) == raylet:
+                return True
+        return False
+
+    assert raylet is not None, f"no raylet of node {node_id} runs here"
+    return sum(1 for pid in node_servers() if below(pid))
+
+
 def sleepers(seconds: int) -> list[int]:
     """Pids of the ``sleep SECONDS`` programs running on this host: a test's marked programs in its sandboxes."""
     return _processes(lambda cmdline: cmdline == f"sleep\0{seconds}\0".encode())
