@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ class FrontDoor:
 class LocalCluster:
     cluster: Any
     root: Path
+    added: list[Any] = field(default_factory=list)
+    """The worker nodes, in the order they were added."""
 
     @property
     def address(self) -> str:
@@ -100,16 +102,24 @@ class LocalCluster:
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with started_cluster(tmp_path_factory, {}, [{}, {}]) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def started_cluster(
+    tmp_path_factory: pytest.TempPathFactory, head: dict[str, Any], workers: list[dict[str, Any]]
+) -> Iterator[LocalCluster]:
+    """A local cluster of a head and ``workers`` (each its ``add_node`` arguments over one CPU), shut down after."""
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("cluster")
     make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **head})
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
+        added = [cluster.add_node(**{"num_cpus": 1, **worker}) for worker in workers]
         cluster.wait_for_nodes()
-        yield LocalCluster(cluster, root)
+        yield LocalCluster(cluster, root, added)
     finally:
         shut_down(cluster)
         until("the node servers are gone", lambda: not node_servers(), within=30)
@@ -123,6 +133,28 @@ def processes_running(marker: bytes) -> list[int]:
 def node_servers() -> list[int]:
     """Pids of the node agents' servers running on this host."""
     return _processes(lambda cmdline: b"execspace.server.cluster.nodeserve" in cmdline)
+
+
+def servers_on(node_id: str) -> int:
+    """How many node servers run on a node of the local cluster: descendants of its raylet (Ray's workers are the
+    raylet's children, a node server an agent's child), whatever else runs on this host."""
+    parents: dict[int, int] = {}
+    raylet = None
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+                if f"--node_id={node_id}".encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    raylet = int(entry)
+
+    def below(pid: int) -> bool:
+        while pid > 1:
+            if (pid := parents.get(pid, 0)) == raylet:
+                return True
+        return False
+
+    assert raylet is not None, f"no raylet of node {node_id} runs here"
+    return sum(1 for pid in node_servers() if below(pid))
 
 
 def sleepers(seconds: int) -> list[int]:

@@ -62,7 +62,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--workspace-root", metavar="DIR", help="where the sandboxes' workspaces live (default: the backend's)"
     )
-    p.add_argument("--max-sandboxes", type=int, default=100, metavar="N", help="live sandboxes at once (default 100)")
+    p.add_argument(
+        "--max-sandboxes",
+        type=int,
+        default=100,
+        metavar="N",
+        help="live sandboxes at once (default 100); with --ray, each node's that declares no execspace_sandbox "
+        "resource (0: such nodes hold none)",
+    )
     p.add_argument(
         "--pool-size",
         action="append",
@@ -232,6 +239,11 @@ def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
 async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
+    if args.ray and args.max_sandboxes < 0:
+        raise UsageError(
+            f"--max-sandboxes with --ray is the slots of a node that declares no execspace_sandbox resource: 0 or "
+            f"more, got {args.max_sandboxes}"
+        )
     try:
         from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, ShareLimits, generate_api_key, load_config, serve
     except ImportError as exc:
@@ -247,7 +259,8 @@ async def command(args: argparse.Namespace) -> int:
     options = ServerOptions(
         api_keys=keys,
         admin_keys=tuple(args.admin_api_key),
-        max_sandboxes=args.max_sandboxes,
+        # with --ray a node's own slots are its server's maximum: 0 is only the default of nodes that declare none
+        max_sandboxes=1 if args.ray and args.max_sandboxes == 0 else args.max_sandboxes,
         pool_sizes=_pool_sizes(args.pool_size),
         warm_kernels=args.warm_kernels,
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
@@ -310,6 +323,7 @@ async def command(args: argparse.Namespace) -> int:
             backend_options=_backend_options(args),
             on_ready=ready,
             tls=tls,
+            slots=args.max_sandboxes,
         )
         return 0
     await serve(

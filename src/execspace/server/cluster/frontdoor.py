@@ -174,9 +174,11 @@ class FrontDoor:
             return _answer(answer, node_id)
         if failed is not None:
             return error_response(503, str(failed), {"Retry-After": "1"})
+        if only is None:  # more nodes help a create that may go anywhere (Ray's autoscaler, where one runs)
+            self._nodes.waiting()
         message = (
-            "every node of the cluster runs its maximum of sandboxes (--max-sandboxes per node): retry after one "
-            "ends, or add nodes"
+            "every node of the cluster runs its maximum of sandboxes (its execspace_sandbox resource, else "
+            "--max-sandboxes): retry after one ends, or add nodes"
         )
         return error_response(429, message, {"Retry-After": "1"})
 
@@ -356,13 +358,16 @@ async def serve_cluster(
     backend_options: BackendOptions | None = None,
     on_ready: Callable[[str, int], None] | None = None,
     tls: TLS | None = None,
+    slots: int | None = None,
 ) -> None:
     """Serve a front door of the Ray cluster at ``address`` until cancelled or signalled (docs/cluster.md). The
-    sandboxes outlive it: they are the nodes' (a front door that restarts finds them again)."""
+    sandboxes outlive it: they are the nodes' (a front door that restarts finds them again). A node holds the
+    sandboxes its ``execspace_sandbox`` resource says, else ``slots`` (default ``options.max_sandboxes``; 0: none)."""
     with listen(host, port, "execspace serve") as sock:
         descriptors = raise_descriptor_limit()  # each proxied stream holds two connections
         await asyncio.to_thread(connect, address)
-        nodes = Nodes(AgentConfig(options, backend, backend_options))
+        default = options.max_sandboxes if slots is None else slots
+        nodes = Nodes(AgentConfig(options, backend, backend_options, default))
         await nodes.open()
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         control = NodeClient(_CONNECT_TIMEOUT, _CONTROL_TIMEOUT)

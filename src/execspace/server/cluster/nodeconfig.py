@@ -6,6 +6,7 @@ import os
 import pickle
 import struct
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
@@ -14,20 +15,45 @@ from ...backend import BackendOptions, HostOptions
 from ...backends.sandbox import SandboxOptions
 from ..options import ServerOptions, key_id
 
-__all__ = ["AgentConfig", "Endpoint", "NodeServer", "encode_node_server", "node_server", "read_node_server"]
+__all__ = [
+    "SLOT",
+    "AgentConfig",
+    "Endpoint",
+    "NodeServer",
+    "encode_node_server",
+    "node_server",
+    "node_slots",
+    "read_node_server",
+]
+
+#: The Ray custom resource a node declares its sandbox slots with: ``ray start --resources '{"execspace_sandbox": N}'``.
+SLOT = "execspace_sandbox"
+
+
+def node_slots(resources: Mapping[str, float], default: int) -> int:
+    """The sandboxes a node holds at most: the :data:`SLOT` resource it declares, else ``default``
+    (``--max-sandboxes``). Ray drops a resource declared as 0: a node that must hold none declares nothing under a
+    default of 0."""
+    return int(resources[SLOT]) if SLOT in resources else default
 
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     """What a front door starts an agent with: every node's server serves these options (templates, limits, pools,
-    keys); ``--max-sandboxes`` is each node's."""
+    keys), its ``max_sandboxes`` the node's own slots (:meth:`on_node`)."""
 
     options: ServerOptions
     backend: str
     backend_options: BackendOptions | None
+    slots: int
+    """The slots of a node that declares no :data:`SLOT` resource (``--max-sandboxes``; 0: such a node holds none)."""
 
     def key_ids(self) -> frozenset[str]:
         return frozenset(key_id(k) for k in (*self.options.api_keys, *self.options.admin_keys))
+
+    def on_node(self, slots: int) -> AgentConfig:
+        """The configuration of a node of ``slots`` slots (at least 1: a node of none gets no agent)."""
+        return replace(self, options=replace(self.options, max_sandboxes=slots))
 
 
 @dataclass(frozen=True, slots=True)

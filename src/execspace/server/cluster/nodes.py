@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import SetupFailed
 from .agent import NodeAgent
-from .nodeconfig import AgentConfig, Endpoint
+from .nodeconfig import SLOT, AgentConfig, Endpoint, node_slots
 from .registry import Registry
 
 __all__ = ["NAMESPACE", "Nodes", "agent_name"]
@@ -83,7 +83,9 @@ class Nodes:
 
     def __init__(self, config: AgentConfig) -> None:
         self._config = config
-        self._alive: set[str] = set()
+        self._alive: set[str] = set()  # the living nodes that hold sandboxes (one slot or more)
+        self._slots: dict[str, int] = {}  # living node id -> its slots
+        self._declared: set[str] = set()  # the living nodes that declare their slots as a Ray resource
         self._head: str | None = None
         self._lost: dict[str, float] = {}  # node id -> when its server was found gone
         self._agents: dict[str, asyncio.Future[Endpoint]] = {}
@@ -100,7 +102,7 @@ class Nodes:
     # --- nodes -----------------------------------------------------------------------------------------------
 
     def alive(self) -> list[str]:
-        """The nodes that can take sandboxes: alive in Ray, their server not found gone lately."""
+        """The nodes that can take sandboxes: alive in Ray, with a slot or more, their server not found gone lately."""
         now = time.monotonic()
         return [n for n in self._alive if now - self._lost.get(n, -_LOST_FOR) >= _LOST_FOR]
 
@@ -119,10 +121,12 @@ class Nodes:
     async def _refresh(self) -> None:
         import ray
 
-        found = await asyncio.to_thread(ray.nodes)
-        alive = {n["NodeID"] for n in found if n.get("Alive")}
+        found = [n for n in await asyncio.to_thread(ray.nodes) if n.get("Alive")]
+        self._slots = {n["NodeID"]: node_slots(n.get("Resources", {}), self._config.slots) for n in found}
+        self._declared = {n["NodeID"] for n in found if SLOT in n.get("Resources", {})}
+        alive = {n for n, slots in self._slots.items() if slots > 0}
         for n in found:
-            if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+            if "node:__internal_head__" in n.get("Resources", {}):
                 self._head = n["NodeID"]
         for node_id in self._alive - alive:
             self._gone(node_id, "Ray reports the node dead")
@@ -160,8 +164,9 @@ class Nodes:
 
     async def _start(self, node_id: str) -> Endpoint:
         try:
+            config = self._config.on_node(self._slots.get(node_id, self._config.slots))
             handle = self._handles[node_id] = await asyncio.to_thread(self._get_agent, node_id)
-            endpoint: Endpoint = await handle.start.remote(self._config)
+            endpoint: Endpoint = await handle.start.remote(config)
         except Exception as exc:  # Ray's errors: the actor died, could not be placed, its start raised
             raise SetupFailed(
                 "serve",
@@ -239,8 +244,11 @@ class Nodes:
         """The living node with the most free slots by the registry's last count and this front door's creates
         since (or ``only``), counted as taken; None when every one is full. The node's server has the last word:
         a create it refuses (429) is tried on the next node."""
-        slots = self._config.options.max_sandboxes
-        free = {n: self._free.get(n, slots) for n in self.alive() if n not in exclude and (only is None or n == only)}
+        free = {
+            n: self._free.get(n, self._slots.get(n, 0))
+            for n in self.alive()
+            if n not in exclude and (only is None or n == only)
+        }
         best = max(free, key=lambda n: free[n], default=None)
         if best is None or free[best] <= 0:
             return None
@@ -250,6 +258,12 @@ class Nodes:
     def full(self, node_id: str) -> None:
         """A node's server refused a create: no slot there until its next count."""
         self._free[node_id] = 0
+
+    def waiting(self) -> None:
+        """A create found every node full: the registry asks Ray's autoscaler for the slots of the nodes that
+        declare them (every one taken) and one more, without this front door waiting for it."""
+        held = sum(self._slots[n] for n in self.alive() if n in self._declared)
+        self._registry.refused.remote(held)
 
     async def count(self) -> None:
         """Take the registry's count of each node's sandboxes."""

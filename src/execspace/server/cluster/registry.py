@@ -2,12 +2,15 @@
 
 One named detached Ray actor on the head node (docs/cluster.md). Its state heals from the nodes' truth: every agent
 reports the sandboxes its server holds each second, so a sandbox that expired or was killed leaves the map, and a
-registry that was lost and started again learns the map back within a report.
+registry that was lost and started again learns the map back within a report. It also keeps the cluster's one
+request to Ray's autoscaler (:mod:`.demand`).
 """
 
 from __future__ import annotations
 
 import time
+
+from .demand import Autoscaler, Demand, RayAutoscaler
 
 __all__ = ["Registry"]
 
@@ -17,7 +20,8 @@ _FRESH = 10.0
 
 
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, autoscaler: Autoscaler | None = None) -> None:
+        self._demand = Demand(autoscaler or RayAutoscaler())
         self._where: dict[str, str] = {}  # sandbox id -> node id
         self._added_at: dict[str, float] = {}
         self._snapshots: dict[str, str] = {}  # snapshot id -> node id (a snapshot stays on its node)
@@ -37,10 +41,15 @@ class Registry:
         ]
         for sandbox_id in gone:
             self._forget(sandbox_id)
+        self._demand.settle()  # the reports are the registry's clock: each second, from each node
 
     def load(self) -> dict[str, tuple[int, int]]:
         """Each reporting node's slots and the sandboxes it held at its last report."""
         return dict(self._load)
+
+    def refused(self, held: int) -> None:
+        """A front door refused a create, every node full, ``held`` slots taken on the nodes that declare them."""
+        self._demand.refused(held)
 
     def add(self, node_id: str, sandbox_id: str) -> None:
         """A sandbox (made by a create or a fork) now lives on ``node_id``."""
