@@ -1,12 +1,13 @@
 """`execspace serve --ray` benchmarks (13): a 3-node local Ray cluster behind a front door against single-host serve.
 
-In one run, with the same server options on both sides (the sandbox backend, the same warm pool per server, no
-warm kernels): the official E2B SDK's create and create + first command through the front door against the same
-against a single-host ``execspace serve``; 200 sandboxes held at once across the cluster's 3 nodes, each created,
-written and run (8 at a time), against the same 200 on the single host; and a 50 MB download through the front
-door against the same download straight from the node server that holds the sandbox (its address from the node's
-agent, over Ray). The cluster is ``ray.cluster_utils.Cluster``: every node a real raylet on this machine, so the
-nodes share its cores; what the rows show is the front door's and Ray's cost, not a cluster's capacity.
+In one run, with the same server options on both sides (the sandbox backend, no warm kernels; the single host
+keeps as many sandboxes ready as the three nodes together): the official E2B SDK's create and create + first
+command through the front door against the same on a single-host ``execspace serve``; 200 sandboxes held at once
+across the cluster's 3 nodes, each created, written and run (8 at a time), against the same 200 on the single host;
+and a 50 MB download through the front door against the same download straight from the node server that holds
+the sandbox (its address from the node's agent, over Ray). The cluster is ``ray.cluster_utils.Cluster``: every
+node a real raylet on this machine, so the nodes share its cores; what the rows show is the front door's and Ray's
+cost, not a cluster's capacity.
 
 ``python bench/bench_cluster.py [--quick]`` runs it alone; ``./run bench --only cluster`` as part of the table.
 """
@@ -60,9 +61,13 @@ def _local_cluster() -> Iterator[Any]:
         cluster.shutdown()
 
 
-def _serve_argv(root: Path, *extra: str) -> list[str]:
+#: Sandboxes each node's server keeps ready; the single host keeps as many as the three nodes together.
+_POOL = 4
+
+
+def _serve_argv(root: Path, pool: int, *extra: str) -> list[str]:
     argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", KEY, "--workspace-root", str(root)]
-    return [*argv, "--pool-size", "4", "--kernel-environment", "none", "--no-warm-kernels", *extra]
+    return [*argv, "--pool-size", str(pool), "--kernel-environment", "none", "--no-warm-kernels", *extra]
 
 
 async def run_cluster(plan: Plan, report: Report, log: Any) -> None:
@@ -83,8 +88,8 @@ async def run_cluster(plan: Plan, report: Report, log: Any) -> None:
         make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
         (root / "single").mkdir()
         (root / "cluster").mkdir()
-        single = _serve_argv(root / "single", "--max-sandboxes", str(_MANY + 50))
-        door = _serve_argv(root / "cluster", "--max-sandboxes", str(_MANY // 2), "--ray", cluster.address)
+        single = _serve_argv(root / "single", 3 * _POOL, "--max-sandboxes", str(_MANY + 50))
+        door = _serve_argv(root / "cluster", _POOL, "--max-sandboxes", str(_MANY // 2), "--ray", cluster.address)
         with (
             _listening(single, "execspace serve") as (one_url, _),
             _listening(door, "execspace serve --ray") as (

@@ -30,6 +30,9 @@ WATCH_INTERVAL = 1.0
 _LOST_FOR = 30.0
 #: Seconds the cluster's address has to accept a connection.
 _JOIN_TIMEOUT = 10.0
+#: Seconds a front door gathers its creates' and kills' changes before it tells the registry in one call: an actor
+#: call costs the front door's loop about 0.4 ms, a third of what a create through it costs over one host.
+_BATCH_DELAY = 0.05
 #: Sandbox ids whose node a front door remembers (each a few hundred bytes); past it the cache starts again.
 _CACHED = 100_000
 
@@ -94,6 +97,7 @@ class Nodes:
         self._where: dict[str, str] = {}
         self._cuts: dict[str, asyncio.Event] = {}
         self._registry: Any = None
+        self._changes: list[tuple[str, str, str]] = []  # for the registry, in order (:meth:`Registry.apply`)
 
     async def open(self) -> None:
         await self._refresh()
@@ -271,14 +275,25 @@ class Nodes:
         self._free = {n: slots - held for n, (slots, held) in load.items()}
 
     def add(self, node_id: str, object_id: str, *, snapshot: bool = False) -> None:
-        """A sandbox (a snapshot) now lives on ``node_id``: told to the registry without waiting for it (a front
-        door that asks before it has it finds the node by asking the agents)."""
+        """A sandbox (a snapshot) now lives on ``node_id``: told to the registry in this front door's next batch,
+        without waiting for it (a front door that asks before the registry has it finds the node by asking the
+        agents)."""
         self._remember(object_id, node_id)
-        (self._registry.add_snapshot if snapshot else self._registry.add).remote(node_id, object_id)
+        self._tell("snapshot" if snapshot else "add", node_id, object_id)
 
     def forget(self, object_id: str) -> None:
         self._where.pop(object_id, None)
-        self._registry.forget.remote(object_id)
+        self._tell("forget", "", object_id)
+
+    def _tell(self, kind: str, node_id: str, object_id: str) -> None:
+        """Queue a change for the registry; the first of a batch schedules the batch's one call."""
+        if not self._changes:
+            asyncio.get_running_loop().call_later(_BATCH_DELAY, self._flush)
+        self._changes.append((kind, node_id, object_id))
+
+    def _flush(self) -> None:
+        changes, self._changes = self._changes, []
+        self._registry.apply.remote(changes)
 
     async def _ask(self, method: str, *args: Any) -> Any:
         """A call of the registry; one that fails is a :class:`SetupFailed` (503) naming what to do."""

@@ -59,6 +59,17 @@ class Registry:
     def add_snapshot(self, node_id: str, snapshot_id: str) -> None:
         self._snapshots[snapshot_id] = node_id
 
+    def apply(self, changes: list[tuple[str, str, str]]) -> None:
+        """A front door's batch of changes, in the order they happened: ``("add", node, id)``, ``("snapshot", node,
+        id)``, ``("forget", "", id)``."""
+        for kind, node_id, object_id in changes:
+            if kind == "add":
+                self.add(node_id, object_id)
+            elif kind == "snapshot":
+                self.add_snapshot(node_id, object_id)
+            else:
+                self.forget(object_id)
+
     def where(self, object_id: str) -> str | None:
         """The node of a sandbox or a snapshot."""
         return self._where.get(object_id) or self._snapshots.get(object_id)
