@@ -164,3 +164,33 @@ def run_as_printed(script: str, cwd: Path, env: dict[str, str], timeout: float) 
         env=env,
         stdin=subprocess.DEVNULL,
     )
+
+
+def write_wheel(directory: Path, name: str, version: str = "1.0", source: str = "VALUE = 42\n") -> Path:
+    """A pure-Python wheel of one module ``name`` (``source``) in ``directory``: a package pip installs offline
+    (``PIP_FIND_LINKS=directory PIP_NO_INDEX=1``), so that an environment's build takes seconds and needs no
+    registry."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: execspace-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def digest(text: str) -> str:
+        raw = hashlib.sha256(text.encode()).digest()
+        return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    record = "".join(f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    partial = directory / f".{wheel.name}.part"  # renamed into place: pip never sees half a wheel
+    with zipfile.ZipFile(partial, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+        archive.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
+    partial.rename(wheel)
+    return wheel
