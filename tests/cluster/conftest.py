@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,35 +55,56 @@ class LocalCluster:
         return list(self.cluster.worker_nodes)
 
     @contextlib.contextmanager
-    def front_door(self, key: str = API_KEY) -> Iterator[FrontDoor]:
-        """``execspace serve --ray`` on a free port, stopped with SIGTERM when the block ends."""
+    def front_door(self, key: str = API_KEY, *flags: str, log: Path | None = None) -> Iterator[FrontDoor]:
+        """``execspace serve --ray`` on a free port (more ``flags`` of serve's), stopped with SIGTERM when the block
+        ends; with ``log``, its output (Ray's forwarding of the nodes' logs too) goes to that file."""
         env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", key, "--ray", self.address]
         argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(PER_NODE)]
-        argv += ["--kernel-environment", "none", "--no-warm-kernels"]
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        argv += ["--kernel-environment", "none", "--no-warm-kernels", *flags]
+        with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
+            process = subprocess.Popen(
+                argv, stdout=out if out is not None else subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+            )
         try:
-            assert process.stdout is not None
-            found, seen = read_until(process.stdout, rb"listening on (\S+)", 60)
+            if log is not None:
+                until(
+                    "the front door listens",
+                    lambda: b"listening on" in log.read_bytes() or process.poll() is not None,
+                    60,
+                )
+                found = re.search(rb"listening on (\S+)", log.read_bytes())
+                seen = log.read_bytes()
+            else:
+                assert process.stdout is not None
+                found, seen = read_until(process.stdout, rb"listening on (\S+)", 60)
             if found is None:
                 raise AssertionError(f"execspace serve --ray did not start: {seen.decode(errors='replace')}")
             yield FrontDoor(found.group(1).decode(), process, key)
         finally:
             terminate(process, grace=20)
-            assert process.stdout is not None
-            process.stdout.close()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with start_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def start_cluster(root: Path, node_env: Callable[[int], dict[str, str]] | None = None) -> Iterator[LocalCluster]:
+    """A head and two workers (node ``i`` with the environment variables ``node_env(i)``, its Ray processes' and so
+    its agent's and node server's), shut down when the block ends, whatever happened."""
     from ray.cluster_utils import Cluster
 
-    root = tmp_path_factory.mktemp("cluster")
     make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    env = node_env or (lambda _i: {})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "env_vars": env(0)})
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
+        for i in (1, 2):
+            cluster.add_node(num_cpus=1, env_vars=env(i))
         cluster.wait_for_nodes()
         yield LocalCluster(cluster, root)
     finally:

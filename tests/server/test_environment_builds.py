@@ -1,9 +1,9 @@
 """A template's environment built by ``execspace serve`` the first time a create needs it, with the official SDK: the
 create that waits past ``--build-wait`` answers 503 naming the build (the SDK's ``ServiceBusyException``), and the
-SDK's own retry (after ``Retry-After``) gets the sandbox in the new environment; concurrent creates wait for one build; a failed build fails its
-create naming where and the build's log, and the next create builds again. Each server has its own store
-(``EXECSPACE_ENVIRONMENTS``) and its packages come from a directory of wheels (``PIP_FIND_LINKS``, no index):
-builds take seconds and need no registry."""
+SDK's own retry (after ``Retry-After``) gets the sandbox in the new environment; concurrent creates wait for one
+build; a failed build fails its create naming where and the build's log, and the next create builds again. Each
+server has its own store (``EXECSPACE_ENVIRONMENTS``) and its packages come from a directory of wheels
+(``PIP_FIND_LINKS``, no index): builds take seconds and need no registry."""
 
 from __future__ import annotations
 

@@ -2,13 +2,13 @@
 
 A create of a template whose environment is not built here starts its build (one at a time per environment: the
 creates that come meanwhile wait for the same build, and the store's lock makes a build by another process on
-the same store — ``execspace env build`` — a wait too) and waits for it at most ``ServerOptions.build_wait``
+the same store, as ``execspace env build``, a wait too) and waits for it at most ``ServerOptions.build_wait``
 seconds: a build that takes longer answers the create 503 with ``Retry-After`` (:class:`EnvironmentBuilding`,
 naming the environment, where it is built, its step and its log), and goes on; the retry waits for it again. A
-failed build fails the creates that wait for it (:class:`EnvironmentBuildFailed`, naming where and the log), and
-the next create tries again. Each step is a line of the server's log (``execspace.server.builds``); every line of
-every attempt, pip's too, is in the build's log in the store (``<store>/.logs/NAME.log``), out of every sandbox's
-reach as the store is.
+failed build fails the creates that wait for it (:class:`EnvironmentBuildFailed`, naming where and the log), or,
+when none did (each had answered 503 before it failed), the next create; the create after that tries again. Each
+step is a line of the server's log (``execspace.server.builds``); every line of every attempt, pip's too, is in
+the build's log in the store (``<store>/.logs/NAME.log``), out of every sandbox's reach as the store is.
 
 Only an environment with a known spec is built (a built-in, or ``[environments.NAME]`` of serve's config file):
 one known only by name fails the create with ``EnvironmentNotFound`` naming ``execspace env build``, as before.
@@ -51,6 +51,8 @@ class _Build:
     started: float = field(default_factory=time.monotonic)
     step: str = "python"
     task: asyncio.Task[Environment] | None = None
+    waiters: int = 0
+    """Creates waiting for it now: a failure none of them sees is answered to the next create instead."""
 
     def state(self) -> str:
         return f"step {self.step}, {time.monotonic() - self.started:.0f} s so far"
@@ -69,6 +71,7 @@ class EnvironmentBuilds:
         self._store = store or EnvironmentStore()
         self._builds: dict[str, _Build] = {}
         self._failed: dict[str, str] = {}  # name -> why its last build failed (said to the creates that wait next)
+        self._unseen: dict[str, EnvironmentBuildFailed] = {}  # a failure no create waited for: the next one's
 
     def spec(self, name: str) -> EnvironmentSpec | None:
         """The spec this server builds ``name`` from: serve's config file's, else a built-in's; None: unknown."""
@@ -88,6 +91,9 @@ class EnvironmentBuilds:
             spec = self.spec(name)
             if spec is None:
                 raise
+        unseen = self._unseen.pop(spec.name, None)
+        if unseen is not None:  # its creates had answered 503 before it failed: the retry learns why
+            raise unseen
         build = self._builds.get(spec.name)
         if build is None or build.task is None or build.task.done():
             build = self._start(spec)
@@ -96,6 +102,7 @@ class EnvironmentBuilds:
                 "a create waits for the build of environment %s on %s (%s)", spec.name, self._where, build.state()
             )
         assert build.task is not None
+        build.waiters += 1
         try:
             return await asyncio.wait_for(asyncio.shield(build.task), self._wait)
         except TimeoutError:
@@ -105,6 +112,8 @@ class EnvironmentBuilds:
                 f"environment {spec.name!r} is being built on {self._where} ({build.state()}; its log: {build.log}; "
                 f"the server's log shows each step){before}: retry in a few seconds"
             ) from None
+        finally:
+            build.waiters -= 1
 
     def _start(self, spec: EnvironmentSpec) -> _Build:
         build = _Build(spec.name, self._store.root / ".logs" / f"{spec.name}.log")
@@ -147,11 +156,14 @@ class EnvironmentBuilds:
                     build.log,
                     cause,
                 )
-                raise EnvironmentBuildFailed(
+                error = EnvironmentBuildFailed(
                     f"environment {spec.name!r} could not be built on {self._where} (its log: {build.log}): {cause}",
                     (failed.fix if failed is not None else "")
                     or "fix its spec, or the host's access to the package registry; the next create builds it again",
-                ) from None
+                )
+                if build.waiters == 0:
+                    self._unseen[spec.name] = error
+                raise error from None
         self._failed.pop(spec.name, None)
         _log.warning("environment %s is built on %s in %.1f s: %s", spec.name, self._where, _since(build), env.path)
         return env

@@ -169,6 +169,8 @@ class FrontDoor:
                 continue
             if answer.status_code == 201 and isinstance(sandbox_id := answer.json().get("sandboxID"), str):
                 self._nodes.add(node_id, sandbox_id)
+            else:  # nothing made there (a 503 while its template's environment builds): its retry finds it again
+                self._nodes.release(node_id)
             return _answer(answer, node_id)
         if failed is not None:
             return error_response(503, str(failed), {"Retry-After": "1"})

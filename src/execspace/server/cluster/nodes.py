@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from typing import Any
@@ -40,6 +41,10 @@ def agent_name(node_id: str) -> str:
 
 def connect(address: str) -> None:
     """Join the Ray cluster at ``address`` as a driver (what ``ray.init(address=...)`` takes)."""
+    # Ray folds log lines of several workers that differ only in numbers and ids into one "[repeated Nx across
+    # cluster]": the nodes' lines that say the same of different nodes (an environment's build on each) must all
+    # reach the operator. Read when Ray is first imported; an operator's own setting wins.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         import ray
     except ImportError:
@@ -246,6 +251,11 @@ class Nodes:
             return None
         self._free[best] = free[best] - 1
         return best
+
+    def release(self, node_id: str) -> None:
+        """A create :meth:`choose` counted on ``node_id`` made nothing there: its slot is free again."""
+        if node_id in self._free:
+            self._free[node_id] += 1
 
     def full(self, node_id: str) -> None:
         """A node's server refused a create: no slot there until its next count."""
