@@ -1,6 +1,6 @@
 """Environments on every node, with the official SDK through a front door: a template's environment is built on a
 node the first time a sandbox of it lands there (in that node's own store, each step in the front door's log
-naming the node), concurrent creates build it once per node, a failed build fails its create naming the node and
+naming the node; the front door's own line for the create it answered 503), concurrent creates build it once per node, a failed build fails its create naming the node and
 its log and a later create builds again, and ``execspace env build --ray`` builds ahead on every node, exiting 1
 naming a node that failed. Each node has its own store (``EXECSPACE_ENVIRONMENTS`` of its Ray processes) and its
 own directory of wheels (``PIP_FIND_LINKS``, no index): builds take seconds and need no registry."""
@@ -112,6 +112,8 @@ def test_the_first_create_on_a_node_builds_there_and_the_log_names_the_node(node
         box.kill()
     assert [t for t in nodes.trees(i) if t.startswith("tiny-")] == [Path(prefix).name]
     output = nodes.output()
+    said = f"a create on node {node.group(1)}: 503 environment 'tiny' is being built on node {node.group(1)} ("
+    assert said in output, output  # the front door's own line: any front door's operator sees it
     for step in ("python", "venv", "pip", "compile", "publish"):
         assert re.search(rf"environment tiny on node {there} \(\S+\): \[ *[\d.]+s\] {step}: ", output), (step, output)
 
