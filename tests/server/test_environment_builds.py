@@ -22,6 +22,8 @@ import pytest
 from e2b import Sandbox, SandboxException
 from e2b.exceptions import ServiceBusyException
 
+from execspace.errors import InvalidSpec
+from execspace.server import load_environments
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import terminate
 from tests.server.conftest import API_KEY
@@ -142,3 +144,16 @@ def test_a_failed_build_fails_its_create_naming_the_log_and_the_next_create_buil
             box.kill()
         assert log.read_text().count("=== build of tiny") == 2
         assert len(trees(server.store)) == 1
+
+
+def test_an_environment_spec_in_the_config_is_checked_as_a_spec_file_is(tmp_path: Path) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text('[environments.data]\nrequirements = ["pandas"]\n[environments.data.env]\nMY = "1"\n')
+    (spec,) = load_environments(config).values()
+    assert (spec.name, spec.requirements, dict(spec.env)) == ("data", ("pandas",), {"MY": "1"})
+    config.write_text('[environments.data]\nrequirement = ["pandas"]\n')
+    with pytest.raises(InvalidSpec, match=r"environments\.data.*requirement"):
+        load_environments(config)
+    config.write_text('[environments.data]\nrequirements = ["--index-url=http://elsewhere/ pandas"]\n')
+    with pytest.raises(InvalidSpec, match="not a plain requirement"):
+        load_environments(config)

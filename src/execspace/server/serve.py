@@ -368,11 +368,14 @@ class TemplateEngines:
         """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s), its environment built here first if
         it is not (see :mod:`.builds`)."""
         profile = self._options.profile(template)
-        if profile.environment is not None and isinstance(self._opts, SandboxOptions):
-            await self._builds.ready(profile.environment)
         found = self._engines.get(profile)
         if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
-            found = self._engines[profile] = asyncio.ensure_future(self._open(profile))
+            # only before its engine opens: an open engine's creates never look at the store again
+            if profile.environment is not None and isinstance(self._opts, SandboxOptions):
+                await self._builds.ready(profile.environment)
+            found = self._engines.get(profile)  # another create may have opened it meanwhile
+            if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
+                found = self._engines[profile] = asyncio.ensure_future(self._open(profile))
         return await asyncio.shield(found)
 
     async def _open(self, profile: Profile) -> Engine:
