@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from execspace import BaseEngine, RunResult, Snapshot, SupportsSnapshots, Workspace
 from execspace.testing.binding import make_traversable
@@ -194,3 +195,21 @@ def write_wheel(directory: Path, name: str, version: str = "1.0", source: str = 
         archive.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
     partial.rename(wheel)
     return wheel
+
+
+def create_when_built(template: str, within: float = 180.0, **sdk: Any) -> Any:
+    """``Sandbox.create(template=...)`` of the official SDK, created again while the server answers that the
+    template's environment is being built (503, ``ServiceBusyException``, once the SDK's own retries are spent: a
+    build on a loaded machine can outlast them); any other failure is raised."""
+    import time
+
+    from e2b import Sandbox
+    from e2b.exceptions import ServiceBusyException
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return Sandbox.create(template=template, **sdk)
+        except ServiceBusyException as exc:
+            if "is being built" not in str(exc) or time.monotonic() > deadline:
+                raise

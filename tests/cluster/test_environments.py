@@ -1,9 +1,10 @@
 """Environments on every node, with the official SDK through a front door: a template's environment is built on a
 node the first time a sandbox of it lands there (in that node's own store, each step in the front door's log
-naming the node; the front door's own line for the create it answered 503), concurrent creates build it once per node, a failed build fails its create naming the node and
-its log and a later create builds again, and ``execspace env build --ray`` builds ahead on every node, exiting 1
-naming a node that failed. Each node has its own store (``EXECSPACE_ENVIRONMENTS`` of its Ray processes) and its
-own directory of wheels (``PIP_FIND_LINKS``, no index): builds take seconds and need no registry."""
+naming the node; the front door's own line for the create it answered 503), concurrent creates build it once per
+node, a failed build fails its create naming the node and its log and a later create builds again, and
+``execspace env build --ray`` builds ahead on every node, exiting 1 naming a node that failed. Each node has its
+own store (``EXECSPACE_ENVIRONMENTS`` of its Ray processes) and its own directory of wheels (``PIP_FIND_LINKS``, no
+index): builds take seconds and need no registry."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from e2b import Sandbox, SandboxException
 from e2b.exceptions import ServiceBusyException
 
-from tests.support import write_wheel
+from tests.support import create_when_built, write_wheel
 
 from .conftest import FrontDoor, LocalCluster, client_id, start_cluster
 
@@ -102,7 +103,7 @@ def test_the_first_create_on_a_node_builds_there_and_the_log_names_the_node(node
         Sandbox.create(template="tiny", retries=0, **nodes.door.sdk())
     node = re.search(r"being built on node ([0-9a-f]+) \(", str(busy.value))
     assert node is not None and "its log: " in str(busy.value), str(busy.value)
-    box = Sandbox.create(template="tiny", **nodes.door.sdk())  # the SDK retries until it is built
+    box = create_when_built("tiny", **nodes.door.sdk())  # the SDK retries after Retry-After, then we do
     try:
         there = client_id(nodes.door, box.sandbox_id)
         i = nodes.index(there)
@@ -122,7 +123,7 @@ def test_concurrent_creates_build_once_per_node(nodes: Nodes) -> None:
     for i in range(3):
         write_wheel(nodes.wheels(i), "tinyenvpkg")
     with concurrent.futures.ThreadPoolExecutor(6) as pool:  # twin: built on no node yet
-        boxes = list(pool.map(lambda _: Sandbox.create(template="twin", **nodes.door.sdk()), range(6)))
+        boxes = list(pool.map(lambda _: create_when_built("twin", **nodes.door.sdk()), range(6)))
     try:
         where = {client_id(nodes.door, b.sandbox_id) for b in boxes}
         for box in boxes:
@@ -140,7 +141,7 @@ def test_concurrent_creates_build_once_per_node(nodes: Nodes) -> None:
 
 def test_a_failed_build_fails_its_create_naming_the_node_and_a_later_create_builds_again(nodes: Nodes) -> None:
     with pytest.raises(SandboxException) as failed:  # no node has flakyenvpkg yet: pip finds nothing
-        Sandbox.create(template="flaky", **nodes.door.sdk())
+        create_when_built("flaky", **nodes.door.sdk())
     message = str(failed.value)
     node = re.search(r"environment 'flaky' could not be built on node ([0-9a-f]+) \(\S+\) \(its log: (\S+)\)", message)
     assert message.startswith("500: ") and node is not None and "flakyenvpkg" in message, message
@@ -150,7 +151,7 @@ def test_a_failed_build_fails_its_create_naming_the_node_and_a_later_create_buil
     assert not any(t.startswith("flaky-") for t in nodes.trees(i))
     for j in range(3):
         write_wheel(nodes.wheels(j), "flakyenvpkg")
-    box = Sandbox.create(template="flaky", **nodes.door.sdk())
+    box = create_when_built("flaky", **nodes.door.sdk())
     try:
         j = nodes.index(client_id(nodes.door, box.sandbox_id))
         assert box.commands.run("python -c 'import flakyenvpkg; print(flakyenvpkg.VALUE)'").stdout == "42\n"

@@ -27,7 +27,7 @@ from execspace.server import load_environments
 from execspace.testing.binding import make_traversable
 from execspace.testing.processes import terminate
 from tests.server.conftest import API_KEY
-from tests.support import write_wheel
+from tests.support import create_when_built, write_wheel
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -99,7 +99,7 @@ def test_a_create_that_waits_for_the_first_build_says_so_and_a_retry_gets_the_en
         message = str(busy.value)
         assert "environment 'tiny' is being built on host" in message and "retry" in message, message
         assert str(server.store / ".logs" / "tiny.log") in message, message
-        box = Sandbox.create(template="tiny", **server.sdk())  # the SDK retries after Retry-After: the build is done
+        box = create_when_built("tiny", **server.sdk())  # the SDK retries after Retry-After, then we do
         try:
             value, prefix, tiny = box.commands.run(PROBE).stdout.split()
             assert (value, tiny) == ("42", "yes") and Path(prefix).parent == server.store, prefix
@@ -116,7 +116,7 @@ def test_concurrent_creates_wait_for_one_build(tmp_path: Path) -> None:
     with building_server(tmp_path) as server:
         write_wheel(server.wheels, "tinyenvpkg")
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            boxes = list(pool.map(lambda _: Sandbox.create(template="tiny", **server.sdk()), range(4)))
+            boxes = list(pool.map(lambda _: create_when_built("tiny", **server.sdk()), range(4)))
         try:
             for box in boxes:
                 assert box.commands.run(PROBE).stdout.split()[0] == "42"
@@ -131,13 +131,13 @@ def test_concurrent_creates_wait_for_one_build(tmp_path: Path) -> None:
 def test_a_failed_build_fails_its_create_naming_the_log_and_the_next_create_builds_again(tmp_path: Path) -> None:
     with building_server(tmp_path) as server:
         with pytest.raises(SandboxException) as failed:  # no wheel yet: pip finds no tinyenvpkg
-            Sandbox.create(template="tiny", **server.sdk())
+            create_when_built("tiny", **server.sdk())
         message, log = str(failed.value), server.store / ".logs" / "tiny.log"
         assert message.startswith("500: ") and "environment 'tiny' could not be built on host" in message, message
         assert str(log) in message and "tinyenvpkg" in message, message
         assert "=== failed" in log.read_text() and trees(server.store) == []
         write_wheel(server.wheels, "tinyenvpkg")
-        box = Sandbox.create(template="tiny", **server.sdk())
+        box = create_when_built("tiny", **server.sdk())
         try:
             assert box.commands.run(PROBE).stdout.split()[0] == "42"
         finally:
