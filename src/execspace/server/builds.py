@@ -46,7 +46,6 @@ RETRY_AFTER = 4
 class _Build:
     """One attempt at building an environment here."""
 
-    name: str
     log: Path
     started: float = field(default_factory=time.monotonic)
     step: str = "python"
@@ -116,7 +115,7 @@ class EnvironmentBuilds:
             build.waiters -= 1
 
     def _start(self, spec: EnvironmentSpec) -> _Build:
-        build = _Build(spec.name, self._store.root / ".logs" / f"{spec.name}.log")
+        build = _Build(self._store.root / ".logs" / f"{spec.name}.log")
         build.task = asyncio.create_task(self._run(spec, build))
         build.task.add_done_callback(_retrieved)  # a build whose creates all gave up must not warn unretrieved
         self._builds[spec.name] = build
