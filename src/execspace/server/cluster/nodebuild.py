@@ -47,7 +47,7 @@ def build_on_every_node(spec: EnvironmentSpec, address: str, show: Callable[[str
     """
     import ray
 
-    connect(address)
+    connect(address, "execspace env build --ray")
     try:
         listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
         nodes = [(n["NodeID"], n.get("NodeManagerAddress", "?")) for n in listed if n.get("Alive")]
