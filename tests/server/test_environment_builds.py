@@ -58,19 +58,21 @@ class BuildingServer:
 
 
 @contextlib.contextmanager
-def building_server(directory: Path, *flags: str) -> Iterator[BuildingServer]:
+def building_server(
+    directory: Path, *flags: str, config: str = CONFIG, index: bool = False
+) -> Iterator[BuildingServer]:
     """``execspace serve`` with the config above, its own environment store and wheel directory, its output in a
     file (read by the test while it runs)."""
     make_traversable(directory)  # as root, the sandboxes' uids pass to their workspaces and the store's trees
     for name in ("ws", "store", "wheels"):
         (directory / name).mkdir(mode=0o755)
-    (directory / "serve.toml").write_text(CONFIG)
+    (directory / "serve.toml").write_text(config)
     env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
     env |= {"EXECSPACE_ENVIRONMENTS": str(directory / "store"), "PIP_FIND_LINKS": str(directory / "wheels")}
-    env |= {"PIP_NO_INDEX": "1"}
+    env |= {} if index else {"PIP_NO_INDEX": "1"}
     argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", API_KEY, "--pool-size", "0"]
     argv += ["--workspace-root", str(directory / "ws"), "--config", str(directory / "serve.toml")]
-    argv += ["--kernel-environment", "none", *flags]
+    argv += [*(() if "--kernel-environment" in flags else ("--kernel-environment", "none")), *flags]
     log = directory / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -157,3 +159,25 @@ def test_an_environment_spec_in_the_config_is_checked_as_a_spec_file_is(tmp_path
     config.write_text('[environments.data]\nrequirements = ["--index-url=http://elsewhere/ pandas"]\n')
     with pytest.raises(InvalidSpec, match="not a plain requirement"):
         load_environments(config)
+
+
+def test_run_code_takes_the_kernels_environment_once_its_first_create_built_it(tmp_path: Path) -> None:
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    config = '[environments.kern]\nrequirements = ["ipykernel", "tinyenvpkg"]\n'  # ipykernel from the registry
+    with building_server(tmp_path, "--kernel-environment", "kern", config=config, index=True) as server:
+        write_wheel(server.wheels, "tinyenvpkg")
+        deadline = time.monotonic() + 240
+        while True:  # code-interpreter-v1 is in the kernels' environment: its first create builds it
+            try:
+                box = CodeSandbox.create(**server.sdk())
+                break
+            except ServiceBusyException:
+                assert time.monotonic() < deadline, server.output()
+        try:
+            run = box.run_code("import sys, tinyenvpkg; print(tinyenvpkg.VALUE, sys.prefix)")
+            assert run.error is None, run.error
+            value, prefix = "".join(run.logs.stdout).split()
+            assert value == "42" and Path(prefix).parent == server.store, prefix
+        finally:
+            box.kill()

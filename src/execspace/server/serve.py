@@ -126,6 +126,7 @@ async def _serve_on(
     opts = build_options(name, load_backend(name), backend_options)
     if isinstance(opts, SandboxOptions):
         opts = _with_machine(opts, options.machine)
+    built_at_start = _is_built(options.kernel_environment)
     python = kernel_python(options.kernel_environment) if isinstance(opts, SandboxOptions) else None
     if isinstance(opts, SandboxOptions | LocalOptions) and opts.output_rate is None:
         opts = replace(opts, output_rate=options.share.output_rate)  # each sandbox's share of the host's reading
@@ -152,7 +153,8 @@ async def _serve_on(
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         find_typescript = functools.partial(_typescript_node, python) if isinstance(opts, SandboxOptions) else None
-        interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile)
+        late = None if built_at_start or python is None else _built_since(options)
+        interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile, late)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
@@ -279,6 +281,41 @@ def _built(name: str) -> Environment | None:
             name,
         )
         return None
+
+
+def _is_built(name: str | None) -> bool:
+    if name is None:
+        return False
+    try:
+        EnvironmentStore().get(name)
+    except EnvironmentNotFound:
+        return False
+    return True
+
+
+def _built_since(options: ServerOptions) -> Callable[[str], Interpreter | None]:
+    """The Python of the kernels' environment once it is built (by the first create of a template in it: see
+    :mod:`.builds`), for the kernels of the templates in it, whose sandboxes have its tree bound; None before, and
+    for the other templates (their sandboxes keep the kernels' Python of the server's start)."""
+    found: dict[str, Interpreter] = {}
+
+    def python_of(template: str) -> Interpreter | None:
+        from ..backends.jupyter import Interpreter, environment_interpreter
+
+        name = options.kernel_environment
+        if name is None or options.profile(template).environment != name:
+            return None
+        if name not in found:
+            try:
+                python = environment_interpreter(EnvironmentStore().get(name))
+            except EnvironmentNotFound:
+                return None
+            if not isinstance(python, Interpreter):
+                return None
+            found[name] = python
+        return found[name]
+
+    return python_of
 
 
 def _typescript_node(python: Interpreter | str | None) -> str | None:
