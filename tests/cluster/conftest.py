@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,9 @@ class FrontDoor:
 class LocalCluster:
     cluster: Any
     root: Path
+    ordered: list[str] = field(default_factory=list)
+    """The nodes' ids in the order :func:`start_cluster` made them: the head, then each worker (Ray's own
+    ``worker_nodes`` is a set)."""
 
     @property
     def address(self) -> str:
@@ -103,10 +106,11 @@ def start_cluster(root: Path, node_env: Callable[[int], dict[str, str]] | None =
     env = node_env or (lambda _i: {})
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "env_vars": env(0)})
     try:
+        ordered = [str(cluster.head_node.node_id)]
         for i in (1, 2):
-            cluster.add_node(num_cpus=1, env_vars=env(i))
+            ordered.append(str(cluster.add_node(num_cpus=1, env_vars=env(i)).node_id))
         cluster.wait_for_nodes()
-        yield LocalCluster(cluster, root)
+        yield LocalCluster(cluster, root, ordered)
     finally:
         cluster.shutdown()
         until("the node servers are gone", lambda: not node_servers(), within=30)

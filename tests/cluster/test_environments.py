@@ -55,8 +55,7 @@ class Nodes:
 
     def index(self, node_id: str) -> int:
         """Node ``node_id``'s number: 0 the head, then the workers in order (as :func:`start_cluster` numbers)."""
-        ids = [str(n.node_id) for n in [self.cluster.cluster.head_node, *self.cluster.workers()]]
-        return ids.index(node_id)
+        return self.cluster.ordered.index(node_id)
 
     def store(self, i: int) -> Path:
         return self.root / f"store-{i}"
@@ -168,7 +167,7 @@ def test_env_build_ray_builds_on_every_node_and_names_the_node_that_failed(nodes
     argv = [sys.executable, "-m", "execspace", "env", "build", str(spec), "--ray", nodes.cluster.address]
     env = {**os.environ, "EXECSPACE_DAEMON": "off"}
     run = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
-    ids = [str(n.node_id) for n in [nodes.cluster.cluster.head_node, *nodes.cluster.workers()]]
+    ids = nodes.cluster.ordered
     assert run.returncode == 1, (run.stdout, run.stderr)
     assert f"FAILED on node {ids[2]} (" in run.stderr and "aheadenvpkg" in run.stderr, run.stderr
     for i in (0, 1):
