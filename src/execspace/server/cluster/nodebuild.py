@@ -45,9 +45,9 @@ def build_on_every_node(spec: EnvironmentSpec, address: str, show: Callable[[str
         SetupFailed: the cluster cannot be joined.
         EnvironmentBuildFailed: the cluster has no living node.
     """
+    connect(address, "execspace env build --ray")  # first: it sets what Ray reads when it is first imported
     import ray
 
-    connect(address, "execspace env build --ray")
     try:
         listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
         nodes = [(n["NodeID"], n.get("NodeManagerAddress", "?")) for n in listed if n.get("Alive")]
