@@ -171,12 +171,12 @@ def test_env_build_ray_builds_on_every_node_and_names_the_node_that_failed(nodes
     assert run.returncode == 1, (run.stdout, run.stderr)
     assert f"FAILED on node {ids[2]} (" in run.stderr and "aheadenvpkg" in run.stderr, run.stderr
     for i in (0, 1):
-        assert any(t.startswith("ahead-") for t in nodes.trees(i)), i
+        assert any(t.startswith("ahead-") for t in nodes.trees(i)), (i, run.stdout, run.stderr)
         assert re.search(rf"node {ids[i]} \(\S+\): pip: pip install aheadenvpkg", run.stderr), run.stderr
         assert f"built on node {ids[i]} (" in run.stdout
     assert not any(t.startswith("ahead-") for t in nodes.trees(2))
     write_wheel(nodes.wheels(2), "aheadenvpkg")
     again = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
     assert again.returncode == 0, (again.stdout, again.stderr)
-    assert all(any(t.startswith("ahead-") for t in nodes.trees(i)) for i in range(3))
+    assert all(any(t.startswith("ahead-") for t in nodes.trees(i)) for i in range(3)), again.stderr
     assert len(re.findall(r"cached: already built", again.stderr)) == 2, again.stderr
