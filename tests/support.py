@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from execspace import BaseEngine, RunResult, Snapshot, SupportsSnapshots, Workspace
 from execspace.testing.binding import make_traversable
@@ -170,3 +171,51 @@ def files_named(root: Path, name: str) -> list[Path]:
     """The files called ``name`` under ``root``, walked while a server makes and removes directories there (a pool's
     refills): a directory gone mid-walk is passed over, where ``Path.rglob`` raises."""
     return [Path(top, name) for top, _, files in os.walk(root) if name in files]
+
+
+def write_wheel(directory: Path, name: str, version: str = "1.0", source: str = "VALUE = 42\n") -> Path:
+    """A pure-Python wheel of one module ``name`` (``source``) in ``directory``: a package pip installs offline
+    (``PIP_FIND_LINKS=directory PIP_NO_INDEX=1``), so that an environment's build takes seconds and needs no
+    registry."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: execspace-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def digest(text: str) -> str:
+        raw = hashlib.sha256(text.encode()).digest()
+        return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    record = "".join(f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    partial = directory / f".{wheel.name}.part"  # renamed into place: pip never sees half a wheel
+    with zipfile.ZipFile(partial, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+        archive.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
+    partial.rename(wheel)
+    return wheel
+
+
+def create_when_built(template: str, within: float = 180.0, **sdk: Any) -> Any:
+    """``Sandbox.create(template=...)`` of the official SDK, created again while the server answers that the
+    template's environment is being built (503, ``ServiceBusyException``, once the SDK's own retries are spent: a
+    build on a loaded machine can outlast them); any other failure is raised."""
+    import time
+
+    from e2b import Sandbox
+    from e2b.exceptions import ServiceBusyException
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return Sandbox.create(template=template, **sdk)
+        except ServiceBusyException as exc:
+            if "is being built" not in str(exc) or time.monotonic() > deadline:
+                raise

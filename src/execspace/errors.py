@@ -18,6 +18,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── UnsupportedBackend          unknown backend, or one that cannot exist on this platform
     ├── EnvironmentNotFound         no environment of that name is built (also LookupError)
     ├── EnvironmentBuildFailed      building an environment failed (a package that does not exist…)
+    ├── EnvironmentBuilding         an environment a request needs is being built now: retry shortly
     ├── WorkspaceNotFound           no workspace with that id / path (also LookupError)
     ├── WorkspaceFileNotFound       no file at that path in the workspace (also FileNotFoundError)
     ├── SnapshotNotFound            no snapshot with that id / name on the workspace root (also LookupError)
@@ -53,6 +54,7 @@ __all__ = [
     "CapabilityError",
     "CommandNotFound",
     "EnvironmentBuildFailed",
+    "EnvironmentBuilding",
     "EnvironmentNotFound",
     "ExecspaceError",
     "ExecutionTimeout",
@@ -170,6 +172,12 @@ class EnvironmentBuildFailed(ExecspaceError):
         self.cause = cause
         self.fix = fix
         super().__init__(f"environment build failed: {cause}" + (f"\nFix: {fix}" if fix else ""))
+
+
+class EnvironmentBuilding(ExecspaceError):
+    """An environment a request needs is being built now (``execspace serve`` builds a template's environment the
+    first time a create needs it): the message names the environment, where it is built, its step so far and its
+    log; retry in a few seconds."""
 
 
 class WorkspaceNotFound(ExecspaceError, LookupError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,7 +68,12 @@ class LocalCluster:
     cluster: Any
     root: Path
     added: list[Any] = field(default_factory=list)
-    """The worker nodes, in the order they were added."""
+    """The worker nodes, in the order they were added (Ray's own ``worker_nodes`` is a set)."""
+
+    @property
+    def ordered(self) -> list[str]:
+        """The nodes' ids: the head, then each worker in the order it was added."""
+        return [str(self.cluster.head_node.node_id), *(str(n.node_id) for n in self.added)]
 
     @property
     def address(self) -> str:
@@ -80,40 +86,53 @@ class LocalCluster:
         return list(self.cluster.worker_nodes)
 
     @contextlib.contextmanager
-    def front_door(self, key: str = API_KEY, per_node: int = PER_NODE) -> Iterator[FrontDoor]:
-        """``execspace serve --ray`` on a free port, ``per_node`` sandboxes a node, stopped with SIGTERM when the
-        block ends."""
+    def front_door(
+        self, key: str = API_KEY, *flags: str, per_node: int = PER_NODE, log: Path | None = None
+    ) -> Iterator[FrontDoor]:
+        """``execspace serve --ray`` on a free port, ``per_node`` sandboxes a node (more ``flags`` of serve's),
+        stopped with SIGTERM when the block ends; with ``log``, its output (Ray's forwarding of the nodes' logs too)
+        goes to that file."""
         env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", key, "--ray", self.address]
         argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(per_node)]
-        argv += ["--kernel-environment", "none", "--no-warm-kernels"]
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        argv += ["--kernel-environment", "none", "--no-warm-kernels", *flags]
+        with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
+            process = subprocess.Popen(
+                argv, stdout=out if out is not None else subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+            )
         try:
-            assert process.stdout is not None
-            found, seen = read_until(process.stdout, rb"listening on (\S+)", 60)
+            if log is not None:
+                until(
+                    "the front door listens",
+                    lambda: b"listening on" in log.read_bytes() or process.poll() is not None,
+                    60,
+                )
+                found = re.search(rb"listening on (\S+)", log.read_bytes())
+                seen = log.read_bytes()
+            else:
+                assert process.stdout is not None
+                found, seen = read_until(process.stdout, rb"listening on (\S+)", 60)
             if found is None:
                 raise AssertionError(f"execspace serve --ray did not start: {seen.decode(errors='replace')}")
             yield FrontDoor(found.group(1).decode(), process, key)
         finally:
             terminate(process, grace=20)
-            assert process.stdout is not None
-            process.stdout.close()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with started_cluster(tmp_path_factory, {}, [{}, {}]) as cluster:
+    with started_cluster(tmp_path_factory.mktemp("cluster"), {}, [{}, {}]) as cluster:
         yield cluster
 
 
 @contextlib.contextmanager
-def started_cluster(
-    tmp_path_factory: pytest.TempPathFactory, head: dict[str, Any], workers: list[dict[str, Any]]
-) -> Iterator[LocalCluster]:
-    """A local cluster of a head and ``workers`` (each its ``add_node`` arguments over one CPU), shut down after."""
+def started_cluster(root: Path, head: dict[str, Any], workers: list[dict[str, Any]]) -> Iterator[LocalCluster]:
+    """A local cluster of a head and ``workers`` (each its ``add_node`` arguments over one CPU; ``env_vars`` are its
+    Ray processes' and so its agent's and node server's), shut down when the block ends, whatever happened."""
     from ray.cluster_utils import Cluster
 
-    root = tmp_path_factory.mktemp("cluster")
     make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **head})
     try:

@@ -22,7 +22,8 @@ SLOT = "execspace_sandbox"
 
 @pytest.fixture(scope="module")
 def sized_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with started_cluster(tmp_path_factory, {}, [{"resources": {SLOT: 2}}, {"resources": {SLOT: 5}}]) as cluster:
+    workers = [{"resources": {SLOT: 2}}, {"resources": {SLOT: 5}}]
+    with started_cluster(tmp_path_factory.mktemp("cluster"), {}, workers) as cluster:
         yield cluster
 
 

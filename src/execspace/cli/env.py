@@ -11,7 +11,7 @@ from typing import Any
 
 from ..environments import BUILTIN_SPECS, BuildEvent, Environment, EnvironmentSpec, EnvironmentStore, builtin_spec
 from ..environments import load_spec as load_spec_file
-from ..errors import UsageError
+from ..errors import SetupFailed, UsageError
 from .console import human_size, print_json, printable, progress
 
 __all__ = ["add_parser"]
@@ -30,6 +30,13 @@ def add_parser(sub: Any) -> None:
     build = verbs.add_parser("build", help="build a built-in environment by name, or a SPEC.toml")
     build.add_argument("target", metavar="NAME|SPEC.toml")
     build.add_argument("-v", "--verbose", action="store_true", help="stream pip's output")
+    build.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="build it on every living node of the Ray cluster at ADDRESS (as ray.init takes it: HOST:6379, auto), "
+        "into each node's own store, each node's steps streamed here; exits 1 naming the nodes that failed "
+        "(docs/cluster.md; needs the 'ray' extra)",
+    )
     verbs.add_parser("list", help="the environments built here")
     show = verbs.add_parser("show", help="one environment: where it is, its python and packages")
     show.add_argument("name", metavar="NAME")
@@ -40,6 +47,8 @@ def add_parser(sub: Any) -> None:
 
 async def command(args: argparse.Namespace) -> int:
     store = EnvironmentStore()
+    if args.verb == "build" and args.ray:
+        return _build_on_every_node(args)
     if args.verb == "build":
         started = time.monotonic()
         env = await store.build(_spec(args.target), progress=_printer(args.verbose, started))
@@ -60,6 +69,41 @@ async def command(args: argparse.Namespace) -> int:
         print_json({"removed": [str(p) for p in removed]})
     else:
         progress(f"removed: {', '.join(map(str, removed))}")
+    return 0
+
+
+def _build_on_every_node(args: argparse.Namespace) -> int:
+    """``env build --ray``: the spec built on every living node of the cluster, each node's steps shown as they
+    come; 1 when any node failed, naming each."""
+    try:
+        from ..server.cluster.nodebuild import build_on_every_node
+    except ImportError as exc:
+        raise SetupFailed(
+            "env build --ray",
+            f"building on a Ray cluster needs Ray ({exc.name} is missing)",
+            "pip install 'execspace[ray]'",
+            component="execspace env build --ray",
+        ) from None
+    spec, started = _spec(args.target), time.monotonic()
+
+    def show(node: str, line: str) -> None:
+        progress(f"[{time.monotonic() - started:6.1f}s] {node}: {line}")
+
+    results = build_on_every_node(spec, args.ray, show)
+    failed = [r for r in results if r.error]
+    if args.json:
+        print_json(
+            {"nodes": [{"node_id": r.node_id, "address": r.address, "path": r.path, "error": r.error} for r in results]}
+        )
+    for result in results:
+        if result.error:
+            progress(f"FAILED on {result.name}: {result.error}")
+        elif not args.json:
+            print(f"{spec.name:<20} built on {result.name}: {printable(result.path)}")
+    if failed:
+        progress(f"{spec.name} failed on {len(failed)} of {len(results)} nodes: {', '.join(r.name for r in failed)}")
+        return 1
+    sys.stdout.flush()
     return 0
 
 

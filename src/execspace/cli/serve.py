@@ -161,8 +161,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="TOML file with [templates.NAME] tables: environment, cpu_count, memory_mb, disk_mb, pids "
-        "(docs/server.md)",
+        help="TOML file with [templates.NAME] tables (environment, cpu_count, memory_mb, disk_mb, pids) and "
+        "[environments.NAME] specs, built the first time a create needs one (docs/server.md)",
+    )
+    p.add_argument(
+        "--build-wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a create waits for its template's environment to be built here (the first time one needs "
+        "it) before it answers 503 with Retry-After 4, naming the build, which goes on (default 10: the SDK's "
+        "three retries then end before its 60 s request timeout)",
     )
     p.add_argument(
         "--domain", help="answer host-based routing for <port>-<sandboxID>.DOMAIN (behind wildcard DNS + TLS)"
@@ -245,7 +254,16 @@ async def command(args: argparse.Namespace) -> int:
             f"more, got {args.max_sandboxes}"
         )
     try:
-        from ..server import BUILTIN_TEMPLATES, TLS, ServerOptions, ShareLimits, generate_api_key, load_config, serve
+        from ..server import (
+            BUILTIN_TEMPLATES,
+            TLS,
+            ServerOptions,
+            ShareLimits,
+            generate_api_key,
+            load_config,
+            load_environments,
+            serve,
+        )
     except ImportError as exc:
         raise SetupFailed(
             "serve",
@@ -256,6 +274,7 @@ async def command(args: argparse.Namespace) -> int:
     defaults = ShareLimits()
     keys = tuple(args.api_key) or (() if args.admin_api_key else (generate_api_key(),))
     templates = load_config(Path(args.config)) if args.config else dict(BUILTIN_TEMPLATES)
+    environments = load_environments(Path(args.config)) if args.config else {}
     options = ServerOptions(
         api_keys=keys,
         admin_keys=tuple(args.admin_api_key),
@@ -286,9 +305,12 @@ async def command(args: argparse.Namespace) -> int:
         sandbox_disk_mb=args.sandbox_disk_mb,
         sandbox_cpus=args.sandbox_cpus,
         templates=templates,
+        environments=environments,
+        build_wait=args.build_wait,
     )
 
     tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
+    _log_builds()
     if args.verbose:
         _log_to_stderr()
 
@@ -341,6 +363,18 @@ async def command(args: argparse.Namespace) -> int:
 def _log_to_stderr() -> None:
     """The server's request lines on our stderr (the ready lines go to stdout, for a shell to read)."""
     from ..server.requestlog import LOGGER
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("execspace serve: %(message)s"))
+    logger = logging.getLogger(LOGGER)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _log_builds() -> None:
+    """Each step of an environment the server builds on a create's first need, on our stderr."""
+    from ..server.builds import LOGGER
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("execspace serve: %(message)s"))

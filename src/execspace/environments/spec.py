@@ -113,6 +113,12 @@ class EnvironmentSpec:
         object.__setattr__(self, "npm", tuple(_npm_package(self.name, p) for p in self.npm))
         _check_base(self)
 
+    def __reduce__(self) -> tuple[type[EnvironmentSpec], tuple[Any, ...]]:
+        # its tables are read-only views, which pickle refuses: a spec travels to a cluster's nodes (serve's options)
+        tables = (dict(self.env), dict(self.files), dict(self.programs))
+        rest = (self.apt, self.npm, self.description, self.base, self.suite)
+        return (EnvironmentSpec, (self.name, self.python, self.requirements, *tables, *rest))
+
     @property
     def rootfs(self) -> bool:
         """Whether the tree is a Debian root filesystem of its own (``base = "rootfs"``)."""

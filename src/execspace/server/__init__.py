@@ -12,7 +12,7 @@ from .options import ENVD_VERSION, TLS, ServerOptions, generate_api_key
 from .sandboxes import Sandboxes
 from .serve import serve
 from .shares import ShareLimits
-from .templates import BUILTIN_TEMPLATES, Template, load_config
+from .templates import BUILTIN_TEMPLATES, Template, load_config, load_environments
 
 __all__ = [
     "BUILTIN_TEMPLATES",
@@ -25,5 +25,6 @@ __all__ = [
     "Template",
     "generate_api_key",
     "load_config",
+    "load_environments",
     "serve",
 ]

@@ -23,6 +23,8 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import (
     CapabilityError,
+    EnvironmentBuildFailed,
+    EnvironmentBuilding,
     EnvironmentNotFound,
     ExecspaceError,
     FreezeFailed,
@@ -34,6 +36,7 @@ from ..errors import (
 from ..models import Snapshot
 from ..protocols import SupportsFreezing
 from .bodies import CONTROL_BODY_BYTES, BadBody, BodyTooLarge, json_object
+from .builds import RETRY_AFTER as BUILD_RETRY_AFTER
 from .controlbodies import (
     BadRequest,
     ConnectBody,
@@ -176,6 +179,10 @@ class ControlPlane:
             except SandboxesFull as exc:
                 return error_response(429, str(exc), {"Retry-After": "1"})
             except EnvironmentNotFound as exc:  # a template's environment, not built here: retrying will not help
+                return error_response(500, str(exc))
+            except EnvironmentBuilding as exc:  # its first build here runs: the SDK's ServiceBusyException says so
+                return error_response(503, str(exc), {"Retry-After": str(BUILD_RETRY_AFTER)})
+            except EnvironmentBuildFailed as exc:  # the next create builds it again
                 return error_response(500, str(exc))
             except CapabilityError as exc:  # a template this backend cannot give its limits or environment
                 return error_response(501, str(exc))

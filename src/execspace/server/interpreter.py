@@ -162,14 +162,18 @@ class CodeInterpreter:
         python: Interpreter | str | None,
         find_typescript: Callable[[], str | None] | None = None,
         profile: Callable[[str], Profile] | None = None,
+        built_since: Callable[[str], Interpreter | None] | None = None,
     ) -> None:
         """``python``: what runs the Python kernels (see :func:`.serve.kernel_python`), or why nothing can;
         ``find_typescript``: finds the Node that runs TypeScript contexts (see :func:`.jscontext.typescript_node`;
         blocking, asked once, at the first TypeScript context: each candidate is a Node started to ask it), None for
         no TypeScript; ``profile``: a template's limits (a JVM is sized by them), None for none. Each sandbox's
-        engine runs its contexts, in its own session."""
+        engine runs its contexts, in its own session. ``built_since(template)``: the Python of the kernels'
+        environment when it was built after the server started (by a create of a template in it, whose sandboxes
+        have its tree bound), for that template's kernels; None where ``python`` is the environment's already."""
         self._backend = backend
         self._python = python
+        self._built_since = built_since or (lambda _template: None)
         self._find_typescript = find_typescript
         self._profile = profile or (lambda _: Profile())
         self._typescript: asyncio.Future[str | None] | None = None
@@ -400,7 +404,7 @@ class CodeInterpreter:
         from ..backends.jupyter import ProgramKernel
 
         home = posixpath.join(sandbox.workspace.path, HOME_DIR)
-        runner, python = sandbox.engine.runner, self._kernel_python()
+        runner, python = sandbox.engine.runner, self._built_since(sandbox.template) or self._kernel_python()
 
         def spec_of(cmd: str, args: Sequence[str]) -> RunProgramSpec:
             return sandbox.context_process(cmd, args, home, "execspace-py-context")

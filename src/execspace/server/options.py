@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..environments import EnvironmentSpec
 from ..errors import InvalidSpec
 from ..models import NetworkPolicy
 from .shares import ShareLimits
@@ -139,6 +140,15 @@ class ServerOptions:
     the sandbox's system python (the server logs which). It is also the environment of the built-in
     ``code-interpreter-v1`` template's commands (None: the host's system dirs), unless ``templates`` redefines it."""
 
+    environments: Mapping[str, EnvironmentSpec] = field(default_factory=dict)
+    """Specs of environments the server builds the first time a create of a template that names one needs it
+    (``[environments.NAME]`` of serve's config file), by name; the built-ins' are known without. An environment
+    without a spec must be built ahead (``execspace env build``)."""
+    build_wait: float = 10.0
+    """Seconds a create waits for its template's environment to be built here before it answers 503 with
+    ``Retry-After``, naming the build (which goes on). The official SDK retries such an answer within its request
+    timeout (60 s by default): see :data:`.builds.RETRY_AFTER` for why 10 s answers before that timeout."""
+
     def __post_init__(self) -> None:
         if not (self.api_keys or self.admin_keys) or not all((*self.api_keys, *self.admin_keys)):
             raise InvalidSpec("the server needs at least one non-empty API key")
@@ -158,6 +168,10 @@ class ServerOptions:
                 raise InvalidSpec(f"the pool size of {template} must be 0 or more, got {size}")
         if self.max_connections is not None and self.max_connections < 1:
             raise InvalidSpec(f"max_connections must be at least 1, got {self.max_connections}")
+        if any(name != spec.name for name, spec in self.environments.items()):
+            raise InvalidSpec("environments must map each environment's own name to its spec")
+        if self.build_wait < 0:
+            raise InvalidSpec(f"build_wait must be 0 or more seconds, got {self.build_wait}")
         if self.head_timeout <= 0:
             raise InvalidSpec(f"head_timeout must be positive, got {self.head_timeout}")
         if self.max_upload_bytes < 1:

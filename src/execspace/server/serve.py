@@ -34,6 +34,7 @@ from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
 from ..tracing import from_environment
 from .app import E2BApp
+from .builds import EnvironmentBuilds
 from .connections import ConnectionGuard, raise_descriptor_limit
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
@@ -93,18 +94,23 @@ async def serve(
     backend_options: BackendOptions | None = None,
     on_ready: Callable[[str, int], None] | None = None,
     tls: TLS | None = None,
+    where: str | None = None,
 ) -> None:
     """Serve until cancelled or signalled (SIGINT/SIGTERM); on the way out every sandbox is killed and removed.
 
     ``backend_options`` are the backend's (or a base of them, as ``HostOptions``); ``backend=None`` is the default
     choice, probed with them. ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this
-    is how to learn it). With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN).
+    is how to learn it). With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN). ``where`` names
+    this server in the log and errors of the environments it builds (default: the host's name).
     """
     if tls is not None:
         _check_tls(tls)
     # bound first: a port in use is one clear error before any sandbox or kernel is started
     with listen(host, port, "execspace serve") as sock:
-        await _serve_on(sock, options, backend, backend_options, on_ready, tls)
+        builds = EnvironmentBuilds(
+            options.environments, where or f"host {socket.gethostname()}", wait=options.build_wait
+        )
+        await _serve_on(sock, options, backend, backend_options, on_ready, tls, builds)
 
 
 async def _serve_on(
@@ -114,6 +120,7 @@ async def _serve_on(
     backend_options: BackendOptions | None,
     on_ready: Callable[[str, int], None] | None,
     tls: TLS | None,
+    builds: EnvironmentBuilds,
 ) -> None:
     # the sandboxes' programs, files and streams, and the connections, each hold descriptors: take what may be had
     descriptors = raise_descriptor_limit()
@@ -124,7 +131,7 @@ async def _serve_on(
     if own_tracer is not None:
         opts = replace(opts, tracer=own_tracer)
     try:
-        await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors)
+        await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds)
     finally:
         if own_tracer is not None:
             await asyncio.to_thread(own_tracer.close)
@@ -138,9 +145,11 @@ async def _serve_engines(
     on_ready: Callable[[str, int], None] | None,
     tls: TLS | None,
     descriptors: int,
+    builds: EnvironmentBuilds,
 ) -> None:
     if isinstance(opts, SandboxOptions):
         opts = _with_machine(opts, options.machine)
+    built_at_start = _is_built(options.kernel_environment)
     python = kernel_python(options.kernel_environment) if isinstance(opts, SandboxOptions) else None
     if isinstance(opts, SandboxOptions | LocalOptions) and opts.output_rate is None:
         opts = replace(opts, output_rate=options.share.output_rate)  # each sandbox's share of the host's reading
@@ -158,7 +167,7 @@ async def _serve_engines(
             )
         else:
             opts = replace(opts, read_views=(*opts.read_views, *python.views))
-    async with TemplateEngines(options, name, opts) as engines:
+    async with TemplateEngines(options, name, opts, builds) as engines:
         engines.warn_unbuilt()
         engine = await engines.get("base")
         found = getattr(engine.manager, "root", None)  # kernels and the ledger live on the same workspace root
@@ -167,7 +176,8 @@ async def _serve_engines(
         if left := await sandboxes.remove_abandoned():
             _log.warning("removed %d sandboxes left on %s by an execspace serve that died", left, root)
         find_typescript = functools.partial(_typescript_node, python) if isinstance(opts, SandboxOptions) else None
-        interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile)
+        late = None if built_at_start or python is None else _built_since(options)
+        interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile, late)
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
@@ -298,6 +308,41 @@ def _built(name: str) -> Environment | None:
         return None
 
 
+def _is_built(name: str | None) -> bool:
+    if name is None:
+        return False
+    try:
+        EnvironmentStore().get(name)
+    except EnvironmentNotFound:
+        return False
+    return True
+
+
+def _built_since(options: ServerOptions) -> Callable[[str], Interpreter | None]:
+    """The Python of the kernels' environment once it is built (by the first create of a template in it: see
+    :mod:`.builds`), for the kernels of the templates in it, whose sandboxes have its tree bound; None before, and
+    for the other templates (their sandboxes keep the kernels' Python of the server's start)."""
+    found: dict[str, Interpreter] = {}
+
+    def python_of(template: str) -> Interpreter | None:
+        from ..backends.jupyter import Interpreter, environment_interpreter
+
+        name = options.kernel_environment
+        if name is None or options.profile(template).environment != name:
+            return None
+        if name not in found:
+            try:
+                python = environment_interpreter(EnvironmentStore().get(name))
+            except EnvironmentNotFound:
+                return None
+            if not isinstance(python, Interpreter):
+                return None
+            found[name] = python
+        return found[name]
+
+    return python_of
+
+
 def _typescript_node(python: Interpreter | str | None) -> str | None:
     """The Node of TypeScript contexts: the kernels' environment's, or one beside this server's packages, or the
     host's (see :func:`.jscontext.typescript_node`)."""
@@ -337,14 +382,18 @@ class TemplateEngines:
     """One engine per template profile (:class:`~.templates.Profile`: environment and limits), opened when a
     template first needs it and closed with the server; templates with the same profile share theirs.
 
-    A profile that cannot be served fails the creates of its templates, not the server: an environment not built
-    here (``EnvironmentNotFound`` naming ``execspace env build``; a later create opens it once it is built), a
-    limit this backend cannot enforce (``CapabilityError``)."""
+    A profile's environment not built here is built by the first create that needs it (:mod:`.builds`). A profile
+    that cannot be served fails the creates of its templates, not the server: an environment not built here of
+    which no spec is known (``EnvironmentNotFound`` naming ``execspace env build``; a later create opens it once it
+    is built), one whose build failed or still runs, a limit this backend cannot enforce (``CapabilityError``)."""
 
-    def __init__(self, options: ServerOptions, backend: str, opts: BackendOptions) -> None:
+    def __init__(
+        self, options: ServerOptions, backend: str, opts: BackendOptions, builds: EnvironmentBuilds | None = None
+    ) -> None:
         self._options = options
         self._backend = backend
         self._opts = opts
+        self._builds = builds or EnvironmentBuilds(options.environments, "this host", wait=options.build_wait)
         self._engines: dict[Profile, asyncio.Future[Engine]] = {}
         self._stack = contextlib.AsyncExitStack()
 
@@ -352,24 +401,43 @@ class TemplateEngines:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._builds.close()
         await self._stack.aclose()
 
     def warn_unbuilt(self) -> None:
-        """Log each template whose environment is not built here (its creates fail until it is)."""
+        """Log each template whose environment is not built here: built by its first create, or (no spec known)
+        its creates fail until it is."""
         store = EnvironmentStore()
         for template in self._options.templates.values():
             if template.environment is not None:
                 try:
                     store.get(template.environment)
                 except EnvironmentNotFound as exc:
-                    _log.warning("template %s cannot be created until its environment is built: %s", template.name, exc)
+                    if self._builds.spec(template.environment) is not None:
+                        _log.warning(
+                            "template %s: its environment %s is not built here; the first create of it builds it "
+                            "(or build it ahead: execspace env build %s)",
+                            template.name,
+                            template.environment,
+                            template.environment,
+                        )
+                    else:
+                        _log.warning(
+                            "template %s cannot be created until its environment is built: %s", template.name, exc
+                        )
 
     async def get(self, template: str) -> Engine:
-        """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s)."""
+        """The engine of ``template``'s sandboxes (a snapshot's: ``base``'s), its environment built here first if
+        it is not (see :mod:`.builds`)."""
         profile = self._options.profile(template)
         found = self._engines.get(profile)
         if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
-            found = self._engines[profile] = asyncio.ensure_future(self._open(profile))
+            # only before its engine opens: an open engine's creates never look at the store again
+            if profile.environment is not None and isinstance(self._opts, SandboxOptions):
+                await self._builds.ready(profile.environment)
+            found = self._engines.get(profile)  # another create may have opened it meanwhile
+            if found is None or (found.done() and (found.cancelled() or found.exception() is not None)):
+                found = self._engines[profile] = asyncio.ensure_future(self._open(profile))
         return await asyncio.shield(found)
 
     async def _open(self, profile: Profile) -> Engine:

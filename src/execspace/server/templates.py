@@ -2,17 +2,22 @@
 kernels run in and the limits of the whole sandbox.
 
 ``base`` runs on the host's system directories (as E2B's base image is a plain system with its own Python);
-``code-interpreter-v1`` in the ``code-interpreter`` environment (E2B's data stack), which must be built here (a
-create answers 500 naming ``execspace env build code-interpreter`` until it is; a 503 would make the SDK retry).
-More come from serve's config file:
+``code-interpreter-v1`` in the ``code-interpreter`` environment (E2B's data stack), which the server builds the
+first time a create needs it (:mod:`.builds`). More come from serve's config file:
 
 .. code-block:: toml
 
     [templates.small]
-    environment = "data"     # a built runtime environment (docs/environments.md); left out: the host's dirs
+    environment = "data"     # a runtime environment (docs/environments.md); left out: the host's dirs
     cpu_count = 0.5          # CPUs of bandwidth (a cgroup CPU quota; fractions allowed)
     memory_mb = 512          # memory of the whole sandbox (a cgroup)
     pids = 64                # processes and threads at once
+
+    [environments.data]      # its spec (as a SPEC.toml's, but requirements_file): built on first use
+    requirements = ["pandas==2.2.3"]
+
+An environment a template names that has no spec here (nor is a built-in) must be built ahead
+(``execspace env build SPEC.toml``): its creates answer 500 naming that until it is.
 
 A limit a template leaves out is the server's (``--sandbox-cpus``, ``--sandbox-memory-mb``, ``--sandbox-pids``).
 Templates with the same environment and limits share one engine (:class:`Profile`).
@@ -26,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import tomlconfig
+from ..environments import EnvironmentSpec
 from ..errors import InvalidSpec
 
-__all__ = ["BUILTIN_TEMPLATES", "Profile", "Template", "load_config"]
+__all__ = ["BUILTIN_TEMPLATES", "Profile", "Template", "load_config", "load_environments"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
@@ -95,9 +101,11 @@ BUILTIN_TEMPLATES = {
 
 @dataclass(frozen=True, slots=True)
 class _ConfigFile:
-    """What serve's config file holds: ``[templates.NAME]`` tables, each a :class:`Template` but its name."""
+    """What serve's config file holds: ``[templates.NAME]`` tables, each a :class:`Template` but its name, and
+    ``[environments.NAME]`` tables, each an :class:`~execspace.environments.EnvironmentSpec` but its name."""
 
     templates: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    environments: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 def load_config(path: Path) -> dict[str, Template]:
@@ -113,3 +121,18 @@ def load_config(path: Path) -> dict[str, Template]:
     for name, table in config.templates.items():
         templates[name] = tomlconfig.from_table(Template, table, source, at=f"templates.{name}", fixed={"name": name})
     return templates
+
+
+def load_environments(path: Path) -> dict[str, EnvironmentSpec]:
+    """The environment specs of serve's config file (``[environments.NAME]`` tables), which it builds the first
+    time a create needs one.
+
+    Raises:
+        InvalidSpec: the file cannot be read, is not TOML, or a spec has a key or value environments do not take.
+    """
+    source = f"the serve config {path}"
+    config = tomlconfig.load(_ConfigFile, path, source)
+    return {
+        name: tomlconfig.from_table(EnvironmentSpec, table, source, at=f"environments.{name}", fixed={"name": name})
+        for name, table in config.environments.items()
+    }

@@ -63,7 +63,7 @@ class NodeAgent:
         )
         self._child = child
         assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(encode_node_server(node_server(config, host, self._key, raylet)))
+        child.stdin.write(encode_node_server(node_server(config, host, self._key, raylet, self._node_id)))
         await child.stdin.drain()
         line = await asyncio.wait_for(child.stdout.readline(), _START_TIMEOUT)
         word, _, address = line.decode().strip().partition(" ")

@@ -171,6 +171,9 @@ class FrontDoor:
                 continue
             if answer.status_code == 201 and isinstance(sandbox_id := answer.json().get("sandboxID"), str):
                 self._nodes.add(node_id, sandbox_id)
+            else:  # nothing made there (a 503 while its template's environment builds): its retry finds it again
+                self._nodes.release(node_id)
+                _log_refusal(node_id, answer)
             return _answer(answer, node_id)
         if failed is not None:
             return error_response(503, str(failed), {"Retry-After": "1"})
@@ -307,6 +310,19 @@ async def _body(request: Request) -> bytes | Response:
         if len(data) > CONTROL_BODY_BYTES:
             return error_response(413, f"the request body is larger than {CONTROL_BODY_BYTES} bytes")
     return data
+
+
+def _log_refusal(node_id: str, answer: NodeAnswer) -> None:
+    """A node's server's failure to create, in this front door's log: Ray forwards the nodes' own logs (an
+    environment's build, step by step) only to the front door whose agent started them, so every other one says
+    here what its creates were answered (the build's step, or its failure and its log on the node)."""
+    if answer.status_code < 500:
+        return
+    try:
+        message = answer.json().get("message", "")
+    except (ValueError, AttributeError):
+        message = answer.content[:500].decode(errors="replace")
+    _log.warning("a create on node %s: %d %s", node_id, answer.status_code, message)
 
 
 def _answer(answer: NodeAnswer, node_id: str) -> Response:

@@ -76,13 +76,22 @@ class NodeServer:
     host: str
     raylet: int | None
     """The pid of the node's raylet, whose death the server does not outlive (None: not known here)."""
+    node_id: str = ""
+    """The node's Ray id (hex), which names it in the server's log and errors."""
+
+    @property
+    def where(self) -> str:
+        """How the server's log and errors name its node: its Ray id and address."""
+        return f"node {self.node_id} ({self.host})"
 
 
-def node_server(config: AgentConfig, host: str, agent_key: str, raylet: int | None) -> NodeServer:
+def node_server(config: AgentConfig, host: str, agent_key: str, raylet: int | None, node_id: str) -> NodeServer:
     """The node's server: the front door's options, plus the agent's own admin key (its reports list every team's
     sandboxes), on the machine's cluster workspace root."""
     options = replace(config.options, admin_keys=(*config.options.admin_keys, agent_key))
-    return NodeServer(options, config.backend, _node_root(config.backend, config.backend_options), host, raylet)
+    return NodeServer(
+        options, config.backend, _node_root(config.backend, config.backend_options), host, raylet, node_id
+    )
 
 
 def _node_root(backend: str, given: BackendOptions | None) -> BackendOptions | None:

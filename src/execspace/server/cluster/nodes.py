@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from typing import Any
@@ -41,18 +42,23 @@ def agent_name(node_id: str) -> str:
     return f"execspace-agent-{node_id}"
 
 
-def connect(address: str) -> None:
-    """Join the Ray cluster at ``address`` as a driver (what ``ray.init(address=...)`` takes)."""
+def connect(address: str, component: str = "execspace serve --ray") -> None:
+    """Join the Ray cluster at ``address`` as a driver (what ``ray.init(address=...)`` takes); ``component`` names
+    the command in its errors."""
+    # Ray folds log lines of several workers that differ only in numbers and ids into one "[repeated Nx across
+    # cluster]": the nodes' lines that say the same of different nodes (an environment's build on each) must all
+    # reach the operator. Read when Ray is first imported; an operator's own setting wins.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         import ray
     except ImportError:
         raise SetupFailed(
             "serve",
-            "serve --ray needs Ray, which is not installed",
+            f"{component} needs Ray, which is not installed",
             "pip install 'execspace[ray]'",
-            component="execspace serve --ray",
+            component=component,
         ) from None
-    _reachable(address)
+    _reachable(address, component)
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -60,11 +66,11 @@ def connect(address: str) -> None:
             "serve",
             f"cannot join the Ray cluster at {address}: {exc}",
             "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
-            component="execspace serve --ray",
+            component=component,
         ) from None
 
 
-def _reachable(address: str) -> None:
+def _reachable(address: str, component: str) -> None:
     """Fail at once, naming the address, where nothing listens at a ``HOST:PORT`` GCS address (``ray.init`` would
     retry it for minutes)."""
     host, _, port = address.rpartition(":")
@@ -77,7 +83,7 @@ def _reachable(address: str) -> None:
             "serve",
             f"cannot join the Ray cluster at {address}: {exc}",
             "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
-            component="execspace serve --ray",
+            component=component,
         ) from None
 
 
@@ -258,6 +264,11 @@ class Nodes:
             return None
         self._free[best] = free[best] - 1
         return best
+
+    def release(self, node_id: str) -> None:
+        """A create :meth:`choose` counted on ``node_id`` made nothing there: its slot is free again."""
+        if node_id in self._free:
+            self._free[node_id] += 1
 
     def full(self, node_id: str) -> None:
         """A node's server refused a create: no slot there until its next count."""

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 
+from ..builds import LOGGER as BUILDS_LOGGER
 from ..serve import serve
 from .nodeconfig import read_node_server
 
@@ -44,7 +45,8 @@ def _end_with_raylet(pid: int) -> None:
 def main() -> None:
     config = read_node_server(sys.stdin.buffer)
     # the agent's stderr is its Ray worker's, which Ray forwards to the front doors' logs
-    logging.basicConfig(format=f"execspace serve (node {config.host}): %(message)s", level=logging.WARNING)
+    logging.basicConfig(format=f"execspace serve ({config.where}): %(message)s", level=logging.WARNING)
+    logging.getLogger(BUILDS_LOGGER).setLevel(logging.INFO)  # each step of an environment's build on this node
     threading.Thread(target=_end_with_stdin, name="agent-watch", daemon=True).start()
     if config.raylet is not None:
         threading.Thread(target=_end_with_raylet, args=(config.raylet,), name="raylet-watch", daemon=True).start()
@@ -60,6 +62,7 @@ def main() -> None:
             backend=config.backend,
             backend_options=config.backend_options,
             on_ready=ready,
+            where=config.where,
         )
     )
 
