@@ -62,12 +62,7 @@ def connect(address: str, component: str = "execspace serve --ray") -> None:
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise SetupFailed(
-            "serve",
-            f"cannot join the Ray cluster at {address}: {exc}",
-            "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
-            component=component,
-        ) from None
+        raise _cannot_join(address, exc, component) from None
 
 
 def _reachable(address: str, component: str) -> None:
@@ -79,12 +74,16 @@ def _reachable(address: str, component: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=_JOIN_TIMEOUT).close()
     except OSError as exc:
-        raise SetupFailed(
-            "serve",
-            f"cannot join the Ray cluster at {address}: {exc}",
-            "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
-            component=component,
-        ) from None
+        raise _cannot_join(address, exc, component) from None
+
+
+def _cannot_join(address: str, why: Exception, component: str) -> SetupFailed:
+    return SetupFailed(
+        "serve",
+        f"cannot join the Ray cluster at {address}: {why}",
+        "give --ray the address `ray start --head` printed (HOST:6379), or `auto` on a node of the cluster",
+        component=component,
+    )
 
 
 class Nodes:
