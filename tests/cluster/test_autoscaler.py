@@ -100,13 +100,16 @@ def autoscaling_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
         "gcs_server_port": port,
         "env_vars": {"RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID},
     }
+    # other fixtures' processes (a session's private dockerd, servers) are this process's children too: never ours
+    before = _descendants(os.getpid())
     # the monitor (a child of the head) reads these; the nodes it starts are its children
     with _environment(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1"):
         cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         yield LocalCluster(cluster, root)
     finally:
-        started = _descendants(os.getpid())  # the nodes the autoscaler started outlive its monitor: ended by pid
+        # the nodes the autoscaler started outlive its monitor: ended by pid, those this cluster's start made only
+        started = {p: t for p, t in _descendants(os.getpid()).items() if before.get(p) != t}
         cluster.shutdown()
         for pid, since in started.items():
             if _started_at(pid) == since:
