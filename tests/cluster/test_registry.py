@@ -34,6 +34,14 @@ def test_a_sandbox_just_added_outlives_a_report_taken_before_it(monkeypatch: pyt
     assert reg.where("new") is None
 
 
+def test_a_front_doors_batch_is_applied_in_its_order() -> None:
+    reg = Registry()
+    reg.apply([("add", "a", "s1"), ("add", "b", "s2"), ("snapshot", "a", "snap"), ("forget", "", "s1")])
+    assert (reg.where("s1"), reg.where("s2"), reg.where("snap")) == (None, "b", "a")
+    reg.apply([("forget", "", "s2"), ("add", "a", "s2")])  # an id the batch names twice ends as its last change
+    assert reg.where("s2") == "a"
+
+
 def test_a_dropped_node_takes_its_sandboxes_and_snapshots() -> None:
     reg = Registry()
     reg.report("a", 4, ["s1"])
