@@ -58,6 +58,7 @@ __all__ = [
     "BwrapConfig",
     "ProgramBind",
     "build_argv",
+    "data_fd",
     "hidden_by_default",
     "is_machine_uid",
     "is_sandbox_uid",
@@ -834,3 +835,15 @@ def policy_mounts(
     for dest in p.remount:
         args += ["--remount-ro", dest]
     return args
+
+
+def data_fd(data: bytes, name: str = "execspace-bwrap-data") -> int:
+    """An fd bwrap reads ``data`` from (``--ro-bind-data``), positioned at its start."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

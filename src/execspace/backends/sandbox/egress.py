@@ -24,6 +24,7 @@ from pathlib import Path
 from ...models import NetworkApprover, NetworkPolicy, RunResult
 from ...process.egress import AUDIT_FILE, RunAudit, proxy_env, receive_listener, without_secrets
 from ...process.egressinject import Injections, make_ca
+from .bwrap import data_fd
 
 __all__ = [
     "AUDIT_FILE",
@@ -165,7 +166,7 @@ def _trust_files(ca_pem: bytes, system_root: str | None, overlay: bool) -> list[
 
     files: list[tuple[int, str]] = []
     try:
-        files.append((_memfd(trust_bundle(ca_pem, system_root)), CA_BUNDLE_PATH))
+        files.append((data_fd(trust_bundle(ca_pem, system_root), "execspace-egress-trust"), CA_BUNDLE_PATH))
         for path in TRUST_STORES if overlay else ():
             host_path = f"{system_root or ''}{path}"
             try:
@@ -174,20 +175,9 @@ def _trust_files(ca_pem: bytes, system_root: str | None, overlay: bool) -> list[
                 roots = Path(host_path).read_bytes()
             except OSError:
                 continue
-            files.append((_memfd(roots.rstrip(b"\n") + b"\n" + ca_pem), path))
+            files.append((data_fd(roots.rstrip(b"\n") + b"\n" + ca_pem, "execspace-egress-trust"), path))
     except BaseException:
         for fd, _ in files:
             os.close(fd)
         raise
     return files
-
-
-def _memfd(data: bytes) -> int:
-    fd = os.memfd_create("execspace-egress-trust", os.MFD_CLOEXEC)
-    try:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd

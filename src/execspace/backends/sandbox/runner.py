@@ -43,6 +43,7 @@ from .bwrap import (
     BwrapConfig,
     ProgramBind,
     build_argv,
+    data_fd,
     hidden_by_default,
     open_program_bind,
     policy_mounts,
@@ -428,7 +429,7 @@ class Sandbox:
             data_fds.append(seccomp_fd)
             files = []
             for path, data in self.system_files:
-                files.append((_data_fd(data), path))
+                files.append((data_fd(data, "execspace-system-file"), path))
                 data_fds.append(files[-1][0])
             tmp_size, shm_size = tmpfs_sizes(prep.spec.limits.memory_bytes, self.disk_bound)
             machine: list[str] | None = None
@@ -720,18 +721,6 @@ def _join_then_drop(join: Callable[[], None], limits: Callable[[], None] | None,
         os.setuid(uid)
 
     return apply
-
-
-def _data_fd(data: bytes) -> int:
-    """An fd bwrap reads ``data`` from (``--ro-bind-data``), positioned at its start."""
-    fd = os.memfd_create("execspace-system-file", os.MFD_CLOEXEC)
-    try:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def visible(path: str | None) -> str | None:
