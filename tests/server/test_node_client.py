@@ -135,3 +135,17 @@ async def test_a_server_that_never_answers_is_a_timeout_and_one_that_breaks_off_
     async with _server(half) as (url, _):
         with pytest.raises(httpx.TransportError):
             await NodeClient(5, 5).request("GET", f"{url}/", headers=[], content=b"")
+
+
+async def test_a_target_or_header_that_would_end_its_line_is_refused_before_anything_is_sent() -> None:
+    client = NodeClient(5, 5)
+    async with _server(_echo_path) as (url, connections):
+        try:
+            for target, headers in (("/a\r\nx-injected: 1", []), ("/a b", []), ("/a", [("x-api-key", "k\r\nx: 1")])):
+                with pytest.raises(httpx.LocalProtocolError):
+                    await client.request("GET", url + target, headers=headers, content=b"")
+            assert connections == []
+            answer = await client.request("GET", f"{url}/%0d%0a", headers=[], content=b"")  # encoded: sent as is
+            assert answer.json()["target"] == "/%0d%0a"
+        finally:
+            await client.aclose()

@@ -54,8 +54,6 @@ from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, Sandbox
 
 __all__ = ["FORK_HEADER", "ControlPlane", "error_response"]
 
-#: E2B reports which client (team) made a sandbox; there is one here.
-CLIENT_ID = "execspace"
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _MAX_LIST_LIMIT = 1000
 #: The header of ``GET /snapshots`` answers saying how this server forks (``cow`` or ``copy``).
@@ -456,7 +454,7 @@ class ControlPlane:
             "templateID": sandbox.template,
             "sandboxID": sandbox.id,
             "alias": sandbox.template,
-            "clientID": CLIENT_ID,
+            "clientID": self.options.client_id,
             "envdVersion": ENVD_VERSION,
             "envdAccessToken": sandbox.access_token,
             "trafficAccessToken": sandbox.traffic_token,
@@ -469,7 +467,7 @@ class ControlPlane:
             "templateID": sandbox.template,
             "sandboxID": sandbox.id,
             "alias": sandbox.template,
-            "clientID": CLIENT_ID,
+            "clientID": self.options.client_id,
             "startedAt": _iso(sandbox.started_at),
             "endAt": _iso(sandbox.end_at),
             "envdVersion": ENVD_VERSION,

@@ -62,6 +62,9 @@ class ServerOptions:
     a team: the sandboxes and snapshots it makes are its own, and another key finds none of them (404)."""
     admin_keys: tuple[str, ...] = ()
     """Keys that see and act on every team's sandboxes and snapshots (an operator's)."""
+    client_id: str = "execspace"
+    """What the control plane reports as each sandbox's ``clientID`` (a cluster's node server: its Ray node id, so
+    that the front door passes its answers on unchanged)."""
     max_sandboxes: int = 100
     """Live sandboxes at once; a create beyond answers 429 with ``Retry-After``."""
     pool_sizes: tuple[tuple[str, int], ...] = (("base", 2),)

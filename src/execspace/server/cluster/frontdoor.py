@@ -1,8 +1,8 @@
 """The front door: E2B's API on one port, every sandbox operation sent to the node agent that holds the sandbox.
 
 See docs/cluster.md. The control plane is answered by the nodes' own servers (the caller's ``X-API-KEY`` passed on:
-teams stay theirs to enforce), each answer's ``clientID`` made the node's Ray id; data-plane traffic is proxied as
-it streams (:mod:`.proxy`).
+teams stay theirs to enforce), each of which reports its Ray node id as ``clientID``; data-plane traffic is proxied
+as it streams (:mod:`.proxy`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = ["FrontDoor", "serve_cluster"]
 _log = logging.getLogger("execspace.server.cluster")
 
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 #: Seconds a node's server has to accept a connection before the request is answered 503.
 _CONNECT_TIMEOUT = 5.0
@@ -63,11 +64,10 @@ class FrontDoor:
         self._control_client = control
         self._keys = [k.encode() for k in (*options.api_keys, *options.admin_keys)]
         guard = self._authenticated
+        self._guarded_create = guard(self._create)
         self._control = Router(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
-                Route("/sandboxes", guard(self._create), methods=["POST"]),
-                Route("/v2/sandboxes", guard(self._create), methods=["POST"]),
                 Route("/sandboxes", guard(self._list), methods=["GET"]),
                 Route("/v2/sandboxes", guard(self._list), methods=["GET"]),
                 Route("/snapshots", guard(self._list_snapshots), methods=["GET"]),
@@ -93,7 +93,10 @@ class FrontDoor:
             await error_response(400, message)(scope, receive, send)
             return
         if target is None:
-            await self._control(scope, receive, send)
+            if scope["method"] == "POST" and scope["path"] in _CREATE_PATHS:  # the hot call skips the router
+                await (await self._guarded_create(Request(scope, receive)))(scope, receive, send)
+            else:
+                await self._control(scope, receive, send)
             return
         try:
             node_id = await self._nodes.locate(target.sandbox_id)
@@ -174,7 +177,7 @@ class FrontDoor:
             else:  # nothing made there (a 503 while its template's environment builds): its retry finds it again
                 self._nodes.release(node_id)
                 _log_refusal(node_id, answer)
-            return _answer(answer, node_id)
+            return _answer(answer)
         if failed is not None:
             return error_response(503, str(failed), {"Retry-After": "1"})
         if only is None:  # more nodes help a create that may go anywhere (Ray's autoscaler, where one runs)
@@ -190,11 +193,11 @@ class FrontDoor:
         ``nextToken`` the single-host server's cursor, which every node reads the same way."""
         found: list[dict[str, Any]] = []
         more = False
-        for node_id, answer in await self._every_node(request):
+        for _, answer in await self._every_node(request):
             if answer.status_code != 200:
-                return _answer(answer, node_id)  # a query the nodes refuse (400), as one host answers it
+                return _answer(answer)  # a query the nodes refuse (400), as one host answers it
             more = more or "x-next-token" in answer.headers
-            found += [{**s, "clientID": node_id} for s in answer.json()]
+            found += answer.json()
         found.sort(key=_started, reverse=request.query_params.get("order", "desc") == "desc")
         headers = {}
         limit = int(request.query_params.get("limit") or _LIST_LIMIT)  # the nodes checked it
@@ -206,9 +209,9 @@ class FrontDoor:
     async def _list_snapshots(self, request: Request) -> Response:
         found: list[Any] = []
         headers: dict[str, str] = {}
-        for node_id, answer in await self._every_node(request):
+        for _, answer in await self._every_node(request):
             if answer.status_code != 200:
-                return _answer(answer, node_id)
+                return _answer(answer)
             # a snapshot store a machine's nodes share lists the same snapshot on each of them: once is enough
             found += [s for s in answer.json() if s not in found]
             headers.update((k, v) for k, v in answer.headers.items() if k.startswith("x-execspace"))
@@ -245,7 +248,7 @@ class FrontDoor:
                 return error_response(404, f"sandbox {object_id!r} not found")
             raise
         self._follow(request, object_id, node_id, answer)
-        return _answer(answer, node_id)
+        return _answer(answer)
 
     def _follow(self, request: Request, object_id: str, node_id: str, answer: NodeAnswer) -> None:
         """Keep the map as a node's answer changed it: a kill, a fork, a snapshot."""
@@ -272,7 +275,7 @@ class FrontDoor:
         body = await _body(request)
         if isinstance(body, Response):
             return body
-        return _answer(await self._call(nodes[0], request, body), nodes[0])
+        return _answer(await self._call(nodes[0], request, body))
 
     async def _gone(self, node_id: str, error: httpx.TransportError) -> bool:
         """Whether a node whose connection failed is gone: its server refuses a new connection (nothing serves its
@@ -293,13 +296,11 @@ class FrontDoor:
     async def _call(self, node_id: str, request: Request, body: bytes) -> NodeAnswer:
         endpoint = await self._nodes.agent(node_id)
         headers = [(k, v) for k, v in request.headers.items() if k in ("x-api-key", "content-type", "user-agent")]
-        query = f"?{request.url.query}" if request.url.query else ""
-        return await self._control_client.request(
-            request.method,
-            endpoint.url + request.url.path + query,
-            content=body,
-            headers=headers,
-        )
+        # the target as the client sent it (its path percent-encoded still): what the node's server parses alike
+        target = (request.scope.get("raw_path") or request.scope["path"].encode()).decode("latin-1")
+        if query := request.scope.get("query_string"):
+            target += "?" + query.decode("latin-1")
+        return await self._control_client.request(request.method, endpoint.url + target, content=body, headers=headers)
 
 
 async def _body(request: Request) -> bytes | Response:
@@ -325,20 +326,13 @@ def _log_refusal(node_id: str, answer: NodeAnswer) -> None:
     _log.warning("a create on node %s: %d %s", node_id, answer.status_code, message)
 
 
-def _answer(answer: NodeAnswer, node_id: str) -> Response:
-    """A node's answer, as the front door's: its ``clientID`` fields the node's Ray id."""
+def _answer(answer: NodeAnswer) -> Response:
+    """A node's answer, as the front door's (its server reports its Ray node id as ``clientID`` itself)."""
     headers = {
         k: v for k, v in answer.headers.items() if k in ("retry-after", "x-next-token") or k.startswith("x-execspace")
     }
-    kind = answer.headers.get("content-type", "")
-    if not kind.startswith("application/json"):
-        return Response(answer.content, status_code=answer.status_code, headers=headers, media_type=kind or None)
-    data = answer.json()
-    if isinstance(data, dict) and "clientID" in data:
-        data["clientID"] = node_id
-    elif isinstance(data, list):
-        data = [{**d, "clientID": node_id} if isinstance(d, dict) and "clientID" in d else d for d in data]
-    return JSONResponse(data, status_code=answer.status_code, headers=headers)
+    kind = answer.headers.get("content-type") or None
+    return Response(answer.content, status_code=answer.status_code, headers=headers, media_type=kind)
 
 
 def _started(sandbox: dict[str, Any]) -> tuple[datetime, str]:

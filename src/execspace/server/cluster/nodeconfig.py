@@ -88,7 +88,7 @@ class NodeServer:
 def node_server(config: AgentConfig, host: str, agent_key: str, raylet: int | None, node_id: str) -> NodeServer:
     """The node's server: the front door's options, plus the agent's own admin key (its reports list every team's
     sandboxes), on the machine's cluster workspace root."""
-    options = replace(config.options, admin_keys=(*config.options.admin_keys, agent_key))
+    options = replace(config.options, admin_keys=(*config.options.admin_keys, agent_key), client_id=node_id)
     return NodeServer(
         options, config.backend, _node_root(config.backend, config.backend_options), host, raylet, node_id
     )
