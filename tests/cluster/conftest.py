@@ -8,13 +8,14 @@ import contextlib
 import gc
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -133,15 +134,86 @@ def started_cluster(root: Path, head: dict[str, Any], workers: list[dict[str, An
     Ray processes' and so its agent's and node server's), shut down when the block ends, whatever happened."""
     from ray.cluster_utils import Cluster
 
-    make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **head})
-    try:
+    def start() -> tuple[Any, list[Any]]:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **head})
         added = [cluster.add_node(**{"num_cpus": 1, **worker}) for worker in workers]
         cluster.wait_for_nodes()
+        return cluster, added
+
+    make_traversable(root)  # as root, each sandbox's own uid must reach its workspace
+    cluster, added = ray_start(start)
+    try:
         yield LocalCluster(cluster, root, added)
     finally:
         shut_down(cluster)
         until("the node servers are gone", lambda: not node_servers(), within=30)
+
+
+T = TypeVar("T")
+
+#: Tries of a local cluster's start: a raylet whose agents take over the 15 s Ray gives them ends its node's start
+#: (a loaded machine; Ray 2.60 has no setting for it).
+_STARTS = 3
+
+
+def ray_start(start: Callable[[], T]) -> T:
+    """``start()`` of a local cluster, tried again where a node timed out during its start; whatever a failed try
+    started (a GCS, monitors, a dashboard: this process's new descendants) is ended first, never left to load the
+    machine for the next try and the tests after."""
+    for attempt in range(_STARTS):
+        before = descendants(os.getpid())
+        try:
+            return start()
+        except Exception as exc:
+            end(started_since(before))
+            if attempt == _STARTS - 1 or "timed out during startup" not in str(exc):
+                raise
+            print(f"a local Ray cluster did not start ({exc}): trying again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def started_since(before: dict[int, str]) -> dict[int, str]:
+    """The descendants of this process (pid → start time) that were not among ``before``: other fixtures'
+    processes (a session's private dockerd, servers) are its children too, and must outlive a cluster."""
+    return {pid: since for pid, since in descendants(os.getpid()).items() if before.get(pid) != since}
+
+
+def end(processes: dict[int, str]) -> None:
+    """SIGKILL ``processes`` (pid → start time) that still run (a pid taken by another process since is not)."""
+    for pid, since in processes.items():
+        if _started_at(pid) == since:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every descendant of ``pid`` now, with its start time (so that a pid reused later is not ended)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+    found: dict[int, str] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if (stat := _stat(child)) is not None:
+            found[child] = stat[1]
+            todo += children.get(child, [])
+    return found
+
+
+def _started_at(pid: int) -> str | None:
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """A process's parent and start time (``/proc/PID/stat``), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[19]
 
 
 def processes_running(marker: bytes) -> list[int]:

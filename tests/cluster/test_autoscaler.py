@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +25,19 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from .conftest import API_KEY, FrontDoor, LocalCluster, client_id, node_servers, sleepers, until
+from .conftest import (
+    API_KEY,
+    FrontDoor,
+    LocalCluster,
+    client_id,
+    descendants,
+    end,
+    node_servers,
+    ray_start,
+    sleepers,
+    started_since,
+    until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -100,21 +111,17 @@ def autoscaling_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
         "gcs_server_port": port,
         "env_vars": {"RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID},
     }
-    # other fixtures' processes (a session's private dockerd, servers) are this process's children too: never ours
-    before = _descendants(os.getpid())
+    before = descendants(os.getpid())
     # the monitor (a child of the head) reads these; the nodes it starts are its children
     with _environment(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1"):
-        cluster = Cluster(initialize_head=True, head_node_args=head)
+        cluster = ray_start(lambda: Cluster(initialize_head=True, head_node_args=head))
     try:
         yield LocalCluster(cluster, root)
     finally:
         # the nodes the autoscaler started outlive its monitor: ended by pid, those this cluster's start made only
-        started = {p: t for p, t in _descendants(os.getpid()).items() if before.get(p) != t}
+        started = started_since(before)
         cluster.shutdown()
-        for pid, since in started.items():
-            if _started_at(pid) == since:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        end(started)
         until("the node servers are gone", lambda: not node_servers(), within=30)
 
 
@@ -130,36 +137,6 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _descendants(pid: int) -> dict[int, str]:
-    """Every descendant of ``pid`` now, with its start time (so that a pid reused later is not ended)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-    found: dict[int, str] = {}
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        if (stat := _stat(child)) is not None:
-            found[child] = stat[1]
-            todo += children.get(child, [])
-    return found
-
-
-def _started_at(pid: int) -> str | None:
-    stat = _stat(pid)
-    return None if stat is None else stat[1]
-
-
-def _stat(pid: int) -> tuple[int, str] | None:
-    """A process's parent and start time (``/proc/PID/stat``), None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return int(fields[1]), fields[19]
 
 
 def _raylet_of(node_id: str) -> bool:

@@ -149,3 +149,20 @@ async def test_a_target_or_header_that_would_end_its_line_is_refused_before_anyt
             assert answer.json()["target"] == "/%0d%0a"
         finally:
             await client.aclose()
+
+
+async def test_dropping_a_server_fails_its_calls_in_flight_at_once_as_connect_errors() -> None:
+    received = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        received.set()
+        await reader.read()  # never answers: a machine that vanished closes nothing
+
+    client = NodeClient(5, 300)
+    async with _server(silent) as (url, _):
+        call = asyncio.ensure_future(client.request("GET", f"{url}/x", headers=[], content=b""))
+        await received.wait()
+        client.drop(url)
+        with pytest.raises(httpx.ConnectError):
+            await asyncio.wait_for(call, 5)

@@ -62,6 +62,7 @@ class FrontDoor:
         self._options = options
         self._client = client
         self._control_client = control
+        nodes.when_gone(lambda endpoint: control.drop(endpoint.url))  # its calls in flight end with it
         self._keys = [k.encode() for k in (*options.api_keys, *options.admin_keys)]
         guard = self._authenticated
         self._guarded_create = guard(self._create)

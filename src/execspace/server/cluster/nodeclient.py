@@ -98,6 +98,10 @@ class _Connection(asyncio.Protocol):
         self.transport.write(request)
         return self._answer
 
+    def abort(self, error: Exception) -> None:
+        """End the connection, its call failing with ``error``."""
+        self._fail(error)
+
     def _fail(self, error: Exception) -> None:
         if self._answer is not None and not self._answer.done():
             self._answer.set_exception(error)
@@ -116,6 +120,7 @@ class NodeClient:
         self._connect_timeout = connect_timeout
         self._answer_timeout = answer_timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._busy: dict[tuple[str, int], set[_Connection]] = {}
 
     async def request(self, method: str, url: str, *, headers: Iterable[tuple[str, str]], content: bytes) -> NodeAnswer:
         """``method url`` with ``content``; a call that fails raises :class:`httpx.TransportError` (a
@@ -153,6 +158,8 @@ class NodeClient:
         return connection
 
     async def _exchange(self, where: tuple[str, int], connection: _Connection, request: bytes) -> NodeAnswer:
+        busy = self._busy.setdefault(where, set())
+        busy.add(connection)
         try:
             async with asyncio.timeout(self._answer_timeout):
                 answer = await connection.call(request)
@@ -162,6 +169,8 @@ class NodeClient:
         except BaseException:  # failed or cancelled mid-call: the connection's state is unknown
             connection.close()
             raise
+        finally:
+            busy.discard(connection)
         if connection.usable():
             idle = self._idle.setdefault(where, [])
             if len(idle) < _IDLE_PER_NODE:
@@ -169,6 +178,14 @@ class NodeClient:
                 return answer
         connection.close()
         return answer
+
+    def drop(self, url: str) -> None:
+        """The server at ``url`` is gone: its calls in flight fail now (:class:`httpx.ConnectError`), however its
+        connections look (a machine that vanished closes none of them)."""
+        parts = urlsplit(url)
+        where = (parts.hostname or "", parts.port or 80)
+        for connection in [*self._idle.pop(where, []), *self._busy.pop(where, set())]:
+            connection.abort(httpx.ConnectError(f"{url} is gone"))
 
     async def aclose(self) -> None:
         for idle in self._idle.values():

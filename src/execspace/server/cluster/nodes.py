@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import SetupFailed
@@ -103,6 +104,7 @@ class Nodes:
         self._cuts: dict[str, asyncio.Event] = {}
         self._registry: Any = None
         self._changes: list[tuple[str, str, str]] = []  # for the registry, in order (:meth:`Registry.apply`)
+        self._on_gone: list[Callable[[Endpoint], None]] = []
 
     async def open(self) -> None:
         await self._refresh()
@@ -148,9 +150,16 @@ class Nodes:
             self._gone(node_id, why)
         self._lost[node_id] = time.monotonic()
 
+    def when_gone(self, callback: Callable[[Endpoint], None]) -> None:
+        """Call ``callback`` with a node's server's endpoint when the node goes."""
+        self._on_gone.append(callback)
+
     def _gone(self, node_id: str, why: str) -> None:
         _log.warning("node %s is gone (%s): its sandboxes are lost", node_id, why)
-        self._agents.pop(node_id, None)
+        started = self._agents.pop(node_id, None)
+        if started is not None and started.done() and not started.cancelled() and started.exception() is None:
+            for callback in self._on_gone:
+                callback(started.result())
         self._handles.pop(node_id, None)
         for object_id in [s for s, n in self._where.items() if n == node_id]:
             del self._where[object_id]
