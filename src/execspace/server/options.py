@@ -14,6 +14,7 @@ from pathlib import Path
 from ..environments import EnvironmentSpec
 from ..errors import InvalidSpec
 from ..models import NetworkPolicy
+from ..scrape import MetricsAccess, check_access
 from .shares import ShareLimits
 from .templates import BUILTIN_TEMPLATES, Profile, Template
 
@@ -144,6 +145,13 @@ class ServerOptions:
     """Specs of environments the server builds the first time a create of a template that names one needs it
     (``[environments.NAME]`` of serve's config file), by name; the built-ins' are known without. An environment
     without a spec must be built ahead (``execspace env build``)."""
+    metrics: MetricsAccess = "open"
+    """Who may read ``GET /metrics`` (docs/operations.md "Metrics"): ``open`` anyone who reaches the port (a
+    Prometheus scraper holds no E2B key), ``key`` a holder of one of the API keys (``X-API-KEY`` or ``Authorization:
+    Bearer``), ``off`` nobody (404; no metric is kept)."""
+    audit_log: Path | None = None
+    """A file the server appends one JSON line to per security-relevant event (docs/operations.md "Audit log");
+    None: no audit log."""
     build_wait: float = 10.0
     """Seconds a create waits for its template's environment to be built here before it answers 503 with
     ``Retry-After``, naming the build (which goes on). The official SDK retries such an answer within its request
@@ -170,6 +178,7 @@ class ServerOptions:
             raise InvalidSpec(f"max_connections must be at least 1, got {self.max_connections}")
         if any(name != spec.name for name, spec in self.environments.items()):
             raise InvalidSpec("environments must map each environment's own name to its spec")
+        check_access(self.metrics)
         if self.build_wait < 0:
             raise InvalidSpec(f"build_wait must be 0 or more seconds, got {self.build_wait}")
         if self.head_timeout <= 0:
