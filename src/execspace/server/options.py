@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import secrets
@@ -11,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..audit import key_id  # the name of a key where the server records who did something (a team, an audit line)
 from ..environments import EnvironmentSpec
 from ..errors import InvalidSpec
 from ..models import NetworkPolicy
@@ -33,12 +33,6 @@ def generate_api_key() -> str:
     """A key in the format older SDKs check (``e2b_`` + hex; e2b < 2.30 refuses others unless
     ``E2B_VALIDATE_API_KEY=false``)."""
     return "e2b_" + secrets.token_hex(20)
-
-
-def key_id(key: str) -> str:
-    """The name of an API key where the server records or reports who did something (which team owns a sandbox, a
-    snapshot): a hash that does not give the key away."""
-    return hashlib.sha256(b"execspace api key\0" + key.encode()).hexdigest()[:16]
 
 
 def _host_memory_mb() -> int:

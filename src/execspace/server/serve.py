@@ -24,6 +24,7 @@ import uvicorn
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp
 
+from ..audit import AuditLog
 from ..backend import BackendOptions
 from ..backends.local import LocalOptions
 from ..backends.sandbox import SandboxOptions, SandboxPolicy, SessionConfig
@@ -36,9 +37,10 @@ from ..registry import build_options, choose_default_backend, load_backend
 from ..scrape import MetricsEndpoint
 from ..tracing import from_environment
 from .app import DATA_PATHS, E2BApp
+from .audit import ServerAudit
 from .builds import EnvironmentBuilds
 from .connections import ConnectionGuard, raise_descriptor_limit
-from .events import Events
+from .events import Events, Listener
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
 from .ledger import Ledger
@@ -135,11 +137,33 @@ async def _serve_on(
     own_tracer = from_environment("execspace-serve") if opts.tracer is None else None
     if own_tracer is not None:
         opts = replace(opts, tracer=own_tracer)
+    audit = AuditLog(options.audit_log) if options.audit_log is not None else None
     try:
-        await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds)
+        with _reopened_on_hangup(audit):
+            await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, audit)
     finally:
+        if audit is not None:
+            audit.close()
         if own_tracer is not None:
             await asyncio.to_thread(own_tracer.close)
+
+
+@contextlib.contextmanager
+def _reopened_on_hangup(audit: AuditLog | None) -> Iterator[None]:
+    """SIGHUP reopens the audit log (a rotation renamed it) while the block runs."""
+    if audit is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, audit.reopen)
+    except (RuntimeError, ValueError):  # not the main thread: the owner reopens it (AuditLog.reopen)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _serve_engines(
@@ -151,6 +175,7 @@ async def _serve_engines(
     tls: TLS | None,
     descriptors: int,
     builds: EnvironmentBuilds,
+    audit: AuditLog | None,
 ) -> None:
     if isinstance(opts, SandboxOptions):
         opts = _with_machine(opts, options.machine)
@@ -184,7 +209,10 @@ async def _serve_engines(
         late = None if built_at_start or python is None else _built_since(options)
         interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile, late)
         metrics = _metrics(options, sandboxes, interpreter)
-        sandboxes.events = Events([metrics] if metrics is not None else [])  # before the first create
+        listeners: list[Listener] = [metrics] if metrics is not None else []
+        if audit is not None:
+            listeners.append(ServerAudit(audit))
+        sandboxes.events = Events(listeners)  # before the first create
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
