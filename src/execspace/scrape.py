@@ -27,7 +27,8 @@ METRICS_PATH = "/metrics"
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: An ASGI application (typed loosely: starlette's and the MCP SDK's spell their scopes differently).
+App = Callable[[Any, Any, Any], Awaitable[None]]
 
 
 def check_access(value: str) -> MetricsAccess:
