@@ -22,15 +22,23 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .errors import SetupFailed
 
-__all__ = ["AuditLog", "AuditSink", "AuditValue", "key_id"]
+if TYPE_CHECKING:
+    from .models import RunProgramSpec, RunResult
+
+__all__ = ["AUDIT_FIX", "AuditLog", "AuditSink", "AuditValue", "key_id", "run_ended", "run_started"]
 
 AuditValue = str | int | float | bool | None | Sequence[str]
 
 _log = logging.getLogger("execspace.audit")
+#: What to do when a backend cannot audit (its ``CapabilityError``'s hint).
+AUDIT_FIX = (
+    "Audit with the local or sandbox backend (their engines write the lines), or at the server in front of this one "
+    "(execspace serve --audit-log, execspace mcp --audit-log)"
+)
 _FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
@@ -38,6 +46,30 @@ def key_id(key: str) -> str:
     """The name of an API key (or bearer token) in an audit line: a hash that does not give the key away, the
     same for the same key on every server."""
     return hashlib.sha256(b"execspace api key\0" + key.encode()).hexdigest()[:16]
+
+
+def run_started(workspace: str, spec: RunProgramSpec) -> dict[str, AuditValue]:
+    """A ``command.start`` line's fields: the program, its arguments, user, cwd and the names of its variables."""
+    return {
+        "workspace": workspace,
+        "argv": [spec.cmd, *spec.args],
+        "user": spec.user,
+        "cwd": spec.cwd,
+        "env_names": sorted(spec.env),
+    }
+
+
+def run_ended(workspace: str, spec: RunProgramSpec, pid: int | None, result: RunResult) -> dict[str, AuditValue]:
+    """A ``command.end`` line's fields: the program, its pid (None: it never started), exit code and limits."""
+    return {
+        "workspace": workspace,
+        "argv": [spec.cmd, *spec.args],
+        "pid": pid,
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "limit_hit": result.limit_hit,
+        "duration_s": round(result.duration, 6),
+    }
 
 
 @runtime_checkable

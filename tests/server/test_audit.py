@@ -164,6 +164,7 @@ def _key(server: Server) -> dict[str, str]:
     return {"X-API-KEY": server.key}
 
 
+@pytest.mark.timeout(480)
 def test_a_sigkilled_server_leaves_whole_lines_and_every_acknowledged_action(tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     root = tmp_path / "ws"
@@ -189,7 +190,8 @@ def test_a_sigkilled_server_leaves_whole_lines_and_every_acknowledged_action(tmp
 
         with ThreadPoolExecutor(len(sandboxes)) as pool:
             clients = [pool.submit(burst, sbx, i) for i, sbx in enumerate(sandboxes)]
-            until("the burst under way", lambda: len(acknowledged) >= 40, within=60)
+            # a few actions of each client done, the others on their way (a loaded machine does one a second)
+            until("the burst under way", lambda: len(acknowledged) >= 12, within=180)
             server.process.send_signal(signal.SIGKILL)
             server.process.wait(timeout=20)
             stop.set()
@@ -202,6 +204,6 @@ def test_a_sigkilled_server_leaves_whole_lines_and_every_acknowledged_action(tmp
         for sandbox, event, token in acknowledged
         if (sandbox, event, f"echo {token}" if event == "command.end" else f"/home/user/{token}.txt") not in said
     ]
-    assert len(acknowledged) >= 40 and missing == []
+    assert len(acknowledged) >= 12 and missing == []
     with running_server(root, "--pool-size", "0"):  # removes what the killed one left
         until("the dead server's sandboxes removed", lambda: not any(root.glob("e2b_*")))
