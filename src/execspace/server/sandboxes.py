@@ -235,9 +235,7 @@ class Sandboxes:
                 f"this server already runs its maximum of {self.options.max_sandboxes} sandboxes; "
                 "retry when one ends, or start it with a larger --max-sandboxes",
             )
-        sandbox = await self._create(request)
-        self._tell("create", sandbox)
-        return sandbox
+        return await self._create(request)
 
     def _full(self, key: str, message: str) -> SandboxesFull:
         """The refusal of a sandbox there is no room for, told to the listeners."""
@@ -297,6 +295,7 @@ class Sandboxes:
             auto_resume=request.auto_resume,
         )
         self._live[sandbox_id] = sandbox
+        self._tell("create", sandbox)  # live from here: a list finds it, a kill may end it
         return sandbox
 
     async def fork(self, source: Sandbox, count: int, lifetime: int, owner: str) -> list[Sandbox]:
