@@ -28,6 +28,8 @@ GROUND = (
     "listening",
     "tracing",
     "otel",
+    "scrape",
+    "audit",
 )
 FLOORS = {
     **dict.fromkeys(GROUND, 0),

@@ -78,8 +78,9 @@ async def test_a_wrong_type_is_invalid_spec_naming_the_option(
         async with execspace.open_engine("local", **{"workspace_root": tmp_path / "ws", **keywords}):
             pass
     assert says in str(info.value)
-    assert "its options: artifacts, env_policy, host_roots, kill_grace, output_rate, tracer, workspace_root" in str(
-        info.value
+    assert (
+        "its options: artifacts, audit, env_policy, host_roots, kill_grace, output_rate, tracer, workspace_root"
+        in str(info.value)
     )
     assert not (tmp_path / "ws").exists()  # refused before anything was made
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import execspace
-from execspace import artifacts, backend, envpolicy, keywords, models, tracing
+from execspace import artifacts, audit, backend, envpolicy, keywords, models, tracing
 from execspace.backends import container, local, sandbox
 from execspace.engine import open_engine_from
 from execspace.errors import InvalidSpec
@@ -35,7 +35,7 @@ PAIRS = [
 def _keyword_hints(typed: type) -> dict[str, object]:
     # keywords.py imports the backends' types for the type checker only: resolve its names where they are defined
     names: dict[str, object] = {}
-    for module in (artifacts, envpolicy, models, tracing, sandbox, jupyter):
+    for module in (artifacts, audit, envpolicy, models, tracing, sandbox, jupyter):
         names.update(vars(module))
     return typing.get_type_hints(typed, localns=names)
 

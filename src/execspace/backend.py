@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, Self, TypeVar, Union, cast
 
 from .artifacts import ArtifactService
+from .audit import AuditSink
 from .envpolicy import EnvPolicy
 from .errors import InvalidSpec
 from .tracing import Tracer
@@ -48,9 +49,13 @@ class BackendOptions:
     Args:
         tracer: the spans of the engine's work (docs/operations.md "Traces"); None: what the ``OTEL_*`` variables
             ask for when ``open_engine`` opens it, else none.
+        audit: where a line of each workspace created and cleaned up, program started and ended, file written,
+            renamed and removed goes, before the call returns (an :class:`~execspace.audit.AuditLog`;
+            docs/operations.md "Audit log"); a backend that cannot audit refuses it (``CapabilityError``).
     """
 
     tracer: Tracer | None = None
+    audit: AuditSink | None = None
 
     def __post_init__(self) -> None:
         cls: type = type(self)  # a plain type: mypy checks type[Self] against Hashable with the instances' __hash__

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
     from .artifacts import ArtifactService
+    from .audit import AuditSink
     from .backends.jupyter import KernelMode, RichOutputLimits
     from .backends.sandbox import SandboxPolicy, SessionConfig
     from .envpolicy import EnvPolicy
@@ -39,6 +40,7 @@ class HostKeywords(TypedDict, total=False):
     artifacts: ArtifactService | None
     kill_grace: float
     tracer: Tracer | None
+    audit: AuditSink | None
 
 
 class LocalKeywords(HostKeywords, total=False):
@@ -120,3 +122,4 @@ class E2BKeywords(TypedDict, total=False):
     pool_size: int
     pool_max_age: float | None
     tracer: Tracer | None
+    audit: AuditSink | None

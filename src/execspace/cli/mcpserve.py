@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import SetupFailed
@@ -35,6 +36,20 @@ def add_parser(sub: Any) -> None:
         "stderr; a flag is visible to other users in ps, the variable is not)",
     )
     p.add_argument("--config", metavar="FILE", help="a TOML file: backend, its options, policy, limits, roots")
+    p.add_argument(
+        "--metrics",
+        choices=("open", "key", "off"),
+        default="open",
+        help="http: who may read GET /metrics (Prometheus text): open, anyone who reaches the port (default); key, "
+        "a holder of the bearer token; off, nobody (404)",
+    )
+    p.add_argument(
+        "--audit-log",
+        type=Path,
+        metavar="FILE",
+        help="append one JSON line per tool call to FILE (0600; created if missing): commands, code, file writes "
+        "and removes, workspaces, refusals; SIGHUP reopens it (rotation)",
+    )
     p.add_argument(
         "--environment",
         metavar="NAME",
@@ -67,5 +82,14 @@ async def command(args: argparse.Namespace) -> int:
             lines.append(f"  bearer token: {token}")
         print("\n".join(lines), file=sys.stderr, flush=True)
 
-    await serve(config, transport=args.transport, host=args.host, port=args.port, token=token, on_ready=ready)
+    await serve(
+        config,
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        token=token,
+        on_ready=ready,
+        metrics=args.metrics,
+        audit_log=None if args.audit_log is None else args.audit_log.resolve(),
+    )
     return 0

@@ -225,6 +225,20 @@ def add_parser(sub: Any) -> None:
         "needs the 'ray' extra (docs/cluster.md)",
     )
     p.add_argument(
+        "--metrics",
+        choices=("open", "key", "off"),
+        default="open",
+        help="who may read GET /metrics (Prometheus text): open, anyone who reaches the port (default: a scraper "
+        "holds no E2B key); key, a holder of an API key (X-API-KEY or Authorization: Bearer); off, nobody (404)",
+    )
+    p.add_argument(
+        "--audit-log",
+        type=Path,
+        metavar="FILE",
+        help="append one JSON line per security-relevant event to FILE (0600; created if missing): sandbox "
+        "creates and kills, commands, file writes and removes, refusals, egress; SIGHUP reopens it (rotation)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -248,6 +262,11 @@ def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
 async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
+    if args.ray and args.audit_log is not None:
+        raise UsageError(
+            "--audit-log with --ray: a cluster's audit would be each node's file, which is not built; audit a "
+            "single-host execspace serve"
+        )
     if args.ray and args.max_sandboxes < 0:
         raise UsageError(
             f"--max-sandboxes with --ray is the slots of a node that declares no execspace_sandbox resource: 0 or "
@@ -307,6 +326,8 @@ async def command(args: argparse.Namespace) -> int:
         templates=templates,
         environments=environments,
         build_wait=args.build_wait,
+        metrics=args.metrics,
+        audit_log=None if args.audit_log is None else args.audit_log.resolve(),
     )
 
     tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None

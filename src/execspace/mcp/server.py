@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import signal
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal, cast
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import uvicorn
 from mcp import types
@@ -23,14 +26,22 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
+from ..audit import AuditLog, key_id
 from ..engine import open_engine_from
-from ..errors import InvalidSpec
+from ..errors import InvalidSpec, SetupFailed
 from ..listening import listen
+from ..scrape import MetricsAccess, MetricsEndpoint
 from ..tracing import NO_TRACER, Tracer, from_environment
 from .config import McpConfig
+from .observe import CallListener, McpAudit
 from .toolset import McpTools
 from .tracing import tool_attributes, trace_context
 from .workspaces import Workspaces
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from .metrics import McpMetrics
 
 __all__ = ["MCP_PATH", "BearerAuth", "build_server", "generate_token", "serve"]
 
@@ -111,8 +122,13 @@ async def serve(
     port: int = 8000,
     token: str | None = None,
     on_ready: Callable[[str, int], None] | None = None,
+    metrics: MetricsAccess = "open",
+    audit_log: Path | None = None,
 ) -> None:
     """Serve until the client leaves (stdio) or until cancelled (http); then remove every workspace.
+
+    ``metrics``: who may read ``GET /metrics`` over HTTP (:mod:`execspace.scrape`; ``key``: the bearer token);
+    ``audit_log``: a file getting one JSON line per tool call (:mod:`.observe`), reopened on SIGHUP.
 
     Raises:
         InvalidSpec: ``http`` without a token.
@@ -127,19 +143,30 @@ async def serve(
         keywords["tracer"] = own_tracer
     tracer = cast("Tracer", keywords.get("tracer") or NO_TRACER)
     sock: socket.socket | None = None
+    audit: AuditLog | None = None
     try:
         sock = listen(host, port, "execspace mcp") if transport == "http" else None
+        audit = AuditLog(audit_log) if audit_log is not None else None
         async with open_engine_from(config.backend, keywords) as engine:
             workspaces = Workspaces(engine, idle_timeout=config.idle_timeout, max_workspaces=config.max_workspaces)
-            tools = McpTools(engine, config, workspaces, _artifacts(config))
+            counted = _metrics(workspaces) if transport == "http" and metrics != "off" else None
+            listeners: list[CallListener] = [counted] if counted is not None else []
+            if audit is not None:
+                listeners.append(McpAudit(audit))
+            caller = key_id(token) if transport == "http" and token else None
+            tools = McpTools(engine, config, workspaces, _artifacts(config), listeners, caller)
+            if counted is not None:
+                counted.expect([t.name for t in tools.list()])
             reaper = asyncio.create_task(workspaces.reap_forever(config.reap_interval))
             try:
                 server = build_server(tools, tracer)
-                if sock is None:
-                    await _serve_stdio(server)
-                else:
-                    assert token is not None  # checked above
-                    await _serve_http(server, sock, host, token, config.max_file_bytes, on_ready)
+                with _reopened_on_hangup(audit):
+                    if sock is None:
+                        await _serve_stdio(server)
+                    else:
+                        assert token is not None  # checked above
+                        scrape = _Scrape(counted.registry if counted is not None else None, metrics)
+                        await _serve_http(server, sock, host, token, config.max_file_bytes, on_ready, scrape)
             finally:
                 reaper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -149,8 +176,49 @@ async def serve(
     finally:
         if sock is not None:
             sock.close()
+        if audit is not None:
+            audit.close()
         if own_tracer is not None:
             await asyncio.to_thread(own_tracer.close)
+
+
+def _metrics(workspaces: Workspaces) -> McpMetrics:
+    try:
+        from .metrics import McpMetrics
+    except ImportError as exc:
+        raise SetupFailed(
+            "mcp",
+            f"metrics need prometheus_client ({exc.name} is missing)",
+            "pip install 'execspace[mcp]', or run with --metrics off",
+            component="execspace mcp",
+        ) from None
+    return McpMetrics(workspaces.listing)
+
+
+@contextlib.contextmanager
+def _reopened_on_hangup(audit: AuditLog | None) -> Iterator[None]:
+    """SIGHUP reopens the audit log (a rotation renamed it) while the block runs."""
+    if audit is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, audit.reopen)
+    except (RuntimeError, ValueError):  # not the main thread: the owner reopens it (AuditLog.reopen)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scrape:
+    """``GET /metrics`` of the HTTP transport: the registry (None: metrics off) and who may read it."""
+
+    registry: CollectorRegistry | None
+    access: MetricsAccess
 
 
 def _backend_keywords(config: McpConfig) -> dict[str, object]:
@@ -181,6 +249,7 @@ async def _serve_http(
     token: str,
     max_file_bytes: int,
     on_ready: Callable[[str, int], None] | None,
+    scrape: _Scrape,
 ) -> None:
     manager = StreamableHTTPSessionManager(
         app=server,
@@ -188,7 +257,7 @@ async def _serve_http(
         # a write_file of max_file_bytes arrives base64-encoded (4/3) inside a JSON-RPC message
         max_request_body_size=max_file_bytes * 4 // 3 + 64 * 1024,
     )
-    app = BearerAuth(manager.handle_request, token)
+    app = MetricsEndpoint(BearerAuth(manager.handle_request, token), scrape.registry, scrape.access, lambda: (token,))
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     async with manager.run():
         await _Uvicorn(config, on_ready).serve(sockets=[sock])

@@ -9,7 +9,8 @@ sessions (``workspace_poll``, ``workspace_write_stdin``, ``workspace_kill``) are
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from ..tools import (
 from .config import McpConfig
 from .content import render
 from .files import FileTools
+from .observe import CallListener, ToolCall
 from .paths import BASE_RULE, in_workspace
 from .workspaces import Workspaces
 
@@ -65,8 +67,20 @@ class _Entry:
 class McpTools:
     """The server's tool set on one engine: specs to list and a ``call`` that never raises for a model's mistake."""
 
-    def __init__(self, engine: Engine, config: McpConfig, workspaces: Workspaces, artifacts: ArtifactService) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        config: McpConfig,
+        workspaces: Workspaces,
+        artifacts: ArtifactService,
+        listeners: Sequence[CallListener] = (),
+        key_id: str | None = None,
+    ) -> None:
+        """``listeners``: told of each call before its result goes back (:mod:`.observe`); ``key_id``: the caller's
+        name in what they record (the bearer token's, over HTTP)."""
         self.engine = engine
+        self._listeners = tuple(listeners)
+        self._key_id = key_id
         self.config = config
         self.workspaces = workspaces
         self.artifacts = artifacts
@@ -140,6 +154,8 @@ class McpTools:
     async def call(self, name: str, arguments: Mapping[str, Any] | None, session: object) -> types.CallToolResult:
         """Run tool ``name`` for the MCP session ``session``; every mistake is an error result the model reads."""
         args = dict(arguments or {})
+        given = dict(args)
+        started = time.monotonic()
         entry = self._entries.get(name)
         ws: Workspace | None = None
         try:
@@ -157,7 +173,16 @@ class McpTools:
             result = error_result(exc)
         if ws is not None:
             result["workspace_id"] = ws.id
+        if self._listeners:
+            self._tell(name, given, result, time.monotonic() - started)
         return await render(self.engine, ws, result, max_image_bytes=self.config.max_file_bytes)
+
+    def _tell(self, name: str, args: Mapping[str, Any], result: Mapping[str, Any], duration: float) -> None:
+        workspace = result.get("workspace_id") or args.get("workspace_id")
+        known = name if name in self._entries else "unknown"  # a client's made-up name is no label of its own
+        call = ToolCall(known, workspace if isinstance(workspace, str) else None, args, result, duration, self._key_id)
+        for listener in self._listeners:
+            listener(call)
 
     async def _run(self, entry: _Entry, ws: Workspace | None, args: Mapping[str, Any]) -> dict[str, Any]:
         if ws is None:

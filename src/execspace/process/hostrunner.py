@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, final
 
+from ..audit import AuditSink, run_ended, run_started
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..errors import CannotExecute
@@ -106,6 +107,7 @@ class HostRunner:
         spawning: Spawning | None = None,
         user_exists: Callable[[str], bool] | None = None,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self.wrappers = tuple(wrappers)
         """What each prepared run is wrapped in, in turn (:data:`Wrapper`)."""
@@ -124,6 +126,8 @@ class HostRunner:
         self.kill_grace = kill_grace
         self.tracer = tracer
         """The span of each run (:data:`~execspace.tracing.RUN_SPAN`): from its start to its result."""
+        self.audit = audit
+        """Where each run's ``command.start`` and ``command.end`` lines go (the end's before its result returns)."""
         self._capabilities = capabilities
         self.output_rate = output_rate
         """Bytes a second the host reads of one workspace's programs' output, all of them together (None: as fast
@@ -232,20 +236,28 @@ class HostRunner:
             return result
 
     async def _run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        if self.audit is not None:
+            self.audit.record("command.start", run_started(ws.id, spec))
+        pid, result = await self._run_prepared(ws, spec)
+        if self.audit is not None:
+            self.audit.record("command.end", run_ended(ws.id, spec, pid, result))
+        return result
+
+    async def _run_prepared(self, ws: Workspace, spec: RunProgramSpec) -> tuple[int | None, RunResult]:
         try:
             prep = self.prepare(ws, spec)
         except CannotExecute as exc:
-            return not_started(exc)
+            return None, not_started(exc)
         try:
             proc = await self.spawn_prepared(prep, self.wrap(prep))
         except OSError as exc:
             failed = exec_error(prep, exc)
             if failed is None:
                 raise
-            return not_started(failed)
+            return None, not_started(failed)
         async with proc:
             result = await proc.wait()
-        return await finish_run(prep, result)
+        return proc.pid, await finish_run(prep, result)
 
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> SupervisedProcess:
         if self.choose is not None and (runner := self.choose(self, spec)) is not self:
@@ -262,10 +274,23 @@ class HostRunner:
             raise
 
     async def _start_program(self, ws: Workspace, spec: RunProgramSpec, span: Span | None) -> SupervisedProcess:
+        if self.audit is None:
+            return await self._start_prepared(ws, spec, span)
+        self.audit.record("command.start", run_started(ws.id, spec))
+        try:
+            return await self._start_prepared(ws, spec, span)
+        except CannotExecute as exc:  # its end is the start's failure, as run_program's result says it
+            self.audit.record("command.end", run_ended(ws.id, spec, None, not_started(exc)))
+            raise
+
+    async def _start_prepared(self, ws: Workspace, spec: RunProgramSpec, span: Span | None) -> SupervisedProcess:
         prep = self.prepare(ws, spec)
         launch = self.wrap(prep, interactive=True)
         if span is not None:
             launch.stack.annotate(_ends(span))  # before the spawn: a program can be over by the end of it
+        end = _EndLine(self.audit, ws.id, spec) if self.audit is not None else None
+        if end is not None:
+            launch.stack.annotate(end.note)
         try:
             proc = await self.spawn_prepared(prep, launch)
         except OSError as exc:
@@ -273,6 +298,8 @@ class HostRunner:
             if failed is None:
                 raise
             raise failed from exc
+        if end is not None:
+            end.started(proc.pid)
         forget = self.programs.add(ws, proc)
         if proc.finished:  # supervision ended before it was listed: its exit stack is closed
             forget()
@@ -393,6 +420,32 @@ def unisolated_capabilities(
         absolute_paths="cwd",  # a program of the host: any directory of it is a cwd, as in a shell
         details={"memory_bytes": "RLIMIT_AS per process", "disk_bytes": DISK_BYTES_DETAIL, **(details or {})},
     )
+
+
+class _EndLine:
+    """A started program's ``command.end`` line, written by a note on its exit stack (before its result is
+    anyone's) once its pid is known: a program over before its spawn returned has it written then."""
+
+    def __init__(self, audit: AuditSink, workspace: str, spec: RunProgramSpec) -> None:
+        self._audit, self._workspace, self._spec = audit, workspace, spec
+        self._pid: int | None = None
+        self._spawned = False
+        self._result: RunResult | None = None
+
+    def note(self, result: RunResult) -> RunResult:
+        if self._spawned:
+            self._write(result)
+        else:
+            self._result = result
+        return result
+
+    def started(self, pid: int | None) -> None:
+        self._pid, self._spawned = pid, True
+        if self._result is not None:
+            self._write(self._result)
+
+    def _write(self, result: RunResult) -> None:
+        self._audit.record("command.end", run_ended(self._workspace, self._spec, self._pid, result))
 
 
 def _ends(span: Span) -> Callable[[RunResult], RunResult]:

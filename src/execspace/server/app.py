@@ -42,7 +42,7 @@ from .rpc import calls_on
 from .sandboxes import Sandbox, Sandboxes, SandboxGone
 from .shares import BODY_UNIT, SandboxShare, ShareExhausted
 
-__all__ = ["E2BApp"]
+__all__ = ["DATA_PATHS", "E2BApp"]
 
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 #: The RPCs that stream their answer for as long as the client listens.
@@ -63,6 +63,8 @@ def _rpc_paths(service: str, methods: type) -> frozenset[str]:
 
 
 _RPCS = _rpc_paths("process.Process", Process) | _rpc_paths("filesystem.Filesystem", Filesystem)
+#: Every path the data plane serves (the rest answer 404 or 501): what a metric names a route by.
+DATA_PATHS = _RPCS | _ENVD_ROUTES | frozenset({"/execute", "/contexts"})
 
 
 class E2BApp:
@@ -70,7 +72,7 @@ class E2BApp:
 
     def __init__(self, sandboxes: Sandboxes, interpreter: CodeInterpreter) -> None:
         self.sandboxes = sandboxes
-        self._interpreter = InterpreterAPI(interpreter)
+        self._interpreter = InterpreterAPI(interpreter, sandboxes.events)
         self._control = Router(routes=ControlPlane(sandboxes).routes())
         self._files = FilesAPI(sandboxes)
         self._process = ProcessASGIApplication(ProcessService(sandboxes), read_max_bytes=16 * 1024 * 1024)

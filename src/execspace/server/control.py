@@ -48,6 +48,7 @@ from .controlbodies import (
     TimeoutBody,
     Timeouts,
 )
+from .events import Refused
 from .network import SandboxEgress, sandbox_egress, sends_internet_by_default
 from .options import ENVD_VERSION, ServerOptions, key_id
 from .sandboxes import CreateRequest, Sandbox, Sandboxes, SandboxesFull, SandboxGone
@@ -233,7 +234,7 @@ class ControlPlane:
         if body.auto_pause and not isinstance(self.sandboxes.engine.runner, SupportsFreezing):
             return error_response(501, f"autoPause: the {self.sandboxes.engine.name} backend cannot pause sandboxes")
         by_default = sends_internet_by_default(request.headers)
-        egress = self._egress(body.allow_internet_access, body.network, asked_by_default=by_default)
+        egress = self._egress(body.allow_internet_access, body.network, caller, asked_by_default=by_default)
         if isinstance(egress, Response):
             return egress
         create = CreateRequest(
@@ -252,7 +253,12 @@ class ControlPlane:
         return JSONResponse(self._sandbox(sandbox), status_code=201)
 
     def _egress(
-        self, internet: bool | None, network: Mapping[str, object] | None, *, asked_by_default: bool = False
+        self,
+        internet: bool | None,
+        network: Mapping[str, object] | None,
+        caller: Caller,
+        *,
+        asked_by_default: bool = False,
     ) -> SandboxEgress | Response:
         """The sandbox network the request asks for, or the error response saying why it cannot have it: 400 for a
         malformed rule, 403 for a network the server's flags forbid, 501 for rules it cannot enforce."""
@@ -264,6 +270,8 @@ class ControlPlane:
         except CapabilityError as exc:
             return error_response(501, str(exc))
         except PolicyViolation as exc:
+            if self.sandboxes.events.listening:
+                self.sandboxes.events(Refused("network", caller.team, str(exc)))
             return error_response(403, str(exc))
 
     async def update_network(self, request: Request, caller: Caller) -> Response:
@@ -271,7 +279,7 @@ class ControlPlane:
         body leaves out is cleared); commands already running keep the network they started with."""
         sandbox = self._owned(request.path_params["sandbox_id"], caller)
         body = NetworkBody.parse(await _json_object(request))
-        egress = self._egress(body.allow_internet_access, body.network)
+        egress = self._egress(body.allow_internet_access, body.network, caller)
         if isinstance(egress, Response):
             return egress
         sandbox.egress = egress

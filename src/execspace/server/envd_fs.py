@@ -28,6 +28,7 @@ from ..models import FileEntry, FileKind
 from ..protocols import SupportsFileMetadata
 from .envd.filesystem import filesystem_pb as pb
 from .envd.filesystem.filesystem_connect import Filesystem
+from .events import FileChanged
 from .paths import USER, to_sdk
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
@@ -159,7 +160,11 @@ class FilesystemService(ServiceBase, Filesystem):
         view = SandboxView(sandbox)
         with rpc_errors(request.source):
             async with sandbox.share.file_op():
-                await view.rename(view.path(request.source), view.path(request.destination))
+                source, destination = view.path(request.source), view.path(request.destination)
+                await view.rename(source, destination)
+        if self.sandboxes.events.listening:
+            moved = FileChanged("rename", sandbox.id, sandbox.owner, to_sdk(source), to=to_sdk(destination))
+            self.sandboxes.events(moved)
         return pb.MoveResponse(entry=await self._stat(sandbox, request.destination))
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any], /) -> pb.RemoveResponse:
@@ -167,7 +172,10 @@ class FilesystemService(ServiceBase, Filesystem):
         with rpc_errors(request.path), contextlib.suppress(FileNotFoundError):
             view = SandboxView(sandbox)
             async with sandbox.share.file_op():
-                await view.remove(view.path(request.path))
+                path = view.path(request.path)
+                await view.remove(path)
+            if self.sandboxes.events.listening:
+                self.sandboxes.events(FileChanged("remove", sandbox.id, sandbox.owner, to_sdk(path)))
         return pb.RemoveResponse()
 
     # watching: the sync SDK polls a watcher, the async one streams

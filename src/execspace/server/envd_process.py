@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import posixpath
 import signal
 from collections.abc import AsyncIterator
@@ -26,7 +27,8 @@ from ..models import OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResul
 from ..protocols import ProgramHandle
 from .envd.process import process_pb as pb
 from .envd.process.process_connect import Process
-from .paths import HOME, PathOutsideHome, program_dir, to_sdk
+from .events import CommandEnded, CommandStarted, EgressAttempted, Events, outcome_of
+from .paths import HOME, USER, PathOutsideHome, program_dir, to_sdk
 from .routing import user_of
 from .rpc import ServiceBase, rpc_errors
 from .sandboxes import Sandbox
@@ -100,6 +102,33 @@ def _signal_text(number: int) -> str:
     return text.lower() if text and not text.startswith("Unknown") else f"signal {number}"
 
 
+def _started(
+    sandbox: Sandbox, spec: RunProgramSpec, handle: ProgramHandle, config: pb.ProcessConfig, user: str | None
+) -> CommandStarted:
+    return CommandStarted(
+        sandbox=sandbox.id,
+        key_id=sandbox.owner,
+        pid=handle.pid or 0,
+        argv=(config.cmd, *config.args),
+        user=spec.user or user or USER,
+        cwd=config.cwd or HOME,
+        env_names=tuple(config.envs),
+    )
+
+
+def _ended(events: Events, sandbox: Sandbox, pid: int, config: pb.ProcessConfig, result: RunResult) -> None:
+    """A command's end, and the connections it asked its egress proxy for (its result holds them)."""
+    for attempt in result.network_audit:
+        events(
+            EgressAttempted(sandbox.id, sandbox.owner, pid, attempt.host, attempt.port, attempt.allowed, attempt.reason)
+        )
+    argv = (config.cmd, *config.args)
+    outcome = outcome_of(result)
+    events(
+        CommandEnded(sandbox.id, sandbox.owner, pid, argv, result.exit_code, outcome, result.duration, result.limit_hit)
+    )
+
+
 def _keepalive() -> pb.ProcessEvent:
     alive: Oneof[Literal["keepalive"], pb.ProcessEvent.KeepAlive] = Oneof("keepalive", pb.ProcessEvent.KeepAlive())
     return _event(alive)
@@ -135,12 +164,17 @@ class ProcessService(ServiceBase, Process):
                     raise ConnectError(Code.INVALID_ARGUMENT, f"cannot start {config.cmd!r}: {exc}") from None
                 raise
         reader = handle.attach(from_start=True)
-        sandbox.keep_waiting(handle)  # gives its share back when it ends
+        events = self.sandboxes.events
+        if events.listening:
+            events(_started(sandbox, spec, handle, config, user_of(ctx.request_headers)))
+            sandbox.keep_waiting(handle, functools.partial(_ended, events, sandbox, handle.pid or 0, config))
+        else:
+            sandbox.keep_waiting(handle)  # gives its share back when it ends
         await self.sandboxes.keep_paused(sandbox)
         if request.has_field("stdin") and not request.stdin and spec.pty is None:
             await handle.close_stdin()
         yield pb.StartResponse(event=_start_event(handle.pid or 0))
-        async for event in self._follow(handle, reader, ctx, pty=spec.pty is not None):
+        async for event in self._follow(sandbox, handle, reader, ctx, pty=spec.pty is not None):
             yield pb.StartResponse(event=event)
 
     def _spec(self, sandbox: Sandbox, request: pb.StartRequest, user: str | None) -> RunProgramSpec:
@@ -174,15 +208,22 @@ class ProcessService(ServiceBase, Process):
         try:
             reader = handle.attach(from_start=False)
             yield pb.ConnectResponse(event=_start_event(handle.pid or 0))
-            async for event in self._follow(handle, reader, ctx, pty=handle.info.pty is not None):
+            async for event in self._follow(sandbox, handle, reader, ctx, pty=handle.info.pty is not None):
                 yield pb.ConnectResponse(event=event)
         finally:
             sandbox.share.streams.give_back()
 
     async def _follow(
-        self, handle: ProgramHandle, reader: AsyncIterator[OutputChunk], ctx: RequestContext[Any, Any], *, pty: bool
+        self,
+        sandbox: Sandbox,
+        handle: ProgramHandle,
+        reader: AsyncIterator[OutputChunk],
+        ctx: RequestContext[Any, Any],
+        *,
+        pty: bool,
     ) -> AsyncIterator[pb.ProcessEvent]:
-        """The program's output and end, keepalives on a quiet stream, until the client's deadline."""
+        """The program's output and end (once its end was reported: :meth:`.Sandbox.ended`), keepalives on a quiet
+        stream, until the client's deadline."""
         loop = asyncio.get_running_loop()
         deadline = deadline_of(ctx)
         interval = _keepalive_interval(ctx, self.sandboxes.options.keepalive_interval)
@@ -204,7 +245,7 @@ class ProcessService(ServiceBase, Process):
                 if item is None:
                     break
                 yield _data_event(item, pty)
-            yield _end_event(await handle.wait())
+            yield _end_event(await sandbox.ended(handle))
         finally:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -33,6 +33,7 @@ from ..models import PutFile, Workspace
 from ..protocols import FileReader, SupportsFileMetadata, SupportsFileStreams, WorkspaceFS
 from ..workspace import check_file_metadata
 from .control import error_response
+from .events import Events, FileChanged
 from .paths import HOME_DIR, PathOutsideHome, check_user, to_sdk
 from .sandboxes import Sandbox, Sandboxes
 from .shares import BODY_UNIT, SandboxShare, ShareExhausted
@@ -168,7 +169,8 @@ class FilesAPI:
         signed = "signature" in request.query_params
         if signed and not path:
             raise _Forbidden("a signed upload URL names the file it writes (its path parameter); this one names none")
-        write = _Writer(sandbox, SandboxView(sandbox, self._streams(sandbox)), limit, metadata_headers(request))
+        view = SandboxView(sandbox, self._streams(sandbox))
+        write = _Writer(sandbox, view, limit, metadata_headers(request), self.sandboxes.events)
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("multipart/form-data"):
             form = MultipartBody(decoded_body(request), content_type)
@@ -211,19 +213,25 @@ class _Writer:
     """Writes an upload's files one by one, wherever in the sandbox's view they are (:class:`SandboxView`): each
     with the upload's metadata, told to the watches that see it."""
 
-    def __init__(self, sandbox: Sandbox, view: SandboxView, limit: int, metadata: dict[str, str]) -> None:
+    def __init__(
+        self, sandbox: Sandbox, view: SandboxView, limit: int, metadata: dict[str, str], events: Events
+    ) -> None:
         if metadata and not isinstance(sandbox.engine.fs, SupportsFileMetadata):
             raise _NotBuilt(
                 f"file metadata: this server's {sandbox.engine.name} backend keeps none; upload without X-Metadata-* "
                 "headers (the SDK's metadata=)"
             )
         self._sandbox, self.view, self.limit, self._metadata = sandbox, view, limit, metadata
+        self._events = events
         self.written: list[str] = []
 
     async def __call__(self, target: str, chunks: AsyncIterable[bytes]) -> None:
         with self._sandbox.watches.upload(target) as upload:  # a path outside the home is no watch's
-            await self.view.write_stream(target, chunks, max_bytes=self.limit)
+            size = await self.view.write_stream(target, chunks, max_bytes=self.limit)
             self.written.append(target)
+            if self._events.listening:
+                sandbox = self._sandbox
+                self._events(FileChanged("write", sandbox.id, sandbox.owner, to_sdk(target), size=size))
             tagged = bool(self._metadata) and await self.view.write_metadata(target, self._metadata)
             if upload.watches:
                 upload.wrote(await self.view.stat(target), tagged=tagged)

@@ -200,6 +200,15 @@ class CodeInterpreter:
                 self._defaults[(sandbox.id, language)] = context.id
         return contexts
 
+    def live_kernels(self) -> dict[str, int]:
+        """How many contexts of every sandbox have a kernel (or process) started now, by language."""
+        live: dict[str, int] = {}
+        for contexts in self._contexts.values():
+            for context in contexts.values():
+                if context.kernel is not None or context.process is not None:
+                    live[context.language] = live.get(context.language, 0) + 1
+        return live
+
     def context(self, sandbox: Sandbox, context_id: str) -> Context:
         found = self._of(sandbox).get(context_id)
         if found is None:

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from ..errors import ExecspaceError, SetupFailed, UsageError
 from .bodies import DATA_BODY_BYTES, BadBody, BodyTooLarge, json_object
 from .control import error_response
+from .events import CellExecuted, Events
 from .interpreter import (
     CodeInterpreter,
     Context,
@@ -36,8 +37,9 @@ _log = logging.getLogger("execspace.server")
 class InterpreterAPI:
     """Answers one code-interpreter request of a known sandbox."""
 
-    def __init__(self, interpreter: CodeInterpreter) -> None:
+    def __init__(self, interpreter: CodeInterpreter, events: Events | None = None) -> None:
         self.interpreter = interpreter
+        self._events = events or Events()
 
     async def respond(self, request: Request, sandbox: Sandbox) -> Response:
         path, method = request.url.path, request.method
@@ -93,6 +95,9 @@ class InterpreterAPI:
         interp = self.interpreter
         context = interp.context(sandbox, context_id) if context_id else await interp.default(sandbox, language)
         sandbox.share.streams.take()
+        if self._events.listening:
+            size = len(code.encode())
+            self._events(CellExecuted(sandbox.id, sandbox.owner, context.id, context.language, size))
         try:
             lines = interp.execute(sandbox, context, code, env_vars, timeout or None)
             first = await _first(lines, context)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import secrets
@@ -11,9 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..audit import key_id  # the name of a key where the server records who did something (a team, an audit line)
 from ..environments import EnvironmentSpec
 from ..errors import InvalidSpec
 from ..models import NetworkPolicy
+from ..scrape import MetricsAccess, check_access
 from .shares import ShareLimits
 from .templates import BUILTIN_TEMPLATES, Profile, Template
 
@@ -32,12 +33,6 @@ def generate_api_key() -> str:
     """A key in the format older SDKs check (``e2b_`` + hex; e2b < 2.30 refuses others unless
     ``E2B_VALIDATE_API_KEY=false``)."""
     return "e2b_" + secrets.token_hex(20)
-
-
-def key_id(key: str) -> str:
-    """The name of an API key where the server records or reports who did something (which team owns a sandbox, a
-    snapshot): a hash that does not give the key away."""
-    return hashlib.sha256(b"execspace api key\0" + key.encode()).hexdigest()[:16]
 
 
 def _host_memory_mb() -> int:
@@ -147,6 +142,13 @@ class ServerOptions:
     """Specs of environments the server builds the first time a create of a template that names one needs it
     (``[environments.NAME]`` of serve's config file), by name; the built-ins' are known without. An environment
     without a spec must be built ahead (``execspace env build``)."""
+    metrics: MetricsAccess = "open"
+    """Who may read ``GET /metrics`` (docs/operations.md "Metrics"): ``open`` anyone who reaches the port (a
+    Prometheus scraper holds no E2B key), ``key`` a holder of one of the API keys (``X-API-KEY`` or ``Authorization:
+    Bearer``), ``off`` nobody (404; no metric is kept)."""
+    audit_log: Path | None = None
+    """A file the server appends one JSON line to per security-relevant event (docs/operations.md "Audit log");
+    None: no audit log."""
     build_wait: float = 10.0
     """Seconds a create waits for its template's environment to be built here before it answers 503 with
     ``Retry-After``, naming the build (which goes on). The official SDK retries such an answer within its request
@@ -173,6 +175,7 @@ class ServerOptions:
             raise InvalidSpec(f"max_connections must be at least 1, got {self.max_connections}")
         if any(name != spec.name for name, spec in self.environments.items()):
             raise InvalidSpec("environments must map each environment's own name to its spec")
+        check_access(self.metrics)
         if self.build_wait < 0:
             raise InvalidSpec(f"build_wait must be 0 or more seconds, got {self.build_wait}")
         if self.head_timeout <= 0:

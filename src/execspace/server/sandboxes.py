@@ -22,10 +22,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from ..errors import CapabilityError, ExecspaceError, FreezeFailed, ProgramNotFound, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Snapshot, Workspace
 from ..protocols import Engine, ProgramHandle, SupportsFreezing, SupportsSnapshots
+from .events import Events, Refused, SandboxChanged
 from .ledger import Ledger
 from .network import SandboxEgress
 from .options import ServerOptions
@@ -100,8 +102,9 @@ class Sandbox:
     """Every live watch, polled or streamed: what the file API writes is told to those it concerns."""
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the sandbox is killed or expires: its streams end."""
-    waiting: set[asyncio.Task[RunResult]] = field(default_factory=set)
-    """One task per started program, waiting for its end (which also lets its output flow when nobody reads)."""
+    waiting: dict[int, asyncio.Task[RunResult]] = field(default_factory=dict)
+    """One task per started program, by pid, waiting for its end (which also lets its output flow when nobody
+    reads): its result comes once what its end reports (``on_end``) is done."""
     auto_pause: bool = False
     auto_resume: bool = False
     paused: AsyncExitStack | None = None
@@ -145,13 +148,27 @@ class Sandbox:
         env = self.program_env()
         return RunProgramSpec(cmd, tuple(args), env=env, cwd=cwd, timeout=None, network=self.egress.network, tag=tag)
 
-    def keep_waiting(self, handle: ProgramHandle) -> None:
-        """Wait for a started program in the background; it counts in the sandbox's share until it ends."""
-        task = asyncio.ensure_future(handle.wait())
-        self.waiting.add(task)
-        task.add_done_callback(self.waiting.discard)
+    def keep_waiting(self, handle: ProgramHandle, on_end: Callable[[RunResult], None] | None = None) -> None:
+        """Wait for a started program in the background; it counts in the sandbox's share until it ends, and
+        ``on_end`` is told its result first (:meth:`ended` waits for that)."""
+        task = asyncio.ensure_future(_waited(handle, on_end))
+        pid = handle.pid or 0
+        self.waiting[pid] = task
+        task.add_done_callback(lambda t: self.waiting.pop(pid, None) if self.waiting.get(pid) is t else None)
         task.add_done_callback(lambda _: self.share.programs.give_back())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is the followers' to report
+
+    async def ended(self, handle: ProgramHandle) -> RunResult:
+        """A program's result, once its end was reported (:meth:`keep_waiting`): what a stream sends last."""
+        task = self.waiting.get(handle.pid or 0)
+        return await (asyncio.shield(task) if task is not None else handle.wait())
+
+
+async def _waited(handle: ProgramHandle, on_end: Callable[[RunResult], None] | None) -> RunResult:
+    result = await handle.wait()
+    if on_end is not None:
+        on_end(result)
+    return result
 
 
 def _now() -> datetime:
@@ -166,11 +183,18 @@ class Sandboxes:
     """The table of live sandboxes and the reaper that ends expired ones."""
 
     def __init__(
-        self, engine: Engine, options: ServerOptions, ledger: Ledger | None = None, engine_for: EngineFor | None = None
+        self,
+        engine: Engine,
+        options: ServerOptions,
+        ledger: Ledger | None = None,
+        engine_for: EngineFor | None = None,
+        events: Events | None = None,
     ) -> None:
         """``engine``: the default one (a snapshot's sandboxes, the server's capabilities); ``engine_for``: each
-        template's (the default engine for every template without it)."""
+        template's (the default engine for every template without it); ``events``: who is told of what happens
+        (:mod:`.events`)."""
         self.engine = engine
+        self.events = events or Events()
         self.engine_for = engine_for or self._default_engine
         self.options = options
         self.ledger = ledger or Ledger(None)
@@ -206,10 +230,24 @@ class Sandboxes:
 
     async def create(self, request: CreateRequest) -> Sandbox:
         if len(self._live) + self._reserved >= self.options.max_sandboxes:
-            raise SandboxesFull(
+            raise self._full(
+                request.owner,
                 f"this server already runs its maximum of {self.options.max_sandboxes} sandboxes; "
-                "retry when one ends, or start it with a larger --max-sandboxes"
+                "retry when one ends, or start it with a larger --max-sandboxes",
             )
+        return await self._create(request)
+
+    def _full(self, key: str, message: str) -> SandboxesFull:
+        """The refusal of a sandbox there is no room for, told to the listeners."""
+        if self.events.listening:
+            self.events(Refused("capacity", key, message))
+        return SandboxesFull(message)
+
+    def _tell(self, kind: Literal["create", "kill", "expire", "pause", "resume", "shutdown"], sandbox: Sandbox) -> None:
+        if self.events.listening:
+            self.events(SandboxChanged(kind, sandbox.id, sandbox.template, sandbox.owner))
+
+    async def _create(self, request: CreateRequest) -> Sandbox:
         ready = self.pool.take(request.template) if request.snapshot is None else None
         if ready is not None:
             sandbox = self._started(request, ready.sandbox_id, ready.engine, ready.workspace)
@@ -257,6 +295,7 @@ class Sandboxes:
             auto_resume=request.auto_resume,
         )
         self._live[sandbox_id] = sandbox
+        self._tell("create", sandbox)  # live from here: a list finds it, a kill may end it
         return sandbox
 
     async def fork(self, source: Sandbox, count: int, lifetime: int, owner: str) -> list[Sandbox]:
@@ -269,9 +308,10 @@ class Sandboxes:
         """
         manager = self.snapshots(source.engine)
         if len(self._live) + self._reserved + count > self.options.max_sandboxes:
-            raise SandboxesFull(
+            raise self._full(
+                owner,
                 f"{count} more sandboxes do not fit this server's maximum of {self.options.max_sandboxes}; "
-                "fork fewer, kill some, or start it with a larger --max-sandboxes"
+                "fork fewer, kill some, or start it with a larger --max-sandboxes",
             )
         self._reserved += count
         try:
@@ -305,6 +345,8 @@ class Sandboxes:
             ]
             await self._unless_closing([(i, source.engine, ws) for i, ws in zip(new_ids, workspaces, strict=True)])
             self._live.update((f.id, f) for f in forks)
+            for made in forks:
+                self._tell("create", made)
             return forks
         finally:
             self._reserved -= count
@@ -345,6 +387,7 @@ class Sandboxes:
             await held.enter_async_context(runner.frozen(sandbox.workspace))
             sandbox.left = max(sandbox.end_at - _now(), timedelta(0))
             sandbox.paused = held
+        self._tell("pause", sandbox)
         return True
 
     async def keep_paused(self, sandbox: Sandbox) -> None:
@@ -374,6 +417,7 @@ class Sandboxes:
             left = sandbox.left or asked or timedelta(seconds=self.options.default_timeout)
             sandbox.end_at = _now() + max(left, asked)
             await held.aclose()
+        self._tell("resume", sandbox)
         return True
 
     async def kill(self, sandbox_id: str) -> bool:
@@ -381,6 +425,7 @@ class Sandboxes:
         sandbox = self._live.pop(sandbox_id, None)
         if sandbox is None:
             return False
+        self._tell("kill", sandbox)  # gone for its clients from here, whatever its removal meets
         try:
             await self._remove(sandbox)
         finally:
@@ -415,7 +460,7 @@ class Sandboxes:
                 await (await runner.get_program(ws, pid)).kill()
 
         await asyncio.gather(*(kill(p.pid) for p in await runner.list_programs(ws)), return_exceptions=True)
-        await asyncio.gather(*sandbox.waiting, return_exceptions=True)
+        await asyncio.gather(*sandbox.waiting.values(), return_exceptions=True)
 
     async def reap(self) -> None:
         """End expired sandboxes until cancelled; each removal runs on its own, so a slow one delays no other."""
@@ -426,6 +471,7 @@ class Sandboxes:
                     self._pause_expired(sandbox)
                     continue
                 self._live.pop(sandbox.id, None)
+                self._tell("expire", sandbox)
                 task = asyncio.create_task(self._remove(sandbox))
                 self._removing.add(task)
                 task.add_done_callback(self._removing.discard)
@@ -466,6 +512,8 @@ class Sandboxes:
         await self.pool.close()  # first: nothing refills it afterwards
         sandboxes = list(self._live.values())
         self._live.clear()
+        for sandbox in sandboxes:
+            self._tell("shutdown", sandbox)
         await asyncio.gather(*(self._remove(s) for s in sandboxes), return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._removing, return_exceptions=True)

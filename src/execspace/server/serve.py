@@ -15,14 +15,16 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp
 
+from ..audit import AuditLog
 from ..backend import BackendOptions
 from ..backends.local import LocalOptions
 from ..backends.sandbox import SandboxOptions, SandboxPolicy, SessionConfig
@@ -32,16 +34,20 @@ from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..listening import listen
 from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
+from ..scrape import MetricsEndpoint
 from ..tracing import from_environment
-from .app import E2BApp
+from .app import DATA_PATHS, E2BApp
+from .audit import ServerAudit
 from .builds import EnvironmentBuilds
 from .connections import ConnectionGuard, raise_descriptor_limit
+from .events import Events, Listener
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
 from .ledger import Ledger
 from .options import KERNEL_TEMPLATES, TLS, ServerOptions
 from .paths import HOME, HOME_DIR
 from .requestlog import RequestLog
+from .routing import target_of
 from .sandboxes import Sandboxes
 from .templates import Profile
 from .tracing import TracedRequests
@@ -49,6 +55,7 @@ from .tracing import TracedRequests
 if TYPE_CHECKING:
     from ..backends.jupyter import Interpreter
     from ..environments import Environment
+    from .metrics import ServerMetrics
 
 __all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_app", "serve_sandbox_files"]
 
@@ -130,11 +137,33 @@ async def _serve_on(
     own_tracer = from_environment("execspace-serve") if opts.tracer is None else None
     if own_tracer is not None:
         opts = replace(opts, tracer=own_tracer)
+    audit = AuditLog(options.audit_log) if options.audit_log is not None else None
     try:
-        await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds)
+        with _reopened_on_hangup(audit):
+            await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, audit)
     finally:
+        if audit is not None:
+            audit.close()
         if own_tracer is not None:
             await asyncio.to_thread(own_tracer.close)
+
+
+@contextlib.contextmanager
+def _reopened_on_hangup(audit: AuditLog | None) -> Iterator[None]:
+    """SIGHUP reopens the audit log (a rotation renamed it) while the block runs."""
+    if audit is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, audit.reopen)
+    except (RuntimeError, ValueError):  # not the main thread: the owner reopens it (AuditLog.reopen)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _serve_engines(
@@ -146,6 +175,7 @@ async def _serve_engines(
     tls: TLS | None,
     descriptors: int,
     builds: EnvironmentBuilds,
+    audit: AuditLog | None,
 ) -> None:
     if isinstance(opts, SandboxOptions):
         opts = _with_machine(opts, options.machine)
@@ -178,6 +208,11 @@ async def _serve_engines(
         find_typescript = functools.partial(_typescript_node, python) if isinstance(opts, SandboxOptions) else None
         late = None if built_at_start or python is None else _built_since(options)
         interpreter = CodeInterpreter(engine.name, python, find_typescript, options.profile, late)
+        metrics = _metrics(options, sandboxes, interpreter)
+        listeners: list[Listener] = [metrics] if metrics is not None else []
+        if audit is not None:
+            listeners.append(ServerAudit(audit))
+        sandboxes.events = Events(listeners)  # before the first create
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
         if options.warm_kernels and interpreter.warms_kernels():
@@ -185,6 +220,9 @@ async def _serve_engines(
         app: ASGIApp = E2BApp(sandboxes, interpreter)
         if options.log_requests:
             app = RequestLog(app, options.domain)
+        if metrics is not None:
+            app = metrics.counting(app, options.domain, DATA_PATHS)
+        app = _with_metrics_endpoint(app, options, metrics)
         if opts.tracer is not None and opts.tracer.enabled:
             app = TracedRequests(app, opts.tracer, sandboxes)
         reaper = asyncio.create_task(sandboxes.reap())
@@ -230,6 +268,35 @@ async def serve_app(
         http=guard.protocol(_http_protocol()),
     )
     await _Server(config, on_ready, before_shutdown).serve(sockets=[sock])
+
+
+def _metrics(options: ServerOptions, sandboxes: Sandboxes, interpreter: CodeInterpreter) -> ServerMetrics | None:
+    """The server's metrics, unless they are off (then prometheus_client is not imported)."""
+    if options.metrics == "off":
+        return None
+    try:
+        from .metrics import ServerMetrics
+    except ImportError as exc:
+        raise SetupFailed(
+            "serve",
+            f"metrics need prometheus_client ({exc.name} is missing)",
+            "pip install 'execspace[serve]', or serve with --metrics off",
+            component="execspace serve",
+        ) from None
+    return ServerMetrics(sandboxes, interpreter.live_kernels)
+
+
+def _with_metrics_endpoint(app: ASGIApp, options: ServerOptions, metrics: ServerMetrics | None) -> ASGIApp:
+    """``app`` behind ``GET /metrics`` of the control plane (a sandbox's ``/metrics`` is envd's: not served)."""
+
+    def control_plane(scope: MutableMapping[str, Any]) -> bool:
+        return target_of(Headers(scope=scope), options.domain) is None
+
+    def keys() -> tuple[str, ...]:
+        return (*options.api_keys, *options.admin_keys)
+
+    registry = metrics.registry if metrics is not None else None
+    return MetricsEndpoint(app, registry, options.metrics, keys, control_plane)
 
 
 def _with_machine(opts: SandboxOptions, wanted: bool | None) -> SandboxOptions:

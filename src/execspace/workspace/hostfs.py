@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from wcmatch import glob as wglob
 
+from ..audit import AuditSink
 from ..errors import BackendError, InputError, LimitExceeded, PathDenied, UsageError, WorkspaceFileNotFound
 from ..mime import SNIFF_BYTES, guess_mime
 from ..models import (
@@ -181,8 +182,11 @@ class HostWorkspaceFS(WorkspaceFSBase):
         programs_read_all: bool = False,
         elsewhere: ProgramView | None = None,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         super().__init__(artifacts, host_roots, tracer=tracer)
+        self.audit = audit
+        """Where a line of each file written, renamed or removed goes (path and size: never the content)."""
         self._access = access
         self._read_all = programs_read_all
         self._elsewhere = elsewhere
@@ -233,7 +237,9 @@ class HostWorkspaceFS(WorkspaceFSBase):
         elsewhere = [f for f in files if self._outside(ws, f.path) is not None]
         if elsewhere and self._elsewhere is not None:
             await self.put_files(ws, [f for f in files if self._outside(ws, f.path) is None])
-            return await self._elsewhere.put_files(ws, elsewhere)
+            await self._elsewhere.put_files(ws, elsewhere)
+            self._wrote(ws, [(f.path, len(f.data)) for f in elsewhere])
+            return None
         files = [replace(f, path=workspace_relative(ws, f.path)) for f in files]
         for f in files:
             split_relpath(f.path)  # refuse bad paths before writing anything
@@ -247,6 +253,12 @@ class HostWorkspaceFS(WorkspaceFSBase):
                     cr.write_file(f.path, f.data, f.mode)
 
         await asyncio.to_thread(write_all)
+        self._wrote(ws, [(f.path, len(f.data)) for f in files])
+
+    def _wrote(self, ws: Workspace, written: Sequence[tuple[str, int]]) -> None:
+        if self.audit is not None:
+            for path, size in written:
+                self.audit.record("file.write", {"workspace": ws.id, "path": path, "size": size})
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         root = self._root(ws)
@@ -299,6 +311,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
             await asyncio.to_thread(temp.commit)
         finally:
             temp.discard()  # here, not in a thread: a cancelled task must not leave it behind
+        self._wrote(ws, [(path, size)])
         return size
 
     async def collect(
@@ -428,6 +441,8 @@ class HostWorkspaceFS(WorkspaceFSBase):
                 cr.rename(src, dst)
 
         await asyncio.to_thread(move)
+        if self.audit is not None:
+            self.audit.record("file.rename", {"workspace": ws.id, "path": src, "to": dst})
 
     def _tree_below(self, cr: ConfinedRoot, path: str) -> Iterator[str]:
         """What a rule must allow before the tree at ``path`` goes (nothing to check without a rule)."""
@@ -467,7 +482,9 @@ class HostWorkspaceFS(WorkspaceFSBase):
     async def remove(self, ws: Workspace, path: str) -> None:
         root = self._root(ws)
         if (view := self._outside(ws, path)) is not None:
-            return await view.remove(ws, path)
+            await view.remove(ws, path)
+            self._removed(ws, path)
+            return None
         rel = checked_relative(ws, path)
         self.check(ws, rel, "write")
 
@@ -478,6 +495,11 @@ class HostWorkspaceFS(WorkspaceFSBase):
                 cr.remove(rel)
 
         await asyncio.to_thread(rm)
+        self._removed(ws, rel)
+
+    def _removed(self, ws: Workspace, path: str) -> None:
+        if self.audit is not None:
+            self.audit.record("file.remove", {"workspace": ws.id, "path": path})
 
     def check_host_path(self, src: Path) -> Path:
         """Return the real path of ``src`` if it lies inside an allowed host root."""

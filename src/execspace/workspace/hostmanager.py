@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from ..audit import AuditSink
 from ..errors import CapabilityError, InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
 from ..tracing import NO_TRACER, WORKSPACE_CLEANUP, WORKSPACE_CREATE, AttributeValue, Tracer
@@ -77,6 +78,7 @@ class HostWorkspaceManager:
         keep_root_mode: bool = False,
         holds: Callable[[Workspace], bool] | None = None,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         """``adopt`` is offered each new workspace directory under ``root`` before it is made, and returns True
         when it put a directory there itself (a warm pool's slot, see :mod:`.slots`); ``refill`` runs on the
@@ -94,9 +96,11 @@ class HostWorkspaceManager:
         ``holds`` says whether anything of the backend holds the workspace's tree now (a program, a session): the
         first snapshot or fork of a plain workspace nothing holds makes it copy-on-write itself
         (:meth:`.Branches.layer`), so that it and every later one copies only what changed. ``tracer`` makes a span
-        of each creation, clean-up, snapshot, fork and restore."""
+        of each creation, clean-up, snapshot, fork and restore; ``audit`` gets a line of each creation and
+        clean-up."""
         self.backend = backend
         self.tracer = tracer
+        self.audit = audit
         self._stop_programs = stop_programs
         self._adopt = adopt
         self._refill = refill
@@ -120,10 +124,13 @@ class HostWorkspaceManager:
     ) -> Workspace:
         with self.tracer.span(WORKSPACE_CREATE, self._attributes(exec_id)):
             try:
-                return await self._create_or_join(exec_id, policy or WorkspacePolicy(), path)
+                ws = await self._create_or_join(exec_id, policy or WorkspacePolicy(), path)
             finally:
                 if self._refill is not None:
                     self._refill()
+        if self.audit is not None:
+            self.audit.record("workspace.create", {"workspace": ws.id, "backend": self.backend})
+        return ws
 
     async def _create_or_join(self, exec_id: str, policy: WorkspacePolicy, path: Path | None) -> Workspace:
         if path is None and policy.persistence is Persistence.SESSION and self._cached(exec_id):
@@ -411,6 +418,8 @@ class HostWorkspaceManager:
     async def cleanup(self, ws: Workspace) -> None:
         with self.tracer.span(WORKSPACE_CLEANUP, self._attributes(ws.id)):
             await self._cleanup(ws)
+        if self.audit is not None:
+            self.audit.record("workspace.cleanup", {"workspace": ws.id, "backend": self.backend})
 
     def _attributes(
         self, workspace: str | None, more: Mapping[str, AttributeValue] | None = None

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ...audit import AUDIT_FIX
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
@@ -212,6 +213,8 @@ class ContainerBackend:
     @classmethod
     async def open(cls, options: ContainerOptions, /) -> ContainerEngine:
         """Open a container engine with ``options`` (see :class:`ContainerOptions`)."""
+        if options.audit is not None:
+            raise CapabilityError("an audit log (audit=)", "container", AUDIT_FIX)
         docker_host, pool_size, languages = options.docker_host, options.pool_size, options.languages
         if pool_size < 0:
             raise PolicyViolation("pool_size must be 0 or more")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ...audit import AUDIT_FIX
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
+from ...errors import CapabilityError
 from ...tracing import NO_TRACER
 from .fs import E2BWorkspaceFS, E2BWorkspaceManager
 from .kernels import LANGUAGE_NAMES, E2BKernels, kernel_language
@@ -91,6 +93,8 @@ class E2BBackend:
     async def open(cls, options: E2BOptions, /) -> BaseEngine:
         from ...errors import SetupFailed
 
+        if options.audit is not None:
+            raise CapabilityError("an audit log (audit=)", "e2b", AUDIT_FIX)
         probe = await cls.probe(options)
         if not probe.ok:
             raise SetupFailed("e2b", probe.reason, probe.fix)

@@ -35,12 +35,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...audit import AUDIT_FIX
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
 from ...environments import EnvironmentStore
 from ...envpolicy import EnvPolicy
-from ...errors import EnvironmentNotFound, SetupFailed, UnsupportedBackend
+from ...errors import CapabilityError, EnvironmentNotFound, SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...tracing import NO_TRACER, Tracer
@@ -160,6 +161,8 @@ class JupyterBackend:
             InvalidSpec: ``mode`` is not one of the modes.
             SetupFailed: the mode cannot work here (the message says how to fix it).
         """
+        if options.audit is not None:
+            raise CapabilityError("an audit log (audit=)", "jupyter", AUDIT_FIX)
         mode = options.kernel_mode()
         kernel_name, interrupt_grace = options.kernel_name, options.interrupt_grace
         rich = options.rich_outputs or RichOutputLimits()

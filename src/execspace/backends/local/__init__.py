@@ -76,6 +76,7 @@ class LocalBackend:
             output_rate=options.output_rate,
             user_exists=host_user_exists,
             tracer=tracer,
+            audit=options.audit,
         )
         root = Path(options.workspace_root) if options.workspace_root else None
         manager = HostWorkspaceManager(
@@ -86,6 +87,9 @@ class LocalBackend:
             freeze=runner.frozen,
             holds=runner.holds,
             tracer=tracer,
+            audit=options.audit,
         )
-        fs = HostWorkspaceFS(artifacts=options.artifacts, host_roots=options.host_roots, tracer=tracer)
+        fs = HostWorkspaceFS(
+            artifacts=options.artifacts, host_roots=options.host_roots, tracer=tracer, audit=options.audit
+        )
         return BaseEngine("local", manager, fs, runner, caps)

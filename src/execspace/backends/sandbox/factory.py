@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from ...artifacts import ArtifactService
+from ...audit import AuditSink
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
@@ -284,7 +285,7 @@ class SandboxBackend:
             )
         tracer = (options.tracer or NO_TRACER).bound({"execspace.mode": mode})
         if not policy.managed:
-            return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace, tracer)
+            return _open_unmanaged(policy, root, env_policy, host_roots, artifacts, kill_grace, tracer, options.audit)
         # built once for this engine, shared by the probe and every run; a machine's root installs set-ID programs
         seccomp = SeccompFilters(set_id_bits=options.machine)
         probe = await cls.probe_boundary(bwrap, seccomp=seccomp)
@@ -296,6 +297,9 @@ class SandboxBackend:
             caps = replace(caps, details={**caps.details, "environment": environment.summary()})
         if sys.platform == "darwin":
             from .seatbelt import seatbelt_engine
+
+            if options.audit is not None:
+                raise CapabilityError("an audit log (audit=)", "sandbox", "audit on Linux, or with the local backend")
 
             # Seatbelt runs as the caller, who reaches the trees: read grants show them
             policy = policy.with_read_paths(*options.read_views)
@@ -335,6 +339,7 @@ class SandboxBackend:
             programs_read_all=machine is not None,  # its user holds CAP_DAC_READ_SEARCH (machine.py)
             elsewhere=beyond,
             tracer=tracer,
+            audit=options.audit,
         )
         runner_config = SandboxRunnerConfig(
             bwrap_path,
@@ -356,6 +361,7 @@ class SandboxBackend:
             output_rate=options.output_rate,
             machine=machine,
             tracer=tracer,
+            audit=options.audit,
             grant_helper=GrantHelper(root, private) if as_root and not machine else None,
         )
         if allow is not None and not caps.network_domains:
@@ -395,6 +401,7 @@ class SandboxBackend:
             freeze=runner.frozen,
             holds=runner.holds,
             tracer=tracer,
+            audit=options.audit,
         )
         return BaseEngine("sandbox", manager, fs, runner, caps)
 
@@ -437,6 +444,7 @@ async def _open_session(
         holds=runner.holds,
         disk_bytes=config.disk_bytes,
         tracer=runner_config.tracer,
+        audit=runner_config.audit,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps, on_close=mode.aclose)
 
@@ -610,14 +618,16 @@ def _open_unmanaged(
     artifacts: ArtifactService | None,
     kill_grace: float,
     tracer: Tracer,
+    audit: AuditSink | None,
 ) -> BaseEngine:
     """DANGER_FULL_ACCESS (run like ``local``) or EXTERNAL (run nothing): no sandbox to probe."""
     caps = _unmanaged_capabilities(policy, env_policy)
-    fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=file_access_hook(policy), tracer=tracer)
+    access = file_access_hook(policy)
+    fs = HostWorkspaceFS(artifacts=artifacts, host_roots=host_roots, access=access, tracer=tracer, audit=audit)
     runner = (
         ExternalRunner()
         if policy.profile is Profile.EXTERNAL
-        else HostRunner(lambda: caps, env_policy, kill_grace=kill_grace, tracer=tracer)
+        else HostRunner(lambda: caps, env_policy, kill_grace=kill_grace, tracer=tracer, audit=audit)
     )
     manager = HostWorkspaceManager(
         "sandbox",
@@ -627,6 +637,7 @@ def _open_unmanaged(
         copy_on_write=True,
         freeze=runner.frozen,
         tracer=tracer,
+        audit=audit,
     )
     return BaseEngine("sandbox", manager, fs, runner, caps)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...audit import AuditSink
 from ...capabilities import Capabilities
 from ...environments import DEBIAN_PATH, Environment, EnvironmentStore, lookup_in_root
 from ...envpolicy import MINIMAL_PATH, EnvPolicy
@@ -118,6 +119,8 @@ class SandboxRunnerConfig:
     """Machine mode (:mod:`.machine`, as root): programs run as ``user`` with ``sudo``, over a writable system."""
     tracer: Tracer = NO_TRACER
     """The span of each run (:class:`~execspace.process.hostrunner.HostRunner`'s)."""
+    audit: AuditSink | None = None
+    """Where each run's start and end lines go (:class:`~execspace.process.hostrunner.HostRunner`'s)."""
     grant_helper: GrantHelper | None = None
     """As root (but for a machine): what shows write grants and unreachable read grants from clones of their own
     (:mod:`.grants`)."""
@@ -577,6 +580,7 @@ def sandbox_runner(config: SandboxRunnerConfig) -> HostRunner:
         choose=sandbox.choose,
         user_exists=sandbox.user_exists,
         tracer=config.tracer,
+        audit=config.audit,
     )
     return sandbox.runner
 

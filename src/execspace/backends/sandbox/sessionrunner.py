@@ -94,6 +94,7 @@ def session_runner(
         spawning=mode,
         user_exists=sandbox.user_exists,
         tracer=runner.tracer,
+        audit=runner.audit,
     )
     return sandbox.runner, mode
 

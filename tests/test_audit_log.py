@@ -1,0 +1,133 @@
+"""The library's audit log (``open_engine(..., audit=AuditLog(FILE))``, docs/operations.md "Audit log"): each
+workspace created and cleaned up, program run or started, file written, renamed and removed has its line by the
+time the call returns, on the local backend and the sandbox's both modes; never a file's content or a variable's
+value; a backend that cannot audit refuses before anything runs; and the file itself: 0600, whole lines, reopened
+after a rotation."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from execspace import CapabilityError, PutFile, RunProgramSpec, SetupFailed, open_engine
+from execspace.audit import AuditLog
+from execspace.testing.binding import make_traversable
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text()
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def of(audit: Path, event: str, **fields: object) -> list[dict[str, Any]]:
+    return [line for line in lines(audit) if line["event"] == event and fields.items() <= line.items()]
+
+
+async def chunks(*pieces: bytes) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
+
+
+BACKENDS = [
+    pytest.param(("local", {}), id="local"),
+    pytest.param(("sandbox", {"mode": "per-run"}), id="sandbox-per-run"),
+    pytest.param(("sandbox", {"mode": "session"}), id="sandbox-session"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_each_action_has_its_line_when_the_call_returns(
+    tmp_path: Path, backend: tuple[str, dict[str, Any]]
+) -> None:
+    name, extra = backend
+    audit_path = tmp_path / "audit.jsonl"
+    audit = AuditLog(audit_path)
+    make_traversable(tmp_path)  # as root, each sandbox's own uid must reach its workspace
+    try:
+        async with open_engine(name, workspace_root=tmp_path / "ws", audit=audit, **extra) as engine:  # type: ignore[call-overload]
+            ws = await engine.manager.create_workspace("audited")
+            assert of(audit_path, "workspace.create", workspace=ws.id)
+            await engine.fs.put_files(ws, [PutFile("work/a.txt", "content-of-a-4471")])
+            assert of(audit_path, "file.write", workspace=ws.id, path="work/a.txt", size=17)
+            await engine.fs.write_stream(ws, "work/b.bin", chunks(b"x" * 10, b"y" * 5), max_bytes=100)
+            assert of(audit_path, "file.write", workspace=ws.id, path="work/b.bin", size=15)
+            await engine.fs.rename(ws, "work/b.bin", "work/c.bin")
+            assert of(audit_path, "file.rename", workspace=ws.id, path="work/b.bin", to="work/c.bin")
+            await engine.fs.remove(ws, "work/c.bin")
+            assert of(audit_path, "file.remove", workspace=ws.id, path="work/c.bin")
+
+            spec = RunProgramSpec("sh", ["-c", "exit 5"], env={"SECRET_NAME": "value-3390"})
+            result = await engine.runner.run_program(ws, spec)
+            assert result.exit_code == 5
+            (start,) = of(audit_path, "command.start", workspace=ws.id, argv=["sh", "-c", "exit 5"])
+            assert start["env_names"] == ["SECRET_NAME"]
+            (end,) = of(audit_path, "command.end", workspace=ws.id, argv=["sh", "-c", "exit 5"])
+            assert end["exit_code"] == 5 and isinstance(end["pid"], int)
+
+            handle = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "exit 6"]))
+            assert (await handle.wait()).exit_code == 6
+            assert of(audit_path, "command.end", workspace=ws.id, exit_code=6, pid=handle.pid)
+
+            missing = await engine.runner.run_program(ws, RunProgramSpec("no-such-program-8810"))
+            assert missing.exit_code == 127
+            assert of(
+                audit_path, "command.end", workspace=ws.id, argv=["no-such-program-8810"], exit_code=127, pid=None
+            )
+
+            await engine.manager.cleanup(ws)
+            assert of(audit_path, "workspace.cleanup", workspace=ws.id)
+    finally:
+        audit.close()
+    text = audit_path.read_text()
+    assert "content-of-a-4471" not in text and "value-3390" not in text
+
+
+async def test_a_backend_that_cannot_audit_refuses_before_anything_runs(tmp_path: Path) -> None:
+    pytest.importorskip("jupyter_client", reason="needs the jupyter extra (pip install 'execspace[jupyter]')")
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    try:
+        with pytest.raises(CapabilityError, match="audit log"):
+            async with open_engine("jupyter", workspace_root=tmp_path / "ws", audit=audit, mode="host"):
+                pass
+    finally:
+        audit.close()
+    assert (tmp_path / "audit.jsonl").read_text() == ""
+
+
+def test_the_file_is_0600_its_lines_whole_and_a_rotation_reopened(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(path)
+    try:
+        assert path.stat().st_mode & 0o777 == 0o600
+
+        def burst(n: int) -> None:
+            for i in range(300):
+                audit.record("file.write", {"workspace": f"w{n}", "path": "p" * (i % 97), "size": i})
+
+        threads = [threading.Thread(target=burst, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(lines(path)) == 1200
+        path.rename(tmp_path / "audit.jsonl.1")
+        audit.reopen()
+        audit.record("workspace.create", {"workspace": "after"})
+        assert [line["workspace"] for line in lines(path)] == ["after"]
+    finally:
+        audit.close()
+
+
+def test_a_log_that_cannot_be_opened_says_where_and_how(tmp_path: Path) -> None:
+    with pytest.raises(SetupFailed, match=r"cannot open the audit log .*missing/audit.jsonl.*--audit-log"):
+        AuditLog(tmp_path / "missing" / "audit.jsonl")
+    assert not os.path.exists(tmp_path / "missing")
