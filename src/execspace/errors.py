@@ -72,6 +72,7 @@ __all__ = [
     "SandboxLost",
     "SetupFailed",
     "SnapshotNotFound",
+    "TaskNotFound",
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
@@ -182,6 +183,10 @@ class EnvironmentBuilding(ExecspaceError):
 
 class WorkspaceNotFound(ExecspaceError, LookupError):
     """No workspace exists for that id or path."""
+
+
+class TaskNotFound(ExecspaceError, LookupError):
+    """``execspace mcp``: no task of that id (it never existed, or it ended longer ago than its time to live)."""
 
 
 class WorkspaceFileNotFound(ExecspaceError, FileNotFoundError):
