@@ -4,6 +4,7 @@ request carries its version and capabilities in ``_meta``) beside the 2025 revis
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -41,12 +42,13 @@ class Binding:
     def __init__(self, app: App) -> None:
         self.server: Server[Any] = Server(app.name, version=app.version, instructions=app.instructions)
         server = self.server
+        sessions = _Sessions()
 
         async def list_tools(ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-            return types.ListToolsResult.model_validate({"tools": app.list_tools(_caller(ctx))})
+            return types.ListToolsResult.model_validate({"tools": app.list_tools(_caller(ctx, sessions))})
 
         async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> HandlerResult:
-            result = await app.call_tool(params.name, params.arguments, _caller(ctx))
+            result = await app.call_tool(params.name, params.arguments, _caller(ctx, sessions))
             if "resultType" in result:  # a CreateTaskResult: the extension's shape, which the SDK passes as is
                 return result
             return types.CallToolResult.model_validate(result)
@@ -87,7 +89,7 @@ def _known(call: Callable[[], T]) -> T:
         raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
 
 
-def _caller(ctx: Context) -> Caller:
+def _caller(ctx: Context, sessions: _Sessions) -> Caller:
     meta: Mapping[str, Any] = ctx.meta or {}
     stateless = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
     capabilities = meta.get(types.CLIENT_CAPABILITIES_META_KEY)
@@ -95,11 +97,37 @@ def _caller(ctx: Context) -> Caller:
     token = meta.get("progress_token")
     return Caller(
         revision=ctx.protocol_version,
-        session=None if stateless else ctx.session,
+        session=None if stateless else sessions.of(ctx),
         tasks=stateless and isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions,
         progress=_progress(ctx, token) if isinstance(token, str | int) else None,
         trace=trace_context(meta, getattr(ctx.request, "headers", None)),
     )
+
+
+class _Session:
+    """Stands for one 2025 connection's session (a hashable, weakly referenced key of its default workspace)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Sessions:
+    """The :class:`_Session` of each 2025 connection. 2.x makes a ``ServerSession`` per request; what lasts as
+    long as the connection is its ``initialize`` params, one (unhashable) object: its key lives as long as it."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, tuple[weakref.ref[object], _Session]] = {}
+
+    def of(self, ctx: Context) -> _Session:
+        params = ctx.session.client_params
+        if params is None:  # no handshake to tie requests together: a default of this request's own
+            return _Session()
+        found = self._keys.get(id(params))
+        if found is not None and found[0]() is params:
+            return found[1]
+        ident = id(params)
+        session = _Session()
+        self._keys[ident] = (weakref.ref(params, lambda _: self._keys.pop(ident, None)), session)
+        return session
 
 
 def _progress(ctx: Context, token: str | int) -> Progress:
