@@ -185,7 +185,7 @@ def test_a_cancelled_task_stops_its_run(tmp_path: Path) -> None:
             handle = data(await client.call_tool("workspace_create", {}))["workspace_id"]
             args = {"command": "sleep 60", "workspace_id": handle, "env": tagged(tag)}
             res = await client.call_tool("workspace_exec", args)
-        assert tasks.polls[-1].status == "cancelled" and res.is_error
+        assert tasks.polls and tasks.polls[-1].status == "cancelled" and res.is_error, (res, tasks)
 
     with running_http_server(tmp_path, "--backend", "sandbox", extra_config="task_after = 1") as server:
         anyio_run(scenario, server.url)
