@@ -29,6 +29,8 @@ MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
 ONLY_MCP1 = pytest.mark.skipif(
     MCP_MAJOR != 1, reason="drives the server with mcp 1.x's client API (test_revisions.py is the mcp 2.x client's)"
 )
+#: The stateless revision (mcp 2.x): no session, a workspace handle in every call.
+STATELESS = "2026-07-28"
 TOKEN = "test-token-" + "0123456789abcdef" * 2
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -16,7 +16,7 @@ import pytest
 
 from execspace.testing.processes import new_tag, tagged, wait_no_process
 
-from .conftest import MCP_MAJOR, PNG_SIGNATURE, TOKEN, running_http_server, server_env, write_config
+from .conftest import MCP_MAJOR, PNG_SIGNATURE, STATELESS, TOKEN, running_http_server, server_env, write_config
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -32,7 +32,6 @@ if MCP_MAJOR >= 2:
 
     from .tasksclient import TasksClient
 
-STATELESS = "2026-07-28"
 #: A 1x1 PNG written by the sandboxed program itself (no plotting library needed in the sandbox).
 PNG_CODE = (
     "import struct, zlib, os\n"
