@@ -1,4 +1,5 @@
-"""Shared fixtures: a local engine rooted in the test's tmp dir, one workspace in it, and a Jupyter Server."""
+"""Shared fixtures: a local engine rooted in the test's tmp dir, one workspace in it, and a Jupyter Server; and, as
+root, a base temporary directory of the session's own."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +23,32 @@ from execspace import BaseEngine, Workspace
 
 if TYPE_CHECKING:
     from execspace.backends.jupyter.remote_server import LocalServer
+
+#: The base temporary directory :func:`pytest_configure` made for the session (absent: pytest's own, or --basetemp).
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, without --basetemp, the session's temporary files go to a directory of its own.
+
+    pytest's default parent, ``/tmp/pytest-of-root``, is shared by every pytest session on the machine, and each one
+    resets it to 0700 as it starts. As root every workspace's sandbox runs as a uid of its own, which must pass each
+    directory on the way to the workspace (``make_traversable`` opens them): a test whose workspace lies there fails
+    with SetupFailed ("cannot pass /tmp/pytest-of-root") whenever another session starts during it."""
+    if config.option.basetemp is not None or os.geteuid() != 0:
+        return
+    own = Path(tempfile.mkdtemp(prefix="execspace-pytest-"))
+    config.stash[_OWN_BASETEMP] = own
+    config.option.basetemp = str(own / "pytest")
+
+
+@pytest.hookimpl(trylast=True)  # after the session-scoped fixtures' teardown
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the session's own base temporary directory when nothing failed; a failure's files stay to look at."""
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture

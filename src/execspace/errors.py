@@ -24,6 +24,7 @@ code of the program is *not* an error: it is a :class:`~execspace.models.RunResu
     ├── SnapshotNotFound            no snapshot with that id / name on the workspace root (also LookupError)
     ├── ProgramNotFound             no running program with that pid / tag in the workspace (also LookupError)
     ├── ArtifactNotFound            no artifact with that name / version (also LookupError)
+    ├── TaskNotFound                execspace mcp: no task with that id, or past its time to live (also LookupError)
     ├── InputError                  an input reference that cannot be resolved (bad scheme, missing source)
     ├── CannotExecute               a run's program could not be started (also OSError); carries its exit code
     │   ├── CommandNotFound         it does not exist where it would run: 127 (also FileNotFoundError)
@@ -72,6 +73,7 @@ __all__ = [
     "SandboxLost",
     "SetupFailed",
     "SnapshotNotFound",
+    "TaskNotFound",
     "UnsupportedBackend",
     "UnsupportedLanguage",
     "UsageError",
@@ -182,6 +184,10 @@ class EnvironmentBuilding(ExecspaceError):
 
 class WorkspaceNotFound(ExecspaceError, LookupError):
     """No workspace exists for that id or path."""
+
+
+class TaskNotFound(ExecspaceError, LookupError):
+    """``execspace mcp``: no task of that id (it never existed, or it ended longer ago than its time to live)."""
 
 
 class WorkspaceFileNotFound(ExecspaceError, FileNotFoundError):

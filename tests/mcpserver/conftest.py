@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -22,6 +23,14 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+#: The installed SDK's major: the tests of one client API skip under the other (./run test runs this directory in
+#: the main venv, mcp 1.x, and in a venv of mcp 2.x).
+MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
+ONLY_MCP1 = pytest.mark.skipif(
+    MCP_MAJOR != 1, reason="drives the server with mcp 1.x's client API (test_revisions.py is the mcp 2.x client's)"
+)
+#: The stateless revision (mcp 2.x): no session, a workspace handle in every call.
+STATELESS = "2026-07-28"
 TOKEN = "test-token-" + "0123456789abcdef" * 2
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -13,9 +13,9 @@ from mcp import types
 
 from execspace.testing.processes import new_tag, tagged, wait_no_process, wait_processes
 
-from .conftest import TOKEN, HttpServer, http_session
+from .conftest import ONLY_MCP1, TOKEN, HttpServer, http_session
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), ONLY_MCP1]
 
 
 def result_of(res: types.CallToolResult) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 
 from execspace.audit import key_id
 
-from .conftest import TOKEN, HttpServer, http_session, running_http_server, stdio_session, write_config
+from .conftest import ONLY_MCP1, TOKEN, HttpServer, http_session, running_http_server, stdio_session, write_config
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="needs the mcp extra")
 
@@ -50,6 +50,7 @@ def samples(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, 
     }
 
 
+@ONLY_MCP1
 async def test_each_tool_call_has_its_line_and_the_metrics_follow(audited: tuple[HttpServer, Path]) -> None:
     server, audit = audited
     team = key_id(TOKEN)
@@ -86,6 +87,7 @@ async def test_each_tool_call_has_its_line_and_the_metrics_follow(audited: tuple
     assert after[("execspace_mcp_workspaces", frozenset())] == 0
 
 
+@ONLY_MCP1
 async def test_the_open_workspaces_are_a_gauge(audited: tuple[HttpServer, Path]) -> None:
     server, _ = audited
     async with http_session(server.url) as session:

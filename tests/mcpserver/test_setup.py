@@ -138,6 +138,7 @@ def test_a_kernel_mode_or_environment_the_backend_cannot_take_exits_with_the_rea
     tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, flags: list[str], message: str
 ) -> None:
     """A config a stdio client would only see as "Connection closed": the server refuses it before serving."""
+    pytest.importorskip("jupyter_client", reason="the jupyter backend checks its options once it imports")
     path = tmp_path / "mcp.toml"
     path.write_text(config + "\n")
     assert main(["mcp", "--config", str(path), *flags]) == EXIT_EXECSPACE_ERROR

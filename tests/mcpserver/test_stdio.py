@@ -13,9 +13,9 @@ from mcp import types
 from execspace.environments import get
 from execspace.errors import EnvironmentNotFound
 
-from .conftest import PNG_SIGNATURE, left_in, stdio_session, write_config
+from .conftest import ONLY_MCP1, PNG_SIGNATURE, left_in, stdio_session, write_config
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), ONLY_MCP1]
 
 
 def result_of(res: types.CallToolResult) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 import execspace
 from execspace.artifacts import ArtifactScope, InMemoryArtifactService
-from execspace.mcp import McpConfig, McpTools, Workspaces
+from execspace.mcp import Caller, McpConfig, McpTools, Workspaces
 from execspace.testing.processes import new_tag, tagged, wait_processes
 
 pytest.importorskip("mcp")
@@ -24,6 +24,7 @@ class Session:
 
 
 SESSION = Session()
+CALLER = Caller(revision="2025-11-25", session=SESSION)
 
 
 class Clock:
@@ -74,9 +75,10 @@ async def setup(tmp_path: Path, skill_root: Path, uploads: Path) -> AsyncIterato
 
 
 async def call(tools: McpTools, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    res = await tools.call(name, arguments, SESSION)
-    data: dict[str, Any] = json.loads(res.content[0].text)  # type: ignore[union-attr]
-    assert res.isError == (data.get("status") == "error")
+    res = await tools.call(name, arguments, CALLER)
+    data: dict[str, Any] = json.loads(res["content"][0]["text"])
+    assert res["isError"] == (data.get("status") == "error")
+    assert res["structuredContent"] == data
     return data
 
 

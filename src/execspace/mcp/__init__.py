@@ -3,20 +3,27 @@
 Needs the ``mcp`` extra (the official ``mcp`` SDK); see docs/integrations.md.
 """
 
+from .app import McpApp
+from .calls import Caller
 from .config import McpConfig, PolicyConfig, load_config
-from .server import MCP_PATH, BearerAuth, build_server, generate_token, serve
+from .sdk import SDK_MAJOR
+from .server import MCP_PATH, BearerAuth, generate_token, serve
+from .tasks import Tasks
 from .toolset import McpTools
 from .workspaces import WORKSPACE_ID_PATTERN, Workspaces
 
 __all__ = [
     "MCP_PATH",
+    "SDK_MAJOR",
     "WORKSPACE_ID_PATTERN",
     "BearerAuth",
+    "Caller",
+    "McpApp",
     "McpConfig",
     "McpTools",
     "PolicyConfig",
+    "Tasks",
     "Workspaces",
-    "build_server",
     "generate_token",
     "load_config",
     "serve",

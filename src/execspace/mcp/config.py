@@ -10,6 +10,8 @@
     skill_roots = []               # folders of skills (skill_list / skill_run)
     artifacts_dir = "/var/lib/x"   # where save_artifact keeps versions (default: this server's memory)
     reap_interval = 5              # seconds between looks for idle workspaces
+    task_after = 10                # mcp 2.x, 2026-07-28: a call running this long becomes a Task (Tasks clients)
+    task_ttl = 3600                # seconds a Task is kept from its creation once its call has ended
 
     [backend_options]              # the backend's own options (open_engine keywords)
     mode = "session"               # sandbox: a session per workspace; jupyter: "sandboxed" (default), "host", "auto"
@@ -84,9 +86,14 @@ class McpConfig:
     artifacts_dir: Path | None = None
     reap_interval: float = 5.0
     """Seconds between looks for workspaces gone idle."""
+    task_after: float = 10.0
+    """Seconds a tool call may run before it answers with a Task, for a client that declared the Tasks extension
+    (``mcp`` 2.x, revision 2026-07-28); it keeps running, and ``tasks/get`` gives its result."""
+    task_ttl: float = 3600.0
+    """Seconds a Task is kept (from its creation) once its call has ended."""
 
     def __post_init__(self) -> None:
-        for name in ("idle_timeout", "max_workspaces", "max_file_bytes", "reap_interval"):
+        for name in ("idle_timeout", "max_workspaces", "max_file_bytes", "reap_interval", "task_after", "task_ttl"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise InvalidSpec(f"{name} must be a positive number, got {value!r}")

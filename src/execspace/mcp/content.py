@@ -1,5 +1,6 @@
-"""A tool result as MCP content: its JSON as text, then the images it produced as image content, small text
-files as embedded resources; the result itself is the structured content too."""
+"""A tool result as MCP content (the ``CallToolResult`` as it goes on the wire, the same for both SDK majors): its
+JSON as text, then the images it produced as image content, small text files as embedded resources; the result
+itself is the structured content too."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
-
-from mcp import types
 
 from ..errors import ExecspaceError
 from ..models import Workspace
@@ -28,15 +27,18 @@ MAX_TEXT_ATTACHED = 64 * 1024
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-yaml", "image/svg+xml")
 
 
+Block = dict[str, Any]
+
+
 async def render(
     engine: Engine, ws: Workspace | None, result: Mapping[str, Any], *, max_image_bytes: int
-) -> types.CallToolResult:
-    """``result`` (its paths workspace-relative) as MCP content, naming its paths as the tools take them."""
+) -> dict[str, Any]:
+    """``result`` (its paths workspace-relative) as a ``CallToolResult``, naming its paths as the tools take them."""
     named = _shown_paths(result)
-    content: list[types.ContentBlock] = [types.TextContent(type="text", text=json.dumps(named, ensure_ascii=False))]
+    content: list[Block] = [{"type": "text", "text": json.dumps(named, ensure_ascii=False)}]
     if ws is not None:
         content.extend(await _attachments(engine, ws, result, max_image_bytes))
-    return types.CallToolResult(content=content, structuredContent=named, isError=result.get("status") == "error")
+    return {"content": content, "structuredContent": named, "isError": result.get("status") == "error"}
 
 
 def _shown_paths(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,13 +57,11 @@ def _shown_paths(result: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def _attachments(
-    engine: Engine, ws: Workspace, result: Mapping[str, Any], max_image_bytes: int
-) -> list[types.ContentBlock]:
+async def _attachments(engine: Engine, ws: Workspace, result: Mapping[str, Any], max_image_bytes: int) -> list[Block]:
     files = [f for f in result.get("files", ()) if isinstance(f, Mapping) and isinstance(f.get("path"), str)]
     if isinstance(result.get("path"), str) and result.get("mime_type") in IMAGE_TYPES:
         files.append({"path": result["path"], "mime_type": result["mime_type"], "size": result.get("size", 0)})
-    out: list[types.ContentBlock] = []
+    out: list[Block] = []
     for f in files:
         if len(out) >= MAX_ATTACHED:
             break
@@ -71,9 +71,7 @@ async def _attachments(
     return out
 
 
-async def _attachment(
-    engine: Engine, ws: Workspace, f: Mapping[str, Any], max_image_bytes: int
-) -> types.ContentBlock | None:
+async def _attachment(engine: Engine, ws: Workspace, f: Mapping[str, Any], max_image_bytes: int) -> Block | None:
     mime = str(f.get("mime_type", ""))
     size = f.get("size", 0)
     is_image = mime in IMAGE_TYPES
@@ -88,7 +86,6 @@ async def _attachment(
     if file.truncated:
         return None
     if is_image:
-        return types.ImageContent(type="image", data=base64.b64encode(file.content).decode("ascii"), mimeType=mime)
+        return {"type": "image", "data": base64.b64encode(file.content).decode("ascii"), "mimeType": mime}
     uri = f"execspace://workspace/{quote(ws.id, safe='')}/{quote(file.name)}"
-    resource = types.TextResourceContents(uri=uri, mimeType=mime, text=file.text)  # type: ignore[arg-type]
-    return types.EmbeddedResource(type="resource", resource=resource)
+    return {"type": "resource", "resource": {"uri": uri, "mimeType": mime, "text": file.text}}

@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import uvicorn
-from mcp import types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 
-from .. import __version__
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
 from ..audit import AuditLog, key_id
 from ..engine import open_engine_from
@@ -32,10 +26,12 @@ from ..errors import InvalidSpec, SetupFailed
 from ..listening import listen
 from ..scrape import MetricsAccess, MetricsEndpoint
 from ..tracing import NO_TRACER, Tracer, from_environment
+from .app import McpApp
 from .config import McpConfig
 from .observe import CallListener, McpAudit
+from .sdk import Bound, bind
+from .tasks import Tasks
 from .toolset import McpTools
-from .tracing import tool_attributes, trace_context
 from .workspaces import Workspaces
 
 if TYPE_CHECKING:
@@ -43,48 +39,18 @@ if TYPE_CHECKING:
 
     from .metrics import McpMetrics
 
-__all__ = ["MCP_PATH", "BearerAuth", "build_server", "generate_token", "serve"]
+__all__ = ["MCP_PATH", "BearerAuth", "generate_token", "serve"]
 
 #: Where the streamable HTTP endpoint is served.
 MCP_PATH = "/mcp"
 
 Transport = Literal["stdio", "http"]
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
-
-_INSTRUCTIONS = (
-    "execspace runs your commands and code in isolated workspaces. Each result names its workspace_id: pass it "
-    "back to keep working on the same files (sessions may be reset between calls). Commands run in work/, and the "
-    "file tools take paths relative to it (inputs/ holds inputs); results go to ../out/ ($OUTPUT_DIR), and images "
-    "your code writes there come back as images."
-)
 
 
 def generate_token() -> str:
     return secrets.token_urlsafe(32)
-
-
-def build_server(tools: McpTools, tracer: Tracer = NO_TRACER) -> Server[Any, Any]:
-    """The MCP server of ``tools``: one workspace default per MCP session; each tool call a span of ``tracer``
-    whose parent is the trace context the client sent (:mod:`.tracing`)."""
-    server: Server[Any, Any] = Server("execspace", version=__version__, instructions=_INSTRUCTIONS)
-
-    async def list_tools() -> list[types.Tool]:
-        return tools.list()
-
-    async def call_tool(name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
-        # our own argument checks name the field and the fix; the SDK's jsonschema pass would answer first
-        context = server.request_context
-        if not tracer.enabled:
-            return await tools.call(name, arguments, context.session)
-        parent = trace_context(context.meta, context.request)
-        with tracer.span(f"tools/call {name}", tool_attributes(name), parent=parent, kind="server") as span:
-            result = await tools.call(name, arguments, context.session)
-            span.set("execspace.tool.is_error", bool(result.isError))
-            return result
-
-    server.list_tools()(list_tools)  # type: ignore[no-untyped-call]  # the SDK leaves its decorators untyped
-    server.call_tool(validate_input=False)(call_tool)
-    return server
 
 
 class BearerAuth:
@@ -156,21 +122,23 @@ async def serve(
             caller = key_id(token) if transport == "http" and token else None
             tools = McpTools(engine, config, workspaces, _artifacts(config), listeners, caller)
             if counted is not None:
-                counted.expect([t.name for t in tools.list()])
+                counted.expect(tools.names())
+            tasks = Tasks(after=config.task_after, ttl=config.task_ttl)
             reaper = asyncio.create_task(workspaces.reap_forever(config.reap_interval))
             try:
-                server = build_server(tools, tracer)
+                bound = bind(McpApp(tools, tasks, tracer))
                 with _reopened_on_hangup(audit):
                     if sock is None:
-                        await _serve_stdio(server)
+                        await bound.serve_stdio()
                     else:
                         assert token is not None  # checked above
                         scrape = _Scrape(counted.registry if counted is not None else None, metrics)
-                        await _serve_http(server, sock, host, token, config.max_file_bytes, on_ready, scrape)
+                        await _serve_http(bound, sock, host, token, config.max_file_bytes, on_ready, scrape)
             finally:
                 reaper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reaper
+                await tasks.aclose()  # their runs stop before their workspaces go
                 await tools.aclose()
                 await workspaces.aclose()
     finally:
@@ -237,13 +205,8 @@ def _artifacts(config: McpConfig) -> ArtifactService:
     return FileArtifactService(config.artifacts_dir)
 
 
-async def _serve_stdio(server: Server[Any, Any]) -> None:
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
-
-
 async def _serve_http(
-    server: Server[Any, Any],
+    bound: Bound,
     sock: socket.socket,
     host: str,
     token: str,
@@ -251,12 +214,8 @@ async def _serve_http(
     on_ready: Callable[[str, int], None] | None,
     scrape: _Scrape,
 ) -> None:
-    manager = StreamableHTTPSessionManager(
-        app=server,
-        security_settings=_security(host),
-        # a write_file of max_file_bytes arrives base64-encoded (4/3) inside a JSON-RPC message
-        max_request_body_size=max_file_bytes * 4 // 3 + 64 * 1024,
-    )
+    # a write_file of max_file_bytes arrives base64-encoded (4/3) inside a JSON-RPC message
+    manager = bound.http_manager(loopback=host in _LOOPBACK, max_body=max_file_bytes * 4 // 3 + 64 * 1024)
     app = MetricsEndpoint(BearerAuth(manager.handle_request, token), scrape.registry, scrape.access, lambda: (token,))
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     async with manager.run():
@@ -275,16 +234,3 @@ class _Uvicorn(uvicorn.Server):
         if self.started and self._on_ready is not None and sockets:
             host, port = sockets[0].getsockname()[:2]
             self._on_ready(host, port)
-
-
-def _security(host: str) -> TransportSecuritySettings:
-    """On a loopback address, Host and Origin must name it (a web page's DNS rebinding); elsewhere the token is
-    the only gate, as the names the server is reached by are not known here."""
-    loopback = ("127.0.0.1", "localhost", "[::1]")
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=[f"{h}:*" for h in loopback] + list(loopback),
-        allowed_origins=[f"http://{h}:*" for h in loopback],
-    )

@@ -1,9 +1,12 @@
-"""The tools the MCP server offers, over the tools floor, each reaching a workspace by id or by session.
+"""The tools the MCP server offers, over the tools floor, each reaching a workspace by its handle or by session.
 
-Every tool that works in a workspace takes an optional ``workspace_id``; without one the call goes to the MCP
-session's default workspace (:mod:`.workspaces`), and every result names the workspace it ran in. Background
-sessions (``workspace_poll``, ``workspace_write_stdin``, ``workspace_kill``) are found by their own
-``session_id``. Results are the tools' JSON; images a call produced come back as MCP image content too.
+Every tool that works in a workspace takes ``workspace_id``, the handle ``workspace_create`` returns. A client of
+a 2025 revision may leave it out: the call goes to its MCP session's default workspace (:mod:`.workspaces`). A
+client of the stateless 2026-07-28 revision has no session, so there the handle is required (its schema says so)
+and must name a workspace that exists. Every result names the workspace it ran in. Background sessions
+(``workspace_poll``, ``workspace_write_stdin``, ``workspace_kill``) are found by their own ``session_id``. Results
+are the tools' JSON, as text and as structured content (``outputSchema`` on the tools that return data); images a
+call produced come back as MCP image content too.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from mcp import types
 
 from ..artifacts import ArtifactService
 from ..errors import ExecspaceError, InvalidSpec, UsageError
@@ -34,10 +35,12 @@ from ..tools import (
     check_arguments,
     error_result,
 )
+from .calls import Caller
 from .config import McpConfig
 from .content import render
 from .files import FileTools
 from .observe import CallListener, ToolCall
+from .outputs import output_schema
 from .paths import BASE_RULE, in_workspace
 from .workspaces import Workspaces
 
@@ -53,6 +56,11 @@ _WORKSPACE_ID = {
     "maxLength": 194,
     "description": "The workspace to use (from workspace_create or an earlier result). Omit it to use this "
     "session's default workspace. Give it whenever you know it: sessions may be reset between calls.",
+}
+_HANDLE = {
+    **_WORKSPACE_ID,
+    "description": "The workspace to use: the workspace_id workspace_create returned (or an earlier result named). "
+    "Required: this connection has no session, so the handle is what keeps your files between calls.",
 }
 _LANGUAGES = ("python", "bash", "javascript")
 
@@ -143,16 +151,28 @@ class McpTools:
         spec = SkillRunTool(library, self.engine, _NO_WORKSPACE, max_timeout=max_timeout).spec
         return [_Entry(listing.spec, _calling(listing), False), _Entry(_in_workspace(spec), run, True)]
 
-    def list(self) -> list[types.Tool]:
-        return [
-            types.Tool(name=e.spec.name, description=e.spec.description, inputSchema=e.spec.json_schema())
-            for e in self._entries.values()
-        ]
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def list(self, caller: Caller) -> list[dict[str, Any]]:
+        """The tools as ``tools/list`` gives them to ``caller`` (a stateless one must name its workspace)."""
+        return [self._listed(e, caller.stateless) for e in self._entries.values()]
+
+    @staticmethod
+    def _listed(entry: _Entry, stateless: bool) -> dict[str, Any]:
+        schema = entry.spec.json_schema()
+        if entry.in_workspace and stateless:
+            schema["properties"] = {**schema["properties"], "workspace_id": _HANDLE}
+            schema["required"] = [*schema.get("required", ()), "workspace_id"]
+        tool = {"name": entry.spec.name, "description": entry.spec.description, "inputSchema": schema}
+        output = output_schema(entry.spec.name)
+        return tool if output is None else {**tool, "outputSchema": output}
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def call(self, name: str, arguments: Mapping[str, Any] | None, session: object) -> types.CallToolResult:
-        """Run tool ``name`` for the MCP session ``session``; every mistake is an error result the model reads."""
+    async def call(self, name: str, arguments: Mapping[str, Any] | None, caller: Caller) -> dict[str, Any]:
+        """Run tool ``name`` for ``caller``: its ``CallToolResult`` (wire form); every mistake is an error result
+        the model reads."""
         args = dict(arguments or {})
         given = dict(args)
         started = time.monotonic()
@@ -165,7 +185,7 @@ class McpTools:
                 workspace_id = args.pop("workspace_id", None)
                 if workspace_id is not None and not isinstance(workspace_id, str):
                     raise InvalidSpec("workspace_id must be a string")
-                ws = await self.workspaces.resolve(workspace_id, session)
+                ws = await self.workspaces.resolve(workspace_id, caller.session)
             result = await self._run(entry, ws, args)
         except FileNotFoundError as exc:
             result = error_result(exc, hint=f"no such file or directory ({BASE_RULE}): list_files shows what is there")

@@ -12,14 +12,12 @@ __all__ = ["tool_attributes", "trace_context"]
 _KEYS = ("traceparent", "tracestate")
 
 
-def trace_context(meta: Any, request: Any) -> dict[str, str]:
-    """The W3C trace context of a request, from its ``_meta`` (``RequestParams.Meta``, whose extra fields are the
-    client's), else from its HTTP headers; empty when it carries none (the call starts a trace)."""
-    extra = getattr(meta, "model_extra", None) or {}
-    found = {key: value for key in _KEYS if isinstance(value := extra.get(key), str)}
+def trace_context(meta: Mapping[str, Any], headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The W3C trace context of a request, from its ``_meta`` (the client's own keys), else from its HTTP
+    headers; empty when it carries none (the call starts a trace)."""
+    found = {key: value for key in _KEYS if isinstance(value := meta.get(key), str)}
     if found:
         return found
-    headers: Mapping[str, str] | None = getattr(request, "headers", None)
     if headers is None:
         return {}
     return {key: value for key in _KEYS if (value := headers.get(key)) is not None}

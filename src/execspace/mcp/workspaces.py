@@ -1,8 +1,10 @@
-"""The workspaces an MCP server serves: found by an explicit id, or the default one of an MCP session.
+"""The workspaces an MCP server serves: found by an explicit handle, or the default one of an MCP session.
 
 Clients such as claude.ai re-initialise and drop ``Mcp-Session-Id`` between calls, so a session's state must also
 be reachable by the id every result names: any tool call may give ``workspace_id``. Without one the call goes to
-its session's default workspace, created on first use. A workspace left idle past the limit (no tool call and no
+its session's default workspace, created on first use. A request of the stateless 2026-07-28 revision has no
+session: it must give the handle ``workspace_create`` minted (or named), and an unknown one is an error, never a
+new empty workspace in its place. A workspace left idle past the limit (no tool call and no
 program running in it) is removed with everything in it, as is every workspace when the server stops.
 """
 
@@ -58,14 +60,37 @@ class Workspaces:
         self._defaults: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._lock = asyncio.Lock()
 
-    async def resolve(self, workspace_id: str | None, session: object) -> Workspace:
-        """The workspace ``workspace_id`` (created if new), or ``session``'s default one."""
+    async def resolve(self, workspace_id: str | None, session: object | None) -> Workspace:
+        """The workspace ``workspace_id`` (created if new), or ``session``'s default one; without a session
+        (``None``), the existing workspace ``workspace_id``.
+
+        Raises:
+            InvalidSpec: no session and no ``workspace_id``.
+            WorkspaceNotFound: no session, and no workspace ``workspace_id``.
+        """
+        if session is None:
+            return self._existing(workspace_id)
         if workspace_id is None:
             workspace_id = self._defaults.get(session)
             if workspace_id is None or workspace_id not in self._entries:
                 workspace_id = f"mcp-{secrets.token_hex(6)}"
                 self._defaults[session] = workspace_id
         return (await self.create(workspace_id))[0]
+
+    def _existing(self, workspace_id: str | None) -> Workspace:
+        if workspace_id is None:
+            raise InvalidSpec(
+                "workspace_id is required on this connection (MCP 2026-07-28 has no session): call workspace_create "
+                "and pass the workspace_id it returns to every call on that workspace"
+            )
+        entry = self._entries.get(workspace_id)
+        if entry is None:
+            raise WorkspaceNotFound(
+                f"no workspace {workspace_id!r} on this server (it was closed, idle too long, or never made): "
+                "call workspace_create for a new one, or workspace_list for those there are"
+            )
+        entry.last_used = self._clock()
+        return entry.ws
 
     async def create(self, workspace_id: str | None = None) -> tuple[Workspace, bool]:
         """The workspace ``workspace_id`` (a new id when ``None``) and whether it was created now.
