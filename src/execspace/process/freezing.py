@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Seque
 from typing import Protocol
 
 from ..errors import FreezeFailed
+from .proctree import children
 
 __all__ = ["SETTLE_SECONDS", "Freezer", "Hold", "StoppedTree", "held", "stop_signals"]
 
@@ -244,7 +245,7 @@ def _trees(roots: list[int], keep: frozenset[int]) -> list[int]:
         if pid in keep:
             spared.update(path)
         pids.append(pid)
-        pending += [(child, (*path, pid)) for child in _children(pid)]
+        pending += [(child, (*path, pid)) for child in children(pid)]
     return [pid for pid in pids if pid not in keep and pid not in spared]
 
 
@@ -268,18 +269,6 @@ def _ids(pid: int) -> tuple[int, int]:
         return int(fields[2]), int(fields[3])
     except (OSError, IndexError, ValueError):
         return 0, 0
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(c) for c in f.read().split()]
-    return out
 
 
 #: States of a thread that runs no more: stopped, traced, a zombie, dead.

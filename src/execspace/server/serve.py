@@ -36,6 +36,7 @@ from ..tracing import from_environment
 from .app import E2BApp
 from .builds import EnvironmentBuilds
 from .connections import ConnectionGuard, raise_descriptor_limit
+from .idle import IdleWatch
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
 from .ledger import Ledger
@@ -187,14 +188,15 @@ async def _serve_engines(
             app = RequestLog(app, options.domain)
         if opts.tracer is not None and opts.tracer.enabled:
             app = TracedRequests(app, opts.tracer, sandboxes)
-        reaper = asyncio.create_task(sandboxes.reap())
+        watches = [asyncio.create_task(sandboxes.reap()), asyncio.create_task(IdleWatch(sandboxes).run())]
         sandboxes.pool.fill()
         try:
             await serve_app(app, sock, options, on_ready, sandboxes.close, tls, descriptors)
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            for watch in watches:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             await sandboxes.close()
             await interpreter.aclose()
 

@@ -9,7 +9,9 @@ claimed and the backend falls back to rlimits (and says so in Capabilities).
 
 The freezer (v1's ``freezer`` controller, v2's ``cgroup.freeze``) is why every run and session gets a group where
 there is one, limits or not: signals cannot hold a tree whose processes wake each other (``SIGCONT``) faster than
-they are stopped, the kernel's freezer can (:class:`GroupFreeze`).
+they are stopped, the kernel's freezer can (:class:`GroupFreeze`). The group counts the CPU its processes use too
+(v1's ``cpuacct`` controller, v2's ``cpu.stat``, which every v2 group has): one read tells ``execspace serve`` whether
+a sandbox is idle (:meth:`RunCgroup.cpu_clock`), where a walk of its processes would read a file per process.
 
 The child joins its group in ``preexec_fn`` *before* it drops to the sandbox uid
 (joining needs privileges the sandbox uid must not have), so every process of
@@ -31,6 +33,7 @@ from pathlib import Path
 from ...models import ResourceLimits
 from ...owner import pid_alive
 from ...process.freezing import Hold, StoppedTree
+from ...process.proctree import tree_cpu_seconds
 
 __all__ = ["BWRAP_HELPER_PIDS", "CgroupSupport", "GroupFreeze", "RunCgroup"]
 
@@ -41,6 +44,10 @@ BWRAP_HELPER_PIDS = 2
 _CONTROLLERS = {"memory": "memory_bytes", "pids": "pids", "cpu": "cpus"}
 #: The v1 controller that freezes a group (v2 freezes any group but the root: ``cgroup.freeze``).
 _FREEZER = "freezer"
+#: The v1 controller that counts a group's CPU time (v2 counts it in any group: ``cpu.stat``).
+_ACCOUNTING = "cpuacct"
+#: The controllers every run's group joins where they are there, limits or not.
+_ALWAYS = (_FREEZER, _ACCOUNTING)
 #: The file that freezes a group, by cgroup version.
 _STATE = {1: "freezer.state", 2: "cgroup.freeze"}
 #: The name of the frozen group a hold makes in a run's group (``held-<hex>``).
@@ -82,7 +89,7 @@ def _mounts() -> dict[str, Path]:
                 found.setdefault("", mount_point)
             elif fstype == "cgroup":
                 for opt in options.split(","):
-                    if opt in _CONTROLLERS or opt == _FREEZER:
+                    if opt in _CONTROLLERS or opt in _ALWAYS:
                         found.setdefault(opt, mount_point)
     return found
 
@@ -123,6 +130,10 @@ class CgroupSupport:
         if freezer is not None and _can_create(freezer.path, _STATE[freezer.version]):
             bases[_FREEZER] = freezer
             _remove_stale(freezer)
+        accounting = cls._v1_base(_ACCOUNTING, groups, mounts)
+        if accounting is not None and _can_create(accounting.path, "cpuacct.usage"):
+            bases[_ACCOUNTING] = accounting
+            _remove_stale(accounting)
         return cls(bases)
 
     @staticmethod
@@ -155,9 +166,9 @@ class CgroupSupport:
         return _Base(_FREEZER, 2, v2[0] if v2 else own / "execspace")
 
     def create(self, limits: ResourceLimits) -> RunCgroup | None:
-        """A fresh group for one run with the requested limits, and the freezer where there is one; None when
-        neither is there."""
-        wanted = {c: b for c, b in self._bases.items() if c == _FREEZER or getattr(limits, _CONTROLLERS[c]) is not None}
+        """A fresh group for one run with the requested limits, and the freezer and CPU accounting where they are
+        there; None when none of them is."""
+        wanted = {c: b for c, b in self._bases.items() if c in _ALWAYS or getattr(limits, _CONTROLLERS[c]) is not None}
         if not wanted:
             return None
         name = f"run-{os.getpid()}-{secrets.token_hex(6)}"
@@ -206,8 +217,11 @@ class RunCgroup:
         self.versions = versions
 
     def setup(self, limits: ResourceLimits) -> None:
+        made: set[Path] = set()
         for controller, path in self.paths.items():
-            path.mkdir(exist_ok=self.versions[controller] == 2)  # v2: one group for every controller
+            # v2: one group for every controller; v1: one for controllers mounted together (cpu,cpuacct)
+            path.mkdir(exist_ok=self.versions[controller] == 2 or path in made)
+            made.add(path)
             v1 = self.versions[controller] == 1
             if controller == "memory" and limits.memory_bytes is not None:
                 _write(path / ("memory.limit_in_bytes" if v1 else "memory.max"), limits.memory_bytes)
@@ -236,6 +250,21 @@ class RunCgroup:
         if path is None:
             return StoppedTree(roots, keep)
         return GroupFreeze(path, self.versions[_FREEZER], keep)
+
+    def cpu_clock(self, roots: Sequence[int]) -> float:
+        """The run's :data:`~execspace.process.proctree.CpuClock`: the CPU seconds its group counted (v1's
+        ``cpuacct.usage``, v2's ``cpu.stat``), else (no accounting here, or the group is gone) the tree's under
+        ``roots`` summed."""
+        accounting = self.paths.get(_ACCOUNTING)
+        v2 = next((p for c, p in self.paths.items() if self.versions[c] == 2), None)
+        try:
+            if accounting is not None:
+                return int((accounting / "cpuacct.usage").read_text()) / 1e9
+            if v2 is not None:
+                return _events(v2 / "cpu.stat")["usage_usec"] / 1e6
+        except (OSError, ValueError, KeyError):
+            pass  # removed with its run: what is left of the tree is summed
+        return tree_cpu_seconds(roots)
 
     def join_fn(self) -> Callable[[], None]:
         """For ``preexec_fn``: move the calling (child) process into every group."""
