@@ -21,7 +21,7 @@ from e2b.exceptions import SandboxNotRunningException
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
 from tests.support import held_still
 
-from .conftest import Server, configured_server, in_homes, until
+from .conftest import Server, configured_server, in_homes, running_server, until
 
 #: Seconds of idleness after which the module's server pauses an autoPause sandbox.
 IDLE = 2
@@ -225,6 +225,28 @@ def _is_reader(pid: int) -> bool:
         return Path(f"/proc/{pid}/cmdline").read_bytes() == b"cat\0pipe\0"
     except OSError:
         return False
+
+
+def test_without_a_cgroup_the_cpu_is_read_from_proc_and_the_pause_is_sigstop(tmp_path: Path) -> None:
+    """The local backend: no cgroup counts or holds its programs; their CPU times are summed from /proc, and the
+    idle pause stops them with SIGSTOP (state T, as the host sees them); the next command continues them."""
+    tag = new_tag("idle-local")
+    flags = ("--backend", "local", "--kernel-environment", "none", "--allow-internet-access", "--allow-host-network")
+    with running_server(tmp_path / "ws", *flags, "--idle-pause", str(IDLE)) as server:
+        api = {"api_key": server.key, "api_url": server.url, "sandbox_url": server.url}
+        sandbox = Sandbox.create(lifecycle=AUTO_PAUSE, timeout=120, allow_internet_access=True, **api)
+        try:
+            sandbox.commands.run("sleep 600", background=True, envs=tagged(tag)).disconnect()
+            until("the sleep started", lambda: bool(pids_with(tag)))
+            state = lambda: Sandbox.get_info(sandbox.sandbox_id, **api).state  # noqa: E731
+            until("the sandbox paused", lambda: state() is SandboxState.PAUSED, within=4 * IDLE + 10)
+            assert pids_with(tag) and all(held_still(pid) for pid in pids_with(tag))
+            assert sandbox.commands.run("echo on").stdout == "on\n"
+            assert state() is SandboxState.RUNNING
+            assert not any(held_still(pid) for pid in pids_with(tag))
+        finally:
+            sandbox.kill()
+    assert wait_no_process(tag, within=15) == []
 
 
 def _assert_running(sandbox: Sandbox) -> None:

@@ -301,8 +301,9 @@ class GroupFreeze:
     """A :class:`~execspace.process.freezing.Hold` by the cgroup freezer: every process of a run's group but ``keep``
     and their ancestors (a session's supervisor and bwrap, which keep answering) is moved into a frozen group of
     this hold's own below it, where the kernel holds it whatever signal it gets; a process forked or started before
-    its move is moved by the next pass. Release moves them back (a frozen process moved into a thawed group
-    continues) and removes the frozen group. Holds nest: each has its own frozen group.
+    its move is moved by the next pass. Letting go thaws the frozen group (everything in it runs again at once);
+    release, after the last pass, moves them back and removes the frozen group. Holds nest: each has its own frozen
+    group.
 
     A hold never outlives this process: a v1 frozen process does not even die of a signal until it is thawed (the
     kill bwrap's death sends its sandbox when this process dies, ``--die-with-parent``, would wait forever), and a
@@ -325,7 +326,7 @@ class GroupFreeze:
             self._thawer = _thawer(self._held, self._version)
             _freeze(self._held, self._version, frozen=True)
         moved = 0
-        for pid in _procs(self._group):
+        for pid in self._loose():
             if stop.is_set():
                 return "interrupted"
             if pid not in self._spared:
@@ -337,13 +338,31 @@ class GroupFreeze:
             return "the kernel has not frozen every process yet (one in uninterruptible sleep, on a slow disk?)"
         return None
 
+    def _loose(self) -> list[int]:
+        """What a pass holds: the processes of the run's group, and those of another hold's group that was let go
+        (thawed, they run; its release, after its thread's last pass, has not moved them back yet)."""
+        pids = _procs(self._group)
+        with contextlib.suppress(OSError):
+            for other in self._group.iterdir():
+                if other.name.startswith(_HELD) and other != self._held and _thawed(other, self._version):
+                    pids += _procs(other)
+        return pids
+
+    def let_go(self) -> bool:
+        """Thaw the frozen group: everything in it runs again at once (a process a pass still moves there too),
+        and goes back to the run's group at :meth:`release`."""
+        if self._made:
+            with contextlib.suppress(OSError):
+                _freeze(self._held, self._version, frozen=False)
+        return True
+
     def release(self) -> None:
         if not self._made:
             return
+        with contextlib.suppress(OSError):
+            _freeze(self._held, self._version, frozen=False)  # what a pass made after let_go, if it came first
         for pid in _procs(self._held):
             _move(pid, self._group)
-        with contextlib.suppress(OSError):
-            _freeze(self._held, self._version, frozen=False)  # whatever could not be moved continues where it is
         if self._thawer is not None:
             thawer, pipe = self._thawer
             os.close(pipe)
@@ -412,6 +431,16 @@ def _parent(pid: int) -> int | None:
 def _freeze(group: Path, version: int, *, frozen: bool) -> None:
     state = ("FROZEN" if frozen else "THAWED") if version == 1 else ("1" if frozen else "0")
     (group / _STATE[version]).write_text(state)
+
+
+def _thawed(group: Path, version: int) -> bool:
+    """Whether ``group`` was asked to thaw (a hold let go of it), not to freeze."""
+    try:
+        if version == 1:
+            return (group / "freezer.state").read_text().strip() == "THAWED"
+        return (group / "cgroup.freeze").read_text().strip() == "0"
+    except OSError:
+        return False
 
 
 def _frozen(group: Path, version: int) -> bool:
