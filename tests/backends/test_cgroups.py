@@ -261,9 +261,13 @@ async def test_the_freezer_holds_a_group_that_wakes_and_forks(freezer_support: C
                 for pid in pids:  # signals from outside do not thaw it
                     os.kill(pid, signal.SIGCONT)
                 _nothing_runs(pids)
-            # let go: every child runs again, back in the run's own group, the frozen one gone
+            # let go: every child runs again where it was held, its group thawed; the next hold takes them in from
+            # there, and its group is the only one left after it
             _until("the children ran again", lambda: _moved(pids))
-            assert [p.name for p in group.paths["freezer"].iterdir() if p.is_dir()] == []
+            async with held([group.freezer([proc.pid], ())]):
+                _nothing_runs(_members(group), window=0.3)
+            _until("the children ran again", lambda: _moved(_members(group)))
+            assert len([p for p in group.paths["freezer"].iterdir() if p.is_dir()]) == 1
     finally:
         group.remove()
     assert not group.paths["freezer"].exists()

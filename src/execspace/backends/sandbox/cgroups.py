@@ -292,8 +292,11 @@ class RunCgroup:
         return None
 
     def remove(self) -> None:
-        """Remove the groups; processes are gone by now, retry briefly while the kernel settles."""
+        """Remove the groups, the thawed ones holds left below them first; processes are gone by now, retry
+        briefly while the kernel settles."""
         for path in dict.fromkeys(self.paths.values()):
+            for held in path.glob(f"{_HELD}*"):
+                _rmdir(held)
             _rmdir(path)
 
 
@@ -301,9 +304,10 @@ class GroupFreeze:
     """A :class:`~execspace.process.freezing.Hold` by the cgroup freezer: every process of a run's group but ``keep``
     and their ancestors (a session's supervisor and bwrap, which keep answering) is moved into a frozen group of
     this hold's own below it, where the kernel holds it whatever signal it gets; a process forked or started before
-    its move is moved by the next pass. Letting go thaws the frozen group (everything in it runs again at once);
-    release, after the last pass, moves them back and removes the frozen group. Holds nest: each has its own frozen
-    group.
+    its move is moved by the next pass. Letting go thaws the frozen group: everything in it runs again at once, and
+    stays there (moving a process between groups makes every fork and exit on the host wait for the kernel, which
+    on a busy machine takes milliseconds a resumed sandbox's next command would wait too): the next hold takes them
+    in from it, and the run's group's removal removes it. Holds nest: each has its own frozen group.
 
     A hold never outlives this process: a v1 frozen process does not even die of a signal until it is thawed (the
     kill bwrap's death sends its sandbox when this process dies, ``--die-with-parent``, would wait forever), and a
@@ -339,18 +343,21 @@ class GroupFreeze:
         return None
 
     def _loose(self) -> list[int]:
-        """What a pass holds: the processes of the run's group, and those of another hold's group that was let go
-        (thawed, they run; its release, after its thread's last pass, has not moved them back yet)."""
+        """What a pass holds: the processes of the run's group, and those of other holds' groups that were let go
+        (thawed, they run there); such a group left empty is removed."""
         pids = _procs(self._group)
         with contextlib.suppress(OSError):
             for other in self._group.iterdir():
                 if other.name.startswith(_HELD) and other != self._held and _thawed(other, self._version):
-                    pids += _procs(other)
+                    found = _procs(other)
+                    if not found:
+                        with contextlib.suppress(OSError):
+                            other.rmdir()
+                    pids += found
         return pids
 
     def let_go(self) -> bool:
-        """Thaw the frozen group: everything in it runs again at once (a process a pass still moves there too),
-        and goes back to the run's group at :meth:`release`."""
+        """Thaw the frozen group: everything in it runs again at once (a process a pass still moves there too)."""
         if self._made:
             with contextlib.suppress(OSError):
                 _freeze(self._held, self._version, frozen=False)
@@ -361,14 +368,13 @@ class GroupFreeze:
             return
         with contextlib.suppress(OSError):
             _freeze(self._held, self._version, frozen=False)  # what a pass made after let_go, if it came first
-        for pid in _procs(self._held):
-            _move(pid, self._group)
         if self._thawer is not None:
             thawer, pipe = self._thawer
             os.close(pipe)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 thawer.wait(timeout=1.0)
-        _rmdir(self._held)
+        with contextlib.suppress(OSError):
+            self._held.rmdir()  # held nothing (else its processes stay in it, thawed: see the class)
 
 
 def _thawer(group: Path, version: int) -> tuple[subprocess.Popen[bytes], int]:
