@@ -215,6 +215,8 @@ class RunCgroup:
     def __init__(self, paths: dict[str, Path], versions: dict[str, int]) -> None:
         self.paths = paths
         self.versions = versions
+        self._let_go: set[Path] = set()
+        """The frozen groups of its holds that were let go, their processes still in them (:class:`GroupFreeze`)."""
 
     def setup(self, limits: ResourceLimits) -> None:
         made: set[Path] = set()
@@ -249,7 +251,7 @@ class RunCgroup:
         path = self.paths.get(_FREEZER)
         if path is None:
             return StoppedTree(roots, keep)
-        return GroupFreeze(path, self.versions[_FREEZER], keep)
+        return GroupFreeze(path, self.versions[_FREEZER], keep, self._let_go)
 
     def cpu_clock(self, roots: Sequence[int]) -> float:
         """The run's :data:`~execspace.process.proctree.CpuClock`: the CPU seconds its group counted (v1's
@@ -315,8 +317,10 @@ class GroupFreeze:
     its own that thaws the frozen group once the pipe from this process closes: at release, or when this process
     dies, however it dies."""
 
-    def __init__(self, group: Path, version: int, keep: Collection[int]) -> None:
+    def __init__(self, group: Path, version: int, keep: Collection[int], let_go: set[Path]) -> None:
         self._group = group
+        self._let_go = let_go
+        """The frozen groups the run's holds let go (shared by them): their processes are the next hold's too."""
         self._version = version
         self._held = group / f"{_HELD}{secrets.token_hex(4)}"
         self._spared = _with_ancestors(keep, _procs(group))
@@ -343,17 +347,16 @@ class GroupFreeze:
         return None
 
     def _loose(self) -> list[int]:
-        """What a pass holds: the processes of the run's group, and those of other holds' groups that were let go
-        (thawed, they run there); such a group left empty is removed."""
+        """What a pass holds: the processes of the run's group, and those of the groups other holds let go
+        (thawed, they run there); such a group found empty is removed."""
         pids = _procs(self._group)
-        with contextlib.suppress(OSError):
-            for other in self._group.iterdir():
-                if other.name.startswith(_HELD) and other != self._held and _thawed(other, self._version):
-                    found = _procs(other)
-                    if not found:
-                        with contextlib.suppress(OSError):
-                            other.rmdir()
-                    pids += found
+        for other in list(self._let_go):
+            found = _procs(other)
+            if not found:
+                with contextlib.suppress(OSError):
+                    other.rmdir()
+                self._let_go.discard(other)
+            pids += found
         return pids
 
     def let_go(self) -> bool:
@@ -361,6 +364,7 @@ class GroupFreeze:
         if self._made:
             with contextlib.suppress(OSError):
                 _freeze(self._held, self._version, frozen=False)
+            self._let_go.add(self._held)
         return True
 
     def release(self) -> None:
@@ -373,8 +377,10 @@ class GroupFreeze:
             os.close(pipe)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 thawer.wait(timeout=1.0)
-        with contextlib.suppress(OSError):
-            self._held.rmdir()  # held nothing (else its processes stay in it, thawed: see the class)
+        if not _procs(self._held):  # held nothing, or its processes ended (else they stay in it: see the class)
+            with contextlib.suppress(OSError):
+                self._held.rmdir()
+                self._let_go.discard(self._held)
 
 
 def _thawer(group: Path, version: int) -> tuple[subprocess.Popen[bytes], int]:
@@ -437,16 +443,6 @@ def _parent(pid: int) -> int | None:
 def _freeze(group: Path, version: int, *, frozen: bool) -> None:
     state = ("FROZEN" if frozen else "THAWED") if version == 1 else ("1" if frozen else "0")
     (group / _STATE[version]).write_text(state)
-
-
-def _thawed(group: Path, version: int) -> bool:
-    """Whether ``group`` was asked to thaw (a hold let go of it), not to freeze."""
-    try:
-        if version == 1:
-            return (group / "freezer.state").read_text().strip() == "THAWED"
-        return (group / "cgroup.freeze").read_text().strip() == "0"
-    except OSError:
-        return False
 
 
 def _frozen(group: Path, version: int) -> bool:
