@@ -15,10 +15,11 @@ then is let go on (everything stopped is continued) and :class:`~execspace.error
 settled, a watcher thread keeps making passes for the whole block, so a process woken or started meanwhile is held
 again within :data:`_MAX_INTERVAL`. Only pids found in the trees (or groups) are signalled or moved.
 
-At the end of the block, a hold that can let everything run again at once (:meth:`Hold.let_go`: a thawed cgroup)
-does so, and the watcher's thread tidies up after its last pass (:meth:`Hold.release`) on its own, so that whoever
-leaves the block (a paused sandbox's next request) waits for no other thread or process to be scheduled; signals
-are only sent once the last pass is over (a stop of that pass would undo them), and the block ends after them.
+At the end of the block, when every hold can let everything run again at once (:meth:`Hold.let_go`: a thawed
+cgroup), they do, and the watcher's thread tidies up after its last pass (:meth:`Hold.release`) on its own, so that
+whoever leaves the block (a paused sandbox's next request) waits for no other thread or process to be scheduled.
+Otherwise the block ends once the thread has and everything was released: signals are sent only after the last
+pass (a stop of that pass would undo them).
 """
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ class StoppedTree:
         """When the passes began to find every process stopped (None: the last one did not)."""
 
     def let_go(self) -> bool:
+        """Never: a ``SIGCONT`` sent while a pass may still send ``SIGSTOP`` would be undone."""
         return False
 
     def sweep(self, stop: threading.Event) -> str | None:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import FreezeFailed
-from ..protocols import SupportsCpuUsage
+from ..protocols import SupportsCpuUsage, SupportsFreezing
 from .sandboxes import Sandbox, Sandboxes
 
 __all__ = ["IDLE_CPU_SHARE", "IdleWatch"]
@@ -73,7 +73,7 @@ class IdleWatch:
             runner = sandbox.engine.runner
             if sandbox.idle_pause is None or sandbox.paused is not None or sandbox.id in self._pausing:
                 continue
-            if not isinstance(runner, SupportsCpuUsage):
+            if not (isinstance(runner, SupportsCpuUsage) and isinstance(runner, SupportsFreezing)):
                 continue
             look = _next_look(looks.get(sandbox.id), runner.cpu_seconds(sandbox.workspace), now)
             self._looks[sandbox.id] = look
