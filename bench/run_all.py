@@ -24,6 +24,7 @@ from bench_container import run_container
 from bench_core import Plan, Report, Row, machine_info, run_core
 from bench_e2b import run_e2b
 from bench_egress import run_egress
+from bench_idle import run_idle
 from bench_inject import run_inject
 from bench_jupyter import run_jupyter
 from bench_mcp import run_mcp
@@ -136,7 +137,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer iterations (~4× faster, noisier)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the numbers as JSON to FILE")
     groups = ("core", "sandbox", "jupyter", "container", "serve", "e2b", "egress", "inject", "mcp", "cluster")
-    groups += ("tracing", "metrics")
+    groups += ("tracing", "metrics", "idle")
     p.add_argument("--only", choices=groups, help="run one group of benchmarks")
     return p.parse_args(argv)
 
@@ -160,6 +161,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         "cluster": run_cluster,
         "tracing": run_tracing,
         "metrics": run_metrics,
+        "idle": run_idle,
     }
     for name, group in groups.items():
         if args.only not in (None, name):

@@ -45,6 +45,7 @@ __all__ = [
     "Kernels",
     "ProgramHandle",
     "ProgramRunner",
+    "SupportsCpuUsage",
     "SupportsFileMetadata",
     "SupportsFileStreams",
     "SupportsFreezing",
@@ -438,6 +439,20 @@ class SupportsFreezing(Protocol):
             FreezeFailed: (on entering) they could not all be held (they keep waking each other or forking, and only
                 signals hold them); none is, every one stopped on the way continues.
         """
+        ...
+
+
+@runtime_checkable
+class SupportsCpuUsage(Protocol):
+    """A program runner that tells how much CPU the programs it runs in a workspace have used: what ``execspace
+    serve`` compares between two readings to pause a sandbox whose programs do nothing (docs/operations.md "Idle
+    pausing"). Cheap enough to read every second for every workspace: one file per cgroup where the backend counts
+    a workspace's processes together (the sandbox backend's, as root), else a walk of its processes in ``/proc``."""
+
+    def cpu_seconds(self, ws: Workspace) -> float:
+        """The user and system CPU seconds the workspace's programs and their descendants have used so far. A
+        counter: it grows while they work; summed over processes (no cgroup), it also drops when one of them ends
+        (that is a change too)."""
         ...
 
 

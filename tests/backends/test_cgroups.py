@@ -37,7 +37,7 @@ def run_in(group_join, code: str) -> subprocess.CompletedProcess[str]:  # type: 
     )
 
 
-def test_nothing_requested_needs_a_group_only_for_the_freezer(support: CgroupSupport) -> None:
+def test_nothing_requested_needs_a_group_only_for_the_freezer_and_the_cpu_count(support: CgroupSupport) -> None:
     group = support.create(ResourceLimits())
     if not support.freezes:
         assert group is None
@@ -45,9 +45,31 @@ def test_nothing_requested_needs_a_group_only_for_the_freezer(support: CgroupSup
     assert group is not None
     try:
         assert group.enforces() == frozenset()
-        assert list(group.paths) == ["freezer"]
+        assert set(group.paths) - {"cpuacct"} == {"freezer"}  # v1's accounting controller, where it is mounted
     finally:
         group.remove()
+
+
+def test_the_cpu_clock_counts_what_the_groups_processes_use(support: CgroupSupport) -> None:
+    """The group's count, children included: it stands still while they wait and grows while they compute (a
+    second of a busy child's own CPU time, which exits before it is read: no walk of live processes would see it)."""
+    group = support.create(ResourceLimits())
+    if group is None:
+        pytest.skip("no cgroup here")
+    try:
+        waiting = run_in(group.join_fn(), "import time; time.sleep(0.5)")
+        assert waiting.returncode == 0
+        before = group.cpu_clock([])
+        assert run_in(group.join_fn(), "import time; time.sleep(0.5)").returncode == 0
+        after_waiting = group.cpu_clock([])
+        code = "import os, time\nif os.fork() == 0:\n  while time.process_time() < 1: pass\n  os._exit(0)\nos.wait()"
+        assert run_in(group.join_fn(), code).returncode == 0
+        after_computing = group.cpu_clock([])
+    finally:
+        group.remove()
+    assert after_waiting - before < 0.5  # a Python start-up, nothing more
+    assert after_computing - after_waiting > 0.8
+    assert group.cpu_clock([]) == 0  # removed: the tree under no root has used nothing
 
 
 def test_memory_limit_covers_children_and_is_reported(support: CgroupSupport) -> None:
@@ -239,9 +261,13 @@ async def test_the_freezer_holds_a_group_that_wakes_and_forks(freezer_support: C
                 for pid in pids:  # signals from outside do not thaw it
                     os.kill(pid, signal.SIGCONT)
                 _nothing_runs(pids)
-            # let go: every child runs again, back in the run's own group, the frozen one gone
+            # let go: every child runs again where it was held, its group thawed; the next hold takes them in from
+            # there, and its group is the only one left after it
             _until("the children ran again", lambda: _moved(pids))
-            assert [p.name for p in group.paths["freezer"].iterdir() if p.is_dir()] == []
+            async with held([group.freezer([proc.pid], ())]):
+                _nothing_runs(_members(group), window=0.3)
+            _until("the children ran again", lambda: _moved(_members(group)))
+            assert len([p for p in group.paths["freezer"].iterdir() if p.is_dir()]) == 1
     finally:
         group.remove()
     assert not group.paths["freezer"].exists()

@@ -169,3 +169,18 @@ def test_server_options_check_their_templates() -> None:
         ServerOptions(api_keys=("k",), sandbox_disk_mb=0)
     assert options.templates["code-interpreter-v1"].environment == "code-interpreter"
     assert ServerOptions(api_keys=("k",), kernel_environment=None).templates["code-interpreter-v1"].environment is None
+
+
+def test_idle_pause_is_the_templates_else_the_servers(tmp_path: Path) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text("[templates.quick]\nidle_pause = 5\n[templates.awake]\nidle_pause = 0\n")
+    templates = load_config(config)
+    options = ServerOptions(api_keys=("k",), templates=templates, idle_pause=60)
+    assert [options.idle_pause_of(t) for t in ("quick", "awake", "base", "a-snapshot")] == [5, None, 60, 60]
+    assert ServerOptions(api_keys=("k",), templates=templates).idle_pause_of("base") is None  # off by default
+    # the profile (which engine serves it) does not depend on it
+    assert options.profile("quick") == options.profile("base")
+    with pytest.raises(InvalidSpec, match="idle_pause must be positive"):
+        ServerOptions(api_keys=("k",), idle_pause=0)
+    with pytest.raises(InvalidSpec, match=r"template x: idle_pause must be 0 \(never\) or more seconds"):
+        Template("x", idle_pause=-1)

@@ -159,10 +159,18 @@ def add_parser(sub: Any) -> None:
         "held back by its full pipe (default 32)",
     )
     p.add_argument(
+        "--idle-pause",
+        type=float,
+        metavar="SECONDS",
+        help="pause a sandbox created with autoPause once it has been idle this long (its programs use no CPU, no "
+        "request or stream of it is open), resumed by its next request (default: never; a template's idle_pause "
+        "overrides it)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE",
-        help="TOML file with [templates.NAME] tables (environment, cpu_count, memory_mb, disk_mb, pids) and "
-        "[environments.NAME] specs, built the first time a create needs one (docs/server.md)",
+        help="TOML file with [templates.NAME] tables (environment, cpu_count, memory_mb, disk_mb, pids, "
+        "idle_pause) and [environments.NAME] specs, built the first time a create needs one (docs/server.md)",
     )
     p.add_argument(
         "--build-wait",
@@ -328,6 +336,7 @@ async def command(args: argparse.Namespace) -> int:
         build_wait=args.build_wait,
         metrics=args.metrics,
         audit_log=None if args.audit_log is None else args.audit_log.resolve(),
+        idle_pause=args.idle_pause,
     )
 
     tls = TLS(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None

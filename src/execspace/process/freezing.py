@@ -14,6 +14,12 @@ pass included) until one finds everything held, for at most :data:`SETTLE_SECOND
 then is let go on (everything stopped is continued) and :class:`~execspace.errors.FreezeFailed` says so. Once
 settled, a watcher thread keeps making passes for the whole block, so a process woken or started meanwhile is held
 again within :data:`_MAX_INTERVAL`. Only pids found in the trees (or groups) are signalled or moved.
+
+At the end of the block, when every hold can let everything run again at once (:meth:`Hold.let_go`: a thawed
+cgroup), they do, and the watcher's thread tidies up after its last pass (:meth:`Hold.release`) on its own, so that
+whoever leaves the block (a paused sandbox's next request) waits for no other thread or process to be scheduled.
+Otherwise the block ends once the thread has and everything was released: signals are sent only after the last
+pass (a stop of that pass would undo them).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Seque
 from typing import Protocol
 
 from ..errors import FreezeFailed
+from .proctree import children
 
 __all__ = ["SETTLE_SECONDS", "Freezer", "Hold", "StoppedTree", "held", "stop_signals"]
 
@@ -58,8 +65,14 @@ class Hold(Protocol):
         held (for :class:`FreezeFailed`). May end early, as not settled, once ``stop`` is set."""
         ...
 
+    def let_go(self) -> bool:
+        """Let every process held run again now, while a sweep may still be under way; False where only
+        :meth:`release` can, after the last sweep (signals, which that sweep could undo)."""
+        ...
+
     def release(self) -> None:
-        """Let every process this hold stopped continue. Called once, after the last sweep."""
+        """Let every process this hold stopped continue (what :meth:`let_go` did not), and tidy up. Called once,
+        after the last sweep."""
         ...
 
 
@@ -103,6 +116,11 @@ class _Watcher:
         self._settled: asyncio.Future[str | None] = self._loop.create_future()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._ending = threading.Lock()
+        self._over = False
+        """The thread has made its last pass."""
+        self._detached = False
+        """:meth:`close` left the releases to the thread."""
         if holds:
             self._thread = threading.Thread(target=self._run, name="execspace-freeze", daemon=True)
             self._thread.start()
@@ -119,17 +137,39 @@ class _Watcher:
             )
 
     def close(self) -> None:
-        """Stop the watcher (its pass ends at once), then let everything held continue. Idempotent."""
+        """Stop the watcher (its pass ends at once) and let everything held continue: at once where every hold
+        can (the thread then releases them after its pass), else once the thread has ended. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
+        if all([hold.let_go() for hold in self._holds]):  # every one let go: no short cut
+            with self._ending:
+                self._detached = not self._over
+            if self._detached:
+                return
         if self._thread is not None:
             self._thread.join()
+        self._release()
+
+    def _release(self) -> None:
         for hold in self._holds:
-            hold.release()
+            try:
+                hold.release()
+            except Exception:
+                _log.exception("letting a held process tree continue: a release failed")
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            with self._ending:
+                self._over = True
+                detached = self._detached
+            if detached:
+                self._release()
+
+    def _watch(self) -> None:
         deadline = time.monotonic() + SETTLE_SECONDS
         while True:
             try:
@@ -181,6 +221,10 @@ class StoppedTree:
         self._started = time.monotonic()
         self._quiet_since: float | None = None
         """When the passes began to find every process stopped (None: the last one did not)."""
+
+    def let_go(self) -> bool:
+        """Never: a ``SIGCONT`` sent while a pass may still send ``SIGSTOP`` would be undone."""
+        return False
 
     def sweep(self, stop: threading.Event) -> str | None:
         running: list[int] = []
@@ -244,7 +288,7 @@ def _trees(roots: list[int], keep: frozenset[int]) -> list[int]:
         if pid in keep:
             spared.update(path)
         pids.append(pid)
-        pending += [(child, (*path, pid)) for child in _children(pid)]
+        pending += [(child, (*path, pid)) for child in children(pid)]
     return [pid for pid in pids if pid not in keep and pid not in spared]
 
 
@@ -268,18 +312,6 @@ def _ids(pid: int) -> tuple[int, int]:
         return int(fields[2]), int(fields[3])
     except (OSError, IndexError, ValueError):
         return 0, 0
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(c) for c in f.read().split()]
-    return out
 
 
 #: States of a thread that runs no more: stopped, traced, a zombie, dead.

@@ -78,6 +78,10 @@ class Spawning(Protocol):
         """Whether something of it (a session) has the workspace's tree open now (:meth:`HostRunner.holds`)."""
         ...
 
+    def cpu_seconds(self, runner: HostRunner, ws: Workspace) -> float:
+        """How much CPU the workspace's programs have used (:meth:`HostRunner.cpu_seconds`)."""
+        ...
+
 
 #: How ``max_disk_bytes`` is enforced by every host-directory backend (no quota stops the writes themselves).
 DISK_BYTES_DETAIL = (
@@ -339,6 +343,14 @@ class HostRunner:
         if self.spawning is not None:
             return self.spawning.frozen(self, ws)
         return held(proc.freezer([pid], ()) for proc in self.live_processes(ws) if (pid := proc.pid) is not None)
+
+    def cpu_seconds(self, ws: Workspace) -> float:
+        """How much CPU the programs this runner runs in ``ws`` (and their descendants) have used so far, each
+        counted the way its launch says (:attr:`.Launch.cpu_clock`): what ``execspace serve`` compares between two
+        readings to tell an idle sandbox from a busy one (:class:`~execspace.protocols.SupportsCpuUsage`)."""
+        if self.spawning is not None:
+            return self.spawning.cpu_seconds(self, ws)
+        return sum(proc.cpu_seconds() for proc in self.live_processes(ws))
 
     def holds(self, ws: Workspace) -> bool:
         """Whether a program of this runner (or one being started, or what its spawning keeps, such as a session)

@@ -37,6 +37,7 @@ from ..models import OutputChunk, ProgramInfo, PtySize, RunResult
 from .capture import HeadTailBuffer
 from .freezing import Freezer, stop_signals
 from .pacing import OutputPace
+from .proctree import CpuClock, tree_cpu_seconds
 from .programs import OutputLog
 from .runstack import RunStack
 
@@ -109,6 +110,9 @@ class Launch:
     freezer: Freezer = stop_signals
     """How the process's tree is held still for a snapshot or a pause (:mod:`.freezing`): a wrapper's own (the
     sandbox's cgroup freezer), else signals."""
+    cpu_clock: CpuClock = tree_cpu_seconds
+    """How much CPU the process's tree has used (:mod:`.proctree`): a wrapper's own count (the sandbox's cgroup),
+    else the tree's processes summed."""
     output_pace: OutputPace | None = None
     """How fast its output is read (:mod:`.pacing`), shared with the other programs of its workspace; None: as fast
     as it comes."""
@@ -601,6 +605,11 @@ class SupervisedProcess:
     def freezer(self) -> Freezer:
         """How this process's tree is held still (:attr:`Launch.freezer`)."""
         return self._launch.freezer
+
+    def cpu_seconds(self) -> float:
+        """How much CPU this process's tree has used so far (:attr:`Launch.cpu_clock`); 0 before it started."""
+        pid = self.pid
+        return self._launch.cpu_clock([pid]) if pid is not None else 0.0
 
     @property
     def finished(self) -> bool:

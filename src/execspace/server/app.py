@@ -89,6 +89,19 @@ class E2BApp:
             return
         try:
             sandbox, entitled = self._sandbox(scope, headers, target, signed)
+        except _Refused as refused:
+            await refused.respond(scope, receive, send)
+            return
+        if not entitled:
+            await self._data_plane(scope, receive, send, sandbox, target, entitled=False)
+            return
+        with sandbox.activity.request():  # counted before anything is awaited: an idle pause now waits for it
+            await self._data_plane(scope, receive, send, sandbox, target, entitled=True)
+
+    async def _data_plane(
+        self, scope: Scope, receive: Receive, send: Send, sandbox: Sandbox, target: Target | None, *, entitled: bool
+    ) -> None:
+        try:
             await self._awake(sandbox, scope["path"], entitled)
             if entitled:
                 await self._paced(sandbox, scope["path"])
@@ -145,9 +158,12 @@ class E2BApp:
         raise _Refused(path, 401, Code.UNAUTHENTICATED, message)
 
     async def _awake(self, sandbox: Sandbox, path: str, entitled: bool) -> None:
-        """A paused sandbox is resumed by its traffic when it was created with ``autoResume`` and the caller is
-        entitled to it, else refused as E2B's proxy refuses it: 502 "... was not found" (the SDK's
+        """A paused sandbox is resumed by its traffic when it was created with ``autoResume``, or paused by the
+        server for its idleness (being so included: the request waits for that pause), and the caller is entitled
+        to it, else refused as E2B's proxy refuses it: 502 "... was not found" (the SDK's
         ``SandboxNotRunningException``)."""
+        if entitled and sandbox.idle_paused:
+            await self.sandboxes.wake(sandbox)
         if sandbox.paused is None:
             return
         if not (sandbox.auto_resume and entitled):

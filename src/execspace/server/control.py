@@ -496,7 +496,7 @@ class ControlPlane:
 
 
 def _state(sandbox: Sandbox) -> str:
-    return "paused" if sandbox.paused is not None else "running"
+    return sandbox.state
 
 
 async def _json_object(request: Request) -> dict[str, object]:

@@ -139,7 +139,7 @@ class _LiveCollector(Collector):
         )
         counts = {(t, s): 0 for t in self._sandboxes.options.templates for s in ("running", "paused")}
         for sandbox in self._sandboxes:
-            key = (sandbox.template, "paused" if sandbox.paused is not None else "running")
+            key = (sandbox.template, sandbox.state)
             counts[key] = counts.get(key, 0) + 1
         for (template, state), count in sorted(counts.items()):
             live.add_metric([template, state], count)

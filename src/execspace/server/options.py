@@ -99,6 +99,11 @@ class ServerOptions:
     """Largest file ``POST /files`` takes (after gzip decoding)."""
     reap_interval: float = 0.5
     """Seconds between checks for expired sandboxes."""
+    idle_pause: float | None = None
+    """Seconds an ``autoPause`` sandbox may be idle (its programs use no CPU, no request of it is open or made)
+    before it is paused, resumed by its next request (:mod:`.idle`), where its template names none; None: never."""
+    idle_interval: float = 1.0
+    """Seconds between two looks at the sandboxes' idleness (one read of each one's CPU count)."""
     watch_interval: float = 0.2
     """Seconds between polls of a watched directory."""
     keepalive_interval: float = 30.0
@@ -187,6 +192,10 @@ class ServerOptions:
             raise InvalidSpec(
                 "host_network (--allow-host-network) needs allow_internet_access (--allow-internet-access)"
             )
+        if self.idle_pause is not None and self.idle_pause <= 0:
+            raise InvalidSpec(f"idle_pause must be positive seconds (None: never), got {self.idle_pause}")
+        if self.idle_interval <= 0:
+            raise InvalidSpec(f"idle_interval must be positive, got {self.idle_interval}")
         if not 0 < self.default_timeout <= self.max_timeout:
             raise InvalidSpec("default_timeout must be positive and at most max_timeout")
         for name in ("sandbox_memory_mb", "sandbox_pids", "sandbox_disk_mb"):
@@ -201,6 +210,14 @@ class ServerOptions:
         the template names none."""
         found = self.templates.get(template) or self.templates["base"]
         return found.profile(self.sandbox_cpus, self.sandbox_memory_mb, self.sandbox_pids, self.sandbox_disk_mb)
+
+    def idle_pause_of(self, template: str) -> float | None:
+        """Seconds an ``autoPause`` sandbox of ``template`` (a snapshot's: ``base``'s) may be idle before it is
+        paused: the template's, else the server's; None: never."""
+        found = (self.templates.get(template) or self.templates["base"]).idle_pause
+        if found is None:
+            return self.idle_pause
+        return found or None
 
     def resources(self, template: str) -> tuple[int, int, int]:
         """``cpuCount``, ``memoryMB`` and ``diskSizeMB`` of a sandbox of ``template``'s info: its limits where it

@@ -10,6 +10,10 @@ the cgroup freezer as root, else ``SIGSTOP`` sent again to whatever wakes; its k
 its session too), in memory: nothing is persisted, and a server that ends takes it with it. Its lifetime clock
 stops with it. A sandbox is never reported paused while a program of it runs: a pause whose programs cannot all be
 held fails (:class:`~execspace.errors.FreezeFailed`) and leaves it running, its clock too.
+
+The server pauses an ``autoPause`` sandbox that has been idle for its ``idle_pause`` (:mod:`.idle`, which decides
+when): such a pause is the server's, and the sandbox's next request resumes it, ``autoResume`` or not; a request
+that comes while it is being made waits for it, then resumes it (:meth:`Sandboxes.wake`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Literal
 from ..errors import CapabilityError, ExecspaceError, FreezeFailed, ProgramNotFound, WorkspaceNotFound
 from ..models import RunProgramSpec, RunResult, Snapshot, Workspace
 from ..protocols import Engine, ProgramHandle, SupportsFreezing, SupportsSnapshots
+from .activity import Activity
 from .events import Events, Refused, SandboxChanged
 from .ledger import Ledger
 from .network import SandboxEgress
@@ -113,6 +118,12 @@ class Sandbox:
     """While paused: what was left of its lifetime when it was paused."""
     turning: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while it is being paused or resumed: one turn at a time, a kill waits for it."""
+    idle_pause: float | None = None
+    """Seconds it may be idle before the server pauses it (an ``autoPause`` sandbox's, :mod:`.idle`); None: never."""
+    idle_paused: bool = False
+    """Paused by the server for its idleness, or being so: its next request resumes it."""
+    activity: Activity = field(default_factory=Activity)
+    """Its requests, as its idleness sees them."""
 
     @classmethod
     def pooled(cls, sandbox_id: str, template: str, engine: Engine, workspace: Workspace) -> Sandbox:
@@ -120,6 +131,11 @@ class Sandbox:
         off (the taker compares what the create asked for, see ``CodeInterpreter.adopt``)."""
         now = _now()
         return cls(sandbox_id, template, engine, workspace, {}, {}, now, now, None)
+
+    @property
+    def state(self) -> str:
+        """``running`` or ``paused`` (by its owner, its timeout or its idleness: :attr:`idle_paused` says which)."""
+        return "paused" if self.paused is not None else "running"
 
     def expired(self) -> bool:
         """Whether its lifetime is over (an auto-pause sandbox's is the reaper's to pause: it is not over)."""
@@ -173,6 +189,13 @@ async def _waited(handle: ProgramHandle, on_end: Callable[[RunResult], None] | N
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _freezing(sandbox: Sandbox) -> SupportsFreezing:
+    runner = sandbox.engine.runner
+    if not isinstance(runner, SupportsFreezing):
+        raise CapabilityError("pausing sandboxes", sandbox.engine.name, "Serve the sandbox or local backend.")
+    return runner
 
 
 #: The engine that serves a template's sandboxes (see serve.py): opened on first use.
@@ -293,6 +316,7 @@ class Sandboxes:
             egress=request.egress,
             auto_pause=request.auto_pause,
             auto_resume=request.auto_resume,
+            idle_pause=self.options.idle_pause_of(request.template) if request.auto_pause else None,
         )
         self._live[sandbox_id] = sandbox
         self._tell("create", sandbox)  # live from here: a list finds it, a kill may end it
@@ -372,23 +396,55 @@ class Sandboxes:
 
     async def pause(self, sandbox: Sandbox) -> bool:
         """Stop every program and kernel of the sandbox and its lifetime clock; False if it was paused already.
+        One the server paused for its idleness becomes the caller's: its traffic no longer resumes it (unless it
+        has ``autoResume``).
 
         Raises:
             CapabilityError: the engine's runner cannot stop a workspace's programs.
             FreezeFailed: its programs could not all be held still: it was not paused, they and its clock run on.
         """
-        runner = sandbox.engine.runner
-        if not isinstance(runner, SupportsFreezing):
-            raise CapabilityError("pausing sandboxes", sandbox.engine.name, "Serve the sandbox or local backend.")
+        runner = _freezing(sandbox)
         async with sandbox.turning:
+            if sandbox.paused is not None and sandbox.idle_paused:
+                sandbox.idle_paused = False
+                return True
             if sandbox.paused is not None or sandbox.closed.is_set():
                 return False
-            held = AsyncExitStack()  # keep_paused adds to it what starts meanwhile
-            await held.enter_async_context(runner.frozen(sandbox.workspace))
-            sandbox.left = max(sandbox.end_at - _now(), timedelta(0))
-            sandbox.paused = held
-        self._tell("pause", sandbox)
+            await self._hold(sandbox, runner)
         return True
+
+    async def pause_idle(self, sandbox: Sandbox, still_idle: Callable[[], bool]) -> bool:
+        """Pause the sandbox for its idleness (:mod:`.idle`) if, once its turn comes, it is running and
+        ``still_idle()``; False if not. Its next request resumes it (:meth:`wake`), which waits for the pause first.
+
+        Raises:
+            FreezeFailed: its programs could not all be held still: it was not paused, they and its clock run on.
+        """
+        runner = _freezing(sandbox)
+        async with sandbox.turning:
+            if sandbox.paused is not None or sandbox.closed.is_set() or not still_idle():
+                return False
+            sandbox.idle_paused = True  # from here a request wakes it: it waits for this turn, then resumes it
+            try:
+                await self._hold(sandbox, runner)
+            except BaseException:
+                sandbox.idle_paused = False
+                raise
+        return True
+
+    async def wake(self, sandbox: Sandbox) -> None:
+        """Resume a sandbox the server paused (or is pausing) for its idleness, for a request of it."""
+        async with sandbox.turning:  # a pause in flight is over first; its owner may have made it theirs since
+            if sandbox.idle_paused:
+                await self._let_go(sandbox)
+
+    async def _hold(self, sandbox: Sandbox, runner: SupportsFreezing) -> None:
+        """Hold its programs still and stop its clock (its turn is taken)."""
+        held = AsyncExitStack()  # keep_paused adds to it what starts meanwhile
+        await held.enter_async_context(runner.frozen(sandbox.workspace))
+        sandbox.left = max(sandbox.end_at - _now(), timedelta(0))
+        sandbox.paused = held
+        self._tell("pause", sandbox)
 
     async def keep_paused(self, sandbox: Sandbox) -> None:
         """Stop a program that started while the sandbox was being paused (its request came in before): after
@@ -410,13 +466,18 @@ class Sandboxes:
         it, at least ``lifetime`` seconds (the server's default when neither is there, as after an auto-pause);
         False if it was not paused."""
         async with sandbox.turning:
-            if sandbox.paused is None:
-                return False
-            held, sandbox.paused = sandbox.paused, None
-            asked = timedelta(seconds=lifetime or 0)
-            left = sandbox.left or asked or timedelta(seconds=self.options.default_timeout)
-            sandbox.end_at = _now() + max(left, asked)
-            await held.aclose()
+            return await self._let_go(sandbox, lifetime)
+
+    async def _let_go(self, sandbox: Sandbox, lifetime: int | None = None) -> bool:
+        """:meth:`resume`, its turn taken."""
+        if sandbox.paused is None:
+            return False
+        held, sandbox.paused = sandbox.paused, None
+        sandbox.idle_paused = False
+        asked = timedelta(seconds=lifetime or 0)
+        left = sandbox.left or asked or timedelta(seconds=self.options.default_timeout)
+        sandbox.end_at = _now() + max(left, asked)
+        await held.aclose()
         self._tell("resume", sandbox)
         return True
 

@@ -41,6 +41,7 @@ from .audit import ServerAudit
 from .builds import EnvironmentBuilds
 from .connections import ConnectionGuard, raise_descriptor_limit
 from .events import Events, Listener
+from .idle import IdleWatch
 from .interpreter import CodeInterpreter
 from .jscontext import typescript_node
 from .ledger import Ledger
@@ -225,14 +226,15 @@ async def _serve_engines(
         app = _with_metrics_endpoint(app, options, metrics)
         if opts.tracer is not None and opts.tracer.enabled:
             app = TracedRequests(app, opts.tracer, sandboxes)
-        reaper = asyncio.create_task(sandboxes.reap())
+        watches = [asyncio.create_task(sandboxes.reap()), asyncio.create_task(IdleWatch(sandboxes).run())]
         sandboxes.pool.fill()
         try:
             await serve_app(app, sock, options, on_ready, sandboxes.close, tls, descriptors)
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            for watch in watches:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             await sandboxes.close()
             await interpreter.aclose()
 

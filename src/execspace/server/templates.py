@@ -12,6 +12,7 @@ first time a create needs it (:mod:`.builds`). More come from serve's config fil
     cpu_count = 0.5          # CPUs of bandwidth (a cgroup CPU quota; fractions allowed)
     memory_mb = 512          # memory of the whole sandbox (a cgroup)
     pids = 64                # processes and threads at once
+    idle_pause = 60          # an autoPause sandbox idle this many seconds is paused (0: never; left out: the server's)
 
     [environments.data]      # its spec (as a SPEC.toml's, but requirements_file): built on first use
     requirements = ["pandas==2.2.3"]
@@ -19,7 +20,8 @@ first time a create needs it (:mod:`.builds`). More come from serve's config fil
 An environment a template names that has no spec here (nor is a built-in) must be built ahead
 (``execspace env build SPEC.toml``): its creates answer 500 naming that until it is.
 
-A limit a template leaves out is the server's (``--sandbox-cpus``, ``--sandbox-memory-mb``, ``--sandbox-pids``).
+A limit a template leaves out is the server's (``--sandbox-cpus``, ``--sandbox-memory-mb``, ``--sandbox-pids``), and
+so is ``idle_pause`` (``--idle-pause``, :mod:`.idle`).
 Templates with the same environment and limits share one engine (:class:`Profile`).
 """
 
@@ -71,6 +73,9 @@ class Template:
     ``--sandbox-disk-mb``."""
     pids: int | None = None
     """Processes and threads of the whole sandbox at once; None: the server's ``--sandbox-pids``."""
+    idle_pause: float | None = None
+    """Seconds an ``autoPause`` sandbox of it may be idle before it is paused (:mod:`.idle`); 0: never; None: the
+    server's ``--idle-pause``. Not part of its profile: sandboxes that differ only by it share an engine."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -81,6 +86,10 @@ class Template:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value <= 0):
                 raise InvalidSpec(f"template {self.name}: {name} must be positive, got {value!r}")
+        if self.idle_pause is not None and (isinstance(self.idle_pause, bool) or self.idle_pause < 0):
+            raise InvalidSpec(
+                f"template {self.name}: idle_pause must be 0 (never) or more seconds, got {self.idle_pause!r}"
+            )
 
     def profile(self, cpus: float | None, memory_mb: int | None, pids: int | None, disk_mb: int | None) -> Profile:
         """Its profile, with the server's limits (the arguments) where it names none."""

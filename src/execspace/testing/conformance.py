@@ -56,6 +56,7 @@ from execspace import (
     RunProgramSpec,
 )
 from execspace.protocols import (
+    SupportsCpuUsage,
     SupportsFileMetadata,
     SupportsFileStreams,
     SupportsFreezing,
@@ -374,6 +375,29 @@ class EngineConformance:
                 assert [pid for pid in shells if not _held(pid)] == []
             await handle.write_stdin("after\n")  # it goes on where it was
             assert b"got:after\n" in await read_until(reader, b"got:after\n")
+            await handle.close_stdin()
+            assert (await handle.wait()).exit_code == 0
+
+    # -- CPU use: where the runner is SupportsCpuUsage ---------------------------------------------------------
+
+    @needs(Feature.PROGRAMS)
+    async def test_cpu_seconds_stand_still_while_programs_wait_and_grow_while_they_compute(
+        self, any_engine: Engine, any_ws: Ws
+    ) -> None:
+        runner = any_engine.runner
+        if not isinstance(runner, SupportsCpuUsage):
+            pytest.skip(f"{any_engine.name}'s runner does not count its programs' CPU (no SupportsCpuUsage)")
+        script = 'echo up; read go; i=0; while [ "$i" -lt 100000 ]; do i=$((i+1)); done; echo done; read end; true'
+        async with await runner.start_program(any_ws, RunProgramSpec("sh", ["-c", script])) as handle:
+            reader = handle.attach()
+            await read_until(reader, b"up\n")
+            waiting = runner.cpu_seconds(any_ws)
+            await asyncio.sleep(0.3)  # a span to measure, not a wait for something
+            waited = runner.cpu_seconds(any_ws)
+            assert waited - waiting < 0.05, "a program blocked on its stdin used CPU"
+            await handle.write_stdin("go\n")
+            await read_until(reader, b"done\n")
+            assert runner.cpu_seconds(any_ws) - waited > 0.02, "100,000 rounds of a shell loop used no CPU"
             await handle.close_stdin()
             assert (await handle.wait()).exit_code == 0
 

@@ -9,7 +9,9 @@ claimed and the backend falls back to rlimits (and says so in Capabilities).
 
 The freezer (v1's ``freezer`` controller, v2's ``cgroup.freeze``) is why every run and session gets a group where
 there is one, limits or not: signals cannot hold a tree whose processes wake each other (``SIGCONT``) faster than
-they are stopped, the kernel's freezer can (:class:`GroupFreeze`).
+they are stopped, the kernel's freezer can (:class:`GroupFreeze`). The group counts the CPU its processes use too
+(v1's ``cpuacct`` controller, v2's ``cpu.stat``, which every v2 group has): one read tells ``execspace serve`` whether
+a sandbox is idle (:meth:`RunCgroup.cpu_clock`), where a walk of its processes would read a file per process.
 
 The child joins its group in ``preexec_fn`` *before* it drops to the sandbox uid
 (joining needs privileges the sandbox uid must not have), so every process of
@@ -31,6 +33,7 @@ from pathlib import Path
 from ...models import ResourceLimits
 from ...owner import pid_alive
 from ...process.freezing import Hold, StoppedTree
+from ...process.proctree import tree_cpu_seconds
 
 __all__ = ["BWRAP_HELPER_PIDS", "CgroupSupport", "GroupFreeze", "RunCgroup"]
 
@@ -41,6 +44,10 @@ BWRAP_HELPER_PIDS = 2
 _CONTROLLERS = {"memory": "memory_bytes", "pids": "pids", "cpu": "cpus"}
 #: The v1 controller that freezes a group (v2 freezes any group but the root: ``cgroup.freeze``).
 _FREEZER = "freezer"
+#: The v1 controller that counts a group's CPU time (v2 counts it in any group: ``cpu.stat``).
+_ACCOUNTING = "cpuacct"
+#: The controllers every run's group joins where they are there, limits or not.
+_ALWAYS = (_FREEZER, _ACCOUNTING)
 #: The file that freezes a group, by cgroup version.
 _STATE = {1: "freezer.state", 2: "cgroup.freeze"}
 #: The name of the frozen group a hold makes in a run's group (``held-<hex>``).
@@ -82,7 +89,7 @@ def _mounts() -> dict[str, Path]:
                 found.setdefault("", mount_point)
             elif fstype == "cgroup":
                 for opt in options.split(","):
-                    if opt in _CONTROLLERS or opt == _FREEZER:
+                    if opt in _CONTROLLERS or opt in _ALWAYS:
                         found.setdefault(opt, mount_point)
     return found
 
@@ -123,6 +130,10 @@ class CgroupSupport:
         if freezer is not None and _can_create(freezer.path, _STATE[freezer.version]):
             bases[_FREEZER] = freezer
             _remove_stale(freezer)
+        accounting = cls._v1_base(_ACCOUNTING, groups, mounts)
+        if accounting is not None and _can_create(accounting.path, "cpuacct.usage"):
+            bases[_ACCOUNTING] = accounting
+            _remove_stale(accounting)
         return cls(bases)
 
     @staticmethod
@@ -155,9 +166,9 @@ class CgroupSupport:
         return _Base(_FREEZER, 2, v2[0] if v2 else own / "execspace")
 
     def create(self, limits: ResourceLimits) -> RunCgroup | None:
-        """A fresh group for one run with the requested limits, and the freezer where there is one; None when
-        neither is there."""
-        wanted = {c: b for c, b in self._bases.items() if c == _FREEZER or getattr(limits, _CONTROLLERS[c]) is not None}
+        """A fresh group for one run with the requested limits, and the freezer and CPU accounting where they are
+        there; None when none of them is."""
+        wanted = {c: b for c, b in self._bases.items() if c in _ALWAYS or getattr(limits, _CONTROLLERS[c]) is not None}
         if not wanted:
             return None
         name = f"run-{os.getpid()}-{secrets.token_hex(6)}"
@@ -204,10 +215,15 @@ class RunCgroup:
     def __init__(self, paths: dict[str, Path], versions: dict[str, int]) -> None:
         self.paths = paths
         self.versions = versions
+        self._let_go: set[Path] = set()
+        """The frozen groups of its holds that were let go, their processes still in them (:class:`GroupFreeze`)."""
 
     def setup(self, limits: ResourceLimits) -> None:
+        made: set[Path] = set()
         for controller, path in self.paths.items():
-            path.mkdir(exist_ok=self.versions[controller] == 2)  # v2: one group for every controller
+            # v2: one group for every controller; v1: one for controllers mounted together (cpu,cpuacct)
+            path.mkdir(exist_ok=self.versions[controller] == 2 or path in made)
+            made.add(path)
             v1 = self.versions[controller] == 1
             if controller == "memory" and limits.memory_bytes is not None:
                 _write(path / ("memory.limit_in_bytes" if v1 else "memory.max"), limits.memory_bytes)
@@ -235,7 +251,22 @@ class RunCgroup:
         path = self.paths.get(_FREEZER)
         if path is None:
             return StoppedTree(roots, keep)
-        return GroupFreeze(path, self.versions[_FREEZER], keep)
+        return GroupFreeze(path, self.versions[_FREEZER], keep, self._let_go)
+
+    def cpu_clock(self, roots: Sequence[int]) -> float:
+        """The run's :data:`~execspace.process.proctree.CpuClock`: the CPU seconds its group counted (v1's
+        ``cpuacct.usage``, v2's ``cpu.stat``), else (no accounting here, or the group is gone) the tree's under
+        ``roots`` summed."""
+        accounting = self.paths.get(_ACCOUNTING)
+        v2 = next((p for c, p in self.paths.items() if self.versions[c] == 2), None)
+        try:
+            if accounting is not None:
+                return int((accounting / "cpuacct.usage").read_text()) / 1e9
+            if v2 is not None:
+                return _events(v2 / "cpu.stat")["usage_usec"] / 1e6
+        except (OSError, ValueError, KeyError):
+            pass  # removed with its run: what is left of the tree is summed
+        return tree_cpu_seconds(roots)
 
     def join_fn(self) -> Callable[[], None]:
         """For ``preexec_fn``: move the calling (child) process into every group."""
@@ -263,8 +294,11 @@ class RunCgroup:
         return None
 
     def remove(self) -> None:
-        """Remove the groups; processes are gone by now, retry briefly while the kernel settles."""
+        """Remove the groups, the thawed ones holds left below them first; processes are gone by now, retry
+        briefly while the kernel settles."""
         for path in dict.fromkeys(self.paths.values()):
+            for held in path.glob(f"{_HELD}*"):
+                _rmdir(held)
             _rmdir(path)
 
 
@@ -272,8 +306,10 @@ class GroupFreeze:
     """A :class:`~execspace.process.freezing.Hold` by the cgroup freezer: every process of a run's group but ``keep``
     and their ancestors (a session's supervisor and bwrap, which keep answering) is moved into a frozen group of
     this hold's own below it, where the kernel holds it whatever signal it gets; a process forked or started before
-    its move is moved by the next pass. Release moves them back (a frozen process moved into a thawed group
-    continues) and removes the frozen group. Holds nest: each has its own frozen group.
+    its move is moved by the next pass. Letting go thaws the frozen group: everything in it runs again at once, and
+    stays there (moving a process between groups makes every fork and exit on the host wait for the kernel, which
+    on a busy machine takes milliseconds a resumed sandbox's next command would wait too): the next hold takes them
+    in from it, and the run's group's removal removes it. Holds nest: each has its own frozen group.
 
     A hold never outlives this process: a v1 frozen process does not even die of a signal until it is thawed (the
     kill bwrap's death sends its sandbox when this process dies, ``--die-with-parent``, would wait forever), and a
@@ -281,8 +317,10 @@ class GroupFreeze:
     its own that thaws the frozen group once the pipe from this process closes: at release, or when this process
     dies, however it dies."""
 
-    def __init__(self, group: Path, version: int, keep: Collection[int]) -> None:
+    def __init__(self, group: Path, version: int, keep: Collection[int], let_go: set[Path]) -> None:
         self._group = group
+        self._let_go = let_go
+        """The frozen groups the run's holds let go (shared by them): their processes are the next hold's too."""
         self._version = version
         self._held = group / f"{_HELD}{secrets.token_hex(4)}"
         self._spared = _with_ancestors(keep, _procs(group))
@@ -296,7 +334,7 @@ class GroupFreeze:
             self._thawer = _thawer(self._held, self._version)
             _freeze(self._held, self._version, frozen=True)
         moved = 0
-        for pid in _procs(self._group):
+        for pid in self._loose():
             if stop.is_set():
                 return "interrupted"
             if pid not in self._spared:
@@ -308,19 +346,41 @@ class GroupFreeze:
             return "the kernel has not frozen every process yet (one in uninterruptible sleep, on a slow disk?)"
         return None
 
+    def _loose(self) -> list[int]:
+        """What a pass holds: the processes of the run's group, and those of the groups other holds let go
+        (thawed, they run there); such a group found empty is removed."""
+        pids = _procs(self._group)
+        for other in list(self._let_go):
+            found = _procs(other)
+            if not found:
+                with contextlib.suppress(OSError):
+                    other.rmdir()
+                self._let_go.discard(other)
+            pids += found
+        return pids
+
+    def let_go(self) -> bool:
+        """Thaw the frozen group: everything in it runs again at once (a process a pass still moves there too)."""
+        if self._made:
+            with contextlib.suppress(OSError):
+                _freeze(self._held, self._version, frozen=False)
+            self._let_go.add(self._held)
+        return True
+
     def release(self) -> None:
         if not self._made:
             return
-        for pid in _procs(self._held):
-            _move(pid, self._group)
         with contextlib.suppress(OSError):
-            _freeze(self._held, self._version, frozen=False)  # whatever could not be moved continues where it is
+            _freeze(self._held, self._version, frozen=False)  # what a pass made after let_go, if it came first
         if self._thawer is not None:
             thawer, pipe = self._thawer
             os.close(pipe)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 thawer.wait(timeout=1.0)
-        _rmdir(self._held)
+        if not _procs(self._held):  # held nothing, or its processes ended (else they stay in it: see the class)
+            with contextlib.suppress(OSError):
+                self._held.rmdir()
+                self._let_go.discard(self._held)
 
 
 def _thawer(group: Path, version: int) -> tuple[subprocess.Popen[bytes], int]:

@@ -536,6 +536,7 @@ class Sandbox:
                 group.join_fn(), _with_nproc(rlimit_preexec(rest), rest.pids), uid if drop else None
             ),
             freezer=group.freezer,
+            cpu_clock=group.cpu_clock,
             classify_exit=lambda code: hit[0] or (rlimit_classify(code) if rlimit_classify else None),
         )
 

@@ -30,7 +30,7 @@ from ...process.freezing import held
 from ...process.hostrunner import HostRunner
 from ...process.preparation import PreparedRun
 from ...process.rlimits import rlimit_values
-from ...process.supervisor import Launch, Spawner
+from ...process.supervisor import Launch, Spawner, SupervisedProcess
 from ...process.warmpool import WarmPool
 from ...workspace.hostmanager import private_dir
 from ...workspace.slots import laid_out_slot, sweep_stale_slots, take_slot
@@ -172,6 +172,20 @@ class SessionMode:
         Raises:
             FreezeFailed: (on entering) they could not all be held; none is.
         """
+        sessions = self._started_sessions(ws)
+        holds = [s.bwrap.freezer([pid], [pid]) for s in sessions if s.bwrap is not None and (pid := s.supervisor_pid)]
+        own = _own_sandboxes(runner, ws)
+        return held([*holds, *(p.freezer([p.pid], ()) for p in own if p.pid is not None)])
+
+    def cpu_seconds(self, runner: HostRunner, ws: Workspace) -> float:
+        """How much CPU the workspace's session (its supervisor included: it only answers) and the runs that
+        needed a sandbox of their own have used, each counted the way its bwrap was started with (its cgroup's
+        count as root, else its processes summed)."""
+        sessions = [s.bwrap.cpu_seconds() for s in self._started_sessions(ws) if s.bwrap is not None]
+        return sum(sessions) + sum(p.cpu_seconds() for p in _own_sandboxes(runner, ws))
+
+    def _started_sessions(self, ws: Workspace) -> list[Session]:
+        """The workspace's session, once started, and the pooled one it adopted, if any."""
         sessions: list[Session] = []
         if ws.host_path is not None:
             fut = self._sessions.get(ws.host_path)
@@ -181,10 +195,7 @@ class SessionMode:
                 adopted = self._adopted.get(ws.host_path)
             if adopted is not None:
                 sessions.append(adopted[0])
-        holds = [s.bwrap.freezer([pid], [pid]) for s in sessions if s.bwrap is not None and (pid := s.supervisor_pid)]
-        live = runner.live_processes(ws)
-        own = [p for p in live if not isinstance(p.transport, SessionTransport) and p.pid is not None]
-        return held([*holds, *(p.freezer([p.pid], ()) for p in own if p.pid is not None)])
+        return sessions
 
     # -- which runs go through the session ---------------------------------------------------------
 
@@ -449,6 +460,12 @@ class SessionMode:
     async def _discard_pooled(pooled: _Pooled) -> None:
         await pooled.session.close()
         await asyncio.to_thread(shutil.rmtree, pooled.host_dir, True)
+
+
+def _own_sandboxes(runner: HostRunner, ws: Workspace) -> list[SupervisedProcess]:
+    """The workspace's runs that needed a sandbox of their own (a session's runs are the session's)."""
+    live = runner.live_processes(ws)
+    return [p for p in live if not isinstance(p.transport, SessionTransport) and p.pid is not None]
 
 
 def _same_inode(path: Path, inode: tuple[int, int]) -> bool:
