@@ -14,12 +14,15 @@ content, a token or an API key (its :func:`key_id` at most).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -29,7 +32,16 @@ from .errors import SetupFailed
 if TYPE_CHECKING:
     from .models import RunProgramSpec, RunResult
 
-__all__ = ["AUDIT_FIX", "AuditLog", "AuditSink", "AuditValue", "key_id", "run_ended", "run_started"]
+__all__ = [
+    "AUDIT_FIX",
+    "AuditLog",
+    "AuditSink",
+    "AuditValue",
+    "key_id",
+    "reopened_on_hangup",
+    "run_ended",
+    "run_started",
+]
 
 AuditValue = str | int | float | bool | None | Sequence[str]
 
@@ -139,3 +151,21 @@ class AuditLog:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+@contextlib.contextmanager
+def reopened_on_hangup(audit: AuditLog | None) -> Iterator[None]:
+    """While the block runs, SIGHUP reopens ``audit`` (a rotation renamed it): serve's and the MCP server's."""
+    if audit is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, audit.reopen)
+    except (RuntimeError, ValueError):  # not the main thread: the owner reopens it (AuditLog.reopen)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)

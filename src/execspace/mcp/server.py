@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import uvicorn
 
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
-from ..audit import AuditLog, key_id
+from ..audit import AuditLog, key_id, reopened_on_hangup
 from ..engine import open_engine_from
 from ..errors import InvalidSpec, SetupFailed
 from ..listening import listen
@@ -127,7 +126,7 @@ async def serve(
             reaper = asyncio.create_task(workspaces.reap_forever(config.reap_interval))
             try:
                 bound = bind(McpApp(tools, tasks, tracer))
-                with _reopened_on_hangup(audit):
+                with reopened_on_hangup(audit):
                     if sock is None:
                         await bound.serve_stdio()
                     else:
@@ -161,24 +160,6 @@ def _metrics(workspaces: Workspaces) -> McpMetrics:
             component="execspace mcp",
         ) from None
     return McpMetrics(workspaces.listing)
-
-
-@contextlib.contextmanager
-def _reopened_on_hangup(audit: AuditLog | None) -> Iterator[None]:
-    """SIGHUP reopens the audit log (a rotation renamed it) while the block runs."""
-    if audit is None:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGHUP, audit.reopen)
-    except (RuntimeError, ValueError):  # not the main thread: the owner reopens it (AuditLog.reopen)
-        yield
-        return
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGHUP)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import uvicorn
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp
 
-from ..audit import AuditLog
+from ..audit import AuditLog, reopened_on_hangup
 from ..backend import BackendOptions
 from ..backends.local import LocalOptions
 from ..backends.sandbox import SandboxOptions, SandboxPolicy, SessionConfig
@@ -140,31 +140,13 @@ async def _serve_on(
         opts = replace(opts, tracer=own_tracer)
     audit = AuditLog(options.audit_log) if options.audit_log is not None else None
     try:
-        with _reopened_on_hangup(audit):
+        with reopened_on_hangup(audit):
             await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, audit)
     finally:
         if audit is not None:
             audit.close()
         if own_tracer is not None:
             await asyncio.to_thread(own_tracer.close)
-
-
-@contextlib.contextmanager
-def _reopened_on_hangup(audit: AuditLog | None) -> Iterator[None]:
-    """SIGHUP reopens the audit log (a rotation renamed it) while the block runs."""
-    if audit is None:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGHUP, audit.reopen)
-    except (RuntimeError, ValueError):  # not the main thread: the owner reopens it (AuditLog.reopen)
-        yield
-        return
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _serve_engines(
