@@ -219,3 +219,15 @@ def create_when_built(template: str, within: float = 180.0, **sdk: Any) -> Any:
         except ServiceBusyException as exc:
             if "is being built" not in str(exc) or time.monotonic() > deadline:
                 raise
+
+
+def audit_lines(path: Path) -> list[dict[str, Any]]:
+    """Every line of an audit file, each parsed (a torn or malformed line fails the test)."""
+    text = path.read_text()
+    assert text == "" or text.endswith("\n"), "the file ends inside a line"
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def audit_entries(audit: Path, event: str, **fields: object) -> list[dict[str, Any]]:
+    """The audit file's lines of ``event`` that hold ``fields``."""
+    return [line for line in audit_lines(audit) if line["event"] == event and fields.items() <= line.items()]

@@ -6,7 +6,6 @@ after a rotation."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -18,18 +17,9 @@ import pytest
 from execspace import CapabilityError, PutFile, RunProgramSpec, SetupFailed, open_engine
 from execspace.audit import AuditLog
 from execspace.testing.binding import make_traversable
+from tests.support import audit_entries, audit_lines
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text()
-    assert text == "" or text.endswith("\n")
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def of(audit: Path, event: str, **fields: object) -> list[dict[str, Any]]:
-    return [line for line in lines(audit) if line["event"] == event and fields.items() <= line.items()]
 
 
 async def chunks(*pieces: bytes) -> AsyncIterator[bytes]:
@@ -55,36 +45,36 @@ async def test_each_action_has_its_line_when_the_call_returns(
     try:
         async with open_engine(name, workspace_root=tmp_path / "ws", audit=audit, **extra) as engine:  # type: ignore[call-overload]
             ws = await engine.manager.create_workspace("audited")
-            assert of(audit_path, "workspace.create", workspace=ws.id)
+            assert audit_entries(audit_path, "workspace.create", workspace=ws.id)
             await engine.fs.put_files(ws, [PutFile("work/a.txt", "content-of-a-4471")])
-            assert of(audit_path, "file.write", workspace=ws.id, path="work/a.txt", size=17)
+            assert audit_entries(audit_path, "file.write", workspace=ws.id, path="work/a.txt", size=17)
             await engine.fs.write_stream(ws, "work/b.bin", chunks(b"x" * 10, b"y" * 5), max_bytes=100)
-            assert of(audit_path, "file.write", workspace=ws.id, path="work/b.bin", size=15)
+            assert audit_entries(audit_path, "file.write", workspace=ws.id, path="work/b.bin", size=15)
             await engine.fs.rename(ws, "work/b.bin", "work/c.bin")
-            assert of(audit_path, "file.rename", workspace=ws.id, path="work/b.bin", to="work/c.bin")
+            assert audit_entries(audit_path, "file.rename", workspace=ws.id, path="work/b.bin", to="work/c.bin")
             await engine.fs.remove(ws, "work/c.bin")
-            assert of(audit_path, "file.remove", workspace=ws.id, path="work/c.bin")
+            assert audit_entries(audit_path, "file.remove", workspace=ws.id, path="work/c.bin")
 
             spec = RunProgramSpec("sh", ["-c", "exit 5"], env={"SECRET_NAME": "value-3390"})
             result = await engine.runner.run_program(ws, spec)
             assert result.exit_code == 5
-            (start,) = of(audit_path, "command.start", workspace=ws.id, argv=["sh", "-c", "exit 5"])
+            (start,) = audit_entries(audit_path, "command.start", workspace=ws.id, argv=["sh", "-c", "exit 5"])
             assert start["env_names"] == ["SECRET_NAME"]
-            (end,) = of(audit_path, "command.end", workspace=ws.id, argv=["sh", "-c", "exit 5"])
+            (end,) = audit_entries(audit_path, "command.end", workspace=ws.id, argv=["sh", "-c", "exit 5"])
             assert end["exit_code"] == 5 and isinstance(end["pid"], int)
 
             handle = await engine.runner.start_program(ws, RunProgramSpec("sh", ["-c", "exit 6"]))
             assert (await handle.wait()).exit_code == 6
-            assert of(audit_path, "command.end", workspace=ws.id, exit_code=6, pid=handle.pid)
+            assert audit_entries(audit_path, "command.end", workspace=ws.id, exit_code=6, pid=handle.pid)
 
             missing = await engine.runner.run_program(ws, RunProgramSpec("no-such-program-8810"))
             assert missing.exit_code == 127
-            assert of(
+            assert audit_entries(
                 audit_path, "command.end", workspace=ws.id, argv=["no-such-program-8810"], exit_code=127, pid=None
             )
 
             await engine.manager.cleanup(ws)
-            assert of(audit_path, "workspace.cleanup", workspace=ws.id)
+            assert audit_entries(audit_path, "workspace.cleanup", workspace=ws.id)
     finally:
         audit.close()
     text = audit_path.read_text()
@@ -118,11 +108,11 @@ def test_the_file_is_0600_its_lines_whole_and_a_rotation_reopened(tmp_path: Path
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(lines(path)) == 1200
+        assert len(audit_lines(path)) == 1200
         path.rename(tmp_path / "audit.jsonl.1")
         audit.reopen()
         audit.record("workspace.create", {"workspace": "after"})
-        assert [line["workspace"] for line in lines(path)] == ["after"]
+        assert [line["workspace"] for line in audit_lines(path)] == ["after"]
     finally:
         audit.close()
 

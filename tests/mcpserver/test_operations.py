@@ -5,31 +5,20 @@ parser), open to a scraper without the token by default; stdio audits the same w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from execspace.audit import key_id
+from tests.support import audit_entries
 
 from .conftest import ONLY_MCP1, TOKEN, HttpServer, http_session, running_http_server, stdio_session, write_config
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="needs the mcp extra")
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text()
-    assert text == "" or text.endswith("\n")
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def of(audit: Path, event: str, **fields: object) -> list[dict[str, Any]]:
-    return [line for line in lines(audit) if line["event"] == event and fields.items() <= line.items()]
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +46,21 @@ async def test_each_tool_call_has_its_line_and_the_metrics_follow(audited: tuple
     before = samples(server.url)
     async with http_session(server.url) as session:
         await session.call_tool("workspace_create", {"workspace_id": "ops/one"})
-        assert of(audit, "workspace.create", workspace="ops/one", key_id=team, created=True)
+        assert audit_entries(audit, "workspace.create", workspace="ops/one", key_id=team, created=True)
         ran = {"workspace_id": "ops/one", "command": "echo $SECRET_NAME; exit 4", "env": {"SECRET_NAME": "val-8812"}}
         await session.call_tool("workspace_exec", ran)
-        (run,) = of(audit, "command.run", workspace="ops/one")
+        (run,) = audit_entries(audit, "command.run", workspace="ops/one")
         assert (run["command"], run["exit_code"], run["env_names"]) == (ran["command"], 4, ["SECRET_NAME"])
         content = {"workspace_id": "ops/one", "path": "a.txt", "content": "content-6630"}
         await session.call_tool("write_file", content)
-        assert of(audit, "file.write", workspace="ops/one", size=12)
+        assert audit_entries(audit, "file.write", workspace="ops/one", size=12)
         await session.call_tool("remove_file", {"workspace_id": "ops/one", "path": "a.txt"})
-        assert of(audit, "file.remove", workspace="ops/one")
+        assert audit_entries(audit, "file.remove", workspace="ops/one")
         await session.call_tool("read_file", {"workspace_id": "ops/one", "path": "../../../etc/passwd"})
-        (refused,) = of(audit, "policy.refusal", workspace="ops/one", tool="read_file")
+        (refused,) = audit_entries(audit, "policy.refusal", workspace="ops/one", tool="read_file")
         assert refused["error_type"] == "PathDenied"
         await session.call_tool("workspace_close", {"workspace_id": "ops/one"})
-        assert of(audit, "workspace.close", workspace="ops/one", key_id=team)
+        assert audit_entries(audit, "workspace.close", workspace="ops/one", key_id=team)
     after = samples(server.url)
     text = audit.read_text()
     assert "val-8812" not in text and "content-6630" not in text and TOKEN not in text
@@ -113,5 +102,5 @@ async def test_stdio_audits_without_a_key(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     async with stdio_session("--backend", "local", "--config", str(config), "--audit-log", str(audit)) as session:
         await session.call_tool("workspace_exec", {"command": "true"})
-        (run,) = of(audit, "command.run")
+        (run,) = audit_entries(audit, "command.run")
     assert run["key_id"] is None and run["exit_code"] == 0 and run["workspace"]

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import e2b_code_interpreter as ci
 import httpx
@@ -22,21 +21,11 @@ import pytest
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox
 
 from execspace.audit import key_id
+from tests.support import audit_entries, audit_lines
 
 from .conftest import Server, running_server, until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    """Every line of the audit file, each parsed (a torn or malformed line fails the test)."""
-    text = path.read_text()
-    assert text == "" or text.endswith("\n"), "the file ends inside a line"
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def of(audit: Path, event: str, **fields: object) -> list[dict[str, Any]]:
-    return [line for line in lines(audit) if line["event"] == event and fields.items() <= line.items()]
 
 
 class _Quiet(http.server.BaseHTTPRequestHandler):
@@ -88,54 +77,56 @@ def test_each_action_has_its_line_when_the_sdk_call_returns(
     sbx = Sandbox.create(timeout=120, envs={"SANDBOX_SECRET": "value-of-the-sandbox-9313"}, network=network)
     sid = sbx.sandbox_id
     try:
-        assert of(audit_file, "sandbox.create", sandbox=sid, key_id=team, template="base")
+        assert audit_entries(audit_file, "sandbox.create", sandbox=sid, key_id=team, template="base")
         done = sbx.commands.run("echo audited-4410", envs={"CALL_SECRET": "value-of-the-call-7719"}, cwd="/tmp")
         assert done.stdout == "audited-4410\n"
-        (start,) = of(audit_file, "command.start", sandbox=sid, key_id=team)
+        (start,) = audit_entries(audit_file, "command.start", sandbox=sid, key_id=team)
         assert start["argv"][-1] == "echo audited-4410" and start["cwd"] == "/tmp" and start["user"] == "user"
         assert "CALL_SECRET" in start["env_names"] and isinstance(start["pid"], int)
-        (end,) = of(audit_file, "command.end", sandbox=sid, pid=start["pid"])
+        (end,) = audit_entries(audit_file, "command.end", sandbox=sid, pid=start["pid"])
         assert (end["exit_code"], end["outcome"], end["argv"]) == (0, "ok", start["argv"])
         with pytest.raises(CommandExitException):
             sbx.commands.run("exit 7")
-        assert of(audit_file, "command.end", sandbox=sid, exit_code=7, outcome="error")
+        assert audit_entries(audit_file, "command.end", sandbox=sid, exit_code=7, outcome="error")
 
         sbx.commands.run(f"curl -s -o /dev/null --max-time 20 http://{address}:{port}/")
-        assert of(audit_file, "egress.allowed", sandbox=sid, host=address, port=port)
+        assert audit_entries(audit_file, "egress.allowed", sandbox=sid, host=address, port=port)
         sbx.commands.run("curl -s -o /dev/null --max-time 20 http://denied.test/")
-        assert of(audit_file, "egress.denied", sandbox=sid, host="denied.test", port=80)
+        assert audit_entries(audit_file, "egress.denied", sandbox=sid, host="denied.test", port=80)
 
         sbx.files.write("notes/a.txt", "content-of-the-file-5521")
-        assert of(audit_file, "file.write", sandbox=sid, path="/home/user/notes/a.txt", size=24)
+        assert audit_entries(audit_file, "file.write", sandbox=sid, path="/home/user/notes/a.txt", size=24)
         sbx.files.rename("notes/a.txt", "notes/b.txt")
-        assert of(audit_file, "file.rename", sandbox=sid, path="/home/user/notes/a.txt", to="/home/user/notes/b.txt")
+        assert audit_entries(
+            audit_file, "file.rename", sandbox=sid, path="/home/user/notes/a.txt", to="/home/user/notes/b.txt"
+        )
         sbx.files.remove("notes/b.txt")
-        assert of(audit_file, "file.remove", sandbox=sid, path="/home/user/notes/b.txt")
+        assert audit_entries(audit_file, "file.remove", sandbox=sid, path="/home/user/notes/b.txt")
 
         # once, without the SDK (which retries a 429 on its own); room for three: two more fit, not three
         body = {"templateID": "base", "timeout": 60}
         made = [httpx.post(f"{e2b_server.url}/v2/sandboxes", json=body, headers=_key(e2b_server)) for _ in range(3)]
         assert [m.status_code for m in made] == [201, 201, 429]
-        (refusal,) = of(audit_file, "policy.refusal", what="capacity", key_id=team)
+        (refusal,) = audit_entries(audit_file, "policy.refusal", what="capacity", key_id=team)
         assert "maximum of 3 sandboxes" in refusal["reason"]
         for answer in made[:2]:
             gone = httpx.delete(f"{e2b_server.url}/sandboxes/{answer.json()['sandboxID']}", headers=_key(e2b_server))
             assert gone.status_code == 204
-            assert of(audit_file, "sandbox.kill", sandbox=answer.json()["sandboxID"], key_id=team)
+            assert audit_entries(audit_file, "sandbox.kill", sandbox=answer.json()["sandboxID"], key_id=team)
     finally:
         sbx.kill()
-    assert of(audit_file, "sandbox.kill", sandbox=sid, key_id=team)
+    assert audit_entries(audit_file, "sandbox.kill", sandbox=sid, key_id=team)
     text = audit_file.read_text()
     for secret in ("value-of-the-sandbox-9313", "value-of-the-call-7719", "content-of-the-file-5521", e2b_server.key):
         assert secret not in text
-    assert all(line["time"].endswith("Z") and line["time"][10] == "T" for line in lines(audit_file))
+    assert all(line["time"].endswith("Z") and line["time"][10] == "T" for line in audit_lines(audit_file))
 
 
 def test_a_cell_and_an_expiry_have_their_lines(e2b_server: Server, audit_file: Path) -> None:
     sbx = ci.Sandbox.create(timeout=60)
     try:
         assert sbx.run_code("6 * 7").text == "42"
-        (cell,) = of(audit_file, "cell.execute", sandbox=sbx.sandbox_id)
+        (cell,) = audit_entries(audit_file, "cell.execute", sandbox=sbx.sandbox_id)
         assert (cell["language"], cell["code_bytes"]) == ("python", 5) and "6 * 7" not in json.dumps(cell)
     finally:
         sbx.kill()
@@ -143,7 +134,7 @@ def test_a_cell_and_an_expiry_have_their_lines(e2b_server: Server, audit_file: P
         f"{e2b_server.url}/v2/sandboxes", json={"templateID": "base", "timeout": 1}, headers=_key(e2b_server)
     )
     sid = short.json()["sandboxID"]
-    until("the expiry's line", lambda: of(audit_file, "sandbox.expire", sandbox=sid))
+    until("the expiry's line", lambda: audit_entries(audit_file, "sandbox.expire", sandbox=sid))
 
 
 def test_sighup_reopens_the_file_a_rotation_renamed(e2b_server: Server, audit_file: Path) -> None:
@@ -153,8 +144,8 @@ def test_sighup_reopens_the_file_a_rotation_renamed(e2b_server: Server, audit_fi
     until("the audit log reopened", audit_file.exists)
     sbx = Sandbox.create(timeout=60)
     try:
-        assert of(audit_file, "sandbox.create", sandbox=sbx.sandbox_id)
-        assert not of(rotated, "sandbox.create", sandbox=sbx.sandbox_id)
+        assert audit_entries(audit_file, "sandbox.create", sandbox=sbx.sandbox_id)
+        assert not audit_entries(rotated, "sandbox.create", sandbox=sbx.sandbox_id)
     finally:
         sbx.kill()
     rotated.unlink()
@@ -197,7 +188,7 @@ def test_a_sigkilled_server_leaves_whole_lines_and_every_acknowledged_action(tmp
             stop.set()
             for client in clients:
                 client.result(timeout=60)
-    found = lines(audit)  # every line whole and JSON
+    found = audit_lines(audit)  # every line whole and JSON
     said = {(line["sandbox"], line["event"], line.get("path") or line.get("argv", [""])[-1]) for line in found}
     missing = [
         (sandbox, event, token)
