@@ -20,89 +20,32 @@
  * The idmapping's user namespace is made by a holder process per grant and kept by the mount once attached. Every
  * failure says what failed and exits 126 (the program never ran). */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <grp.h>
 #include <linux/mount.h>
 #include <sched.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#define FAILED 126
+#define HELPER_NAME "grants"
+#define HELPER_USAGE "grants STAGE UID drop|keep [idmap OWNER_UID OWNER_GID FD | plain FD]... -- PROGRAM [ARGS...]"
+#include "roothelper.h"
+
 #define MAX_GRANTS 256
-
-static void fail(const char *what, const char *detail, const char *fix) {
-    fprintf(stderr, "execspace grants: %s%s%s: %s%s%s\n", what, detail ? " " : "", detail ? detail : "",
-            strerror(errno), fix ? "; " : "", fix ? fix : "");
-    _exit(FAILED);
-}
-
-static void usage(void) {
-    fprintf(stderr,
-            "usage: grants STAGE UID drop|keep [idmap OWNER_UID OWNER_GID FD | plain FD]... -- PROGRAM "
-            "[ARGS...]\n");
-    _exit(FAILED);
-}
-
-static long number(const char *text) {
-    char *end;
-    errno = 0;
-    long n = strtol(text, &end, 10);
-    if (errno || *text == '\0' || *end != '\0' || n < 0) usage();
-    return n;
-}
-
-static void put(pid_t pid, const char *file, const char *text) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) fail("open", path, NULL);
-    if (write(fd, text, strlen(text)) != (ssize_t)strlen(text)) fail("write", path, NULL);
-    close(fd);
-}
 
 /* A user namespace in which OWNER_UID/OWNER_GID are the host's UID: its fd. A holder process makes it and
  * leaves once we hold the fd (an fd keeps a namespace alive). */
 static int idmapping(long owner_uid, long owner_gid, long uid) {
-    int ready[2], hold[2];
-    if (pipe2(ready, O_CLOEXEC) || pipe2(hold, O_CLOEXEC)) fail("pipe", NULL, NULL);
-    pid_t pid = fork();
-    if (pid < 0) fail("fork", NULL, NULL);
-    if (pid == 0) {
-        char byte = 'R';
-        close(ready[0]);
-        close(hold[1]);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (unshare(CLONE_NEWUSER)) _exit(FAILED);
-        if (write(ready[1], &byte, 1) != 1) _exit(FAILED);
-        while (read(hold[0], &byte, 1) > 0) {
-        }
-        _exit(0);
-    }
-    close(ready[1]);
-    close(hold[0]);
-    char byte, map[64], path[64];
-    if (read(ready[0], &byte, 1) != 1) {
-        errno = ECHILD;
-        fail("making the idmapping's user namespace", NULL, NULL);
-    }
-    close(ready[0]);
+    int hold;
+    pid_t pid = start_holder(&hold);
+    char map[64];
     snprintf(map, sizeof map, "%ld %ld 1\n", owner_uid, uid);
     put(pid, "uid_map", map);
     snprintf(map, sizeof map, "%ld %ld 1\n", owner_gid, uid);
     put(pid, "gid_map", map);
-    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
-    int userns = open(path, O_RDONLY | O_CLOEXEC);
-    if (userns < 0) fail("open", path, NULL);
-    close(hold[1]);
+    int userns = namespace_of(pid);
+    close(hold);
     waitpid(pid, NULL, 0);
     return userns;
 }
@@ -110,7 +53,7 @@ static int idmapping(long owner_uid, long owner_gid, long uid) {
 /* a detached clone of the mount tree at `fd` (the grant), nosuid and nodev, idmapped into `userns` unless -1 */
 static int clone_tree(int fd, int userns) {
     int tree = (int)syscall(SYS_open_tree, fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE);
-    if (tree < 0) fail("cloning the mount of a grant", NULL, NULL);
+    if (tree < 0) fail("cloning the mount of a grant", NULL);
     struct mount_attr attr = {0};
     attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if (userns >= 0) {
@@ -118,7 +61,7 @@ static int clone_tree(int fd, int userns) {
         attr.userns_fd = (unsigned long long)userns;
     }
     if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr))
-        fail("idmapping the mount of a write grant", NULL,
+        fail_fix("idmapping the mount of a write grant", NULL,
              userns >= 0 ? "its filesystem (or one mounted below it) cannot be idmapped: Linux 5.12 or later and "
                            "ext4, xfs, btrfs, tmpfs (6.3) or overlayfs; grant a directory on one, or run execspace "
                            "as the tree's owner instead of root"
@@ -147,7 +90,7 @@ int main(int argc, char **argv) {
             usage();
         }
         struct stat st;
-        if (fstat(fd, &st)) fail("fstat", "a grant", NULL);
+        if (fstat(fd, &st)) fail("fstat", "a grant");
         files[n] = !S_ISDIR(st.st_mode);
         trees[n++] = clone_tree(fd, userns);
         close(fd);
@@ -155,25 +98,25 @@ int main(int argc, char **argv) {
     }
     if (i >= argc - 1) usage();
 
-    if (unshare(CLONE_NEWNS)) fail("unshare", "(mount namespace)", NULL);
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) fail("making / private", NULL, NULL);
-    if (mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,size=64k")) fail("mount", stage, NULL);
+    if (unshare(CLONE_NEWNS)) fail("unshare", "(mount namespace)");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) fail("making / private", NULL);
+    if (mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,size=64k")) fail("mount", stage);
     for (int k = 0; k < n; k++) {
         char at[4096];
         snprintf(at, sizeof at, "%s/%d", stage, k);
         if (files[k]) {
             int made = open(at, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-            if (made < 0) fail("making the mount point", at, NULL);
+            if (made < 0) fail("making the mount point", at);
             close(made);
         } else if (mkdir(at, 0700)) {
-            fail("mkdir", at, NULL);
+            fail("mkdir", at);
         }
-        if (syscall(SYS_move_mount, trees[k], "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH)) fail("move_mount", at, NULL);
+        if (syscall(SYS_move_mount, trees[k], "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH)) fail("move_mount", at);
         close(trees[k]);
     }
     if (drop && (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)))
-        fail("dropping to the sandbox's uid", NULL, NULL);
+        fail("dropping to the sandbox's uid", NULL);
     execvp(argv[i + 1], argv + i + 1);
-    fail("execvp", argv[i + 1], NULL);
+    fail("execvp", argv[i + 1]);
     return FAILED;
 }

@@ -17,81 +17,17 @@
  * written from here, by the host's root, as only a privileged writer may map two host uids. Every failure says
  * what failed and exits 126 (the program never ran). */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <grp.h>
 #include <linux/mount.h>
 #include <sched.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#define FAILED 126
-
-static void fail(const char *what, const char *detail) {
-    fprintf(stderr, "execspace machine: %s%s%s: %s\n", what, detail ? " " : "", detail ? detail : "", strerror(errno));
-    _exit(FAILED);
-}
-
-static void usage(void) {
-    fprintf(stderr,
-            "usage: machine ROOT_UID USER_UID STAGE [idmap|plain SEED|- LOWER UPPER_FD WORK_FD]... -- BWRAP "
-            "[ARGS...]\n");
-    _exit(FAILED);
-}
-
-static long number(const char *text) {
-    char *end;
-    errno = 0;
-    long n = strtol(text, &end, 10);
-    if (errno || *text == '\0' || *end != '\0' || n < 0) usage();
-    return n;
-}
-
-static void put(pid_t pid, const char *file, const char *text) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) fail("open", path);
-    if (write(fd, text, strlen(text)) != (ssize_t)strlen(text)) fail("write", path);
-    close(fd);
-}
-
-/* the holder: makes the namespace, says so, and stays in it until the other end of `hold` closes */
-static pid_t start_holder(int *hold_out) {
-    int ready[2], hold[2];
-    if (pipe2(ready, O_CLOEXEC) || pipe2(hold, O_CLOEXEC)) fail("pipe", NULL);
-    pid_t pid = fork();
-    if (pid < 0) fail("fork", NULL);
-    if (pid == 0) {
-        char byte = 'R';
-        close(ready[0]);
-        close(hold[1]);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (unshare(CLONE_NEWUSER)) _exit(FAILED);
-        if (write(ready[1], &byte, 1) != 1) _exit(FAILED);
-        while (read(hold[0], &byte, 1) > 0) {
-        }
-        _exit(0);
-    }
-    close(ready[1]);
-    close(hold[0]);
-    char byte;
-    if (read(ready[0], &byte, 1) != 1) {
-        errno = ECHILD;
-        fail("making the user namespace", NULL);
-    }
-    close(ready[0]);
-    *hold_out = hold[1];
-    return pid;
-}
+#define HELPER_NAME "machine"
+#define HELPER_USAGE "machine ROOT_UID USER_UID STAGE [idmap|plain SEED|- LOWER UPPER_FD WORK_FD]... -- BWRAP [ARGS...]"
+#include "roothelper.h"
 
 /* LOWER's mount cloned read-only, idmapped into the namespace `userns`, attached at `at` */
 static void idmapped_clone(const char *lower, const char *at, int userns) {
@@ -153,10 +89,7 @@ int main(int argc, char **argv) {
     snprintf(map, sizeof map, "0 %ld 1\n1000 %ld 1\n", root, user);
     put(holder, "uid_map", map);
     put(holder, "gid_map", map);
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)holder);
-    int userns = open(path, O_RDONLY | O_CLOEXEC);
-    if (userns < 0) fail("open", path);
+    int userns = namespace_of(holder);
 
     if (unshare(CLONE_NEWNS)) fail("unshare", "(mount namespace)");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) fail("making / private", NULL);

@@ -38,7 +38,7 @@ BRIDGE_SOURCE = Path(__file__).with_name("egressbridge.c")
 MACHINE_SOURCE = Path(__file__).with_name("machine.c")
 GRANTS_SOURCE = Path(__file__).with_name("grants.c")
 #: The headers they include (found beside them): part of what a build's key covers.
-HEADERS = (Path(__file__).with_name("fdpass.h"), Path(__file__).with_name("supervisorprotocol.h"))
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("fdpass.h", "supervisorprotocol.h", "roothelper.h"))
 #: How to get session mode working where it cannot build its supervisor.
 SESSION_FIX = 'install a C compiler (apt-get install gcc), or use mode="per-run"'
 #: How to get allow-list runs working where the bridge cannot be built.
