@@ -10,7 +10,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +220,15 @@ def create_when_built(template: str, within: float = 180.0, **sdk: Any) -> Any:
         except ServiceBusyException as exc:
             if "is being built" not in str(exc) or time.monotonic() > deadline:
                 raise
+
+
+def until(what: str, check: Callable[[], object], within: float = 20.0) -> None:
+    """Poll ``check`` until it is true; fail saying ``what`` did not happen within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within}s")
+        time.sleep(0.05)
 
 
 def audit_lines(path: Path) -> list[dict[str, Any]]:

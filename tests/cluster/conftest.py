@@ -11,13 +11,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from tests.support import until
 
 pytest.importorskip("ray", reason="serve --ray is tested on a local Ray cluster (pip install 'execspace[ray]')")
 pytest.importorskip("e2b", reason="serve --ray is tested with the official e2b SDK (pip install 'execspace[dev]')")
@@ -261,15 +262,6 @@ def _processes(matches: Callable[[bytes], bool]) -> list[int]:
                 if matches(Path(f"/proc/{entry}/cmdline").read_bytes()):
                     found.append(int(entry))
     return found
-
-
-def until(what: str, check: Callable[[], object], within: float = 20.0) -> None:
-    """Poll ``check`` until it is true; fail saying ``what`` did not happen within ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.05)
 
 
 def client_id(door: FrontDoor, sandbox_id: str) -> str:

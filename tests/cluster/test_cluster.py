@@ -16,7 +16,9 @@ import pytest
 from e2b import CommandExitException, Sandbox
 from e2b.exceptions import NotFoundException, RateLimitException, ServiceBusyException
 
-from .conftest import PER_NODE, FrontDoor, LocalCluster, client_id, sleepers, until
+from tests.support import until
+
+from .conftest import PER_NODE, FrontDoor, LocalCluster, client_id, sleepers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -11,7 +11,9 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException, SandboxException
 
-from .conftest import LocalCluster, client_id, node_servers, servers_on, sleepers, until
+from tests.support import until
+
+from .conftest import LocalCluster, client_id, node_servers, servers_on, sleepers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

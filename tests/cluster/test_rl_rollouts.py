@@ -15,7 +15,9 @@ from types import ModuleType
 import pytest
 from e2b import Sandbox
 
-from .conftest import LocalCluster, processes_running, until
+from tests.support import until
+
+from .conftest import LocalCluster, processes_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -32,7 +32,8 @@ pytest.importorskip("e2b", reason="the server is attacked through the official e
 import httpx
 from e2b import Sandbox
 
-from tests.server.conftest import Server, in_homes, running_server, until
+from tests.server.conftest import Server, in_homes, running_server
+from tests.support import until
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -28,7 +28,8 @@ import httpx
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException, RateLimitException
 
-from tests.server.conftest import API_KEY, Server, running_server, until
+from tests.server.conftest import API_KEY, Server, running_server
+from tests.support import until
 
 pytestmark = pytest.mark.timeout(180)
 

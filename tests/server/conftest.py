@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,15 +117,6 @@ def in_homes(root: Path, name: str) -> list[Path]:
         dirs[:] = [d for d in dirs if d != ".execspace"]
         found += [Path(top, name)] if name in files else []
     return found
-
-
-def until(what: str, check: Callable[[], object], within: float = 20.0) -> None:
-    """Poll ``check`` until it is true; fail saying ``what`` did not happen within ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.05)
 
 
 def _listening_url(process: subprocess.Popen[bytes], within: float = 30.0) -> str:

@@ -21,9 +21,9 @@ import pytest
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox
 
 from execspace.audit import key_id
-from tests.support import audit_entries, audit_lines
+from tests.support import audit_entries, audit_lines, until
 
-from .conftest import Server, running_server, until
+from .conftest import Server, running_server
 
 pytestmark = pytest.mark.timeout(240)
 

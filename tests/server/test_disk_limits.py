@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from e2b import CommandExitException, NotEnoughSpaceException, Sandbox
 
-from tests.support import mount_points_under
+from tests.support import mount_points_under, until
 
-from .conftest import Server, configured_server, running_server, until
+from .conftest import Server, configured_server, running_server
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox's disk bound is a filesystem mounted as root")
 

@@ -19,9 +19,9 @@ from e2b import Sandbox, SandboxState
 from e2b.exceptions import SandboxNotRunningException
 
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
-from tests.support import held_still
+from tests.support import held_still, until
 
-from .conftest import Server, configured_server, in_homes, running_server, until
+from .conftest import Server, configured_server, in_homes, running_server
 
 #: Seconds of idleness after which the module's server pauses an autoPause sandbox.
 IDLE = 2

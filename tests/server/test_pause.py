@@ -18,8 +18,9 @@ from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunnin
 
 from execspace.testing.processes import new_tag, pids_with, tagged, wait_no_process
 from tests.redteam.test_round3_pause import ATTACK, CHILDREN, all_ticking, nothing_runs
+from tests.support import until
 
-from .conftest import Server, in_homes, running_server, until
+from .conftest import Server, in_homes, running_server
 
 ci = pytest.importorskip("e2b_code_interpreter", reason="pip install 'execspace[dev]' (e2b-code-interpreter)")
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, SandboxException
 
-from .conftest import Server, running_server, until
+from tests.support import until
+
+from .conftest import Server, running_server
 
 
 def _connect(server: Server) -> dict[str, str]:
