@@ -47,6 +47,7 @@ from ..artifacts import (
     parse_artifact_ref,
     validate_artifact_name,
 )
+from ..audit import AuditSink, AuditValue
 from ..errors import (
     InputError,
     InvalidSpec,
@@ -606,14 +607,34 @@ class WorkspaceFSBase(abc.ABC):
         host_roots: Sequence[Path | str] = (),
         *,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self.artifacts = artifacts
         self.tracer = tracer
         """A span of each staging and each collection."""
+        self.audit = audit
+        """Where a line of each file written, renamed or removed goes (path and size: never the content)."""
         self.roots = HostRoots(host_roots)
         self.host_roots = self.roots.roots
         self.locks = MetadataLocks()
         self._stager: Stager | None = None
+
+    def audit_fields(self, ws: Workspace) -> dict[str, AuditValue]:
+        """What every file line of ``ws`` names (a remote backend adds where the workspace lives)."""
+        return {"workspace": ws.id}
+
+    def _wrote(self, ws: Workspace, written: Sequence[tuple[str, int]]) -> None:
+        if self.audit is not None:
+            for path, size in written:
+                self.audit.record("file.write", {**self.audit_fields(ws), "path": path, "size": size})
+
+    def _renamed(self, ws: Workspace, src: str, dst: str) -> None:
+        if self.audit is not None:
+            self.audit.record("file.rename", {**self.audit_fields(ws), "path": src, "to": dst})
+
+    def _removed(self, ws: Workspace, path: str) -> None:
+        if self.audit is not None:
+            self.audit.record("file.remove", {**self.audit_fields(ws), "path": path})
 
     @abc.abstractmethod
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None: ...
