@@ -598,7 +598,8 @@ class WorkspaceFSBase(abc.ABC):
     ``remove``, ``make_dir``, ``rename``) and inherits ``stage_inputs``/``collect_outputs`` (one
     :class:`Stager` over them), ``exists`` (over ``stat``), ``stage_directory`` (the allowed host tree
     uploaded with ``put_files``), the metadata ``locks``, the allowed ``host_roots`` and ``check``, the
-    backend's file rule (none here: a backend with one overrides it).
+    backend's file rule (none here: a backend with one overrides it). Its primitives write their audit lines with
+    ``_wrote``, ``_renamed`` and ``_removed`` once the change is made, so every backend's lines are the same.
     """
 
     def __init__(
