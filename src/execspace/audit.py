@@ -33,24 +33,20 @@ if TYPE_CHECKING:
     from .models import RunProgramSpec, RunResult
 
 __all__ = [
-    "AUDIT_FIX",
     "AuditLog",
     "AuditSink",
     "AuditValue",
+    "cell_executed",
     "key_id",
     "reopened_on_hangup",
     "run_ended",
+    "run_lost",
     "run_started",
 ]
 
 AuditValue = str | int | float | bool | None | Sequence[str]
 
 _log = logging.getLogger("execspace.audit")
-#: What to do when a backend cannot audit (its ``CapabilityError``'s hint).
-AUDIT_FIX = (
-    "Audit with the local or sandbox backend (their engines write the lines), or at the server in front of this one "
-    "(execspace serve --audit-log, execspace mcp --audit-log)"
-)
 _FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
@@ -82,6 +78,26 @@ def run_ended(workspace: str, spec: RunProgramSpec, pid: int | None, result: Run
         "limit_hit": result.limit_hit,
         "duration_s": round(result.duration, 6),
     }
+
+
+def run_lost(workspace: str, spec: RunProgramSpec, pid: int | None, error: BaseException) -> dict[str, AuditValue]:
+    """A ``command.end`` line's fields for a started program whose result never came (its supervision failed or
+    was cancelled): ``run_ended``'s, with no exit code and the error's type."""
+    return {
+        "workspace": workspace,
+        "argv": [spec.cmd, *spec.args],
+        "pid": pid,
+        "exit_code": None,
+        "timed_out": False,
+        "limit_hit": None,
+        "duration_s": None,
+        "error": type(error).__name__,
+    }
+
+
+def cell_executed(workspace: str, language: str, code: str) -> dict[str, AuditValue]:
+    """A ``cell.execute`` line's fields: the kernel's language and the code's size (never the code)."""
+    return {"workspace": workspace, "language": language, "code_bytes": len(code.encode())}
 
 
 @runtime_checkable

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..audit import AuditSink, AuditValue, run_ended, run_lost, run_started
 from ..errors import BackendError, ProgramNotFound
 from ..models import OutputChunk, ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ..tracing import Span, record_run
@@ -20,7 +22,7 @@ from ..tracing import Span, record_run
 if TYPE_CHECKING:
     from ..protocols import ProgramHandle
 
-__all__ = ["OutputLog", "ProgramTable", "StartedProgram", "program_info"]
+__all__ = ["OutputLog", "ProgramTable", "RunLines", "StartedProgram", "program_info"]
 
 #: Bytes of a program's first output kept for readers that attach "from the start" later.
 HISTORY_BYTES = 1024 * 1024
@@ -33,6 +35,28 @@ def program_info(spec: RunProgramSpec, pid: int) -> ProgramInfo:
     return ProgramInfo(
         pid=pid, cmd=spec.cmd, args=tuple(spec.args), cwd=spec.cwd, env=dict(spec.env), tag=spec.tag, pty=spec.pty
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunLines:
+    """One run's ``command.start`` and ``command.end`` audit lines (:func:`~execspace.audit.run_started`,
+    :func:`~execspace.audit.run_ended`), for a runner whose programs are not host processes of ours: with
+    ``where`` it ran added to each (a container's id, a remote sandbox's)."""
+
+    audit: AuditSink
+    workspace: str
+    spec: RunProgramSpec
+    where: Mapping[str, AuditValue]
+
+    def started(self) -> None:
+        self.audit.record("command.start", {**run_started(self.workspace, self.spec), **self.where})
+
+    def ended(self, pid: int | None, result: RunResult) -> None:
+        self.audit.record("command.end", {**run_ended(self.workspace, self.spec, pid, result), **self.where})
+
+    def lost(self, pid: int | None, error: BaseException) -> None:
+        """The run ended without a result (its start or its supervision failed, or was cancelled)."""
+        self.audit.record("command.end", {**run_lost(self.workspace, self.spec, pid, error), **self.where})
 
 
 class StartedProgram:
@@ -73,6 +97,21 @@ class StartedProgram:
             else:
                 record_run(span, done.result())
             span.end()
+
+        self._done.add_done_callback(end)
+
+    def audited(self, lines: RunLines) -> None:
+        """Write the run's ``command.end`` line once it is over. Called before the handle is anyone's: this
+        callback then comes before any waiter's, so the line is written before ``wait()`` returns the result."""
+        assert self._done is not None
+
+        def end(done: asyncio.Future[RunResult]) -> None:
+            if done.cancelled():
+                lines.lost(self.pid, asyncio.CancelledError())
+            elif (error := done.exception()) is not None:
+                lines.lost(self.pid, error)
+            else:
+                lines.ended(self.pid, done.result())
 
         self._done.add_done_callback(end)
 

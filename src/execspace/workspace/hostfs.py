@@ -184,9 +184,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
         tracer: Tracer = NO_TRACER,
         audit: AuditSink | None = None,
     ) -> None:
-        super().__init__(artifacts, host_roots, tracer=tracer)
-        self.audit = audit
-        """Where a line of each file written, renamed or removed goes (path and size: never the content)."""
+        super().__init__(artifacts, host_roots, tracer=tracer, audit=audit)
         self._access = access
         self._read_all = programs_read_all
         self._elsewhere = elsewhere
@@ -254,11 +252,6 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         await asyncio.to_thread(write_all)
         self._wrote(ws, [(f.path, len(f.data)) for f in files])
-
-    def _wrote(self, ws: Workspace, written: Sequence[tuple[str, int]]) -> None:
-        if self.audit is not None:
-            for path, size in written:
-                self.audit.record("file.write", {"workspace": ws.id, "path": path, "size": size})
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         root = self._root(ws)
@@ -441,8 +434,7 @@ class HostWorkspaceFS(WorkspaceFSBase):
                 cr.rename(src, dst)
 
         await asyncio.to_thread(move)
-        if self.audit is not None:
-            self.audit.record("file.rename", {"workspace": ws.id, "path": src, "to": dst})
+        self._renamed(ws, src, dst)
 
     def _tree_below(self, cr: ConfinedRoot, path: str) -> Iterator[str]:
         """What a rule must allow before the tree at ``path`` goes (nothing to check without a rule)."""
@@ -496,10 +488,6 @@ class HostWorkspaceFS(WorkspaceFSBase):
 
         await asyncio.to_thread(rm)
         self._removed(ws, rel)
-
-    def _removed(self, ws: Workspace, path: str) -> None:
-        if self.audit is not None:
-            self.audit.record("file.remove", {"workspace": ws.id, "path": path})
 
     def check_host_path(self, src: Path) -> Path:
         """Return the real path of ``src`` if it lies inside an allowed host root."""

@@ -47,6 +47,7 @@ from ..artifacts import (
     parse_artifact_ref,
     validate_artifact_name,
 )
+from ..audit import AuditSink, AuditValue
 from ..errors import (
     InputError,
     InvalidSpec,
@@ -597,7 +598,8 @@ class WorkspaceFSBase(abc.ABC):
     ``remove``, ``make_dir``, ``rename``) and inherits ``stage_inputs``/``collect_outputs`` (one
     :class:`Stager` over them), ``exists`` (over ``stat``), ``stage_directory`` (the allowed host tree
     uploaded with ``put_files``), the metadata ``locks``, the allowed ``host_roots`` and ``check``, the
-    backend's file rule (none here: a backend with one overrides it).
+    backend's file rule (none here: a backend with one overrides it). Its primitives write their audit lines with
+    ``_wrote``, ``_renamed`` and ``_removed`` once the change is made, so every backend's lines are the same.
     """
 
     def __init__(
@@ -606,14 +608,34 @@ class WorkspaceFSBase(abc.ABC):
         host_roots: Sequence[Path | str] = (),
         *,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self.artifacts = artifacts
         self.tracer = tracer
         """A span of each staging and each collection."""
+        self.audit = audit
+        """Where a line of each file written, renamed or removed goes (path and size: never the content)."""
         self.roots = HostRoots(host_roots)
         self.host_roots = self.roots.roots
         self.locks = MetadataLocks()
         self._stager: Stager | None = None
+
+    def audit_fields(self, ws: Workspace) -> dict[str, AuditValue]:
+        """What every file line of ``ws`` names (a remote backend adds where the workspace lives)."""
+        return {"workspace": ws.id}
+
+    def _wrote(self, ws: Workspace, written: Sequence[tuple[str, int]]) -> None:
+        if self.audit is not None:
+            for path, size in written:
+                self.audit.record("file.write", {**self.audit_fields(ws), "path": path, "size": size})
+
+    def _renamed(self, ws: Workspace, src: str, dst: str) -> None:
+        if self.audit is not None:
+            self.audit.record("file.rename", {**self.audit_fields(ws), "path": src, "to": dst})
+
+    def _removed(self, ws: Workspace, path: str) -> None:
+        if self.audit is not None:
+            self.audit.record("file.remove", {**self.audit_fields(ws), "path": path})
 
     @abc.abstractmethod
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None: ...

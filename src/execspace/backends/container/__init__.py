@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ...audit import AUDIT_FIX
+from ...audit import AuditSink
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation
 from ...engine import BaseEngine
@@ -213,8 +213,6 @@ class ContainerBackend:
     @classmethod
     async def open(cls, options: ContainerOptions, /) -> ContainerEngine:
         """Open a container engine with ``options`` (see :class:`ContainerOptions`)."""
-        if options.audit is not None:
-            raise CapabilityError("an audit log (audit=)", "container", AUDIT_FIX)
         docker_host, pool_size, languages = options.docker_host, options.pool_size, options.languages
         if pool_size < 0:
             raise PolicyViolation("pool_size must be 0 or more")
@@ -284,7 +282,9 @@ class ContainerBackend:
             caps = replace(caps, details={**caps.details, "environment": environment.summary()})
         owner = _owner(config) if os.getuid() == 0 else _no_owner
         tracer = options.tracer or NO_TRACER
-        manager = _ContainerWorkspaceManager(containers, root, _layout_owner(config.user), pool_size, tracer)
+        manager = _ContainerWorkspaceManager(
+            containers, root, _layout_owner(config.user), pool_size, tracer, options.audit
+        )
         pool = manager.pool
         pool.refill()
         fs = HostWorkspaceFS(
@@ -293,6 +293,7 @@ class ContainerBackend:
             owner=owner,
             access=ProtectedPaths(config.protected),
             tracer=tracer,
+            audit=options.audit,
         )
         runner = ContainerRunner(
             containers,
@@ -303,6 +304,7 @@ class ContainerBackend:
             network_allow=allow,
             on_network_attempt=options.on_network_attempt,
             tracer=tracer,
+            audit=options.audit,
         )
 
         async def close() -> None:
@@ -356,6 +358,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
         prepare: Callable[[Path], None],
         pool_size: int,
         tracer: Tracer,
+        audit: AuditSink | None,
     ) -> None:
         super().__init__(
             "container",
@@ -367,6 +370,7 @@ class _ContainerWorkspaceManager(HostWorkspaceManager):
             stop_programs=containers.remove,  # the container goes first: nothing keeps writing into a removed tree
             freeze=containers.paused,
             tracer=tracer,
+            audit=audit,
         )
         self._containers = containers
         containers.pool_root = self.root

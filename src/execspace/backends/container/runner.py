@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ...audit import AuditSink
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import CapabilityError
 from ...models import NetworkApprover, NetworkPolicy, ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ...process.egress import RunAudit
 from ...process.preparation import PreparedRun, RunPreparation, finish_run, lookup_where_it_runs, signal_status
-from ...process.programs import ProgramTable
+from ...process.programs import ProgramTable, RunLines
 from ...process.rlimits import classify_rlimit_exit
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
@@ -57,9 +58,12 @@ class ContainerRunner:
         network_allow: NetworkPolicy | None = None,
         on_network_attempt: NetworkApprover | None = None,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self.tracer = tracer
         """The span of each run, from its start to its result."""
+        self.audit = audit
+        """Where each run's ``command.start`` and ``command.end`` lines go (with the container it execs in)."""
         self._capabilities = capabilities
         self.preparation = RunPreparation(
             capabilities,
@@ -125,31 +129,56 @@ class ContainerRunner:
         prep = self._prepare(ws, spec)  # never CommandNotFound: the runtime looks the program up (a 127 of its own)
         try:
             cid = await self._place(ws, prep)
-            run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes)
-            workdir = self._container_path(prep)
+            lines = self._lines(ws, spec, cid)
+            if lines is None:
+                return (await self._exec(prep, cid, with_pid=False))[1]
+            lines.started()
             try:
-                await asyncio.to_thread(run.start, self._argv(prep), prep.env, workdir, self._user)
-            except Exception:
-                await self._containers.forget(cid)  # a dead container is replaced on the next run
+                pid, result = await self._exec(prep, cid, with_pid=True)
+            except BaseException as exc:
+                lines.lost(None, exc)
                 raise
-            timed_out = await self._drive(run, prep)
-            return await self.finish(run, prep, timed_out)
+            lines.ended(pid, result)
+            return result
         finally:
             self._unplace(prep)  # unless finish took it: a failed start, a cancelled run
+
+    async def _exec(self, prep: PreparedRun, cid: str, *, with_pid: bool) -> tuple[int | None, RunResult]:
+        """Run the exec to its result; ``with_pid``: with its process id (a call to the daemon: for the audit)."""
+        run = ExecRun(self._containers.client.api, cid, prep.spec.limits.output_bytes)
+        workdir = self._container_path(prep)
+        try:
+            await asyncio.to_thread(run.start, self._argv(prep), prep.env, workdir, self._user)
+        except Exception:
+            await self._containers.forget(cid)  # a dead container is replaced on the next run
+            raise
+        pid = (await asyncio.to_thread(run.pid) or None) if with_pid else None
+        timed_out = await self._drive(run, prep)
+        return pid, await self.finish(run, prep, timed_out)
+
+    def _lines(self, ws: Workspace, spec: RunProgramSpec, cid: str) -> RunLines | None:
+        return None if self.audit is None else RunLines(self.audit, ws.id, spec, {"container": cid[:12]})
 
     async def _start_program(self, ws: Workspace, spec: RunProgramSpec) -> ContainerHandle:
         prep = self._prepare(ws, spec)
         cid = await self._place(ws, prep)
+        lines = self._lines(ws, spec, cid)
+        if lines is not None:
+            lines.started()
         handle = ContainerHandle(self, prep)
         run = ExecRun(self._containers.client.api, cid, spec.limits.output_bytes, handle.on_chunk)
         try:
             await asyncio.to_thread(run.start, self._argv(prep), prep.env, self._container_path(prep), self._user)
             pid = await asyncio.to_thread(run.pid)
-        except Exception:
+        except Exception as exc:
+            if lines is not None:
+                lines.lost(None, exc)
             self._unplace(prep)
             await self._containers.forget(cid)
             raise
         handle.begin(run, pid)
+        if lines is not None:
+            handle.audited(lines)
         forget = self.programs.add(ws, handle)
         handle.when_done(forget)
         return handle

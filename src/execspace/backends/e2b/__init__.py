@@ -11,11 +11,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ...audit import AUDIT_FIX
 from ...backend import Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
-from ...errors import CapabilityError
 from ...tracing import NO_TRACER
 from .fs import E2BWorkspaceFS, E2BWorkspaceManager
 from .kernels import LANGUAGE_NAMES, E2BKernels, kernel_language
@@ -93,8 +91,6 @@ class E2BBackend:
     async def open(cls, options: E2BOptions, /) -> BaseEngine:
         from ...errors import SetupFailed
 
-        if options.audit is not None:
-            raise CapabilityError("an audit log (audit=)", "e2b", AUDIT_FIX)
         probe = await cls.probe(options)
         if not probe.ok:
             raise SetupFailed("e2b", probe.reason, probe.fix)
@@ -102,8 +98,9 @@ class E2BBackend:
         boxes = Sandboxes(options)
         boxes.start()
         tracer = options.tracer or NO_TRACER
-        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots, tracer)
-        kernels = E2BKernels(boxes, fs)
-        manager = E2BWorkspaceManager(boxes, kernels.shutdown, tracer)
-        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace, tracer)
+        audit = options.audit
+        fs = E2BWorkspaceFS(boxes, options.artifacts, options.host_roots, tracer, audit)
+        kernels = E2BKernels(boxes, fs, audit)
+        manager = E2BWorkspaceManager(boxes, kernels.shutdown, tracer, audit)
+        runner = E2BRunner(boxes, lambda: caps, options.env_policy, options.kill_grace, tracer, audit)
         return KernelEngine("e2b", manager, fs, runner, caps, kernels, on_close=boxes.aclose)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ...audit import AuditSink, AuditValue
 from ...errors import WorkspaceFileNotFound
 from ...mime import SNIFF_BYTES, guess_mime
 from ...models import (
@@ -63,10 +64,13 @@ class E2BWorkspaceManager:
         boxes: Sandboxes,
         stop_kernels: Callable[[Workspace], Awaitable[None]] | None = None,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self._boxes = boxes
         self.tracer = tracer
         """A span of each creation and clean-up."""
+        self.audit = audit
+        """Where a line of each creation and clean-up goes (with the sandbox's id)."""
         self.branches = E2BBranches(boxes)
         # a workspace's kernels run in its sandbox's code interpreter: where the sandbox stays, cleanup ends them
         self._stop_kernels = stop_kernels
@@ -84,7 +88,14 @@ class E2BWorkspaceManager:
 
             raise UnsupportedBackend("the e2b backend has no host paths: its workspaces live in remote sandboxes")
         with self.tracer.span(WORKSPACE_CREATE, {"execspace.backend": "e2b", "execspace.workspace.id": exec_id}):
-            return await self._create(exec_id, policy)
+            ws = await self._create(exec_id, policy)
+        self._record("workspace.create", ws)
+        return ws
+
+    def _record(self, event: str, ws: Workspace) -> None:
+        if self.audit is not None:
+            sandbox = self._boxes.box(workspace_key(ws.id)).id
+            self.audit.record(event, {"workspace": ws.id, "backend": "e2b", "sandbox": sandbox})
 
     async def _create(self, exec_id: str, policy: WorkspacePolicy | None) -> Workspace:
         key = workspace_key(exec_id)
@@ -105,21 +116,25 @@ class E2BWorkspaceManager:
 
     async def cleanup(self, ws: Workspace) -> None:
         with self.tracer.span(WORKSPACE_CLEANUP, {"execspace.backend": "e2b", "execspace.workspace.id": ws.id}):
-            await self._cleanup(ws)
+            sandbox = await self._cleanup(ws)
+        if self.audit is not None:  # as on a host, a workspace gone already too (its sandbox: null)
+            self.audit.record("workspace.cleanup", {"workspace": ws.id, "backend": "e2b", "sandbox": sandbox})
 
-    async def _cleanup(self, ws: Workspace) -> None:
+    async def _cleanup(self, ws: Workspace) -> str | None:
+        """Remove the workspace; the id of the sandbox it was in (None: it was gone already)."""
         key = workspace_key(ws.id)
         try:
             box = self._boxes.box(key)
         except LookupError:
-            return
+            return None
         if box.owned:
             await self._boxes.forget(key)  # its own sandbox: killing it stops its programs and removes everything
             await self._end_kernels(ws)  # (only forgotten here: nothing is left to ask)
-            return
+            return box.id
         await self._end_kernels(ws)  # a shared sandbox stays: this workspace's kernels in it must not
         await box.call("removing a workspace", box.sandbox.commands.run(f"rm -rf -- '{ws.path}'"))
         await self._boxes.forget(key)
+        return box.id
 
     async def _end_kernels(self, ws: Workspace) -> None:
         if self._stop_kernels is not None:
@@ -189,12 +204,16 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         artifacts: ArtifactService | None = None,
         host_roots: Sequence[Path | str] = (),
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
-        super().__init__(artifacts, host_roots, tracer=tracer)
+        super().__init__(artifacts, host_roots, tracer=tracer, audit=audit)
         self._boxes = boxes
 
     def _box(self, ws: Workspace) -> Box:
         return self._boxes.box(workspace_key(ws.id))
+
+    def audit_fields(self, ws: Workspace) -> dict[str, AuditValue]:
+        return {"workspace": ws.id, "sandbox": self._box(ws).id}
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
         if not files:
@@ -213,6 +232,7 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         for at in range(0, len(entries), _UPLOAD_BATCH):
             await box.call("uploading files", box.sandbox.files.write_files(entries[at : at + _UPLOAD_BATCH]))
         await box.agent("install", ws=ws.path, stage=stage, files=moves)
+        self._wrote(ws, [(dest, len(f.data)) for dest, f in plan])
 
     async def read_file(self, ws: Workspace, path: str, *, max_bytes: int | None = None) -> File:
         rel = checked_relative(ws, path)
@@ -284,7 +304,9 @@ class E2BWorkspaceFS(WorkspaceFSBase):
         return FileEntry(got, size, mtime, _KINDS[kind], mode, target)
 
     async def remove(self, ws: Workspace, path: str) -> None:
-        await self._box(ws).agent("remove_path", ws=ws.path, path=checked_relative(ws, path))
+        rel = checked_relative(ws, path)
+        await self._box(ws).agent("remove_path", ws=ws.path, path=rel)
+        self._removed(ws, rel)
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
         await self._box(ws).agent("make_dir", ws=ws.path, path=checked_relative(ws, path))
@@ -292,3 +314,4 @@ class E2BWorkspaceFS(WorkspaceFSBase):
     async def rename(self, ws: Workspace, src: str, dst: str) -> None:
         s, d = checked_relative(ws, src), checked_relative(ws, dst)
         await self._box(ws).agent("rename", ws=ws.path, src=s, dst=d)
+        self._renamed(ws, s, d)

@@ -15,6 +15,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from ...audit import AuditSink, cell_executed
 from ...errors import BackendError, UnsupportedLanguage, WorkspaceNotFound
 from ...models import (
     DEFAULT_OUTPUT_BYTES,
@@ -82,7 +83,9 @@ class E2BKernels:
     """The workspaces' kernels in the code interpreter (``engine.kernels``): a :class:`~execspace.CellKernels`, the
     jupyter backend's surface, and the executor's :class:`~execspace.protocols.Kernels`."""
 
-    def __init__(self, boxes: Sandboxes, fs: WorkspaceFS) -> None:
+    def __init__(self, boxes: Sandboxes, fs: WorkspaceFS, audit: AuditSink | None = None) -> None:
+        self.audit = audit
+        """Where a ``cell.execute`` line of each cell goes (its language and size, never its code)."""
         self._languages = {kernel_language(tag) for tag in boxes.options.code_languages}
         self._boxes = boxes
         self._fs = fs
@@ -199,6 +202,8 @@ class E2BKernels:
         from e2b_code_interpreter import Execution
 
         box = self._boxes.box(workspace_key(ws.id))
+        if self.audit is not None:
+            self.audit.record("cell.execute", {**cell_executed(ws.id, language, code), "sandbox": box.id})
         key = (box.id, ws.id, language)  # a fresh sandbox (per turn, or after a loss) has fresh kernels
         context = self._contexts.get(key)
         if context is None:

@@ -32,13 +32,14 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
+from ...audit import AuditSink
 from ...capabilities import Capabilities
 from ...envpolicy import EnvPolicy
 from ...errors import BackendError, CapabilityError, UsageError
 from ...models import NetworkPolicy, OutputChunk, ProgramInfo, PtySize, RunProgramSpec, RunResult, Workspace
 from ...process.capture import HeadTailBuffer
 from ...process.egress import proxy_env
-from ...process.programs import OutputLog, ProgramTable, StartedProgram, program_info
+from ...process.programs import OutputLog, ProgramTable, RunLines, StartedProgram, program_info
 from ...process.supervisor import RUN_MARKER_VAR
 from ...protocols import ProgramHandle
 from ...tracing import NO_TRACER, RUN_SPAN, AttributeValue, Tracer, record_run, run_attributes
@@ -101,11 +102,14 @@ class E2BRunner:
         env_policy: EnvPolicy | None,
         kill_grace: float,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self._boxes = boxes
         self._caps = capabilities
         self.tracer = tracer
         """The span of each run, from its start to its result."""
+        self.audit = audit
+        """Where each run's ``command.start`` and ``command.end`` lines go (with the sandbox it runs in)."""
         self.env_policy = env_policy or EnvPolicy()
         self.kill_grace = kill_grace
         self.programs = ProgramTable()
@@ -163,28 +167,55 @@ class E2BRunner:
         # supervised in the caller's task: no one else holds this program, and each task between the command's end
         # and the caller costs a turn of the event loop
         if not self.tracer.enabled:
-            program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
-            return await program.run()
+            return await self._run_program(ws, spec)
         with self.tracer.span(RUN_SPAN, self._run_attributes(ws, spec)) as span:
-            program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
-            result = await program.run()
+            result = await self._run_program(ws, spec)
             record_run(span, result)
             return result
 
+    async def _run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
+        prep = self.prepare(ws, spec, await self._login_names(ws, spec))
+        program = E2BProgram(self, prep)
+        lines = self._lines(prep)
+        if lines is None:
+            return await program.run()
+        lines.started()
+        try:
+            result = await program.run()
+        except BaseException as exc:
+            lines.lost(program.pid, exc)
+            raise
+        lines.ended(program.pid, result)
+        return result
+
     async def start_program(self, ws: Workspace, spec: RunProgramSpec) -> E2BProgram:
         span = self.tracer.start(RUN_SPAN, self._run_attributes(ws, spec)) if self.tracer.enabled else None
+        lines: RunLines | None = None
         try:
-            program = E2BProgram(self, self.prepare(ws, spec, await self._login_names(ws, spec)))
+            prep = self.prepare(ws, spec, await self._login_names(ws, spec))
+            program = E2BProgram(self, prep)
+            if (lines := self._lines(prep)) is not None:
+                lines.started()
             await program.begin(interactive=True)
         except BaseException as exc:
             if span is not None:
                 span.failed(exc)
                 span.end()
+            if lines is not None:
+                lines.lost(None, exc)
             raise
         program.when_done(self.programs.add(ws, program))
         if span is not None:
             program.ends(span)
+        if lines is not None:
+            program.audited(lines)
         return program
+
+    def _lines(self, prep: _Prepared) -> RunLines | None:
+        """The run's audit lines: what the SDK is asked to run (the spec's argv), in which remote sandbox."""
+        if self.audit is None:
+            return None
+        return RunLines(self.audit, prep.ws.id, prep.spec, {"sandbox": prep.box.id})
 
     def _run_attributes(self, ws: Workspace, spec: RunProgramSpec) -> dict[str, AttributeValue]:
         caps = self._caps()

@@ -35,13 +35,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...audit import AUDIT_FIX
+from ...audit import AuditSink
 from ...backend import HostOptions, Probe
 from ...capabilities import Capabilities, Isolation, KernelCapabilities
 from ...engine import BaseEngine, KernelEngine
 from ...environments import EnvironmentStore
 from ...envpolicy import EnvPolicy
-from ...errors import CapabilityError, EnvironmentNotFound, SetupFailed, UnsupportedBackend
+from ...errors import EnvironmentNotFound, SetupFailed, UnsupportedBackend
 from ...models import ResourceLimits
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...tracing import NO_TRACER, Tracer
@@ -161,8 +161,6 @@ class JupyterBackend:
             InvalidSpec: ``mode`` is not one of the modes.
             SetupFailed: the mode cannot work here (the message says how to fix it).
         """
-        if options.audit is not None:
-            raise CapabilityError("an audit log (audit=)", "jupyter", AUDIT_FIX)
         mode = options.kernel_mode()
         kernel_name, interrupt_grace = options.kernel_name, options.interrupt_grace
         rich = options.rich_outputs or RichOutputLimits()
@@ -183,6 +181,7 @@ class _KernelSettings:
     interrupt_grace: float
     rich_outputs: RichOutputLimits
     tracer: Tracer = NO_TRACER
+    audit: AuditSink | None = None
 
     def sessions(self, fs: WorkspaceFS, launcher: KernelLauncher, language: str) -> KernelSessions:
         return KernelSessions(
@@ -193,6 +192,7 @@ class _KernelSettings:
             interrupt_grace=self.interrupt_grace,
             rich_outputs=self.rich_outputs,
             tracer=self.tracer,
+            audit=self.audit,
         )
 
 
@@ -209,7 +209,7 @@ async def _open_local(
     if isinstance(language, Probe):
         raise SetupFailed("jupyter", language.reason, language.fix)
     tracer = (common.tracer or NO_TRACER).bound({"execspace.backend": "jupyter"})
-    kernel_opts = _KernelSettings(kernel_name, interrupt_grace, rich, tracer)
+    kernel_opts = _KernelSettings(kernel_name, interrupt_grace, rich, tracer, common.audit)
     if isinstance(mode, HostKernels):
         return _open_host(common, kernel_opts, language, mode, None, start_pool)
     sandboxed = (
@@ -305,6 +305,7 @@ async def _open_sandboxed(
         program_binds=mode.program_binds,
         read_views=interpreter.views,
         tracer=kernel_opts.tracer,
+        audit=common.audit,
     )
     sb = await SandboxBackend.open(own)
     sandbox = sandbox_of(sb.runner)
@@ -351,6 +352,7 @@ def _slot_workspaces(
         private_root=not as_root,
         stop_programs=runner.stop_programs,
         freeze=with_kernel_frozen(kernels, runner.frozen),
+        audit=kernel_opts.audit,
     )
     return manager, kernels
 
@@ -467,7 +469,10 @@ def _open_host(
             caps, details={**caps.details, "kernel_isolation": f"none (auto: the sandbox is unavailable: {fallback})"}
         )
     assert caps.isolation is Isolation.NONE
-    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots, tracer=kernel_opts.tracer)
+    audit = kernel_opts.audit
+    fs = HostWorkspaceFS(
+        artifacts=common.artifacts, host_roots=common.host_roots, tracer=kernel_opts.tracer, audit=audit
+    )
     root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
     if mode.pool_size > 0:
         private_dir(root)  # the pool stages kernels under the root: make sure it is ours first
@@ -480,8 +485,9 @@ def _open_host(
         pool_idle_timeout=mode.pool_idle_timeout,
     )
     kernels = kernel_opts.sessions(fs, launcher, language)
-    runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace, tracer=kernel_opts.tracer)
-    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, with_kernel_frozen(kernels, runner.frozen))
+    runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace, tracer=kernel_opts.tracer, audit=audit)
+    freeze = with_kernel_frozen(kernels, runner.frozen)
+    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, freeze, audit=audit)
     if start_pool:
         kernels.start_pool()
     return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...audit import AuditSink, cell_executed
 from ...errors import UnsupportedLanguage, UsageError
 from ...languages import resolve_language
 from ...models import (
@@ -157,10 +158,13 @@ class KernelSessions:
         interrupt_grace: float = 2.0,
         rich_outputs: RichOutputLimits | None = None,
         tracer: Tracer = NO_TRACER,
+        audit: AuditSink | None = None,
     ) -> None:
         self.kernel_name = kernel_name
         self.tracer = tracer
         """A span of each cell's execution (never its code or output)."""
+        self.audit = audit
+        """Where a ``cell.execute`` line of each cell goes (its language and size, never its code)."""
         self.rich_outputs = rich_outputs or RichOutputLimits()
         self.language = language
         self.launcher = launcher
@@ -229,6 +233,8 @@ class KernelSessions:
             "execspace.kernel.name": self.kernel_name,
             "execspace.kernel.language": self.language,
         }
+        if self.audit is not None:
+            self.audit.record("cell.execute", cell_executed(ws.id, self.language, code))
         with self.tracer.span("execspace.kernel.execute", attributes) as span:
             cell = await self._execute(ws, code, timeout, output_bytes)
             span.set("execspace.kernel.exit_code", cell.exit_code)
@@ -430,8 +436,9 @@ class KernelWorkspaceManager(HostWorkspaceManager):
         kernels: KernelSessions,
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
         freeze: Freeze | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
-        super().__init__("jupyter", root, stop_programs=stop_programs, freeze=freeze)
+        super().__init__("jupyter", root, stop_programs=stop_programs, freeze=freeze, audit=audit)
         self._kernels = kernels
 
     async def cleanup(self, ws: Workspace) -> None:

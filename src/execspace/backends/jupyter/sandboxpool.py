@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...audit import AuditSink
 from ...models import Workspace
 from ...workspace.hostmanager import HostWorkspaceManager, private_dir
 from ...workspace.slots import laid_out_slot, take_slot
@@ -148,6 +149,7 @@ class SlotWorkspaceManager(HostWorkspaceManager):
         private_root: bool,
         stop_programs: Callable[[Workspace], Awaitable[None]],
         freeze: Freeze,
+        audit: AuditSink | None = None,
     ) -> None:
         super().__init__(
             "sandbox",
@@ -159,6 +161,7 @@ class SlotWorkspaceManager(HostWorkspaceManager):
             refill=launcher.refill,
             stop_programs=stop_programs,
             freeze=freeze,
+            audit=audit,
         )
         self._launcher = launcher
         self._kernels = kernels

@@ -171,20 +171,23 @@ async def open_server_engine(
         "start_timeout": mode.start_timeout,
         "interrupt_grace": interrupt_grace,
         "rich_outputs": rich_outputs,
+        "audit": common.audit,
     }
     if not mode.shared_filesystem:
         return _server_workspaces(api, mode, common, caps, opts)
-    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots)
+    audit = common.audit
+    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots, audit=audit)
     server_root = Path(mode.server_root) if mode.server_root is not None else None
     kernels = RemoteKernelSessions(api, fs, common.env_policy, server_root=server_root, **opts)
     root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
     if mode.programs == "host":
-        host = HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace)
+        host = HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace, audit=audit)
         runner: ProgramRunner = host
-        manager = KernelWorkspaceManager(root, kernels, host.stop_programs)  # cleanup stops its programs too
+        # cleanup stops its programs too
+        manager = KernelWorkspaceManager(root, kernels, host.stop_programs, audit=audit)
     else:
         runner = NoPrograms()
-        manager = KernelWorkspaceManager(root, kernels)
+        manager = KernelWorkspaceManager(root, kernels, audit=audit)
     return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)
 
 
@@ -193,10 +196,10 @@ def _server_workspaces(
 ) -> KernelEngine[KernelSessions]:
     launcher = ServerWorkspaceLauncher(api, common.env_policy, kernel_name=opts["kernel_name"])
     files = FileKernel(launcher, timeout=mode.request_timeout)
-    fs = RemoteWorkspaceFS(files, common.artifacts, common.host_roots or ())
+    fs = RemoteWorkspaceFS(files, common.artifacts, common.host_roots or (), common.audit)
     launcher.fs = fs
     kernels = ServerWorkspaceKernels(api, fs, launcher, **opts)
-    manager = RemoteWorkspaceManager(files, kernels, mode.remote_root)
+    manager = RemoteWorkspaceManager(files, kernels, mode.remote_root, common.audit)
 
     async def close() -> None:
         await files.aclose()

@@ -32,6 +32,7 @@ from typing import Any
 
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
+from ...audit import AuditSink
 from ...envpolicy import EnvPolicy
 from ...errors import SetupFailed
 from ...models import Workspace
@@ -321,6 +322,7 @@ class RemoteKernelSessions(KernelSessions):
         interrupt_grace: float = 2.0,
         rich_outputs: RichOutputLimits | None = None,
         launcher: RemoteLauncher | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
         launcher = launcher or RemoteLauncher(api, env_policy, kernel_name=kernel_name, server_root=server_root)
         super().__init__(
@@ -331,6 +333,7 @@ class RemoteKernelSessions(KernelSessions):
             start_timeout=start_timeout,
             interrupt_grace=interrupt_grace,
             rich_outputs=rich_outputs,
+            audit=audit,
         )
 
 

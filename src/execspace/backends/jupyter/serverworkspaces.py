@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from wcmatch import glob as wglob
 
+from ...audit import AuditSink
 from ...errors import (
     BackendError,
     PathDenied,
@@ -167,9 +168,13 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
     """
 
     def __init__(
-        self, files: FileKernel, artifacts: ArtifactService | None = None, host_roots: Sequence[Path | str] = ()
+        self,
+        files: FileKernel,
+        artifacts: ArtifactService | None = None,
+        host_roots: Sequence[Path | str] = (),
+        audit: AuditSink | None = None,
     ) -> None:
-        super().__init__(artifacts, host_roots)
+        super().__init__(artifacts, host_roots, audit=audit)
         self.files = files
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
@@ -188,6 +193,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
                 await self._put_large(ws, f.path, data, f.mode)
         if batch:
             await self.files.call("write", {"ws": ws.path, "items": batch})
+        self._wrote(ws, [(f.path, len(f.data)) for f in files])
 
     async def _put_large(self, ws: Workspace, path: str, data: bytes, mode: int) -> None:
         tmp: str | None = None
@@ -262,6 +268,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
     async def remove(self, ws: Workspace, path: str) -> None:
         rel = checked_relative(ws, path)
         await self.files.call("remove_path", {"ws": ws.path, "path": rel})
+        self._removed(ws, rel)
 
     async def make_dir(self, ws: Workspace, path: str) -> None:
         rel = checked_relative(ws, path)
@@ -270,6 +277,7 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
     async def rename(self, ws: Workspace, src: str, dst: str) -> None:
         src, dst = checked_relative(ws, src), checked_relative(ws, dst)
         await self.files.call("rename", {"ws": ws.path, "src": src, "dst": dst})
+        self._renamed(ws, src, dst)
 
     async def next_cell(self, ws: Workspace) -> int:
         return int(await self.files.call("next_cell", {"ws": ws.path}))
@@ -354,7 +362,11 @@ class ServerWorkspaceKernels(RemoteKernelSessions):
 class RemoteWorkspaceManager:
     """Workspaces under ``remote_root`` on the server, created and removed by the file kernel."""
 
-    def __init__(self, files: FileKernel, kernels: ServerWorkspaceKernels, remote_root: str) -> None:
+    def __init__(
+        self, files: FileKernel, kernels: ServerWorkspaceKernels, remote_root: str, audit: AuditSink | None = None
+    ) -> None:
+        self.audit = audit
+        """Where a line of each creation and clean-up goes."""
         self._files = files
         self._kernels = kernels
         self._remote_root = remote_root
@@ -384,7 +396,12 @@ class RemoteWorkspaceManager:
         await self._files.call("layout", _layout_args(ws, []))
         if session:
             self._known[exec_id] = ws
+        self._record("workspace.create", ws)
         return ws
+
+    def _record(self, event: str, ws: Workspace) -> None:
+        if self.audit is not None:
+            self.audit.record(event, {"workspace": ws.id, "backend": "jupyter"})
 
     async def get_workspace(self, exec_id: str) -> Workspace:
         if exec_id in self._known:
@@ -403,3 +420,4 @@ class RemoteWorkspaceManager:
             del self._known[ws.id]
         await self._kernels.shutdown(ws)
         await self._files.call("remove", {"ws": ws.path})
+        self._record("workspace.cleanup", ws)
