@@ -6,6 +6,7 @@ tests/backends/test_backend_audit.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -79,6 +80,32 @@ async def test_each_action_has_its_line_when_the_call_returns(
         audit.close()
     text = audit_path.read_text()
     assert "content-of-a-4471" not in text and "value-3390" not in text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_cancelled_run_still_has_its_end_line(tmp_path: Path, backend: tuple[str, dict[str, Any]]) -> None:
+    name, extra = backend
+    audit_path = tmp_path / "audit.jsonl"
+    audit = AuditLog(audit_path)
+    make_traversable(tmp_path)
+    argv = ["sh", "-c", "touch up; exec sleep 60"]
+    try:
+        async with open_engine(name, workspace_root=tmp_path / "ws", audit=audit, **extra) as engine:  # type: ignore[call-overload]
+            ws = await engine.manager.create_workspace("cancelled")
+            assert ws.host_path is not None
+            run = asyncio.create_task(engine.runner.run_program(ws, RunProgramSpec(argv[0], argv[1:])))
+            for _ in range(600):  # until it runs (its start line is written by then)
+                if (ws.host_path / "work" / "up").exists():
+                    break
+                await asyncio.sleep(0.05)
+            assert audit_entries(audit_path, "command.start", workspace=ws.id, argv=argv)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            (end,) = audit_entries(audit_path, "command.end", workspace=ws.id, argv=argv)
+            assert end["exit_code"] is None and end["error"] == "CancelledError"
+    finally:
+        audit.close()
 
 
 def test_the_file_is_0600_its_lines_whole_and_a_rotation_reopened(tmp_path: Path) -> None:

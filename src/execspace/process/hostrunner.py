@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, final
 
-from ..audit import AuditSink, run_ended, run_started
+from ..audit import AuditSink, run_ended, run_lost, run_started
 from ..capabilities import Capabilities, Isolation
 from ..envpolicy import EnvPolicy
 from ..errors import CannotExecute
@@ -240,11 +240,15 @@ class HostRunner:
             return result
 
     async def _run_program(self, ws: Workspace, spec: RunProgramSpec) -> RunResult:
-        if self.audit is not None:
-            self.audit.record("command.start", run_started(ws.id, spec))
-        pid, result = await self._run_prepared(ws, spec)
-        if self.audit is not None:
-            self.audit.record("command.end", run_ended(ws.id, spec, pid, result))
+        if self.audit is None:
+            return (await self._run_prepared(ws, spec))[1]
+        self.audit.record("command.start", run_started(ws.id, spec))
+        try:
+            pid, result = await self._run_prepared(ws, spec)
+        except BaseException as exc:  # cancelled, or its supervision failed: every start has its end
+            self.audit.record("command.end", run_lost(ws.id, spec, None, exc))
+            raise
+        self.audit.record("command.end", run_ended(ws.id, spec, pid, result))
         return result
 
     async def _run_prepared(self, ws: Workspace, spec: RunProgramSpec) -> tuple[int | None, RunResult]:
@@ -285,6 +289,9 @@ class HostRunner:
             return await self._start_prepared(ws, spec, span)
         except CannotExecute as exc:  # its end is the start's failure, as run_program's result says it
             self.audit.record("command.end", run_ended(ws.id, spec, None, not_started(exc)))
+            raise
+        except BaseException as exc:
+            self.audit.record("command.end", run_lost(ws.id, spec, None, exc))
             raise
 
     async def _start_prepared(self, ws: Workspace, spec: RunProgramSpec, span: Span | None) -> SupervisedProcess:
