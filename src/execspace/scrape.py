@@ -1,5 +1,7 @@
 """``GET /metrics`` of ``execspace serve`` and ``execspace mcp --transport http`` (docs/operations.md "Metrics"):
-the Prometheus text of one server's own ``CollectorRegistry``, answered in front of the server's application.
+the Prometheus text of one server's own ``CollectorRegistry``, answered in front of the server's application; and,
+where a server knows of others to scrape (the front door of ``serve --ray``: its nodes' servers), ``GET
+/metrics/targets``, their list in Prometheus's HTTP service discovery format.
 
 Who may scrape is the server's ``--metrics``: ``open`` (anyone who reaches the port: a scraper holds no E2B key),
 ``key`` (the server's API key in ``X-API-KEY``, or ``Authorization: Bearer``; an MCP server's bearer token), ``off``
@@ -10,6 +12,7 @@ server whose metrics are off.
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -18,11 +21,22 @@ from .errors import InvalidSpec
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["METRICS_PATH", "MetricsAccess", "MetricsEndpoint", "check_access", "holds_key"]
+__all__ = [
+    "METRICS_PATH",
+    "TARGETS_PATH",
+    "MetricsAccess",
+    "MetricsEndpoint",
+    "TargetGroup",
+    "check_access",
+    "holds_key",
+]
 
 #: Who may scrape: anyone, a holder of the server's key or token, or nobody (no metrics kept).
 MetricsAccess = Literal["open", "key", "off"]
 METRICS_PATH = "/metrics"
+TARGETS_PATH = "/metrics/targets"
+#: One group of Prometheus's HTTP service discovery: ``{"targets": ["host:port"], "labels": {"name": "value"}}``.
+TargetGroup = dict[str, list[str] | dict[str, str]]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -58,25 +72,33 @@ class MetricsEndpoint:
         access: MetricsAccess,
         keys: Callable[[], Iterable[str]],
         mine: Callable[[Scope], bool] = lambda scope: True,
+        targets: Callable[[], list[TargetGroup]] | None = None,
     ) -> None:
-        """``registry``: None when ``access`` is ``off``; ``keys``: what ``key`` access takes."""
+        """``registry``: None when ``access`` is ``off``; ``keys``: what ``key`` access takes; ``targets``: the
+        other servers to scrape, answered at :data:`TARGETS_PATH` under the same rule (None: that path is the
+        application's)."""
         self._app = app
         self._registry = registry
         self._access = access
         self._keys = keys
         self._mine = mine
+        self._targets = targets
+        self._paths = (METRICS_PATH,) if targets is None else (METRICS_PATH, TARGETS_PATH)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != METRICS_PATH or not self._mine(scope):
+        if scope["type"] != "http" or scope["path"] not in self._paths or not self._mine(scope):
             await self._app(scope, receive, send)
             return
         if scope["method"] != "GET":
-            await _answer(send, 405, b"metrics are read with GET /metrics\n", [(b"allow", b"GET")])
+            await _answer(send, 405, f"read it with GET {scope['path']}\n".encode(), [(b"allow", b"GET")])
         elif self._registry is None or self._access == "off":
             await _answer(send, 404, b"metrics are off on this server (its --metrics open or key turns them on)\n")
         elif self._access == "key" and not holds_key(scope.get("headers") or (), self._keys()):
             message = b"this server's metrics need its key: X-API-KEY or Authorization: Bearer (--metrics key)\n"
             await _answer(send, 401, message, [(b"www-authenticate", b"Bearer")])
+        elif scope["path"] == TARGETS_PATH and self._targets is not None:
+            body = json.dumps(self._targets()).encode()
+            await _answer(send, 200, body, content_type=b"application/json")
         else:
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

@@ -4,12 +4,16 @@ a full server, each following the action; and who may scrape (``--metrics open|k
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from e2b import CommandExitException, Sandbox
+
+from execspace.scrape import MetricsAccess, MetricsEndpoint, TargetGroup
 
 from .conftest import Server, running_server
 
@@ -112,3 +116,35 @@ def test_who_may_scrape(tmp_path: Path, access: str) -> None:
     else:
         assert {anonymous.status_code, keyed.status_code, bearer.status_code, wrong.status_code} == {404}
         assert "metrics are off" in keyed.text
+
+
+@pytest.mark.parametrize("access", ["open", "key", "off"])
+def test_targets_are_answered_under_the_metrics_rule_in_prometheus_http_sd_format(access: MetricsAccess) -> None:
+    """``GET /metrics/targets`` (the front door of serve --ray lists its nodes' servers there) is answered under the
+    same rule as ``/metrics``; a server with no targets leaves the path to its application."""
+    from prometheus_client import CollectorRegistry
+
+    groups: list[TargetGroup] = [{"targets": ["10.0.0.7:41234"], "labels": {"execspace_node": "f7f7"}}]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 418, "headers": []})
+        await send({"type": "http.response.body", "body": b"the application's"})
+
+    registry = None if access == "off" else CollectorRegistry()
+    listing = MetricsEndpoint(app, registry, access, lambda: ["k3y"], targets=lambda: groups)
+    plain = MetricsEndpoint(app, registry, access, lambda: ["k3y"])
+
+    async def get(endpoint: MetricsEndpoint, headers: dict[str, str]) -> httpx.Response:
+        transport = httpx.ASGITransport(app=endpoint)
+        async with httpx.AsyncClient(transport=transport, base_url="http://front") as client:
+            return await client.get("/metrics/targets", headers=headers)
+
+    anonymous = asyncio.run(get(listing, {}))
+    bearer = asyncio.run(get(listing, {"Authorization": "Bearer k3y"}))
+    assert asyncio.run(get(plain, {"X-API-KEY": "k3y"})).status_code == 418
+    if access == "off":
+        assert anonymous.status_code == bearer.status_code == 404
+        return
+    assert bearer.status_code == 200 and bearer.headers["content-type"] == "application/json"
+    assert bearer.json() == groups
+    assert anonymous.status_code == (401 if access == "key" else 200)

@@ -34,7 +34,7 @@ from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..listening import listen
 from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
-from ..scrape import MetricsEndpoint
+from ..scrape import MetricsEndpoint, TargetGroup
 from ..tracing import from_environment
 from .app import DATA_PATHS, E2BApp
 from .audit import ServerAudit
@@ -54,11 +54,20 @@ from .templates import Profile
 from .tracing import TracedRequests
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ..backends.jupyter import Interpreter
     from ..environments import Environment
     from .metrics import ServerMetrics
 
-__all__ = ["LOGIN_PROFILE", "TemplateEngines", "serve", "serve_app", "serve_sandbox_files"]
+__all__ = [
+    "LOGIN_PROFILE",
+    "TemplateEngines",
+    "serve",
+    "serve_app",
+    "serve_sandbox_files",
+    "with_metrics_endpoint",
+]
 
 _log = logging.getLogger("execspace.server")
 
@@ -103,13 +112,15 @@ async def serve(
     on_ready: Callable[[str, int], None] | None = None,
     tls: TLS | None = None,
     where: str | None = None,
+    node: str | None = None,
 ) -> None:
     """Serve until cancelled or signalled (SIGINT/SIGTERM); on the way out every sandbox is killed and removed.
 
     ``backend_options`` are the backend's (or a base of them, as ``HostOptions``); ``backend=None`` is the default
     choice, probed with them. ``on_ready(host, port)`` runs once the socket listens (``port=0`` picks a free one; this
     is how to learn it). With ``tls`` the server speaks HTTPS only (HTTP/2 or HTTP/1.1 by ALPN). ``where`` names
-    this server in the log and errors of the environments it builds (default: the host's name).
+    this server in the log and errors of the environments it builds (default: the host's name); ``node`` is the Ray
+    node id of a node agent's server (``serve --ray``), named in each of its audit lines.
     """
     if tls is not None:
         _check_tls(tls)
@@ -118,7 +129,7 @@ async def serve(
         builds = EnvironmentBuilds(
             options.environments, where or f"host {socket.gethostname()}", wait=options.build_wait
         )
-        await _serve_on(sock, options, backend, backend_options, on_ready, tls, builds)
+        await _serve_on(sock, options, backend, backend_options, on_ready, tls, builds, node)
 
 
 async def _serve_on(
@@ -129,6 +140,7 @@ async def _serve_on(
     on_ready: Callable[[str, int], None] | None,
     tls: TLS | None,
     builds: EnvironmentBuilds,
+    node: str | None,
 ) -> None:
     # the sandboxes' programs, files and streams, and the connections, each hold descriptors: take what may be had
     descriptors = raise_descriptor_limit()
@@ -141,7 +153,8 @@ async def _serve_on(
     audit = AuditLog(options.audit_log) if options.audit_log is not None else None
     try:
         with reopened_on_hangup(audit):
-            await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, audit)
+            listener = None if audit is None else ServerAudit(audit, None if node is None else {"node": node})
+            await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, listener)
     finally:
         if audit is not None:
             audit.close()
@@ -158,7 +171,7 @@ async def _serve_engines(
     tls: TLS | None,
     descriptors: int,
     builds: EnvironmentBuilds,
-    audit: AuditLog | None,
+    audit: ServerAudit | None,
 ) -> None:
     if isinstance(opts, SandboxOptions):
         opts = _with_machine(opts, options.machine)
@@ -194,7 +207,7 @@ async def _serve_engines(
         metrics = _metrics(options, sandboxes, interpreter)
         listeners: list[Listener] = [metrics] if metrics is not None else []
         if audit is not None:
-            listeners.append(ServerAudit(audit))
+            listeners.append(audit)
         sandboxes.events = Events(listeners)  # before the first create
         sandboxes.on_remove.append(interpreter.end)
         sandboxes.on_take.append(interpreter.adopt)
@@ -205,7 +218,7 @@ async def _serve_engines(
             app = RequestLog(app, options.domain)
         if metrics is not None:
             app = metrics.counting(app, options.domain, DATA_PATHS)
-        app = _with_metrics_endpoint(app, options, metrics)
+        app = with_metrics_endpoint(app, options, None if metrics is None else metrics.registry)
         if opts.tracer is not None and opts.tracer.enabled:
             app = TracedRequests(app, opts.tracer, sandboxes)
         watches = [asyncio.create_task(sandboxes.reap()), asyncio.create_task(IdleWatch(sandboxes).run())]
@@ -270,8 +283,14 @@ def _metrics(options: ServerOptions, sandboxes: Sandboxes, interpreter: CodeInte
     return ServerMetrics(sandboxes, interpreter.live_kernels)
 
 
-def _with_metrics_endpoint(app: ASGIApp, options: ServerOptions, metrics: ServerMetrics | None) -> ASGIApp:
-    """``app`` behind ``GET /metrics`` of the control plane (a sandbox's ``/metrics`` is envd's: not served)."""
+def with_metrics_endpoint(
+    app: ASGIApp,
+    options: ServerOptions,
+    registry: CollectorRegistry | None,
+    targets: Callable[[], list[TargetGroup]] | None = None,
+) -> ASGIApp:
+    """``app`` behind ``GET /metrics`` of the control plane (a sandbox's ``/metrics`` is envd's: not served), and
+    ``GET /metrics/targets`` where there are ``targets`` (the front door of ``serve --ray``: its nodes' servers)."""
 
     def control_plane(scope: MutableMapping[str, Any]) -> bool:
         return target_of(Headers(scope=scope), options.domain) is None
@@ -279,8 +298,7 @@ def _with_metrics_endpoint(app: ASGIApp, options: ServerOptions, metrics: Server
     def keys() -> tuple[str, ...]:
         return (*options.api_keys, *options.admin_keys)
 
-    registry = metrics.registry if metrics is not None else None
-    return MetricsEndpoint(app, registry, options.metrics, keys, control_plane)
+    return MetricsEndpoint(app, registry, options.metrics, keys, control_plane, targets)
 
 
 def _with_machine(opts: SandboxOptions, wanted: bool | None) -> SandboxOptions:
