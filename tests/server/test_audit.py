@@ -198,3 +198,26 @@ def test_a_sigkilled_server_leaves_whole_lines_and_every_acknowledged_action(tmp
     assert len(acknowledged) >= 12 and missing == []
     with running_server(root, "--pool-size", "0"):  # removes what the killed one left
         until("the dead server's sandboxes removed", lambda: not any(root.glob("e2b_*")))
+
+
+def test_a_node_servers_lines_name_its_node_and_the_front_doors_refusal_names_none(tmp_path: Path) -> None:
+    """serve --ray: each node's server adds its Ray ``node`` to every line; the front door writes the creates it
+    refuses itself (every node full) with ``node`` null, and nothing else."""
+    from execspace.audit import AuditLog
+    from execspace.server.audit import ServerAudit
+    from execspace.server.cluster.doorevents import CreateAnswered, DoorAudit, NodeCalled
+    from execspace.server.events import SandboxChanged
+
+    log = AuditLog(tmp_path / "audit.jsonl")
+    try:
+        ServerAudit(log, {"node": "f7f7"})(SandboxChanged("create", "i1", "base", "k1"))
+        door = DoorAudit(log)
+        door(CreateAnswered("created", "k1"))
+        door(NodeCalled(0.01))
+        door(CreateAnswered("full", "k2"))
+    finally:
+        log.close()
+    created, refused = audit_lines(tmp_path / "audit.jsonl")
+    assert (created["event"], created["sandbox"], created["node"]) == ("sandbox.create", "i1", "f7f7")
+    assert (refused["event"], refused["what"], refused["key_id"]) == ("policy.refusal", "capacity", "k2")
+    assert refused["node"] is None and refused["sandbox"] is None and "every node" in refused["reason"]

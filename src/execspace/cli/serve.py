@@ -237,14 +237,16 @@ def add_parser(sub: Any) -> None:
         choices=("open", "key", "off"),
         default="open",
         help="who may read GET /metrics (Prometheus text): open, anyone who reaches the port (default: a scraper "
-        "holds no E2B key); key, a holder of an API key (X-API-KEY or Authorization: Bearer); off, nobody (404)",
+        "holds no E2B key); key, a holder of an API key (X-API-KEY or Authorization: Bearer); off, nobody (404); "
+        "with --ray, the front door's and each node's server's, which GET /metrics/targets lists",
     )
     p.add_argument(
         "--audit-log",
         type=Path,
         metavar="FILE",
         help="append one JSON line per security-relevant event to FILE (0600; created if missing): sandbox "
-        "creates and kills, commands, file writes and removes, refusals, egress; SIGHUP reopens it (rotation)",
+        "creates and kills, commands, file writes and removes, refusals, egress; SIGHUP reopens it (rotation); with "
+        "--ray, each node's server appends to FILE on its own machine, each line naming its node",
     )
     p.add_argument(
         "-v",
@@ -270,11 +272,6 @@ def _pool_sizes(values: list[str]) -> tuple[tuple[str, int], ...]:
 async def command(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (plain HTTP)")
-    if args.ray and args.audit_log is not None:
-        raise UsageError(
-            "--audit-log with --ray: a cluster's audit would be each node's file, which is not built; audit a "
-            "single-host execspace serve"
-        )
     if args.ray and args.max_sandboxes < 0:
         raise UsageError(
             f"--max-sandboxes with --ray is the slots of a node that declares no execspace_sandbox resource: 0 or "

@@ -3,9 +3,12 @@ server's events (:mod:`.events`) writing one line per event to an :class:`~execs
 so the line is written before the action's answer goes back.
 
 Every line names its ``sandbox`` and the ``key_id`` of the API key that created it (an admin's kill: the
-killer's is not known here, the sandbox's owner is named)."""
+killer's is not known here, the sandbox's owner is named). A node's server of ``serve --ray`` adds its ``node``
+(docs/cluster.md)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from ..audit import AuditSink, AuditValue
 from .events import (
@@ -25,12 +28,14 @@ __all__ = ["ServerAudit"]
 class ServerAudit:
     """Call it with each event (:class:`.events.Events` listener)."""
 
-    def __init__(self, sink: AuditSink) -> None:
+    def __init__(self, sink: AuditSink, extra: Mapping[str, AuditValue] | None = None) -> None:
+        """``extra``: fields of every line (a node's server: its Ray ``node`` id)."""
         self._sink = sink
+        self._extra = dict(extra or {})
 
     def __call__(self, event: ServerEvent) -> None:
         name, fields = _line(event)
-        self._sink.record(name, fields)
+        self._sink.record(name, {**fields, **self._extra} if self._extra else fields)
 
 
 def _line(event: ServerEvent) -> tuple[str, dict[str, AuditValue]]:

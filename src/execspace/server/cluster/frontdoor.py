@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hmac
 import json
 import logging
+import socket
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 from connectrpc.code import Code
@@ -23,21 +27,39 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ...audit import AuditLog, reopened_on_hangup
 from ...backend import BackendOptions
 from ...errors import SetupFailed
 from ...listening import listen
+from ...scrape import TargetGroup
 from ..bodies import CONTROL_BODY_BYTES
 from ..connections import raise_descriptor_limit
 from ..control import error_response
-from ..options import TLS, ServerOptions
+from ..options import TLS, ServerOptions, key_id
 from ..routing import target_of
-from ..serve import serve_app
+from ..serve import serve_app, with_metrics_endpoint
+from .doorevents import (
+    CLUSTER_FULL,
+    RPC_PREFIXES,
+    CreateAnswered,
+    DoorAudit,
+    DoorListener,
+    FrontDoorEvents,
+    NodeCalled,
+    NodeLost,
+    Unavailable,
+    UnavailableCause,
+    create_outcome,
+)
 from .nodeclient import NodeAnswer, NodeClient
-from .nodeconfig import AgentConfig
+from .nodeconfig import AgentConfig, Endpoint
 from .nodes import Nodes, connect
 from .proxy import ClientGone, proxy
+
+if TYPE_CHECKING:
+    from .doormetrics import DoorMetrics
 
 __all__ = ["FrontDoor", "serve_cluster"]
 
@@ -45,7 +67,6 @@ _log = logging.getLogger("execspace.server.cluster")
 
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
-_RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
 #: Seconds a node's server has to accept a connection before the request is answered 503.
 _CONNECT_TIMEOUT = 5.0
 #: Seconds a control-plane call may take on a node (a create may wait for its template's environment to build).
@@ -57,12 +78,21 @@ _LIST_LIMIT = 100
 class FrontDoor:
     """The front door's ASGI callable over the cluster's nodes."""
 
-    def __init__(self, nodes: Nodes, options: ServerOptions, client: httpx.AsyncClient, control: NodeClient) -> None:
+    def __init__(
+        self,
+        nodes: Nodes,
+        options: ServerOptions,
+        client: httpx.AsyncClient,
+        control: NodeClient,
+        events: FrontDoorEvents | None = None,
+    ) -> None:
+        """``events``: who is told what the front door decides (its metrics, its audit log)."""
         self._nodes = nodes
         self._options = options
         self._client = client
         self._control_client = control
-        nodes.when_gone(lambda endpoint: control.drop(endpoint.url))  # its calls in flight end with it
+        self._events = events or FrontDoorEvents()
+        nodes.when_gone(self._node_gone)
         self._keys = [k.encode() for k in (*options.api_keys, *options.admin_keys)]
         guard = self._authenticated
         self._guarded_create = guard(self._create)
@@ -102,7 +132,7 @@ class FrontDoor:
         try:
             node_id = await self._nodes.locate(target.sandbox_id)
         except SetupFailed as exc:
-            await error_response(503, str(exc), {"Retry-After": "1"})(scope, receive, send)
+            await self._unavailable("setup", str(exc))(scope, receive, send)
             return
         if node_id is None:
             await _not_found(scope, receive, send, target.sandbox_id)
@@ -116,13 +146,25 @@ class FrontDoor:
         except ClientGone:
             pass
         except SetupFailed as exc:
-            await error_response(503, str(exc), {"Retry-After": "1"})(scope, receive, send)
+            await self._unavailable("setup", str(exc))(scope, receive, send)
         except httpx.TransportError as exc:
             if await self._gone(node_id, exc):
                 await _not_found(scope, receive, send, target.sandbox_id)
             else:
                 message = f"the node of sandbox {target.sandbox_id} does not answer now ({exc!r}): retry"
-                await error_response(503, message, {"Retry-After": "1"})(scope, receive, send)
+                await self._unavailable("node", message)(scope, receive, send)
+
+    def _unavailable(self, cause: UnavailableCause, message: str) -> Response:
+        """A 503 with ``Retry-After``, told to the listeners."""
+        if self._events.listening:
+            self._events(Unavailable(cause))
+        return error_response(503, message, {"Retry-After": "1"})
+
+    def _node_gone(self, node_id: str, endpoint: Endpoint | None) -> None:
+        if endpoint is not None:
+            self._control_client.drop(endpoint.url)  # its calls in flight end with it
+        if self._events.listening:
+            self._events(NodeLost(node_id))
 
     # --- the control plane ------------------------------------------------------------------------------------
 
@@ -136,10 +178,9 @@ class FrontDoor:
             try:
                 return await handler(request)
             except httpx.TransportError as exc:
-                message = f"a node of the cluster does not answer now ({exc!r}): retry"
-                return error_response(503, message, {"Retry-After": "1"})
+                return self._unavailable("node", f"a node of the cluster does not answer now ({exc!r}): retry")
             except SetupFailed as exc:
-                return error_response(503, str(exc), {"Retry-After": "1"})
+                return self._unavailable("setup", str(exc))
 
         return checked
 
@@ -147,6 +188,19 @@ class FrontDoor:
         return Response(status_code=200)
 
     async def _create(self, request: Request) -> Response:
+        """A create placed on a node (:meth:`_place`), its outcome told to the listeners."""
+        if not self._events.listening:
+            return await self._place(request)
+        who = key_id(request.headers.get("x-api-key", ""))
+        try:
+            response = await self._place(request)
+        except (SetupFailed, httpx.TransportError):
+            self._events(CreateAnswered("error", who))
+            raise
+        self._events(CreateAnswered(create_outcome(response.status_code), who))
+        return response
+
+    async def _place(self, request: Request) -> Response:
         body = await _body(request)
         if isinstance(body, Response):
             return body
@@ -180,14 +234,10 @@ class FrontDoor:
                 _log_refusal(node_id, answer)
             return _answer(answer)
         if failed is not None:
-            return error_response(503, str(failed), {"Retry-After": "1"})
+            return self._unavailable("setup", str(failed))
         if only is None:  # more nodes help a create that may go anywhere (Ray's autoscaler, where one runs)
             self._nodes.waiting()
-        message = (
-            "every node of the cluster runs its maximum of sandboxes (its execspace_sandbox resource, else "
-            "--max-sandboxes): retry after one ends, or add nodes"
-        )
-        return error_response(429, message, {"Retry-After": "1"})
+        return error_response(429, CLUSTER_FULL, {"Retry-After": "1"})
 
     async def _list(self, request: Request) -> Response:
         """Every living node's list, merged in the order asked; a v2 page ends where the first ``limit`` end, its
@@ -270,9 +320,7 @@ class FrontDoor:
         """A route that names no sandbox: any living node answers it as it answers on one host."""
         nodes = self._nodes.alive()
         if not nodes:
-            return error_response(
-                503, "no node of the cluster is alive: retry once Ray reports one", {"Retry-After": "1"}
-            )
+            return self._unavailable("no_node", "no node of the cluster is alive: retry once Ray reports one")
         body = await _body(request)
         if isinstance(body, Response):
             return body
@@ -301,7 +349,14 @@ class FrontDoor:
         target = (request.scope.get("raw_path") or request.scope["path"].encode()).decode("latin-1")
         if query := request.scope.get("query_string"):
             target += "?" + query.decode("latin-1")
-        return await self._control_client.request(request.method, endpoint.url + target, content=body, headers=headers)
+        started = time.perf_counter()
+        try:
+            return await self._control_client.request(
+                request.method, endpoint.url + target, content=body, headers=headers
+            )
+        finally:
+            if self._events.listening:
+                self._events(NodeCalled(time.perf_counter() - started))
 
 
 async def _body(request: Request) -> bytes | Response:
@@ -352,7 +407,7 @@ async def _not_found(scope: Scope, receive: Receive, send: Send, sandbox_id: str
     """What a data-plane request of a sandbox no node holds gets: the single-host server's 502 "... not found"."""
     message = f"The sandbox {sandbox_id} was not found; it was killed, it expired, its node is gone or it never existed"
     response: Response
-    if scope["path"].startswith(_RPC_PREFIXES):
+    if scope["path"].startswith(RPC_PREFIXES):
         response = JSONResponse({"code": Code.UNAVAILABLE.value, "message": message}, status_code=502)
     else:
         response = error_response(502, message)
@@ -373,27 +428,80 @@ async def serve_cluster(
 ) -> None:
     """Serve a front door of the Ray cluster at ``address`` until cancelled or signalled (docs/cluster.md). The
     sandboxes outlive it: they are the nodes' (a front door that restarts finds them again). A node holds the
-    sandboxes its ``execspace_sandbox`` resource says, else ``slots`` (default ``options.max_sandboxes``; 0: none)."""
+    sandboxes its ``execspace_sandbox`` resource says, else ``slots`` (default ``options.max_sandboxes``; 0: none).
+    With ``options.audit_log`` each node's server appends to that path on its machine, and the front door to it on
+    its own (docs/operations.md "Audit log")."""
     with listen(host, port, "execspace serve") as sock:
-        descriptors = raise_descriptor_limit()  # each proxied stream holds two connections
-        await asyncio.to_thread(connect, address)
+        audit = AuditLog(options.audit_log) if options.audit_log is not None else None
         default = options.max_sandboxes if slots is None else slots
-        nodes = Nodes(AgentConfig(options, backend, backend_options, default))
-        await nodes.open()
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        control = NodeClient(_CONNECT_TIMEOUT, _CONTROL_TIMEOUT)
-        async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=_CONNECT_TIMEOUT)) as client:
-            watch = asyncio.create_task(nodes.watch())
-            warm = asyncio.create_task(_start_agents(nodes))
-            try:
-                door = FrontDoor(nodes, options, client, control)
-                await serve_app(door, sock, options, on_ready, _nothing, tls, descriptors)
-            finally:
-                await control.aclose()
-                for task in (watch, warm):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+        config = AgentConfig(options, backend, backend_options, default)
+        try:
+            with reopened_on_hangup(audit):
+                await _serve_door(sock, config, address, on_ready, tls, audit)
+        finally:
+            if audit is not None:
+                audit.close()
+
+
+async def _serve_door(
+    sock: socket.socket,
+    config: AgentConfig,
+    address: str,
+    on_ready: Callable[[str, int], None] | None,
+    tls: TLS | None,
+    audit: AuditLog | None,
+) -> None:
+    options = config.options
+    descriptors = raise_descriptor_limit()  # each proxied stream holds two connections
+    await asyncio.to_thread(connect, address)
+    nodes = Nodes(config)
+    await nodes.open()
+    metrics = _door_metrics(options, nodes)
+    listeners: list[DoorListener] = [] if metrics is None else [metrics]
+    if audit is not None:
+        listeners.append(DoorAudit(audit))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    control = NodeClient(_CONNECT_TIMEOUT, _CONTROL_TIMEOUT)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=_CONNECT_TIMEOUT)) as client:
+        watch = asyncio.create_task(nodes.watch())
+        warm = asyncio.create_task(_start_agents(nodes))
+        try:
+            app: ASGIApp = FrontDoor(nodes, options, client, control, FrontDoorEvents(listeners))
+            if metrics is not None:
+                app = metrics.counting(app, options.domain)
+            registry = None if metrics is None else metrics.registry
+            app = with_metrics_endpoint(app, options, registry, functools.partial(_targets, nodes))
+            await serve_app(app, sock, options, on_ready, _nothing, tls, descriptors)
+        finally:
+            await control.aclose()
+            for task in (watch, warm):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+def _door_metrics(options: ServerOptions, nodes: Nodes) -> DoorMetrics | None:
+    """The front door's metrics, unless they are off (then prometheus_client is not imported)."""
+    if options.metrics == "off":
+        return None
+    try:
+        from .doormetrics import DoorMetrics
+    except ImportError as exc:
+        raise SetupFailed(
+            "serve",
+            f"metrics need prometheus_client ({exc.name} is missing)",
+            "pip install 'execspace[serve]', or serve with --metrics off",
+            component="execspace serve --ray",
+        ) from None
+    return DoorMetrics(nodes)
+
+
+def _targets(nodes: Nodes) -> list[TargetGroup]:
+    """Prometheus's HTTP service discovery of the living nodes' servers, each labelled with its Ray node id."""
+    return [
+        {"targets": [urlsplit(e.url).netloc], "labels": {"execspace_node": e.node_id}}
+        for e in sorted(nodes.endpoints(), key=lambda e: e.node_id)
+    ]
 
 
 async def _start_agents(nodes: Nodes) -> None:

@@ -93,6 +93,8 @@ class Nodes:
     def __init__(self, config: AgentConfig) -> None:
         self._config = config
         self._alive: set[str] = set()  # the living nodes that hold sandboxes (one slot or more)
+        self._dead = 0  # the nodes Ray reports dead (it keeps them listed for a while)
+        self._load: dict[str, tuple[int, int]] = {}  # node id -> (slots, held), the registry's last count
         self._slots: dict[str, int] = {}  # living node id -> its slots
         self._declared: set[str] = set()  # the living nodes that declare their slots as a Ray resource
         self._head: str | None = None
@@ -104,7 +106,7 @@ class Nodes:
         self._cuts: dict[str, asyncio.Event] = {}
         self._registry: Any = None
         self._changes: list[tuple[str, str, str]] = []  # for the registry, in order (:meth:`Registry.apply`)
-        self._on_gone: list[Callable[[Endpoint], None]] = []
+        self._on_gone: list[Callable[[str, Endpoint | None], None]] = []
 
     async def open(self) -> None:
         await self._refresh()
@@ -132,7 +134,9 @@ class Nodes:
     async def _refresh(self) -> None:
         import ray
 
-        found = [n for n in await asyncio.to_thread(ray.nodes) if n.get("Alive")]
+        listed = await asyncio.to_thread(ray.nodes)
+        found = [n for n in listed if n.get("Alive")]
+        self._dead = len(listed) - len(found)
         self._slots = {n["NodeID"]: node_slots(n.get("Resources", {}), self._config.slots) for n in found}
         self._declared = {n["NodeID"] for n in found if SLOT in n.get("Resources", {})}
         alive = {n for n, slots in self._slots.items() if slots > 0}
@@ -140,7 +144,8 @@ class Nodes:
             if "node:__internal_head__" in n.get("Resources", {}):
                 self._head = n["NodeID"]
         for node_id in self._alive - alive:
-            self._gone(node_id, "Ray reports the node dead")
+            if node_id not in self._lost:  # else found gone already, with its sandboxes: one loss
+                self._gone(node_id, "Ray reports the node dead")
             self._lost.pop(node_id, None)
         self._alive = alive
 
@@ -150,16 +155,43 @@ class Nodes:
             self._gone(node_id, why)
         self._lost[node_id] = time.monotonic()
 
-    def when_gone(self, callback: Callable[[Endpoint], None]) -> None:
-        """Call ``callback`` with a node's server's endpoint when the node goes."""
+    def when_gone(self, callback: Callable[[str, Endpoint | None], None]) -> None:
+        """Call ``callback`` with a node's id and its server's endpoint (None: none was started) when it goes."""
         self._on_gone.append(callback)
+
+    def states(self) -> dict[str, int]:
+        """How many nodes are in each state this front door knows: ``alive`` (taking sandboxes), ``lost`` (alive in
+        Ray, its server found gone: left out for a while), ``no_slots`` (alive, declaring no slot: no agent),
+        ``dead`` (Ray reports it dead)."""
+        placing = self.alive()
+        return {
+            "alive": len(placing),
+            "lost": len(self._alive) - len(placing),
+            "no_slots": len(self._slots) - len(self._alive),
+            "dead": self._dead,
+        }
+
+    def load(self) -> dict[str, tuple[int, int]]:
+        """Each living node's slots and the sandboxes it held at its agent's last report (the registry's count,
+        taken every :data:`WATCH_INTERVAL`)."""
+        alive = set(self.alive())
+        return {n: load for n, load in self._load.items() if n in alive}
+
+    def endpoints(self) -> list[Endpoint]:
+        """The servers of the living nodes whose agent this front door started or found."""
+        alive = set(self.alive())
+        return [
+            started.result()
+            for node_id, started in self._agents.items()
+            if node_id in alive and started.done() and not started.cancelled() and started.exception() is None
+        ]
 
     def _gone(self, node_id: str, why: str) -> None:
         _log.warning("node %s is gone (%s): its sandboxes are lost", node_id, why)
         started = self._agents.pop(node_id, None)
-        if started is not None and started.done() and not started.cancelled() and started.exception() is None:
-            for callback in self._on_gone:
-                callback(started.result())
+        ran = started is not None and started.done() and not started.cancelled() and started.exception() is None
+        for callback in self._on_gone:
+            callback(node_id, started.result() if ran and started is not None else None)
         self._handles.pop(node_id, None)
         for object_id in [s for s, n in self._where.items() if n == node_id]:
             del self._where[object_id]
@@ -290,8 +322,8 @@ class Nodes:
 
     async def count(self) -> None:
         """Take the registry's count of each node's sandboxes."""
-        load: dict[str, tuple[int, int]] = await self._ask("load")
-        self._free = {n: slots - held for n, (slots, held) in load.items()}
+        self._load = await self._ask("load")
+        self._free = {n: slots - held for n, (slots, held) in self._load.items()}
 
     def add(self, node_id: str, object_id: str, *, snapshot: bool = False) -> None:
         """A sandbox (a snapshot) now lives on ``node_id``: told to the registry in this front door's next batch,

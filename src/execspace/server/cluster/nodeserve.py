@@ -63,6 +63,7 @@ def main() -> None:
             backend_options=config.backend_options,
             on_ready=ready,
             where=config.where,
+            node=config.node_id,
         )
     )
 
