@@ -16,9 +16,9 @@ import pytest
 from e2b import Sandbox
 
 from execspace.audit import key_id
-from tests.support import audit_entries, audit_lines
+from tests.support import audit_entries, audit_lines, until
 
-from .conftest import API_KEY, FrontDoor, LocalCluster, client_id, until
+from .conftest import API_KEY, FrontDoor, LocalCluster, client_id
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="needs the serve extra")
 
