@@ -126,6 +126,11 @@ class OtelTracer:
     def start(self, name: str, attributes: Attributes | None = None) -> Span:
         return _Ending(self._tracer.start_span(name, attributes=self._merged(attributes)))
 
+    def headers(self) -> Mapping[str, str]:
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)  # the current context's span: nothing when there is none
+        return carrier
+
     def bound(self, attributes: Attributes) -> Tracer:
         # shares the provider; only the tracer that made it closes it
         return OtelTracer(self._provider, attributes={**self._attributes, **attributes})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from .errors import SetupFailed
@@ -28,6 +28,9 @@ __all__ = [
     "RUN_SPAN",
     "WORKSPACE_CLEANUP",
     "WORKSPACE_CREATE",
+    "WORKSPACE_FORK",
+    "WORKSPACE_RESTORE",
+    "WORKSPACE_SNAPSHOT",
     "AttributeValue",
     "Attributes",
     "NoTracer",
@@ -91,6 +94,12 @@ class Tracer(Protocol):
         started now that ends later): its owner ends it."""
         ...
 
+    def headers(self) -> Mapping[str, str]:
+        """The W3C trace context headers (``traceparent``, ``tracestate``) of the current span, for a request it
+        sends to a service that traces too (whose span of it is then the current span's child); empty when no span
+        is current."""
+        ...
+
     def bound(self, attributes: Attributes) -> Tracer:
         """This tracer adding ``attributes`` to every span it makes (a backend's name, its mode)."""
         ...
@@ -120,6 +129,7 @@ class _NoSpan:
 
 
 _NO_SPAN = _NoSpan()
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 class NoTracer:
@@ -144,6 +154,9 @@ class NoTracer:
     def start(self, name: str, attributes: Attributes | None = None) -> Span:
         return _NO_SPAN
 
+    def headers(self) -> Mapping[str, str]:
+        return _NO_HEADERS
+
     def bound(self, attributes: Attributes) -> Tracer:
         return self
 
@@ -157,6 +170,10 @@ NO_TRACER: Tracer = NoTracer()
 #: The spans of a workspace's creation and clean-up.
 WORKSPACE_CREATE = "execspace.workspace.create"
 WORKSPACE_CLEANUP = "execspace.workspace.cleanup"
+#: The spans of a snapshot of a workspace's files, of forks (from a workspace or a snapshot) and of a restore.
+WORKSPACE_SNAPSHOT = "execspace.workspace.snapshot"
+WORKSPACE_FORK = "execspace.workspace.fork"
+WORKSPACE_RESTORE = "execspace.workspace.restore"
 #: The span of one program's run, from its start to its result (``run_program``, or ``start_program`` until the
 #: program's end).
 RUN_SPAN = "execspace.run"

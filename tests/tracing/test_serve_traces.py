@@ -114,3 +114,36 @@ async def test_the_e2b_backends_runs_are_spans(tmp_path: Path) -> None:
     assert {(r.attributes["execspace.backend"], r.attributes["execspace.isolation"]) for r in runs} == {
         ("e2b", "remote")
     }
+
+
+async def test_the_e2b_backends_snapshots_forks_and_restores_are_spans(tmp_path: Path) -> None:
+    """As the host backends': the snapshot's span names the snapshot, the fork's its source and count; the
+    snapshot requests carry the caller's span, so serve's spans of them are its children."""
+    with otlp_receiver() as server_side, otlp_receiver() as client_side:
+        with traced_server(tmp_path / "ws", server_side) as url:
+            tracer = from_environment("e2b-client", client_side.env())
+            assert tracer is not None
+            try:
+                async with open_engine("e2b", api_url=url, sandbox_url=url, api_key=API_KEY, tracer=tracer) as engine:
+                    ws = await engine.manager.create_workspace("branched")
+                    snap = await engine.manager.snapshot(ws)
+                    forks = await engine.manager.fork(ws, 2)
+                    await engine.manager.restore(ws, snap)
+                    for each in (ws, *forks):
+                        await engine.manager.cleanup(each)
+            finally:
+                tracer.close()
+        server_spans = list(server_side.spans)
+    (snapshot,) = client_side.named("execspace.workspace.snapshot")
+    assert snapshot.attributes["execspace.backend"] == "e2b"
+    assert snapshot.attributes["execspace.workspace.id"] == "branched"
+    assert snapshot.attributes["execspace.snapshot.id"] == snap.id
+    (fork,) = client_side.named("execspace.workspace.fork")
+    assert fork.attributes["execspace.fork.source"] == "branched" and fork.attributes["execspace.fork.count"] == 2
+    (restore,) = client_side.named("execspace.workspace.restore")
+    assert restore.attributes["execspace.workspace.id"] == "branched"
+    assert all(s.status_code != 2 for s in (snapshot, fork, restore))
+    taken = [s for s in server_spans if s.name == "POST /sandboxes/{sandboxID}/snapshots"]
+    assert sorted((s.trace_id, s.parent_span_id) for s in taken) == sorted(
+        [(snapshot.trace_id, snapshot.span_id), (fork.trace_id, fork.span_id)]
+    )

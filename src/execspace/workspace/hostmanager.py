@@ -15,7 +15,16 @@ from typing import Literal
 from ..audit import AuditSink
 from ..errors import CapabilityError, InvalidSpec, PathDenied, SetupFailed, WorkspaceNotFound
 from ..models import Persistence, Snapshot, Workspace, WorkspacePolicy
-from ..tracing import NO_TRACER, WORKSPACE_CLEANUP, WORKSPACE_CREATE, AttributeValue, Tracer
+from ..tracing import (
+    NO_TRACER,
+    WORKSPACE_CLEANUP,
+    WORKSPACE_CREATE,
+    WORKSPACE_FORK,
+    WORKSPACE_RESTORE,
+    WORKSPACE_SNAPSHOT,
+    AttributeValue,
+    Tracer,
+)
 from .branches import Branches, overlay_supported
 from .confine import remove_tree
 from .diskimages import ensure_disk_mounted, image_of, make_disk, remove_disk
@@ -279,7 +288,7 @@ class HostWorkspaceManager:
     async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
         """Freeze the workspace's files now, its programs stopped meanwhile where the backend can (see
         ``freeze``). Processes and kernels are never part of a snapshot."""
-        with self.tracer.span("execspace.workspace.snapshot", self._attributes(ws.id)) as span:
+        with self.tracer.span(WORKSPACE_SNAPSHOT, self._attributes(ws.id)) as span:
             ws_dir = self._own_dir(ws)
             self._refuse_branches("a snapshot")
             self._ensure_root()
@@ -343,7 +352,7 @@ class HostWorkspaceManager:
             "execspace.fork.source": source_id,
             "execspace.fork.count": max(count, len(ids or ())),
         }
-        with self.tracer.span("execspace.workspace.fork", self._attributes(None, attributes)):
+        with self.tracer.span(WORKSPACE_FORK, self._attributes(None, attributes)):
             return await self._fork(source, count, ids, policy)
 
     async def _fork(
@@ -386,7 +395,7 @@ class HostWorkspaceManager:
         """Bring the workspace's files back to ``snapshot`` (every byte and mode; what was added since is
         gone). Programs still running in it are stopped first; each step swaps whole trees, so the workspace
         is never seen half-restored."""
-        with self.tracer.span("execspace.workspace.restore", self._attributes(ws.id)):
+        with self.tracer.span(WORKSPACE_RESTORE, self._attributes(ws.id)):
             ws_dir = self._own_dir(ws)
             self._refuse_branches("a restore")
             snap = await asyncio.to_thread(self.branches.store.get, snapshot)

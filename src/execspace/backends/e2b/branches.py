@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ...errors import BackendError, CapabilityError, InvalidSpec, SetupFailed, SnapshotNotFound
 from ...models import Persistence, Snapshot, Workspace, WorkspacePolicy
+from ...tracing import NO_TRACER, Tracer
 from .sandboxes import Box, Sandboxes, sdk_call, workspace_key
 
 if TYPE_CHECKING:
     from e2b import SnapshotInfo
+    from e2b.connection_config import ApiParams
 
 __all__ = ["FORK_HEADER", "E2BBranches"]
 
@@ -48,8 +50,9 @@ _NO_SNAPSHOTS = (
 class E2BBranches:
     """The snapshots and forks of one engine's e2b workspaces."""
 
-    def __init__(self, boxes: Sandboxes) -> None:
+    def __init__(self, boxes: Sandboxes, tracer: Tracer = NO_TRACER) -> None:
         self._boxes = boxes
+        self._tracer = tracer
         self._mode: Literal["cow", "copy"] | None = None
         self._probe_lock = asyncio.Lock()
         self._taken: dict[str, Snapshot] = {}  # what this engine snapshotted: the service lists only ids and names
@@ -98,11 +101,19 @@ class E2BBranches:
     async def snapshot(self, ws: Workspace, name: str | None) -> Snapshot:
         await self.mode()
         box = self._own_box(ws)
-        taking = _invalid_as_spec(box.sandbox.create_snapshot(name, mode="filesystem"))
+        taking = _invalid_as_spec(box.sandbox.create_snapshot(name, mode="filesystem", **self._traced()))
         info = await box.call("taking a snapshot", taking)
         snap = Snapshot(info.snapshot_id, name, ws.id, None, time.time(), 0, Path(ws.path))
         self._taken[snap.id] = snap
         return snap
+
+    def _traced(self) -> ApiParams:
+        """The current span as the ``traceparent`` of one control-plane call (the service's span of it then its
+        child). Only calls on a sandbox already made take it: headers given when a sandbox is created or
+        connected stay with it for its later calls, and the SDK sends none on its runs and file requests."""
+        if not self._tracer.enabled:
+            return {}
+        return {"api_headers": dict(self._tracer.headers())}
 
     async def list(self) -> builtins.list[Snapshot]:
         await self.mode()
@@ -151,7 +162,8 @@ class E2BBranches:
         if isinstance(source, Workspace):
             box = self._own_box(source)
             new_ids = await self._fork_ids(source.id, count, ids)
-            info = await box.call("snapshotting for a fork", box.sandbox.create_snapshot(mode="filesystem"))
+            taking = box.sandbox.create_snapshot(mode="filesystem", **self._traced())
+            info = await box.call("snapshotting for a fork", taking)
             try:
                 return await self._forks_of(info.snapshot_id, _directory(source.path), new_ids, policy)
             finally:

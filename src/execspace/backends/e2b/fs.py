@@ -34,7 +34,16 @@ from ...models import (
     Workspace,
     WorkspacePolicy,
 )
-from ...tracing import NO_TRACER, WORKSPACE_CLEANUP, WORKSPACE_CREATE, Tracer
+from ...tracing import (
+    NO_TRACER,
+    WORKSPACE_CLEANUP,
+    WORKSPACE_CREATE,
+    WORKSPACE_FORK,
+    WORKSPACE_RESTORE,
+    WORKSPACE_SNAPSHOT,
+    AttributeValue,
+    Tracer,
+)
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
 from ...workspace.layout import LAYOUT_DIRS
 from ...workspace.metadata import is_metadata_temp
@@ -71,7 +80,7 @@ class E2BWorkspaceManager:
         """A span of each creation and clean-up."""
         self.audit = audit
         """Where a line of each creation and clean-up goes (with the sandbox's id)."""
-        self.branches = E2BBranches(boxes)
+        self.branches = E2BBranches(boxes, tracer)
         # a workspace's kernels run in its sandbox's code interpreter: where the sandbox stays, cleanup ends them
         self._stop_kernels = stop_kernels
 
@@ -87,7 +96,7 @@ class E2BWorkspaceManager:
             from ...errors import UnsupportedBackend
 
             raise UnsupportedBackend("the e2b backend has no host paths: its workspaces live in remote sandboxes")
-        with self.tracer.span(WORKSPACE_CREATE, {"execspace.backend": "e2b", "execspace.workspace.id": exec_id}):
+        with self.tracer.span(WORKSPACE_CREATE, _attributes(exec_id)):
             ws = await self._create(exec_id, policy)
         self._record("workspace.create", ws)
         return ws
@@ -115,7 +124,7 @@ class E2BWorkspaceManager:
         return Workspace(id=exec_id, path=root, backend="e2b")
 
     async def cleanup(self, ws: Workspace) -> None:
-        with self.tracer.span(WORKSPACE_CLEANUP, {"execspace.backend": "e2b", "execspace.workspace.id": ws.id}):
+        with self.tracer.span(WORKSPACE_CLEANUP, _attributes(ws.id)):
             sandbox = await self._cleanup(ws)
         if self.audit is not None:  # as on a host, a workspace gone already too (its sandbox: null)
             self.audit.record("workspace.cleanup", {"workspace": ws.id, "backend": "e2b", "sandbox": sandbox})
@@ -166,7 +175,10 @@ class E2BWorkspaceManager:
 
     async def snapshot(self, ws: Workspace, name: str | None = None) -> Snapshot:
         """Freeze the workspace's files (its sandbox's, taken by the service with its programs stopped)."""
-        return await self.branches.snapshot(ws, name)
+        with self.tracer.span(WORKSPACE_SNAPSHOT, _attributes(ws.id)) as span:
+            snap = await self.branches.snapshot(ws, name)
+            span.set("execspace.snapshot.id", snap.id)
+            return snap
 
     async def fork(
         self,
@@ -178,11 +190,17 @@ class E2BWorkspaceManager:
     ) -> builtins.list[Workspace]:
         """``count`` new workspaces (1..100), each in a new sandbox starting with the files of ``source`` (a
         workspace now, or a snapshot: its handle, id or name); ``ids`` names them. All or none."""
-        return await self.branches.fork(source, count, ids, policy)
+        forked: dict[str, AttributeValue] = {
+            "execspace.fork.source": source.id if isinstance(source, Workspace | Snapshot) else source,
+            "execspace.fork.count": max(count, len(ids or ())),
+        }
+        with self.tracer.span(WORKSPACE_FORK, _attributes(None, forked)):
+            return await self.branches.fork(source, count, ids, policy)
 
     async def restore(self, ws: Workspace, snapshot: Snapshot | str) -> None:
         """Give the workspace a new sandbox made from ``snapshot``; the old one and its programs are killed."""
-        await self.branches.restore(ws, snapshot)
+        with self.tracer.span(WORKSPACE_RESTORE, _attributes(ws.id)):
+            await self.branches.restore(ws, snapshot)
 
     async def list_snapshots(self) -> builtins.list[Snapshot]:
         """The service's snapshots (those taken elsewhere with only their id and name known)."""
@@ -193,6 +211,14 @@ class E2BWorkspaceManager:
 
     async def remove_snapshot(self, snapshot: Snapshot | str) -> None:
         await self.branches.remove(snapshot)
+
+
+def _attributes(workspace: str | None, more: dict[str, AttributeValue] | None = None) -> dict[str, AttributeValue]:
+    """A workspace span's attributes, as the host backends' (``HostWorkspaceManager``) have them."""
+    found: dict[str, AttributeValue] = {"execspace.backend": "e2b", **(more or {})}
+    if workspace is not None:
+        found["execspace.workspace.id"] = workspace
+    return found
 
 
 class E2BWorkspaceFS(WorkspaceFSBase):
