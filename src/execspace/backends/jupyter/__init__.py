@@ -487,7 +487,7 @@ def _open_host(
     kernels = kernel_opts.sessions(fs, launcher, language)
     runner = HostRunner(lambda: caps, env_policy, kill_grace=common.kill_grace, tracer=kernel_opts.tracer, audit=audit)
     freeze = with_kernel_frozen(kernels, runner.frozen)
-    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, freeze, audit=audit)
+    manager = KernelWorkspaceManager(root, kernels, runner.stop_programs, freeze, audit, kernel_opts.tracer)
     if start_pool:
         kernels.start_pool()
     return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)

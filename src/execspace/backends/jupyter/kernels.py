@@ -437,8 +437,9 @@ class KernelWorkspaceManager(HostWorkspaceManager):
         stop_programs: Callable[[Workspace], Awaitable[None]] | None = None,
         freeze: Freeze | None = None,
         audit: AuditSink | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
-        super().__init__("jupyter", root, stop_programs=stop_programs, freeze=freeze, audit=audit)
+        super().__init__("jupyter", root, stop_programs=stop_programs, freeze=freeze, tracer=tracer, audit=audit)
         self._kernels = kernels
 
     async def cleanup(self, ws: Workspace) -> None:

@@ -27,6 +27,7 @@ from ...errors import CapabilityError, ProgramNotFound, SetupFailed
 from ...models import ProgramInfo, RunProgramSpec, RunResult, Workspace
 from ...process.hostrunner import HostRunner, unisolated_capabilities
 from ...protocols import ProgramHandle, ProgramRunner
+from ...tracing import NO_TRACER
 from ...workspace.hostfs import HostWorkspaceFS
 from ...workspace.hostmanager import default_workspace_root
 from .kernels import KernelSessions, KernelWorkspaceManager
@@ -165,6 +166,7 @@ async def open_server_engine(
         api.close()
         raise
     caps = server_capabilities(common.env_policy, mode, api.url, language, rich_outputs)
+    tracer = (common.tracer or NO_TRACER).bound({"execspace.backend": "jupyter"})
     opts: dict[str, Any] = {
         "kernel_name": kernel_name,
         "language": language,
@@ -172,22 +174,23 @@ async def open_server_engine(
         "interrupt_grace": interrupt_grace,
         "rich_outputs": rich_outputs,
         "audit": common.audit,
+        "tracer": tracer,
     }
     if not mode.shared_filesystem:
         return _server_workspaces(api, mode, common, caps, opts)
     audit = common.audit
-    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots, audit=audit)
+    fs = HostWorkspaceFS(artifacts=common.artifacts, host_roots=common.host_roots, tracer=tracer, audit=audit)
     server_root = Path(mode.server_root) if mode.server_root is not None else None
     kernels = RemoteKernelSessions(api, fs, common.env_policy, server_root=server_root, **opts)
     root = Path(common.workspace_root) if common.workspace_root else default_workspace_root()
     if mode.programs == "host":
-        host = HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace, audit=audit)
+        host = HostRunner(lambda: caps, common.env_policy, kill_grace=common.kill_grace, tracer=tracer, audit=audit)
         runner: ProgramRunner = host
         # cleanup stops its programs too
-        manager = KernelWorkspaceManager(root, kernels, host.stop_programs, audit=audit)
+        manager = KernelWorkspaceManager(root, kernels, host.stop_programs, audit=audit, tracer=tracer)
     else:
         runner = NoPrograms()
-        manager = KernelWorkspaceManager(root, kernels, audit=audit)
+        manager = KernelWorkspaceManager(root, kernels, audit=audit, tracer=tracer)
     return KernelEngine("jupyter", manager, fs, runner, caps, kernels, on_close=kernels.aclose)
 
 
@@ -196,7 +199,7 @@ def _server_workspaces(
 ) -> KernelEngine[KernelSessions]:
     launcher = ServerWorkspaceLauncher(api, common.env_policy, kernel_name=opts["kernel_name"])
     files = FileKernel(launcher, timeout=mode.request_timeout)
-    fs = RemoteWorkspaceFS(files, common.artifacts, common.host_roots or (), common.audit)
+    fs = RemoteWorkspaceFS(files, common.artifacts, common.host_roots or (), common.audit, opts["tracer"])
     launcher.fs = fs
     kernels = ServerWorkspaceKernels(api, fs, launcher, **opts)
     manager = RemoteWorkspaceManager(files, kernels, mode.remote_root, common.audit)

@@ -38,6 +38,7 @@ from ...errors import SetupFailed
 from ...models import Workspace
 from ...process.freezing import Hold
 from ...protocols import WorkspaceFS
+from ...tracing import NO_TRACER, Tracer
 from ...workspace.layout import workspace_env
 from .kernels import KernelSessions, await_reply, bind, new_run_dir
 from .outputs import RichOutputLimits
@@ -322,6 +323,7 @@ class RemoteKernelSessions(KernelSessions):
         interrupt_grace: float = 2.0,
         rich_outputs: RichOutputLimits | None = None,
         launcher: RemoteLauncher | None = None,
+        tracer: Tracer = NO_TRACER,
         audit: AuditSink | None = None,
     ) -> None:
         launcher = launcher or RemoteLauncher(api, env_policy, kernel_name=kernel_name, server_root=server_root)
@@ -333,6 +335,7 @@ class RemoteKernelSessions(KernelSessions):
             start_timeout=start_timeout,
             interrupt_grace=interrupt_grace,
             rich_outputs=rich_outputs,
+            tracer=tracer,
             audit=audit,
         )
 

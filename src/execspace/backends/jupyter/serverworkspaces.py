@@ -56,6 +56,7 @@ from ...models import (
     Workspace,
     WorkspacePolicy,
 )
+from ...tracing import NO_TRACER, Tracer
 from ...workspace.confine import split_relpath
 from ...workspace.fileagent import MIME, agent_text
 from ...workspace.hostfs import GLOB_FLAGS, collect_globs, walk_starts
@@ -173,8 +174,9 @@ class RemoteWorkspaceFS(WorkspaceFSBase):
         artifacts: ArtifactService | None = None,
         host_roots: Sequence[Path | str] = (),
         audit: AuditSink | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
-        super().__init__(artifacts, host_roots, audit=audit)
+        super().__init__(artifacts, host_roots, tracer=tracer, audit=audit)
         self.files = files
 
     async def put_files(self, ws: Workspace, files: Sequence[PutFile]) -> None:
