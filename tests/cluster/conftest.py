@@ -11,7 +11,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,12 +89,17 @@ class LocalCluster:
 
     @contextlib.contextmanager
     def front_door(
-        self, key: str = API_KEY, *flags: str, per_node: int = PER_NODE, log: Path | None = None
+        self,
+        key: str = API_KEY,
+        *flags: str,
+        per_node: int = PER_NODE,
+        log: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Iterator[FrontDoor]:
         """``execspace serve --ray`` on a free port, ``per_node`` sandboxes a node (more ``flags`` of serve's),
         stopped with SIGTERM when the block ends; with ``log``, its output (Ray's forwarding of the nodes' logs too)
-        goes to that file."""
-        env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1"}
+        goes to that file; ``env``: more variables of its own (not its nodes')."""
+        env = {**os.environ, "EXECSPACE_DAEMON": "off", "PYTHONUNBUFFERED": "1", **(env or {})}
         argv = [sys.executable, "-m", "execspace", "serve", "--port", "0", "--api-key", key, "--ray", self.address]
         argv += ["--workspace-root", str(self.root), "--pool-size", "0", "--max-sandboxes", str(per_node)]
         argv += ["--kernel-environment", "none", "--no-warm-kernels", *flags]

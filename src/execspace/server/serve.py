@@ -51,7 +51,7 @@ from .requestlog import RequestLog
 from .routing import target_of
 from .sandboxes import Sandboxes
 from .templates import Profile
-from .tracing import TracedRequests
+from .tracing import TracedRequests, held_sandbox
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -220,7 +220,7 @@ async def _serve_engines(
             app = metrics.counting(app, options.domain, DATA_PATHS)
         app = with_metrics_endpoint(app, options, None if metrics is None else metrics.registry)
         if opts.tracer is not None and opts.tracer.enabled:
-            app = TracedRequests(app, opts.tracer, sandboxes)
+            app = TracedRequests(app, opts.tracer, options.domain, held_sandbox(sandboxes))
         watches = [asyncio.create_task(sandboxes.reap()), asyncio.create_task(IdleWatch(sandboxes).run())]
         sandboxes.pool.fill()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,9 +20,13 @@ from ..tracing import AttributeValue, Span, Tracer
 from .routing import target_of
 from .sandboxes import Sandboxes, SandboxGone
 
-__all__ = ["TracedRequests", "route_of"]
+__all__ = ["TRACE_HEADERS", "SandboxAttributes", "TracedRequests", "held_sandbox", "route_of", "sandbox_id_only"]
 
-_TRACE_HEADERS = ("traceparent", "tracestate")
+#: What a request's span says of the sandbox it names (by its id).
+SandboxAttributes = Callable[[str], dict[str, AttributeValue]]
+
+#: The W3C trace context headers: an incoming request's parent, and what a server that passes requests on replaces.
+TRACE_HEADERS = ("traceparent", "tracestate")
 _CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
 #: Bytes of a create's answer read for the new sandbox's id and template.
 _CREATE_ANSWER = 64 * 1024
@@ -50,13 +55,34 @@ def route_of(path: str, *, data_plane: bool) -> str:
     return path if path in _PLAIN or path in _CONTROL_STATIC else "/{path}"
 
 
-class TracedRequests:
-    """Wraps the server's application: each HTTP request in a span; the request passes through unchanged."""
+def sandbox_id_only(sandbox_id: str) -> dict[str, AttributeValue]:
+    """What a server that does not hold the sandbox says of it (the front door of ``serve --ray``): its id."""
+    return {"execspace.sandbox.id": sandbox_id}
 
-    def __init__(self, app: ASGIApp, tracer: Tracer, sandboxes: Sandboxes) -> None:
+
+def held_sandbox(sandboxes: Sandboxes) -> SandboxAttributes:
+    """What serve says of a sandbox it holds: its id and template."""
+
+    def described(sandbox_id: str) -> dict[str, AttributeValue]:
+        found = sandbox_id_only(sandbox_id)
+        # an unknown or ended sandbox (answered 404 or 502): its id is all there is
+        with contextlib.suppress(SandboxGone):
+            found["execspace.template"] = sandboxes.get(sandbox_id).template
+        return found
+
+    return described
+
+
+class TracedRequests:
+    """Wraps a server's application: each HTTP request in a span; the request passes through unchanged."""
+
+    def __init__(self, app: ASGIApp, tracer: Tracer, domain: str | None, sandbox: SandboxAttributes) -> None:
+        """``domain``: the server's (``--domain``), whose hosts name sandboxes; ``sandbox``: what the span of a
+        request naming a sandbox says of it."""
         self._app = app
         self._tracer = tracer
-        self._sandboxes = sandboxes
+        self._domain = domain
+        self._sandbox = sandbox
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,14 +91,14 @@ class TracedRequests:
         headers = Headers(scope=scope)
         path: str = scope["path"]
         method: str = scope["method"]
-        target = target_of(headers, self._sandboxes.options.domain)
+        target = target_of(headers, self._domain)
         data_plane = target is not None or (path == "/files" and b"signature=" in scope.get("query_string", b""))
         route = route_of(path, data_plane=data_plane)
         attributes: dict[str, AttributeValue] = {"http.request.method": method, "http.route": route}
         sandbox = target.sandbox_id if target is not None else self._control_sandbox(path)
         if sandbox is not None:
-            attributes.update(self._sandbox_attributes(sandbox))
-        parent = {name: value for name in _TRACE_HEADERS if (value := headers.get(name)) is not None}
+            attributes.update(self._sandbox(sandbox))
+        parent = {name: value for name in TRACE_HEADERS if (value := headers.get(name)) is not None}
         created = _Created() if method == "POST" and path in _CREATES else None
         with self._tracer.span(f"{method} {route}", attributes, parent=parent, kind="server") as span:
 
@@ -88,13 +114,6 @@ class TracedRequests:
     def _control_sandbox(path: str) -> str | None:
         found = _CONTROL_IDS.match(path)
         return found[2] if found is not None and found[1] == "sandboxes" and found[2] not in _NOT_IDS else None
-
-    def _sandbox_attributes(self, sandbox_id: str) -> dict[str, AttributeValue]:
-        found: dict[str, AttributeValue] = {"execspace.sandbox.id": sandbox_id}
-        # an unknown or ended sandbox (answered 404 or 502): its id is all there is
-        with contextlib.suppress(SandboxGone):
-            found["execspace.template"] = self._sandboxes.get(sandbox_id).template
-        return found
 
 
 def _saw(span: Span, message: Message, created: _Created | None) -> None:

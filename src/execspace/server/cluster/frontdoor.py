@@ -34,12 +34,14 @@ from ...backend import BackendOptions
 from ...errors import SetupFailed
 from ...listening import listen
 from ...scrape import TargetGroup
+from ...tracing import NO_TRACER, Tracer, from_environment
 from ..bodies import CONTROL_BODY_BYTES
 from ..connections import raise_descriptor_limit
 from ..control import error_response
 from ..options import TLS, ServerOptions, key_id
 from ..routing import target_of
 from ..serve import serve_app, with_metrics_endpoint
+from ..tracing import TracedRequests, sandbox_id_only
 from .doorevents import (
     CLUSTER_FULL,
     RPC_PREFIXES,
@@ -85,9 +87,14 @@ class FrontDoor:
         client: httpx.AsyncClient,
         control: NodeClient,
         events: FrontDoorEvents | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
-        """``events``: who is told what the front door decides (its metrics, its audit log)."""
+        """``events``: who is told what the front door decides (its metrics, its audit log); ``tracer``: whose
+        current span (the request's, :class:`..tracing.TracedRequests`) each request to a node carries as its
+        ``traceparent``."""
         self._nodes = nodes
+        self._tracer = tracer
+        self._traced = tracer.enabled
         self._options = options
         self._client = client
         self._control_client = control
@@ -140,6 +147,8 @@ class FrontDoor:
         extra = [(b"e2b-sandbox-id", target.sandbox_id.encode()), (b"e2b-sandbox-port", str(target.port).encode())]
         if headers.get("e2b-sandbox-id"):
             extra = []  # the client's own headers are passed on
+        if self._traced:  # the node's span of it is the front door's child, not the client's
+            extra += [(k.encode(), v.encode()) for k, v in self._tracer.headers().items()]
         try:
             endpoint = await self._nodes.agent(node_id)
             await proxy(self._client, endpoint.url, scope, receive, send, extra, self._nodes.cut(node_id))
@@ -345,6 +354,8 @@ class FrontDoor:
     async def _call(self, node_id: str, request: Request, body: bytes) -> NodeAnswer:
         endpoint = await self._nodes.agent(node_id)
         headers = [(k, v) for k, v in request.headers.items() if k in ("x-api-key", "content-type", "user-agent")]
+        if self._traced:
+            headers += self._tracer.headers().items()
         # the target as the client sent it (its path percent-encoded still): what the node's server parses alike
         target = (request.scope.get("raw_path") or request.scope["path"].encode()).decode("latin-1")
         if query := request.scope.get("query_string"):
@@ -435,12 +446,16 @@ async def serve_cluster(
         audit = AuditLog(options.audit_log) if options.audit_log is not None else None
         default = options.max_sandboxes if slots is None else slots
         config = AgentConfig(options, backend, backend_options, default)
+        # the front door's own tracer, of its OTEL_* variables (each node's server has its own, of its node's)
+        tracer = from_environment("execspace-serve")
         try:
             with reopened_on_hangup(audit):
-                await _serve_door(sock, config, address, on_ready, tls, audit)
+                await _serve_door(sock, config, address, on_ready, tls, audit, tracer or NO_TRACER)
         finally:
             if audit is not None:
                 audit.close()
+            if tracer is not None:
+                await asyncio.to_thread(tracer.close)
 
 
 async def _serve_door(
@@ -450,6 +465,7 @@ async def _serve_door(
     on_ready: Callable[[str, int], None] | None,
     tls: TLS | None,
     audit: AuditLog | None,
+    tracer: Tracer,
 ) -> None:
     options = config.options
     descriptors = raise_descriptor_limit()  # each proxied stream holds two connections
@@ -466,11 +482,13 @@ async def _serve_door(
         watch = asyncio.create_task(nodes.watch())
         warm = asyncio.create_task(_start_agents(nodes))
         try:
-            app: ASGIApp = FrontDoor(nodes, options, client, control, FrontDoorEvents(listeners))
+            app: ASGIApp = FrontDoor(nodes, options, client, control, FrontDoorEvents(listeners), tracer)
             if metrics is not None:
                 app = metrics.counting(app, options.domain)
             registry = None if metrics is None else metrics.registry
             app = with_metrics_endpoint(app, options, registry, functools.partial(_targets, nodes))
+            if tracer.enabled:
+                app = TracedRequests(app, tracer, options.domain, sandbox_id_only)
             await serve_app(app, sock, options, on_ready, _nothing, tls, descriptors)
         finally:
             await control.aclose()

@@ -40,10 +40,13 @@ async def proxy(
 ) -> None:
     """Send the request of ``scope`` to ``base_url`` (its path and query kept) and stream the answer back.
 
+    ``extra``: headers of the front door's own, in place of the client's of the same names (lower case).
+
     Raises ``httpx.ConnectError`` or ``httpx.ConnectTimeout`` when the node cannot be reached (nothing was sent to
     the client yet: the caller answers); once the answer has begun, a broken upstream, or ``cut`` (the node is
     gone), drops the client's connection."""
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP] + extra
+    dropped = _HOP.union(k for k, _ in extra) if extra else _HOP
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped] + extra
     names = {k.lower() for k, _ in scope["headers"]}
     body_done = asyncio.Event()
     has_body = b"content-length" in names or b"transfer-encoding" in names
