@@ -15,7 +15,7 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ from ..listening import listen
 from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
 from ..scrape import MetricsEndpoint, TargetGroup
-from ..tracing import from_environment
+from ..tracing import Tracer, from_environment
 from .app import DATA_PATHS, E2BApp
 from .audit import ServerAudit
 from .builds import EnvironmentBuilds
@@ -147,19 +147,28 @@ async def _serve_on(
     name = backend if backend not in (None, "auto") else await choose_default_backend(options=backend_options)
     opts = build_options(name, load_backend(name), backend_options)
     # the server's one tracer (the caller's, or the OTEL_* variables'): its requests' spans and its engines'
-    own_tracer = from_environment("execspace-serve") if opts.tracer is None else None
-    if own_tracer is not None:
-        opts = replace(opts, tracer=own_tracer)
-    audit = AuditLog(options.audit_log) if options.audit_log is not None else None
-    try:
-        with reopened_on_hangup(audit):
-            listener = None if audit is None else ServerAudit(audit, None if node is None else {"node": node})
-            await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, listener)
-    finally:
-        if audit is not None:
-            audit.close()
+    async with audited_and_traced(options.audit_log, own_tracer=opts.tracer is None) as (audit, own_tracer):
         if own_tracer is not None:
-            await asyncio.to_thread(own_tracer.close)
+            opts = replace(opts, tracer=own_tracer)
+        listener = None if audit is None else ServerAudit(audit, None if node is None else {"node": node})
+        await _serve_engines(sock, options, name, opts, on_ready, tls, descriptors, builds, listener)
+
+
+@contextlib.asynccontextmanager
+async def audited_and_traced(
+    audit_log: Path | None, *, own_tracer: bool = True
+) -> AsyncIterator[tuple[AuditLog | None, Tracer | None]]:
+    """A server's audit log at ``audit_log`` (reopened on SIGHUP) and, with ``own_tracer``, its tracer of the
+    ``OTEL_*`` variables (``None`` when they ask for none): both closed when the block ends, whatever failed."""
+    async with contextlib.AsyncExitStack() as stack:
+        tracer = from_environment("execspace-serve") if own_tracer else None
+        if tracer is not None:
+            stack.push_async_callback(asyncio.to_thread, tracer.close)
+        audit = AuditLog(audit_log) if audit_log is not None else None
+        if audit is not None:
+            stack.callback(audit.close)
+        stack.enter_context(reopened_on_hangup(audit))
+        yield audit, tracer
 
 
 async def _serve_engines(

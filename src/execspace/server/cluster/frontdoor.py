@@ -29,18 +29,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...audit import AuditLog, reopened_on_hangup
+from ...audit import AuditLog
 from ...backend import BackendOptions
 from ...errors import SetupFailed
 from ...listening import listen
 from ...scrape import TargetGroup
-from ...tracing import NO_TRACER, Tracer, from_environment
+from ...tracing import NO_TRACER, Tracer
 from ..bodies import CONTROL_BODY_BYTES
 from ..connections import raise_descriptor_limit
 from ..control import error_response
 from ..options import TLS, ServerOptions, key_id
 from ..routing import target_of
-from ..serve import serve_app, with_metrics_endpoint
+from ..serve import audited_and_traced, serve_app, with_metrics_endpoint
 from ..tracing import TracedRequests, sandbox_id_only
 from .doorevents import (
     CLUSTER_FULL,
@@ -443,19 +443,11 @@ async def serve_cluster(
     With ``options.audit_log`` each node's server appends to that path on its machine, and the front door to it on
     its own (docs/operations.md "Audit log")."""
     with listen(host, port, "execspace serve") as sock:
-        audit = AuditLog(options.audit_log) if options.audit_log is not None else None
         default = options.max_sandboxes if slots is None else slots
         config = AgentConfig(options, backend, backend_options, default)
         # the front door's own tracer, of its OTEL_* variables (each node's server has its own, of its node's)
-        tracer = from_environment("execspace-serve")
-        try:
-            with reopened_on_hangup(audit):
-                await _serve_door(sock, config, address, on_ready, tls, audit, tracer or NO_TRACER)
-        finally:
-            if audit is not None:
-                audit.close()
-            if tracer is not None:
-                await asyncio.to_thread(tracer.close)
+        async with audited_and_traced(options.audit_log) as (audit, tracer):
+            await _serve_door(sock, config, address, on_ready, tls, audit, tracer or NO_TRACER)
 
 
 async def _serve_door(
