@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from .errors import InvalidSpec
+from .errors import InvalidSpec, SetupFailed
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -29,6 +29,7 @@ __all__ = [
     "TargetGroup",
     "check_access",
     "holds_key",
+    "prometheus_missing",
 ]
 
 #: Who may scrape: anyone, a holder of the server's key or token, or nobody (no metrics kept).
@@ -43,6 +44,11 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 #: An ASGI application (typed loosely: starlette's and the MCP SDK's spell their scopes differently).
 App = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+def prometheus_missing(exc: ImportError, stage: str, fix: str, component: str) -> SetupFailed:
+    """The error of a server whose metrics are on where ``prometheus_client`` cannot be imported."""
+    return SetupFailed(stage, f"metrics need prometheus_client ({exc.name} is missing)", fix, component=component)
 
 
 def check_access(value: str) -> MetricsAccess:

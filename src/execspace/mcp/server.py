@@ -21,9 +21,9 @@ import uvicorn
 from ..artifacts import ArtifactService, FileArtifactService, InMemoryArtifactService
 from ..audit import AuditLog, key_id, reopened_on_hangup
 from ..engine import open_engine_from
-from ..errors import InvalidSpec, SetupFailed
+from ..errors import InvalidSpec
 from ..listening import listen
-from ..scrape import MetricsAccess, MetricsEndpoint
+from ..scrape import MetricsAccess, MetricsEndpoint, prometheus_missing
 from ..tracing import NO_TRACER, Tracer, from_environment
 from .app import McpApp
 from .config import McpConfig
@@ -153,12 +153,8 @@ def _metrics(workspaces: Workspaces) -> McpMetrics:
     try:
         from .metrics import McpMetrics
     except ImportError as exc:
-        raise SetupFailed(
-            "mcp",
-            f"metrics need prometheus_client ({exc.name} is missing)",
-            "pip install 'execspace[mcp]', or run with --metrics off",
-            component="execspace mcp",
-        ) from None
+        fix = "pip install 'execspace[mcp]', or run with --metrics off"
+        raise prometheus_missing(exc, "mcp", fix, "execspace mcp") from None
     return McpMetrics(workspaces.listing)
 
 

@@ -34,7 +34,7 @@ from ..errors import CapabilityError, EnvironmentNotFound, SetupFailed
 from ..listening import listen
 from ..protocols import Engine
 from ..registry import build_options, choose_default_backend, load_backend
-from ..scrape import MetricsEndpoint, TargetGroup
+from ..scrape import MetricsEndpoint, TargetGroup, prometheus_missing
 from ..tracing import Tracer, from_environment
 from .app import DATA_PATHS, E2BApp
 from .audit import ServerAudit
@@ -283,12 +283,8 @@ def _metrics(options: ServerOptions, sandboxes: Sandboxes, interpreter: CodeInte
     try:
         from .metrics import ServerMetrics
     except ImportError as exc:
-        raise SetupFailed(
-            "serve",
-            f"metrics need prometheus_client ({exc.name} is missing)",
-            "pip install 'execspace[serve]', or serve with --metrics off",
-            component="execspace serve",
-        ) from None
+        fix = "pip install 'execspace[serve]', or serve with --metrics off"
+        raise prometheus_missing(exc, "serve", fix, "execspace serve") from None
     return ServerMetrics(sandboxes, interpreter.live_kernels)
 
 

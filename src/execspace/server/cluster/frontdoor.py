@@ -33,7 +33,7 @@ from ...audit import AuditLog
 from ...backend import BackendOptions
 from ...errors import SetupFailed
 from ...listening import listen
-from ...scrape import TargetGroup
+from ...scrape import TargetGroup, prometheus_missing
 from ...tracing import NO_TRACER, Tracer
 from ..bodies import CONTROL_BODY_BYTES
 from ..connections import raise_descriptor_limit
@@ -497,12 +497,8 @@ def _door_metrics(options: ServerOptions, nodes: Nodes) -> DoorMetrics | None:
     try:
         from .doormetrics import DoorMetrics
     except ImportError as exc:
-        raise SetupFailed(
-            "serve",
-            f"metrics need prometheus_client ({exc.name} is missing)",
-            "pip install 'execspace[serve]', or serve with --metrics off",
-            component="execspace serve --ray",
-        ) from None
+        fix = "pip install 'execspace[serve]', or serve with --metrics off"
+        raise prometheus_missing(exc, "serve", fix, "execspace serve --ray") from None
     return DoorMetrics(nodes)
 
 
